@@ -1,0 +1,121 @@
+"""Build a manifest from a checkpoint directory, and verify a directory against one."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from .errors import ChecksumMismatch, IntegrityError
+from .hashing import HashJob, ProgressFn, hash_files
+from .manifest import (DEFAULT_CHUNK_SIZE, FileEntry, Manifest, SafetensorsInfo, TensorEntry,
+                       chunk_ranges, tree_hash)
+from .safetensors_header import read_header
+from .scan import ScannedFile, scan_checkpoint
+
+
+def is_safetensors(relpath: str) -> bool:
+    return relpath.endswith(".safetensors")
+
+
+def plan_size(files: list[ScannedFile]) -> int:
+    return sum(f.size for f in files)
+
+
+def build_manifest(root: str | os.PathLike[str], *, threads: int | None = None,
+                   progress: ProgressFn | None = None, chunk_size: int = DEFAULT_CHUNK_SIZE,
+                   files: list[ScannedFile] | None = None) -> Manifest:
+    """Scan ``root`` and hash every file (safetensors by header + tensors, others by chunks)."""
+    scanned = files if files is not None else scan_checkpoint(root)
+    headers = {f.relpath: read_header(f.path) for f in scanned if is_safetensors(f.relpath)}
+    jobs = []
+    for f in scanned:
+        hdr = headers.get(f.relpath)
+        if hdr is not None:
+            ranges = [(0, hdr.header_size)] + [(t.begin, t.end) for t in hdr.tensors]
+        else:
+            ranges = chunk_ranges(f.size, chunk_size)
+        jobs.append(HashJob(f.path, ranges, f.size, f.mtime_ns))
+    digests = hash_files(jobs, threads=threads, progress=progress)
+
+    entries = []
+    for f, parts in zip(scanned, digests):
+        hdr = headers.get(f.relpath)
+        if hdr is not None:
+            tensors = tuple(TensorEntry(t.name, t.dtype, t.shape, t.begin, t.end, h)
+                            for t, h in zip(hdr.tensors, parts[1:]))
+            info = SafetensorsInfo(hdr.header_size, parts[0], dict(hdr.metadata), tensors)
+            entries.append(FileEntry(f.relpath, f.size, f.mode, tree_hash(parts), (), info))
+        else:
+            entries.append(FileEntry(f.relpath, f.size, f.mode, tree_hash(parts), tuple(parts)))
+    return Manifest(tuple(entries), chunk_size)
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    path: str
+    what: str                  # "missing", "unexpected file", "size", or a part label
+    expected: str = ""
+    actual: str = ""
+
+    def __str__(self) -> str:
+        if self.expected or self.actual:
+            return f"{self.path}: {self.what}: expected {self.expected}, got {self.actual}"
+        return f"{self.path}: {self.what}"
+
+
+@dataclass(slots=True)
+class VerifyReport:
+    root: str
+    digest: str
+    files: int
+    bytes_checked: int = 0
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def raise_for_problems(self) -> None:
+        if not self.problems:
+            return
+        p = self.problems[0]
+        more = f" (and {len(self.problems) - 1} more problem(s))" if len(self.problems) > 1 else ""
+        if p.expected and p.actual and p.what not in ("size",):
+            err: IntegrityError = ChecksumMismatch(p.path, p.what, p.expected, p.actual)
+            err.args = (str(err) + more,)
+        else:
+            err = IntegrityError(str(p) + more)
+        err.report = self  # type: ignore[attr-defined]
+        raise err
+
+
+def verify_checkpoint(root: str | os.PathLike[str], manifest: Manifest, *, threads: int | None = None,
+                      progress: ProgressFn | None = None) -> VerifyReport:
+    """Re-hash ``root`` against ``manifest``. Returns every problem found, in file order."""
+    scanned = {f.relpath: f for f in scan_checkpoint(root)}
+    report = VerifyReport(os.fspath(root), manifest.digest, len(manifest.files))
+    jobs: list[HashJob] = []
+    checked: list[FileEntry] = []
+    for entry in manifest.files:
+        f = scanned.pop(entry.path, None)
+        if f is None:
+            report.problems.append(Problem(entry.path, "missing"))
+            continue
+        if f.size != entry.size:
+            report.problems.append(Problem(entry.path, "size", f"{entry.size} bytes", f"{f.size} bytes"))
+            continue
+        parts = entry.parts(manifest.chunk_size)
+        jobs.append(HashJob(f.path, [(p.begin, p.end) for p in parts], f.size, f.mtime_ns))
+        checked.append(entry)
+    for extra in scanned:
+        report.problems.append(Problem(extra, "unexpected file (not in the manifest)"))
+
+    digests = hash_files(jobs, threads=threads, progress=progress)
+    for entry, got in zip(checked, digests):
+        report.bytes_checked += entry.size
+        for part, actual in zip(entry.parts(manifest.chunk_size), got):
+            if part.xxh3_128 != actual:
+                report.problems.append(Problem(entry.path, part.label, part.xxh3_128 or "", actual))
+    order = {e.path: i for i, e in enumerate(manifest.files)}
+    report.problems.sort(key=lambda p: order.get(p.path, len(order)))
+    return report

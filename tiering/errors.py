@@ -1,0 +1,75 @@
+"""Errors of the local data plane.
+
+Hierarchy (every error weightd's tiering raises derives from ``TieringError``)::
+
+    TieringError
+    ├── BadInput (ValueError)                 the caller's input is wrong; exit 2
+    │   ├── InvalidName                       NAME or VERSION outside the design's patterns
+    │   ├── UnsafePath                        absolute, "..", escaping symlink, special file, non-UTF-8 name
+    │   ├── SafetensorsHeaderError            malformed / hostile safetensors header
+    │   └── ManifestError                     manifest.json that cannot be trusted
+    ├── CheckpointNotFound (FileNotFoundError) a path or checkpoint that does not exist; exit 3
+    └── IntegrityError                        content differs from its manifest; exit 5
+        ├── ChecksumMismatch                  a part (header, tensor, chunk) hashed differently
+        └── FileChanged                       a file changed while it was being read
+
+Every class carries an ``exit_code`` matching design §5 so the CLI maps errors in one place.
+"""
+
+from __future__ import annotations
+
+
+class TieringError(Exception):
+    exit_code = 1
+
+
+class BadInput(TieringError, ValueError):
+    exit_code = 2
+
+
+class InvalidName(BadInput):
+    def __init__(self, kind: str, value: str, reason: str) -> None:
+        self.kind, self.value, self.reason = kind, value, reason
+        super().__init__(f"invalid {kind} {value!r}: {reason}")
+
+
+class UnsafePath(BadInput):
+    def __init__(self, path: str, reason: str) -> None:
+        self.path, self.reason = path, reason
+        super().__init__(f"{path}: {reason}")
+
+
+class SafetensorsHeaderError(BadInput):
+    def __init__(self, path: str, reason: str) -> None:
+        self.path, self.reason = path, reason
+        super().__init__(f"{path}: bad safetensors header: {reason}")
+
+
+class ManifestError(BadInput):
+    def __init__(self, source: str, reason: str) -> None:
+        self.source, self.reason = source, reason
+        super().__init__(f"{source}: bad manifest: {reason}")
+
+
+class CheckpointNotFound(TieringError, FileNotFoundError):
+    exit_code = 3
+
+    def __init__(self, what: str, reason: str = "not found") -> None:
+        self.what = what
+        super().__init__(f"{what}: {reason}")
+
+
+class IntegrityError(TieringError):
+    exit_code = 5
+
+
+class ChecksumMismatch(IntegrityError):
+    def __init__(self, path: str, part: str, expected: str, actual: str) -> None:
+        self.path, self.part, self.expected, self.actual = path, part, expected, actual
+        super().__init__(f"{path}: {part}: xxh3-128 mismatch (expected {expected}, got {actual})")
+
+
+class FileChanged(IntegrityError):
+    def __init__(self, path: str, reason: str) -> None:
+        self.path, self.reason = path, reason
+        super().__init__(f"{path}: {reason}")

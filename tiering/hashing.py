@@ -1,0 +1,239 @@
+"""Parallel, streaming xxh3-128 of byte ranges ("parts") of many files.
+
+Each part is hashed by one worker (xxhash releases the GIL, so workers run on all cores); a file's
+descriptor is shared by the workers hashing its parts and closed after its last part.
+
+Two ways to read:
+
+- ``mmap`` in bounded windows with ``MAP_POPULATE`` (no copy: ~1.3x faster than ``pread`` on cached
+  data), used only while the file is under a kernel **read lease** (``F_SETLEASE``). A lease makes
+  anyone who opens the file for writing or truncates it wait (``/proc/sys/fs/lease-break-time``) until
+  we let go, so the mapped file cannot shrink under us and a SIGBUS cannot happen. We poll the lease
+  between windows and switch to ``pread`` the moment a break is pending.
+- ``pread`` into a reusable 1 MiB buffer everywhere else (NFS and other file systems without leases,
+  files we do not own, files open for writing, lease-break-time too short to trust).
+
+Every file is re-checked with ``fstat`` after its last part: a file that changed while it was read
+raises :class:`FileChanged`.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import mmap
+import os
+import signal
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import xxhash
+
+from .errors import BadInput, CheckpointNotFound, FileChanged
+
+READ_BYTES = 1 << 20
+MMAP_WINDOW = 32 << 20       # bounded, so mapped pages never add much to RSS
+MMAP_MIN_PART = 4 << 20      # smaller parts are read with pread
+MIN_LEASE_BREAK_S = 5        # below this a window could outlive the lease: do not map
+PROGRESS_EVERY = 64 << 20
+_F_SETSIG = getattr(fcntl, "F_SETSIG", 10)
+_lease_ok: bool | None = None
+ProgressFn = Callable[[int], None]
+
+
+def default_threads() -> int:
+    return max(1, min(8, os.cpu_count() or 1))
+
+
+@dataclass(frozen=True, slots=True)
+class HashJob:
+    """Hash ``ranges`` of the file at ``path``; ``size``/``mtime_ns`` are what the caller saw."""
+    path: str
+    ranges: Sequence[tuple[int, int]]
+    size: int
+    mtime_ns: int | None = None
+
+
+def open_for_read(path: str) -> int:
+    """Open read-only with O_NOATIME (falls back when we do not own the file)."""
+    flags = os.O_RDONLY | os.O_CLOEXEC
+    try:
+        return os.open(path, flags | os.O_NOATIME)
+    except PermissionError:
+        return os.open(path, flags)
+
+
+def _leases_usable() -> bool:
+    """Probed once: leases enabled and a break gives us long enough to finish a window."""
+    global _lease_ok
+    if _lease_ok is None:
+        try:
+            with open("/proc/sys/fs/leases-enable") as fh:
+                enabled = fh.read().strip() == "1"
+            with open("/proc/sys/fs/lease-break-time") as fh:
+                _lease_ok = enabled and int(fh.read().strip()) >= MIN_LEASE_BREAK_S
+        except (OSError, ValueError):
+            _lease_ok = False
+    return _lease_ok
+
+
+def take_read_lease(fd: int) -> bool:
+    """Try to hold a read lease on ``fd``; False where the file system or ownership does not allow it."""
+    if not _leases_usable():
+        return False
+    try:
+        # a lease break is signalled to the holder, by default with SIGIO, whose default action
+        # terminates the process: route it to SIGURG, which is ignored by default; we poll instead
+        fcntl.fcntl(fd, _F_SETSIG, signal.SIGURG)
+        fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
+        return True
+    except OSError:
+        return False
+
+
+def lease_intact(fd: int) -> bool:
+    try:
+        return fcntl.fcntl(fd, fcntl.F_GETLEASE) == fcntl.F_RDLCK
+    except OSError:
+        return False
+
+
+class _SharedFd:
+    def __init__(self, job: HashJob) -> None:
+        self.job = job
+        self.remaining = len(job.ranges)
+        self.fd: int | None = None
+        self.leased = False
+        self.lock = threading.Lock()
+
+    def acquire(self) -> int:
+        with self.lock:
+            if self.fd is None:
+                try:
+                    self.fd = open_for_read(self.job.path)
+                except FileNotFoundError:
+                    raise CheckpointNotFound(self.job.path, "vanished while being read") from None
+                except OSError as exc:
+                    raise BadInput(f"{self.job.path}: {exc.strerror}") from None
+                if hasattr(os, "posix_fadvise"):
+                    os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+                wants_map = any(e - b >= MMAP_MIN_PART for b, e in self.job.ranges)
+                if wants_map and take_read_lease(self.fd):
+                    # under the lease the file cannot shrink; it must be as long as the caller saw
+                    self.leased = os.fstat(self.fd).st_size >= max(e for _, e in self.job.ranges)
+            return self.fd
+
+    def may_map(self) -> bool:
+        """True while the lease holds; drops it (and mapping) for good once a break is pending."""
+        if not self.leased:
+            return False
+        if lease_intact(self.fd):  # type: ignore[arg-type]
+            return True
+        with self.lock:
+            if self.leased and self.fd is not None:
+                self.leased = False
+                try:
+                    fcntl.fcntl(self.fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)  # let the writer go on
+                except OSError:
+                    pass
+        return False
+
+    def release(self) -> None:
+        with self.lock:
+            self.remaining -= 1
+            if self.remaining == 0 and self.fd is not None:
+                try:
+                    st = os.fstat(self.fd)
+                finally:
+                    os.close(self.fd)
+                    self.fd = None
+                if st.st_size != self.job.size or (self.job.mtime_ns is not None and st.st_mtime_ns != self.job.mtime_ns):
+                    raise FileChanged(self.job.path, "file changed while it was being read")
+
+
+def _hash_range(s: _SharedFd, fd: int, begin: int, end: int, progress: ProgressFn | None) -> str:
+    path = s.job.path
+    h = xxhash.xxh3_128()
+    off, unreported = begin, 0
+    if end - begin >= MMAP_MIN_PART:
+        page = mmap.ALLOCATIONGRANULARITY
+        while off < end and s.may_map():
+            start = off - off % page
+            stop = min(end, start + MMAP_WINDOW)
+            try:
+                m = mmap.mmap(fd, stop - start, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE,
+                              prot=mmap.PROT_READ, offset=start)
+            except (OSError, ValueError):  # shorter than expected, or cannot map: pread decides
+                break
+            try:
+                with memoryview(m) as view:
+                    h.update(view[off - start:])
+            finally:
+                m.close()
+            unreported += stop - off
+            off = stop
+            if progress is not None and unreported >= PROGRESS_EVERY:
+                progress(unreported)
+                unreported = 0
+    buf = bytearray(min(READ_BYTES, max(1, end - off)))
+    view = memoryview(buf)
+    while off < end:
+        want = min(len(buf), end - off)
+        n = os.preadv(fd, [view[:want]], off)
+        if n <= 0:
+            raise FileChanged(path, f"file ended at byte {off}, expected {end} (truncated while being read?)")
+        h.update(view[:n])
+        off += n
+        unreported += n
+        if progress is not None and unreported >= PROGRESS_EVERY:
+            progress(unreported)
+            unreported = 0
+    if progress is not None and unreported:
+        progress(unreported)
+    return h.hexdigest()
+
+
+def hash_files(jobs: Sequence[HashJob], *, threads: int | None = None,
+               progress: ProgressFn | None = None) -> list[list[str]]:
+    """Hex digests of every range of every job, in the same order. Parts run in file order."""
+    shared = [_SharedFd(j) for j in jobs]
+    tasks = [(ji, ri) for ji, j in enumerate(jobs) for ri in range(len(j.ranges))]
+    results: list[list[str]] = [[""] * len(j.ranges) for j in jobs]
+
+    def run(task: tuple[int, int]) -> None:
+        ji, ri = task
+        s = shared[ji]
+        begin, end = s.job.ranges[ri]
+        try:
+            if end > begin:
+                results[ji][ri] = _hash_range(s, s.acquire(), begin, end, progress)
+            else:
+                results[ji][ri] = xxhash.xxh3_128(b"").hexdigest()
+                s.acquire()  # the file must still exist and be readable
+        finally:
+            s.release()
+
+    n = threads or default_threads()
+    if n == 1 or len(tasks) <= 1:
+        for t in tasks:
+            run(t)
+        return results
+    with ThreadPoolExecutor(max_workers=n, thread_name_prefix="weightd-hash") as pool:
+        futures = [pool.submit(run, t) for t in tasks]
+        first_error: BaseException | None = None
+        for f in futures:
+            try:
+                f.result()
+            except BaseException as exc:  # collect and cancel the rest
+                if first_error is None:
+                    first_error = exc
+                    for other in futures:
+                        other.cancel()
+        if first_error is not None:
+            for s in shared:  # cancelled parts never released their file
+                if s.fd is not None:
+                    os.close(s.fd)
+                    s.fd = None
+            raise first_error
+    return results

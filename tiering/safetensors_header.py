@@ -1,0 +1,164 @@
+"""Defensive parser for safetensors headers.
+
+The format: an 8-byte little-endian header length N, N bytes of UTF-8 JSON (an object mapping tensor
+names to ``{"dtype", "shape", "data_offsets": [begin, end]}`` plus an optional ``__metadata__``
+object of strings), then the data section. ``data_offsets`` are relative to the data section.
+
+Everything in the header is attacker-controlled, so this parser bounds the header length, rejects
+duplicate keys, checks every dtype and shape, and requires the tensors to tile the data section
+exactly: sorted, contiguous, no overlap, no hole, nothing past the end. The only exception it raises
+is :class:`SafetensorsHeaderError`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from dataclasses import dataclass
+
+from .errors import SafetensorsHeaderError
+
+MAX_HEADER_BYTES = 100_000_000  # the safetensors reference implementation's own bound
+MAX_DIMS = 64
+
+#: dtype -> size in bits (sub-byte types F4/F6 pack several elements per byte)
+DTYPE_BITS: dict[str, int] = {
+    "BOOL": 8, "U8": 8, "I8": 8,
+    "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8, "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8,
+    "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
+    "I16": 16, "U16": 16, "F16": 16, "BF16": 16,
+    "I32": 32, "U32": 32, "F32": 32,
+    "I64": 64, "U64": 64, "F64": 64, "C64": 64,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class TensorInfo:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int  # absolute byte offset in the file
+    end: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.begin
+
+
+@dataclass(frozen=True, slots=True)
+class SafetensorsHeader:
+    header_size: int  # 8 + N: where the data section starts
+    file_size: int
+    metadata: dict[str, str]
+    tensors: tuple[TensorInfo, ...]  # in file order
+
+
+def _reject_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"duplicate key {key!r}")
+        out[key] = value
+    return out
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def parse_header_bytes(path: str, prefix: bytes, header_json: bytes, file_size: int) -> SafetensorsHeader:
+    """Validate a header already read from ``path``: ``prefix`` is the 8 length bytes."""
+    (n,) = struct.unpack("<Q", prefix)
+    header_size = 8 + n
+    if len(header_json) != n:
+        raise SafetensorsHeaderError(path, f"header is {n} bytes but only {len(header_json)} could be read")
+    try:
+        text = header_json.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SafetensorsHeaderError(path, f"header is not UTF-8 ({exc.reason} at byte {exc.start})") from None
+    if not text.startswith("{"):
+        raise SafetensorsHeaderError(path, "header is not a JSON object")
+    try:
+        obj = json.loads(text, object_pairs_hook=_reject_duplicates)
+    except (ValueError, RecursionError) as exc:
+        raise SafetensorsHeaderError(path, f"header is not valid JSON: {str(exc)[:200]}") from None
+    if not isinstance(obj, dict):
+        raise SafetensorsHeaderError(path, "header is not a JSON object")
+
+    metadata: dict[str, str] = {}
+    raw_meta = obj.pop("__metadata__", None)
+    if raw_meta is not None:
+        if not isinstance(raw_meta, dict) or not all(isinstance(v, str) for v in raw_meta.values()):
+            raise SafetensorsHeaderError(path, "__metadata__ must be an object of strings")
+        metadata = raw_meta
+
+    data_size = file_size - header_size
+    tensors: list[TensorInfo] = []
+    for name, info in obj.items():
+        where = f"tensor {name[:200]!r}"
+        if not isinstance(info, dict):
+            raise SafetensorsHeaderError(path, f"{where}: entry is not an object")
+        extra = set(info) - {"dtype", "shape", "data_offsets"}
+        if extra:
+            raise SafetensorsHeaderError(path, f"{where}: unknown field {sorted(extra)[0]!r}")
+        dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+        if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
+            raise SafetensorsHeaderError(path, f"{where}: unknown dtype {str(dtype)[:40]!r}")
+        if (not isinstance(shape, list) or len(shape) > MAX_DIMS
+                or not all(_is_int(d) and d >= 0 for d in shape)):
+            raise SafetensorsHeaderError(path, f"{where}: shape must be a list of at most {MAX_DIMS} non-negative integers")
+        if (not isinstance(offsets, list) or len(offsets) != 2
+                or not all(_is_int(o) and o >= 0 for o in offsets) or offsets[0] > offsets[1]):
+            raise SafetensorsHeaderError(path, f"{where}: data_offsets must be [begin, end] with 0 <= begin <= end")
+        if offsets[1] > data_size:
+            raise SafetensorsHeaderError(path, f"{where}: data_offsets {offsets} run past the end of the file (data section is {data_size} bytes)")
+        bits = math.prod(shape) * DTYPE_BITS[dtype]
+        if bits % 8:
+            raise SafetensorsHeaderError(path, f"{where}: {dtype} x {shape} is not a whole number of bytes")
+        if bits // 8 != offsets[1] - offsets[0]:
+            raise SafetensorsHeaderError(
+                path, f"{where}: {dtype} x {shape} is {bits // 8} bytes but data_offsets span {offsets[1] - offsets[0]}")
+        tensors.append(TensorInfo(name, dtype, tuple(shape), header_size + offsets[0], header_size + offsets[1]))
+
+    tensors.sort(key=lambda t: (t.begin, t.end))
+    cursor = header_size
+    for t in tensors:
+        if t.begin < cursor:
+            raise SafetensorsHeaderError(path, f"tensor {t.name[:200]!r} overlaps the previous tensor")
+        if t.begin > cursor:
+            raise SafetensorsHeaderError(path, f"hole of {t.begin - cursor} bytes before tensor {t.name[:200]!r}")
+        cursor = t.end
+    if cursor != file_size:
+        raise SafetensorsHeaderError(path, f"{file_size - cursor} bytes after the last tensor are not described by the header")
+    return SafetensorsHeader(header_size, file_size, metadata, tuple(tensors))
+
+
+def read_header(path: str | os.PathLike[str], fd: int | None = None) -> SafetensorsHeader:
+    """Read and validate the header of the safetensors file at ``path`` (or open ``fd``)."""
+    spath = os.fspath(path)
+    own = fd is None
+    if own:
+        fd = os.open(spath, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        file_size = os.fstat(fd).st_size
+        if file_size < 8:
+            raise SafetensorsHeaderError(spath, f"file is {file_size} bytes, too short for a header")
+        prefix = os.pread(fd, 8, 0)
+        (n,) = struct.unpack("<Q", prefix)
+        if n > MAX_HEADER_BYTES:
+            raise SafetensorsHeaderError(spath, f"header length {n} exceeds the {MAX_HEADER_BYTES}-byte limit")
+        if 8 + n > file_size:
+            raise SafetensorsHeaderError(spath, f"header length {n} exceeds the file size {file_size}")
+        chunks, off = [], 8
+        while off < 8 + n:
+            chunk = os.pread(fd, min(8 + n - off, 16 << 20), off)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            off += len(chunk)
+        return parse_header_bytes(spath, prefix, b"".join(chunks), file_size)
+    finally:
+        if own:
+            os.close(fd)

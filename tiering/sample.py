@@ -1,0 +1,151 @@
+"""Synthetic Hugging Face style checkpoints for the demo, tests and benchmarks.
+
+Content is deterministic for a given seed and fast to make (a rotated random block stamped with a
+per-megabyte tag, so every tensor and chunk hashes differently and nothing compresses). The files are
+real safetensors: the reference ``safetensors`` loader opens them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Callable
+
+import xxhash
+
+from .safetensors_header import DTYPE_BITS, read_header
+
+_BLOCK = 1 << 20
+
+
+@lru_cache(maxsize=1)
+def _base_block() -> bytes:
+    return random.Random(0x5EED).randbytes(_BLOCK)
+
+
+def fill_bytes(key: str, n: int) -> bytes:
+    """``n`` pseudo-random bytes determined by ``key``."""
+    base = _base_block()
+    shift = xxhash.xxh64_intdigest(key.encode()) % _BLOCK
+    rot = base[shift:] + base[:shift]
+    out = bytearray(n)
+    kb = key.encode()
+    for off in range(0, n, _BLOCK):
+        m = min(_BLOCK, n - off)
+        out[off:off + m] = rot[:m]
+        tag = xxhash.xxh3_128_digest(kb + off.to_bytes(8, "little"))
+        out[off:off + min(16, m)] = tag[:min(16, m)]
+    return bytes(out)
+
+
+@dataclass(frozen=True, slots=True)
+class SampleTensor:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        n = DTYPE_BITS[self.dtype]
+        for d in self.shape:
+            n *= d
+        return n // 8
+
+
+def write_safetensors(path: str | os.PathLike[str], tensors: list[SampleTensor],
+                      data: Callable[[SampleTensor], bytes], metadata: dict[str, str] | None = None) -> None:
+    """Write a safetensors file (header padded to 8 bytes like the reference writer).
+
+    ``data(t)`` gives each tensor's bytes when it is written, so a shard is never held in memory whole.
+    """
+    header: dict[str, object] = {"__metadata__": metadata or {"format": "pt"}}
+    off = 0
+    for t in tensors:
+        header[t.name] = {"dtype": t.dtype, "shape": list(t.shape), "data_offsets": [off, off + t.nbytes]}
+        off += t.nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-(len(raw) + 8) % 8)
+    with open(path, "wb") as fh:
+        fh.write(len(raw).to_bytes(8, "little"))
+        fh.write(raw)
+        for t in tensors:
+            blob = data(t)
+            if len(blob) != t.nbytes:
+                raise ValueError(f"tensor {t.name}: {len(blob)} bytes for {t.dtype} {list(t.shape)}")
+            fh.write(blob)
+
+
+def model_tensors(total_bytes: int, layers: int = 4, dtype: str = "BF16") -> list[SampleTensor]:
+    """A llama-like tensor list whose sizes add up to about ``total_bytes``."""
+    esize = DTYPE_BITS[dtype] // 8
+    vocab = 1024
+    # per layer: 4 h*h attention + 3 h*(11h/4) mlp (= 12.25 h^2), plus embed/lm_head 2*vocab*h
+    h = 64
+    while True:
+        nxt = h + 64
+        if (layers * 12.25 * nxt * nxt + 2 * vocab * nxt) * esize > total_bytes:
+            break
+        h = nxt
+    ih = (h * 11 // 4) // 64 * 64 or 64
+    out = [SampleTensor("model.embed_tokens.weight", dtype, (vocab, h))]
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        out += [SampleTensor(p + "input_layernorm.weight", dtype, (h,))]
+        out += [SampleTensor(p + f"self_attn.{x}_proj.weight", dtype, (h, h)) for x in "qkvo"]
+        out += [SampleTensor(p + "post_attention_layernorm.weight", dtype, (h,))]
+        out += [SampleTensor(p + "mlp.gate_proj.weight", dtype, (ih, h)),
+                SampleTensor(p + "mlp.up_proj.weight", dtype, (ih, h)),
+                SampleTensor(p + "mlp.down_proj.weight", dtype, (h, ih))]
+    out += [SampleTensor("model.norm.weight", dtype, (h,)), SampleTensor("lm_head.weight", dtype, (vocab, h))]
+    return out
+
+
+def make_checkpoint(root: str | os.PathLike[str], *, total_bytes: int = 64 << 20, shards: int = 2,
+                    layers: int = 4, dtype: str = "BF16", seed: str = "v1") -> Path:
+    """Write an HF-style checkpoint: config, tokenizer files, sharded safetensors + index, a sub-folder."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    tensors = model_tensors(total_bytes, layers, dtype)
+    hidden = tensors[0].shape[1]
+    per_shard = sum(t.nbytes for t in tensors) / max(1, shards)
+    groups: list[list[SampleTensor]] = [[] for _ in range(shards)]
+    acc = 0
+    for t in tensors:
+        groups[min(shards - 1, int(acc // per_shard))].append(t)
+        acc += t.nbytes
+    weight_map: dict[str, str] = {}
+    for i, group in enumerate(groups):
+        fname = "model.safetensors" if shards == 1 else f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        write_safetensors(root / fname, group, lambda t: fill_bytes(f"{seed}/{t.name}", t.nbytes))
+        weight_map.update({t.name: fname for t in group})
+    if shards > 1:
+        index = {"metadata": {"total_size": sum(t.nbytes for t in tensors)}, "weight_map": weight_map}
+        (root / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": hidden,
+              "num_hidden_layers": layers, "vocab_size": 1024, "torch_dtype": "bfloat16",
+              "weightd_sample_seed": seed}
+    (root / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (root / "generation_config.json").write_text(json.dumps({"do_sample": True, "temperature": 0.6}) + "\n")
+    vocab = {f"tok{i}": i for i in range(1024)}
+    (root / "tokenizer.json").write_text(json.dumps({"version": "1.0", "model": {"type": "BPE", "vocab": vocab}}) + "\n")
+    (root / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 4096}) + "\n")
+    (root / "special_tokens_map.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>"}) + "\n")
+    (root / "original").mkdir(exist_ok=True)
+    (root / "original" / "params.json").write_text(json.dumps({"dim": hidden, "n_layers": layers}) + "\n")
+    return root
+
+
+def mutate_tensor(path: str | os.PathLike[str], name: str, seed: str = "edit") -> int:
+    """Overwrite one tensor's bytes in place with new content; returns how many bytes changed."""
+    hdr = read_header(path)
+    t = next((t for t in hdr.tensors if t.name == name), None)
+    if t is None:
+        raise KeyError(f"{path}: no tensor {name!r}")
+    with open(path, "r+b") as fh:
+        fh.seek(t.begin)
+        fh.write(fill_bytes(f"{seed}/{name}", t.nbytes))
+    return t.nbytes

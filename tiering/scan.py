@@ -1,0 +1,99 @@
+"""Walk a checkpoint directory safely: what files it holds, and nothing that could escape it."""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import BadInput, CheckpointNotFound, UnsafePath
+
+#: directories that belong to tools, not to the checkpoint (relative to the checkpoint root)
+EXCLUDED_DIRS = (".weightd", ".git", ".cache/huggingface")
+METADATA_DIR = ".weightd"
+
+
+@dataclass(frozen=True, slots=True)
+class ScannedFile:
+    relpath: str       # POSIX path relative to the checkpoint root
+    path: str          # what to open (the symlink's resolved target for HF cache snapshots)
+    size: int
+    mode: int          # permission bits
+    mtime_ns: int
+    dev: int
+    ino: int
+
+
+def _allowed_roots(root: Path) -> list[Path]:
+    """The checkpoint itself, plus ``blobs/`` when ``root`` is an HF hub cache snapshot."""
+    allowed = [root]
+    if root.parent.name == "snapshots" and (root.parent.parent / "blobs").is_dir():
+        allowed.append((root.parent.parent / "blobs").resolve())
+    return allowed
+
+
+def _inside(path: Path, roots: list[Path]) -> bool:
+    return any(path == r or path.is_relative_to(r) for r in roots)
+
+
+def scan_checkpoint(root: str | os.PathLike[str]) -> list[ScannedFile]:
+    """Every regular file under ``root``, sorted by relative path.
+
+    Symlinks are followed only when they resolve inside the checkpoint (or, for a Hugging Face cache
+    snapshot, inside its ``blobs/``); FIFOs, sockets, devices, symlinked directories and non-UTF-8 names
+    are errors, so nothing outside the checkpoint is ever read or published.
+    """
+    top = Path(root)
+    try:
+        st = top.stat()
+    except FileNotFoundError:
+        raise CheckpointNotFound(str(top), "no such directory") from None
+    except OSError as exc:
+        raise BadInput(f"{top}: {exc.strerror}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise BadInput(f"{top}: not a directory")
+    real_root = top.resolve()
+    allowed = _allowed_roots(real_root)
+    out: list[ScannedFile] = []
+
+    def walk(dirpath: Path, rel: str) -> None:
+        try:
+            entries = sorted(os.scandir(dirpath), key=lambda e: e.name)
+        except PermissionError:
+            raise BadInput(f"{dirpath}: permission denied") from None
+        for entry in entries:
+            name = entry.name
+            relpath = f"{rel}{name}"
+            try:
+                name.encode("utf-8")
+            except UnicodeEncodeError:
+                raise UnsafePath(str(dirpath / name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")),
+                                 "file name is not valid UTF-8") from None
+            if relpath in EXCLUDED_DIRS:
+                continue
+            lst = entry.stat(follow_symlinks=False)
+            if stat.S_ISLNK(lst.st_mode):
+                target = Path(os.path.realpath(entry.path))
+                if not _inside(target, allowed):
+                    raise UnsafePath(str(dirpath / name), f"symlink escapes the checkpoint (-> {target})")
+                try:
+                    tst = target.stat()
+                except FileNotFoundError:
+                    raise UnsafePath(str(dirpath / name), "dangling symlink") from None
+                if stat.S_ISDIR(tst.st_mode):
+                    raise UnsafePath(str(dirpath / name), "symlinked directories are not supported")
+                if not stat.S_ISREG(tst.st_mode):
+                    raise UnsafePath(str(dirpath / name), "symlink to a special file (FIFO, socket or device)")
+                out.append(ScannedFile(relpath, str(target), tst.st_size, stat.S_IMODE(tst.st_mode),
+                                       tst.st_mtime_ns, tst.st_dev, tst.st_ino))
+            elif stat.S_ISDIR(lst.st_mode):
+                walk(Path(entry.path), relpath + "/")
+            elif stat.S_ISREG(lst.st_mode):
+                out.append(ScannedFile(relpath, entry.path, lst.st_size, stat.S_IMODE(lst.st_mode),
+                                       lst.st_mtime_ns, lst.st_dev, lst.st_ino))
+            else:
+                raise UnsafePath(str(dirpath / name), "special file (FIFO, socket or device) in a checkpoint")
+
+    walk(top, "")
+    return out
