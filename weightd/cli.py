@@ -1,0 +1,263 @@
+"""The ``weightd`` command line (design §5). Every error ends as one line and a documented exit code."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+
+from tiering import (MANIFEST_RELPATH, CheckpointNotFound, Manifest, build_manifest, diff_manifests,
+                     format_bytes, load_manifest, scan_checkpoint, validate_name, validate_version,
+                     verify_checkpoint, write_manifest)
+from tiering.build import plan_size
+
+from . import __version__
+from .config import Config, config_to_dict, load_config, to_toml
+from .errors import EXIT_ERROR, UsageError, exit_code_for
+from .progress import progress_bar
+
+log = logging.getLogger("weightd")
+
+
+@dataclass
+class AppContext:
+    config_path: str | None
+    debug: bool
+    _config: Config | None = None
+
+    @property
+    def config(self) -> Config:
+        if self._config is None:
+            self._config = load_config(self.config_path)
+        return self._config
+
+
+def emit_json(obj: Any) -> None:
+    click.echo(json.dumps(obj, indent=2, sort_keys=False))
+
+
+def rate(nbytes: int, seconds: float) -> str:
+    return f"{nbytes / seconds / 1e9:.2f} GB/s" if seconds > 0 else "-"
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.option("--config", "config_path", metavar="FILE", help="TOML config (else $WEIGHTD_CONFIG, "
+              "/etc/weightd/weightd.toml, or the embedded default).")
+@click.option("--debug", is_flag=True, help="Show tracebacks and debug logs.")
+@click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
+@click.version_option(__version__, prog_name="weightd")
+@click.pass_context
+def cli(ctx: click.Context, config_path: str | None, debug: bool, verbose: int) -> None:
+    """weightd keeps model weights local, verified and warm on every inference node."""
+    level = logging.DEBUG if debug or verbose > 1 else logging.INFO if verbose else logging.WARNING
+    logging.basicConfig(level=level, stream=sys.stderr, format="weightd: %(levelname)s %(name)s: %(message)s")
+    ctx.obj = AppContext(config_path, debug)
+
+
+# -- manifest -------------------------------------------------------------------------------------
+
+@cli.group()
+def manifest() -> None:
+    """Build and compare checkpoint manifests."""
+
+
+def _build(directory: str, threads: int | None, label: str = "hashing") -> tuple[Manifest, float]:
+    files = scan_checkpoint(directory)
+    t0 = time.perf_counter()
+    with progress_bar(f"{label} {Path(directory).name}", plan_size(files)) as advance:
+        m = build_manifest(directory, threads=threads, progress=advance, files=files)
+    return m, time.perf_counter() - t0
+
+
+@manifest.command("build")
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.option("-o", "--output", metavar="FILE", help=f"Where to write (default DIR/{MANIFEST_RELPATH}; '-' = stdout).")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON report instead of text.")
+@click.option("--threads", type=click.IntRange(1, 64), help="Hashing threads (default: cores, at most 8).")
+@click.option("--name", help="Label the manifest with a checkpoint NAME (org/model).")
+@click.option("--version", "version_label", metavar="VERSION", help="Label the manifest with a VERSION.")
+def manifest_build(directory: str, output: str | None, as_json: bool, threads: int | None,
+                   name: str | None, version_label: str | None) -> None:
+    """Hash every file of DIRECTORY (per tensor for safetensors) and write its manifest."""
+    if name is not None:
+        validate_name(name)
+    if version_label is not None:
+        validate_version(version_label)
+    m, seconds = _build(directory, threads)
+    if name or version_label:
+        m = m.with_labels(name=name, version=version_label)
+    target = output or os.path.join(directory, MANIFEST_RELPATH)
+    if target == "-":
+        sys.stdout.write(m.to_json())
+        return
+    write_manifest(m, target)
+    tensors = sum(1 for _ in m.tensors())
+    if as_json:
+        emit_json({"path": target, "digest": m.digest, "files": len(m.files), "tensors": tensors,
+                   "bytes": m.total_bytes, "seconds": round(seconds, 4),
+                   "bytes_per_s": round(m.total_bytes / seconds) if seconds > 0 else None})
+        return
+    click.echo(f"{len(m.files)} files, {tensors} tensors, {format_bytes(m.total_bytes)} hashed in "
+               f"{seconds:.2f} s ({rate(m.total_bytes, seconds)})")
+    click.echo(f"digest {m.digest}")
+    click.echo(target)
+
+
+def _manifest_of(arg: str, threads: int | None) -> tuple[Manifest, str]:
+    """A manifest from a manifest file, or a directory's own manifest, or one built now."""
+    p = Path(arg)
+    if p.is_dir():
+        own = p / MANIFEST_RELPATH
+        if own.is_file():
+            return load_manifest(own), str(own)
+        m, _ = _build(arg, threads)
+        return m, f"{arg} (hashed now)"
+    if p.exists() or arg.endswith(".json"):
+        return load_manifest(p), arg
+    raise CheckpointNotFound(arg, "no such manifest file or checkpoint directory")
+
+
+@manifest.command("diff")
+@click.argument("a")
+@click.argument("b")
+@click.option("--json", "as_json", is_flag=True, help="Print the diff as JSON.")
+@click.option("--threads", type=click.IntRange(1, 64))
+def manifest_diff(a: str, b: str, as_json: bool, threads: int | None) -> None:
+    """What changed from A to B (manifest files or checkpoint directories)."""
+    ma, la = _manifest_of(a, threads)
+    mb, lb = _manifest_of(b, threads)
+    d = diff_manifests(ma, mb)
+    if as_json:
+        emit_json({"a": la, "b": lb, **d.to_dict()})
+        return
+    click.echo(f"A {la}: {ma.digest}, {len(ma.files)} files, {format_bytes(ma.total_bytes)}")
+    click.echo(f"B {lb}: {mb.digest}, {len(mb.files)} files, {format_bytes(mb.total_bytes)}")
+    if d.identical:
+        click.echo("identical content")
+        return
+    click.echo(f"files: {len(d.files_changed)} changed, {len(d.files_added)} added, {len(d.files_removed)} removed")
+    for sign, paths in (("~", d.files_changed), ("+", d.files_added), ("-", d.files_removed)):
+        for path in paths:
+            click.echo(f"  {sign} {path}")
+    click.echo(f"tensors: {d.count('changed')} changed, {d.count('added')} added, {d.count('removed')} removed, "
+               f"{d.count('moved')} moved")
+    signs = {"changed": "~", "added": "+", "removed": "-", "moved": ">"}
+    for t in d.tensors:
+        click.echo(f"  {signs[t.kind]} {t.name}  {format_bytes(t.nbytes)}  {t.path}  {t.detail}")
+    pct = 100 * d.changed_bytes / d.total_bytes if d.total_bytes else 0.0
+    click.echo(f"changed bytes: {d.changed_bytes} ({format_bytes(d.changed_bytes)}, {pct:.2f}% of "
+               f"{format_bytes(d.total_bytes)})")
+
+
+# -- verify ---------------------------------------------------------------------------------------
+
+@cli.command()
+@click.argument("target")
+@click.option("--manifest", "manifest_path", metavar="FILE", help=f"Manifest to check against (default DIR/{MANIFEST_RELPATH}).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--threads", type=click.IntRange(1, 64))
+def verify(target: str, manifest_path: str | None, as_json: bool, threads: int | None) -> None:
+    """Re-hash a checkpoint directory against its manifest; exit 5 naming the first bad file/tensor."""
+    root = Path(target)
+    if not root.exists():
+        raise CheckpointNotFound(target, "no such checkpoint directory")
+    mpath = Path(manifest_path) if manifest_path else root / MANIFEST_RELPATH
+    if not manifest_path and not mpath.is_file():
+        raise CheckpointNotFound(str(mpath), f"no manifest (build one with: weightd manifest build {target})")
+    m = load_manifest(mpath)
+    t0 = time.perf_counter()
+    with progress_bar(f"verifying {root.name}", m.total_bytes) as advance:
+        report = verify_checkpoint(root, m, threads=threads, progress=advance)
+    seconds = time.perf_counter() - t0
+    if as_json:
+        emit_json({"path": str(root), "digest": m.digest, "ok": report.ok, "files": report.files,
+                   "bytes_checked": report.bytes_checked, "seconds": round(seconds, 4),
+                   "problems": [{"path": p.path, "what": p.what, "expected": p.expected, "actual": p.actual}
+                                for p in report.problems]})
+    elif report.ok:
+        click.echo(f"ok: {root} matches {m.digest} ({report.files} files, {format_bytes(report.bytes_checked)}, "
+                   f"{seconds:.2f} s)")
+    else:
+        for p in report.problems[:20]:
+            click.echo(f"  {p}", err=True)
+        if len(report.problems) > 20:
+            click.echo(f"  ... {len(report.problems) - 20} more", err=True)
+    report.raise_for_problems()
+
+
+# -- config ---------------------------------------------------------------------------------------
+
+@cli.group("config")
+def config_group() -> None:
+    """Inspect the configuration."""
+
+
+@config_group.command("show")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def config_show(app: AppContext, as_json: bool) -> None:
+    """Print the effective configuration (file merged over the embedded default)."""
+    cfg = app.config
+    d = config_to_dict(cfg)
+    if as_json:
+        emit_json({"source": cfg.source, "config": d})
+        return
+    click.echo(f"# source: {cfg.source}")
+    click.echo(to_toml(d), nl=False)
+
+
+# -- demo -----------------------------------------------------------------------------------------
+
+@cli.command(hidden=False)
+@click.option("--dir", "workdir", metavar="DIR", help="Where to build the sample (default: a new temporary directory).")
+@click.option("--size", default="64MiB", show_default=True, help="Size of the sample checkpoint.")
+def demo(workdir: str | None, size: str) -> None:
+    """Walk through weightd's main job on a generated sample checkpoint."""
+    from .demo import run_demo
+    run_demo(workdir, size)
+
+
+# -- entry point ----------------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    debug = "--debug" in args
+    try:
+        cli.main(args=args, prog_name="weightd", standalone_mode=False)
+        return 0
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.exceptions.NoArgsIsHelpError as exc:
+        click.echo(exc.ctx.get_help() if exc.ctx else str(exc), err=True)
+        return 2
+    except click.ClickException as exc:
+        hint = f" (see '{exc.ctx.command_path} --help')" if getattr(exc, "ctx", None) else ""
+        click.echo(f"weightd: error: {exc.format_message()}{hint}", err=True)
+        return UsageError.exit_code
+    except (click.Abort, KeyboardInterrupt):
+        click.echo("weightd: interrupted", err=True)
+        return 130
+    except BrokenPipeError:
+        sys.stderr.close()
+        return EXIT_ERROR
+    except Exception as exc:  # every error ends here: one line, the documented exit code
+        if debug:
+            import traceback
+            traceback.print_exc()
+        code = exit_code_for(exc)
+        if code == EXIT_ERROR and not isinstance(exc, OSError) and not hasattr(exc, "exit_code"):
+            click.echo(f"weightd: internal error: {type(exc).__name__}: {exc} (run with --debug for the traceback)",
+                       err=True)
+        elif isinstance(exc, OSError) and not hasattr(exc, "exit_code"):
+            where = f"{exc.filename}: " if exc.filename else ""
+            click.echo(f"weightd: {where}{exc.strerror or exc}", err=True)
+        else:
+            click.echo(f"weightd: {exc}", err=True)
+        return code

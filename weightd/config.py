@@ -1,0 +1,315 @@
+"""Configuration: TOML at ``--config``, else ``$WEIGHTD_CONFIG``, else ``/etc/weightd/weightd.toml``,
+else an embedded default that works for an unprivileged user with no set-up (design §5).
+
+A file only needs the keys it changes; everything else keeps the embedded default. Unknown keys and
+bad values are :class:`ConfigError` naming the key. This is the only module that reads the
+environment, and it does so when :func:`load_config` is called, never at import time.
+"""
+
+from __future__ import annotations
+
+import getpass
+import ipaddress
+import os
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from tiering.units import parse_fraction, parse_size
+
+from .errors import ConfigError
+
+SYSTEM_CONFIG = Path("/etc/weightd/weightd.toml")
+ENV_CONFIG = "WEIGHTD_CONFIG"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _abs_path(v: Any) -> Path:
+    if not isinstance(v, (str, Path)) or not str(v):
+        raise ValueError("expected a path")
+    p = Path(os.path.expanduser(str(v)))
+    if not p.is_absolute():
+        raise ValueError(f"must be an absolute path, got {str(v)!r}")
+    return p
+
+
+def _host_port(v: Any) -> str:
+    if not isinstance(v, str):
+        raise ValueError("expected 'IP:PORT'")
+    host, sep, port = v.rpartition(":")
+    host = host.strip("[]")
+    try:
+        ipaddress.ip_address(host)
+        ok = sep and port.isdigit() and 0 <= int(port) <= 65535
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(f"expected 'IP:PORT' like '127.0.0.1:9464', got {v!r}")
+    return v
+
+
+class Capacity(_Model):
+    """A tier budget: absolute bytes, or a fraction of the tier's filesystem."""
+    bytes: int | None = None
+    fraction: float | None = None
+
+    def resolve(self, fs_total_bytes: int) -> int:
+        if self.bytes is not None:
+            return self.bytes
+        return int(fs_total_bytes * (self.fraction or 0.0))
+
+    def __str__(self) -> str:
+        return f"{self.fraction * 100:g}%" if self.fraction is not None else str(self.bytes)
+
+
+class TierSettings(_Model):
+    path: Path
+    capacity: Capacity = Capacity(fraction=0.5)
+    high_watermark: float = 0.95
+    low_watermark: float = 0.85
+
+    _path = field_validator("path", mode="before")(_abs_path)
+
+    @field_validator("capacity", mode="before")
+    @classmethod
+    def _capacity(cls, v: Any) -> Any:
+        if isinstance(v, Capacity):
+            return v
+        if isinstance(v, str) and v.strip().endswith("%"):
+            frac = parse_fraction(v)
+            if frac == 0:
+                raise ValueError("must be more than 0%")
+            return Capacity(fraction=frac)
+        return Capacity(bytes=parse_size(v))
+
+    @field_validator("high_watermark", "low_watermark", mode="before")
+    @classmethod
+    def _fraction(cls, v: Any) -> float:
+        return parse_fraction(v)
+
+    @model_validator(mode="after")
+    def _order(self) -> "TierSettings":
+        if self.low_watermark > self.high_watermark:
+            raise ValueError("low_watermark must not exceed high_watermark")
+        return self
+
+
+class ColdSettings(_Model):
+    path: Path
+    _path = field_validator("path", mode="before")(_abs_path)
+
+
+class Tiers(_Model):
+    hot: TierSettings
+    warm: TierSettings
+    cold: ColdSettings
+
+
+class P2PSettings(_Model):
+    threshold: int = 10 << 30
+    listen: str = "0.0.0.0:6881"
+    trackers: tuple[str, ...] = ()
+    peers: tuple[str, ...] = ()
+    allow: tuple[str, ...] = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "127.0.0.0/8")
+    upload_limit: int = 1_000_000_000     # bytes/s; 0 = unlimited
+    download_limit: int = 1_000_000_000
+    max_connections: int = Field(default=200, ge=1)
+
+    _sizes = field_validator("threshold", "upload_limit", "download_limit", mode="before")(
+        lambda v: parse_size(v))
+    _listen = field_validator("listen", mode="before")(_host_port)
+
+    @field_validator("peers", mode="before")
+    @classmethod
+    def _peers(cls, v: Any) -> tuple[str, ...]:
+        if not isinstance(v, (list, tuple)):
+            raise ValueError("expected a list of 'IP:PORT'")
+        return tuple(_host_port(x) for x in v)
+
+    @field_validator("trackers", mode="before")
+    @classmethod
+    def _trackers(cls, v: Any) -> tuple[str, ...]:
+        if not isinstance(v, (list, tuple)) or not all(isinstance(x, str) for x in v):
+            raise ValueError("expected a list of tracker URLs")
+        for url in v:
+            if not url.startswith(("http://", "https://", "udp://")):
+                raise ValueError(f"tracker {url!r} must be an http://, https:// or udp:// URL")
+        return tuple(v)
+
+    @field_validator("allow", mode="before")
+    @classmethod
+    def _allow(cls, v: Any) -> tuple[str, ...]:
+        if not isinstance(v, (list, tuple)):
+            raise ValueError("expected a list of CIDRs like '10.0.0.0/8'")
+        out = []
+        for cidr in v:
+            try:
+                out.append(str(ipaddress.ip_network(cidr, strict=False)))
+            except (ValueError, TypeError):
+                raise ValueError(f"{cidr!r} is not a CIDR like '10.0.0.0/8'") from None
+        return tuple(out)
+
+
+class WarmSettings(_Model):
+    concurrency: int = Field(default=4, ge=1, le=64)
+    bandwidth: int = 0                    # bytes/s; 0 = no fixed cap (still backs off on disk await)
+    await_threshold_ms: float = Field(default=5.0, gt=0)
+
+    _bw = field_validator("bandwidth", mode="before")(lambda v: parse_size(v))
+
+
+class ApiSettings(_Model):
+    socket: Path
+    _path = field_validator("socket", mode="before")(_abs_path)
+
+
+class MetricsSettings(_Model):
+    listen: str = "127.0.0.1:9464"
+    _listen = field_validator("listen", mode="before")(_host_port)
+
+
+class Settings(_Model):
+    state_dir: Path
+    tiers: Tiers
+    p2p: P2PSettings = P2PSettings()
+    warm: WarmSettings = WarmSettings()
+    api: ApiSettings
+    metrics: MetricsSettings = MetricsSettings()
+
+    _path = field_validator("state_dir", mode="before")(_abs_path)
+
+
+@dataclass(frozen=True)
+class Config:
+    """The effective configuration and where it came from."""
+    settings: Settings
+    source: str  # a file path, or "embedded default"
+
+    def __getattr__(self, name: str) -> Any:  # config.tiers, config.p2p, ...
+        return getattr(self.settings, name)
+
+
+def embedded_defaults(env: Mapping[str, str]) -> dict[str, Any]:
+    """Defaults for an unprivileged user: tiers under /dev/shm/weightd-$USER and the XDG dirs."""
+    home = Path(env.get("HOME") or os.path.expanduser("~"))
+    user = env.get("USER") or env.get("LOGNAME") or _safe_user()
+    cache = Path(env.get("XDG_CACHE_HOME") or home / ".cache")
+    data = Path(env.get("XDG_DATA_HOME") or home / ".local/share")
+    state = Path(env.get("XDG_STATE_HOME") or home / ".local/state")
+    runtime = env.get("XDG_RUNTIME_DIR")
+    state_dir = state / "weightd"
+    return {
+        "state_dir": str(state_dir),
+        "tiers": {
+            "hot": {"path": f"/dev/shm/weightd-{user}", "capacity": "50%"},
+            "warm": {"path": str(cache / "weightd"), "capacity": "80%"},
+            "cold": {"path": str(data / "weightd" / "cold")},
+        },
+        "api": {"socket": str(Path(runtime) / "weightd.sock") if runtime else str(state_dir / "weightd.sock")},
+    }
+
+
+def _safe_user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return str(os.getuid())
+
+
+def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _first_error(exc: ValidationError) -> tuple[str, str]:
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-"))
+    msg = err["msg"]
+    if err["type"] == "extra_forbidden":
+        msg = "unknown key"
+    elif err["type"] == "missing":
+        msg = "missing key"
+    msg = msg.removeprefix("Value error, ")
+    return loc, msg
+
+
+def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None) -> Config:
+    """Find, read, merge over the embedded default, and validate the configuration."""
+    env = os.environ if env is None else env
+    chosen: Path | None = None
+    if path is not None:
+        chosen = Path(path)
+    elif env.get(ENV_CONFIG):
+        chosen = Path(env[ENV_CONFIG])
+    elif SYSTEM_CONFIG.exists():
+        chosen = SYSTEM_CONFIG
+    data: dict[str, Any] = {}
+    source = "embedded default"
+    if chosen is not None:
+        source = str(chosen)
+        try:
+            with open(chosen, "rb") as fh:
+                data = tomllib.load(fh)
+        except FileNotFoundError:
+            raise ConfigError(source, "file not found") from None
+        except IsADirectoryError:
+            raise ConfigError(source, "is a directory") from None
+        except PermissionError:
+            raise ConfigError(source, "permission denied") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(source, f"invalid TOML: {exc}") from None
+        except UnicodeDecodeError:
+            raise ConfigError(source, "not UTF-8 text") from None
+    merged = _merge(embedded_defaults(env), data)
+    try:
+        settings = Settings.model_validate(merged)
+    except ValidationError as exc:
+        key, msg = _first_error(exc)
+        raise ConfigError(source, msg, key) from None
+    return Config(settings, source)
+
+
+def config_to_dict(cfg: Config) -> dict[str, Any]:
+    """The effective config as plain TOML-able values (sizes in bytes, capacities as written)."""
+    d = cfg.settings.model_dump(mode="json")
+    for tier in ("hot", "warm"):
+        d["tiers"][tier]["capacity"] = str(getattr(cfg.settings.tiers, tier).capacity)
+        if d["tiers"][tier]["capacity"].isdigit():
+            d["tiers"][tier]["capacity"] = int(d["tiers"][tier]["capacity"])
+    return d
+
+
+def to_toml(d: Mapping[str, Any]) -> str:
+    """A small TOML writer for the config's shapes (tables of scalars and lists of scalars)."""
+    import json
+
+    def scalar(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, (int, float)):
+            return repr(v)
+        if isinstance(v, (list, tuple)):
+            return "[" + ", ".join(scalar(x) for x in v) + "]"
+        return json.dumps(str(v))
+
+    lines: list[str] = []
+
+    def table(prefix: str, t: Mapping[str, Any]) -> None:
+        scalars = [(k, v) for k, v in t.items() if not isinstance(v, Mapping)]
+        subs = [(k, v) for k, v in t.items() if isinstance(v, Mapping)]
+        if prefix and scalars:
+            lines.append(f"\n[{prefix}]")
+        lines.extend(f"{k} = {scalar(v)}" for k, v in scalars)
+        for k, v in subs:
+            table(f"{prefix}.{k}" if prefix else k, v)
+
+    table("", d)
+    return "\n".join(lines).lstrip("\n") + "\n"
