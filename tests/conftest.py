@@ -57,3 +57,62 @@ def assert_one_line_error(proc: subprocess.CompletedProcess[str], code: int, *ne
     assert len(err.splitlines()) <= 2, err
     for n in needles:
         assert n in err, (n, err)
+
+
+# -- tiers ------------------------------------------------------------------------------------------
+
+import shutil as _shutil  # noqa: E402
+import uuid as _uuid  # noqa: E402
+
+from tiering.layout import TierSpec  # noqa: E402
+from tiering.node import LocalNode  # noqa: E402
+
+
+class NodeEnv:
+    """A node's directories: hot on the real /dev/shm tmpfs, warm/cold/state under tmp_path."""
+
+    def __init__(self, tmp_path: Path, hot_capacity: str = "256MiB", warm_capacity: str = "512MiB") -> None:
+        self.tmp = tmp_path
+        self.hot = Path(f"/dev/shm/weightd-test-{_uuid.uuid4().hex[:10]}")
+        self.warm, self.cold, self.state = tmp_path / "warm", tmp_path / "cold", tmp_path / "state"
+        self.config = tmp_path / "weightd.toml"
+        self.write_config(hot_capacity, warm_capacity)
+
+    def write_config(self, hot_capacity: str, warm_capacity: str, hot_path: Path | None = None) -> None:
+        if hot_path is not None:
+            self.hot = hot_path
+        self.hot_capacity, self.warm_capacity = hot_capacity, warm_capacity
+        self.config.write_text(
+            f'state_dir = "{self.state}"\n'
+            f'[tiers.hot]\npath = "{self.hot}"\ncapacity = "{hot_capacity}"\n'
+            f'[tiers.warm]\npath = "{self.warm}"\ncapacity = "{warm_capacity}"\n'
+            f'[tiers.cold]\npath = "{self.cold}"\n'
+            f'[api]\nsocket = "{self.state}/weightd.sock"\n')
+
+    def node(self, **kw) -> LocalNode:
+        from tiering.units import parse_size
+
+        def spec(name: str, path: Path, cap: str) -> TierSpec:
+            return TierSpec(name, path, parse_size(cap))
+        return LocalNode(hot=spec("hot", self.hot, self.hot_capacity), warm=spec("warm", self.warm, self.warm_capacity),
+                         cold=self.cold, state_dir=self.state, **kw)
+
+    def cleanup(self) -> None:
+        _shutil.rmtree(self.hot, ignore_errors=True)
+
+
+@pytest.fixture
+def node_env(tmp_path: Path):
+    env = NodeEnv(tmp_path)
+    try:
+        yield env
+    finally:
+        env.cleanup()
+
+
+@pytest.fixture
+def wd(weightd: Weightd, node_env: NodeEnv):
+    """``weightd --config <node_env's config> ...``"""
+    def run(*args: str, **kw):
+        return weightd("--config", node_env.config, *args, **kw)
+    return run

@@ -9,9 +9,14 @@ Hierarchy (every error weightd's tiering raises derives from ``TieringError``)::
     │   ├── SafetensorsHeaderError            malformed / hostile safetensors header
     │   └── ManifestError                     manifest.json that cannot be trusted
     ├── CheckpointNotFound (FileNotFoundError) a path or checkpoint that does not exist; exit 3
-    └── IntegrityError                        content differs from its manifest; exit 5
-        ├── ChecksumMismatch                  a part (header, tensor, chunk) hashed differently
-        └── FileChanged                       a file changed while it was being read
+    ├── IntegrityError                        content differs from its manifest; exit 5
+    │   ├── ChecksumMismatch                  a part (header, tensor, chunk) hashed differently
+    │   └── FileChanged                       a file changed while it was being read
+    ├── NoSpace                               no allowed tier can hold it; exit 6
+    ├── TimedOut (TimeoutError)               a deadline passed (lock wait, copy); exit 4
+    └── Busy                                  pinned / leased / in use, for an explicit action; exit 1
+
+    (VersionConflict is a BadInput: NAME@VERSION already published with other content.)
 
 Every class carries an ``exit_code`` matching design §5 so the CLI maps errors in one place.
 """
@@ -73,3 +78,34 @@ class FileChanged(IntegrityError):
     def __init__(self, path: str, reason: str) -> None:
         self.path, self.reason = path, reason
         super().__init__(f"{path}: {reason}")
+
+
+class NoSpace(TieringError):
+    """No allowed tier can hold the checkpoint, even after evicting what policy allows; exit 6."""
+    exit_code = 6
+
+    def __init__(self, tier: str, need: int, available: int, reason: str = "") -> None:
+        self.tier, self.need, self.available = tier, need, available
+        extra = f": {reason}" if reason else ""
+        super().__init__(f"tier {tier} cannot hold {need} bytes ({available} available after eviction){extra}")
+
+
+class TimedOut(TieringError, TimeoutError):
+    exit_code = 4
+
+
+class VersionConflict(BadInput):
+    """NAME@VERSION is already published with different content (versions are immutable)."""
+
+    def __init__(self, ref: str, existing: str, new: str) -> None:
+        self.ref, self.existing, self.new = ref, existing, new
+        super().__init__(f"{ref} is already published with different content (digest {existing}, "
+                         f"this is {new}); versions are immutable: publish it under a new version")
+
+
+class Busy(TieringError):
+    """An explicit action refused because the checkpoint is pinned, leased or in use; exit 1."""
+
+    def __init__(self, ref: str, reason: str) -> None:
+        self.ref, self.reason = ref, reason
+        super().__init__(f"{ref}: {reason}")

@@ -192,6 +192,174 @@ def verify(target: str, manifest_path: str | None, as_json: bool, threads: int |
     report.raise_for_problems()
 
 
+# -- tiers: publish, preload, path, status, pin, unpin, evict, gc -----------------------------------
+
+def _node(app: AppContext):
+    from .local import open_node
+    return open_node(app.config)
+
+
+def _ago(ts: float | None) -> str:
+    if not ts:
+        return "-"
+    s = max(0, time.time() - ts)
+    return f"{s:.0f}s" if s < 120 else f"{s / 60:.0f}m" if s < 7200 else f"{s / 3600:.0f}h"
+
+
+@cli.command()
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.option("--name", required=True, help="Checkpoint NAME ([A-Za-z0-9._-]+, at most one '/').")
+@click.option("--version", "version_label", required=True, metavar="VERSION", help="Immutable VERSION label.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def publish(app: AppContext, directory: str, name: str, version_label: str, as_json: bool) -> None:
+    """Copy a checkpoint (or an HF cache snapshot) into cold storage as NAME@VERSION, with its manifest."""
+    validate_name(name)
+    validate_version(version_label)
+    files = scan_checkpoint(directory)
+    with _node(app) as node, progress_bar(f"publishing {name}@{version_label}", plan_size(files)) as advance:
+        r = node.publish(Path(directory), name, version_label, progress=advance)
+    if as_json:
+        emit_json(r.to_dict())
+        return
+    what = "already published with the same content" if r.unchanged else f"published in {r.seconds:.2f} s"
+    click.echo(f"{name}@{version_label}: {what} ({format_bytes(r.bytes)}, digest {r.digest})")
+    click.echo(r.path)
+
+
+def _split_ref(ref: str) -> tuple[str, str | None]:
+    from tiering import parse_ref
+    return parse_ref(ref)
+
+
+@cli.command()
+@click.argument("ref", metavar="NAME[@VERSION]")
+@click.option("--tier", type=click.Choice(["hot", "warm"]), default="hot", show_default=True)
+@click.option("--strict", is_flag=True, help="Fail (exit 6) instead of falling back to warm when hot is full.")
+@click.option("--lease", "lease_s", type=click.FloatRange(min=0), default=600, show_default=True,
+              metavar="S", help="Keep it from eviction for S seconds (0: no lease).")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0), metavar="S",
+              help="Give up after S seconds (exit 4).")
+@click.option("--wait", is_flag=True, help="If the version is not published yet, wait for it (until --timeout).")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON report (the path is still the last line).")
+@click.pass_obj
+def preload(app: AppContext, ref: str, tier: str, strict: bool, lease_s: float, timeout_s: float | None,
+            wait: bool, as_json: bool) -> None:
+    """Make a checkpoint local, verified and ready; the last stdout line is its path."""
+    name, version = _split_ref(ref)
+    with _node(app) as node:
+        total = 0
+        try:
+            total = node.resolve(name, version).size
+        except CheckpointNotFound:
+            if not wait:
+                raise
+        with progress_bar(f"preloading {ref} -> {tier}", total) as advance:
+            r = node.preload(name, version, tier=tier, strict=strict, lease_s=lease_s, timeout_s=timeout_s,
+                             wait=wait, progress=advance)
+    if r.fallback:
+        click.echo(f"weightd: warning: {r.name}@{r.version} went to the warm tier: {r.fallback}", err=True)
+    if as_json:
+        click.echo(json.dumps(r.to_dict()))
+    elif r.already_present:
+        click.echo(f"{r.name}@{r.version}: already in {r.tier}, 0 bytes moved", err=True)
+    else:
+        moved = ", ".join(f"{format_bytes(v)} from {k}" for k, v in r.bytes_by_source.items() if v)
+        click.echo(f"{r.name}@{r.version}: {moved} into {r.tier} in {r.seconds:.2f} s"
+                   + (f"; evicted {', '.join(r.evicted)}" if r.evicted else ""), err=True)
+    click.echo(r.path)
+
+
+@cli.command("path")
+@click.argument("ref", metavar="NAME[@VERSION]")
+@click.pass_obj
+def path_cmd(app: AppContext, ref: str) -> None:
+    """Print the local path of the best complete copy (hot before warm); exit 3 if none."""
+    name, version = _split_ref(ref)
+    with _node(app) as node:
+        _, p = node.path(name, version)
+    click.echo(str(p))
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def status(app: AppContext, as_json: bool) -> None:
+    """Checkpoints x tiers, sizes, pins, leases, transfers in flight, tier usage vs capacity."""
+    with _node(app) as node:
+        st = node.status()
+    if as_json:
+        emit_json(st)
+        return
+    click.echo(f"{'TIER':<5} {'USED':>10} {'CAPACITY':>10} {'USE%':>5} {'CKPTS':>5} {'IN FLIGHT':>9}  PATH")
+    for t, info in st["tiers"].items():
+        cap = info["capacity_bytes"]
+        pct = f"{100 * info['used_bytes'] / cap:.0f}%" if cap else "-"
+        click.echo(f"{t:<5} {format_bytes(info['used_bytes']):>10} {format_bytes(cap):>10} {pct:>5} "
+                   f"{info['checkpoints']:>5} {info['transfers_in_flight']:>9}  {info['path']}")
+    if not st["checkpoints"]:
+        click.echo("\nno checkpoints on this node")
+        return
+    click.echo(f"\n{'CHECKPOINT':<40} {'SIZE':>10}  {'HOT':<4} {'WARM':<4} {'PIN':<3}  {'LEASES':<10} LAST USE")
+    for c in st["checkpoints"]:
+        leases = [le for t in c["tiers"].values() for le in t["leases"]]
+        last = max((t["last_access"] or 0) for t in c["tiers"].values())
+        click.echo(f"{c['name'] + '@' + c['version']:<40} {format_bytes(c['bytes']):>10}  "
+                   f"{'yes' if 'hot' in c['tiers'] else '-':<4} {'yes' if 'warm' in c['tiers'] else '-':<4} "
+                   f"{'yes' if c['pinned'] else '-':<3}  {len(leases) or '-':<10} {_ago(last)} ago")
+
+
+@cli.command()
+@click.argument("ref", metavar="NAME[@VERSION]")
+@click.pass_obj
+def pin(app: AppContext, ref: str) -> None:
+    """Never evict NAME@VERSION (latest published if no version) from any tier."""
+    name, version = _split_ref(ref)
+    with _node(app) as node:
+        version, new = node.pin(name, version)
+    click.echo(f"{name}@{version}: {'pinned' if new else 'already pinned'}")
+
+
+@cli.command()
+@click.argument("ref", metavar="NAME[@VERSION]")
+@click.pass_obj
+def unpin(app: AppContext, ref: str) -> None:
+    """Let NAME@VERSION be evicted again."""
+    name, version = _split_ref(ref)
+    with _node(app) as node:
+        version, was = node.unpin(name, version)
+    click.echo(f"{name}@{version}: {'unpinned' if was else 'was not pinned'}")
+
+
+@cli.command()
+@click.argument("ref", metavar="NAME[@VERSION]")
+@click.option("--tier", type=click.Choice(["hot", "warm"]), help="Only this tier (default: both).")
+@click.option("--force", is_flag=True, help="Even if pinned, leased or in use.")
+@click.pass_obj
+def evict(app: AppContext, ref: str, tier: str | None, force: bool) -> None:
+    """Remove NAME@VERSION (every local version of NAME without @VERSION) from the local tiers."""
+    name, version = _split_ref(ref)
+    with _node(app) as node:
+        for line in node.evict(name, version, tier, force=force):
+            click.echo(f"evicted {line}")
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def gc(app: AppContext, as_json: bool) -> None:
+    """Remove stale staging, expire leases, and bring tiers above their high watermark down to the low one."""
+    with _node(app) as node:
+        r = node.gc()
+    if as_json:
+        emit_json(r)
+        return
+    for t, info in r["reconcile"].items():
+        click.echo(f"{t}: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in info.items()))
+    for line in r["evicted"]:
+        click.echo(f"evicted {line}")
+
+
 # -- config ---------------------------------------------------------------------------------------
 
 @cli.group("config")

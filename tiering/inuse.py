@@ -1,0 +1,52 @@
+"""Is any file of a checkpoint open or mapped by any process? (``/proc/*/fd`` and ``/proc/*/maps``)
+
+An unprivileged caller only sees its own user's processes; the daemon runs with the rights to see
+the serving processes (root or CAP_SYS_PTRACE in the hardened unit).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def _scan() -> dict[str, set[int]]:
+    """Every file path open or mapped, with the pids holding it."""
+    holders: dict[str, set[int]] = {}
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return holders
+    for pid in pids:
+        fd_dir = f"/proc/{pid}/fd"
+        try:
+            for fd in os.listdir(fd_dir):
+                try:
+                    target = os.readlink(f"{fd_dir}/{fd}")
+                except OSError:
+                    continue
+                if target.startswith("/"):
+                    holders.setdefault(target.removesuffix(" (deleted)"), set()).add(int(pid))
+        except OSError:
+            pass
+        try:
+            with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as fh:
+                for line in fh:
+                    i = line.find("/")
+                    if i >= 0:
+                        holders.setdefault(line[i:].rstrip("\n").removesuffix(" (deleted)"), set()).add(int(pid))
+        except OSError:
+            pass
+    return holders
+
+
+def processes_using(dirs: list[Path]) -> dict[Path, set[int]]:
+    """For each directory, the pids that have a file under it open or mapped (empty sets omitted)."""
+    holders = _scan()
+    out: dict[Path, set[int]] = {}
+    real = [(d, os.path.realpath(d).rstrip("/") + "/") for d in dirs]
+    for path, pids in holders.items():
+        for d, prefix in real:
+            if path.startswith(prefix):
+                out.setdefault(d, set()).update(pids)
+    return out

@@ -1,0 +1,18 @@
+"""Build the local data plane (``tiering.LocalNode``) from the configuration."""
+
+from __future__ import annotations
+
+from tiering.layout import HOT, WARM, TierSpec
+from tiering.node import LocalNode
+
+from .config import Config, TierSettings
+
+
+def tier_spec(name: str, t: TierSettings) -> TierSpec:
+    return TierSpec(name, t.path, t.capacity.bytes, t.capacity.fraction, t.high_watermark, t.low_watermark)
+
+
+def open_node(cfg: Config, *, reconcile: bool = True) -> LocalNode:
+    tiers = cfg.settings.tiers
+    return LocalNode(hot=tier_spec(HOT, tiers.hot), warm=tier_spec(WARM, tiers.warm), cold=tiers.cold.path,
+                     state_dir=cfg.settings.state_dir, reconcile=reconcile)
