@@ -24,6 +24,7 @@ test: $(STAMP) tools
 
 bench: $(STAMP) tools
 	$(BIN)/python bench/manifest.py
+	$(BIN)/python bench/promote.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

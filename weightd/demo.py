@@ -20,9 +20,12 @@ from tiering.sample import make_checkpoint, mutate_tensor
 from tiering.units import parse_size
 
 
+_CONFIG: list[str] = []
+
+
 def _run(args: list[str], expect: int = 0) -> subprocess.CompletedProcess[str]:
     click.secho("$ weightd " + " ".join(shlex.quote(a) for a in args), fg="cyan", bold=True)
-    proc = subprocess.run([sys.executable, "-m", "weightd", *args], text=True, capture_output=True)
+    proc = subprocess.run([sys.executable, "-m", "weightd", *_CONFIG, *args], text=True, capture_output=True)
     if proc.stdout:
         click.echo(proc.stdout.rstrip("\n"))
     if proc.stderr:
@@ -37,6 +40,7 @@ def run_demo(workdir: str | None, size: str = "64MiB") -> None:
     own = workdir is None
     base = Path(workdir or tempfile.mkdtemp(prefix="weightd-demo-"))
     base.mkdir(parents=True, exist_ok=True)
+    hot = Path(f"/dev/shm/weightd-demo-{os.getpid()}")
     try:
         v1, v2 = base / "tiny-llama-v1", base / "tiny-llama-v2"
         for d in (v1, v2):
@@ -68,7 +72,35 @@ def run_demo(workdir: str | None, size: str = "64MiB") -> None:
             fh.seek(-1, os.SEEK_CUR)
             fh.write(bytes([b[0] ^ 0xFF]))
         _run(["verify", str(v1)], expect=5)
+
+        # a node of its own: the embedded default's layout, kept inside the demo directory
+        config = base / "weightd.toml"
+        config.write_text(f'state_dir = "{base}/state"\n[tiers.hot]\npath = "{hot}"\ncapacity = "25%"\n'
+                          f'[tiers.warm]\npath = "{base}/warm"\ncapacity = "10GiB"\n'
+                          f'[tiers.cold]\npath = "{base}/cold"\n')
+        _CONFIG[:] = ["--config", str(config)]
+        click.secho(f"# 6. publish both versions to cold storage (here {base}/cold; in a fleet, the shared mount)",
+                    bold=True)
+        with open(victim, "r+b") as fh:  # undo the bit rot first
+            fh.seek(os.path.getsize(victim) // 2)
+            b = fh.read(1)
+            fh.seek(-1, os.SEEK_CUR)
+            fh.write(bytes([b[0] ^ 0xFF]))
+        _run(["publish", str(v1), "--name", "demo/tiny-llama", "--version", "v1"])
+        _run(["publish", str(v2), "--name", "demo/tiny-llama", "--version", "v2"])
+        click.secho("# 7. preload: cold -> warm (NVMe), then warm -> hot (/dev/shm); verified, atomic, leased", bold=True)
+        _run(["preload", "demo/tiny-llama@v1", "--tier", "warm"])
+        _run(["preload", "demo/tiny-llama@v1", "--tier", "hot", "--json"])
+        click.secho("# 8. the same again moves nothing; 'path' is what a server is pointed at", bold=True)
+        _run(["preload", "demo/tiny-llama@v1"])
+        _run(["path", "demo/tiny-llama@v1"])
+        click.secho("# 9. no version: the latest published (v2)", bold=True)
+        _run(["preload", "demo/tiny-llama", "--tier", "warm"])
+        _run(["pin", "demo/tiny-llama@v1"])
+        _run(["status"])
         click.secho("demo complete", fg="green", bold=True)
     finally:
+        _CONFIG.clear()
+        shutil.rmtree(hot, ignore_errors=True)
         if own:
             shutil.rmtree(base, ignore_errors=True)

@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""Preload throughput (copy + verify + fsync + atomic publish) vs `cp -r` of the same directory.
+
+    .venv/bin/python bench/promote.py [--size 1536MiB] [--runs 3] [--dir DIR]
+
+cold->warm: the cold copy is dropped from the page cache before every run (weightd and cp alike).
+warm->hot: the warm copy is in cache (as it is right after a preload), the hot tier is /dev/shm.
+weightd runs as the real CLI (`weightd preload`), interpreter start included; cp runs as `cp -r`.
+`cp -r && sync` is reported too, since weightd fsyncs before it publishes and cp does not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tiering.pagecache import drop_from_cache  # noqa: E402
+from tiering.sample import make_checkpoint  # noqa: E402
+from tiering.units import parse_size  # noqa: E402
+
+
+def timed(cmd: list[str], env: dict[str, str] | None = None) -> float:
+    t0 = time.perf_counter()
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    return time.perf_counter() - t0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", default="1536MiB")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--dir", default="/var/tmp", help="disk directory for the cold and warm tiers")
+    args = ap.parse_args()
+    base = Path(tempfile.mkdtemp(prefix="weightd-bench-promote-", dir=args.dir))
+    hot = Path(f"/dev/shm/weightd-bench-{uuid.uuid4().hex[:8]}")
+    cfg = base / "weightd.toml"
+    cfg.write_text(f'state_dir = "{base}/state"\n[tiers.hot]\npath = "{hot}"\ncapacity = "90%"\n'
+                   f'[tiers.warm]\npath = "{base}/warm"\ncapacity = "90%"\n[tiers.cold]\npath = "{base}/cold"\n')
+    wd = [sys.executable, "-m", "weightd", "--config", str(cfg)]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    try:
+        src = make_checkpoint(base / "src", total_bytes=parse_size(args.size), shards=4, layers=16, seed="bench")
+        subprocess.run([*wd, "publish", str(src), "--name", "bench/model", "--version", "v1"], check=True,
+                       env=env, stdout=subprocess.DEVNULL)
+        shutil.rmtree(src)
+        cold = base / "cold/bench/model/v1"
+        files = [p for p in cold.rglob("*") if p.is_file()]
+        total = sum(p.stat().st_size for p in files)
+
+        def drop_cold() -> None:
+            for p in files:
+                drop_from_cache(p)
+
+        def evict(tier: str) -> None:
+            subprocess.run([*wd, "evict", "bench/model@v1", "--tier", tier, "--force"], env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+        res: dict[str, list[float]] = {k: [] for k in ("cw_weightd", "cw_cp", "cw_cp_sync", "wh_weightd", "wh_cp")}
+        for _ in range(args.runs):
+            # cold -> warm
+            evict("warm")
+            drop_cold()
+            res["cw_weightd"].append(timed([*wd, "preload", "bench/model@v1", "--tier", "warm", "--lease", "0"], env))
+            dst = base / "cp-warm"
+            shutil.rmtree(dst, ignore_errors=True)
+            drop_cold()
+            res["cw_cp"].append(timed(["cp", "-r", str(cold), str(dst)]))
+            shutil.rmtree(dst)
+            drop_cold()
+            res["cw_cp_sync"].append(timed(["sh", "-c", f"cp -r '{cold}' '{dst}' && sync"]))
+            shutil.rmtree(dst)
+            # warm -> hot (warm copy cached)
+            evict("hot")
+            res["wh_weightd"].append(timed([*wd, "preload", "bench/model@v1", "--tier", "hot", "--lease", "0"], env))
+            hdst = Path(f"{hot}-cp")
+            shutil.rmtree(hdst, ignore_errors=True)
+            res["wh_cp"].append(timed(["cp", "-r", str(base / "warm/bench/model/v1"), str(hdst)]))
+            shutil.rmtree(hdst)
+
+        med = {k: statistics.median(v) for k, v in res.items()}
+
+        def gbps(k: str) -> float:
+            return round(total / med[k] / 1e9, 3)
+
+        print(json.dumps({
+            "benchmark": "promote", "bytes": total, "files": len(files), "runs": args.runs,
+            "cold_to_warm": {"weightd_gbps": gbps("cw_weightd"), "cp_r_gbps": gbps("cw_cp"),
+                             "cp_r_sync_gbps": gbps("cw_cp_sync"),
+                             "ratio_vs_cp_r": round(med["cw_cp"] / med["cw_weightd"], 3),
+                             "ratio_vs_cp_r_sync": round(med["cw_cp_sync"] / med["cw_weightd"], 3), "target": 0.9},
+            "warm_to_hot": {"weightd_gbps": gbps("wh_weightd"), "cp_r_gbps": gbps("wh_cp"),
+                            "ratio_vs_cp_r": round(med["wh_cp"] / med["wh_weightd"], 3), "target": 0.9},
+            "samples_s": res,
+        }, indent=2))
+        return 0
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+        shutil.rmtree(hot, ignore_errors=True)
+        shutil.rmtree(f"{hot}-cp", ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

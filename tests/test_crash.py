@@ -1,0 +1,66 @@
+"""kill -9 at random moments of a preload: no partial NAME/VERSION ever exists, the next one completes."""
+
+from __future__ import annotations
+
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tiering import verify_checkpoint
+from tiering.layout import list_versions
+from tiering.sample import make_checkpoint
+
+MiB = 1 << 20
+
+
+@pytest.mark.slow
+def test_kill_9_at_random_points(node_env, isolated_env, tmp_path: Path) -> None:
+    src = make_checkpoint(tmp_path / "src", total_bytes=96 * MiB, shards=3, layers=4)
+    with node_env.node() as n:
+        n.publish(src, "org/crash", "v1")
+        manifest = n.resolve("org/crash", "v1").manifest
+
+    def preload_cmd(tier: str) -> list[str]:
+        return [sys.executable, "-m", "weightd", "--config", str(node_env.config), "preload", "org/crash@v1",
+                "--tier", tier, "--lease", "0"]
+
+    def check(tier_root: Path) -> bool:
+        """A version directory is either absent or complete and verified."""
+        path = tier_root / "org/crash/v1"
+        if not path.exists():
+            return False
+        assert [v.ref for v in list_versions(tier_root)] == ["org/crash@v1"], "partial version is visible"
+        assert verify_checkpoint(path, manifest).ok
+        return True
+
+    # how long does one full preload take, process start included?
+    t0 = time.monotonic()
+    subprocess.run(preload_cmd("warm"), env=isolated_env, check=True, capture_output=True, timeout=120)
+    wall = time.monotonic() - t0
+    rng = random.Random(1234)
+    outcomes = {"absent": 0, "complete": 0, "killed_mid_copy": 0}
+    for i in range(14):
+        tier = ("warm", "hot")[i % 2]
+        root = node_env.warm if tier == "warm" else node_env.hot
+        shutil.rmtree(root / "org", ignore_errors=True)  # start from nothing in this tier
+        p = subprocess.Popen(preload_cmd(tier), env=isolated_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(rng.uniform(0.05, wall * 1.1))
+        p.send_signal(signal.SIGKILL)
+        p.wait(timeout=30)
+        outcomes["complete" if check(root) else "absent"] += 1
+        staging = root / ".staging"
+        outcomes["killed_mid_copy"] += staging.is_dir() and any(d.is_dir() for d in staging.iterdir())
+    assert outcomes["killed_mid_copy"] > 0, outcomes  # some kills did land while staging was being filled
+
+    # the next preload completes and reconciliation removed every stale staging area
+    for tier, root in (("warm", node_env.warm), ("hot", node_env.hot)):
+        proc = subprocess.run(preload_cmd(tier), env=isolated_env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        assert check(root)
+        assert not [p for p in (root / ".staging").iterdir()], list((root / ".staging").iterdir())
