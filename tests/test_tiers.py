@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -294,14 +295,23 @@ def test_two_processes_copy_once(node_env) -> None:
     assert moved == [0, reports[0]["bytes"]], reports
 
 
-def test_no_space_on_tiny_tmpfs_before_writing(wd, node_env, tmp_path: Path) -> None:
+@contextlib.contextmanager
+def tiny_tmpfs(tmp_path: Path, size: str):
+    """A real tmpfs of ``size`` (root only), unmounted afterwards even when the test fails."""
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root")
     mnt = tmp_path / "tiny"
     mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)]).returncode:
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)]).returncode:
         pytest.skip("cannot mount tmpfs here")
     try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)])
+
+
+def test_no_space_on_tiny_tmpfs_before_writing(wd, node_env, tmp_path: Path) -> None:
+    with tiny_tmpfs(tmp_path, "8m") as mnt:
         published(node_env, size=12 * MiB)
         published(node_env, name="org/small", size=2 * MiB)
         node_env.write_config("1GiB", "512MiB", hot_path=mnt / "hot")  # capacity above what the fs has
@@ -309,18 +319,10 @@ def test_no_space_on_tiny_tmpfs_before_writing(wd, node_env, tmp_path: Path) -> 
         assert_one_line_error(wd("preload", "org/tiny@v1", "--strict"), 6, "file system")
         assert sorted(v.version for v in list_versions(mnt / "hot")) == ["v1"]
         assert not [p for p in (mnt / "hot" / ".staging").iterdir() if p.is_dir()]
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)])
 
 
 def test_enospc_mid_copy_cleans_staging(node_env, tmp_path: Path) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mnt = tmp_path / "tiny"
-    mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)]).returncode:
-        pytest.skip("cannot mount tmpfs here")
-    try:
+    with tiny_tmpfs(tmp_path, "16m") as mnt:
         published(node_env, name="org/keep", size=2 * MiB)
         published(node_env, size=10 * MiB)
         node_env.write_config("1GiB", "512MiB", hot_path=mnt / "hot")
@@ -343,8 +345,6 @@ def test_enospc_mid_copy_cleans_staging(node_env, tmp_path: Path) -> None:
             assert filled
         assert sorted(v.ref for v in list_versions(mnt / "hot")) == ["org/keep@v1"]
         assert not [p for p in (mnt / "hot" / ".staging").iterdir() if p.is_dir()]
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)])
 
 
 def test_library_errors(node_env, tmp_path: Path) -> None:
