@@ -202,3 +202,18 @@ def test_manifest_path_constant_matches_layout() -> None:
 
 def test_unsafe_path_is_bad_input() -> None:
     assert issubclass(UnsafePath, BadInput)
+
+
+def test_write_to_a_device_or_fifo_never_replaces_it(ckpt: Path, tmp_path: Path) -> None:
+    m = build_manifest(ckpt)
+    write_manifest(m, "/dev/null")
+    assert not Path("/dev/null").is_file() and Path("/dev/null").is_char_device()
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    import threading
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    write_manifest(m, fifo)
+    reader.join(timeout=10)
+    assert fifo.is_fifo() and json.loads(got[0])["digest"] == m.digest

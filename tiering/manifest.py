@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import tempfile
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterator
@@ -359,6 +360,14 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
 def write_manifest(m: Manifest, path: str | os.PathLike[str]) -> None:
     """Write atomically: a unique temporary file in the same directory, fsync, rename."""
     spath = os.fspath(path)
+    try:
+        st = os.stat(spath)
+    except FileNotFoundError:
+        st = None
+    if st is not None and not stat.S_ISREG(st.st_mode):  # /dev/null, /dev/stdout, a FIFO: never replace it
+        with open(spath, "w", encoding="utf-8") as fh:
+            fh.write(m.to_json())
+        return
     directory = os.path.dirname(os.path.abspath(spath))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".manifest.", suffix=".incomplete", dir=directory)

@@ -28,6 +28,7 @@ from .layout import (COLD, HOT, LOCAL_TIERS, LOCKS, WARM, TierSpec, VersionDir, 
 from .locks import FileLock
 from .manifest import MANIFEST_RELPATH, Manifest, write_manifest
 from .names import validate_name, validate_version
+from .pagecache import WarmOptions, residency, warm
 from .placement import Candidate, EvictionPlan, plan_eviction
 from .scan import scan_checkpoint
 from .state import State
@@ -68,6 +69,8 @@ class PreloadReport:
     fallback: str | None = None
     evicted: list[str] = field(default_factory=list)
     lease_expires_at: float | None = None
+    resident_bytes: int = 0
+    warm_seconds: float = 0.0
 
     @property
     def bytes_moved(self) -> int:
@@ -78,13 +81,18 @@ class PreloadReport:
                 "requested_tier": self.requested_tier or self.tier, "path": self.path, "digest": self.digest,
                 "bytes": self.bytes, "bytes_moved": self.bytes_moved, "bytes_by_source": self.bytes_by_source,
                 "already_present": self.already_present, "fallback": self.fallback, "evicted": self.evicted,
-                "seconds": round(self.seconds, 4), "lease_expires_at": self.lease_expires_at}
+                "seconds": round(self.seconds, 4), "lease_expires_at": self.lease_expires_at,
+                "resident_bytes": self.resident_bytes,
+                "resident_percent": round(100 * self.resident_bytes / self.bytes, 2) if self.bytes else 100.0,
+                "warm_seconds": round(self.warm_seconds, 4)}
 
 
 class LocalNode:
     def __init__(self, *, hot: TierSpec, warm: TierSpec, cold: Path, state_dir: Path,
-                 now: Callable[[], float] = time.time, copy_threads: int = 2, reconcile: bool = True) -> None:
+                 now: Callable[[], float] = time.time, copy_threads: int = 2, reconcile: bool = True,
+                 warm_options: WarmOptions = WarmOptions()) -> None:
         self.tiers = {HOT: hot, WARM: warm}
+        self.warm_options = warm_options
         self.cold = cold
         self.now = now
         self.copy_threads = copy_threads
@@ -356,6 +364,7 @@ class LocalNode:
             report = self._preload_into(src, WARM, deadline, progress, lease_s)
             report.fallback = f"hot tier: {exc}"
         report.requested_tier = tier
+        self._warm(report)
         report.seconds = time.monotonic() - t0
         return report
 
@@ -397,6 +406,20 @@ class LocalNode:
             return report
         finally:
             lock.release()
+
+    def _warm(self, report: PreloadReport) -> None:
+        """Bring a warm-tier copy into the page cache (a tmpfs copy is resident by nature)."""
+        t0 = time.monotonic()
+        if report.tier == WARM:
+            o = self.warm_options
+            r = warm([report.path], concurrency=o.concurrency, rate_bytes_per_s=o.rate_bytes_per_s,
+                     await_threshold_ms=o.await_threshold_ms)
+            report.resident_bytes = r.resident_bytes
+            for sk in r.skipped:
+                log.warning("could not warm path=%s: %s", sk.path, sk.reason)
+        else:
+            report.resident_bytes = residency([report.path]).resident_bytes
+        report.warm_seconds = time.monotonic() - t0
 
     def _lease(self, report: PreloadReport, lease_s: float) -> None:
         if lease_s > 0:
@@ -540,7 +563,10 @@ class LocalNode:
                     "name": v.name, "version": v.version, "digest": v.manifest.digest, "bytes": v.size,
                     "pinned": (v.name, v.version) in pinned, "tiers": {}})
                 row = rows.get((t, v.name, v.version))
+                res = residency([v.path]).resident_bytes
                 c["tiers"][t] = {"path": str(v.path), "last_access": row.last_access if row else None,
+                                 "resident_bytes": res,
+                                 "resident_percent": round(100 * res / v.size, 2) if v.size else 100.0,
                                  "leases": [{"holder": le.holder, "expires_at": le.expires_at} for le in leases
                                             if (le.tier, le.name, le.version) == (t, v.name, v.version)]}
         return {"tiers": tiers, "checkpoints": [checkpoints[k] for k in sorted(checkpoints)],

@@ -300,13 +300,15 @@ def status(app: AppContext, as_json: bool) -> None:
     if not st["checkpoints"]:
         click.echo("\nno checkpoints on this node")
         return
-    click.echo(f"\n{'CHECKPOINT':<40} {'SIZE':>10}  {'HOT':<4} {'WARM':<4} {'PIN':<3}  {'LEASES':<10} LAST USE")
+    click.echo(f"\n{'CHECKPOINT':<40} {'SIZE':>10}  {'HOT':<5} {'WARM':<5} {'PIN':<3}  {'LEASES':<6} LAST USE")
+    click.echo("(hot/warm: % resident in the page cache; '-': not in that tier)")
     for c in st["checkpoints"]:
         leases = [le for t in c["tiers"].values() for le in t["leases"]]
         last = max((t["last_access"] or 0) for t in c["tiers"].values())
+        cols = [f"{c['tiers'][t]['resident_percent']:.0f}%" if t in c["tiers"] else "-" for t in ("hot", "warm")]
         click.echo(f"{c['name'] + '@' + c['version']:<40} {format_bytes(c['bytes']):>10}  "
-                   f"{'yes' if 'hot' in c['tiers'] else '-':<4} {'yes' if 'warm' in c['tiers'] else '-':<4} "
-                   f"{'yes' if c['pinned'] else '-':<3}  {len(leases) or '-':<10} {_ago(last)} ago")
+                   f"{cols[0]:<5} {cols[1]:<5} {'yes' if c['pinned'] else '-':<3}  {len(leases) or '-':<6} "
+                   f"{_ago(last)} ago")
 
 
 @cli.command()
@@ -358,6 +360,118 @@ def gc(app: AppContext, as_json: bool) -> None:
         click.echo(f"{t}: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in info.items()))
     for line in r["evicted"]:
         click.echo(f"evicted {line}")
+
+
+# -- page cache: warm, residency, cool ---------------------------------------------------------------
+
+def _skip_exit(skipped: list) -> None:
+    """One warning line per skipped path; the exit code of the worst problem (3 missing, 2 bad input)."""
+    from .errors import WeightdError
+    for sk in skipped:
+        click.echo(f"weightd: warning: {sk.path}: {sk.reason}", err=True)
+    if not skipped:
+        return
+    err = WeightdError(f"{len(skipped)} path(s) skipped")
+    if any("no such file" in sk.reason for sk in skipped):
+        err.exit_code = 3
+    elif any(("regular file" in sk.reason or "permission" in sk.reason) for sk in skipped):
+        err.exit_code = 2
+    raise err
+
+
+def _parse_rate(value: str | None) -> int | None:
+    if value is None:
+        return None
+    from tiering import parse_size
+    try:
+        return parse_size(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--rate") from None
+
+
+@cli.command("warm")
+@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@click.option("--rate", "rate_opt", metavar="BYTES_PER_S", help="Cap bandwidth, e.g. 500MB (default: [warm] bandwidth, 0 = none).")
+@click.option("--concurrency", type=click.IntRange(1, 64), help="Files in flight (default: [warm] concurrency).")
+@click.option("--lock", "lock_", is_flag=True, help="Keep them resident with mlock while this process runs.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def warm_cmd(app: AppContext, paths: tuple[str, ...], rate_opt: str | None, concurrency: int | None, lock_: bool,
+             as_json: bool) -> None:
+    """Bring files or whole checkpoints into the page cache (like vmtouch -t, faster and gentler)."""
+    from tiering.pagecache import LockedFiles, check_memlock, collect_files, warm
+    w = app.config.settings.warm
+    rate_bps = _parse_rate(rate_opt)
+    files, skipped = collect_files(paths)
+    if lock_:
+        check_memlock(sum(f.size for f in files))  # before any work: explain the fix, do not fail obscurely
+    with progress_bar("warming", sum(f.size for f in files)) as advance:
+        r = warm(paths, files=files, concurrency=concurrency or w.concurrency,
+                 rate_bytes_per_s=w.bandwidth if rate_bps is None else rate_bps,
+                 await_threshold_ms=w.await_threshold_ms, progress=advance)
+    r.skipped[:0] = skipped
+    locked = None
+    if lock_:
+        locked = LockedFiles()
+        r.skipped += locked.lock(files)
+    if as_json:
+        d = r.to_dict()
+        if locked is not None:
+            d["locked_bytes"], d["lock_holder_pid"] = locked.bytes, os.getpid()
+        click.echo(json.dumps(d))
+    else:
+        for note in r.notes:
+            click.echo(f"note: {note}", err=True)
+        click.echo(f"{r.files} files, {format_bytes(r.bytes)}: {format_bytes(r.warmed_bytes)} read in {r.seconds:.2f} s "
+                   f"({rate(r.warmed_bytes, r.seconds)}), {format_bytes(r.already_resident_bytes)} already resident; "
+                   f"now {format_bytes(r.resident_bytes)} resident")
+    if locked is not None:
+        _hold_lock(locked)
+    _skip_exit(r.skipped)
+
+
+def _hold_lock(locked) -> None:
+    import signal
+    import threading
+    click.echo(f"locked {locked.bytes} bytes in pid {os.getpid()}; the lock lasts while this process runs "
+               f"(SIGTERM or Ctrl-C releases it)", err=True)
+    sys.stdout.flush()
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda *_: stop.set())
+    while not stop.wait(3600):
+        pass
+    locked.release()
+
+
+@cli.command("residency")
+@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def residency_cmd(app: AppContext, paths: tuple[str, ...], as_json: bool) -> None:
+    """How much of each file is in the page cache (cachestat, else mincore)."""
+    from tiering.pagecache import residency
+    r = residency(paths)
+    if as_json:
+        emit_json(r.to_dict())
+    else:
+        for f in r.files:
+            flag = "" if f.reliable else "  (unreliable: mincore on a file you cannot write)"
+            click.echo(f"{format_bytes(f.resident_bytes):>10} / {format_bytes(f.size):>10} {f.percent:6.1f}%  {f.path}{flag}")
+        methods = sorted({f.method for f in r.files}) or ["-"]
+        click.echo(f"total: {format_bytes(r.resident_bytes)} of {format_bytes(r.size)} resident ({r.percent:.1f}%) "
+                   f"in {len(r.files)} files [{', '.join(methods)}]")
+    _skip_exit(r.skipped)
+
+
+@cli.command("cool")
+@click.argument("paths", nargs=-1, required=True, type=click.Path())
+def cool_cmd(paths: tuple[str, ...]) -> None:
+    """Drop files from the page cache (POSIX_FADV_DONTNEED; no root needed)."""
+    from tiering.pagecache import cool
+    dropped, skipped = cool(paths)
+    click.echo(f"dropped {format_bytes(dropped)} from the page cache")
+    _skip_exit(skipped)
 
 
 # -- config ---------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from tiering.layout import HOT, WARM, TierSpec
 from tiering.node import LocalNode
+from tiering.pagecache import WarmOptions
 
 from .config import Config, TierSettings
 
@@ -15,4 +16,9 @@ def tier_spec(name: str, t: TierSettings) -> TierSpec:
 def open_node(cfg: Config, *, reconcile: bool = True) -> LocalNode:
     tiers = cfg.settings.tiers
     return LocalNode(hot=tier_spec(HOT, tiers.hot), warm=tier_spec(WARM, tiers.warm), cold=tiers.cold.path,
-                     state_dir=cfg.settings.state_dir, reconcile=reconcile)
+                     state_dir=cfg.settings.state_dir, reconcile=reconcile, warm_options=warm_options(cfg))
+
+
+def warm_options(cfg: Config) -> WarmOptions:
+    w = cfg.settings.warm
+    return WarmOptions(w.concurrency, w.bandwidth, w.await_threshold_ms)
