@@ -586,6 +586,8 @@ def has_cap_ipc_lock() -> bool:
 
 
 class MemlockTooLow(PageCacheError):
+    exit_code = 2  # a set-up problem the operator fixes (the message says how)
+
     def __init__(self, need: int, limit: int) -> None:
         self.need, self.limit = need, limit
         super().__init__(errno.ENOMEM,
