@@ -120,18 +120,50 @@ def test_warm_rate_limit_end_to_end(tmp_path: Path) -> None:
     assert r.rate_limit == 64 * MiB and r.seconds >= 0.7
 
 
-def test_await_backoff() -> None:
-    stats = iter([{(8, 0): (1000, 1000)}, {(8, 0): (1100, 3000)}, {(8, 0): (1200, 3100)}])  # 20 ms, then 1 ms
-    mon = pc.AwaitMonitor({(8, 0)}, 5.0, interval_s=0.0, read=lambda: next(stats))
-    mon.pause()
-    assert mon.backoffs == 1 and mon.max_await_ms == pytest.approx(20.0) and mon.delay_s > 0
-    mon.pause()
-    assert mon.backoffs == 1 and mon.delay_s < 0.02
+def test_backoff_on_slow_random_reads() -> None:
+    clock = [0.0]
+
+    def sleep(x: float) -> None:
+        clock[0] += x
+
+    probes = iter([20.0, 20.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 30.0])  # 20 ms twice, then 1 ms, then 30 ms
+    # 20 ms per request; the device reads 1 GB per interval: far more than warming asks (others read)
+    stats = iter([{(8, 0): (1000 + 100 * i, 1000 + 2000 * i, 2_000_000 * i)} for i in range(9)] +
+                 [{(8, 0): (1900, 19000, 16_000_000 + 20480)}])  # then only the 10 MB warming read
+    mon = pc.AwaitMonitor({(8, 0)}, 5.0, interval_s=1.0, read=lambda: next(stats), probe=lambda: next(probes),
+                          floor_bytes_per_s=10 << 20, clock=lambda: clock[0], sleep=sleep)
+    MB = 1 << 20
+    clock[0] += 1.0
+    mon.pause(400 * MB)          # 400 MB/s achieved, probe slow: cap at half of that
+    assert mon.backoffs == 1 and mon.rate_cap == 200 * MB and mon.max_probe_ms == 20.0
+    assert mon.max_await_ms == pytest.approx(20.0)  # diskstats: 2000 ms over 100 reads
+    clock[0] += 1.0
+    mon.pause(15 * MB)           # still slow: halve again but never under the floor
+    assert mon.rate_cap == 10 * MB and mon.backoff_s > 0
+    for _ in range(6):           # fast probes: the cap rises by half each time, then is lifted
+        clock[0] += 1.0
+        mon.pause(10 * MB)
+    assert mon.rate_cap == 0 and mon.backoffs == 2
+    clock[0] += 1.0
+    mon.pause(10 * MB)           # slow, but the device read no more than warming did: nobody to yield to
+    assert mon.rate_cap == 0 and mon.backoffs == 2
+
+
+def test_probe_measures_real_reads(tmp_path: Path) -> None:
+    f = big_file(tmp_path / "p.bin", 4 * MiB)
+    probe = pc.LatencyProbe(files=pc.collect_files([f])[0])
+    try:
+        if not probe.targets:
+            pytest.skip("no block device or no O_DIRECT under this tmp directory")
+        ms = probe()
+        assert ms is not None and 0 < ms < 10_000
+    finally:
+        probe.close()
 
 
 def test_diskstats_parses_this_machine() -> None:
     stats = pc.read_diskstats()
-    assert stats and all(len(v) == 2 for v in stats.values())
+    assert stats and all(len(v) == 3 for v in stats.values())
 
 
 TRUNCATE_CHILD = textwrap.dedent("""

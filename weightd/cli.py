@@ -19,7 +19,6 @@ from tiering import (MANIFEST_RELPATH, CheckpointNotFound, Manifest, build_manif
 from tiering.build import plan_size
 
 from . import __version__
-from .config import Config, config_to_dict, load_config, to_toml
 from .errors import EXIT_ERROR, UsageError, exit_code_for
 from .progress import progress_bar
 
@@ -30,11 +29,12 @@ log = logging.getLogger("weightd")
 class AppContext:
     config_path: str | None
     debug: bool
-    _config: Config | None = None
+    _config: Any = None
 
     @property
-    def config(self) -> Config:
+    def config(self):  # -> weightd.config.Config; imported when first needed (pydantic costs ~70 ms)
         if self._config is None:
+            from .config import load_config
             self._config = load_config(self.config_path)
         return self._config
 
@@ -486,6 +486,7 @@ def config_group() -> None:
 @click.pass_obj
 def config_show(app: AppContext, as_json: bool) -> None:
     """Print the effective configuration (file merged over the embedded default)."""
+    from .config import config_to_dict, to_toml
     cfg = app.config
     d = config_to_dict(cfg)
     if as_json:

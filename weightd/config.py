@@ -157,7 +157,7 @@ class P2PSettings(_Model):
 
 
 class WarmSettings(_Model):
-    concurrency: int = Field(default=4, ge=1, le=64)
+    concurrency: int = Field(default=2, ge=1, le=64)
     bandwidth: int = 0                    # bytes/s; 0 = no fixed cap (still backs off on disk await)
     await_threshold_ms: float = Field(default=5.0, gt=0)
 
