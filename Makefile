@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench tools clean
+.PHONY: demo test bench bench-storm tools clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -25,6 +25,12 @@ test: $(STAMP) tools
 bench: $(STAMP) tools
 	$(BIN)/python bench/manifest.py
 	$(BIN)/python bench/promote.py
+	$(BIN)/python bench/warm.py
+
+# needs torch (the CPU wheel, ~1 GB) and root for the blkio throttle
+bench-storm: $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[torch]'
+	$(BIN)/python bench/restart_storm.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
