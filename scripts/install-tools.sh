@@ -1,17 +1,28 @@
 #!/usr/bin/env bash
 # Installs the system tools weightd's tests and benchmarks compare against, when they are missing.
-# Debian packages: xxhash (xxhsum), vmtouch, fio; util-linux (fincore) is part of the base system.
+# Debian packages: xxhash (xxhsum), vmtouch, fio; util-linux (fincore) is part of the base system;
+# promtool extracted from Debian's prometheus package into tools/bin (without installing the server).
 set -euo pipefail
 need=()
 command -v xxhsum >/dev/null || need+=(xxhash)
 command -v vmtouch >/dev/null || need+=(vmtouch)
 command -v fio >/dev/null || need+=(fio)
 command -v fincore >/dev/null || need+=(util-linux)
-[ ${#need[@]} -eq 0 ] && exit 0
+promtool_missing=0
+[ -x tools/bin/promtool ] || command -v promtool >/dev/null || promtool_missing=1
+[ ${#need[@]} -eq 0 ] && [ $promtool_missing -eq 0 ] && exit 0
 if [ "$(id -u)" -ne 0 ]; then
-  echo "install-tools: missing ${need[*]}; run as root or: sudo apt-get install ${need[*]}" >&2
+  echo "install-tools: missing ${need[*]} ${promtool_missing:+promtool}; run as root or install them" >&2
   exit 0   # tests that need them skip with a reason
 fi
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
-apt-get install -y -qq "${need[@]}" >/dev/null
+[ ${#need[@]} -gt 0 ] && apt-get install -y -qq "${need[@]}" >/dev/null
+if [ $promtool_missing -eq 1 ]; then
+  # promtool alone: the prometheus package would also install and start a server
+  tmp=$(mktemp -d)
+  (cd "$tmp" && apt-get download -qq prometheus >/dev/null && dpkg -x prometheus_*.deb root)
+  mkdir -p tools/bin
+  cp "$tmp/root/usr/bin/promtool" tools/bin/promtool
+  rm -rf "$tmp"
+fi

@@ -90,8 +90,10 @@ class PreloadReport:
 class LocalNode:
     def __init__(self, *, hot: TierSpec, warm: TierSpec, cold: Path, state_dir: Path,
                  now: Callable[[], float] = time.time, copy_threads: int = 2, reconcile: bool = True,
-                 warm_options: WarmOptions = WarmOptions()) -> None:
+                 warm_options: WarmOptions = WarmOptions(),
+                 on_evict: Callable[[str, str, str, int], None] | None = None) -> None:
         self.tiers = {HOT: hot, WARM: warm}
+        self.on_evict = on_evict  # (tier, ref, reason, bytes): the daemon counts evictions
         self.warm_options = warm_options
         self.cold = cold
         self.now = now
@@ -320,11 +322,14 @@ class LocalNode:
             return False
         try:
             path = version_path(self._root(tier), name, version)
+            have = read_version(self._root(tier), name, version)
             self.state.forget_copy(tier, name, version)
             self.state.release_leases(name, version, tier)
             remove_tree(self._root(tier), path)
             prune_empty_parents(self._root(tier), path)
             log.info("evicted name=%s version=%s tier=%s reason=%s", name, version, tier, reason)
+            if self.on_evict is not None:
+                self.on_evict(tier, f"{name}@{version}", reason, have.size if have else 0)
             return True
         finally:
             lock.release()

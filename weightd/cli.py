@@ -29,6 +29,7 @@ log = logging.getLogger("weightd")
 class AppContext:
     config_path: str | None
     debug: bool
+    no_daemon: bool = False
     _config: Any = None
 
     @property
@@ -52,13 +53,14 @@ def rate(nbytes: int, seconds: float) -> str:
               "/etc/weightd/weightd.toml, or the embedded default).")
 @click.option("--debug", is_flag=True, help="Show tracebacks and debug logs.")
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
+@click.option("--no-daemon", is_flag=True, help="Work in-process even when the node daemon's socket answers.")
 @click.version_option(__version__, prog_name="weightd")
 @click.pass_context
-def cli(ctx: click.Context, config_path: str | None, debug: bool, verbose: int) -> None:
+def cli(ctx: click.Context, config_path: str | None, debug: bool, verbose: int, no_daemon: bool) -> None:
     """weightd keeps model weights local, verified and warm on every inference node."""
     level = logging.DEBUG if debug or verbose > 1 else logging.INFO if verbose else logging.WARNING
     logging.basicConfig(level=level, stream=sys.stderr, format="weightd: %(levelname)s %(name)s: %(message)s")
-    ctx.obj = AppContext(config_path, debug)
+    ctx.obj = AppContext(config_path, debug, no_daemon)
 
 
 # -- manifest -------------------------------------------------------------------------------------
@@ -194,9 +196,80 @@ def verify(target: str, manifest_path: str | None, as_json: bool, threads: int |
 
 # -- tiers: publish, preload, path, status, pin, unpin, evict, gc -----------------------------------
 
-def _node(app: AppContext):
-    from .local import open_node
-    return open_node(app.config)
+class Backend:
+    """The daemon when its socket answers, else the same work in-process; both return plain dicts,
+    so output and exit codes are the same either way."""
+
+    def __init__(self, app: AppContext) -> None:
+        self.app = app
+        self.client = None
+        self._node = None
+        if not app.no_daemon:
+            from .client import DaemonClient
+            client = DaemonClient(app.config.settings.api.socket)
+            if client.available():
+                self.client = client
+
+    @property
+    def node(self):
+        if self._node is None:
+            from .local import open_node
+            self._node = open_node(self.app.config)
+        return self._node
+
+    def __enter__(self) -> "Backend":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._node is not None:
+            self._node.close()
+
+    def publish(self, directory: str, name: str, version: str) -> dict[str, Any]:
+        if self.client:
+            return self.client.call("POST", "publish", {"dir": os.path.abspath(directory), "name": name,
+                                                        "version": version})
+        files = scan_checkpoint(directory)
+        with progress_bar(f"publishing {name}@{version}", plan_size(files)) as advance:
+            return self.node.publish(Path(directory), name, version, progress=advance).to_dict()
+
+    def preload(self, ref: str, **kw: Any) -> dict[str, Any]:
+        if self.client:
+            t = kw.get("timeout_s")
+            return self.client.call("POST", "preload", {"ref": ref, **kw}, timeout=None if t is None else t + 60)
+        name, version = _split_ref(ref)
+        total = 0
+        try:
+            total = self.node.resolve(name, version).size
+        except CheckpointNotFound:
+            if not kw.get("wait"):
+                raise
+        with progress_bar(f"preloading {ref} -> {kw.get('tier')}", total) as advance:
+            return self.node.preload(name, version, progress=advance, **kw).to_dict()
+
+    def path(self, ref: str) -> dict[str, Any]:
+        if self.client:
+            return self.client.call("POST", "path", {"ref": ref})
+        tier, p = self.node.path(*_split_ref(ref))
+        return {"tier": tier, "path": str(p)}
+
+    def status(self) -> dict[str, Any]:
+        return self.client.call("GET", "status") if self.client else self.node.status()
+
+    def pin(self, ref: str, pin: bool) -> dict[str, Any]:
+        if self.client:
+            return self.client.call("POST", "pin" if pin else "unpin", {"ref": ref})
+        name, version = _split_ref(ref)
+        version, changed = (self.node.pin if pin else self.node.unpin)(name, version)
+        return {"name": name, "version": version, "changed": changed}
+
+    def evict(self, ref: str, tier: str | None, force: bool) -> dict[str, Any]:
+        if self.client:
+            return self.client.call("POST", "evict", {"ref": ref, "tier": tier, "force": force})
+        name, version = _split_ref(ref)
+        return {"evicted": self.node.evict(name, version, tier, force=force)}
+
+    def gc(self) -> dict[str, Any]:
+        return self.client.call("POST", "gc", {}) if self.client else self.node.gc()
 
 
 def _ago(ts: float | None) -> str:
@@ -204,6 +277,20 @@ def _ago(ts: float | None) -> str:
         return "-"
     s = max(0, time.time() - ts)
     return f"{s:.0f}s" if s < 120 else f"{s / 60:.0f}m" if s < 7200 else f"{s / 3600:.0f}h"
+
+
+def _split_ref(ref: str) -> tuple[str, str | None]:
+    from tiering import parse_ref
+    return parse_ref(ref)
+
+
+@cli.command()
+@click.option("--role", type=click.Choice(["worker", "origin"]), default="worker", show_default=True)
+@click.pass_obj
+def serve(app: AppContext, role: str) -> None:
+    """Run the node daemon (systemd: Type=notify): admin API on [api] socket, metrics on [metrics] listen."""
+    from .daemon import run
+    run(app.config_path, role)
 
 
 @cli.command()
@@ -216,20 +303,14 @@ def publish(app: AppContext, directory: str, name: str, version_label: str, as_j
     """Copy a checkpoint (or an HF cache snapshot) into cold storage as NAME@VERSION, with its manifest."""
     validate_name(name)
     validate_version(version_label)
-    files = scan_checkpoint(directory)
-    with _node(app) as node, progress_bar(f"publishing {name}@{version_label}", plan_size(files)) as advance:
-        r = node.publish(Path(directory), name, version_label, progress=advance)
+    with Backend(app) as b:
+        r = b.publish(directory, name, version_label)
     if as_json:
-        emit_json(r.to_dict())
+        emit_json(r)
         return
-    what = "already published with the same content" if r.unchanged else f"published in {r.seconds:.2f} s"
-    click.echo(f"{name}@{version_label}: {what} ({format_bytes(r.bytes)}, digest {r.digest})")
-    click.echo(r.path)
-
-
-def _split_ref(ref: str) -> tuple[str, str | None]:
-    from tiering import parse_ref
-    return parse_ref(ref)
+    what = "already published with the same content" if r["unchanged"] else f"published in {r['seconds']:.2f} s"
+    click.echo(f"{name}@{version_label}: {what} ({format_bytes(r['bytes'])}, digest {r['digest']})")
+    click.echo(r["path"])
 
 
 @cli.command()
@@ -246,28 +327,21 @@ def _split_ref(ref: str) -> tuple[str, str | None]:
 def preload(app: AppContext, ref: str, tier: str, strict: bool, lease_s: float, timeout_s: float | None,
             wait: bool, as_json: bool) -> None:
     """Make a checkpoint local, verified and ready; the last stdout line is its path."""
-    name, version = _split_ref(ref)
-    with _node(app) as node:
-        total = 0
-        try:
-            total = node.resolve(name, version).size
-        except CheckpointNotFound:
-            if not wait:
-                raise
-        with progress_bar(f"preloading {ref} -> {tier}", total) as advance:
-            r = node.preload(name, version, tier=tier, strict=strict, lease_s=lease_s, timeout_s=timeout_s,
-                             wait=wait, progress=advance)
-    if r.fallback:
-        click.echo(f"weightd: warning: {r.name}@{r.version} went to the warm tier: {r.fallback}", err=True)
+    _split_ref(ref)
+    with Backend(app) as b:
+        r = b.preload(ref, tier=tier, strict=strict, lease_s=lease_s, timeout_s=timeout_s, wait=wait)
+    who = f"{r['name']}@{r['version']}"
+    if r["fallback"]:
+        click.echo(f"weightd: warning: {who} went to the warm tier: {r['fallback']}", err=True)
     if as_json:
-        click.echo(json.dumps(r.to_dict()))
-    elif r.already_present:
-        click.echo(f"{r.name}@{r.version}: already in {r.tier}, 0 bytes moved", err=True)
+        click.echo(json.dumps(r))
+    elif r["already_present"]:
+        click.echo(f"{who}: already in {r['tier']}, 0 bytes moved", err=True)
     else:
-        moved = ", ".join(f"{format_bytes(v)} from {k}" for k, v in r.bytes_by_source.items() if v)
-        click.echo(f"{r.name}@{r.version}: {moved} into {r.tier} in {r.seconds:.2f} s"
-                   + (f"; evicted {', '.join(r.evicted)}" if r.evicted else ""), err=True)
-    click.echo(r.path)
+        moved = ", ".join(f"{format_bytes(v)} from {k}" for k, v in r["bytes_by_source"].items() if v)
+        click.echo(f"{who}: {moved} into {r['tier']} in {r['seconds']:.2f} s"
+                   + (f"; evicted {', '.join(r['evicted'])}" if r["evicted"] else ""), err=True)
+    click.echo(r["path"])
 
 
 @cli.command("path")
@@ -275,19 +349,18 @@ def preload(app: AppContext, ref: str, tier: str, strict: bool, lease_s: float, 
 @click.pass_obj
 def path_cmd(app: AppContext, ref: str) -> None:
     """Print the local path of the best complete copy (hot before warm); exit 3 if none."""
-    name, version = _split_ref(ref)
-    with _node(app) as node:
-        _, p = node.path(name, version)
-    click.echo(str(p))
+    _split_ref(ref)
+    with Backend(app) as b:
+        click.echo(b.path(ref)["path"])
 
 
 @cli.command()
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
 def status(app: AppContext, as_json: bool) -> None:
-    """Checkpoints x tiers, sizes, pins, leases, transfers in flight, tier usage vs capacity."""
-    with _node(app) as node:
-        st = node.status()
+    """Checkpoints x tiers, sizes, residency, pins, leases, transfers in flight, tier usage vs capacity."""
+    with Backend(app) as b:
+        st = b.status()
     if as_json:
         emit_json(st)
         return
@@ -316,10 +389,10 @@ def status(app: AppContext, as_json: bool) -> None:
 @click.pass_obj
 def pin(app: AppContext, ref: str) -> None:
     """Never evict NAME@VERSION (latest published if no version) from any tier."""
-    name, version = _split_ref(ref)
-    with _node(app) as node:
-        version, new = node.pin(name, version)
-    click.echo(f"{name}@{version}: {'pinned' if new else 'already pinned'}")
+    _split_ref(ref)
+    with Backend(app) as b:
+        r = b.pin(ref, True)
+    click.echo(f"{r['name']}@{r['version']}: {'pinned' if r['changed'] else 'already pinned'}")
 
 
 @cli.command()
@@ -327,10 +400,10 @@ def pin(app: AppContext, ref: str) -> None:
 @click.pass_obj
 def unpin(app: AppContext, ref: str) -> None:
     """Let NAME@VERSION be evicted again."""
-    name, version = _split_ref(ref)
-    with _node(app) as node:
-        version, was = node.unpin(name, version)
-    click.echo(f"{name}@{version}: {'unpinned' if was else 'was not pinned'}")
+    _split_ref(ref)
+    with Backend(app) as b:
+        r = b.pin(ref, False)
+    click.echo(f"{r['name']}@{r['version']}: {'unpinned' if r['changed'] else 'was not pinned'}")
 
 
 @cli.command()
@@ -340,9 +413,9 @@ def unpin(app: AppContext, ref: str) -> None:
 @click.pass_obj
 def evict(app: AppContext, ref: str, tier: str | None, force: bool) -> None:
     """Remove NAME@VERSION (every local version of NAME without @VERSION) from the local tiers."""
-    name, version = _split_ref(ref)
-    with _node(app) as node:
-        for line in node.evict(name, version, tier, force=force):
+    _split_ref(ref)
+    with Backend(app) as b:
+        for line in b.evict(ref, tier, force)["evicted"]:
             click.echo(f"evicted {line}")
 
 
@@ -351,8 +424,8 @@ def evict(app: AppContext, ref: str, tier: str | None, force: bool) -> None:
 @click.pass_obj
 def gc(app: AppContext, as_json: bool) -> None:
     """Remove stale staging, expire leases, and bring tiers above their high watermark down to the low one."""
-    with _node(app) as node:
-        r = node.gc()
+    with Backend(app) as b:
+        r = b.gc()
     if as_json:
         emit_json(r)
         return

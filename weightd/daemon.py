@@ -1,0 +1,408 @@
+"""``weightd serve``: the per-node daemon (design §1, §5, §10).
+
+One asyncio loop owns all mutable scheduling state (the single-flight table, the current config and
+node); blocking work (copies, hashing, warming, /proc scans) runs in bounded thread pools, one per
+kind of work, so a slow NVMe copy never starves a /dev/shm promotion or the API. The admin API is
+JSON over HTTP on a unix socket (mode 0660, no TCP); Prometheus scrapes ``[metrics] listen``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import fcntl
+import json
+import logging
+import os
+import signal
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, disable_created_metrics, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from tiering import parse_ref
+from tiering.errors import BadInput, IntegrityError, NoSpace, TieringError
+from tiering.layout import HOT, LOCAL_TIERS, WARM
+from tiering.node import LocalNode
+
+from .config import Config, ConfigError, load_config
+from .errors import WeightdError, exit_code_for
+from .local import open_node
+from .metrics import Metrics
+from .sdnotify import Notifier
+
+log = logging.getLogger(__name__)
+SHUTDOWN_GRACE_S = 8.0
+GC_INTERVAL_S = 30.0
+API_VERSION = "v1"
+
+
+class DaemonAlreadyRunning(WeightdError):
+    exit_code = 2
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, exit_code: int = 2) -> None:
+        super().__init__(message)
+        self.status, self.exit_code = status, exit_code
+
+
+def _status_for(exc: BaseException) -> int:
+    code = exit_code_for(exc)
+    return {2: 400, 3: 404, 4: 504, 5: 422, 6: 507}.get(code, 409 if code == 1 and isinstance(exc, TieringError) else 500)
+
+
+class Daemon:
+    def __init__(self, config_path: str | None, *, role: str = "worker") -> None:
+        self.config_path = config_path
+        self.role = role
+        self.config: Config = load_config(config_path)
+        self.notifier = Notifier()
+        self.registry = CollectorRegistry()
+        disable_created_metrics()
+        self.metrics = Metrics(self.registry, self._status_cached)
+        self.node: LocalNode = self._open_node(self.config)
+        self.old_nodes: list[LocalNode] = []
+        self.pools = {HOT: ThreadPoolExecutor(2, "weightd-hot"), WARM: ThreadPoolExecutor(2, "weightd-warm"),
+                      "misc": ThreadPoolExecutor(4, "weightd-misc")}
+        self.inflight: dict[tuple[str, str, str], asyncio.Task[dict[str, Any]]] = {}
+        self.stopping = asyncio.Event()
+        self.status_text = "starting"
+        self._status_cache: tuple[float, dict[str, Any]] | None = None
+        self._lock_fd: int | None = None
+        self._active = 0  # blocking calls running in the pools
+        self.runners: list[web.AppRunner] = []
+
+    # -- node and state ---------------------------------------------------------------------------
+    def _open_node(self, cfg: Config) -> LocalNode:
+        node = open_node(cfg)
+        node.on_evict = lambda tier, ref, reason, nbytes: self.metrics.evictions.labels(tier, reason).inc()
+        return node
+
+    def _take_state_lock(self) -> None:
+        """One daemon per state directory: a second one refuses to start."""
+        state_dir = self.config.settings.state_dir
+        state_dir.mkdir(parents=True, exist_ok=True)
+        path = state_dir / "daemon.lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise DaemonAlreadyRunning(f"another weightd daemon (pid {holder}) is running on state dir {state_dir}")
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock_fd = fd
+
+    def _status_cached(self) -> dict[str, Any]:
+        """Status for scrapes; residency checks are cheap, but a scrape storm should not repeat them."""
+        now = time.monotonic()
+        if self._status_cache is None or now - self._status_cache[0] > 2.0:
+            self._status_cache = (now, self.node.status())
+        return self._status_cache[1]
+
+    def set_status(self, text: str) -> None:
+        self.status_text = text
+        self.notifier.notify(STATUS=text)
+
+    async def run_blocking(self, pool: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        loop = asyncio.get_running_loop()
+
+        def call() -> Any:
+            self._active += 1  # (+= on an int under the GIL from pool threads: a counter, not a lock)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._active -= 1
+        return await loop.run_in_executor(self.pools[pool], call)
+
+    # -- operations ---------------------------------------------------------------------------------
+    async def preload(self, body: dict[str, Any]) -> dict[str, Any]:
+        name, version = parse_ref(_str(body, "ref"))
+        tier = body.get("tier", HOT)
+        if tier not in LOCAL_TIERS:
+            raise ApiError(400, f"tier must be one of {', '.join(LOCAL_TIERS)}")
+        strict = bool(body.get("strict", False))
+        lease_s = _num(body, "lease_s", 600.0)
+        timeout_s = body.get("timeout_s")
+        if timeout_s is not None:
+            timeout_s = _num(body, "timeout_s", 0.0)
+        wait = bool(body.get("wait", False))
+        if version is None or wait:  # resolve (and wait for publication) before joining a flight
+            deadline = None if timeout_s is None else time.monotonic() + timeout_s
+            resolved = await self.run_blocking("misc", self.node.wait_published if wait else self.node.resolve,
+                                               *((name, version, deadline) if wait else (name, version)))
+            version = resolved.version
+        key = (name, version, tier)
+        task = self.inflight.get(key)
+        if task is None:  # single flight: everyone asking for this version in this tier shares one
+            task = asyncio.get_running_loop().create_task(self._preload_task(name, version, tier, strict, lease_s,
+                                                                             timeout_s))
+            self.inflight[key] = task
+            task.add_done_callback(lambda _t, k=key: self.inflight.pop(k, None))
+            shared = False
+        else:
+            shared = True
+        report = dict(await asyncio.shield(task))
+        if shared and not report.get("already_present"):
+            report["shared_transfer"] = True
+        return report
+
+    async def _preload_task(self, name: str, version: str, tier: str, strict: bool, lease_s: float,
+                            timeout_s: float | None) -> dict[str, Any]:
+        self.metrics.in_flight.labels("local").inc()
+        self.set_status(f"preloading {name}@{version} into {tier}")
+        t0 = time.monotonic()
+        try:
+            r = await self.run_blocking(tier, self.node.preload, name, version, tier=tier, strict=strict,
+                                        lease_s=lease_s, timeout_s=timeout_s)
+        except BaseException as exc:
+            reason = ("integrity" if isinstance(exc, IntegrityError) else "no_space" if isinstance(exc, NoSpace)
+                      else "timeout" if isinstance(exc, TimeoutError) else "not_found" if isinstance(exc, FileNotFoundError)
+                      else "error")
+            self.metrics.preload_failures.labels(reason).inc()
+            if isinstance(exc, IntegrityError):
+                self.metrics.hash_failures.inc()
+            raise
+        finally:
+            self.metrics.in_flight.labels("local").dec()
+            self.set_status(self._idle_status())
+        d = r.to_dict()
+        source = max(d["bytes_by_source"], key=lambda k: d["bytes_by_source"][k]) if r.bytes_moved else "local"
+        self.metrics.loading.labels(f"{name}@{version}", r.tier, source).observe(time.monotonic() - t0)
+        for src, n in d["bytes_by_source"].items():
+            if n:
+                self.metrics.bytes.labels(src).inc(n)
+        self._status_cache = None
+        return d
+
+    def _idle_status(self) -> str:
+        n = len(self.inflight)
+        return f"serving ({n} transfer{'s' if n != 1 else ''} in flight)" if n else "serving, idle"
+
+    # -- background duties ----------------------------------------------------------------------------
+    async def _gc_loop(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                await asyncio.wait_for(self.stopping.wait(), GC_INTERVAL_S)
+                return
+            except asyncio.TimeoutError:
+                pass
+            try:
+                report = await self.run_blocking("misc", self.node.gc)
+                if report["evicted"]:
+                    log.info("gc evicted %s", ", ".join(report["evicted"]))
+                self._status_cache = None
+            except Exception as exc:  # keep serving; say it once per round
+                log.warning("background gc failed: %s", exc)
+
+    async def _watchdog_loop(self) -> None:
+        assert self.notifier.watchdog_s is not None
+        while not self.stopping.is_set():
+            self.notifier.notify(WATCHDOG=1)
+            try:
+                await asyncio.wait_for(self.stopping.wait(), self.notifier.watchdog_s / 2)
+            except asyncio.TimeoutError:
+                pass
+
+    def reload(self) -> None:
+        """SIGHUP: a good config replaces the running one; a bad one is refused and the old one kept."""
+        try:
+            cfg = load_config(self.config_path)
+            node = self._open_node(cfg)
+        except (ConfigError, TieringError, OSError) as exc:
+            self.metrics.config_reload_failures.inc()
+            log.error("config reload failed, keeping the running config: %s", exc)
+            self.set_status(f"config reload failed, running the previous config: {exc}")
+            return
+        if cfg.settings.api.socket != self.config.settings.api.socket or \
+                cfg.settings.metrics.listen != self.config.settings.metrics.listen:
+            log.warning("api.socket and metrics.listen changes take effect at the next restart")
+        self.old_nodes.append(self.node)
+        self.node, self.config = node, cfg
+        self._status_cache = None
+        log.info("config reloaded from %s", cfg.source)
+        self.set_status(f"config reloaded; {self._idle_status()}")
+
+    # -- HTTP -----------------------------------------------------------------------------------------
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[self._errors], client_max_size=1 << 20)
+        r = app.router
+        r.add_get(f"/{API_VERSION}/health", self._h_health)
+        r.add_get(f"/{API_VERSION}/status", self._h(lambda b: self.run_blocking("misc", self.node.status)))
+        r.add_post(f"/{API_VERSION}/preload", self._h(self.preload))
+        r.add_post(f"/{API_VERSION}/publish", self._h(self._publish))
+        r.add_post(f"/{API_VERSION}/path", self._h(self._path))
+        r.add_post(f"/{API_VERSION}/pin", self._h(lambda b: self._pin(b, True)))
+        r.add_post(f"/{API_VERSION}/unpin", self._h(lambda b: self._pin(b, False)))
+        r.add_post(f"/{API_VERSION}/evict", self._h(self._evict))
+        r.add_post(f"/{API_VERSION}/gc", self._h(lambda b: self.run_blocking("misc", self.node.gc)))
+        return app
+
+    @web.middleware
+    async def _errors(self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                      ) -> web.StreamResponse:
+        route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unknown"
+        try:
+            resp = await handler(request)
+        except web.HTTPException as exc:  # unknown route or method: a 4xx with a message
+            resp = web.json_response({"error": f"{request.method} {request.path}: {exc.reason}", "exit_code": 2},
+                                     status=exc.status)
+        except ApiError as exc:
+            resp = web.json_response({"error": str(exc), "exit_code": exc.exit_code}, status=exc.status)
+        except (TieringError, WeightdError, OSError, ValueError) as exc:
+            resp = web.json_response({"error": str(exc), "exit_code": exit_code_for(exc)}, status=_status_for(exc))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the daemon keeps serving
+            log.exception("internal error on %s", request.path)
+            resp = web.json_response({"error": f"internal error: {type(exc).__name__}: {exc}", "exit_code": 1},
+                                     status=500)
+        self.metrics.requests.labels(route, str(resp.status)).inc()
+        return resp
+
+    def _h(self, fn: Callable[[dict[str, Any]], Awaitable[Any]]) -> Callable[[web.Request], Awaitable[web.Response]]:
+        async def handler(request: web.Request) -> web.Response:
+            body: dict[str, Any] = {}
+            if request.method == "POST" and request.can_read_body:
+                try:
+                    body = await request.json()
+                except (json.JSONDecodeError, UnicodeDecodeError):
+                    raise ApiError(400, "request body is not valid JSON") from None
+                if not isinstance(body, dict):
+                    raise ApiError(400, "request body must be a JSON object")
+            return web.json_response(await fn(body))
+        return handler
+
+    async def _h_health(self, request: web.Request) -> web.Response:
+        return web.json_response({"ok": True, "pid": os.getpid(), "role": self.role, "status": self.status_text})
+
+    async def _publish(self, b: dict[str, Any]) -> dict[str, Any]:
+        r = await self.run_blocking("misc", self.node.publish, Path(_str(b, "dir")), _str(b, "name"), _str(b, "version"))
+        return r.to_dict()
+
+    async def _path(self, b: dict[str, Any]) -> dict[str, Any]:
+        name, version = parse_ref(_str(b, "ref"))
+        tier, p = await self.run_blocking("misc", self.node.path, name, version)
+        return {"tier": tier, "path": str(p)}
+
+    async def _pin(self, b: dict[str, Any], pin: bool) -> dict[str, Any]:
+        name, version = parse_ref(_str(b, "ref"))
+        version, changed = await self.run_blocking("misc", self.node.pin if pin else self.node.unpin, name, version)
+        return {"name": name, "version": version, "changed": changed}
+
+    async def _evict(self, b: dict[str, Any]) -> dict[str, Any]:
+        name, version = parse_ref(_str(b, "ref"))
+        tier = b.get("tier")
+        if tier is not None and tier not in LOCAL_TIERS:
+            raise ApiError(400, f"tier must be one of {', '.join(LOCAL_TIERS)}")
+        out = await self.run_blocking("misc", self.node.evict, name, version, tier, force=bool(b.get("force")))
+        self._status_cache = None
+        return {"evicted": out}
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        body = await self.run_blocking("misc", generate_latest, self.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    # -- lifecycle ------------------------------------------------------------------------------------
+    async def serve(self) -> None:
+        self._take_state_lock()
+        loop = asyncio.get_running_loop()
+        sock_path = self.config.settings.api.socket
+        sock_path.parent.mkdir(parents=True, exist_ok=True)
+        if sock_path.exists() or sock_path.is_symlink():
+            sock_path.unlink()  # we hold the state lock: a leftover socket is stale
+        runner = web.AppRunner(self.app(), handle_signals=False, access_log=None)
+        await runner.setup()
+        old_umask = os.umask(0o117)
+        try:
+            site = web.UnixSite(runner, str(sock_path))
+            await site.start()
+        finally:
+            os.umask(old_umask)
+        os.chmod(sock_path, 0o660)
+        self.runners.append(runner)
+        host, _, port = self.config.settings.metrics.listen.rpartition(":")
+        mapp = web.Application()
+        mapp.router.add_get("/metrics", self._metrics)
+        mrunner = web.AppRunner(mapp, handle_signals=False, access_log=None)
+        await mrunner.setup()
+        try:
+            await web.TCPSite(mrunner, host.strip("[]"), int(port), reuse_address=True).start()
+        except OSError as exc:
+            raise WeightdError(f"metrics.listen {self.config.settings.metrics.listen}: {exc.strerror}") from None
+        self.runners.append(mrunner)
+
+        loop.add_signal_handler(signal.SIGTERM, self.stopping.set)
+        loop.add_signal_handler(signal.SIGINT, self.stopping.set)
+        loop.add_signal_handler(signal.SIGHUP, self.reload)
+        tasks = [loop.create_task(self._gc_loop())]
+        if self.notifier.watchdog_s:
+            tasks.append(loop.create_task(self._watchdog_loop()))
+        log.info("serving role=%s api=%s metrics=%s", self.role, sock_path, self.config.settings.metrics.listen)
+        self.status_text = "serving, idle"
+        self.notifier.notify(READY=1, STATUS=self.status_text, MAINPID=os.getpid())
+
+        await self.stopping.wait()
+        self.notifier.notify(STOPPING=1, STATUS="stopping")
+        log.info("stopping: %d transfer(s) in flight", len(self.inflight))
+        for t in tasks:
+            t.cancel()
+        if self.inflight:  # let transfers finish briefly; what is left resumes from staging next start
+            await asyncio.wait(list(self.inflight.values()), timeout=SHUTDOWN_GRACE_S)
+        for r in self.runners:
+            await r.cleanup()
+        try:
+            sock_path.unlink()
+        except FileNotFoundError:
+            pass
+
+    def close(self) -> bool:
+        """Release everything; True if worker threads were still busy (the caller exits hard)."""
+        busy = self._active > 0
+        for pool in self.pools.values():
+            pool.shutdown(wait=False, cancel_futures=True)
+        for n in [self.node, *self.old_nodes]:
+            try:
+                n.close()
+            except Exception:
+                pass
+        self.notifier.close()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+        return busy
+
+
+def _str(body: dict[str, Any], key: str) -> str:
+    v = body.get(key)
+    if not isinstance(v, str):
+        raise ApiError(400, f"'{key}' must be a string")
+    return v
+
+
+def _num(body: dict[str, Any], key: str, default: float) -> float:
+    v = body.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+        raise ApiError(400, f"'{key}' must be a non-negative number")
+    return float(v)
+
+
+def run(config_path: str | None, role: str) -> int:
+    daemon = Daemon(config_path, role=role)
+    busy = False
+    try:
+        asyncio.run(daemon.serve())
+    finally:
+        busy = daemon.close()
+    if busy:  # a copy still running in a worker thread: leave it to reconciliation, exit now
+        logging.shutdown()
+        os._exit(0)
+    return 0

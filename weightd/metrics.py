@@ -1,0 +1,126 @@
+"""Prometheus metrics (design §6, contract: names start with ``weightd_``).
+
+Event metrics (loading time, bytes by source, evictions, failures) are updated by the daemon as
+things happen; state metrics (tier usage, checkpoints, residency) and node pressure (raw counters from
+/proc and /sys, so that Prometheus computes rates) are collected at scrape time. The registry is
+passed in, so tests use their own.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Callable, Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from . import __version__
+from .pressure import read_disks, read_nics, read_softirq_seconds, read_tcp
+
+SOURCES = ("local_reuse", "peer", "origin", "cold")
+LOAD_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1800)
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry, status: Callable[[], dict[str, Any]]) -> None:
+        self.registry = registry
+        self.loading = Histogram("weightd_weight_loading_seconds", "One preload, end to end",
+                                 ["model", "tier", "source"], buckets=LOAD_BUCKETS, registry=registry)
+        self.bytes = Counter("weightd_bytes_transferred", "Bytes placed in a tier, by where they came from",
+                             ["source"], registry=registry)
+        for s in SOURCES:
+            self.bytes.labels(s)
+        self.evictions = Counter("weightd_evictions", "Checkpoints evicted", ["tier", "reason"], registry=registry)
+        self.hash_failures = Counter("weightd_hash_failures", "Content that did not match its manifest",
+                                     registry=registry)
+        self.preload_failures = Counter("weightd_preload_failures", "Preloads that failed", ["reason"],
+                                        registry=registry)
+        self.requests = Counter("weightd_api_requests", "Admin API requests", ["route", "code"], registry=registry)
+        self.p2p_up = Counter("weightd_p2p_upload_bytes", "Bytes uploaded to peers", registry=registry)
+        self.p2p_down = Counter("weightd_p2p_download_bytes", "Bytes downloaded from peers", registry=registry)
+        self.p2p_peers = Gauge("weightd_p2p_peers", "Connected peers", registry=registry)
+        self.in_flight = Gauge("weightd_transfers_in_flight", "Preloads running", ["kind"], registry=registry)
+        self.in_flight.labels("local")
+        self.in_flight.labels("p2p")
+        self.config_reload_failures = Counter("weightd_config_reload_failures", "SIGHUP reloads rejected",
+                                              registry=registry)
+        info = Gauge("weightd_build_info", "weightd version", ["version"], registry=registry)
+        info.labels(__version__).set(1)
+        self.start_time = Gauge("weightd_start_time_seconds", "When the daemon started", registry=registry)
+        self.start_time.set(time.time())
+        registry.register(_StateCollector(status))
+        registry.register(_PressureCollector())
+
+
+class _StateCollector(Collector):
+    """Tier usage and capacity, checkpoints per tier, page-cache residency per model."""
+
+    def __init__(self, status: Callable[[], dict[str, Any]]) -> None:
+        self.status = status
+
+    def collect(self) -> Iterable[Any]:
+        st = self.status()
+        used = GaugeMetricFamily("weightd_tier_used_bytes", "Bytes of complete checkpoints in the tier", labels=["tier"])
+        cap = GaugeMetricFamily("weightd_tier_capacity_bytes", "The tier's budget", labels=["tier"])
+        high = GaugeMetricFamily("weightd_tier_high_watermark_ratio", "Evict above this share of capacity",
+                                 labels=["tier"])
+        staging = GaugeMetricFamily("weightd_tier_staging_bytes", "Bytes reserved by transfers in progress",
+                                    labels=["tier"])
+        count = GaugeMetricFamily("weightd_checkpoints", "Complete checkpoints in the tier", labels=["tier"])
+        for t, info in st["tiers"].items():
+            used.add_metric([t], info["used_bytes"])
+            cap.add_metric([t], info["capacity_bytes"])
+            high.add_metric([t], info["high_watermark"])
+            staging.add_metric([t], info["staging_bytes"])
+            count.add_metric([t], info["checkpoints"])
+        resident = GaugeMetricFamily("weightd_pagecache_resident_bytes", "Page-cache resident bytes of a checkpoint",
+                                     labels=["model", "tier"])
+        pinned = GaugeMetricFamily("weightd_checkpoint_pinned", "1 if the checkpoint is pinned", labels=["model"])
+        for c in st["checkpoints"]:
+            model = f"{c['name']}@{c['version']}"
+            pinned.add_metric([model], 1 if c["pinned"] else 0)
+            for t, info in c["tiers"].items():
+                resident.add_metric([model, t], info["resident_bytes"])
+        yield from (used, cap, high, staging, count, resident, pinned)
+
+
+class _PressureCollector(Collector):
+    """Raw node counters: disk (await = read time / reads), NIC (utilisation = bytes / speed), TCP, softirq."""
+
+    def collect(self) -> Iterable[Any]:
+        reads = CounterMetricFamily("weightd_node_disk_reads_completed", "Reads completed", labels=["device"])
+        read_s = CounterMetricFamily("weightd_node_disk_read_time_seconds", "Time spent reading", labels=["device"])
+        read_b = CounterMetricFamily("weightd_node_disk_read_bytes", "Bytes read", labels=["device"])
+        io_s = CounterMetricFamily("weightd_node_disk_io_time_seconds", "Time with I/O in flight (utilisation)",
+                                   labels=["device"])
+        inflight = GaugeMetricFamily("weightd_node_disk_io_in_flight", "Requests in flight", labels=["device"])
+        for d in read_disks():
+            reads.add_metric([d.device], d.reads)
+            read_s.add_metric([d.device], d.read_ms / 1000)
+            read_b.add_metric([d.device], d.sectors_read * 512)
+            io_s.add_metric([d.device], d.io_ms / 1000)
+            inflight.add_metric([d.device], d.in_flight)
+        rx = CounterMetricFamily("weightd_node_network_receive_bytes", "Bytes received", labels=["interface"])
+        tx = CounterMetricFamily("weightd_node_network_transmit_bytes", "Bytes sent", labels=["interface"])
+        speed = GaugeMetricFamily("weightd_node_network_speed_bytes", "Link speed in bytes per second",
+                                  labels=["interface"])
+        mtu = GaugeMetricFamily("weightd_node_network_mtu_bytes", "MTU", labels=["interface"])
+        for n in read_nics():
+            rx.add_metric([n.interface], n.rx_bytes)
+            tx.add_metric([n.interface], n.tx_bytes)
+            if n.speed_bytes_per_s:
+                speed.add_metric([n.interface], n.speed_bytes_per_s)
+            if n.mtu:
+                mtu.add_metric([n.interface], n.mtu)
+        yield from (reads, read_s, read_b, io_s, inflight, rx, tx, speed, mtu)
+        tcp = read_tcp()
+        if tcp:
+            yield CounterMetricFamily("weightd_node_tcp_out_segments", "TCP segments sent", value=tcp.get("OutSegs", 0))
+            yield CounterMetricFamily("weightd_node_tcp_retransmitted_segments", "TCP segments retransmitted",
+                                      value=tcp.get("RetransSegs", 0))
+        soft = read_softirq_seconds()
+        if soft is not None:
+            yield CounterMetricFamily("weightd_node_cpu_softirq_seconds", "CPU time in softirq, all CPUs", value=soft)
+            yield GaugeMetricFamily("weightd_node_cpus", "Online CPUs", value=os.cpu_count() or 1)
