@@ -36,6 +36,50 @@ def _run(args: list[str], expect: int = 0) -> subprocess.CompletedProcess[str]:
     return proc
 
 
+def _demo_daemon(base: Path, config: Path) -> None:
+    """Start the node daemon, preload through its socket, show status and metrics, stop it cleanly."""
+    import signal
+    import socket
+    import time
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config.write_text(config.read_text() + f'[api]\nsocket = "{base}/weightd.sock"\n'
+                      f'[metrics]\nlisten = "127.0.0.1:{port}"\n')
+    click.secho("# 10. the node daemon: systemd runs `weightd serve`; commands now go through its socket", bold=True)
+    click.secho(f"$ weightd serve &   (admin API on {base}/weightd.sock, metrics on 127.0.0.1:{port})",
+                fg="cyan", bold=True)
+    log = open(base / "daemon.log", "w")
+    daemon = subprocess.Popen([sys.executable, "-m", "weightd", *_CONFIG, "serve"], stdout=log, stderr=log)
+    try:
+        deadline = time.monotonic() + 30
+        while not (base / "weightd.sock").exists():
+            if time.monotonic() > deadline or daemon.poll() is not None:
+                raise click.ClickException(f"the daemon did not start: {(base / 'daemon.log').read_text()}")
+            time.sleep(0.1)
+        click.echo()
+        _run(["evict", "demo/tiny-llama@v2", "--force"])
+        _run(["preload", "demo/tiny-llama@v2", "--tier", "hot"])
+        _run(["status"])
+        click.secho(f"$ curl -s 127.0.0.1:{port}/metrics | grep ...", fg="cyan", bold=True)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith(("weightd_bytes_transferred_total", "weightd_tier_used_bytes",
+                                    "weightd_weight_loading_seconds_count", "weightd_checkpoints")):
+                    click.echo(line)
+        click.echo()
+        click.secho("$ kill -TERM $DAEMON   (STOPPING=1, clean exit)", fg="cyan", bold=True)
+        daemon.send_signal(signal.SIGTERM)
+        click.echo(f"(daemon exit {daemon.wait(timeout=20)})\n")
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait()
+        log.close()
+
+
 def run_demo(workdir: str | None, size: str = "64MiB") -> None:
     own = workdir is None
     base = Path(workdir or tempfile.mkdtemp(prefix="weightd-demo-"))
@@ -98,6 +142,7 @@ def run_demo(workdir: str | None, size: str = "64MiB") -> None:
         _run(["preload", "demo/tiny-llama", "--tier", "warm"])
         _run(["pin", "demo/tiny-llama@v1"])
         _run(["status"])
+        _demo_daemon(base, config)
         click.secho("demo complete", fg="green", bold=True)
     finally:
         _CONFIG.clear()
