@@ -87,7 +87,8 @@ class NodeEnv:
             f'[tiers.hot]\npath = "{self.hot}"\ncapacity = "{hot_capacity}"\n'
             f'[tiers.warm]\npath = "{self.warm}"\ncapacity = "{warm_capacity}"\n'
             f'[tiers.cold]\npath = "{self.cold}"\n'
-            f'[api]\nsocket = "{self.state}/weightd.sock"\n')
+            f'[api]\nsocket = "{self.state}/weightd.sock"\n'
+            f'[p2p]\nlisten = "127.0.0.1:0"\n')
 
     def node(self, **kw) -> LocalNode:
         from tiering.units import parse_size

@@ -35,6 +35,9 @@ from .state import State
 
 log = logging.getLogger(__name__)
 ProgressFn = Callable[[int], None]
+# fetch(source, staging, report, deadline, progress) -> True if it filled staging (bytes counted in
+# report.bytes_by_source), False to let the next source try; it must leave staging as it found it then
+Fetcher = Callable[["VersionDir", Path, "PreloadReport", "float | None", "ProgressFn | None"], bool]
 SOURCES = ("local_reuse", "peer", "origin", "cold")
 DEFAULT_LEASE_S = 600.0
 
@@ -91,8 +94,12 @@ class LocalNode:
     def __init__(self, *, hot: TierSpec, warm: TierSpec, cold: Path, state_dir: Path,
                  now: Callable[[], float] = time.time, copy_threads: int = 2, reconcile: bool = True,
                  warm_options: WarmOptions = WarmOptions(),
-                 on_evict: Callable[[str, str, str, int], None] | None = None) -> None:
+                 on_evict: Callable[[str, str, str, int], None] | None = None,
+                 fetchers: list[Fetcher] | None = None,
+                 on_placed: Callable[[str, VersionDir], None] | None = None) -> None:
         self.tiers = {HOT: hot, WARM: warm}
+        self.fetchers = list(fetchers or [])  # e.g. P2P, tried after a local copy and before cold
+        self.on_placed = on_placed            # e.g. start seeding what was just placed
         self.on_evict = on_evict  # (tier, ref, reason, bytes): the daemon counts evictions
         self.warm_options = warm_options
         self.cold = cold
@@ -407,6 +414,10 @@ class LocalNode:
                 self._close_staging(staging, slock)
             self.state.record_copy(tier, name, version, m.digest, m.total_bytes)
             self._lease(report, lease_s)
+            if self.on_placed is not None:
+                placed = read_version(root, name, version)
+                if placed is not None:
+                    self.on_placed(tier, placed)
             log.info("preloaded name=%s version=%s tier=%s bytes=%s", name, version, tier, report.bytes_by_source)
             return report
         finally:
@@ -442,6 +453,10 @@ class LocalNode:
         cold = read_version(self.cold, name, version)
         if cold is not None and cold.manifest.digest == m.digest:
             sources.append(("cold", cold.path))
+        if cold is not None and not any(label == "local_reuse" for label, _ in sources):
+            for fetch in self.fetchers:  # no local copy: the swarm before a plain copy from cold
+                if fetch(cold, staging, report, deadline, progress):
+                    return
         if not sources:
             raise CheckpointNotFound(f"{name}@{version}", "no complete copy to read from")
         last_error: Exception | None = None

@@ -204,6 +204,7 @@ class Backend:
         self.app = app
         self.client = None
         self._node = None
+        self._fetcher = None
         if not app.no_daemon:
             from .client import DaemonClient
             client = DaemonClient(app.config.settings.api.socket)
@@ -214,13 +215,17 @@ class Backend:
     def node(self):
         if self._node is None:
             from .local import open_node
-            self._node = open_node(self.app.config)
+            from .swarm import P2PFetcher
+            self._fetcher = P2PFetcher(self.app.config)  # a P2P session only if a download needs one
+            self._node = open_node(self.app.config, fetchers=[self._fetcher])
         return self._node
 
     def __enter__(self) -> "Backend":
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self._fetcher is not None:
+            self._fetcher.close()
         if self._node is not None:
             self._node.close()
 
@@ -228,9 +233,14 @@ class Backend:
         if self.client:
             return self.client.call("POST", "publish", {"dir": os.path.abspath(directory), "name": name,
                                                         "version": version})
+        from .swarm import ensure_torrent
         files = scan_checkpoint(directory)
         with progress_bar(f"publishing {name}@{version}", plan_size(files)) as advance:
-            return self.node.publish(Path(directory), name, version, progress=advance).to_dict()
+            r = self.node.publish(Path(directory), name, version, progress=advance)
+        d = r.to_dict()
+        torrent = ensure_torrent(self.app.config, self.node.resolve(name, version))
+        d["torrent"] = str(torrent) if torrent else None
+        return d
 
     def preload(self, ref: str, **kw: Any) -> dict[str, Any]:
         if self.client:

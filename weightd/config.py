@@ -120,6 +120,7 @@ class P2PSettings(_Model):
     upload_limit: int = 1_000_000_000     # bytes/s; 0 = unlimited
     download_limit: int = 1_000_000_000
     max_connections: int = Field(default=200, ge=1)
+    fallback_after_s: float = Field(default=60.0, gt=0)   # no bytes from the swarm for this long: copy from cold
 
     _sizes = field_validator("threshold", "upload_limit", "download_limit", mode="before")(
         lambda v: parse_size(v))

@@ -25,6 +25,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, disable_created_metrics, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from p2p.errors import P2PError
 from tiering import parse_ref
 from tiering.errors import BadInput, IntegrityError, NoSpace, TieringError
 from tiering.layout import HOT, LOCAL_TIERS, WARM
@@ -35,6 +36,7 @@ from .errors import WeightdError, exit_code_for
 from .local import open_node
 from .metrics import Metrics
 from .sdnotify import Notifier
+from .swarm import P2PFetcher, ensure_torrent, p2p_config, read_torrent, seed_held
 
 log = logging.getLogger(__name__)
 SHUTDOWN_GRACE_S = 8.0
@@ -66,6 +68,7 @@ class Daemon:
         self.registry = CollectorRegistry()
         disable_created_metrics()
         self.metrics = Metrics(self.registry, self._status_cached)
+        self.session = None  # the P2P session, started in serve() once we own the state directory
         self.node: LocalNode = self._open_node(self.config)
         self.old_nodes: list[LocalNode] = []
         self.pools = {HOT: ThreadPoolExecutor(2, "weightd-hot"), WARM: ThreadPoolExecutor(2, "weightd-warm"),
@@ -80,9 +83,28 @@ class Daemon:
 
     # -- node and state ---------------------------------------------------------------------------
     def _open_node(self, cfg: Config) -> LocalNode:
-        node = open_node(cfg)
-        node.on_evict = lambda tier, ref, reason, nbytes: self.metrics.evictions.labels(tier, reason).inc()
-        return node
+        return open_node(cfg, on_evict=self._evicted, on_placed=self._placed,
+                         fetchers=[lambda *a: self.session is not None and P2PFetcher(cfg, self.session)(*a)])
+
+    def _evicted(self, tier: str, ref: str, reason: str, nbytes: int) -> None:
+        self.metrics.evictions.labels(tier, reason).inc()
+        if self.session is not None:
+            name, _, version = ref.partition("@")
+            other = [t for t in LOCAL_TIERS if t != tier]
+            from tiering.layout import read_version
+            if read_version(self.node.tiers[other[0]].path, name, version) is None:
+                cold = read_version(self.node.cold, name, version)
+                ti = read_torrent(cold) if cold is not None else None
+                if ti is not None:
+                    self.session.stop_seeding(ti)
+
+    def _placed(self, tier: str, version) -> None:
+        if self.session is not None:
+            from tiering.layout import read_version
+            cold = read_version(self.node.cold, version.name, version.version)
+            ti = read_torrent(cold) if cold is not None else None
+            if ti is not None:
+                self.session.seed(ti, version.path)
 
     def _take_state_lock(self) -> None:
         """One daemon per state directory: a second one refuses to start."""
@@ -197,6 +219,8 @@ class Daemon:
             except asyncio.TimeoutError:
                 pass
             try:
+                if self.session is not None:  # the origin picks up versions others published
+                    await self.run_blocking("misc", seed_held, self.node, self.session, self.role)
                 report = await self.run_blocking("misc", self.node.gc)
                 if report["evicted"]:
                     log.info("gc evicted %s", ", ".join(report["evicted"]))
@@ -286,8 +310,12 @@ class Daemon:
         return web.json_response({"ok": True, "pid": os.getpid(), "role": self.role, "status": self.status_text})
 
     async def _publish(self, b: dict[str, Any]) -> dict[str, Any]:
-        r = await self.run_blocking("misc", self.node.publish, Path(_str(b, "dir")), _str(b, "name"), _str(b, "version"))
-        return r.to_dict()
+        name, version = _str(b, "name"), _str(b, "version")
+        r = await self.run_blocking("misc", self.node.publish, Path(_str(b, "dir")), name, version)
+        torrent = await self.run_blocking("misc", lambda: ensure_torrent(self.config, self.node.resolve(name, version)))
+        if torrent is not None and self.session is not None and self.role == "origin":
+            await self.run_blocking("misc", seed_held, self.node, self.session, self.role)
+        return {**r.to_dict(), "torrent": str(torrent) if torrent else None}
 
     async def _path(self, b: dict[str, Any]) -> dict[str, Any]:
         name, version = parse_ref(_str(b, "ref"))
@@ -315,6 +343,13 @@ class Daemon:
     # -- lifecycle ------------------------------------------------------------------------------------
     async def serve(self) -> None:
         self._take_state_lock()
+        from p2p.session import P2PSession
+        try:
+            self.session = P2PSession(p2p_config(self.config))
+        except P2PError as exc:
+            raise WeightdError(f"p2p.listen: {exc}") from None
+        n = await self.run_blocking("misc", seed_held, self.node, self.session, self.role)
+        log.info("p2p listening on %s, seeding %d version(s)", self.config.settings.p2p.listen, n)
         loop = asyncio.get_running_loop()
         sock_path = self.config.settings.api.socket
         sock_path.parent.mkdir(parents=True, exist_ok=True)
@@ -375,6 +410,8 @@ class Daemon:
                 n.close()
             except Exception:
                 pass
+        if self.session is not None:
+            self.session.close()
         self.notifier.close()
         if self._lock_fd is not None:
             os.close(self._lock_fd)

@@ -13,10 +13,11 @@ def tier_spec(name: str, t: TierSettings) -> TierSpec:
     return TierSpec(name, t.path, t.capacity.bytes, t.capacity.fraction, t.high_watermark, t.low_watermark)
 
 
-def open_node(cfg: Config, *, reconcile: bool = True) -> LocalNode:
+def open_node(cfg: Config, *, reconcile: bool = True, **hooks) -> LocalNode:
+    """``hooks``: ``fetchers``, ``on_placed``, ``on_evict`` (see LocalNode)."""
     tiers = cfg.settings.tiers
     return LocalNode(hot=tier_spec(HOT, tiers.hot), warm=tier_spec(WARM, tiers.warm), cold=tiers.cold.path,
-                     state_dir=cfg.settings.state_dir, reconcile=reconcile, warm_options=warm_options(cfg))
+                     state_dir=cfg.settings.state_dir, reconcile=reconcile, warm_options=warm_options(cfg), **hooks)
 
 
 def warm_options(cfg: Config) -> WarmOptions:
