@@ -96,7 +96,7 @@ class P2PSession:
         self.ses.set_ip_filter(_ip_filter(cfg.allow))
         self.lock = threading.Lock()
         self.seeding: dict[str, lt.torrent_handle] = {}
-        self.counters = {"hash_failures": 0, "peer_bans": 0, "blocked": 0}
+        self.counters = {"hash_failures": 0, "peer_bans": 0, "blocked": 0, "downloaded": 0, "uploaded_gone": 0}
 
     @property
     def port(self) -> int:
@@ -139,7 +139,19 @@ class P2PSession:
         with self.lock:
             h = self.seeding.pop(str(ti.info_hashes().v2), None)
             if h is not None:
+                self.counters["uploaded_gone"] += h.status().all_time_upload
                 self.ses.remove_torrent(h)
+
+    def stats(self) -> dict[str, int]:
+        """Totals for metrics: payload uploaded and downloaded, connected peers, corrupt pieces seen."""
+        with self.lock:
+            handles = list(self.seeding.values())
+        self._drain_alerts()
+        statuses = [h.status() for h in handles]
+        return {"upload_bytes": self.counters["uploaded_gone"] + sum(st.all_time_upload for st in statuses),
+                "download_bytes": self.counters["downloaded"], "peers": sum(st.num_peers for st in statuses),
+                "hash_failures": self.counters["hash_failures"], "peer_bans": self.counters["peer_bans"],
+                "seeding": len(statuses)}
 
     # -- downloading ----------------------------------------------------------------------------------
     def download(self, ti: lt.torrent_info, data_dir: Path, *, peers: tuple[str, ...] = (),
@@ -211,6 +223,8 @@ class P2PSession:
             elif total:  # finished between two samples: only the peers we were told about were seen
                 others = set(result.bytes_by_peer) - set(peers)
                 result.bytes_by_peer = {peers[0] if peers and not others else "unattributed": total}
+            self.counters["downloaded"] += total
+            self.counters["uploaded_gone"] += h.status().all_time_upload
         finally:
             self.ses.remove_torrent(h)
         result.seconds = time.monotonic() - t0

@@ -34,7 +34,7 @@ class Node:
     """One weightd daemon on its own 127.0.0.x with its own tiers, state and socket; shared cold."""
 
     def __init__(self, base: Path, ip: str, cold: Path, *, role: str = "worker", origin: str | None = None,
-                 allow: str = "127.0.0.0/8", env: dict[str, str]) -> None:
+                 allow: str = "127.0.0.0/8", env: dict[str, str], limit: str = "40MB") -> None:
         self.ip, self.dir = ip, base / f"node-{ip}"
         self.dir.mkdir(parents=True)
         self.hot = Path(f"/dev/shm/weightd-test-p2p-{uuid.uuid4().hex[:8]}")
@@ -48,12 +48,16 @@ class Node:
             f'[api]\nsocket = "{self.dir}/weightd.sock"\n'
             f'[metrics]\nlisten = "{ip}:{free_port(ip)}"\n'
             f'[p2p]\nthreshold = "1MiB"\nlisten = "{ip}:{self.port}"\nallow = ["{allow}"]\n'
-            f'upload_limit = "40MB"\ndownload_limit = "40MB"\nfallback_after_s = 4\n'
+            f'upload_limit = "{limit}"\ndownload_limit = "{limit}"\nfallback_after_s = 4\n'
             + (f'peers = ["{origin}"]\n' if origin else ""))
-        self.env = env
-        self.log = open(self.dir / "daemon.log", "w")
+        self.env, self.role = env, role
+        self.log = open(self.dir / "daemon.log", "a")
+        self.start()
+
+    def start(self) -> None:
         self.proc = subprocess.Popen([sys.executable, "-m", "weightd", "-v", "--config", str(self.config), "serve",
-                                      "--role", role], stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+                                      "--role", self.role], stdout=self.log, stderr=subprocess.STDOUT, env=self.env,
+                                     cwd=ROOT)
         deadline = time.monotonic() + 30
         while not (self.dir / "weightd.sock").exists():
             assert self.proc.poll() is None and time.monotonic() < deadline, (self.dir / "daemon.log").read_text()
@@ -171,3 +175,30 @@ def test_outsider_falls_back_to_cold(cluster, tmp_path: Path) -> None:
     r = json.loads(proc.stdout.splitlines()[0])
     assert r["bytes_by_source"]["cold"] == r["bytes"] and r["bytes_by_source"]["origin"] == 0
     assert "p2p" in (r["fallback"] or "")
+
+
+@pytest.mark.slow
+def test_worker_killed_mid_download_resumes(cluster, tmp_path: Path) -> None:
+    origin = cluster("127.0.0.2", role="origin", limit="8MB")
+    src = make_checkpoint(tmp_path / "src", total_bytes=48 * MiB, shards=3, layers=4)
+    assert origin.cli("publish", str(src), "--name", "org/resume", "--version", "v1").returncode == 0
+    worker = cluster("127.0.0.3", origin=origin.endpoint, limit="8MB")
+    client = worker.popen("preload", "org/resume@v1", "--tier", "warm", "--json")
+    staging = worker.dir / "warm" / ".staging" / "org--resume@v1.resumable"
+    deadline = time.monotonic() + 60
+    def partial() -> int:
+        return sum(p.stat().st_blocks * 512 for p in staging.rglob("*") if p.is_file()) if staging.exists() else 0
+    while partial() < 12 * MiB:  # about a third has arrived (files may be sparse: count what is allocated)
+        assert time.monotonic() < deadline, "the download did not start"
+        time.sleep(0.2)
+    worker.proc.kill()  # kill -9 mid-transfer
+    worker.proc.wait()
+    client.communicate(timeout=30)
+    assert not (worker.dir / "warm/org/resume/v1").exists()
+    worker.start()  # restart: reconciliation keeps the resumable staging
+    proc = worker.cli("preload", "org/resume@v1", "--tier", "warm", "--json", timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(proc.stdout.splitlines()[0])
+    moved = r["bytes_by_source"]["origin"] + r["bytes_by_source"]["peer"]
+    assert r["bytes_by_source"]["cold"] == 0 and moved < 0.85 * r["bytes"], r  # verified pieces were kept
+    assert not staging.exists()

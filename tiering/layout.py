@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,18 +125,46 @@ def list_versions(root: Path) -> list[VersionDir]:
     return out
 
 
-def new_staging_dir(root: Path, name: str, version: str, expected_bytes: int) -> tuple[Path, Path]:
-    """A fresh ``.staging/<id>/`` plus its lock file path. ``<id>.json`` beside it records the
-    expected size, so concurrent reservations see it; nothing weightd-internal goes inside the
-    directory that will be renamed into place."""
+RESUMABLE_MAX_AGE_S = 24 * 3600
+
+
+def new_staging_dir(root: Path, name: str, version: str, expected_bytes: int, *,
+                    resumable: bool = False) -> tuple[Path, Path]:
+    """A ``.staging/<id>/`` plus its lock file path. ``<id>.json`` beside it records the expected size,
+    so concurrent reservations see it; nothing weightd-internal goes inside the directory that will be
+    renamed into place.
+
+    ``resumable``: the id is fixed per NAME@VERSION (callers hold the version's lock), so what a crashed
+    transfer left behind is found again and a P2P download re-checks it instead of starting over.
+    """
     staging = root / STAGING
     staging.mkdir(parents=True, exist_ok=True)
-    sid = f"{name.replace('/', '--')}@{version}.{uuid.uuid4().hex[:12]}"
+    base = f"{name.replace('/', '--')}@{version}"
+    sid = f"{base}.resumable" if resumable else f"{base}.{uuid.uuid4().hex[:12]}"
     d = staging / sid
-    d.mkdir()
-    (staging / f"{sid}.json").write_text(json.dumps({"name": name, "version": version, "bytes": expected_bytes,
-                                                     "pid": os.getpid()}))
+    info = staging / f"{sid}.json"
+    created = time.time()
+    if resumable and d.is_dir():
+        try:
+            created = float(json.loads(info.read_text()).get("created", created))
+        except (OSError, ValueError, AttributeError):
+            pass
+    d.mkdir(exist_ok=resumable)
+    info.write_text(json.dumps({"name": name, "version": version, "bytes": expected_bytes, "pid": os.getpid(),
+                                "resumable": resumable, "created": created}))
     return d, staging / f"{sid}.lock"
+
+
+def staging_keep(info: Path, now: float | None = None) -> bool:
+    """Should a stale (unlocked) staging area be kept for a later resume?"""
+    try:
+        meta = json.loads(info.read_text())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(meta, dict) or not meta.get("resumable"):
+        return False
+    age = (now or time.time()) - float(meta.get("created", 0))
+    return age < RESUMABLE_MAX_AGE_S
 
 
 def staging_entries(root: Path) -> list[tuple[Path, Path, Path]]:

@@ -24,7 +24,7 @@ from .errors import (Busy, CheckpointNotFound, FileChanged, IntegrityError, NoSp
 from .inuse import processes_using
 from .layout import (COLD, HOT, LOCAL_TIERS, LOCKS, WARM, TierSpec, VersionDir, fsync_dir, list_versions,
                      lock_name, new_staging_dir, prune_empty_parents, read_version, remove_tree,
-                     staging_entries, staging_expected_bytes, version_path)
+                     staging_entries, staging_expected_bytes, staging_keep, version_path)
 from .locks import FileLock
 from .manifest import MANIFEST_RELPATH, Manifest, write_manifest
 from .names import validate_name, validate_version
@@ -133,10 +133,11 @@ class LocalNode:
         return None if deadline is None else max(0.0, deadline - time.monotonic())
 
     @staticmethod
-    def _open_staging(root: Path, name: str, version: str, need: int) -> tuple[Path, FileLock]:
+    def _open_staging(root: Path, name: str, version: str, need: int, *,
+                      resumable: bool = False) -> tuple[Path, FileLock]:
         """Create a staging area and lock it; call with the tier lock held (reconcile takes it too,
         so it never sees a staging area between its creation and its lock)."""
-        staging, lockfile = new_staging_dir(root, name, version, need)
+        staging, lockfile = new_staging_dir(root, name, version, need, resumable=resumable)
         slock = FileLock(lockfile)
         slock.acquire()
         return staging, slock
@@ -153,7 +154,7 @@ class LocalNode:
         out: dict[str, Any] = {}
         for tier in (*LOCAL_TIERS, COLD):
             root = self._root(tier)
-            removed = 0
+            removed = kept = 0
             entries = staging_entries(root)
             if entries:
                 with self._tier_lock(tier):
@@ -161,6 +162,9 @@ class LocalNode:
                         lock = FileLock(lockfile)
                         if lock.try_acquire():  # nobody is working on it: stale (a crash, kill -9)
                             try:
+                                if d.is_dir() and staging_keep(info):
+                                    kept += 1  # a transfer that can resume where it stopped
+                                    continue
                                 shutil.rmtree(d, ignore_errors=True)
                                 info.unlink(missing_ok=True)
                                 lockfile.unlink(missing_ok=True)
@@ -173,7 +177,8 @@ class LocalNode:
                 continue
             present = [(v.name, v.version, v.manifest.digest, v.size) for v in list_versions(root)]
             adopted, forgotten = self.state.reconcile(tier, present)
-            out[tier] = {"stale_staging_removed": removed, "adopted": adopted, "forgotten": forgotten}
+            out[tier] = {"stale_staging_removed": removed, "resumable_staging_kept": kept, "adopted": adopted,
+                         "forgotten": forgotten}
             if removed or adopted or forgotten:
                 log.info("reconciled tier=%s stale_staging=%d adopted=%d forgotten=%d", tier, removed, adopted,
                          forgotten)
@@ -317,7 +322,7 @@ class LocalNode:
             free = st.f_bavail * st.f_frsize
             if free < need:
                 raise NoSpace(tier, need, free, "the file system itself is full")
-            staging, slock = self._open_staging(spec.path, name, version, need)
+            staging, slock = self._open_staging(spec.path, name, version, need, resumable=True)
             return staging, slock, evicted
         finally:
             tlock.release()

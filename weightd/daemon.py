@@ -67,7 +67,8 @@ class Daemon:
         self.notifier = Notifier()
         self.registry = CollectorRegistry()
         disable_created_metrics()
-        self.metrics = Metrics(self.registry, self._status_cached)
+        self.metrics = Metrics(self.registry, self._status_cached,
+                               lambda: self.session.stats() if self.session is not None else {})
         self.session = None  # the P2P session, started in serve() once we own the state directory
         self.node: LocalNode = self._open_node(self.config)
         self.old_nodes: list[LocalNode] = []

@@ -24,7 +24,8 @@ LOAD_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1800)
 
 
 class Metrics:
-    def __init__(self, registry: CollectorRegistry, status: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, registry: CollectorRegistry, status: Callable[[], dict[str, Any]],
+                 p2p: Callable[[], dict[str, int]] | None = None) -> None:
         self.registry = registry
         self.loading = Histogram("weightd_weight_loading_seconds", "One preload, end to end",
                                  ["model", "tier", "source"], buckets=LOAD_BUCKETS, registry=registry)
@@ -38,9 +39,6 @@ class Metrics:
         self.preload_failures = Counter("weightd_preload_failures", "Preloads that failed", ["reason"],
                                         registry=registry)
         self.requests = Counter("weightd_api_requests", "Admin API requests", ["route", "code"], registry=registry)
-        self.p2p_up = Counter("weightd_p2p_upload_bytes", "Bytes uploaded to peers", registry=registry)
-        self.p2p_down = Counter("weightd_p2p_download_bytes", "Bytes downloaded from peers", registry=registry)
-        self.p2p_peers = Gauge("weightd_p2p_peers", "Connected peers", registry=registry)
         self.in_flight = Gauge("weightd_transfers_in_flight", "Preloads running", ["kind"], registry=registry)
         self.in_flight.labels("local")
         self.in_flight.labels("p2p")
@@ -52,6 +50,25 @@ class Metrics:
         self.start_time.set(time.time())
         registry.register(_StateCollector(status))
         registry.register(_PressureCollector())
+        registry.register(_P2PCollector(p2p or (lambda: {})))
+
+
+class _P2PCollector(Collector):
+    def __init__(self, stats: Callable[[], dict[str, int]]) -> None:
+        self.stats = stats
+
+    def collect(self) -> Iterable[Any]:
+        s = self.stats()
+        yield CounterMetricFamily("weightd_p2p_upload_bytes", "Payload bytes uploaded to peers",
+                                  value=s.get("upload_bytes", 0))
+        yield CounterMetricFamily("weightd_p2p_download_bytes", "Payload bytes downloaded from the swarm",
+                                  value=s.get("download_bytes", 0))
+        yield GaugeMetricFamily("weightd_p2p_peers", "Connected peers", value=s.get("peers", 0))
+        yield GaugeMetricFamily("weightd_p2p_seeding", "Versions being seeded", value=s.get("seeding", 0))
+        yield CounterMetricFamily("weightd_p2p_hash_failures", "Pieces from peers that failed their SHA-256 check",
+                                  value=s.get("hash_failures", 0))
+        yield CounterMetricFamily("weightd_p2p_peer_bans", "Peers banned for sending corrupt data",
+                                  value=s.get("peer_bans", 0))
 
 
 class _StateCollector(Collector):
