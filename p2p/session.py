@@ -122,9 +122,11 @@ class P2PSession:
         return out
 
     # -- seeding ------------------------------------------------------------------------------------
-    def seed(self, ti: lt.torrent_info, data_dir: Path) -> None:
+    def seed(self, ti: lt.torrent_info, data_dir: Path, *, super_seed: bool = False) -> None:
         """Seed verified data in ``data_dir`` (seed mode: pieces are hashed on first upload, so a copy
-        corrupted on disk is noticed and dropped out of seeding rather than served)."""
+        corrupted on disk is noticed and dropped out of seeding rather than served). ``super_seed``
+        (the origin): hand each peer pieces nobody else has yet, so the swarm fans them out instead of
+        the origin uploading the same rare pieces to everyone."""
         key = str(ti.info_hashes().v2)
         with self.lock:
             if key in self.seeding:
@@ -133,6 +135,8 @@ class P2PSession:
             atp.ti = ti
             atp.save_path = str(save_path_for(ti, data_dir))
             atp.flags = (atp.flags | lt.torrent_flags.seed_mode) & ~lt.torrent_flags.auto_managed & ~lt.torrent_flags.paused
+            if super_seed:
+                atp.flags |= lt.torrent_flags.super_seeding
             self.seeding[key] = self.ses.add_torrent(atp)
 
     def stop_seeding(self, ti: lt.torrent_info) -> None:

@@ -1,0 +1,170 @@
+#!/usr/bin/env python3
+"""A fleet restart over P2P: N worker daemons + an origin on 127.0.0.x, every node capped.
+
+    .venv/bin/python bench/swarm.py [--size 100MiB] [--cap 20MB] [--n 1,2,4,8]
+
+For each N: all N workers `weightd preload` one version at once (real daemons, real libtorrent,
+loopback only); reported: time until all hold the verified version, T(N)/T(1), the origin's upload
+as a multiple of the checkpoint size, and the workers' peak RSS. Baseline in the same run: the same
+N workers each downloading from the origin alone (workers' allowlists exclude one another), i.e. N
+copies through the origin's cap: the weight-loading storm the seed reports describe.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from tiering.sample import make_checkpoint  # noqa: E402
+from tiering.units import parse_size  # noqa: E402
+
+ENV = {**os.environ, "PYTHONPATH": str(REPO)}
+
+
+def free_port(ip: str) -> int:
+    with socket.socket() as s:
+        s.bind((ip, 0))
+        return s.getsockname()[1]
+
+
+class Daemon:
+    def __init__(self, base: Path, ip: str, cold: Path, cap: str, role: str, origin: str | None, allow: str) -> None:
+        self.ip, self.dir = ip, base / f"{ip}-{uuid.uuid4().hex[:6]}"
+        self.dir.mkdir(parents=True)
+        self.hot = Path(f"/dev/shm/weightd-bench-swarm-{uuid.uuid4().hex[:8]}")
+        self.port, self.mport = free_port(ip), free_port(ip)
+        self.config = self.dir / "weightd.toml"
+        self.config.write_text(
+            f'state_dir = "{self.dir}/state"\n[tiers.hot]\npath = "{self.hot}"\ncapacity = "1GiB"\n'
+            f'[tiers.warm]\npath = "{self.dir}/warm"\ncapacity = "4GiB"\n[tiers.cold]\npath = "{cold}"\n'
+            f'[api]\nsocket = "{self.dir}/weightd.sock"\n[metrics]\nlisten = "{ip}:{self.mport}"\n'
+            f'[p2p]\nthreshold = "1MiB"\nlisten = "{ip}:{self.port}"\nallow = [{allow}]\n'
+            f'upload_limit = "{cap}"\ndownload_limit = "{cap}"\nfallback_after_s = 120\n'
+            + (f'peers = ["{origin}"]\n' if origin else ""))
+        self.log = open(self.dir / "log", "w")
+        self.proc = subprocess.Popen([sys.executable, "-m", "weightd", "--config", str(self.config), "serve",
+                                      "--role", role], stdout=self.log, stderr=subprocess.STDOUT, env=ENV)
+        deadline = time.monotonic() + 60
+        while not (self.dir / "weightd.sock").exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"daemon {ip} did not start: {(self.dir / 'log').read_text()}")
+            time.sleep(0.1)
+
+    def metric(self, name: str) -> float:
+        with urllib.request.urlopen(f"http://{self.ip}:{self.mport}/metrics", timeout=30) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith(name + " ") or line.startswith(name + "{"):
+                    return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+    def rss_mb(self) -> float:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        return 0.0
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+        shutil.rmtree(self.hot, ignore_errors=True)
+
+
+def run(base: Path, cold: Path, n: int, cap: str, storm: bool, size: int) -> dict:
+    origin = Daemon(base, "127.0.0.2", cold, cap, "origin", None, '"127.0.0.0/8"')
+    workers = []
+    try:
+        for i in range(n):
+            ip = f"127.0.0.{10 + i}"
+            allow = '"127.0.0.2/32"' if storm else '"127.0.0.0/8"'  # storm: nobody but the origin
+            workers.append(Daemon(base, ip, cold, cap, "worker", f"127.0.0.2:{origin.port}", allow))
+        up0 = origin.metric("weightd_p2p_upload_bytes_total")
+        peak = [0.0]
+        stop = threading.Event()
+
+        def sample() -> None:
+            while not stop.is_set():
+                peak[0] = max([peak[0], *(w.rss_mb() for w in workers)])
+                time.sleep(0.2)
+
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        t0 = time.perf_counter()
+        procs = [subprocess.Popen([sys.executable, "-m", "weightd", "--config", str(w.config), "preload", "bench/swarm@v1",
+                                   "--tier", "warm", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  env=ENV) for w in workers]
+        reports = []
+        for p in procs:
+            out, err = p.communicate(timeout=1800)
+            if p.returncode:
+                raise SystemExit(f"preload failed: {err}")
+            reports.append(json.loads(out.splitlines()[0]))
+        wall = time.perf_counter() - t0
+        stop.set()
+        sampler.join()
+        up = origin.metric("weightd_p2p_upload_bytes_total") - up0
+        return {"n": n, "seconds": round(wall, 2), "origin_upload_x": round(up / size, 2),
+                "worker_peak_rss_mb": round(peak[0], 1),
+                "from_peers_bytes": sum(r["bytes_by_source"]["peer"] for r in reports),
+                "from_cold_bytes": sum(r["bytes_by_source"]["cold"] for r in reports)}
+    finally:
+        for d in [*workers, origin]:
+            d.stop()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", default="100MiB")
+    ap.add_argument("--cap", default="20MB", help="upload and download cap of every node (bytes/s)")
+    ap.add_argument("--n", default="1,2,4,8")
+    ap.add_argument("--dir", default="/var/tmp")
+    args = ap.parse_args()
+    base = Path(tempfile.mkdtemp(prefix="weightd-bench-swarm-", dir=args.dir))
+    try:
+        cold = base / "cold"
+        src = make_checkpoint(base / "src", total_bytes=parse_size(args.size), shards=4, layers=8, seed="swarm")
+        cfg = base / "publish.toml"
+        cfg.write_text(f'state_dir = "{base}/pubstate"\n[tiers.cold]\npath = "{cold}"\n'
+                       f'[tiers.hot]\npath = "/dev/shm/weightd-bench-pub-{os.getpid()}"\n'
+                       f'[tiers.warm]\npath = "{base}/pubwarm"\n[p2p]\nthreshold = "1MiB"\n')
+        pub = subprocess.run([sys.executable, "-m", "weightd", "--config", str(cfg), "--no-daemon", "publish", str(src),
+                              "--name", "bench/swarm", "--version", "v1", "--json"], capture_output=True, text=True,
+                             env=ENV, check=True)
+        size = json.loads(pub.stdout)["bytes"]
+        ns = [int(x) for x in args.n.split(",")]
+        swarm = [run(base, cold, n, args.cap, False, size) for n in ns]
+        storm = [run(base, cold, n, args.cap, True, size) for n in ns]
+        t1 = swarm[0]["seconds"]
+        print(json.dumps({
+            "benchmark": "swarm", "bytes": size, "cap_bytes_per_s": parse_size(args.cap),
+            "swarm": [{**r, "t_over_t1": round(r["seconds"] / t1, 2)} for r in swarm],
+            "storm_baseline": [{**r, "t_over_t1": round(r["seconds"] / storm[0]["seconds"], 2)} for r in storm],
+            "targets": {"t8_over_t1": 1.3, "origin_upload_x_at_8": 1.2, "worker_rss_mb": 200},
+        }, indent=2))
+        return 0
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+        shutil.rmtree(f"/dev/shm/weightd-bench-pub-{os.getpid()}", ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
