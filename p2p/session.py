@@ -134,9 +134,15 @@ class P2PSession:
             atp = lt.add_torrent_params()
             atp.ti = ti
             atp.save_path = str(save_path_for(ti, data_dir))
-            atp.flags = (atp.flags | lt.torrent_flags.seed_mode) & ~lt.torrent_flags.auto_managed & ~lt.torrent_flags.paused
+            # seed mode: hash each piece on first upload; upload mode: never download, so a seed whose copy
+            # rotted never rewrites the published tier copy under a server reading it (it just stops
+            # serving the bad pieces; `weightd verify` finds the copy and a re-preload replaces it)
+            atp.flags = ((atp.flags | lt.torrent_flags.seed_mode | lt.torrent_flags.upload_mode)
+                         & ~lt.torrent_flags.auto_managed & ~lt.torrent_flags.paused)
             if super_seed:
                 atp.flags |= lt.torrent_flags.super_seeding
+            atp.trackers = list(self.cfg.trackers)  # seeds announce too, so late joiners learn of them
+            # (assign the list: the binding's ``atp.trackers`` is a copy, ``.append`` would be lost)
             self.seeding[key] = self.ses.add_torrent(atp)
 
     def stop_seeding(self, ti: lt.torrent_info) -> None:
@@ -168,8 +174,7 @@ class P2PSession:
         atp.ti = ti
         atp.save_path = str(save_path_for(ti, data_dir))
         atp.flags = atp.flags & ~lt.torrent_flags.auto_managed & ~lt.torrent_flags.paused
-        for t in self.cfg.trackers:
-            atp.trackers.append(t)
+        atp.trackers = list(self.cfg.trackers)
         h = self.ses.add_torrent(atp)
         result = DownloadResult()
         t0 = last_progress = time.monotonic()

@@ -30,6 +30,9 @@ def free_port(ip: str) -> int:
         return s.getsockname()[1]
 
 
+tracker_of: dict[str, int] = {}  # origin endpoint -> its tracker port
+
+
 class Node:
     """One weightd daemon on its own 127.0.0.x with its own tiers, state and socket; shared cold."""
 
@@ -39,6 +42,10 @@ class Node:
         self.dir.mkdir(parents=True)
         self.hot = Path(f"/dev/shm/weightd-test-p2p-{uuid.uuid4().hex[:8]}")
         self.port = free_port(ip)
+        self.tracker_port = free_port(ip)
+        tracker = (f'tracker_listen = "{ip}:{self.tracker_port}"\n' if role == "origin" else
+                   f'trackers = ["http://{origin.rpartition(":")[0]}:{tracker_of[origin]}/announce"]\n'
+                   if origin and origin in tracker_of else "")
         self.config = self.dir / "weightd.toml"
         self.config.write_text(
             f'state_dir = "{self.dir}/state"\n'
@@ -49,12 +56,16 @@ class Node:
             f'[metrics]\nlisten = "{ip}:{free_port(ip)}"\n'
             f'[p2p]\nthreshold = "1MiB"\nlisten = "{ip}:{self.port}"\nallow = ["{allow}"]\n'
             f'upload_limit = "{limit}"\ndownload_limit = "{limit}"\nfallback_after_s = 4\n'
-            + (f'peers = ["{origin}"]\n' if origin else ""))
+            + (f'peers = ["{origin}"]\n' if origin else "") + tracker)
+        if role == "origin":
+            tracker_of[self.endpoint] = self.tracker_port
         self.env, self.role = env, role
         self.log = open(self.dir / "daemon.log", "a")
         self.start()
 
     def start(self) -> None:
+        if self.log.closed:
+            self.log = open(self.dir / "daemon.log", "a")
         self.proc = subprocess.Popen([sys.executable, "-m", "weightd", "-v", "--config", str(self.config), "serve",
                                       "--role", self.role], stdout=self.log, stderr=subprocess.STDOUT, env=self.env,
                                      cwd=ROOT)
@@ -202,3 +213,63 @@ def test_worker_killed_mid_download_resumes(cluster, tmp_path: Path) -> None:
     moved = r["bytes_by_source"]["origin"] + r["bytes_by_source"]["peer"]
     assert r["bytes_by_source"]["cold"] == 0 and moved < 0.85 * r["bytes"], r  # verified pieces were kept
     assert not staging.exists()
+
+
+@pytest.mark.slow
+def test_corrupt_copy_never_spreads(cluster, tmp_path: Path) -> None:
+    origin = cluster("127.0.0.2", role="origin")
+    src = make_checkpoint(tmp_path / "src", total_bytes=24 * MiB, shards=2, layers=3)
+    assert origin.cli("publish", str(src), "--name", "org/rot", "--version", "v1").returncode == 0
+    a = cluster("127.0.0.3", origin=origin.endpoint)
+    assert a.cli("preload", "org/rot@v1", "--tier", "warm").returncode == 0
+    # bit rot in A's copy, which A is now seeding
+    shard = sorted((a.dir / "warm/org/rot/v1").glob("*.safetensors"))[0]
+    data = bytearray(shard.read_bytes())
+    for off in range(4096, len(data), 1 << 20):
+        data[off] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    others = [cluster(f"127.0.0.{i}", origin=origin.endpoint) for i in (4, 5)]
+    procs = [w.popen("preload", "org/rot@v1", "--tier", "warm", "--json") for w in others]
+    for p in procs:
+        out, err = p.communicate(timeout=150)
+        assert p.returncode == 0, err  # verified against the manifest: no rotten byte reached them
+        assert json.loads(out.splitlines()[0])["bytes_by_source"]["cold"] == 0
+    assert a.cli("verify", str(a.dir / "warm/org/rot/v1")).returncode == 5  # A's copy is still the bad one
+
+
+@pytest.mark.slow
+def test_swarm_finishes_after_the_origin_dies(cluster, tmp_path: Path) -> None:
+    origin = cluster("127.0.0.2", role="origin", limit="2MB")
+    src = make_checkpoint(tmp_path / "src", total_bytes=32 * MiB, shards=2, layers=3)
+    assert origin.cli("publish", str(src), "--name", "org/orphan", "--version", "v1").returncode == 0
+    w1 = cluster("127.0.0.3", origin=origin.endpoint)
+    w1.cli("--no-daemon", "preload", "org/orphan@v1", "--tier", "warm")  # from cold: w1 holds every piece
+    w1.stop()
+    w1.start()  # and seeds it
+    late = [cluster(f"127.0.0.{i}", origin=origin.endpoint) for i in (4, 5)]
+    procs = [w.popen("preload", "org/orphan@v1", "--tier", "warm", "--json") for w in late]
+    time.sleep(6)  # the late workers met w1 through the origin (PEX); the origin now dies
+    origin.proc.kill()
+    for p in procs:
+        out, err = p.communicate(timeout=150)
+        assert p.returncode == 0, err
+        r = json.loads(out.splitlines()[0])
+        assert r["bytes_by_source"]["cold"] == 0 and r["bytes_by_source"]["peer"] > r["bytes"] / 2, r
+
+
+def test_tracker_announce() -> None:
+    import libtorrent as lt
+    from urllib.parse import quote_from_bytes
+    from p2p.tracker import Tracker
+    clock = [0.0]
+    t = Tracker(("127.0.0.0/8",), now=lambda: clock[0])
+    ih = bytes(range(20))
+    q = f"info_hash={quote_from_bytes(ih)}&peer_id=x&port=6881&left=0&compact=1"
+    assert lt.bdecode(t.announce("127.0.0.3", q))[b"peers"] == b""
+    got = lt.bdecode(t.announce("127.0.0.4", q.replace("6881", "7000")))
+    assert got[b"peers"] == socket.inet_aton("127.0.0.3") + (6881).to_bytes(2, "big")
+    assert b"failure reason" in lt.bdecode(t.announce("10.1.2.3", q))           # outside the allowlist
+    assert b"failure reason" in lt.bdecode(t.announce("127.0.0.5", "port=1"))   # no info_hash
+    assert b"failure reason" in lt.bdecode(t.announce("127.0.0.5", "info_hash=abc&port=1"))
+    clock[0] += 1000  # peers that stop announcing expire
+    assert lt.bdecode(t.announce("127.0.0.9", q))[b"peers"] == b""

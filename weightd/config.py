@@ -121,10 +121,12 @@ class P2PSettings(_Model):
     download_limit: int = 1_000_000_000
     max_connections: int = Field(default=200, ge=1)
     fallback_after_s: float = Field(default=60.0, gt=0)   # no bytes from the swarm for this long: copy from cold
+    tracker_listen: str | None = None    # origin only: serve a BitTorrent announce endpoint on IP:PORT
 
     _sizes = field_validator("threshold", "upload_limit", "download_limit", mode="before")(
         lambda v: parse_size(v))
     _listen = field_validator("listen", mode="before")(_host_port)
+    _tracker = field_validator("tracker_listen", mode="before")(lambda v: v if v is None else _host_port(v))
 
     @field_validator("peers", mode="before")
     @classmethod
@@ -304,7 +306,7 @@ def to_toml(d: Mapping[str, Any]) -> str:
     lines: list[str] = []
 
     def table(prefix: str, t: Mapping[str, Any]) -> None:
-        scalars = [(k, v) for k, v in t.items() if not isinstance(v, Mapping)]
+        scalars = [(k, v) for k, v in t.items() if not isinstance(v, Mapping) and v is not None]  # TOML has no null
         subs = [(k, v) for k, v in t.items() if isinstance(v, Mapping)]
         if prefix and scalars:
             lines.append(f"\n[{prefix}]")

@@ -376,6 +376,25 @@ class Daemon:
         except OSError as exc:
             raise WeightdError(f"metrics.listen {self.config.settings.metrics.listen}: {exc.strerror}") from None
         self.runners.append(mrunner)
+        tl = self.config.settings.p2p.tracker_listen
+        if tl and self.role == "origin":
+            from p2p.tracker import Tracker
+            tracker = Tracker(self.config.settings.p2p.allow)
+
+            async def announce(request: web.Request) -> web.Response:
+                body = tracker.announce(request.remote or "", request.rel_url.raw_query_string)
+                return web.Response(body=body, content_type="text/plain")
+            tapp = web.Application()
+            tapp.router.add_get("/announce", announce)
+            trunner = web.AppRunner(tapp, handle_signals=False, access_log=None)
+            await trunner.setup()
+            thost, _, tport = tl.rpartition(":")
+            try:
+                await web.TCPSite(trunner, thost.strip("[]"), int(tport), reuse_address=True).start()
+            except OSError as exc:
+                raise WeightdError(f"p2p.tracker_listen {tl}: {exc.strerror}") from None
+            self.runners.append(trunner)
+            log.info("tracker announce endpoint on http://%s/announce", tl)
 
         loop.add_signal_handler(signal.SIGTERM, self.stopping.set)
         loop.add_signal_handler(signal.SIGINT, self.stopping.set)
