@@ -44,11 +44,14 @@ def free_port(ip: str) -> int:
 
 
 class Daemon:
-    def __init__(self, base: Path, ip: str, cold: Path, cap: str, role: str, origin: str | None, allow: str) -> None:
+    def __init__(self, base: Path, ip: str, cold: Path, cap: str, role: str, origin: str | None, allow: str,
+                 tracker: str | None = None) -> None:
         self.ip, self.dir = ip, base / f"{ip}-{uuid.uuid4().hex[:6]}"
         self.dir.mkdir(parents=True)
         self.hot = Path(f"/dev/shm/weightd-bench-swarm-{uuid.uuid4().hex[:8]}")
-        self.port, self.mport = free_port(ip), free_port(ip)
+        self.port, self.mport, self.tport = free_port(ip), free_port(ip), free_port(ip)
+        extra = f'tracker_listen = "{ip}:{self.tport}"\n' if role == "origin" else \
+            (f'trackers = ["{tracker}"]\n' if tracker else "")
         self.config = self.dir / "weightd.toml"
         self.config.write_text(
             f'state_dir = "{self.dir}/state"\n[tiers.hot]\npath = "{self.hot}"\ncapacity = "1GiB"\n'
@@ -56,7 +59,7 @@ class Daemon:
             f'[api]\nsocket = "{self.dir}/weightd.sock"\n[metrics]\nlisten = "{ip}:{self.mport}"\n'
             f'[p2p]\nthreshold = "1MiB"\nlisten = "{ip}:{self.port}"\nallow = [{allow}]\n'
             f'upload_limit = "{cap}"\ndownload_limit = "{cap}"\nfallback_after_s = 120\n'
-            + (f'peers = ["{origin}"]\n' if origin else ""))
+            + (f'peers = ["{origin}"]\n' if origin else "") + extra)
         self.log = open(self.dir / "log", "w")
         self.proc = subprocess.Popen([sys.executable, "-m", "weightd", "--config", str(self.config), "serve",
                                       "--role", role], stdout=self.log, stderr=subprocess.STDOUT, env=ENV)
@@ -96,7 +99,8 @@ def run(base: Path, cold: Path, n: int, cap: str, storm: bool, size: int) -> dic
         for i in range(n):
             ip = f"127.0.0.{10 + i}"
             allow = '"127.0.0.2/32"' if storm else '"127.0.0.0/8"'  # storm: nobody but the origin
-            workers.append(Daemon(base, ip, cold, cap, "worker", f"127.0.0.2:{origin.port}", allow))
+            workers.append(Daemon(base, ip, cold, cap, "worker", f"127.0.0.2:{origin.port}", allow,
+                                  None if storm else f"http://127.0.0.2:{origin.tport}/announce"))
         up0 = origin.metric("weightd_p2p_upload_bytes_total")
         peak = [0.0]
         stop = threading.Event()
