@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from .hashing import open_for_read
+
 log = logging.getLogger(__name__)
 
 PAGE = mmap.PAGESIZE
@@ -240,14 +242,6 @@ def collect_files(paths: Iterable[str | os.PathLike[str]]) -> tuple[list[FileRef
     return out, skipped
 
 
-def _open(path: str) -> int:
-    flags = os.O_RDONLY | os.O_CLOEXEC
-    try:
-        return os.open(path, flags | os.O_NOATIME)
-    except PermissionError:
-        return os.open(path, flags)
-
-
 # -- residency ---------------------------------------------------------------------------------------
 
 @dataclass(slots=True)
@@ -289,7 +283,7 @@ class ResidencyReport:
 
 
 def file_residency(ref: FileRef, *, method: str | None = None) -> FileResidency:
-    fd = _open(ref.path)
+    fd = open_for_read(ref.path)
     try:
         size = os.fstat(fd).st_size
         pages, used = resident_pages(fd, 0, size, method=method)
@@ -564,7 +558,7 @@ class WarmReport:
 
 def _warm_file(ref: FileRef, bucket: TokenBucket, monitor: AwaitMonitor, report: WarmReport, lock: threading.Lock,
                progress: Callable[[int], None] | None) -> None:
-    fd = _open(ref.path)
+    fd = open_for_read(ref.path)
     try:
         size = os.fstat(fd).st_size
         if size == 0:
@@ -639,7 +633,7 @@ def warm(paths: Iterable[str | os.PathLike[str]], *, concurrency: int = 2, rate_
                 report.skipped.append(Skipped(ref.path, exc.strerror or str(exc)))
 
     if files:
-        fd = _open(files[0].path) if files[0].size else None
+        fd = open_for_read(files[0].path) if files[0].size else None
         if fd is not None:
             try:
                 if not _populate_read_supported(fd):
@@ -716,7 +710,7 @@ class LockedFiles:
         for f in files:
             if f.size == 0:
                 continue
-            fd = _open(f.path)
+            fd = open_for_read(f.path)
             try:
                 size = os.fstat(fd).st_size
                 addr = _map(fd, size, 0)
