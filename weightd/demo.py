@@ -80,6 +80,92 @@ def _demo_daemon(base: Path, config: Path) -> None:
         log.close()
 
 
+def _demo_cluster(base: Path, size: int) -> None:
+    """An origin and three workers on 127.0.0.1-4, each its own daemon, tiers and socket; one shared
+    cold storage; a checkpoint over the (demo) P2P threshold preloaded on all workers at once."""
+    import json
+    import signal
+    import socket
+    import time
+
+    def port(ip: str) -> int:
+        with socket.socket() as s:
+            s.bind((ip, 0))
+            return s.getsockname()[1]
+
+    cold = base / "cluster-cold"
+    nodes: list[tuple[str, Path, subprocess.Popen[bytes], Path]] = []
+    origin_ep = tracker = ""
+    click.secho("# 11. at cluster scale: an origin and three workers on 127.0.0.1-4 (P2P threshold 16MiB here)",
+                bold=True)
+    try:
+        for i, ip in enumerate(["127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.4"]):
+            role = "origin" if i == 0 else "worker"
+            d = base / f"node-{ip}"
+            d.mkdir(exist_ok=True)
+            hot = Path(f"/dev/shm/weightd-demo-{os.getpid()}-{i}")
+            p2p_port = port(ip)
+            extra = ""
+            if role == "origin":
+                origin_ep, tport = f"{ip}:{p2p_port}", port(ip)
+                tracker = f"http://{ip}:{tport}/announce"
+                extra = f'tracker_listen = "{ip}:{tport}"\n'
+            else:
+                extra = f'peers = ["{origin_ep}"]\ntrackers = ["{tracker}"]\n'
+            cfg = d / "weightd.toml"
+            cfg.write_text(f'state_dir = "{d}/state"\n[tiers.hot]\npath = "{hot}"\ncapacity = "25%"\n'
+                           f'[tiers.warm]\npath = "{d}/warm"\ncapacity = "10GiB"\n[tiers.cold]\npath = "{cold}"\n'
+                           f'[api]\nsocket = "{d}/weightd.sock"\n[metrics]\nlisten = "{ip}:{port(ip)}"\n'
+                           f'[p2p]\nthreshold = "16MiB"\nlisten = "{ip}:{p2p_port}"\nallow = ["127.0.0.0/8"]\n'
+                           f'upload_limit = "50MB"\ndownload_limit = "50MB"\n' + extra)
+            log = open(d / "daemon.log", "w")
+            proc = subprocess.Popen([sys.executable, "-m", "weightd", "--config", str(cfg), "serve", "--role", role],
+                                    stdout=log, stderr=log)
+            nodes.append((ip, cfg, proc, hot))
+            deadline = time.monotonic() + 30
+            while not (d / "weightd.sock").exists():
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise click.ClickException(f"{role} {ip} did not start: {(d / 'daemon.log').read_text()}")
+                time.sleep(0.1)
+            click.echo(f"  {role:<6} {ip}  p2p {ip}:{p2p_port}" + ("  (tracker " + tracker + ")" if i == 0 else ""))
+        src = make_checkpoint(base / "cluster-src", total_bytes=max(size, 48 << 20), shards=4, seed="cluster")
+        click.secho(f"$ weightd --config {nodes[0][1]} publish {src} --name demo/swarm --version v1", fg="cyan", bold=True)
+        pub = subprocess.run([sys.executable, "-m", "weightd", "--config", str(nodes[0][1]), "publish", str(src),
+                              "--name", "demo/swarm", "--version", "v1", "--json"], capture_output=True, text=True)
+        if pub.returncode:
+            raise click.ClickException(pub.stderr.strip())
+        click.echo(f"published with torrent {json.loads(pub.stdout)['torrent']}\n")
+        click.secho("$ weightd preload demo/swarm@v1 --tier warm   (on the three workers at once)", fg="cyan", bold=True)
+        t0 = time.monotonic()
+        procs = [(ip, subprocess.Popen([sys.executable, "-m", "weightd", "--config", str(cfg), "preload", "demo/swarm@v1",
+                                        "--tier", "warm", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                       text=True)) for ip, cfg, _, _ in nodes[1:]]
+        totals = dict.fromkeys(("origin", "peer", "cold", "local_reuse"), 0)
+        for ip, p in procs:
+            out, err = p.communicate(timeout=300)
+            if p.returncode:
+                raise click.ClickException(f"worker {ip}: {err.strip()}")
+            r = json.loads(out.splitlines()[0])
+            for k in totals:
+                totals[k] += r["bytes_by_source"][k]
+            b = r["bytes_by_source"]
+            click.echo(f"  worker {ip}: {r['bytes'] / 1e6:.1f} MB verified in {r['seconds']:.1f} s: "
+                       f"{b['origin'] / 1e6:.1f} MB from the origin, {b['peer'] / 1e6:.1f} MB from other workers, "
+                       f"{b['cold'] / 1e6:.1f} MB from cold")
+        click.echo(f"  all three in {time.monotonic() - t0:.1f} s; the swarm moved {totals['origin'] / 1e6:.1f} MB "
+                   f"from the origin and {totals['peer'] / 1e6:.1f} MB between workers\n")
+    finally:
+        for _, _, proc, hot in nodes:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for _, _, proc, hot in nodes:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            shutil.rmtree(hot, ignore_errors=True)
+
+
 def run_demo(workdir: str | None, size: str = "64MiB") -> None:
     own = workdir is None
     base = Path(workdir or tempfile.mkdtemp(prefix="weightd-demo-"))
@@ -143,6 +229,7 @@ def run_demo(workdir: str | None, size: str = "64MiB") -> None:
         _run(["pin", "demo/tiny-llama@v1"])
         _run(["status"])
         _demo_daemon(base, config)
+        _demo_cluster(base, parse_size(size))
         click.secho("demo complete", fg="green", bold=True)
     finally:
         _CONFIG.clear()
