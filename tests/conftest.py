@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -48,6 +49,18 @@ def weightd(isolated_env: dict[str, str]) -> Weightd:
 def ckpt(tmp_path: Path) -> Path:
     """A small 3-shard HF-style checkpoint (~6 MiB)."""
     return make_checkpoint(tmp_path / "ckpt", total_bytes=6 << 20, shards=3, layers=3, seed="v1")
+
+
+def stop_process(proc: subprocess.Popen, timeout: float = 15) -> int | None:
+    """SIGTERM, wait, and SIGKILL if it does not go: tests never leave a process behind."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
 
 
 def assert_one_line_error(proc: subprocess.CompletedProcess[str], code: int, *needles: str) -> None:

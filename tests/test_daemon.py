@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import socket
@@ -18,7 +17,7 @@ import pytest
 
 from tiering.sample import make_checkpoint
 
-from .conftest import assert_one_line_error
+from .conftest import assert_one_line_error, stop_process
 
 ROOT = Path(__file__).resolve().parent.parent
 MiB = 1 << 20
@@ -81,13 +80,7 @@ class DaemonProc:
         raise AssertionError(f"no metric {line_prefix}")
 
     def stop(self) -> int | None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
         self.log.close()
         self.notify.close()
         return self.proc.returncode
@@ -220,7 +213,6 @@ def test_watchdog_reload_and_stop(daemon, node_env) -> None:
     t0 = time.monotonic()
     assert daemon.stop() == 0
     assert time.monotonic() - t0 < 10
-    assert any("STOPPING=1" in m for m in daemon.messages) or True  # drained below
     assert not daemon.socket_path.exists()
 
 
