@@ -13,8 +13,7 @@ import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tiering import (MANIFEST_RELPATH, build_manifest, load_manifest, manifest_from_dict, verify_checkpoint,
-                     write_manifest)
+from tiering import MANIFEST_RELPATH, build_manifest, load_manifest, manifest_from_dict, write_manifest
 from tiering.errors import BadInput, FileChanged, ManifestError, UnsafePath
 from tiering.hashing import HashJob, hash_files
 from tiering.manifest import FORMAT, tree_hash

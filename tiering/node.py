@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from .build import build_manifest, verify_checkpoint
 from .copy import CopyJob, copy_files
-from .errors import (Busy, CheckpointNotFound, FileChanged, IntegrityError, NoSpace, TieringError, TimedOut,
+from .errors import (Busy, CheckpointNotFound, FileChanged, NoSpace, TieringError, TimedOut,
                      VersionConflict)
 from .inuse import processes_using
 from .layout import (COLD, HOT, LOCAL_TIERS, LOCKS, WARM, TierSpec, VersionDir, fsync_dir, list_versions,

@@ -23,6 +23,7 @@ import json
 import logging
 import mmap
 import os
+import random
 import resource
 import stat
 import threading
@@ -374,7 +375,7 @@ def read_diskstats(path: str = "/proc/diskstats") -> dict[tuple[int, int], tuple
     return out
 
 
-def probe_read_latency_ms(fd: int, size: int, buf: mmap.mmap, rng: "random.Random") -> float | None:
+def probe_read_latency_ms(fd: int, size: int, buf: mmap.mmap, rng: random.Random) -> float | None:
     """One 4 KiB O_DIRECT read at a random aligned offset: what a serving process's random read sees."""
     if size < PAGE:
         return None
@@ -483,7 +484,6 @@ class LatencyProbe:
     """4 KiB O_DIRECT probes of one file per device (none on tmpfs and other device-less file systems)."""
 
     def __init__(self, files: list["FileRef"]) -> None:
-        import random
         self.rng = random.Random()
         self.targets: list[tuple[int, int]] = []
         self.buf = mmap.mmap(-1, PAGE)  # page-aligned, as O_DIRECT needs

@@ -15,7 +15,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -27,7 +26,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from p2p.errors import P2PError
 from tiering import parse_ref
-from tiering.errors import BadInput, IntegrityError, NoSpace, TieringError
+from tiering.errors import IntegrityError, NoSpace, TieringError
 from tiering.layout import HOT, LOCAL_TIERS, WARM
 from tiering.node import LocalNode
 

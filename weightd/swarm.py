@@ -40,7 +40,10 @@ def ensure_torrent(cfg: Config, version: VersionDir) -> Path | None:
     path = version.path / TORRENT_RELPATH
     if path.is_file():
         return path
-    data = make_torrent(version.path, version.manifest)
+    try:
+        data = make_torrent(version.path, version.manifest)
+    except RuntimeError as exc:  # libtorrent's errors stop here (a file vanished or changed while hashed)
+        raise P2PError(f"{version.ref}: cannot make its torrent: {exc}") from None
     load_torrent(data, version.manifest, str(path))  # what we publish must pass our own checks
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".torrent.", suffix=".incomplete")
     with os.fdopen(fd, "wb") as fh:
