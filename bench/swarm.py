@@ -124,10 +124,16 @@ def run(base: Path, cold: Path, n: int, cap: str, storm: bool, size: int) -> dic
         wall = time.perf_counter() - t0
         stop.set()
         sampler.join()
-        up = origin.metric("weightd_p2p_upload_bytes_total") - up0
+        # libtorrent updates its byte counters once a second: read until two reads agree
+        up, prev = origin.metric("weightd_p2p_upload_bytes_total"), -1.0
+        while up != prev:
+            time.sleep(1.5)
+            up, prev = origin.metric("weightd_p2p_upload_bytes_total"), up
+        up -= up0
         return {"n": n, "seconds": round(wall, 2), "origin_upload_x": round(up / size, 2),
                 "worker_peak_rss_mb": round(peak[0], 1),
                 "from_peers_bytes": sum(r["bytes_by_source"]["peer"] for r in reports),
+                "origin_each": [round(r["bytes_by_source"]["origin"] / size, 2) for r in reports],
                 "from_cold_bytes": sum(r["bytes_by_source"]["cold"] for r in reports)}
     finally:
         for d in [*workers, origin]:
@@ -140,6 +146,8 @@ def main() -> int:
     ap.add_argument("--cap", default="20MB", help="upload and download cap of every node (bytes/s)")
     ap.add_argument("--n", default="1,2,4,8")
     ap.add_argument("--dir", default="/var/tmp")
+    ap.add_argument("--piece-size", default="1MiB",
+                    help="as many pieces per worker as a 100 GB checkpoint (16 MiB pieces) has on a 100-node fleet")
     args = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="weightd-bench-swarm-", dir=args.dir))
     try:
@@ -148,7 +156,8 @@ def main() -> int:
         cfg = base / "publish.toml"
         cfg.write_text(f'state_dir = "{base}/pubstate"\n[tiers.cold]\npath = "{cold}"\n'
                        f'[tiers.hot]\npath = "/dev/shm/weightd-bench-pub-{os.getpid()}"\n'
-                       f'[tiers.warm]\npath = "{base}/pubwarm"\n[p2p]\nthreshold = "1MiB"\n')
+                       f'[tiers.warm]\npath = "{base}/pubwarm"\n[p2p]\nthreshold = "1MiB"\n'
+                       f'piece_size = "{args.piece_size}"\n')
         pub = subprocess.run([sys.executable, "-m", "weightd", "--config", str(cfg), "--no-daemon", "publish", str(src),
                               "--name", "bench/swarm", "--version", "v1", "--json"], capture_output=True, text=True,
                              env=ENV, check=True)

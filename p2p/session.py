@@ -21,6 +21,7 @@ from typing import Callable
 import libtorrent as lt
 
 from .errors import P2PError, TransferStalled
+from .plan import PiecePlan
 from .torrent import save_path_for
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,31 @@ def _ip_filter(allow: tuple[str, ...]) -> lt.ip_filter:
     return f
 
 
+_LOCAL_NETS = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16", "127.0.0.0/8", "::1/128",
+               "fe80::/10", "fc00::/7")
+
+
+def _class_filter(origin_ips: set[str], origin_class: int) -> lt.ip_filter:
+    """libtorrent's default peer classes (global for everyone, local for LAN and loopback instead),
+    plus the origin class for the origin addresses."""
+    f = lt.ip_filter()
+    glob, local = 1 << lt.session.global_peer_class_id, 1 << lt.session.local_peer_class_id
+    f.add_rule("0.0.0.0", "255.255.255.255", glob)
+    f.add_rule("::", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff", glob)
+    for cidr in _LOCAL_NETS:
+        net = ipaddress.ip_network(cidr)
+        f.add_rule(str(net[0]), str(net[-1]), local)
+    for ip in sorted(origin_ips):
+        try:
+            addr = ipaddress.ip_address(ip)
+        except ValueError:
+            continue  # a host name: libtorrent resolves it, the origin then simply has no class of its own
+        base = local if any(addr in ipaddress.ip_network(c) for c in _LOCAL_NETS if
+                            ipaddress.ip_network(c).version == addr.version) else glob
+        f.add_rule(str(addr), str(addr), base | (1 << origin_class))
+    return f
+
+
 def _endpoint(s: str) -> tuple[str, int]:
     host, _, port = s.rpartition(":")
     return host.strip("[]"), int(port)
@@ -81,6 +107,9 @@ class P2PSession:
             "alert_queue_size": 10000,
             "user_agent": "weightd/0.1", "peer_fingerprint": "-WD0100-",
             "aio_threads": 4, "hashing_threads": 2,
+            # a worker waiting for a slice owner is briefly "finished" (upload only): keep its
+            # connections to seeds, the plan will want pieces from them again in a moment
+            "close_redundant_connections": False,
         }
         if host not in ("0.0.0.0", "::"):
             settings["outgoing_interfaces"] = host
@@ -94,6 +123,11 @@ class P2PSession:
         local = {"upload_limit": cfg.upload_limit, "download_limit": cfg.download_limit, "label": "local"}
         self.ses.set_peer_class(lt.session.local_peer_class_id, local)
         self.ses.set_ip_filter(_ip_filter(cfg.allow))
+        # the origins get a class of their own, so a worker whose own slice of the piece plan is done can
+        # slow its pulls from the origin and take the rest from the other workers
+        self.origin_class = self.ses.create_peer_class("origin")
+        self.ses.set_peer_class_filter(_class_filter({_endpoint(p)[0] for p in cfg.peers}, self.origin_class))
+        self.active_downloads = 0
         self.lock = threading.Lock()
         self.seeding: dict[str, lt.torrent_handle] = {}
         self.counters = {"hash_failures": 0, "peer_bans": 0, "blocked": 0, "downloaded": 0, "uploaded_gone": 0}
@@ -163,12 +197,53 @@ class P2PSession:
                 "hash_failures": self.counters["hash_failures"], "peer_bans": self.counters["peer_bans"],
                 "seeding": len(statuses)}
 
+    def _apply_plan(self, h: lt.torrent_handle, planner: PiecePlan, st: lt.torrent_status,
+                    origin_ips: set[str], now: float, progressed: bool, current: list[int] | None) -> list[int]:
+        workers: dict[str, list[bool]] = {}
+        seeds, self_ip = 0, _endpoint(self.cfg.listen)[0]
+        for pi in h.get_peer_info():
+            ip = pi.ip[0]
+            if ip in origin_ips:
+                continue
+            local = pi.local_endpoint()
+            if local and local[0] not in ("0.0.0.0", "::"):
+                self_ip = local[0]
+            if pi.flags & lt.peer_info.seed:
+                seeds += 1
+            else:
+                workers[ip] = list(pi.pieces)
+        have = list(st.pieces)
+        prio = planner.priorities(have, self_ip, workers, seeds, now, progressed)
+        # own slice done, peers to take the rest from: pull from the origin only at a trickle (what is
+        # already asked of it still arrives; the origin's upload goes to workers still on their slice)
+        own_done = bool(workers) and not planner.open_all and all(have[p] for p in planner.slice_of(self_ip, list(workers)))
+        if self.active_downloads == 1:
+            limit = max(self.cfg.download_limit // 16, 256 << 10) if own_done else 0
+            if limit != planner.origin_limit:
+                self.ses.set_peer_class(self.origin_class, {"download_limit": limit})
+                planner.origin_limit = limit
+        if prio != current:
+            h.prioritize_pieces(prio)
+        return prio
+
+    @staticmethod
+    def _sample_peers(h: lt.torrent_handle, result: DownloadResult) -> None:
+        # by IP (one node per address): a peer can hold two connections for a moment, and an incoming
+        # connection shows an ephemeral port
+        now: dict[str, int] = {}
+        for pi in h.get_peer_info():
+            now[pi.ip[0]] = now.get(pi.ip[0], 0) + pi.total_download
+        for ip, n in now.items():
+            result.bytes_by_peer[ip] = max(result.bytes_by_peer.get(ip, 0), n)
+
     # -- downloading ----------------------------------------------------------------------------------
     def download(self, ti: lt.torrent_info, data_dir: Path, *, peers: tuple[str, ...] = (),
-                 stall_s: float = 60.0, timeout_s: float | None = None,
+                 stall_s: float = 60.0, timeout_s: float | None = None, plan: bool = True,
                  progress: Callable[[int], None] | None = None) -> DownloadResult:
-        """Download into ``data_dir`` from the swarm (starting at ``peers``); pieces are checked by
-        libtorrent. Raises TransferStalled if nothing arrives for ``stall_s``."""
+        """Download into ``data_dir`` from the swarm (starting at ``peers``, the origins); pieces are
+        checked by libtorrent. With ``plan`` the pieces are requested by a PiecePlan (each worker
+        takes its own slice from the origin, the rest from other workers). Raises TransferStalled if
+        nothing arrives for ``stall_s``."""
         data_dir.mkdir(parents=True, exist_ok=True)
         atp = lt.add_torrent_params()
         atp.ti = ti
@@ -176,9 +251,13 @@ class P2PSession:
         atp.flags = atp.flags & ~lt.torrent_flags.auto_managed & ~lt.torrent_flags.paused
         atp.trackers = list(self.cfg.trackers)
         h = self.ses.add_torrent(atp)
+        self.active_downloads += 1
         result = DownloadResult()
         t0 = last_progress = time.monotonic()
         last_done = reported = 0
+        origin_ips = {_endpoint(p)[0] for p in peers}
+        planner = PiecePlan(ti.num_pieces()) if plan and origin_ips else None
+        next_plan, planned_done, current = 0.0, -1, None
         fails0, bans0 = self.counters["hash_failures"], self.counters["peer_bans"]
         try:
             next_connect = 0.0
@@ -197,20 +276,23 @@ class P2PSession:
                         result.banned.append(str(a.endpoint))
                     if isinstance(a, (lt.torrent_error_alert, lt.file_error_alert)):
                         raise P2PError(f"P2P download failed: {a.message()}")
-                for pi in h.get_peer_info():
-                    key = f"{pi.ip[0]}:{pi.ip[1]}"
-                    result.bytes_by_peer[key] = max(result.bytes_by_peer.get(key, 0), pi.total_download)
-                st = h.status()
-                if st.total_wanted_done > last_done:
-                    last_done, last_progress = st.total_wanted_done, now
+                self._sample_peers(h, result)
+                st = h.status(lt.torrent_handle.query_pieces if planner else 0)
+                if st.total_done > last_done:
+                    last_done, last_progress = st.total_done, now
                     if progress is not None:
-                        progress(st.total_wanted_done - reported)
-                        reported = st.total_wanted_done
-                if st.is_finished or st.is_seeding:
+                        progress(st.total_done - reported)
+                        reported = st.total_done
+                if st.is_seeding or (not planner and st.is_finished):
                     break
+                if planner is not None and now >= next_plan \
+                        and st.state in (lt.torrent_status.downloading, lt.torrent_status.finished):
+                    current = self._apply_plan(h, planner, st, origin_ips, now, st.total_done > planned_done,
+                                               current)
+                    planned_done, next_plan = st.total_done, now + 0.25
                 if now - last_progress > stall_s:
                     raise TransferStalled(f"no peer delivered for {stall_s:.0f} s "
-                                          f"({st.total_wanted_done} of {st.total_wanted} bytes)")
+                                          f"({st.total_done} of {ti.total_size()} bytes)")
                 if timeout_s is not None and now - t0 > timeout_s:
                     raise TransferStalled(f"P2P download did not finish in {timeout_s:.0f} s")
             # a finished torrent may not be on disk yet: flush and wait for it
@@ -220,9 +302,7 @@ class P2PSession:
                 self.ses.wait_for_alert(200)
                 if any(isinstance(a, lt.cache_flushed_alert) for a in self._drain_alerts()):
                     break
-            for pi in h.get_peer_info():
-                key = f"{pi.ip[0]}:{pi.ip[1]}"
-                result.bytes_by_peer[key] = max(result.bytes_by_peer.get(key, 0), pi.total_download)
+            self._sample_peers(h, result)
             # per-peer counters vanish when peers disconnect at completion: scale the sampled shares
             # to libtorrent's exact payload total
             total = h.status().total_payload_download
@@ -230,11 +310,13 @@ class P2PSession:
             if sampled and total:
                 result.bytes_by_peer = {k: round(v * total / sampled) for k, v in result.bytes_by_peer.items()}
             elif total:  # finished between two samples: only the peers we were told about were seen
-                others = set(result.bytes_by_peer) - set(peers)
-                result.bytes_by_peer = {peers[0] if peers and not others else "unattributed": total}
+                others = set(result.bytes_by_peer) - origin_ips
+                result.bytes_by_peer = {_endpoint(peers[0])[0] if peers and not others else "unattributed": total}
             self.counters["downloaded"] += total
             self.counters["uploaded_gone"] += h.status().all_time_upload
         finally:
+            self.active_downloads -= 1
+            self.ses.set_peer_class(self.origin_class, {"download_limit": 0})
             self.ses.remove_torrent(h)
         result.seconds = time.monotonic() - t0
         result.hash_failures = self.counters["hash_failures"] - fails0

@@ -67,6 +67,8 @@ def test_file_overrides_only_what_it_sets(no_system_config: Path, tmp_path: Path
     ('[p2p]\nallow = ["10.0.0.0/33"]', "p2p.allow", "CIDR"),
     ('[p2p]\ntrackers = ["ftp://x"]', "p2p.trackers", "URL"),
     ('[warm]\nconcurrency = 0', "warm.concurrency", "greater than"),
+    ('[p2p]\npiece_size = "3MiB"', "p2p.piece_size", "power of two"),
+    ('[p2p]\npiece_size = "1GiB"', "p2p.piece_size", "power of two"),
     ('[tiers.hot]\nlow_watermark = "99%"', "tiers.hot", "low_watermark"),
     ('[metrics]\nlisten = "1.2.3.4:99999"', "metrics.listen", "IP:PORT"),
 ])

@@ -38,7 +38,7 @@ class Node:
     """One weightd daemon on its own 127.0.0.x with its own tiers, state and socket; shared cold."""
 
     def __init__(self, base: Path, ip: str, cold: Path, *, role: str = "worker", origin: str | None = None,
-                 allow: str = "127.0.0.0/8", env: dict[str, str], limit: str = "40MB") -> None:
+                 allow: str = "127.0.0.0/8", env: dict[str, str], limit: str = "40MB", p2p_extra: str = "") -> None:
         self.ip, self.dir = ip, base / f"node-{ip}"
         self.dir.mkdir(parents=True)
         self.hot = Path(f"/dev/shm/weightd-test-p2p-{uuid.uuid4().hex[:8]}")
@@ -57,7 +57,7 @@ class Node:
             f'[metrics]\nlisten = "{ip}:{free_port(ip)}"\n'
             f'[p2p]\nthreshold = "1MiB"\nlisten = "{ip}:{self.port}"\nallow = ["{allow}"]\n'
             f'upload_limit = "{limit}"\ndownload_limit = "{limit}"\nfallback_after_s = 4\n'
-            + (f'peers = ["{origin}"]\n' if origin else "") + tracker)
+            + (f'peers = ["{origin}"]\n' if origin else "") + tracker + p2p_extra)
         if role == "origin":
             tracker_of[self.endpoint] = self.tracker_port
         self.env, self.role = env, role
@@ -151,28 +151,33 @@ def test_two_sessions_transfer_and_allowlist(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_origin_and_three_workers_preload_at_once(cluster, tmp_path: Path) -> None:
-    origin = cluster("127.0.0.2", role="origin")
-    src = make_checkpoint(tmp_path / "src", total_bytes=24 * MiB, shards=3, layers=3)
+def test_origin_and_four_workers_preload_at_once(cluster, tmp_path: Path) -> None:
+    """Every node capped at 10 MB/s: the piece plan makes the workers fan the origin's pieces out to one
+    another, so the origin sends the checkpoint about once (stock libtorrent: ~1.8x at four workers,
+    a storm from the origin alone: 4x)."""
+    origin = cluster("127.0.0.2", role="origin", limit="10MB", p2p_extra='piece_size = "1MiB"\n')
+    src = make_checkpoint(tmp_path / "src", total_bytes=32 * MiB, shards=4, layers=4)
     pub = origin.cli("publish", str(src), "--name", "org/swarm", "--version", "v1", "--json")
     assert pub.returncode == 0, pub.stderr
     assert json.loads(pub.stdout)["torrent"] and (tmp_path / "cold/org/swarm/v1" / TORRENT_RELPATH).is_file()
-    workers = [cluster(f"127.0.0.{i}", origin=origin.endpoint) for i in (3, 4, 5)]
+    workers = [cluster(f"127.0.0.{i}", origin=origin.endpoint, limit="10MB") for i in (3, 4, 5, 6)]
     procs = [w.popen("preload", "org/swarm@v1", "--tier", "warm", "--json", "--timeout", "120") for w in workers]
     reports = []
     for p in procs:
         out, err = p.communicate(timeout=150)
         assert p.returncode == 0, err
         reports.append(json.loads(out.splitlines()[0]))
-    digests = {r["digest"] for r in reports}
-    assert len(digests) == 1
+    assert len({r["digest"] for r in reports}) == 1
+    size = reports[0]["bytes"]
     for r in reports:
         by = r["bytes_by_source"]
-        # libtorrent's payload total includes redundant blocks (end-game duplicates: seen up to 11%)
-        assert by["cold"] == 0 and r["bytes"] <= by["origin"] + by["peer"] <= 1.3 * r["bytes"], r
+        # libtorrent's payload total includes redundant blocks (end-game duplicates)
+        assert by["cold"] == 0 and size <= by["origin"] + by["peer"] <= 1.3 * size, r
         assert r["fallback"] is None
-    # the workers also traded among themselves (PEX), or at least the origin served them all
-    assert sum(r["bytes_by_source"]["origin"] for r in reports) <= 3 * reports[0]["bytes"]
+    from_origin = sum(r["bytes_by_source"]["origin"] for r in reports)
+    assert from_origin <= 1.5 * size, [r["bytes_by_source"] for r in reports]
+    for w in workers:  # byte-identical, verified copies
+        assert w.cli("verify", str(w.dir / "warm/org/swarm/v1")).returncode == 0
 
 
 def test_outsider_falls_back_to_cold(cluster, tmp_path: Path) -> None:

@@ -122,6 +122,15 @@ class P2PSettings(_Model):
     max_connections: int = Field(default=200, ge=1)
     fallback_after_s: float = Field(default=60.0, gt=0)   # no bytes from the swarm for this long: copy from cold
     tracker_listen: str | None = None    # origin only: serve a BitTorrent announce endpoint on IP:PORT
+    piece_size: int = 0                  # torrent piece size at publish; 0 = by checkpoint size
+
+    @field_validator("piece_size", mode="before")
+    @classmethod
+    def _piece_size(cls, v: Any) -> int:
+        n = 0 if v in (0, "auto") else parse_size(v)
+        if n and (n < (16 << 10) or n > (64 << 20) or n & (n - 1)):
+            raise ValueError("expected 'auto' or a power of two from 16KiB to 64MiB")
+        return n
 
     _sizes = field_validator("threshold", "upload_limit", "download_limit", mode="before")(
         lambda v: parse_size(v))

@@ -41,7 +41,7 @@ def ensure_torrent(cfg: Config, version: VersionDir) -> Path | None:
     if path.is_file():
         return path
     try:
-        data = make_torrent(version.path, version.manifest)
+        data = make_torrent(version.path, version.manifest, piece_size=cfg.settings.p2p.piece_size or None)
     except RuntimeError as exc:  # libtorrent's errors stop here (a file vanished or changed while hashed)
         raise P2PError(f"{version.ref}: cannot make its torrent: {exc}") from None
     load_torrent(data, version.manifest, str(path))  # what we publish must pass our own checks
