@@ -44,6 +44,7 @@ class DownloadResult:
     seconds: float = 0.0
     hash_failures: int = 0
     banned: list[str] = field(default_factory=list)
+    local_bytes: int = -1    # bytes that passed libtorrent's check before any download (prefill, resume)
 
     def split(self, origins: set[str]) -> tuple[int, int]:
         """(bytes from origins, bytes from other peers)."""
@@ -278,6 +279,9 @@ class P2PSession:
                         raise P2PError(f"P2P download failed: {a.message()}")
                 self._sample_peers(h, result)
                 st = h.status(lt.torrent_handle.query_pieces if planner else 0)
+                if result.local_bytes < 0 and st.state in (lt.torrent_status.downloading, lt.torrent_status.finished,
+                                                           lt.torrent_status.seeding):
+                    result.local_bytes = st.total_done - st.total_payload_download
                 if st.total_done > last_done:
                     last_done, last_progress = st.total_done, now
                     if progress is not None:
@@ -319,6 +323,7 @@ class P2PSession:
             self.ses.set_peer_class(self.origin_class, {"download_limit": 0})
             self.ses.remove_torrent(h)
         result.seconds = time.monotonic() - t0
+        result.local_bytes = max(0, result.local_bytes)
         result.hash_failures = self.counters["hash_failures"] - fails0
         del bans0
         return result

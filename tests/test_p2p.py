@@ -277,3 +277,32 @@ def test_tracker_announce() -> None:
     assert b"failure reason" in lt.bdecode(t.announce("127.0.0.5", "info_hash=abc&port=1"))
     clock[0] += 1000  # peers that stop announcing expire
     assert lt.bdecode(t.announce("127.0.0.9", q))[b"peers"] == b""
+
+
+@pytest.mark.slow
+def test_delta_update_over_p2p_moves_only_changed_pieces(cluster, tmp_path: Path) -> None:
+    """A worker holding v1 preloads v2 (three tensors changed) from the swarm: the staged files are
+    pre-filled with v1's bytes, libtorrent's check passes their pieces, only changed pieces move."""
+    from tiering.sample import mutate_tensor
+    origin = cluster("127.0.0.2", role="origin", p2p_extra='piece_size = "1MiB"\n')
+    a = make_checkpoint(tmp_path / "a", total_bytes=32 * MiB, shards=2, layers=4, seed="p2p-delta")
+    b = tmp_path / "b"
+    shutil.copytree(a, b)
+    ma = build_manifest(a)
+    changed = [(f, t) for f, t in ma.tensors() if t.nbytes > (256 << 10)][::6][:3]
+    for f, t in changed:
+        mutate_tensor(b / f.path, t.name)
+    for d, v in ((a, "v1"), (b, "v2")):
+        assert origin.cli("publish", str(d), "--name", "org/delta", "--version", v).returncode == 0
+    w = cluster("127.0.0.3", origin=origin.endpoint)
+    assert w.cli("preload", "org/delta@v1", "--tier", "warm").returncode == 0
+    proc = w.cli("preload", "org/delta@v2", "--tier", "warm", "--json")
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(proc.stdout.splitlines()[0])
+    by = r["bytes_by_source"]
+    nbytes = sum(t.nbytes for _, t in changed)
+    moved = by["origin"] + by["peer"]
+    assert by["cold"] == 0 and r["fallback"] is None, r
+    assert nbytes <= moved <= nbytes + len(changed) * 2 * MiB, r   # changed bytes + the pieces they touch
+    assert by["local_reuse"] >= r["bytes"] - moved - len(changed) * 2 * MiB, r
+    assert w.cli("verify", r["path"]).returncode == 0

@@ -19,6 +19,8 @@ from typing import Any, Callable
 
 from .build import build_manifest, verify_checkpoint
 from .copy import CopyJob, copy_files
+from .delta import Donor, plan_delta
+from .delta import build as build_delta
 from .errors import (Busy, CheckpointNotFound, FileChanged, NoSpace, TieringError, TimedOut,
                      VersionConflict)
 from .inuse import processes_using
@@ -35,9 +37,10 @@ from .state import State
 
 log = logging.getLogger(__name__)
 ProgressFn = Callable[[int], None]
-# fetch(source, staging, report, deadline, progress) -> True if it filled staging (bytes counted in
-# report.bytes_by_source), False to let the next source try; it must leave staging as it found it then
-Fetcher = Callable[["VersionDir", Path, "PreloadReport", "float | None", "ProgressFn | None"], bool]
+# fetch(source, staging, report, deadline, progress, delta) -> True if it filled staging (bytes counted in
+# report.bytes_by_source), False to let the next source try; it must leave staging as it found it then.
+# ``delta``: a DeltaPlan of local donor bytes to reuse, or None.
+Fetcher = Callable[..., bool]
 SOURCES = ("local_reuse", "peer", "origin", "cold")
 DEFAULT_LEASE_S = 600.0
 
@@ -74,6 +77,7 @@ class PreloadReport:
     lease_expires_at: float | None = None
     resident_bytes: int = 0
     warm_seconds: float = 0.0
+    delta: dict[str, Any] | None = None   # donors used, bytes planned and refetched (a delta update)
 
     @property
     def bytes_moved(self) -> int:
@@ -87,7 +91,7 @@ class PreloadReport:
                 "seconds": round(self.seconds, 4), "lease_expires_at": self.lease_expires_at,
                 "resident_bytes": self.resident_bytes,
                 "resident_percent": round(100 * self.resident_bytes / self.bytes, 2) if self.bytes else 100.0,
-                "warm_seconds": round(self.warm_seconds, 4)}
+                "warm_seconds": round(self.warm_seconds, 4), "delta": self.delta}
 
 
 class LocalNode:
@@ -459,9 +463,32 @@ class LocalNode:
         if cold is not None and cold.manifest.digest == m.digest:
             sources.append(("cold", cold.path))
         if cold is not None and not any(label == "local_reuse" for label, _ in sources):
-            for fetch in self.fetchers:  # no local copy: the swarm before a plain copy from cold
-                if fetch(cold, staging, report, deadline, progress):
+            # no local copy: other local versions lend what they share with this one (a delta update),
+            # then the swarm, then a copy from cold
+            donors, held = self._donors(tier, name, version)
+            try:
+                plan = plan_delta(m, donors) if donors else None
+                if plan is not None and plan.reuse_bytes == 0:
+                    plan = None
+                if plan is not None:
+                    report.delta = {"donors": [donors[i].ref for i in plan.donors_used()],
+                                    "planned_reuse_bytes": plan.reuse_bytes, "refetched": []}
+                for fetch in self.fetchers:
+                    if fetch(cold, staging, report, deadline, progress, plan):
+                        return
+                if plan is not None:
+                    self._clear(staging)
+                    r = build_delta(plan, staging, cold.path, threads=self.copy_threads, deadline=deadline,
+                                    progress=progress)
+                    report.bytes_by_source["local_reuse"] += r.reused
+                    report.bytes_by_source["cold"] += r.fetched
+                    report.delta["refetched"] = r.donor_failures
+                    for why in r.donor_failures:
+                        log.warning("donor bytes rejected, fetched instead name=%s version=%s: %s", name, version, why)
                     return
+            finally:
+                for lk in held:
+                    lk.release()
         if not sources:
             raise CheckpointNotFound(f"{name}@{version}", "no complete copy to read from")
         last_error: Exception | None = None
@@ -473,8 +500,7 @@ class LocalNode:
                 except TimedOut:
                     continue
             try:
-                for child in staging.iterdir():
-                    shutil.rmtree(child) if child.is_dir() else child.unlink()
+                self._clear(staging)
                 jobs = [CopyJob(str(base / f.path), str(staging / f.path), f.size, f.mode) for f in m.files]
                 copy_files(jobs, threads=self.copy_threads, progress=progress, deadline=deadline)
                 report.bytes_by_source[label] += m.total_bytes
@@ -487,6 +513,33 @@ class LocalNode:
                     shared.release()
         assert last_error is not None
         raise CheckpointNotFound(f"{name}@{version}", f"every source vanished during the copy ({last_error})")
+
+    @staticmethod
+    def _clear(staging: Path) -> None:
+        for child in staging.iterdir():
+            shutil.rmtree(child) if child.is_dir() else child.unlink()
+
+    def _donors(self, tier: str, name: str, version: str) -> tuple[list[Donor], list[FileLock]]:
+        """Every complete local version but the target, the staging tier's first (copy_file_range can
+        share extents within a file system), each held with a shared lock so it cannot be evicted
+        while it lends bytes (one that cannot be locked at once is skipped)."""
+        donors: list[Donor] = []
+        held: list[FileLock] = []
+        for t in [tier] + [x for x in LOCAL_TIERS if x != tier]:
+            for v in list_versions(self.tiers[t].path):
+                if (v.name, v.version) == (name, version):
+                    continue
+                lk = self._lock(t, v.name, v.version)
+                try:
+                    lk.acquire(0, shared=True)
+                except TimedOut:
+                    continue
+                if read_version(self.tiers[t].path, v.name, v.version) is None:  # evicted meanwhile
+                    lk.release()
+                    continue
+                held.append(lk)
+                donors.append(Donor(f"{v.name}@{v.version}", v.path, v.manifest))
+        return donors, held
 
     # -- queries and admin ----------------------------------------------------------------------------
     def path(self, name: str, version: str | None = None) -> tuple[str, Path]:

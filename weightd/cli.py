@@ -130,11 +130,18 @@ def _manifest_of(arg: str, threads: int | None) -> tuple[Manifest, str]:
 @click.argument("a")
 @click.argument("b")
 @click.option("--json", "as_json", is_flag=True, help="Print the diff as JSON.")
+@click.option("--plan", "show_plan", is_flag=True,
+              help="Show the delta plan: which byte ranges of B are taken from A, which are fetched.")
+@click.option("--piece-size", default="auto", metavar="SIZE",
+              help="P2P piece size for the --plan estimate (default: B's, else chosen from its size).")
 @click.option("--threads", type=click.IntRange(1, 64))
-def manifest_diff(a: str, b: str, as_json: bool, threads: int | None) -> None:
+def manifest_diff(a: str, b: str, as_json: bool, show_plan: bool, piece_size: str, threads: int | None) -> None:
     """What changed from A to B (manifest files or checkpoint directories)."""
     ma, la = _manifest_of(a, threads)
     mb, lb = _manifest_of(b, threads)
+    if show_plan:
+        _print_plan(ma, la, mb, lb, piece_size, as_json)
+        return
     d = diff_manifests(ma, mb)
     if as_json:
         emit_json({"a": la, "b": lb, **d.to_dict()})
@@ -156,6 +163,42 @@ def manifest_diff(a: str, b: str, as_json: bool, threads: int | None) -> None:
     pct = 100 * d.changed_bytes / d.total_bytes if d.total_bytes else 0.0
     click.echo(f"changed bytes: {d.changed_bytes} ({format_bytes(d.changed_bytes)}, {pct:.2f}% of "
                f"{format_bytes(d.total_bytes)})")
+
+
+def _print_plan(ma: Manifest, la: str, mb: Manifest, lb: str, piece_size: str, as_json: bool) -> None:
+    from p2p.torrent import piece_size_for
+    from tiering import parse_size
+    from tiering.delta import Donor, plan_delta
+    try:
+        piece = (mb.piece_size or piece_size_for(mb.total_bytes)) if piece_size == "auto" else parse_size(piece_size)
+    except ValueError as exc:
+        raise UsageError(f"--piece-size: {exc}") from None
+    if piece <= 0:
+        raise UsageError("--piece-size: must be positive")
+    plan = plan_delta(mb, [Donor(la, Path(la), ma)])  # (the donor's path is only shown, never read)
+    regions = sum(len(f.regions(False)) for f in plan.files)
+    p2p = plan.piece_bytes(piece)
+    if as_json:
+        emit_json({"a": la, "b": lb, **plan.to_dict(), "fetch_regions": regions,
+                   "p2p": {"piece_size": piece, "bytes": p2p}})
+        return
+    total = plan.total_bytes or 1
+    click.echo(f"B {lb}: {mb.digest}, {len(mb.files)} files, {format_bytes(mb.total_bytes)}")
+    click.echo(f"donor A {la}: {ma.digest}")
+    for f in plan.files:
+        if f.fetch_bytes == 0:
+            how = "reuse all" if f.reuse_bytes or not f.entry.size else "empty"
+        elif f.reuse_bytes == 0:
+            how = "fetch all"
+        else:
+            how = (f"reuse {format_bytes(f.reuse_bytes)}, fetch {format_bytes(f.fetch_bytes)} in "
+                   f"{len(f.regions(False))} range(s)")
+        click.echo(f"  {f.entry.path}  {format_bytes(f.entry.size)}  {how}")
+    click.echo(f"reuse {plan.reuse_bytes} ({format_bytes(plan.reuse_bytes)}, {100 * plan.reuse_bytes / total:.2f}%)")
+    click.echo(f"fetch from cold {plan.fetch_bytes} ({format_bytes(plan.fetch_bytes)}, "
+               f"{100 * plan.fetch_bytes / total:.2f}%) in {regions} range(s)")
+    click.echo(f"fetch over P2P {p2p} ({format_bytes(p2p)}, {100 * p2p / total:.2f}%) with "
+               f"{format_bytes(piece)} pieces")
 
 
 # -- verify ---------------------------------------------------------------------------------------
@@ -349,8 +392,14 @@ def preload(app: AppContext, ref: str, tier: str, strict: bool, lease_s: float, 
         click.echo(f"{who}: already in {r['tier']}, 0 bytes moved", err=True)
     else:
         moved = ", ".join(f"{format_bytes(v)} from {k}" for k, v in r["bytes_by_source"].items() if v)
+        delta = r.get("delta")
+        net = r["bytes_moved"] - r["bytes_by_source"]["local_reuse"]
         click.echo(f"{who}: {moved} into {r['tier']} in {r['seconds']:.2f} s"
+                   + (f"; delta update from {', '.join(delta['donors'])}: {format_bytes(net)} moved of "
+                      f"{format_bytes(r['bytes'])} ({100 * net / max(1, r['bytes']):.1f}%)" if delta else "")
                    + (f"; evicted {', '.join(r['evicted'])}" if r["evicted"] else ""), err=True)
+        for why in (delta or {}).get("refetched", []):
+            click.echo(f"weightd: warning: donor bytes failed their check and were fetched instead: {why}", err=True)
     click.echo(r["path"])
 
 

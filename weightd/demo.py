@@ -186,12 +186,14 @@ def run_demo(workdir: str | None, size: str = "64MiB") -> None:
         _run(["manifest", "build", str(v1)])
         click.secho("# 3. verify the checkpoint against it", bold=True)
         _run(["verify", str(v1)])
-        click.secho("# 4. version 2 changes one tensor: the diff names it and counts the bytes", bold=True)
+        click.secho("# 4. version 2 fine-tunes three tensors: the diff names them and counts the bytes", bold=True)
         shutil.copytree(v1, v2, ignore=shutil.ignore_patterns(".weightd"))
-        changed = "model.layers.1.mlp.up_proj.weight"
-        shard = next(p for p in sorted(v2.glob("*.safetensors")) if changed.encode() in p.read_bytes()[:1 << 16])
-        nbytes = mutate_tensor(shard, changed, seed="v2")
-        click.echo(f"changed {changed} in {shard.name} ({nbytes} bytes)\n")
+        for changed in ("model.layers.0.self_attn.o_proj.weight", "model.layers.1.mlp.up_proj.weight",
+                        "model.layers.3.mlp.down_proj.weight"):
+            shard = next(p for p in sorted(v2.glob("*.safetensors")) if changed.encode() in p.read_bytes()[:1 << 16])
+            nbytes = mutate_tensor(shard, changed, seed="v2")
+            click.echo(f"changed {changed} in {shard.name} ({nbytes} bytes)")
+        click.echo()
         _run(["manifest", "build", str(v2)])
         _run(["manifest", "diff", str(v1), str(v2)])
         click.secho("# 5. bit rot: one flipped byte in v1 is found and named (exit 5)", bold=True)
@@ -224,7 +226,10 @@ def run_demo(workdir: str | None, size: str = "64MiB") -> None:
         click.secho("# 8. the same again moves nothing; 'path' is what a server is pointed at", bold=True)
         _run(["preload", "demo/tiny-llama@v1"])
         _run(["path", "demo/tiny-llama@v1"])
-        click.secho("# 9. no version: the latest published (v2)", bold=True)
+        click.secho("# 9. an update: v2 (no version = the latest) reuses every unchanged tensor of v1 already "
+                    "on the node; only the changed bytes are read from cold", bold=True)
+        _run(["manifest", "diff", str(base / "cold/demo/tiny-llama/v1"), str(base / "cold/demo/tiny-llama/v2"),
+              "--plan"])
         _run(["preload", "demo/tiny-llama", "--tier", "warm"])
         _run(["pin", "demo/tiny-llama@v1"])
         _run(["status"])

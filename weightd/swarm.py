@@ -15,11 +15,14 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 from p2p.errors import P2PError, TorrentRejected, TransferStalled
 from p2p.session import P2PConfig, P2PSession
 from p2p.torrent import TORRENT_RELPATH, load_torrent, make_torrent
+from tiering.delta import DeltaPlan
+from tiering.delta import prefill as prefill_delta
 from tiering.layout import COLD, LOCAL_TIERS, VersionDir, list_versions
 from tiering.node import LocalNode, PreloadReport
 
@@ -82,7 +85,7 @@ class P2PFetcher:
             self._session = None
 
     def __call__(self, src: VersionDir, staging: Path, report: PreloadReport, deadline: float | None,
-                 progress) -> bool:
+                 progress, delta: DeltaPlan | None = None) -> bool:
         p = self.cfg.settings.p2p
         if src.size < p.threshold or not p.peers:
             return False
@@ -94,7 +97,10 @@ class P2PFetcher:
         if ti is None:
             return False
         target = staging / src.version  # the torrent's root is the version label
-        import time
+        if delta is not None:
+            # donor bytes at their new offsets: libtorrent's check passes their pieces, only the rest moves
+            # (a donor that rotted just fails its pieces, which are then downloaded)
+            prefill_delta(delta, target, deadline=deadline)
         try:
             result = self.session.download(ti, target, peers=p.peers, stall_s=p.fallback_after_s,
                                            timeout_s=None if deadline is None else max(1.0, deadline - time.monotonic()),
@@ -111,6 +117,7 @@ class P2PFetcher:
         origin, peers = result.split({e.rpartition(":")[0] for e in p.peers})
         report.bytes_by_source["origin"] += origin
         report.bytes_by_source["peer"] += peers
+        report.bytes_by_source["local_reuse"] += result.local_bytes
         return True
 
 

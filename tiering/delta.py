@@ -1,0 +1,337 @@
+"""Delta updates: build a new version from bytes already on the node, fetch only what changed.
+
+A plan is made from manifests alone. Every file of the new version is cut into its manifest parts
+(the safetensors header, each tensor, 16 MiB chunks of other files); a part whose content (xxh3-128
+and length) is a part of any complete local version, of this checkpoint or any other, is taken from
+that *donor*, at whatever offset and in whatever file it sits there. So tensors that moved within a
+file, renamed or re-sharded files and tensors shared across checkpoints are reused; everything else
+is fetched. Parts are the unit because the manifest already hashes them: a donor range is checked
+against the very hash that chose it, and nothing else needs to be stored.
+
+Non-safetensors files use the manifest's fixed 16 MiB chunks rather than content-defined chunks: in
+a checkpoint they are configs, tokenizers and vocabularies (kilobytes to a few MB) that are either
+identical (reused whole) or small enough to fetch whole; content-defined chunking would need a
+second, rolling-hash index in every manifest to save a few MB.
+
+Building from a plan never trusts a donor: each reused part is hashed in the staged file and, on a
+mismatch (a donor rotted on disk) or a donor that vanished, fetched instead. The caller verifies the
+whole result against the manifest as for any copy.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import xxhash
+
+from .errors import TimedOut
+from .hashing import open_for_read
+from .manifest import FileEntry, Manifest
+
+_FALLBACK = {errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EBADF, errno.EPERM}
+IO_CHUNK = 64 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Donor:
+    """A complete local version that may lend bytes."""
+    ref: str           # NAME@VERSION (display)
+    path: Path         # its directory
+    manifest: Manifest
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """Bytes [begin, end) of a new file: from ``donor``'s ``donor_path`` at ``donor_offset``, or fetched
+    (donor None). ``xxh3_128``: the manifest hash of this part."""
+    begin: int
+    end: int
+    xxh3_128: str
+    donor: int | None = None
+    donor_path: str = ""
+    donor_offset: int = 0
+
+    @property
+    def size(self) -> int:
+        return self.end - self.begin
+
+
+@dataclass(slots=True)
+class FilePlan:
+    entry: FileEntry
+    spans: list[Span]
+
+    @property
+    def reuse_bytes(self) -> int:
+        return sum(s.size for s in self.spans if s.donor is not None)
+
+    @property
+    def fetch_bytes(self) -> int:
+        return sum(s.size for s in self.spans if s.donor is None)
+
+    def regions(self, reused: bool) -> list[tuple[int, int]]:
+        """Merged byte ranges that are reused (or fetched)."""
+        out: list[tuple[int, int]] = []
+        for s in self.spans:
+            if (s.donor is not None) != reused or s.size == 0:
+                continue
+            if out and out[-1][1] == s.begin:
+                out[-1] = (out[-1][0], s.end)
+            else:
+                out.append((s.begin, s.end))
+        return out
+
+
+@dataclass(slots=True)
+class DeltaPlan:
+    target: Manifest
+    donors: list[Donor]
+    files: list[FilePlan] = field(default_factory=list)
+
+    @property
+    def reuse_bytes(self) -> int:
+        return sum(f.reuse_bytes for f in self.files)
+
+    @property
+    def fetch_bytes(self) -> int:
+        return sum(f.fetch_bytes for f in self.files)
+
+    @property
+    def total_bytes(self) -> int:
+        return self.target.total_bytes
+
+    def piece_bytes(self, piece_size: int) -> int:
+        """What a BitTorrent v2 download would move after a prefill: every piece (aligned per file)
+        that a fetched range touches."""
+        total = 0
+        for f in self.files:
+            pieces: set[int] = set()
+            for b, e in f.regions(False):
+                pieces.update(range(b // piece_size, (e - 1) // piece_size + 1))
+            total += sum(min(piece_size, f.entry.size - i * piece_size) for i in pieces)
+        return total
+
+    def donors_used(self) -> list[int]:
+        return sorted({s.donor for f in self.files for s in f.spans if s.donor is not None})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "target": {"name": self.target.name, "version": self.target.version, "digest": self.target.digest},
+            "donors": [{"ref": self.donors[i].ref, "digest": self.donors[i].manifest.digest}
+                       for i in self.donors_used()],
+            "total_bytes": self.total_bytes, "reuse_bytes": self.reuse_bytes, "fetch_bytes": self.fetch_bytes,
+            "files": [{"path": f.entry.path, "size": f.entry.size, "reuse_bytes": f.reuse_bytes,
+                       "fetch_bytes": f.fetch_bytes,
+                       "fetch_ranges": [list(r) for r in f.regions(False)],
+                       "reuse_from": sorted({self.donors[s.donor].ref + "/" + s.donor_path
+                                             for s in f.spans if s.donor is not None})}
+                      for f in self.files],
+        }
+
+
+def plan_delta(target: Manifest, donors: Sequence[Donor]) -> DeltaPlan:
+    """For every part of every file of ``target``: a donor holding the same bytes, or fetch.
+
+    Donors earlier in the list win (put the ones on the staging file system first: copy_file_range
+    can then share extents)."""
+    index: dict[tuple[str, int], tuple[int, str, int]] = {}
+    for di, d in enumerate(donors):
+        for f in d.manifest.files:
+            for p in f.parts(d.manifest.chunk_size):
+                if p.end > p.begin:
+                    index.setdefault((p.xxh3_128, p.end - p.begin), (di, f.path, p.begin))
+    plan = DeltaPlan(target, list(donors))
+    for f in target.files:
+        spans = []
+        for p in f.parts(target.chunk_size):
+            hit = index.get((p.xxh3_128, p.end - p.begin)) if p.end > p.begin else None
+            if hit is None:
+                spans.append(Span(p.begin, p.end, p.xxh3_128))
+            else:
+                spans.append(Span(p.begin, p.end, p.xxh3_128, hit[0], hit[1], hit[2]))
+        plan.files.append(FilePlan(f, spans))
+    return plan
+
+
+# -- building ------------------------------------------------------------------------------------------
+@dataclass(slots=True)
+class BuildResult:
+    reused: int = 0           # bytes taken from donors (and verified)
+    fetched: int = 0          # bytes read from the source
+    donor_failures: list[str] = field(default_factory=list)   # "ref/path [a, b): why" for each refetch
+
+
+def _copy_range(sfd: int, soff: int, dfd: int, doff: int, n: int, method: list[str]) -> None:
+    buf: bytearray | None = None
+    while n > 0:
+        step = min(n, IO_CHUNK)
+        got = 0
+        if method[0] == "copy_file_range":
+            try:
+                got = os.copy_file_range(sfd, dfd, step, soff, doff)
+            except OSError as exc:
+                if exc.errno not in _FALLBACK:
+                    raise
+                method[0] = "readwrite"
+                continue
+        else:
+            if buf is None:
+                buf = bytearray(min(step, 4 << 20))
+            view = memoryview(buf)[:min(step, len(buf))]
+            got = os.preadv(sfd, [view], soff)
+            w = 0
+            while w < got:
+                w += os.pwrite(dfd, view[w:got], doff + w)
+        if got <= 0:
+            raise EOFError(f"source ended at byte {soff}")
+        soff, doff, n = soff + got, doff + got, n - got
+
+
+def _hash_range(fd: int, begin: int, end: int) -> str:
+    h = xxhash.xxh3_128()
+    buf = bytearray(min(8 << 20, max(1, end - begin)))
+    view = memoryview(buf)
+    off = begin
+    while off < end:
+        n = os.preadv(fd, [view[:min(len(buf), end - off)]], off)
+        if n <= 0:
+            break
+        h.update(view[:n])
+        off += n
+    return h.hexdigest()
+
+
+def _runs(spans: Iterable[Span]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for s in spans:
+        if out and out[-1][1] == s.begin:
+            out[-1] = (out[-1][0], s.end)
+        elif s.size:
+            out.append((s.begin, s.end))
+    return out
+
+
+def _build_file(plan: DeltaPlan, fp: FilePlan, dst: Path, source: Path | None, result: BuildResult,
+                deadline: float | None, progress: Callable[[int], None] | None, fsync: bool) -> None:
+    f = fp.entry
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    dfd = os.open(dst, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    donor_fds: dict[tuple[int, str], int | None] = {}
+    try:
+        if f.size:
+            try:
+                os.posix_fallocate(dfd, 0, f.size)
+            except OSError as exc:
+                if exc.errno == errno.ENOSPC:
+                    raise
+                os.ftruncate(dfd, f.size)
+        method = ["copy_file_range"]
+        to_fetch: list[Span] = []
+        reused = 0
+        for s in fp.spans:
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimedOut(f"timed out building {f.path}")
+            if s.donor is None:
+                to_fetch.append(s)
+                continue
+            key = (s.donor, s.donor_path)
+            if key not in donor_fds:
+                try:
+                    donor_fds[key] = open_for_read(str(plan.donors[s.donor].path / s.donor_path))
+                except OSError as exc:  # evicted or deleted since the plan: fetch instead
+                    donor_fds[key] = None
+                    result.donor_failures.append(f"{plan.donors[s.donor].ref}/{s.donor_path}: {exc.strerror}")
+            sfd = donor_fds[key]
+            why = ""
+            if sfd is not None:
+                try:
+                    _copy_range(sfd, s.donor_offset, dfd, s.begin, s.size, method)
+                    if _hash_range(dfd, s.begin, s.end) != s.xxh3_128:
+                        why = "content differs from the manifest"
+                except (OSError, EOFError) as exc:
+                    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+                        raise
+                    why = str(exc)
+            else:
+                why = "donor file gone"
+            if why:
+                if sfd is not None:
+                    result.donor_failures.append(f"{plan.donors[s.donor].ref}/{s.donor_path} "
+                                                 f"[{s.donor_offset}, {s.donor_offset + s.size}): {why}")
+                to_fetch.append(s)
+            else:
+                reused += s.size
+                if progress is not None:
+                    progress(s.size)
+        if to_fetch and source is not None:  # (no source: a prefill, the gaps stay zero for P2P to fill)
+            sfd = open_for_read(str(source / f.path))
+            try:
+                method2 = ["copy_file_range"]
+                for begin, end in _runs(sorted(to_fetch, key=lambda s: s.begin)):
+                    if deadline is not None and time.monotonic() > deadline:
+                        raise TimedOut(f"timed out fetching {f.path}")
+                    _copy_range(sfd, begin, dfd, begin, end - begin, method2)
+                    result.fetched += end - begin
+                    if progress is not None:
+                        progress(end - begin)
+            except EOFError as exc:
+                raise FileNotFoundError(errno.EIO, f"source shorter than the manifest says ({exc})",
+                                        str(source / f.path)) from None
+            finally:
+                os.close(sfd)
+        result.reused += reused
+        os.fchmod(dfd, f.mode)
+        if fsync:
+            os.fsync(dfd)
+    finally:
+        os.close(dfd)
+        for fd in donor_fds.values():
+            if fd is not None:
+                os.close(fd)
+
+
+def build(plan: DeltaPlan, dest: Path, source: Path | None, *, threads: int = 2, deadline: float | None = None,
+          progress: Callable[[int], None] | None = None, fsync: bool = True) -> BuildResult:
+    """Write every file of ``plan.target`` under ``dest`` (which must not hold them yet): donor parts
+    are copied and checked, the rest is read from ``source`` (the new version's directory, e.g. in
+    cold storage) at the same offsets."""
+    result = BuildResult()
+    order = sorted(plan.files, key=lambda fp: -fp.entry.size)
+    if threads <= 1 or len(order) <= 1:
+        for fp in order:
+            _build_file(plan, fp, dest / fp.entry.path, source, result, deadline, progress, fsync)
+        return result
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="weightd-delta") as pool:
+        futures = [pool.submit(_build_file, plan, fp, dest / fp.entry.path, source, result, deadline, progress, fsync)
+                   for fp in order]
+        first: BaseException | None = None
+        for fut in futures:
+            try:
+                fut.result()
+            except BaseException as exc:
+                if first is None:
+                    first = exc
+                    for other in futures:
+                        other.cancel()
+        if first is not None:
+            raise first
+    return result
+
+
+def prefill(plan: DeltaPlan, dest: Path, *, deadline: float | None = None) -> BuildResult:
+    """Donor bytes at their new offsets, holes elsewhere (for a P2P download to check and complete).
+    Files that already exist under ``dest`` (a resumed transfer) are left alone."""
+    todo = DeltaPlan(plan.target, plan.donors,
+                     [fp for fp in plan.files if fp.reuse_bytes and not (dest / fp.entry.path).exists()])
+    only_donors = DeltaPlan(todo.target, todo.donors,
+                            [FilePlan(fp.entry, [s for s in fp.spans if s.donor is not None]) for fp in todo.files])
+    result = BuildResult()
+    for fp in only_donors.files:  # _build_file sizes the file; what no donor holds stays zero
+        _build_file(only_donors, fp, dest / fp.entry.path, None, result, deadline, None, False)
+    return result
