@@ -76,7 +76,11 @@ class Daemon:
         return 0.0
 
     def rss_mb(self) -> float:
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+        try:
+            status = Path(f"/proc/{self.proc.pid}/status").read_text()
+        except OSError:  # exited
+            return 0.0
+        for line in status.splitlines():
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
         return 0.0

@@ -56,6 +56,7 @@ class Span:
     donor: int | None = None
     donor_path: str = ""
     donor_offset: int = 0
+    label: str = ""        # the manifest part's label (what verify names)
 
     @property
     def size(self) -> int:
@@ -152,9 +153,9 @@ def plan_delta(target: Manifest, donors: Sequence[Donor]) -> DeltaPlan:
         for p in f.parts(target.chunk_size):
             hit = index.get((p.xxh3_128, p.end - p.begin)) if p.end > p.begin else None
             if hit is None:
-                spans.append(Span(p.begin, p.end, p.xxh3_128))
+                spans.append(Span(p.begin, p.end, p.xxh3_128, label=p.label))
             else:
-                spans.append(Span(p.begin, p.end, p.xxh3_128, hit[0], hit[1], hit[2]))
+                spans.append(Span(p.begin, p.end, p.xxh3_128, hit[0], hit[1], hit[2], p.label))
         plan.files.append(FilePlan(f, spans))
     return plan
 
@@ -218,7 +219,8 @@ def _runs(spans: Iterable[Span]) -> list[tuple[int, int]]:
 
 
 def _build_file(plan: DeltaPlan, fp: FilePlan, dst: Path, source: Path | None, result: BuildResult,
-                deadline: float | None, progress: Callable[[int], None] | None, fsync: bool) -> None:
+                deadline: float | None, progress: Callable[[int], None] | None, fsync: bool,
+                check: bool = True) -> None:
     f = fp.entry
     dst.parent.mkdir(parents=True, exist_ok=True)
     dfd = os.open(dst, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
@@ -252,7 +254,7 @@ def _build_file(plan: DeltaPlan, fp: FilePlan, dst: Path, source: Path | None, r
             if sfd is not None:
                 try:
                     _copy_range(sfd, s.donor_offset, dfd, s.begin, s.size, method)
-                    if _hash_range(dfd, s.begin, s.end) != s.xxh3_128:
+                    if check and _hash_range(dfd, s.begin, s.end) != s.xxh3_128:
                         why = "content differs from the manifest"
                 except (OSError, EOFError) as exc:
                     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
@@ -297,19 +299,21 @@ def _build_file(plan: DeltaPlan, fp: FilePlan, dst: Path, source: Path | None, r
 
 
 def build(plan: DeltaPlan, dest: Path, source: Path | None, *, threads: int = 2, deadline: float | None = None,
-          progress: Callable[[int], None] | None = None, fsync: bool = True) -> BuildResult:
+          progress: Callable[[int], None] | None = None, fsync: bool = True, check: bool = True) -> BuildResult:
     """Write every file of ``plan.target`` under ``dest`` (which must not hold them yet): donor parts
-    are copied and checked, the rest is read from ``source`` (the new version's directory, e.g. in
-    cold storage) at the same offsets."""
+    are copied (and, with ``check``, hashed at once and fetched instead on a mismatch), the rest is
+    read from ``source`` (the new version's directory, e.g. in cold storage) at the same offsets.
+    Without ``check`` the caller verifies the result and calls ``repair`` with the problems: one
+    verification pass instead of two."""
     result = BuildResult()
     order = sorted(plan.files, key=lambda fp: -fp.entry.size)
     if threads <= 1 or len(order) <= 1:
         for fp in order:
-            _build_file(plan, fp, dest / fp.entry.path, source, result, deadline, progress, fsync)
+            _build_file(plan, fp, dest / fp.entry.path, source, result, deadline, progress, fsync, check)
         return result
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="weightd-delta") as pool:
-        futures = [pool.submit(_build_file, plan, fp, dest / fp.entry.path, source, result, deadline, progress, fsync)
-                   for fp in order]
+        futures = [pool.submit(_build_file, plan, fp, dest / fp.entry.path, source, result, deadline, progress,
+                               fsync, check) for fp in order]
         first: BaseException | None = None
         for fut in futures:
             try:
@@ -322,6 +326,39 @@ def build(plan: DeltaPlan, dest: Path, source: Path | None, *, threads: int = 2,
         if first is not None:
             raise first
     return result
+
+
+def repair(plan: DeltaPlan, dest: Path, source: Path, problems: Iterable[Any], result: BuildResult) -> bool:
+    """Re-fetch from ``source`` every donor part that verification found bad (``problems``: the
+    VerifyReport's, with ``path`` and ``what`` = the part label). Returns whether anything was
+    repaired (the caller verifies again); problems in fetched parts are left for it to report."""
+    bad = {(p.path, p.what) for p in problems}
+    repaired = False
+    for fp in plan.files:
+        spans = [s for s in fp.spans if s.donor is not None and (fp.entry.path, s.label) in bad]
+        if not spans:
+            continue
+        sfd = open_for_read(str(source / fp.entry.path))
+        try:
+            dfd = os.open(dest / fp.entry.path, os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                for s in spans:
+                    _copy_range(sfd, s.begin, dfd, s.begin, s.size, ["copy_file_range"])
+                    result.reused -= s.size
+                    result.fetched += s.size
+                    result.donor_failures.append(f"{plan.donors[s.donor].ref}/{s.donor_path} "  # type: ignore[index]
+                                                 f"[{s.donor_offset}, {s.donor_offset + s.size}) for {fp.entry.path} "
+                                                 f"{s.label}: content differs from the manifest")
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        except EOFError as exc:
+            raise FileNotFoundError(errno.EIO, f"source shorter than the manifest says ({exc})",
+                                    str(source / fp.entry.path)) from None
+        finally:
+            os.close(sfd)
+        repaired = True
+    return repaired
 
 
 def prefill(plan: DeltaPlan, dest: Path, *, deadline: float | None = None) -> BuildResult:

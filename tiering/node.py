@@ -21,6 +21,7 @@ from .build import build_manifest, verify_checkpoint
 from .copy import CopyJob, copy_files
 from .delta import Donor, plan_delta
 from .delta import build as build_delta
+from .delta import repair as repair_delta
 from .errors import (Busy, CheckpointNotFound, FileChanged, NoSpace, TieringError, TimedOut,
                      VersionConflict)
 from .inuse import processes_using
@@ -407,9 +408,10 @@ class LocalNode:
                 remove_tree(root, have.path)
             staging, slock, report.evicted = self._reserve(tier, name, version, m.total_bytes, deadline)
             try:
-                self._fill(staging, m, tier, name, version, report, deadline, progress)
+                verified = self._fill(staging, m, tier, name, version, report, deadline, progress)
                 write_manifest(m, staging / MANIFEST_RELPATH)
-                verify_checkpoint(staging, m).raise_for_problems()
+                if not verified:
+                    verify_checkpoint(staging, m).raise_for_problems()
                 self._commit(staging, version_path(root, name, version))
             except OSError as exc:
                 shutil.rmtree(staging, ignore_errors=True)
@@ -452,8 +454,9 @@ class LocalNode:
             report.lease_expires_at = self.now() + lease_s
 
     def _fill(self, staging: Path, m: Manifest, tier: str, name: str, version: str, report: PreloadReport,
-              deadline: float | None, progress: ProgressFn | None) -> None:
-        """Copy every file from the nearest complete copy: the other local tier, else cold."""
+              deadline: float | None, progress: ProgressFn | None) -> bool:
+        """Fill staging from the nearest complete copy: the other local tier, else local donors plus
+        the swarm or cold. Returns True when it already verified the result against ``m``."""
         other = WARM if tier == HOT else HOT
         sources: list[tuple[str, Path]] = []
         local = read_version(self.tiers[other].path, name, version)
@@ -475,17 +478,23 @@ class LocalNode:
                                     "planned_reuse_bytes": plan.reuse_bytes, "refetched": []}
                 for fetch in self.fetchers:
                     if fetch(cold, staging, report, deadline, progress, plan):
-                        return
+                        return False
                 if plan is not None:
                     self._clear(staging)
                     r = build_delta(plan, staging, cold.path, threads=self.copy_threads, deadline=deadline,
-                                    progress=progress)
+                                    progress=progress, check=False)
+                    # one verification pass over everything; donor parts it rejects are fetched from cold
+                    # and checked again (a donor that rotted on disk never leaks into the new version)
+                    checked = verify_checkpoint(staging, m)
+                    if checked.problems and repair_delta(plan, staging, cold.path, checked.problems, r):
+                        checked = verify_checkpoint(staging, m)
+                    checked.raise_for_problems()
                     report.bytes_by_source["local_reuse"] += r.reused
                     report.bytes_by_source["cold"] += r.fetched
                     report.delta["refetched"] = r.donor_failures
                     for why in r.donor_failures:
                         log.warning("donor bytes rejected, fetched instead name=%s version=%s: %s", name, version, why)
-                    return
+                    return True
             finally:
                 for lk in held:
                     lk.release()
@@ -504,7 +513,7 @@ class LocalNode:
                 jobs = [CopyJob(str(base / f.path), str(staging / f.path), f.size, f.mode) for f in m.files]
                 copy_files(jobs, threads=self.copy_threads, progress=progress, deadline=deadline)
                 report.bytes_by_source[label] += m.total_bytes
-                return
+                return False
             except FileNotFoundError as exc:  # the donor vanished (evicted): try the next source
                 last_error = exc
                 log.warning("source vanished name=%s version=%s source=%s: %s", name, version, label, exc)

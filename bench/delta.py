@@ -1,0 +1,186 @@
+#!/usr/bin/env python3
+"""A model update: v2 of a ~2 GiB checkpoint with 5% of its tensors changed, on a node holding v1.
+
+    .venv/bin/python bench/delta.py [--size 2GiB] [--changed 0.05] [--cold-bps 400MB] [--cap 100MB] [--reps 3]
+
+Cold path (the real CLI, `--no-daemon`): `weightd preload v2 --tier warm` on a node without v1 (full
+fetch, the baseline) and on a node whose warm tier holds v1 (delta); cold storage is made uncached
+before every run and, as root, read through a cgroup-v1 blkio throttle (--cold-bps: shared storage,
+not the local NVMe). P2P path (real daemons on 127.0.0.x, every node capped at --cap): the same
+preload from an origin, without and with v1 on the worker. Reported: bytes moved by source, the
+changed tensor bytes, wall time (median of --reps), and the ratios the issue sets targets for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from p2p.torrent import TORRENT_RELPATH, load_torrent  # noqa: E402
+from restart_storm import Throttle  # noqa: E402
+from swarm import Daemon  # noqa: E402
+from tiering import build_manifest  # noqa: E402
+from tiering.manifest import load_manifest  # noqa: E402
+from tiering.pagecache import drop_from_cache  # noqa: E402
+from tiering.sample import make_checkpoint, mutate_tensor  # noqa: E402
+from tiering.units import parse_size  # noqa: E402
+
+ENV = {**os.environ, "PYTHONPATH": str(REPO)}
+NAME = "bench/delta"
+
+
+def weightd(config: Path, *args: str, wrap=lambda c: c) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(wrap([sys.executable, "-m", "weightd", "--config", str(config), *args]),
+                          capture_output=True, text=True, env=ENV)
+    if proc.returncode:
+        raise SystemExit(f"weightd {' '.join(args)} failed: {proc.stderr.strip()}")
+    return proc
+
+
+def node_config(base: Path, cold: Path, tag: str) -> Path:
+    d = base / f"node-{tag}"
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir(parents=True)
+    cfg = d / "weightd.toml"
+    cfg.write_text(f'state_dir = "{d}/state"\n[tiers.hot]\npath = "/dev/shm/weightd-bench-delta-{os.getpid()}-{tag}"\n'
+                   f'capacity = "6GiB"\n[tiers.warm]\npath = "{d}/warm"\ncapacity = "16GiB"\n'
+                   f'[tiers.cold]\npath = "{cold}"\n[p2p]\nthreshold = "64GiB"\n')
+    return cfg
+
+
+def cleanup_shm(tag: str) -> None:
+    shutil.rmtree(f"/dev/shm/weightd-bench-delta-{os.getpid()}-{tag}", ignore_errors=True)
+
+
+def cool(path: Path) -> None:
+    for p in path.rglob("*"):
+        if p.is_file():
+            drop_from_cache(str(p))
+
+
+def preload_json(config: Path, wrap=lambda c: c, *extra: str, tier: str = "warm") -> tuple[dict, float]:
+    t0 = time.perf_counter()
+    proc = weightd(config, *extra, "preload", f"{NAME}@v2", "--tier", tier, "--strict", "--json", wrap=wrap)
+    return json.loads(proc.stdout.splitlines()[0]), time.perf_counter() - t0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", default="2GiB")
+    ap.add_argument("--changed", type=float, default=0.05, help="fraction of tensors changed in v2")
+    ap.add_argument("--cold-bps", default="400MB", help="read bandwidth of cold storage (blkio throttle)")
+    ap.add_argument("--cap", default="100MB", help="P2P: every node's upload and download cap")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--dir", default="/var/tmp")
+    ap.add_argument("--skip-p2p", action="store_true")
+    args = ap.parse_args()
+    base = Path(tempfile.mkdtemp(prefix="weightd-bench-delta-", dir=args.dir))
+    throttle = None
+    try:
+        v1 = make_checkpoint(base / "v1", total_bytes=parse_size(args.size), shards=4, layers=24, seed="delta")
+        v2 = base / "v2"
+        shutil.copytree(v1, v2)
+        m1 = build_manifest(v1)
+        tensors = [(f, t) for f, t in m1.tensors()]
+        step = max(1, round(1 / args.changed))
+        changed = tensors[step // 2::step]  # every 20th tensor in file order: spread over all shards
+        changed_bytes = sum(mutate_tensor(v2 / f.path, t.name, seed="v2") for f, t in changed)
+        shards = sorted({f.path for f, _ in changed})
+        cold = base / "cold"
+        pub = base / "publish.toml"
+        pub.write_text(f'state_dir = "{base}/pubstate"\n[tiers.cold]\npath = "{cold}"\n'
+                       f'[tiers.hot]\npath = "/dev/shm/weightd-bench-delta-pub-{os.getpid()}"\n'
+                       f'[tiers.warm]\npath = "{base}/pubwarm"\n[p2p]\nthreshold = "1MiB"\npiece_size = "auto"\n')
+        for d, v in ((v1, "v1"), (v2, "v2")):
+            weightd(pub, "--no-daemon", "publish", str(d), "--name", NAME, "--version", v)
+        shutil.rmtree(v1)
+        shutil.rmtree(v2)
+        size = m1.total_bytes
+        m2 = load_manifest(cold / NAME / "v2/.weightd/manifest.json")
+        m2_piece = load_torrent((cold / NAME / "v2" / TORRENT_RELPATH).read_bytes(), m2, "v2").piece_length()
+        st = os.stat(cold)
+        throttle = Throttle((os.major(st.st_dev), os.minor(st.st_dev)), parse_size(args.cold_bps))
+
+        # -- cold path: into the warm tier (NVMe: the copy is written back and fsync'd) and the hot tier --
+        result = {"benchmark": "delta", "bytes": size, "tensors": len(tensors), "tensors_changed": len(changed),
+                  "changed_tensor_bytes": changed_bytes, "shards_touched": len(shards),
+                  "cold_read_bps": parse_size(args.cold_bps) if throttle.active else None,
+                  "throttle": "cgroup v1 blkio" if throttle.active else f"none ({throttle.why})"}
+        for tier in ("warm", "hot"):
+            full_t, delta_t, full_r, delta_r = [], [], None, None
+            for rep in range(args.reps):
+                cfg = node_config(base, cold, "full")
+                cool(cold)
+                full_r, t = preload_json(cfg, throttle.wrap, "--no-daemon", tier=tier)
+                full_t.append(t)
+                shutil.rmtree(base / "node-full", ignore_errors=True)
+                cleanup_shm("full")
+                cfg = node_config(base, cold, "delta")
+                weightd(cfg, "--no-daemon", "preload", f"{NAME}@v1", "--tier", tier, "--strict")  # v1 on the node
+                cool(cold)
+                delta_r, t = preload_json(cfg, throttle.wrap, "--no-daemon", tier=tier)
+                delta_t.append(t)
+                shutil.rmtree(base / "node-delta", ignore_errors=True)
+                cleanup_shm("delta")
+            assert full_r is not None and delta_r is not None
+            result[f"cold_path_{tier}"] = {
+                "full": {"seconds": round(statistics.median(full_t), 2), "bytes_by_source": full_r["bytes_by_source"]},
+                "delta": {"seconds": round(statistics.median(delta_t), 2), "bytes_by_source": delta_r["bytes_by_source"],
+                          "donors": delta_r["delta"]["donors"] if delta_r["delta"] else []},
+                "moved_over_changed": round(delta_r["bytes_by_source"]["cold"] / changed_bytes, 4),
+                "speedup_vs_full": round(statistics.median(full_t) / statistics.median(delta_t), 2),
+            }
+
+        # -- P2P path -------------------------------------------------------------------------------
+        if not args.skip_p2p:
+            p2p = {}
+            for mode in ("full", "delta"):
+                origin = Daemon(base / "p2p", "127.0.0.2", cold, args.cap, "origin", None, '"127.0.0.0/8"')
+                w = None
+                try:
+                    w = Daemon(base / "p2p", "127.0.0.3", cold, args.cap, "worker", f"127.0.0.2:{origin.port}",
+                               '"127.0.0.0/8"', f"http://127.0.0.2:{origin.tport}/announce")
+                    if mode == "delta":
+                        weightd(w.config, "preload", f"{NAME}@v1", "--tier", "warm")
+                    r, t = preload_json(w.config)
+                    by = r["bytes_by_source"]
+                    p2p[mode] = {"seconds": round(t, 2), "bytes_by_source": by, "moved": by["origin"] + by["peer"]}
+                finally:
+                    for d in (w, origin):
+                        if d is not None:
+                            d.stop()
+            # what the issue allows: changed bytes plus one piece per changed region (each changed tensor
+            # is its own region here: they are never adjacent)
+            allowed = changed_bytes + len(changed) * (m2_piece or 0)
+            result["p2p_path"] = {
+                "cap_bytes_per_s": parse_size(args.cap), "piece_size": m2_piece, **p2p,
+                "moved_over_changed": round(p2p["delta"]["moved"] / changed_bytes, 3),
+                "allowed_bytes": allowed, "within_allowed": p2p["delta"]["moved"] <= allowed,
+                "speedup_vs_full": round(p2p["full"]["seconds"] / p2p["delta"]["seconds"], 2),
+            }
+        result["targets"] = {"cold_moved_over_changed": 1.05, "cold_speedup_vs_full": 5.0,
+                             "p2p_moved": "changed bytes + one piece per changed region"}
+        print(json.dumps(result, indent=2))
+        return 0
+    finally:
+        if throttle is not None:
+            throttle.close()
+        shutil.rmtree(base, ignore_errors=True)
+        for p in Path("/dev/shm").glob(f"weightd-bench-delta-*{os.getpid()}*"):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,171 @@
+"""weightd doctor: recorded /proc and /sys snapshots with known deltas, one scenario per verdict/finding."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from weightd.doctor import Tier, diagnose, gather_snapshot
+
+GiB, MiB = 1 << 30, 1 << 20
+SNMP_HEAD = ("Tcp: RtoAlgorithm RtoMin RtoMax MaxConn ActiveOpens PassiveOpens AttemptFails EstabResets CurrEstab "
+             "InSegs OutSegs RetransSegs InErrs OutRsts InCsumErrors")
+
+
+class Snap:
+    """Writes a snapshot: t0/ and t1/ counters ``window_s`` apart, static/ facts, meta.json."""
+
+    def __init__(self, root: Path, window_s: float = 2.0) -> None:
+        self.root, self.window = root, window_s
+        self.disks = {"vda": ((254, 0), (1000, 2000, 80000, 1000)), "vdb": ((254, 16), (500, 500, 4000, 100))}
+        self.disk_delta = {"vda": (200, 200, 16000, 100), "vdb": (10, 5, 80, 5)}   # reads, read_ms, sectors, io_ms
+        self.nic = {"eth0": (10 ** 9, 10 ** 9)}
+        self.nic_delta = {"eth0": (20 * 10 ** 6, 5 * 10 ** 6)}
+        self.speed, self.mtu = {"eth0": 100_000}, {"eth0": 9000}
+        self.tcp, self.tcp_delta = (10 ** 6, 100), (100_000, 10)
+        self.mounts = [("254:0", "/", "ext4", "rw,noatime", "/dev/vda"),
+                       ("254:16", "/var/log", "ext4", "rw,noatime", "/dev/vdb"),
+                       ("0:25", "/dev/shm", "tmpfs", "rw,nosuid,nodev,size=16777216k", "tmpfs")]
+        self.memory_max: str | None = "max"
+        self.memlock = "unlimited"
+        self.tiers = [{"name": "hot", "path": "/dev/shm/weightd", "capacity": 8 * GiB},
+                      {"name": "warm", "path": "/var/lib/weightd/warm", "capacity": 100 * GiB},
+                      {"name": "cold", "path": "/mnt/models", "capacity": None}]
+        self.meta: dict = {}
+
+    def write(self) -> Path:
+        for t, scale in (("t0", 0), ("t1", 1)):
+            d = self.root / t / "proc"
+            (d / "net").mkdir(parents=True)
+            lines = []
+            for name, ((ma, mi), base) in self.disks.items():
+                dd = self.disk_delta.get(name, (0, 0, 0, 0))
+                r, rms, sec, io = (b + scale * x for b, x in zip(base, dd))
+                lines.append(f"{ma} {mi} {name} {r} 0 {sec} {rms} 10 0 80 10 0 {io} {io}")
+            (d / "diskstats").write_text("\n".join(lines) + "\n")
+            net = ["Inter-|   Receive", " face |bytes packets"]
+            net.append("    lo: 5 1 0 0 0 0 0 0 5 1 0 0 0 0 0 0")
+            for n, (rx, tx) in self.nic.items():
+                drx, dtx = self.nic_delta[n]
+                net.append(f"  {n}: {rx + scale * drx} 1 0 0 0 0 0 0 {tx + scale * dtx} 1 0 0 0 0 0 0")
+            (d / "net/dev").write_text("\n".join(net) + "\n")
+            out, ret = (b + scale * x for b, x in zip(self.tcp, self.tcp_delta))
+            (d / "net/snmp").write_text(f"{SNMP_HEAD}\nTcp: 1 200 120000 -1 5 5 0 0 3 1000 {out} {ret} 0 0 0\n")
+            (d / "softirqs").write_text(f"          CPU0 CPU1\n  NET_TX: {10 * scale} 0\n  NET_RX: {100 + 50 * scale} 7\n")
+        s = self.root / "static"
+        (s / "proc/self").mkdir(parents=True)
+        (s / "proc/self/mountinfo").write_text("".join(
+            f"{i + 20} 1 {dev} / {mp} {opts} shared:1 - {fs} {src} {opts}\n"
+            for i, (dev, mp, fs, opts, src) in enumerate(self.mounts)))
+        (s / "proc/self/limits").write_text(
+            "Limit                     Soft Limit           Hard Limit           Units\n"
+            f"Max locked memory         {self.memlock}            {self.memlock}            bytes\n")
+        for n in self.nic:
+            (s / f"sys/class/net/{n}").mkdir(parents=True)
+            (s / f"sys/class/net/{n}/speed").write_text(f"{self.speed[n]}\n")
+            (s / f"sys/class/net/{n}/mtu").write_text(f"{self.mtu[n]}\n")
+        if self.memory_max is not None:
+            (s / "sys/fs/cgroup").mkdir(parents=True, exist_ok=True)
+            (s / "sys/fs/cgroup/memory.max").write_text(self.memory_max + "\n")
+        (self.root / "meta.json").write_text(json.dumps({"window_s": self.window, "tiers": self.tiers,
+                                                         "log_dir": "/var/log", **self.meta}))
+        return self.root
+
+
+def run(snap: Snap):
+    return diagnose(gather_snapshot(snap.write(), []))
+
+
+def ids(report) -> set[str]:
+    return {f.id for f in report.findings}
+
+
+@pytest.fixture
+def snap(tmp_path: Path) -> Snap:
+    return Snap(tmp_path / "snap")
+
+
+def test_healthy(snap: Snap) -> None:
+    r = run(snap)
+    assert r.verdict == "healthy" and not r.findings, r.to_dict()
+    d = r.measurements["disks"]["vda"]
+    assert d["read_await_ms"] == 1.0 and d["util"] == 0.05 and d["tiers"] == ["warm", "cold"]
+    assert r.measurements["nics"]["eth0"]["bytes_per_s"] == 10 ** 7
+
+
+def test_disk_bound(snap: Snap) -> None:
+    snap.disk_delta["vda"] = (400, 4800, 64000, 1900)   # 12 ms per read, 95% busy
+    r = run(snap)
+    assert r.verdict == "disk" and r.critical
+    f = next(f for f in r.findings if f.id == "disk-saturated")
+    assert f.evidence["device"] == "vda" and f.evidence["read_await_ms"] == 12.0 and f.evidence["util"] == 0.95
+    assert "warm" in f.evidence["tiers"] and "page cache" in f.recommendation
+
+
+def test_network_bound(snap: Snap) -> None:
+    snap.nic_delta["eth0"] = (22 * 10 ** 9, 10 ** 9)       # 11 GB/s on a 100 Gbit/s link: 88%
+    snap.mtu["eth0"] = 1500
+    snap.tcp_delta = (100_000, 3000)                      # 3% retransmits
+    r = run(snap)
+    assert r.verdict == "network" and r.critical
+    assert {"nic-saturated", "no-jumbo-frames", "no-rdma", "tcp-retransmits"} <= ids(r)
+    nic = next(f for f in r.findings if f.id == "nic-saturated")
+    assert nic.evidence["util"] == 0.88 and "upload_limit" in nic.recommendation
+
+
+def test_neither_points_at_the_gpu(snap: Snap) -> None:
+    snap.meta["symptom"] = "high TTFT"
+    r = run(snap)
+    assert r.verdict == "gpu" and not r.critical
+    assert "Nsight" in next(f for f in r.findings if f.id == "neither-disk-nor-network").recommendation
+
+
+def test_overlayfs_tier(snap: Snap) -> None:
+    snap.mounts.append(("0:50", "/var/lib/weightd", "overlay", "rw,relatime", "overlay"))
+    r = run(snap)
+    assert "tier-on-overlayfs" in ids(r) and r.verdict == "healthy"
+
+
+def test_no_noatime(snap: Snap) -> None:
+    snap.mounts[0] = ("254:0", "/", "ext4", "rw,relatime", "/dev/vda")
+    r = run(snap)
+    f = next(f for f in r.findings if f.id == "no-noatime")
+    assert f.evidence["tier"] == "warm" and "remount" in f.recommendation
+
+
+def test_shm_smaller_than_hot_capacity(snap: Snap) -> None:
+    snap.mounts[2] = ("0:25", "/dev/shm", "tmpfs", "rw,size=1g", "tmpfs")
+    r = run(snap)
+    f = next(f for f in r.findings if f.id == "shm-smaller-than-hot")
+    assert f.severity == "critical" and f.evidence["tmpfs_bytes"] == GiB and f.evidence["capacity_bytes"] == 8 * GiB
+
+
+def test_hot_tier_beyond_the_cgroup_memory_limit(snap: Snap) -> None:
+    snap.memory_max = str(4 * GiB)
+    r = run(snap)
+    f = next(f for f in r.findings if f.id == "hot-beyond-memory-limit")
+    assert f.severity == "critical" and f.evidence["memory_limit_bytes"] == 4 * GiB
+
+
+def test_tiers_on_the_log_device(snap: Snap) -> None:
+    snap.mounts = [m for m in snap.mounts if m[1] != "/var/log"]  # /var/log now lives on / (vda), with warm
+    r = run(snap)
+    f = next(f for f in r.findings if f.id == "tier-shares-log-device")
+    assert f.evidence["tier"] == "warm" and f.evidence["device"] == "254:0"
+
+
+def test_memlock_too_low(snap: Snap) -> None:
+    snap.memlock = str(64 << 10)
+    snap.meta["lock_wanted"] = 2 * GiB
+    r = run(snap)
+    f = next(f for f in r.findings if f.id == "memlock-too-low")
+    assert f.evidence == {"memlock_bytes": 64 << 10, "wanted_bytes": 2 * GiB}
+
+
+def test_random_read_probe_against_its_baseline(snap: Snap) -> None:
+    snap.meta["probe"] = {"tier": "warm", "p50_us": 1400.0, "p99_us": 5000.0, "baseline_p50_us": 60.0}
+    r = run(snap)
+    f = next(f for f in r.findings if f.id == "random-read-degraded")
+    assert f.severity == "critical" and "1400" in f.summary

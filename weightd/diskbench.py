@@ -1,0 +1,202 @@
+"""``weightd bench disk``: what a serving process feels from a tier's device, recorded as a baseline.
+
+4 KiB random reads with O_DIRECT (the page cache would measure memory) at several queue depths, one
+synchronous reader per depth slot (like fio's psync engine with numjobs = depth), reported as p50/p99
+latency and IOPS; and sequential 16 MiB O_DIRECT reads (what loading a shard looks like) as
+throughput. The result is stored per device under the state dir; ``weightd doctor`` compares its
+short probe against it.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import random
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+BLOCK = 4096
+SEQ_BLOCK = 16 << 20
+BASELINE_FILE = "disk-baseline.json"
+
+
+class BenchError(Exception):
+    pass
+
+
+def _device_of(path: Path) -> str:
+    st = os.stat(path)
+    return f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
+
+
+def _open_direct(path: Path) -> int:
+    try:
+        return os.open(path, os.O_RDONLY | os.O_DIRECT | os.O_CLOEXEC)
+    except OSError as exc:
+        raise BenchError(f"{path}: cannot open with O_DIRECT ({exc.strerror}); tmpfs and some network "
+                         "file systems do not support direct I/O") from None
+
+
+def make_test_file(directory: Path, size: int) -> Path:
+    """A file of ``size`` bytes of incompressible data in ``directory``, on disk (fsync'd)."""
+    fd, name = tempfile.mkstemp(prefix=".weightd-bench-disk-", dir=directory)
+    try:
+        chunk = random.Random(7).randbytes(1 << 20)
+        done = 0
+        while done < size:
+            n = min(len(chunk), size - done)
+            os.write(fd, chunk[:n])
+            done += n
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    except OSError as exc:
+        os.close(fd)
+        os.unlink(name)
+        raise BenchError(f"{directory}: cannot write a {size >> 20} MiB test file ({exc.strerror})") from None
+    os.close(fd)
+    return Path(name)
+
+
+def random_reads(path: Path, *, depth: int = 1, seconds: float = 2.0, max_reads: int | None = None) -> dict[str, Any]:
+    """4 KiB O_DIRECT random reads, ``depth`` synchronous readers at once."""
+    size = os.path.getsize(path)
+    blocks = size // BLOCK
+    if blocks < 2:
+        raise BenchError(f"{path}: too small for a random-read test ({size} bytes)")
+    fd = _open_direct(path)
+    lat: list[list[int]] = [[] for _ in range(depth)]
+    stop = time.monotonic() + seconds
+    per = None if max_reads is None else max(1, max_reads // depth)
+    errors: list[BaseException] = []
+
+    def reader(i: int) -> None:
+        buf = mmap.mmap(-1, BLOCK)  # page-aligned, as O_DIRECT requires
+        rnd = random.Random(i)
+        out = lat[i]
+        perf = time.perf_counter_ns
+        try:
+            while time.monotonic() < stop and (per is None or len(out) < per):
+                off = rnd.randrange(blocks) * BLOCK
+                t0 = perf()
+                n = os.preadv(fd, [buf], off)
+                out.append(perf() - t0)
+                if n != BLOCK:
+                    raise BenchError(f"{path}: short read at {off}")
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            buf.close()
+
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=reader, args=(i,)) for i in range(depth)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.monotonic() - t0
+    os.close(fd)
+    if errors:
+        e = errors[0]
+        raise e if isinstance(e, BenchError) else BenchError(f"{path}: {e}")
+    allv = sorted(v for x in lat for v in x)
+    if not allv:
+        raise BenchError(f"{path}: no read completed")
+
+    def pct(p: float) -> float:
+        return round(allv[min(len(allv) - 1, int(p * len(allv)))] / 1000, 1)
+
+    return {"depth": depth, "reads": len(allv), "iops": round(len(allv) / elapsed),
+            "p50_us": pct(0.50), "p99_us": pct(0.99), "mean_us": round(statistics.fmean(allv) / 1000, 1)}
+
+
+def sequential_read(path: Path) -> dict[str, Any]:
+    size = os.path.getsize(path) // BLOCK * BLOCK
+    fd = _open_direct(path)
+    buf = mmap.mmap(-1, SEQ_BLOCK)
+    try:
+        t0 = time.perf_counter()
+        off = 0
+        while off < size:
+            view = memoryview(buf)[:min(SEQ_BLOCK, size - off)]
+            n = os.preadv(fd, [view], off)
+            view.release()
+            if n <= 0:
+                break
+            off += n
+        dt = time.perf_counter() - t0
+    finally:
+        buf.close()
+        os.close(fd)
+    return {"bytes": off, "seconds": round(dt, 3), "bytes_per_s": round(off / dt) if dt else None}
+
+
+def bench_disk(target: Path, *, size: int = 256 << 20, seconds: float = 2.0,
+               depths: tuple[int, ...] = (1, 4, 16)) -> dict[str, Any]:
+    """Benchmark the device under ``target`` (a directory: a test file is made and removed; a file:
+    read only)."""
+    if not target.exists():
+        raise BenchError(f"{target}: no such file or directory")
+    made = None
+    path = target
+    if target.is_dir():
+        made = path = make_test_file(target, size)
+    try:
+        rnd = {str(d): random_reads(path, depth=d, seconds=seconds) for d in depths}
+        seq = sequential_read(path)
+    finally:
+        if made is not None:
+            made.unlink(missing_ok=True)
+    return {"path": str(target), "file": str(path), "device": _device_of(path), "file_bytes": os.path.getsize(path)
+            if made is None else size, "randread_4k": rnd, "seqread_16m": seq,
+            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def save_baseline(state_dir: Path, result: dict[str, Any]) -> Path:
+    path = state_dir / BASELINE_FILE
+    data = load_baselines(state_dir)
+    data[result["device"]] = result
+    state_dir.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+    return path
+
+
+def load_baselines(state_dir: Path) -> dict[str, Any]:
+    try:
+        data = json.loads((state_dir / BASELINE_FILE).read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def probe(tier_path: Path, state_dir: Path, *, reads: int = 300) -> dict[str, Any] | None:
+    """A short QD1 probe of the tier's device: the largest file in the tier, else a small test file."""
+    if not tier_path.is_dir():
+        return None
+    best, best_size = None, 0
+    for p in tier_path.rglob("*.safetensors"):
+        try:
+            s = p.stat().st_size
+        except OSError:
+            continue
+        if s > best_size:
+            best, best_size = p, s
+    made = None
+    try:
+        if best is None or best_size < (16 << 20):
+            made = best = make_test_file(tier_path, 64 << 20)
+        r = random_reads(best, depth=1, seconds=2.0, max_reads=reads)
+    except BenchError:
+        return None
+    finally:
+        if made is not None:
+            made.unlink(missing_ok=True)
+    base = load_baselines(state_dir).get(_device_of(tier_path))
+    return {"file": str(best) if made is None else None, "device": _device_of(tier_path), "p50_us": r["p50_us"],
+            "p99_us": r["p99_us"], "baseline_p50_us": base["randread_4k"]["1"]["p50_us"] if base else None}
