@@ -26,6 +26,10 @@ bench: $(STAMP) tools
 	$(BIN)/python bench/manifest.py
 	$(BIN)/python bench/promote.py
 	$(BIN)/python bench/warm.py
+	$(BIN)/python bench/daemon.py
+	$(BIN)/python bench/swarm.py
+	$(BIN)/python bench/delta.py
+	$(BIN)/python bench/disk.py
 
 # needs torch (the CPU wheel, ~1 GB) and root for the blkio throttle
 bench-storm: $(STAMP)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A fleet restart over P2P: N worker daemons + an origin on 127.0.0.x, every node capped.
 
-    .venv/bin/python bench/swarm.py [--size 100MiB] [--cap 20MB] [--n 1,2,4,8]
+    .venv/bin/python bench/swarm.py [--size 300MiB] [--cap 20MB] [--n 1,2,4,8] [--piece-size 1MiB]
 
 For each N: all N workers `weightd preload` one version at once (real daemons, real libtorrent,
 loopback only); reported: time until all hold the verified version, T(N)/T(1), the origin's upload
@@ -146,7 +146,7 @@ def run(base: Path, cold: Path, n: int, cap: str, storm: bool, size: int) -> dic
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--size", default="100MiB")
+    ap.add_argument("--size", default="300MiB")
     ap.add_argument("--cap", default="20MB", help="upload and download cap of every node (bytes/s)")
     ap.add_argument("--n", default="1,2,4,8")
     ap.add_argument("--dir", default="/var/tmp")

@@ -330,3 +330,19 @@ def test_a_full_notify_socket_never_blocks(tmp_path: Path) -> None:
         n.close()
     finally:
         receiver.close()
+
+
+def test_doctor_reads_the_daemons_history_instead_of_sampling(daemon, wd) -> None:
+    """The daemon keeps the raw node counters every 5 s; the doctor uses them when it answers."""
+    deadline = time.monotonic() + 20
+    while True:
+        proc = wd("doctor", "--sample-s", "0.2", "--no-probe", "--json")
+        assert proc.returncode in (0, 7), proc.stderr
+        doc = json.loads(proc.stdout)
+        if doc["source"].startswith("the daemon's history"):
+            break
+        assert time.monotonic() < deadline, doc["source"]  # a second sample arrives after 5 s
+        time.sleep(1)
+    assert 4 < doc["window_s"] < 20 and doc["measurements"]["disks"]
+    direct = json.loads(wd("--no-daemon", "doctor", "--sample-s", "0.2", "--no-probe", "--json").stdout)
+    assert "sampling" in direct["source"]

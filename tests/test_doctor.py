@@ -169,3 +169,49 @@ def test_random_read_probe_against_its_baseline(snap: Snap) -> None:
     r = run(snap)
     f = next(f for f in r.findings if f.id == "random-read-degraded")
     assert f.severity == "critical" and "1400" in f.summary
+
+
+# -- the command ---------------------------------------------------------------------------------------
+def test_cli_replays_a_snapshot_with_the_documented_schema_and_exit_codes(wd, snap: Snap) -> None:
+    healthy = wd("doctor", "--snapshot", str(snap.write()), "--json")
+    assert healthy.returncode == 0, healthy.stderr
+    doc = json.loads(healthy.stdout)
+    assert doc["schema"] == 1 and doc["verdict"] == "healthy" and doc["critical"] is False
+    assert set(doc) >= {"findings", "measurements", "source", "window_s"} and doc["window_s"] == 2.0
+    bad = Snap(snap.root.parent / "bad")
+    bad.disk_delta["vda"] = (400, 4800, 64000, 1900)
+    proc = wd("doctor", "--snapshot", str(bad.write()))
+    assert proc.returncode == 7  # a critical finding
+    assert proc.stdout.startswith("verdict: the DISK is the bottleneck") and "[CRITICAL]" in proc.stdout
+    missing = wd("doctor", "--snapshot", str(snap.root.parent / "nope"))
+    assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "--snapshot" in missing.stderr
+
+
+def test_a_real_run_on_this_machine_is_sane(wd, node_env) -> None:
+    proc = wd("doctor", "--sample-s", "0.5", "--json")
+    assert proc.returncode in (0, 7), proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["verdict"] in ("healthy", "disk", "network", "gpu") and 0.4 < doc["window_s"] < 5
+    assert doc["measurements"]["disks"], "the tiers' device is measured"
+    for f in doc["findings"]:
+        assert f["severity"] in ("critical", "warning", "info") and f["evidence"] and f["recommendation"]
+    # the warm tier holds nothing yet: the probe measured a temporary file and left nothing behind
+    assert "probe" in doc["measurements"] and 0 < doc["measurements"]["probe"]["p50_us"] < 1e6
+    assert not list(Path(node_env.warm).parent.glob(".weightd-bench-disk-*"))
+
+
+def test_bench_disk_records_the_baseline_the_doctor_uses(wd, node_env, tmp_path: Path) -> None:
+    proc = wd("bench", "disk", str(tmp_path), "--size", "8MiB", "--seconds", "0.3", "--depths", "1,2", "--json")
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(proc.stdout)
+    assert set(r["randread_4k"]) == {"1", "2"} and r["randread_4k"]["1"]["reads"] > 10
+    assert r["randread_4k"]["2"]["p50_us"] > 0 and r["seqread_16m"]["bytes"] == 8 << 20
+    assert Path(r["baseline_file"]).is_file() and not list(tmp_path.glob(".weightd-bench-disk-*"))
+    # the warm tier is on the same device: the doctor's probe now has a baseline to compare with
+    Path(node_env.warm).mkdir(parents=True, exist_ok=True)
+    doc = json.loads(wd("doctor", "--sample-s", "0.2", "--json").stdout)
+    assert doc["measurements"]["probe"]["baseline_p50_us"] == r["randread_4k"]["1"]["p50_us"]
+    bad = wd("bench", "disk", str(tmp_path), "--depths", "0")
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1
+    gone = wd("bench", "disk", str(tmp_path / "missing"))
+    assert gone.returncode == 2 and "no such file" in gone.stderr

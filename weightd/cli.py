@@ -596,6 +596,152 @@ def residency_cmd(app: AppContext, paths: tuple[str, ...], as_json: bool) -> Non
     _skip_exit(r.skipped)
 
 
+# -- doctor and bench ------------------------------------------------------------------------------
+
+def _doctor_tiers(app: AppContext):
+    from .doctor import Tier
+    from .local import tier_spec
+    t = app.config.settings.tiers
+    out = []
+    for name, ts in (("hot", t.hot), ("warm", t.warm)):
+        spec = tier_spec(name, ts)
+        try:
+            cap = spec.capacity()
+        except OSError:
+            cap = None
+        out.append(Tier(name, str(ts.path), cap))
+    out.append(Tier("cold", str(t.cold.path), None))
+    return out
+
+
+@cli.command("doctor")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (schema in docs/doctor.md).")
+@click.option("--sample-s", type=click.FloatRange(0.1, 600), default=3.0, show_default=True,
+              help="How long to sample the node's counters (a running daemon's history is used instead).")
+@click.option("--symptom", metavar="TEXT", help="What the operator sees (e.g. 'high TTFT'): with neither the disk "
+              "nor the NIC saturated, the verdict points at the GPU side.")
+@click.option("--lock", "lock", is_flag=True, help="Check RLIMIT_MEMLOCK for `weightd warm --lock` of the largest "
+              "local checkpoint.")
+@click.option("--log-dir", default="/var/log", show_default=True, help="Where the node's logs are written.")
+@click.option("--no-probe", is_flag=True, help="Skip the 4 KiB O_DIRECT random-read probe of the warm tier.")
+@click.option("--snapshot", metavar="DIR", type=click.Path(file_okay=False),
+              help="Diagnose a recorded snapshot (DIR/t0, DIR/t1, DIR/static, DIR/meta.json) instead of this node.")
+@click.pass_obj
+def doctor_cmd(app: AppContext, as_json: bool, sample_s: float, symptom: str | None, lock: bool, log_dir: str,
+               no_probe: bool, snapshot: str | None) -> None:
+    """Why is model loading slow? The seed reports' decision tree, with evidence (exit 7: critical)."""
+    from .doctor import diagnose, gather_live, gather_snapshot
+    from .errors import EXIT_CRITICAL
+    if snapshot is not None:
+        if not (Path(snapshot) / "t0").is_dir() or not (Path(snapshot) / "t1").is_dir():
+            raise UsageError(f"--snapshot {snapshot}: expected t0/ and t1/ directories of /proc files")
+        inputs = gather_snapshot(Path(snapshot), [], log_dir=log_dir, symptom=symptom)
+        source = f"snapshot {snapshot}"
+    else:
+        tiers = _doctor_tiers(app)
+        lock_wanted = 0
+        if lock:
+            from tiering.layout import list_versions
+            sizes = [v.size for t in tiers[:2] for v in list_versions(Path(t.path))]
+            lock_wanted = max(sizes, default=0) or (tiers[0].capacity or 0)
+        history = None
+        if not app.no_daemon:
+            from .client import DaemonClient, DaemonError
+            client = DaemonClient(app.config.settings.api.socket)
+            if client.available():
+                try:
+                    history = client.call("GET", f"pressure?window={max(sample_s, 30.0)}", timeout=10)
+                except (DaemonError, OSError):
+                    history = None
+        probe = None
+        if not no_probe:
+            from .diskbench import probe as disk_probe
+            probe = disk_probe(Path(tiers[1].path), app.config.settings.state_dir)
+            if probe is not None:
+                probe["tier"] = "warm"
+        inputs = gather_live(tiers, sample_s, history=history, log_dir=log_dir, lock_wanted=lock_wanted,
+                             probe=probe, symptom=symptom)
+        source = (f"the daemon's history ({inputs.window_s:.0f} s)" if history else
+                  f"{inputs.window_s:.1f} s of sampling")
+    report = diagnose(inputs)
+    doc = {**report.to_dict(), "source": source, "window_s": round(inputs.window_s, 3)}
+    if as_json:
+        emit_json(doc)
+    else:
+        verdicts = {"disk": "the DISK is the bottleneck", "network": "the NETWORK is the bottleneck",
+                    "gpu": "neither disk nor network: look at the GPU side", "healthy": "no bottleneck found"}
+        click.echo(f"verdict: {verdicts[report.verdict]}  (from {source})")
+        for f in doc["findings"]:
+            click.echo(f"\n[{f['severity'].upper()}] {f['summary']}")
+            ev = ", ".join(f"{k}={v}" for k, v in f["evidence"].items() if not isinstance(v, (dict, list)))
+            click.echo(f"  evidence: {ev}")
+            click.echo(f"  do: {f['recommendation']}")
+        disks = report.measurements.get("disks", {})
+        if disks:
+            click.echo("\ndisks: " + "; ".join(
+                f"{n} await {d['read_await_ms']} ms util {d['util']:.0%} {d['read_bytes_per_s'] / 1e6:.0f} MB/s"
+                + (f" ({', '.join(d['tiers'])})" if d["tiers"] else "") for n, d in disks.items()))
+        nics = report.measurements.get("nics", {})
+        if nics:
+            click.echo("nics: " + "; ".join(
+                f"{n} {d['bytes_per_s'] / 1e6:.1f} MB/s" + (f" = {d['util']:.1%} of link" if d["util"] is not None else "")
+                + (f" mtu {d['mtu']}" if d["mtu"] else "") for n, d in nics.items()))
+        if "probe" in report.measurements:
+            pr = report.measurements["probe"]
+            click.echo(f"warm tier 4K random read: p50 {pr['p50_us']} µs, p99 {pr['p99_us']} µs"
+                       + (f" (baseline p50 {pr['baseline_p50_us']} µs)" if pr.get("baseline_p50_us") else
+                          " (no baseline: run `weightd bench disk`)"))
+    if report.critical:
+        sys.exit(EXIT_CRITICAL)
+
+
+@cli.group("bench")
+def bench_group() -> None:
+    """Measure this node."""
+
+
+@bench_group.command("disk")
+@click.argument("path", required=False, type=click.Path())
+@click.option("--size", default="256MiB", show_default=True, help="Size of the test file made in a directory.")
+@click.option("--seconds", type=click.FloatRange(0.2, 120), default=3.0, show_default=True,
+              help="Duration of each random-read test.")
+@click.option("--depths", default="1,4,16", show_default=True, help="Queue depths (concurrent readers).")
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--no-record", is_flag=True, help="Do not store the result as the device's baseline.")
+@click.pass_obj
+def bench_disk_cmd(app: AppContext, path: str | None, size: str, seconds: float, depths: str, as_json: bool,
+                   no_record: bool) -> None:
+    """4 KiB O_DIRECT random-read latency and 16 MiB sequential throughput of PATH's device (default:
+    the warm tier); recorded as the baseline `weightd doctor` compares against."""
+    from tiering import parse_size
+    from .diskbench import BenchError, bench_disk, save_baseline
+    try:
+        nbytes = parse_size(size)
+        qd = tuple(int(x) for x in depths.split(","))
+    except ValueError as exc:
+        raise UsageError(f"--size/--depths: {exc}") from None
+    if not qd or any(d < 1 or d > 256 for d in qd) or nbytes < (1 << 20):
+        raise UsageError("--depths: 1 to 256 each; --size: at least 1MiB")
+    target = Path(path) if path else app.config.settings.tiers.warm.path
+    if not path:
+        target.mkdir(parents=True, exist_ok=True)
+    try:
+        r = bench_disk(target, size=nbytes, seconds=seconds, depths=qd)
+    except BenchError as exc:
+        raise UsageError(str(exc)) from None
+    if not no_record:
+        r["baseline_file"] = str(save_baseline(app.config.settings.state_dir, r))
+    if as_json:
+        emit_json(r)
+        return
+    click.echo(f"{target} (device {r['device']}, {format_bytes(r['file_bytes'])} test file)")
+    for d, x in r["randread_4k"].items():
+        click.echo(f"  4K random read QD{d:<3} p50 {x['p50_us']:>8} µs  p99 {x['p99_us']:>8} µs  {x['iops']:>7} IOPS")
+    click.echo(f"  16M sequential read  {r['seqread_16m']['bytes_per_s'] / 1e9:.2f} GB/s")
+    if not no_record:
+        click.echo(f"recorded as the baseline in {r['baseline_file']}")
+
+
 @cli.command("cool")
 @click.argument("paths", nargs=-1, required=True, type=click.Path())
 def cool_cmd(paths: tuple[str, ...]) -> None:

@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Awaitable, Callable
@@ -40,6 +41,8 @@ from .swarm import P2PFetcher, ensure_torrent, p2p_config, read_torrent, seed_he
 log = logging.getLogger(__name__)
 SHUTDOWN_GRACE_S = 8.0
 GC_INTERVAL_S = 30.0
+PRESSURE_INTERVAL_S = 5.0
+PRESSURE_KEEP = 121            # 10 minutes of counter history for `weightd doctor`
 API_VERSION = "v1"
 
 
@@ -74,6 +77,7 @@ class Daemon:
         self.pools = {HOT: ThreadPoolExecutor(2, "weightd-hot"), WARM: ThreadPoolExecutor(2, "weightd-warm"),
                       "misc": ThreadPoolExecutor(4, "weightd-misc")}
         self.inflight: dict[tuple[str, str, str], asyncio.Task[dict[str, Any]]] = {}
+        self.pressure: deque[tuple[float, dict[str, str]]] = deque(maxlen=PRESSURE_KEEP)
         self.stopping = asyncio.Event()
         self.status_text = "starting"
         self._status_cache: tuple[float, dict[str, Any]] | None = None
@@ -210,7 +214,33 @@ class Daemon:
         n = len(self.inflight)
         return f"serving ({n} transfer{'s' if n != 1 else ''} in flight)" if n else "serving, idle"
 
-    # -- background duties ----------------------------------------------------------------------------
+    # -- background duties ----
+    async def _pressure_loop(self) -> None:
+        """A history of the raw node counters (``weightd doctor`` reads it instead of sampling)."""
+        from .doctor import read_counter_texts
+        while not self.stopping.is_set():
+            texts = await self.run_blocking("misc", read_counter_texts, Path("/"))
+            self.pressure.append((time.monotonic(), texts))
+            try:
+                await asyncio.wait_for(self.stopping.wait(), PRESSURE_INTERVAL_S)
+                return
+            except asyncio.TimeoutError:
+                pass
+
+    async def _h_pressure(self, request: web.Request) -> web.Response:
+        try:
+            window = float(request.query.get("window", "60"))
+        except ValueError:
+            raise web.HTTPBadRequest(text="window: expected seconds") from None
+        if len(self.pressure) < 2:
+            return web.json_response({"error": "no history yet"}, status=404)
+        t1, texts1 = self.pressure[-1]
+        t0, texts0 = next(((t, x) for t, x in self.pressure if t1 - t <= window), self.pressure[-2])
+        if t0 == t1:
+            t0, texts0 = self.pressure[-2]
+        return web.json_response({"window_s": round(t1 - t0, 3), "t0": texts0, "t1": texts1,
+                                  "age_s": round(time.monotonic() - t1, 3)})
+
     async def _gc_loop(self) -> None:
         while not self.stopping.is_set():
             try:
@@ -261,6 +291,7 @@ class Daemon:
         app = web.Application(middlewares=[self._errors], client_max_size=1 << 20)
         r = app.router
         r.add_get(f"/{API_VERSION}/health", self._h_health)
+        r.add_get(f"/{API_VERSION}/pressure", self._h_pressure)
         r.add_get(f"/{API_VERSION}/status", self._h(lambda b: self.run_blocking("misc", self.node.status)))
         r.add_post(f"/{API_VERSION}/preload", self._h(self.preload))
         r.add_post(f"/{API_VERSION}/publish", self._h(self._publish))
@@ -398,7 +429,7 @@ class Daemon:
         loop.add_signal_handler(signal.SIGTERM, self.stopping.set)
         loop.add_signal_handler(signal.SIGINT, self.stopping.set)
         loop.add_signal_handler(signal.SIGHUP, self.reload)
-        tasks = [loop.create_task(self._gc_loop())]
+        tasks = [loop.create_task(self._gc_loop()), loop.create_task(self._pressure_loop())]
         if self.notifier.watchdog_s:
             tasks.append(loop.create_task(self._watchdog_loop()))
         log.info("serving role=%s api=%s metrics=%s", self.role, sock_path, self.config.settings.metrics.listen)

@@ -9,13 +9,14 @@ short probe against it.
 
 from __future__ import annotations
 
+import array
 import json
 import mmap
+import multiprocessing
 import os
 import random
 import statistics
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -62,48 +63,76 @@ def make_test_file(directory: Path, size: int) -> Path:
     return Path(name)
 
 
+def _reader(path: str, blocks: int, seed: int, stop_at: float, max_reads: int | None) -> list[int]:
+    """One synchronous O_DIRECT 4 KiB random reader; latencies in ns."""
+    fd = _open_direct(Path(path))
+    buf = mmap.mmap(-1, BLOCK)  # page-aligned, as O_DIRECT requires
+    rnd = random.Random(seed)
+    out: list[int] = []
+    perf, mono, pread = time.perf_counter_ns, time.monotonic, os.preadv
+    try:
+        while mono() < stop_at and (max_reads is None or len(out) < max_reads):
+            off = rnd.randrange(blocks) * BLOCK
+            t0 = perf()
+            n = pread(fd, [buf], off)
+            out.append(perf() - t0)
+            if n != BLOCK:
+                raise BenchError(f"{path}: short read at {off}")
+    finally:
+        buf.close()
+        os.close(fd)
+    return out
+
+
+def _child(conn: Any, *args: Any) -> None:
+    try:
+        conn.send(("ok", array.array("Q", _reader(*args)).tobytes()))
+    except BaseException as exc:  # noqa: BLE001 - reported by the parent
+        conn.send(("error", str(exc)))
+    finally:
+        conn.close()
+
+
 def random_reads(path: Path, *, depth: int = 1, seconds: float = 2.0, max_reads: int | None = None) -> dict[str, Any]:
-    """4 KiB O_DIRECT random reads, ``depth`` synchronous readers at once."""
+    """4 KiB O_DIRECT random reads, ``depth`` synchronous readers at once. Above depth 1 each reader is
+    a process of its own (like fio's numjobs): threads would queue on the interpreter lock and
+    measure it instead of the device."""
     size = os.path.getsize(path)
     blocks = size // BLOCK
     if blocks < 2:
         raise BenchError(f"{path}: too small for a random-read test ({size} bytes)")
-    fd = _open_direct(path)
-    lat: list[list[int]] = [[] for _ in range(depth)]
-    stop = time.monotonic() + seconds
+    os.close(_open_direct(path))  # a clear error before any reader starts
     per = None if max_reads is None else max(1, max_reads // depth)
-    errors: list[BaseException] = []
-
-    def reader(i: int) -> None:
-        buf = mmap.mmap(-1, BLOCK)  # page-aligned, as O_DIRECT requires
-        rnd = random.Random(i)
-        out = lat[i]
-        perf = time.perf_counter_ns
-        try:
-            while time.monotonic() < stop and (per is None or len(out) < per):
-                off = rnd.randrange(blocks) * BLOCK
-                t0 = perf()
-                n = os.preadv(fd, [buf], off)
-                out.append(perf() - t0)
-                if n != BLOCK:
-                    raise BenchError(f"{path}: short read at {off}")
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            buf.close()
-
     t0 = time.monotonic()
-    threads = [threading.Thread(target=reader, args=(i,)) for i in range(depth)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    stop_at = t0 + seconds
+    if depth == 1:
+        allv = _reader(str(path), blocks, 0, stop_at, per)
+    else:
+        ctx = multiprocessing.get_context("fork")
+        pipes, procs = [], []
+        for i in range(depth):
+            parent, child = ctx.Pipe(duplex=False)
+            pr = ctx.Process(target=_child, args=(child, str(path), blocks, i, stop_at, per), daemon=True)
+            pr.start()
+            child.close()
+            pipes.append(parent)
+            procs.append(pr)
+        allv, errors = [], []
+        for conn in pipes:
+            try:
+                kind, payload = conn.recv()
+            except EOFError:
+                kind, payload = "error", "a reader died"
+            if kind == "ok":
+                allv.extend(array.array("Q", payload))
+            else:
+                errors.append(payload)
+        for pr in procs:
+            pr.join(timeout=10)
+        if errors:
+            raise BenchError(f"{path}: {errors[0]}")
     elapsed = time.monotonic() - t0
-    os.close(fd)
-    if errors:
-        e = errors[0]
-        raise e if isinstance(e, BenchError) else BenchError(f"{path}: {e}")
-    allv = sorted(v for x in lat for v in x)
+    allv.sort()
     if not allv:
         raise BenchError(f"{path}: no read completed")
 
@@ -146,13 +175,14 @@ def bench_disk(target: Path, *, size: int = 256 << 20, seconds: float = 2.0,
     if target.is_dir():
         made = path = make_test_file(target, size)
     try:
+        device, file_bytes = _device_of(path), os.path.getsize(path)
         rnd = {str(d): random_reads(path, depth=d, seconds=seconds) for d in depths}
         seq = sequential_read(path)
     finally:
         if made is not None:
             made.unlink(missing_ok=True)
-    return {"path": str(target), "file": str(path), "device": _device_of(path), "file_bytes": os.path.getsize(path)
-            if made is None else size, "randread_4k": rnd, "seqread_16m": seq,
+    return {"path": str(target), "file": None if made else str(path), "device": device, "file_bytes": file_bytes,
+            "randread_4k": rnd, "seqread_16m": seq,
             "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
@@ -176,11 +206,16 @@ def load_baselines(state_dir: Path) -> dict[str, Any]:
 
 
 def probe(tier_path: Path, state_dir: Path, *, reads: int = 300) -> dict[str, Any] | None:
-    """A short QD1 probe of the tier's device: the largest file in the tier, else a small test file."""
-    if not tier_path.is_dir():
+    """A short QD1 probe of the tier's device: the largest file in the tier, else a small test file
+    (in the tier, or in its nearest existing parent while the tier does not exist yet)."""
+    from tiering.layout import existing_ancestor
+    exists = tier_path.is_dir()
+    if not exists:
+        tier_path = Path(existing_ancestor(tier_path))
+    if not os.access(tier_path, os.W_OK):
         return None
     best, best_size = None, 0
-    for p in tier_path.rglob("*.safetensors"):
+    for p in tier_path.rglob("*.safetensors") if exists else ():
         try:
             s = p.stat().st_size
         except OSError:

@@ -60,27 +60,39 @@ def _read(path: Path) -> str:
         return ""
 
 
+COUNTER_FILES = ("proc/diskstats", "proc/net/dev", "proc/net/snmp", "proc/softirqs")
+
+
+def read_counter_texts(root: Path) -> dict[str, str]:
+    """The raw counter files (what the daemon keeps a history of)."""
+    return {rel: _read(root / rel) for rel in COUNTER_FILES}
+
+
 def read_counters(root: Path) -> Counters:
+    return parse_counters(read_counter_texts(root))
+
+
+def parse_counters(texts: dict[str, str]) -> Counters:
     disks, devnums = {}, {}
-    for line in _read(root / "proc/diskstats").splitlines():
+    for line in texts.get("proc/diskstats", "").splitlines():
         f = line.split()
         if len(f) < 14:
             continue
         disks[f[2]] = (int(f[3]), int(f[6]), int(f[5]), int(f[12]))
         devnums[f"{f[0]}:{f[1]}"] = f[2]
     nics = {}
-    for line in _read(root / "proc/net/dev").splitlines()[2:]:
+    for line in texts.get("proc/net/dev", "").splitlines()[2:]:
         name, _, rest = line.partition(":")
         f = rest.split()
         if len(f) >= 9 and name.strip() != "lo":
             nics[name.strip()] = (int(f[0]), int(f[8]))
     tcp = (0, 0)
-    snmp = [ln.split() for ln in _read(root / "proc/net/snmp").splitlines() if ln.startswith("Tcp:")]
+    snmp = [ln.split() for ln in texts.get("proc/net/snmp", "").splitlines() if ln.startswith("Tcp:")]
     if len(snmp) >= 2:
         row = dict(zip(snmp[0][1:], snmp[1][1:]))
         tcp = (int(row.get("OutSegs", 0)), int(row.get("RetransSegs", 0)))
     soft = 0
-    for line in _read(root / "proc/softirqs").splitlines():
+    for line in texts.get("proc/softirqs", "").splitlines():
         f = line.split()
         if f and f[0] in ("NET_RX:", "NET_TX:"):
             soft += sum(int(x) for x in f[1:] if x.isdigit())
@@ -214,14 +226,21 @@ def gather_snapshot(snap: Path, tiers: list[Tier], **kw: Any) -> Inputs:
                   probe=meta.get("probe", kw.pop("probe", None)), symptom=meta.get("symptom", kw.pop("symptom", None)))
 
 
-def gather_live(tiers: list[Tier], sample_s: float, **kw: Any) -> Inputs:
+def gather_live(tiers: list[Tier], sample_s: float, *, history: dict[str, Any] | None = None,
+                **kw: Any) -> Inputs:
+    """Sample this node for ``sample_s``, or use ``history`` (a running daemon's: ``window_s``,
+    ``t0`` and ``t1`` counter texts) when given."""
     root = Path("/")
-    before = read_counters(root)
-    t0 = time.monotonic()
-    time.sleep(sample_s)
-    after = read_counters(root)
+    if history is not None:
+        window, before, after = float(history["window_s"]), parse_counters(history["t0"]), parse_counters(history["t1"])
+    else:
+        before = read_counters(root)
+        t0 = time.monotonic()
+        time.sleep(sample_s)
+        after = read_counters(root)
+        window = time.monotonic() - t0
     speed, mtu, rdma = _static(root)
-    return Inputs(time.monotonic() - t0, before, after, read_mounts(root), speed, mtu, rdma,
+    return Inputs(window, before, after, read_mounts(root), speed, mtu, rdma,
                   memory_limit(root), memlock_limit(root), tiers, **kw)
 
 

@@ -8,7 +8,7 @@ Hierarchy::
 
 Errors from ``tiering`` (``TieringError``) and ``p2p`` (``P2PError``) carry their own ``exit_code``.
 Exit codes (design §5): 0 ok; 2 bad input; 3 not found; 4 timed out; 5 integrity failure;
-6 no space in any allowed tier; 1 anything else.
+6 no space in any allowed tier; 7 ``weightd doctor`` found a critical problem; 1 anything else.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ EXIT_NOT_FOUND = 3
 EXIT_TIMEOUT = 4
 EXIT_INTEGRITY = 5
 EXIT_NO_SPACE = 6
+EXIT_CRITICAL = 7   # weightd doctor: a critical finding
 
 
 class WeightdError(Exception):

@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""`weightd bench disk` against fio on the same file, in the same run.
+
+    .venv/bin/python bench/disk.py [--dir /var/tmp] [--size 1GiB] [--seconds 3] [--runs 3]
+
+4 KiB random reads with O_DIRECT at queue depths 1, 4 and 16 (fio: psync engine, numjobs = depth,
+which is what weightd does: one synchronous reader per slot), and 16 MiB sequential O_DIRECT reads.
+Alternating runs, medians; reported as weightd/fio ratios (the issue's target: within 20%).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from tiering.units import parse_size  # noqa: E402
+from weightd.diskbench import make_test_file  # noqa: E402
+
+ENV = {**os.environ, "PYTHONPATH": str(REPO)}
+DEPTHS = (1, 4, 16)
+
+
+def fio(path: Path, rw: str, bs: str, jobs: int, seconds: float | None) -> dict:
+    cmd = ["fio", "--name=b", f"--filename={path}", f"--rw={rw}", f"--bs={bs}", "--direct=1", "--ioengine=psync",
+           f"--numjobs={jobs}", "--group_reporting", "--output-format=json", "--randrepeat=0"]
+    cmd += ["--time_based", f"--runtime={seconds}"] if seconds else [f"--size={path.stat().st_size}"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    read = json.loads(out[out.index("{"):])["jobs"][0]["read"]
+    pct = read["clat_ns"]["percentile"]
+    return {"p50_us": pct["50.000000"] / 1000, "p99_us": pct["99.000000"] / 1000, "iops": read["iops"],
+            "bytes_per_s": read["bw_bytes"]}
+
+
+def weightd(path: Path, seconds: float, config: Path) -> dict:
+    out = subprocess.run([sys.executable, "-m", "weightd", "--config", str(config), "--no-daemon", "bench", "disk",
+                          str(path), "--seconds", str(seconds), "--json", "--no-record",
+                          "--depths", ",".join(map(str, DEPTHS))], capture_output=True, text=True, env=ENV, check=True)
+    return json.loads(out.stdout)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dir", default="/var/tmp")
+    ap.add_argument("--size", default="1GiB")
+    ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--runs", type=int, default=3)
+    args = ap.parse_args()
+    if shutil.which("fio") is None:
+        raise SystemExit("fio is not installed: run scripts/install-tools.sh")
+    base = Path(tempfile.mkdtemp(prefix="weightd-bench-disk-", dir=args.dir))
+    try:
+        f = make_test_file(base, parse_size(args.size))
+        cfg = base / "weightd.toml"
+        cfg.write_text(f'state_dir = "{base}/state"\n[tiers.hot]\npath = "/dev/shm/weightd-bench-disk-{os.getpid()}"\n'
+                       f'[tiers.warm]\npath = "{base}/warm"\n[tiers.cold]\npath = "{base}/cold"\n')
+        w: dict[str, list[dict]] = {str(d): [] for d in DEPTHS}
+        fr: dict[str, list[dict]] = {str(d): [] for d in DEPTHS}
+        wseq, fseq = [], []
+        for _ in range(args.runs):
+            for d in DEPTHS:
+                fr[str(d)].append(fio(f, "randread", "4k", d, args.seconds))
+            r = weightd(f, args.seconds, cfg)
+            for d in DEPTHS:
+                w[str(d)].append(r["randread_4k"][str(d)])
+            fseq.append(fio(f, "read", "16m", 1, None)["bytes_per_s"])
+            wseq.append(r["seqread_16m"]["bytes_per_s"])
+
+        def med(rows: list[dict], k: str) -> float:
+            return round(statistics.median(x[k] for x in rows), 1)
+
+        rnd = {}
+        for d in map(str, DEPTHS):
+            rnd[f"qd{d}"] = {
+                "weightd": {k: med(w[d], k) for k in ("p50_us", "p99_us", "iops")},
+                "fio": {k: med(fr[d], k) for k in ("p50_us", "p99_us", "iops")},
+            }
+            rnd[f"qd{d}"]["ratio"] = {k: round(rnd[f"qd{d}"]["weightd"][k] / rnd[f"qd{d}"]["fio"][k], 3)
+                                      for k in ("p50_us", "p99_us", "iops")}
+        seq = {"weightd_bytes_per_s": round(statistics.median(wseq)), "fio_bytes_per_s": round(statistics.median(fseq))}
+        seq["ratio"] = round(seq["weightd_bytes_per_s"] / seq["fio_bytes_per_s"], 3)
+        within = [abs(1 - v) <= 0.2 for x in rnd.values() for k, v in x["ratio"].items() if k != "p99_us"]
+        print(json.dumps({"benchmark": "disk", "file_bytes": f.stat().st_size, "runs": args.runs,
+                          "seconds_per_test": args.seconds, "randread_4k": rnd, "seqread_16m": seq,
+                          "p50_iops_seq_within_20pct": all(within) and abs(1 - seq["ratio"]) <= 0.2,
+                          "target": "latency and throughput within 20% of fio's"}, indent=2))
+        return 0
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
