@@ -15,7 +15,7 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Sequence, TypeVar
 
 from .errors import FileChanged, TimedOut
 from .hashing import open_for_read
@@ -23,6 +23,7 @@ from .hashing import open_for_read
 CHUNK = 64 << 20
 _FALLBACK_ERRNOS = {errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EBADF, errno.EPERM}
 _SYNC_FILE_RANGE_WRITE = 2
+T = TypeVar("T")
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 _sync_file_range = getattr(_libc, "sync_file_range", None)
 if _sync_file_range is not None:
@@ -109,13 +110,19 @@ def copy_files(jobs: Sequence[CopyJob], *, threads: int = 2, preallocate: bool =
     order = sorted(jobs, key=lambda j: -j.size)
     for j in order:
         os.makedirs(os.path.dirname(j.dst), exist_ok=True)
-    if threads <= 1 or len(order) <= 1:
-        for j in order:
-            copy_file(j, preallocate=preallocate, progress=progress, deadline=deadline)
+    run_all(lambda j: copy_file(j, preallocate=preallocate, progress=progress, deadline=deadline), order,
+            threads=threads, name="weightd-copy")
+
+
+def run_all(fn: Callable[[T], object], items: Sequence[T], *, threads: int, name: str) -> None:
+    """``fn(item)`` for every item, ``threads`` at a time, in order; the first error cancels what has
+    not started and is raised once the running ones finish."""
+    if threads <= 1 or len(items) <= 1:
+        for it in items:
+            fn(it)
         return
-    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="weightd-copy") as pool:
-        futures = [pool.submit(copy_file, j, preallocate=preallocate, progress=progress, deadline=deadline)
-                   for j in order]
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix=name) as pool:
+        futures = [pool.submit(fn, it) for it in items]
         error: BaseException | None = None
         for f in futures:
             try:

@@ -23,13 +23,13 @@ from __future__ import annotations
 import errno
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 import xxhash
 
+from .copy import run_all
 from .errors import TimedOut
 from .hashing import open_for_read
 from .manifest import FileEntry, Manifest
@@ -307,24 +307,8 @@ def build(plan: DeltaPlan, dest: Path, source: Path | None, *, threads: int = 2,
     verification pass instead of two."""
     result = BuildResult()
     order = sorted(plan.files, key=lambda fp: -fp.entry.size)
-    if threads <= 1 or len(order) <= 1:
-        for fp in order:
-            _build_file(plan, fp, dest / fp.entry.path, source, result, deadline, progress, fsync, check)
-        return result
-    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="weightd-delta") as pool:
-        futures = [pool.submit(_build_file, plan, fp, dest / fp.entry.path, source, result, deadline, progress,
-                               fsync, check) for fp in order]
-        first: BaseException | None = None
-        for fut in futures:
-            try:
-                fut.result()
-            except BaseException as exc:
-                if first is None:
-                    first = exc
-                    for other in futures:
-                        other.cancel()
-        if first is not None:
-            raise first
+    run_all(lambda fp: _build_file(plan, fp, dest / fp.entry.path, source, result, deadline, progress, fsync, check),
+            order, threads=threads, name="weightd-delta")
     return result
 
 
