@@ -38,7 +38,7 @@ class CopyJob:
     mode: int
 
 
-def _start_writeback(fd: int, off: int, n: int) -> None:
+def start_writeback(fd: int, off: int, n: int) -> None:
     if _sync_file_range is not None:
         _sync_file_range(fd, off, n, _SYNC_FILE_RANGE_WRITE)
 
@@ -89,7 +89,7 @@ def copy_file(job: CopyJob, *, preallocate: bool = True, progress: Callable[[int
                 n = _copy_chunk(sfd, dfd, off, min(CHUNK, job.size - off), method, buf)
                 if n <= 0:
                     raise FileChanged(job.src, f"source ended at byte {off}, expected {job.size}")
-                _start_writeback(dfd, off, n)
+                start_writeback(dfd, off, n)
                 off += n
                 if progress is not None:
                     progress(n)

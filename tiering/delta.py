@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import xxhash
 
-from .copy import run_all
+from .copy import start_writeback, run_all
 from .errors import TimedOut
 from .hashing import open_for_read
 from .manifest import FileEntry, Manifest
@@ -254,6 +254,8 @@ def _build_file(plan: DeltaPlan, fp: FilePlan, dst: Path, source: Path | None, r
             if sfd is not None:
                 try:
                     _copy_range(sfd, s.donor_offset, dfd, s.begin, s.size, method)
+                    if fsync:
+                        start_writeback(dfd, s.begin, s.size)  # so the final fsync does not wait for it all
                     if check and _hash_range(dfd, s.begin, s.end) != s.xxh3_128:
                         why = "content differs from the manifest"
                 except (OSError, EOFError) as exc:
@@ -279,6 +281,8 @@ def _build_file(plan: DeltaPlan, fp: FilePlan, dst: Path, source: Path | None, r
                     if deadline is not None and time.monotonic() > deadline:
                         raise TimedOut(f"timed out fetching {f.path}")
                     _copy_range(sfd, begin, dfd, begin, end - begin, method2)
+                    if fsync:
+                        start_writeback(dfd, begin, end - begin)
                     result.fetched += end - begin
                     if progress is not None:
                         progress(end - begin)

@@ -208,7 +208,7 @@ def load_baselines(state_dir: Path) -> dict[str, Any]:
 def probe(tier_path: Path, state_dir: Path, *, reads: int = 300) -> dict[str, Any] | None:
     """A short QD1 probe of the tier's device: the largest file in the tier, else a small test file
     (in the tier, or in its nearest existing parent while the tier does not exist yet)."""
-    from tiering.layout import existing_ancestor
+    from tiering.layout import existing_ancestor  # (tiering is imported lazily by the CLI)
     exists = tier_path.is_dir()
     if not exists:
         tier_path = Path(existing_ancestor(tier_path))
