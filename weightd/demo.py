@@ -6,12 +6,14 @@ smoke test of the installed entry point. Later capabilities (publish, preload, P
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import click
@@ -83,10 +85,8 @@ def _demo_daemon(base: Path, config: Path) -> None:
 def _demo_cluster(base: Path, size: int) -> None:
     """An origin and three workers on 127.0.0.1-4, each its own daemon, tiers and socket; one shared
     cold storage; a checkpoint over the (demo) P2P threshold preloaded on all workers at once."""
-    import json
     import signal
     import socket
-    import time
 
     def port(ip: str) -> int:
         with socket.socket() as s:
@@ -135,25 +135,22 @@ def _demo_cluster(base: Path, size: int) -> None:
         if pub.returncode:
             raise click.ClickException(pub.stderr.strip())
         click.echo(f"published with torrent {json.loads(pub.stdout)['torrent']}\n")
-        click.secho("$ weightd preload demo/swarm@v1 --tier warm   (on the three workers at once)", fg="cyan", bold=True)
-        t0 = time.monotonic()
-        procs = [(ip, subprocess.Popen([sys.executable, "-m", "weightd", "--config", str(cfg), "preload", "demo/swarm@v1",
-                                        "--tier", "warm", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                       text=True)) for ip, cfg, _, _ in nodes[1:]]
-        totals = dict.fromkeys(("origin", "peer", "cold", "local_reuse"), 0)
-        for ip, p in procs:
-            out, err = p.communicate(timeout=300)
-            if p.returncode:
-                raise click.ClickException(f"worker {ip}: {err.strip()}")
-            r = json.loads(out.splitlines()[0])
-            for k in totals:
-                totals[k] += r["bytes_by_source"][k]
-            b = r["bytes_by_source"]
-            click.echo(f"  worker {ip}: {r['bytes'] / 1e6:.1f} MB verified in {r['seconds']:.1f} s: "
-                       f"{b['origin'] / 1e6:.1f} MB from the origin, {b['peer'] / 1e6:.1f} MB from other workers, "
-                       f"{b['cold'] / 1e6:.1f} MB from cold")
-        click.echo(f"  all three in {time.monotonic() - t0:.1f} s; the swarm moved {totals['origin'] / 1e6:.1f} MB "
-                   f"from the origin and {totals['peer'] / 1e6:.1f} MB between workers\n")
+        _cluster_preload(nodes, "v1")
+        # an update over P2P: every worker holds v1, v2 changes three tensors
+        v2 = base / "cluster-src-v2"
+        shutil.copytree(src, v2, ignore=shutil.ignore_patterns(".weightd"))
+        for name in ("model.layers.0.mlp.up_proj.weight", "model.layers.2.self_attn.q_proj.weight",
+                     "model.layers.3.mlp.down_proj.weight"):
+            shard = next(p for p in sorted(v2.glob("*.safetensors")) if name.encode() in p.read_bytes()[:1 << 16])
+            mutate_tensor(shard, name, seed="cluster-v2")
+        click.secho(f"$ weightd publish {v2} --name demo/swarm --version v2   (three tensors fine-tuned)", fg="cyan",
+                    bold=True)
+        pub = subprocess.run([sys.executable, "-m", "weightd", "--config", str(nodes[0][1]), "publish", str(v2),
+                              "--name", "demo/swarm", "--version", "v2", "--json"], capture_output=True, text=True)
+        if pub.returncode:
+            raise click.ClickException(pub.stderr.strip())
+        click.echo("each worker pre-fills v2 with v1's bytes; libtorrent's check keeps them, only changed pieces move\n")
+        _cluster_preload(nodes, "v2")
     finally:
         for _, _, proc, hot in nodes:
             if proc.poll() is None:
@@ -164,6 +161,34 @@ def _demo_cluster(base: Path, size: int) -> None:
             except subprocess.TimeoutExpired:
                 proc.kill()
             shutil.rmtree(hot, ignore_errors=True)
+
+
+def _cluster_preload(nodes: list, version: str) -> None:
+    click.secho(f"$ weightd preload demo/swarm@{version} --tier warm   (on the three workers at once)", fg="cyan",
+                bold=True)
+    t0 = time.monotonic()
+    procs = [(ip, subprocess.Popen([sys.executable, "-m", "weightd", "--config", str(cfg), "preload",
+                                    f"demo/swarm@{version}", "--tier", "warm", "--json"], stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True)) for ip, cfg, _, _ in nodes[1:]]
+    totals = dict.fromkeys(("origin", "peer", "cold", "local_reuse"), 0)
+    size = 0
+    for ip, p in procs:
+        out, err = p.communicate(timeout=300)
+        if p.returncode:
+            raise click.ClickException(f"worker {ip}: {err.strip()}")
+        r = json.loads(out.splitlines()[0])
+        size = r["bytes"]
+        for k in totals:
+            totals[k] += r["bytes_by_source"][k]
+        b = r["bytes_by_source"]
+        click.echo(f"  worker {ip}: {r['bytes'] / 1e6:.1f} MB verified in {r['seconds']:.1f} s: "
+                   f"{b['origin'] / 1e6:.1f} MB from the origin, {b['peer'] / 1e6:.1f} MB from other workers, "
+                   f"{b['cold'] / 1e6:.1f} MB from cold" + (f", {b['local_reuse'] / 1e6:.1f} MB reused locally"
+                                                            if b["local_reuse"] else ""))
+    moved = totals["origin"] + totals["peer"] + totals["cold"]
+    click.echo(f"  all three in {time.monotonic() - t0:.1f} s; {moved / 1e6:.1f} MB moved for 3 x {size / 1e6:.1f} MB "
+               f"({totals['origin'] / 1e6:.1f} MB from the origin, {totals['peer'] / 1e6:.1f} MB between workers"
+               + (f", {totals['local_reuse'] / 1e6:.1f} MB reused locally" if totals["local_reuse"] else "") + ")\n")
 
 
 def run_demo(workdir: str | None, size: str = "64MiB") -> None:
