@@ -45,7 +45,10 @@ def _open_direct(path: Path) -> int:
 
 def make_test_file(directory: Path, size: int) -> Path:
     """A file of ``size`` bytes of incompressible data in ``directory``, on disk (fsync'd)."""
-    fd, name = tempfile.mkstemp(prefix=".weightd-bench-disk-", dir=directory)
+    try:
+        fd, name = tempfile.mkstemp(prefix=".weightd-bench-disk-", dir=directory)
+    except OSError as exc:
+        raise BenchError(f"{directory}: cannot create a test file ({exc.strerror})") from None
     try:
         chunk = random.Random(7).randbytes(1 << 20)
         done = 0
