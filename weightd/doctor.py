@@ -213,17 +213,19 @@ def _static(root: Path) -> tuple[dict[str, int], dict[str, int], list[str]]:
     return speed, mtu, rdma
 
 
-def gather_snapshot(snap: Path, tiers: list[Tier], **kw: Any) -> Inputs:
-    """A recorded scenario: ``snap/{t0,t1,static}`` and ``snap/meta.json``."""
+def gather_snapshot(snap: Path, tiers: list[Tier], *, log_dir: str = "/var/log", lock_wanted: int = 0,
+                    probe: dict[str, Any] | None = None, symptom: str | None = None) -> Inputs:
+    """A recorded scenario: ``snap/{t0,t1,static}`` and ``snap/meta.json``, whose keys (``window_s``,
+    ``tiers``, ``log_dir``, ``lock_wanted``, ``probe``, ``symptom``) win over the arguments."""
     meta = json.loads(_read(snap / "meta.json") or "{}")
     static = snap / "static"
     speed, mtu, rdma = _static(static)
-    tiers = [Tier(t["name"], t["path"], t.get("capacity")) for t in meta["tiers"]] if "tiers" in meta else tiers
+    if "tiers" in meta:
+        tiers = [Tier(t["name"], t["path"], t.get("capacity")) for t in meta["tiers"]]
     return Inputs(float(meta.get("window_s", 1.0)), read_counters(snap / "t0"), read_counters(snap / "t1"),
                   read_mounts(static), speed, mtu, rdma, memory_limit(static), memlock_limit(static), tiers,
-                  log_dir=meta.get("log_dir", kw.pop("log_dir", "/var/log")),
-                  lock_wanted=int(meta.get("lock_wanted", kw.pop("lock_wanted", 0))),
-                  probe=meta.get("probe", kw.pop("probe", None)), symptom=meta.get("symptom", kw.pop("symptom", None)))
+                  log_dir=meta.get("log_dir", log_dir), lock_wanted=int(meta.get("lock_wanted", lock_wanted)),
+                  probe=meta.get("probe", probe), symptom=meta.get("symptom", symptom))
 
 
 def gather_live(tiers: list[Tier], sample_s: float, *, history: dict[str, Any] | None = None,
@@ -262,13 +264,6 @@ class Report:
                 "measurements": self.measurements}
 
 
-def _devname(devnum: str, c: Counters) -> str | None:
-    name = c.devnums.get(devnum)
-    if name is None:  # a partition's mount: maj:min of the partition is listed too; else unknown
-        return None
-    return name
-
-
 def diagnose(i: Inputs) -> Report:
     r = Report("healthy")
     dt = max(i.window_s, 1e-3)
@@ -277,7 +272,7 @@ def diagnose(i: Inputs) -> Report:
     for t in i.tiers:
         m = mount_of(t.path, i.mounts)
         if m is not None:
-            name = _devname(m.devnum, i.after)
+            name = i.after.devnums.get(m.devnum)  # (partitions are listed too; overlay/tmpfs are not)
             if name:
                 tier_dev.setdefault(name, []).append(t.name)
     disks = {}
