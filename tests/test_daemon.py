@@ -346,3 +346,15 @@ def test_doctor_reads_the_daemons_history_instead_of_sampling(daemon, wd) -> Non
     assert 4 < doc["window_s"] < 20 and doc["measurements"]["disks"]
     direct = json.loads(wd("--no-daemon", "doctor", "--sample-s", "0.2", "--no-probe", "--json").stdout)
     assert "sampling" in direct["source"]
+
+
+def test_daemon_only_never_falls_back_to_in_process(daemon, wd, tmp_path: Path) -> None:
+    """An init-container with --daemon-only goes through the daemon, and fails cleanly without it."""
+    publish(wd, tmp_path)
+    proc = wd("--daemon-only", "preload", "org/d@v1", "--tier", "warm", "--json")
+    assert proc.returncode == 0, proc.stderr
+    daemon.stop()
+    down = wd("--daemon-only", "preload", "org/d@v1", "--tier", "warm")
+    assert down.returncode == 1 and down.stderr.count("\n") == 1 and "does not answer" in down.stderr
+    both = wd("--daemon-only", "--no-daemon", "status")
+    assert both.returncode == 2 and "contradict" in both.stderr

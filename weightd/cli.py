@@ -19,7 +19,7 @@ from tiering import (MANIFEST_RELPATH, CheckpointNotFound, Manifest, build_manif
 from tiering.build import plan_size
 
 from . import __version__
-from .errors import EXIT_ERROR, UsageError, exit_code_for
+from .errors import EXIT_ERROR, UsageError, WeightdError, exit_code_for
 from .progress import progress_bar
 
 log = logging.getLogger("weightd")
@@ -30,6 +30,7 @@ class AppContext:
     config_path: str | None
     debug: bool
     no_daemon: bool = False
+    daemon_only: bool = False
     _config: Any = None
 
     @property
@@ -54,13 +55,18 @@ def rate(nbytes: int, seconds: float) -> str:
 @click.option("--debug", is_flag=True, help="Show tracebacks and debug logs.")
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
 @click.option("--no-daemon", is_flag=True, help="Work in-process even when the node daemon's socket answers.")
+@click.option("--daemon-only", is_flag=True, help="Fail (exit 1) instead of working in-process when the node "
+              "daemon does not answer (an init-container must not copy into its own filesystem).")
 @click.version_option(__version__, prog_name="weightd")
 @click.pass_context
-def cli(ctx: click.Context, config_path: str | None, debug: bool, verbose: int, no_daemon: bool) -> None:
+def cli(ctx: click.Context, config_path: str | None, debug: bool, verbose: int, no_daemon: bool,
+        daemon_only: bool) -> None:
     """weightd keeps model weights local, verified and warm on every inference node."""
     level = logging.DEBUG if debug or verbose > 1 else logging.INFO if verbose else logging.WARNING
     logging.basicConfig(level=level, stream=sys.stderr, format="weightd: %(levelname)s %(name)s: %(message)s")
-    ctx.obj = AppContext(config_path, debug, no_daemon)
+    if no_daemon and daemon_only:
+        raise UsageError("--no-daemon and --daemon-only contradict each other")
+    ctx.obj = AppContext(config_path, debug, no_daemon, daemon_only)
 
 
 # -- manifest -------------------------------------------------------------------------------------
@@ -253,6 +259,8 @@ class Backend:
             client = DaemonClient(app.config.settings.api.socket)
             if client.available():
                 self.client = client
+        if self.client is None and app.daemon_only:
+            raise WeightdError(f"the node daemon does not answer on {app.config.settings.api.socket} (--daemon-only)")
 
     @property
     def node(self):
