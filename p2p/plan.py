@@ -43,6 +43,7 @@ class PiecePlan:
         self.open_all = False
         self._idle_since: float | None = None
         self.origin_limit = 0   # what the session last set for the origin class (bytes/s, 0 = none)
+        self.last_progress = 0.0
 
     def slice_of(self, self_ip: str, workers: Sequence[str]) -> range:
         ranked = sorted({*workers, self_ip}, key=_key)

@@ -217,9 +217,13 @@ class P2PSession:
         prio = planner.priorities(have, self_ip, workers, seeds, now, progressed)
         # own slice done, peers to take the rest from: pull from the origin only at a trickle (what is
         # already asked of it still arrives; the origin's upload goes to workers still on their slice)
+        # (but not while nothing completes: then the peers are not delivering and the origin must)
         own_done = bool(workers) and not planner.open_all and all(have[p] for p in planner.slice_of(self_ip, list(workers)))
+        if progressed:
+            planner.last_progress = now
+        starving = now - planner.last_progress > 5.0
         if self.active_downloads == 1:
-            limit = max(self.cfg.download_limit // 16, 256 << 10) if own_done else 0
+            limit = max(self.cfg.download_limit // 256, 32 << 10) if own_done and not starving else 0
             if limit != planner.origin_limit:
                 self.ses.set_peer_class(self.origin_class, {"download_limit": limit})
                 planner.origin_limit = limit
@@ -258,6 +262,8 @@ class P2PSession:
         last_done = reported = 0
         origin_ips = {_endpoint(p)[0] for p in peers}
         planner = PiecePlan(ti.num_pieces()) if plan and origin_ips else None
+        if planner is not None:
+            planner.last_progress = time.monotonic()
         next_plan, planned_done, current = 0.0, -1, None
         fails0, bans0 = self.counters["hash_failures"], self.counters["peer_bans"]
         try:
