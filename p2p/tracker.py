@@ -10,6 +10,7 @@ because the origin only ever answers for the swarm it is part of and the allowli
 from __future__ import annotations
 
 import ipaddress
+import random
 import socket
 import struct
 import time
@@ -19,6 +20,7 @@ import libtorrent as lt
 
 INTERVAL_S = 30
 PEER_TTL_S = 3 * INTERVAL_S
+MAX_PEERS = 200
 
 
 class Tracker:
@@ -53,7 +55,13 @@ class Tracker:
             swarm.pop(me, None)
             return lt.bencode({b"interval": INTERVAL_S, b"peers": b""})
         swarm[me] = now
-        others = [p for p in swarm if p != me][:200]
+        try:  # numwant (BEP 3 suggests 50 by default; libtorrent asks for 200), capped at MAX_PEERS
+            want = max(0, min(MAX_PEERS, int(q.get("numwant", [str(MAX_PEERS)])[0])))
+        except ValueError:
+            want = MAX_PEERS
+        others = [p for p in swarm if p != me]
+        if len(others) > want:  # a random sample: in a large fleet, not everyone meets the same first few
+            others = random.sample(others, want)
         compact = b"".join(socket.inet_aton(h) + struct.pack(">H", pt) for h, pt in others)
         return lt.bencode({b"interval": INTERVAL_S, b"min interval": 5, b"peers": compact})
 

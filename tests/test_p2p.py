@@ -279,6 +279,23 @@ def test_tracker_announce() -> None:
     assert lt.bdecode(t.announce("127.0.0.9", q))[b"peers"] == b""
 
 
+def test_tracker_hands_out_a_random_sample_of_a_large_swarm() -> None:
+    import libtorrent as lt
+    from urllib.parse import quote_from_bytes
+    from p2p.tracker import MAX_PEERS, Tracker
+    t = Tracker(("127.0.0.0/8",))
+    q = f"info_hash={quote_from_bytes(bytes(20))}&peer_id=x&left=0&compact=1"
+    for i in range(300):
+        t.announce(f"127.0.{i // 250}.{i % 250 + 1}", q + "&port=7000")
+    a = lt.bdecode(t.announce("127.1.0.1", q + "&port=7000"))[b"peers"]
+    b = lt.bdecode(t.announce("127.1.0.2", q + "&port=7000"))[b"peers"]
+    assert len(a) == len(b) == 6 * MAX_PEERS and a != b   # not everyone gets the same first 200
+    few = lt.bdecode(t.announce("127.1.0.3", q + "&port=7000&numwant=30"))[b"peers"]
+    assert len(few) == 6 * 30
+    junk = lt.bdecode(t.announce("127.1.0.4", q + "&port=7000&numwant=lots"))[b"peers"]
+    assert len(junk) == 6 * MAX_PEERS
+
+
 @pytest.mark.slow
 def test_delta_update_over_p2p_moves_only_changed_pieces(cluster, tmp_path: Path) -> None:
     """A worker holding v1 preloads v2 (three tensors changed) from the swarm: the staged files are
