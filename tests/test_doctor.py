@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from weightd.doctor import Tier, diagnose, gather_snapshot
+from weightd.doctor import diagnose, gather_snapshot
 
 GiB, MiB = 1 << 30, 1 << 20
 SNMP_HEAD = ("Tcp: RtoAlgorithm RtoMin RtoMax MaxConn ActiveOpens PassiveOpens AttemptFails EstabResets CurrEstab "

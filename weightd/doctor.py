@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .pressure import link_info, parse_diskstats, parse_netdev, parse_tcp, read_text
+
 SCHEMA = 1
 AWAIT_MS, UTIL, NIC_UTIL, RETRANS = 5.0, 0.70, 0.80, 0.01
 SEVERITIES = ("critical", "warning", "info")
@@ -53,19 +55,12 @@ class Counters:
     net_softirq: int                                  # NET_RX + NET_TX over all CPUs
 
 
-def _read(path: Path) -> str:
-    try:
-        return path.read_text()
-    except OSError:
-        return ""
-
-
 COUNTER_FILES = ("proc/diskstats", "proc/net/dev", "proc/net/snmp", "proc/softirqs")
 
 
 def read_counter_texts(root: Path) -> dict[str, str]:
     """The raw counter files (what the daemon keeps a history of)."""
-    return {rel: _read(root / rel) for rel in COUNTER_FILES}
+    return {rel: read_text(root / rel) for rel in COUNTER_FILES}
 
 
 def read_counters(root: Path) -> Counters:
@@ -73,30 +68,17 @@ def read_counters(root: Path) -> Counters:
 
 
 def parse_counters(texts: dict[str, str]) -> Counters:
-    disks, devnums = {}, {}
-    for line in texts.get("proc/diskstats", "").splitlines():
-        f = line.split()
-        if len(f) < 14:
-            continue
-        disks[f[2]] = (int(f[3]), int(f[6]), int(f[5]), int(f[12]))
-        devnums[f"{f[0]}:{f[1]}"] = f[2]
-    nics = {}
-    for line in texts.get("proc/net/dev", "").splitlines()[2:]:
-        name, _, rest = line.partition(":")
-        f = rest.split()
-        if len(f) >= 9 and name.strip() != "lo":
-            nics[name.strip()] = (int(f[0]), int(f[8]))
-    tcp = (0, 0)
-    snmp = [ln.split() for ln in texts.get("proc/net/snmp", "").splitlines() if ln.startswith("Tcp:")]
-    if len(snmp) >= 2:
-        row = dict(zip(snmp[0][1:], snmp[1][1:]))
-        tcp = (int(row.get("OutSegs", 0)), int(row.get("RetransSegs", 0)))
+    disks = parse_diskstats(texts.get("proc/diskstats", ""))
+    tcp = parse_tcp(texts.get("proc/net/snmp", ""))
     soft = 0
     for line in texts.get("proc/softirqs", "").splitlines():
         f = line.split()
         if f and f[0] in ("NET_RX:", "NET_TX:"):
             soft += sum(int(x) for x in f[1:] if x.isdigit())
-    return Counters(disks, devnums, nics, tcp, soft)
+    return Counters({d.device: (d.reads, d.read_ms, d.sectors_read, d.io_ms) for d in disks},
+                    {d.devnum: d.device for d in disks},
+                    {name: (rx, tx) for name, rx, tx in parse_netdev(texts.get("proc/net/dev", ""))},
+                    (tcp.get("OutSegs", 0), tcp.get("RetransSegs", 0)), soft)
 
 
 @dataclass(slots=True)
@@ -110,7 +92,7 @@ class Mount:
 
 def read_mounts(root: Path) -> list[Mount]:
     out = []
-    for line in _read(root / "proc/self/mountinfo").splitlines():
+    for line in read_text(root / "proc/self/mountinfo").splitlines():
         left, _, right = line.partition(" - ")
         f, r = left.split(), right.split()
         if len(f) < 6 or len(r) < 2:
@@ -134,7 +116,7 @@ def mount_of(path: str, mounts: list[Mount]) -> Mount | None:
 def memory_limit(root: Path) -> int | None:
     """The cgroup memory limit of this process (v2 memory.max, else v1), None when unlimited."""
     for rel in ("sys/fs/cgroup/memory.max", "sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        text = _read(root / rel).strip()
+        text = read_text(root / rel).strip()
         if text and text != "max":
             try:
                 n = int(text)
@@ -147,7 +129,7 @@ def memory_limit(root: Path) -> int | None:
 
 def memlock_limit(root: Path) -> int | None:
     """RLIMIT_MEMLOCK soft limit in bytes (None = unlimited), from proc/self/limits."""
-    for line in _read(root / "proc/self/limits").splitlines():
+    for line in read_text(root / "proc/self/limits").splitlines():
         if line.startswith("Max locked memory"):
             v = line.split()[3]
             return None if v == "unlimited" else int(v)
@@ -202,12 +184,11 @@ def _static(root: Path) -> tuple[dict[str, int], dict[str, int], list[str]]:
         for d in sorted(net.iterdir()):
             if d.name == "lo":
                 continue
-            s = _read(d / "speed").strip()
-            if s.lstrip("-").isdigit() and int(s) > 0:
-                speed[d.name] = int(s) * 1_000_000 // 8
-            m = _read(d / "mtu").strip()
-            if m.isdigit():
-                mtu[d.name] = int(m)
+            s, m = link_info(net, d.name)
+            if s:
+                speed[d.name] = s
+            if m:
+                mtu[d.name] = m
     ib = root / "sys/class/infiniband"
     rdma = sorted(p.name for p in ib.iterdir()) if ib.is_dir() else []
     return speed, mtu, rdma
@@ -217,7 +198,7 @@ def gather_snapshot(snap: Path, tiers: list[Tier], *, log_dir: str = "/var/log",
                     probe: dict[str, Any] | None = None, symptom: str | None = None) -> Inputs:
     """A recorded scenario: ``snap/{t0,t1,static}`` and ``snap/meta.json``, whose keys (``window_s``,
     ``tiers``, ``log_dir``, ``lock_wanted``, ``probe``, ``symptom``) win over the arguments."""
-    meta = json.loads(_read(snap / "meta.json") or "{}")
+    meta = json.loads(read_text(snap / "meta.json") or "{}")
     static = snap / "static"
     speed, mtu, rdma = _static(static)
     if "tiers" in meta:

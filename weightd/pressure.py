@@ -17,24 +17,32 @@ class DiskCounters:
     write_ms: int
     io_ms: int           # time the device had I/O in flight (-> utilisation)
     in_flight: int
+    devnum: str = ""     # "major:minor", what mountinfo names
+
+
+def read_text(path: str | Path) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return ""
+
+
+def parse_diskstats(text: str) -> list[DiskCounters]:
+    out = []
+    for line in text.splitlines():
+        f = line.split()
+        if len(f) < 14:
+            continue
+        name = f[2]
+        if name.startswith(("loop", "ram", "zram", "dm-")) and int(f[3]) == 0:
+            continue
+        out.append(DiskCounters(name, int(f[3]), int(f[6]), int(f[5]), int(f[7]), int(f[10]), int(f[12]),
+                                int(f[11]), f"{f[0]}:{f[1]}"))
+    return out
 
 
 def read_disks(path: str = "/proc/diskstats") -> list[DiskCounters]:
-    out = []
-    try:
-        with open(path) as fh:
-            for line in fh:
-                f = line.split()
-                if len(f) < 14:
-                    continue
-                name = f[2]
-                if name.startswith(("loop", "ram", "zram", "dm-")) and int(f[3]) == 0:
-                    continue
-                out.append(DiskCounters(name, int(f[3]), int(f[6]), int(f[5]), int(f[7]), int(f[10]), int(f[12]),
-                                        int(f[11])))
-    except OSError:
-        pass
-    return out
+    return parse_diskstats(read_text(path))
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,43 +54,44 @@ class NicCounters:
     mtu: int | None
 
 
-def read_nics(path: str = "/proc/net/dev", sys_net: str = "/sys/class/net") -> list[NicCounters]:
+def parse_netdev(text: str) -> list[tuple[str, int, int]]:
+    """(interface, rx bytes, tx bytes) of every interface but lo."""
     out = []
-    try:
-        with open(path) as fh:
-            lines = fh.readlines()[2:]
-    except OSError:
-        return out
-    for line in lines:
+    for line in text.splitlines()[2:]:
         name, _, rest = line.partition(":")
         name = name.strip()
         f = rest.split()
-        if len(f) < 9 or name == "lo":
-            continue
-        speed = mtu = None
-        try:
-            mbit = int(Path(sys_net, name, "speed").read_text().strip())
-            speed = mbit * 1_000_000 // 8 if mbit > 0 else None
-        except (OSError, ValueError):
-            pass
-        try:
-            mtu = int(Path(sys_net, name, "mtu").read_text().strip())
-        except (OSError, ValueError):
-            pass
-        out.append(NicCounters(name, int(f[0]), int(f[8]), speed, mtu))
+        if len(f) >= 9 and name != "lo":
+            out.append((name, int(f[0]), int(f[8])))
     return out
 
 
-def read_tcp(path: str = "/proc/net/snmp") -> dict[str, int]:
-    """OutSegs and RetransSegs of the Tcp line."""
-    try:
-        with open(path) as fh:
-            rows = [line.split() for line in fh if line.startswith("Tcp:")]
-    except OSError:
-        return {}
+def link_info(sys_net: str | Path, name: str) -> tuple[int | None, int | None]:
+    """(speed in bytes/s, MTU) from /sys/class/net/NAME; None when unknown."""
+    speed = mtu = None
+    s = read_text(Path(sys_net, name, "speed")).strip()
+    if s.isdigit() and int(s) > 0:  # (virtual links say -1 or nothing)
+        speed = int(s) * 1_000_000 // 8
+    m = read_text(Path(sys_net, name, "mtu")).strip()
+    if m.isdigit():
+        mtu = int(m)
+    return speed, mtu
+
+
+def read_nics(path: str = "/proc/net/dev", sys_net: str = "/sys/class/net") -> list[NicCounters]:
+    return [NicCounters(name, rx, tx, *link_info(sys_net, name)) for name, rx, tx in parse_netdev(read_text(path))]
+
+
+def parse_tcp(text: str) -> dict[str, int]:
+    """The Tcp line of /proc/net/snmp (OutSegs, RetransSegs, ...)."""
+    rows = [line.split() for line in text.splitlines() if line.startswith("Tcp:")]
     if len(rows) < 2:
         return {}
     return {k: int(v) for k, v in zip(rows[0][1:], rows[1][1:]) if v.lstrip("-").isdigit()}
+
+
+def read_tcp(path: str = "/proc/net/snmp") -> dict[str, int]:
+    return parse_tcp(read_text(path))
 
 
 def read_softirq_seconds(path: str = "/proc/stat") -> float | None:
