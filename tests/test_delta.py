@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tiering import build_manifest, verify_checkpoint
-from tiering.delta import Donor, build, plan_delta, prefill
+from tiering.delta import Donor, build, build_verified, plan_delta, prefill
 from tiering.sample import SampleTensor, fill_bytes, make_checkpoint, mutate_tensor, write_safetensors
 
 MiB = 1 << 20
@@ -88,7 +88,7 @@ def test_random_edits_rebuild_exactly_and_fetch_only_what_no_donor_holds(data: s
         plan = plan_delta(mb, [Donor("a", base / "a", ma)])
         out = base / "out"
         out.mkdir()
-        r = build(plan, out, base / "b", fsync=False)
+        r = build_verified(plan, out, base / "b", fsync=False)
         assert verify_checkpoint(out, mb).ok
         for f in mb.files:
             assert (out / f.path).read_bytes() == (base / "b" / f.path).read_bytes()
@@ -151,7 +151,7 @@ def test_a_rotten_donor_never_leaks(tmp_path: Path) -> None:
         fh.write(bytes([byte[0] ^ 0x5A]))
     out = tmp_path / "out"
     out.mkdir()
-    r = build(plan, out, b)
+    r = build_verified(plan, out, b)
     assert verify_checkpoint(out, mb).ok
     assert len(r.donor_failures) == 1 and "differs" in r.donor_failures[0] and f.path in r.donor_failures[0]
     assert r.fetched == plan.fetch_bytes + t.nbytes
@@ -165,7 +165,7 @@ def test_a_vanished_donor_falls_back_to_fetching(tmp_path: Path) -> None:
     victim.unlink()  # evicted or deleted between the plan and the build
     out = tmp_path / "out"
     out.mkdir()
-    r = build(plan, out, b)
+    r = build_verified(plan, out, b)
     assert verify_checkpoint(out, mb).ok
     assert any(victim.name in why for why in r.donor_failures)
     assert r.reused + r.fetched == mb.total_bytes

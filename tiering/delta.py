@@ -13,9 +13,9 @@ a checkpoint they are configs, tokenizers and vocabularies (kilobytes to a few M
 identical (reused whole) or small enough to fetch whole; content-defined chunking would need a
 second, rolling-hash index in every manifest to save a few MB.
 
-Building from a plan never trusts a donor: each reused part is hashed in the staged file and, on a
-mismatch (a donor rotted on disk) or a donor that vanished, fetched instead. The caller verifies the
-whole result against the manifest as for any copy.
+Building from a plan never trusts a donor: the result is verified against the manifest in one pass
+(``build_verified``), and a donor part that fails (a donor rotted on disk) or a donor that vanished is
+fetched instead.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-import xxhash
 
-from .copy import start_writeback, run_all
+from .build import verify_checkpoint
+from .copy import run_all, start_writeback
 from .errors import TimedOut
 from .hashing import open_for_read
 from .manifest import FileEntry, Manifest
@@ -194,20 +194,6 @@ def _copy_range(sfd: int, soff: int, dfd: int, doff: int, n: int, method: list[s
         soff, doff, n = soff + got, doff + got, n - got
 
 
-def _hash_range(fd: int, begin: int, end: int) -> str:
-    h = xxhash.xxh3_128()
-    buf = bytearray(min(8 << 20, max(1, end - begin)))
-    view = memoryview(buf)
-    off = begin
-    while off < end:
-        n = os.preadv(fd, [view[:min(len(buf), end - off)]], off)
-        if n <= 0:
-            break
-        h.update(view[:n])
-        off += n
-    return h.hexdigest()
-
-
 def _runs(spans: Iterable[Span]) -> list[tuple[int, int]]:
     out: list[tuple[int, int]] = []
     for s in spans:
@@ -219,8 +205,7 @@ def _runs(spans: Iterable[Span]) -> list[tuple[int, int]]:
 
 
 def _build_file(plan: DeltaPlan, fp: FilePlan, dst: Path, source: Path | None, result: BuildResult,
-                deadline: float | None, progress: Callable[[int], None] | None, fsync: bool,
-                check: bool = True) -> None:
+                deadline: float | None, progress: Callable[[int], None] | None, fsync: bool) -> None:
     f = fp.entry
     dst.parent.mkdir(parents=True, exist_ok=True)
     dfd = os.open(dst, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
@@ -256,8 +241,6 @@ def _build_file(plan: DeltaPlan, fp: FilePlan, dst: Path, source: Path | None, r
                     _copy_range(sfd, s.donor_offset, dfd, s.begin, s.size, method)
                     if fsync:
                         start_writeback(dfd, s.begin, s.size)  # so the final fsync does not wait for it all
-                    if check and _hash_range(dfd, s.begin, s.end) != s.xxh3_128:
-                        why = "content differs from the manifest"
                 except (OSError, EOFError) as exc:
                     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
                         raise
@@ -303,17 +286,28 @@ def _build_file(plan: DeltaPlan, fp: FilePlan, dst: Path, source: Path | None, r
 
 
 def build(plan: DeltaPlan, dest: Path, source: Path | None, *, threads: int = 2, deadline: float | None = None,
-          progress: Callable[[int], None] | None = None, fsync: bool = True, check: bool = True) -> BuildResult:
+          progress: Callable[[int], None] | None = None, fsync: bool = True) -> BuildResult:
     """Write every file of ``plan.target`` under ``dest`` (which must not hold them yet): donor parts
-    are copied (and, with ``check``, hashed at once and fetched instead on a mismatch), the rest is
-    read from ``source`` (the new version's directory, e.g. in cold storage) at the same offsets.
-    Without ``check`` the caller verifies the result and calls ``repair`` with the problems: one
-    verification pass instead of two."""
+    are copied, the rest is read from ``source`` (the new version's directory, e.g. in cold storage)
+    at the same offsets. Nothing is checked here: ``build_verified`` verifies and repairs."""
     result = BuildResult()
     order = sorted(plan.files, key=lambda fp: -fp.entry.size)
-    run_all(lambda fp: _build_file(plan, fp, dest / fp.entry.path, source, result, deadline, progress, fsync, check),
+    run_all(lambda fp: _build_file(plan, fp, dest / fp.entry.path, source, result, deadline, progress, fsync),
             order, threads=threads, name="weightd-delta")
     return result
+
+
+def build_verified(plan: DeltaPlan, dest: Path, source: Path, *, threads: int = 2, deadline: float | None = None,
+                   progress: Callable[[int], None] | None = None, fsync: bool = True) -> BuildResult:
+    """``build``, then one verification pass over every byte against the manifest; donor parts it
+    rejects (a donor that rotted on disk) are fetched from ``source`` and checked again. Raises the
+    verification's IntegrityError if anything is still wrong (then ``source`` itself is bad)."""
+    r = build(plan, dest, source, threads=threads, deadline=deadline, progress=progress, fsync=fsync)
+    checked = verify_checkpoint(dest, plan.target)
+    if checked.problems and repair(plan, dest, source, checked.problems, r):
+        checked = verify_checkpoint(dest, plan.target)
+    checked.raise_for_problems()
+    return r
 
 
 def repair(plan: DeltaPlan, dest: Path, source: Path, problems: Iterable[Any], result: BuildResult) -> bool:
@@ -357,6 +351,7 @@ def prefill(plan: DeltaPlan, dest: Path, *, deadline: float | None = None) -> Bu
     only_donors = DeltaPlan(todo.target, todo.donors,
                             [FilePlan(fp.entry, [s for s in fp.spans if s.donor is not None]) for fp in todo.files])
     result = BuildResult()
-    for fp in only_donors.files:  # _build_file sizes the file; what no donor holds stays zero
+    for fp in only_donors.files:  # _build_file sizes the file; what no donor holds stays zero (libtorrent
+        # then checks every piece: a rotten donor only fails its pieces, which are downloaded)
         _build_file(only_donors, fp, dest / fp.entry.path, None, result, deadline, None, False)
     return result

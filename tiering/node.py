@@ -20,8 +20,7 @@ from typing import Any, Callable
 from .build import build_manifest, verify_checkpoint
 from .copy import CopyJob, copy_files
 from .delta import Donor, plan_delta
-from .delta import build as build_delta
-from .delta import repair as repair_delta
+from .delta import build_verified as build_delta
 from .errors import (Busy, CheckpointNotFound, FileChanged, NoSpace, TieringError, TimedOut,
                      VersionConflict)
 from .inuse import processes_using
@@ -481,14 +480,9 @@ class LocalNode:
                         return False
                 if plan is not None:
                     self._clear(staging)
+                    # verified inside: a donor part that fails is fetched from cold and checked again
                     r = build_delta(plan, staging, cold.path, threads=self.copy_threads, deadline=deadline,
-                                    progress=progress, check=False)
-                    # one verification pass over everything; donor parts it rejects are fetched from cold
-                    # and checked again (a donor that rotted on disk never leaks into the new version)
-                    checked = verify_checkpoint(staging, m)
-                    if checked.problems and repair_delta(plan, staging, cold.path, checked.problems, r):
-                        checked = verify_checkpoint(staging, m)
-                    checked.raise_for_problems()
+                                    progress=progress)
                     report.bytes_by_source["local_reuse"] += r.reused
                     report.bytes_by_source["cold"] += r.fetched
                     report.delta["refetched"] = r.donor_failures
