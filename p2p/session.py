@@ -265,7 +265,7 @@ class P2PSession:
         if planner is not None:
             planner.last_progress = time.monotonic()
         next_plan, planned_done, current = 0.0, -1, None
-        fails0, bans0 = self.counters["hash_failures"], self.counters["peer_bans"]
+        fails0 = self.counters["hash_failures"]
         try:
             next_connect = 0.0
             while True:
@@ -331,5 +331,4 @@ class P2PSession:
         result.seconds = time.monotonic() - t0
         result.local_bytes = max(0, result.local_bytes)
         result.hash_failures = self.counters["hash_failures"] - fails0
-        del bans0
         return result

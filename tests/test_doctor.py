@@ -185,6 +185,11 @@ def test_cli_replays_a_snapshot_with_the_documented_schema_and_exit_codes(wd, sn
     assert proc.stdout.startswith("verdict: the DISK is the bottleneck") and "[CRITICAL]" in proc.stdout
     missing = wd("doctor", "--snapshot", str(snap.root.parent / "nope"))
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "--snapshot" in missing.stderr
+    (bad.root / "meta.json").write_text('{"tiers": [{"path": "/x"}]}')   # a tier without a name
+    broken = wd("doctor", "--snapshot", str(bad.root))
+    assert broken.returncode == 2 and broken.stderr.count("\n") == 1 and "malformed snapshot" in broken.stderr
+    (bad.root / "meta.json").write_text("{not json")
+    assert wd("doctor", "--snapshot", str(bad.root)).returncode == 2
 
 
 def test_a_real_run_on_this_machine_is_sane(wd, node_env) -> None:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .errors import UsageError
 from .pressure import link_info, parse_diskstats, parse_netdev, parse_tcp, read_text
 
 SCHEMA = 1
@@ -197,7 +198,16 @@ def _static(root: Path) -> tuple[dict[str, int], dict[str, int], list[str]]:
 def gather_snapshot(snap: Path, tiers: list[Tier], *, log_dir: str = "/var/log", lock_wanted: int = 0,
                     probe: dict[str, Any] | None = None, symptom: str | None = None) -> Inputs:
     """A recorded scenario: ``snap/{t0,t1,static}`` and ``snap/meta.json``, whose keys (``window_s``,
-    ``tiers``, ``log_dir``, ``lock_wanted``, ``probe``, ``symptom``) win over the arguments."""
+    ``tiers``, ``log_dir``, ``lock_wanted``, ``probe``, ``symptom``) win over the arguments. A
+    malformed snapshot is a UsageError naming it."""
+    try:
+        return _gather_snapshot(snap, tiers, log_dir, lock_wanted, probe, symptom)
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+        raise UsageError(f"--snapshot {snap}: malformed snapshot ({type(exc).__name__}: {exc})") from None
+
+
+def _gather_snapshot(snap: Path, tiers: list[Tier], log_dir: str, lock_wanted: int,
+                     probe: dict[str, Any] | None, symptom: str | None) -> Inputs:
     meta = json.loads(read_text(snap / "meta.json") or "{}")
     static = snap / "static"
     speed, mtu, rdma = _static(static)
