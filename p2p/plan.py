@@ -44,6 +44,7 @@ class PiecePlan:
         self._idle_since: float | None = None
         self.origin_limit = 0   # what the session last set for the origin class (bytes/s, 0 = none)
         self.last_progress = 0.0
+        self.own: range = range(num_pieces)   # this worker's slice, as of the last priorities() call
 
     def slice_of(self, self_ip: str, workers: Sequence[str]) -> range:
         ranked = sorted({*workers, self_ip}, key=_key)
@@ -59,7 +60,7 @@ class PiecePlan:
         if self.open_all or not peers:
             # alone with the origin (or gave up planning): everything, own slice = everything
             return [ANY if have[p] or peers else OWN for p in range(n)]
-        own = self.slice_of(self_ip, list(peers))
+        own = self.own = self.slice_of(self_ip, list(peers))
         prio = [0] * n
         for p in range(n):
             if have[p]:

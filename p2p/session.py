@@ -218,7 +218,7 @@ class P2PSession:
         # own slice done, peers to take the rest from: pull from the origin only at a trickle (what is
         # already asked of it still arrives; the origin's upload goes to workers still on their slice)
         # (but not while nothing completes: then the peers are not delivering and the origin must)
-        own_done = bool(workers) and not planner.open_all and all(have[p] for p in planner.slice_of(self_ip, list(workers)))
+        own_done = bool(workers) and not planner.open_all and all(have[p] for p in planner.own)
         if progressed:
             planner.last_progress = now
         starving = now - planner.last_progress > 5.0
@@ -284,7 +284,8 @@ class P2PSession:
                     if isinstance(a, (lt.torrent_error_alert, lt.file_error_alert)):
                         raise P2PError(f"P2P download failed: {a.message()}")
                 self._sample_peers(h, result)
-                st = h.status(lt.torrent_handle.query_pieces if planner else 0)
+                plan_due = planner is not None and now >= next_plan
+                st = h.status(lt.torrent_handle.query_pieces if plan_due else 0)  # (the bitfield only when used)
                 if result.local_bytes < 0 and st.state in (lt.torrent_status.downloading, lt.torrent_status.finished,
                                                            lt.torrent_status.seeding):
                     result.local_bytes = st.total_done - st.total_payload_download
@@ -295,8 +296,7 @@ class P2PSession:
                         reported = st.total_done
                 if st.is_seeding or (not planner and st.is_finished):
                     break
-                if planner is not None and now >= next_plan \
-                        and st.state in (lt.torrent_status.downloading, lt.torrent_status.finished):
+                if plan_due and st.state in (lt.torrent_status.downloading, lt.torrent_status.finished):
                     current = self._apply_plan(h, planner, st, origin_ips, now, st.total_done > planned_done,
                                                current)
                     planned_done, next_plan = st.total_done, now + 0.25

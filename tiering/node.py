@@ -537,7 +537,7 @@ class LocalNode:
                     lk.acquire(0, shared=True)
                 except TimedOut:
                     continue
-                if read_version(self.tiers[t].path, v.name, v.version) is None:  # evicted meanwhile
+                if not (v.path / MANIFEST_RELPATH).is_file():  # evicted between the listing and the lock
                     lk.release()
                     continue
                 held.append(lk)

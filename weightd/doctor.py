@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -134,9 +133,6 @@ def memlock_limit(root: Path) -> int | None:
         if line.startswith("Max locked memory"):
             v = line.split()[3]
             return None if v == "unlimited" else int(v)
-    if root == Path("/"):
-        soft = resource.getrlimit(resource.RLIMIT_MEMLOCK)[0]
-        return None if soft == resource.RLIM_INFINITY else soft
     return None
 
 
