@@ -87,8 +87,11 @@ class Daemon:
 
     # -- node and state ---------------------------------------------------------------------------
     def _open_node(self, cfg: Config) -> LocalNode:
-        return open_node(cfg, on_evict=self._evicted, on_placed=self._placed,
+        node = open_node(cfg, on_evict=self._evicted, on_placed=self._placed,
                          fetchers=[lambda *a: self.session is not None and P2PFetcher(cfg, self.session)(*a)])
+        if node.state.recovered:
+            self.metrics.state_recoveries.inc()
+        return node
 
     def _evicted(self, tier: str, ref: str, reason: str, nbytes: int) -> None:
         self.metrics.evictions.labels(tier, reason).inc()

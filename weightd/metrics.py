@@ -44,6 +44,8 @@ class Metrics:
         self.in_flight.labels("p2p")
         self.config_reload_failures = Counter("weightd_config_reload_failures", "SIGHUP reloads rejected",
                                               registry=registry)
+        self.state_recoveries = Counter("weightd_state_recoveries", "Corrupt state databases moved aside and "
+                                        "rebuilt from the tier directories", registry=registry)
         info = Gauge("weightd_build_info", "weightd version", ["version"], registry=registry)
         info.labels(__version__).set(1)
         self.start_time = Gauge("weightd_start_time_seconds", "When the daemon started", registry=registry)
