@@ -88,7 +88,7 @@ PINS_MAX_BYTES = 16 << 20  # a pins.json larger than this is not ours
 LOCK_WAIT_S = 60.0
 _WAL_MAGIC = (b"\x37\x7f\x06\x82", b"\x37\x7f\x06\x83")  # big-endian 0x377f0682 / 0x377f0683
 _CORRUPT_CODES = {sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB}
-_CORRUPT_RE = re.compile(r"state\.db\.corrupt-[0-9TZ.]+")
+_CORRUPT_RE = re.compile(r"state\.db\.corrupt-(\d{8}T\d{6}(?:\.\d{6})?Z)(?:\.(\d+))?")
 
 
 class _Corrupt(Exception):
@@ -280,12 +280,11 @@ class State:
 
     def _move_aside(self) -> Path:
         """Rename the database and its companions to ``state.db.corrupt-<UTC>`` (atomic, same dir)."""
-        ts = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-        base, n = f"{DB_NAME}.corrupt-{ts}", 0
-        names = set(os.listdir(self.dir))
-        while any(base + s in names for s in ("", *DB_COMPANIONS)):
-            n += 1
-            base = f"{DB_NAME}.corrupt-{ts}.{n}"
+        ts = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+        base = f"{DB_NAME}.corrupt-{ts}"
+        taken = [_corrupt_key(stem) for stem in self._corrupt_groups()]
+        if any(t == ts for t, _ in taken):  # same microsecond: a number after every one already there
+            base += f".{1 + max(n for t, n in taken if t == ts)}"
         for suffix in ("", *DB_COMPANIONS):
             try:
                 os.rename(self.dir / (DB_NAME + suffix), self.dir / (base + suffix))
@@ -295,7 +294,8 @@ class State:
         self._prune_corrupt()
         return self.dir / base
 
-    def _prune_corrupt(self) -> None:
+    def _corrupt_groups(self) -> dict[str, list[str]]:
+        """``state.db.corrupt-<ts>`` -> its files (the db and its companions)."""
         groups: dict[str, list[str]] = {}
         for name in os.listdir(self.dir):
             stem = name
@@ -303,6 +303,10 @@ class State:
                 stem = stem.removesuffix(s)
             if _CORRUPT_RE.fullmatch(stem):
                 groups.setdefault(stem, []).append(name)
+        return groups
+
+    def _prune_corrupt(self) -> None:
+        groups = self._corrupt_groups()
         for stem in sorted(groups, key=_corrupt_key)[:-KEEP_CORRUPT]:
             for name in groups[stem]:
                 try:
@@ -520,9 +524,10 @@ def _fsync_dir(path: Path) -> None:
 
 
 def _corrupt_key(stem: str) -> tuple[str, int]:
-    """``state.db.corrupt-<ts>[.<n>]`` in the order they were made."""
-    ts, _, n = stem.removeprefix(f"{DB_NAME}.corrupt-").partition(".")
-    return ts, int(n) if n.isdigit() else 0
+    """``state.db.corrupt-<ts>[.<n>]`` -> (ts, n), in the order they were made."""
+    m = _CORRUPT_RE.fullmatch(stem)
+    assert m is not None
+    return m[1], int(m[2] or 0)
 
 
 def _parse_pins(raw: bytes) -> list[tuple[str, str, float]]:
