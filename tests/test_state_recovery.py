@@ -12,6 +12,8 @@ import logging
 import os
 import sqlite3
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,7 +22,7 @@ from tiering import state as state_mod
 from tiering.errors import UnsafePath
 from tiering.state import KEEP_CORRUPT, State
 
-from .conftest import assert_one_line_error
+from .conftest import assert_one_line_error, stop_process
 
 PINS = {("org/a", "v1"), ("org/b", "2024-01"), ("solo", "v.3")}
 
@@ -145,6 +147,25 @@ def test_only_a_few_corrupt_copies_are_kept(tmp_path: Path) -> None:
             made.append(s.moved_to.name)
     assert len(set(made)) == len(made)  # several in one second get distinct names
     assert [p.name for p in corrupt_files(sd)] == made[-KEEP_CORRUPT:]
+
+
+def test_two_processes_opening_a_corrupt_db_recover_it_once(tmp_path: Path) -> None:
+    sd = tmp_path / "state"
+    make_db(sd, copies=0)
+    _garbage(sd / "state.db")
+    code = ("import sys; from pathlib import Path; from tiering.state import State\n"
+            "s = State(Path(sys.argv[1])); print(bool(s.recovered), len(s.pinned())); s.close()")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(sd)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=env) for _ in range(4)]
+    try:
+        outs = [p.communicate(timeout=60) for p in procs]
+    finally:
+        for p in procs:
+            stop_process(p)
+    assert all(p.returncode == 0 for p in procs), outs
+    assert sorted(o for o, _ in outs) == ["False 3\n"] * 3 + ["True 3\n"]
+    assert len(corrupt_files(sd)) == 1
 
 
 def test_healthy_db_is_left_alone(tmp_path: Path) -> None:

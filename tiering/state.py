@@ -43,11 +43,11 @@ import sqlite3
 import stat
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterable, Iterator, TypeVar
-from contextlib import contextmanager
 
 from .errors import InvalidName, TimedOut, UnsafePath
 from .names import validate_name, validate_version
@@ -170,10 +170,14 @@ class State:
                 log.warning("state database %s was unusable (%s): moved it aside as %s and started a fresh "
                             "one; copies are re-adopted from the tier directories, pins restored from %s, "
                             "leases are lost", self.path, reason, self.moved_to, self.pins_path)
-            if fresh:
-                self._import_pins()
-            else:
-                self._sync_pins_file()
+            try:
+                if fresh:
+                    self._import_pins()
+                else:
+                    self._sync_pins_file()
+            except BaseException:
+                self.db.close()
+                raise
 
     # -- opening, checking, recovering -------------------------------------------------------------
     @contextmanager
