@@ -176,9 +176,48 @@ class WarmSettings(_Model):
     _bw = field_validator("bandwidth", mode="before")(lambda v: parse_size(v))
 
 
+def _group_id(v: Any) -> int | None:
+    """A group as a gid or a name that resolves here."""
+    if v is None or isinstance(v, int) and not isinstance(v, bool) and v >= 0:
+        return v
+    if isinstance(v, str) and v.isdigit():
+        return int(v)
+    if isinstance(v, str) and v:
+        import grp
+        try:
+            return grp.getgrnam(v).gr_gid
+        except KeyError:
+            raise ValueError(f"no group named {v!r} on this host") from None
+    raise ValueError("expected a group name or gid")
+
+
+def _user_id(v: Any) -> int | None:
+    """A user as a uid or a name that resolves here."""
+    if v is None or isinstance(v, int) and not isinstance(v, bool) and v >= 0:
+        return v
+    if isinstance(v, str) and v.isdigit():
+        return int(v)
+    if isinstance(v, str) and v:
+        import pwd
+        try:
+            return pwd.getpwnam(v).pw_uid
+        except KeyError:
+            raise ValueError(f"no user named {v!r} on this host") from None
+    raise ValueError("expected a user name or uid")
+
+
 class ApiSettings(_Model):
+    """The admin socket: who may connect (``group``), who may change things (``admin_group``), which
+    uid the CLI accepts as its daemon (``daemon_user``), and how long a request may take to arrive."""
     socket: Path
+    group: int | None = None              # chown the socket to this group (mode 0660): who may read
+    admin_group: int | None = None        # besides root and the daemon's user: who may publish/evict/pin/gc
+    daemon_user: int | None = None        # the uid the CLI trusts as its daemon (besides root); default: own euid
+    request_timeout_s: float = Field(default=30.0, gt=0, le=3600)  # idle or half-sent requests are dropped
+
     _path = field_validator("socket", mode="before")(_abs_path)
+    _groups = field_validator("group", "admin_group", mode="before")(_group_id)
+    _user = field_validator("daemon_user", mode="before")(_user_id)
 
 
 class MetricsSettings(_Model):
