@@ -255,12 +255,23 @@ class Backend:
         self._node = None
         self._fetcher = None
         if not app.no_daemon:
-            from .client import DaemonClient
-            client = DaemonClient(app.config.settings.api.socket)
+            client = _daemon_client(app)
             if client.available():
                 self.client = client
         if self.client is None and app.daemon_only:
             raise WeightdError(f"the node daemon does not answer on {app.config.settings.api.socket} (--daemon-only)")
+
+    def _local(self, r: dict[str, Any]) -> dict[str, Any]:
+        """A path the daemon returned must lie inside a configured hot or warm tier (after symlinks)."""
+        from .client import UntrustedDaemon
+        tiers = self.app.config.settings.tiers
+        roots = [os.path.realpath(t.path) for t in (tiers.hot, tiers.warm)]
+        p = r.get("path") if isinstance(r, dict) else None
+        real = os.path.realpath(p) if isinstance(p, str) and p and "\0" not in p else None
+        if real is None or not any(real.startswith(root.rstrip(os.sep) + os.sep) for root in roots):
+            raise UntrustedDaemon(f"the daemon on {self.app.config.settings.api.socket} answered path {p!r}, "
+                                  f"which is not inside the hot or warm tier ({', '.join(roots)}); refusing it")
+        return r
 
     @property
     def node(self):
@@ -296,7 +307,8 @@ class Backend:
     def preload(self, ref: str, **kw: Any) -> dict[str, Any]:
         if self.client:
             t = kw.get("timeout_s")
-            return self.client.call("POST", "preload", {"ref": ref, **kw}, timeout=None if t is None else t + 60)
+            return self._local(self.client.call("POST", "preload", {"ref": ref, **kw},
+                                                timeout=None if t is None else t + 60))
         name, version = _split_ref(ref)
         total = 0
         try:
@@ -309,7 +321,7 @@ class Backend:
 
     def path(self, ref: str) -> dict[str, Any]:
         if self.client:
-            return self.client.call("POST", "path", {"ref": ref})
+            return self._local(self.client.call("POST", "path", {"ref": ref}))
         tier, p = self.node.path(*_split_ref(ref))
         return {"tier": tier, "path": str(p)}
 
@@ -331,6 +343,29 @@ class Backend:
 
     def gc(self) -> dict[str, Any]:
         return self.client.call("POST", "gc", {}) if self.client else self.node.gc()
+
+
+def _daemon_client(app: AppContext):
+    """The client of this node's daemon, trusting root and ``[api] daemon_user`` (default: our euid)."""
+    from .client import DaemonClient
+    api = app.config.settings.api
+    return DaemonClient(api.socket, None if api.daemon_user is None else [api.daemon_user])
+
+
+class Seconds(click.ParamType):
+    """A finite number of seconds from 0 to 7 days (NaN and Infinity are not durations)."""
+    name = "seconds"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        import math
+        from .client import MAX_SECONDS
+        try:
+            v = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        if not math.isfinite(v) or not 0 <= v <= MAX_SECONDS:
+            self.fail(f"{value!r} is not a number of seconds from 0 to {MAX_SECONDS} (7 days)", param, ctx)
+        return v
 
 
 def _ago(ts: float | None) -> str:
@@ -378,10 +413,10 @@ def publish(app: AppContext, directory: str, name: str, version_label: str, as_j
 @click.argument("ref", metavar="NAME[@VERSION]")
 @click.option("--tier", type=click.Choice(["hot", "warm"]), default="hot", show_default=True)
 @click.option("--strict", is_flag=True, help="Fail (exit 6) instead of falling back to warm when hot is full.")
-@click.option("--lease", "lease_s", type=click.FloatRange(min=0), default=600, show_default=True,
-              metavar="S", help="Keep it from eviction for S seconds (0: no lease).")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0), metavar="S",
-              help="Give up after S seconds (exit 4).")
+@click.option("--lease", "lease_s", type=Seconds(), default=600, show_default=True,
+              metavar="S", help="Keep it from eviction for S seconds (0: no lease; at most 7 days).")
+@click.option("--timeout", "timeout_s", type=Seconds(), metavar="S",
+              help="Give up after S seconds (exit 4; at most 7 days).")
 @click.option("--wait", is_flag=True, help="If the version is not published yet, wait for it (until --timeout).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON report (the path is still the last line).")
 @click.pass_obj
@@ -654,8 +689,8 @@ def doctor_cmd(app: AppContext, as_json: bool, sample_s: float, symptom: str | N
             lock_wanted = max(sizes, default=0) or (tiers[0].capacity or 0)
         history = None
         if not app.no_daemon:
-            from .client import DaemonClient, DaemonError
-            client = DaemonClient(app.config.settings.api.socket)
+            from .client import DaemonError
+            client = _daemon_client(app)
             if client.available():
                 try:
                     history = client.call("GET", f"pressure?window={max(sample_s, 30.0)}", timeout=10)

@@ -1,15 +1,26 @@
 """The CLI's side of the admin API: JSON over HTTP on the daemon's unix socket (standard library only,
-so commands that talk to the daemon start fast)."""
+so commands that talk to the daemon start fast).
+
+Neither end trusts the other blindly (design §13): the CLI checks who serves the socket
+(``SO_PEERCRED``: root or the configured daemon user) before it sends anything, and the daemon uses
+:func:`peer_credentials` and :func:`peer_groups` to decide who may change things.
+"""
 
 from __future__ import annotations
 
+import errno
 import http.client
 import json
+import os
 import socket
+import struct
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
-from .errors import WeightdError
+from .errors import EXIT_BAD_INPUT, WeightdError
+
+MAX_SECONDS = 7 * 24 * 3600   # lease_s and timeout_s: at most a week, both in the CLI and the daemon
+_SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux >= 4.13
 
 
 class DaemonError(WeightdError):
@@ -20,28 +31,78 @@ class DaemonError(WeightdError):
         self.exit_code = exit_code
 
 
+class UntrustedDaemon(WeightdError):
+    """The socket is served by someone the CLI does not trust, or the daemon answered a path outside
+    the tiers: refuse, never fall back silently."""
+    exit_code = EXIT_BAD_INPUT
+
+
+def peer_credentials(sock: Any) -> tuple[int, int, int]:
+    """``(pid, uid, gid)`` of the other end of a connected unix socket, as the kernel recorded them at
+    connect time (pid 0 when the peer is in another pid namespace)."""
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, gid = struct.unpack("3i", raw)
+    return pid, uid, gid
+
+
+def peer_groups(sock: Any, pid: int, uid: int, gid: int) -> frozenset[int]:
+    """The peer's primary and supplementary groups: ``SO_PEERGROUPS`` (as at connect time), else the
+    ``Groups:`` line of /proc/<pid>/status, else the user database's list for that uid."""
+    groups: set[int] = {gid}
+    for size in (256, 65536):
+        try:
+            raw = sock.getsockopt(socket.SOL_SOCKET, _SO_PEERGROUPS, 4 * size)
+            return frozenset(groups | set(struct.unpack(f"{len(raw) // 4}I", raw)))
+        except OSError as exc:
+            if exc.errno != errno.ERANGE:
+                break
+    if pid > 0:
+        try:
+            with open(f"/proc/{pid}/status") as fh:
+                for line in fh:
+                    if line.startswith("Groups:"):
+                        return frozenset(groups | {int(g) for g in line.split()[1:]})
+        except (OSError, ValueError):
+            pass
+    try:
+        import pwd
+        return frozenset(groups | set(os.getgrouplist(pwd.getpwuid(uid).pw_name, gid)))
+    except (KeyError, OSError):
+        return frozenset(groups)
+
+
 class _UnixConnection(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float | None) -> None:
+    def __init__(self, path: str, timeout: float | None, trusted_uids: frozenset[int]) -> None:
         super().__init__("localhost", timeout=timeout)
         self.unix_path = path
+        self.trusted_uids = trusted_uids
 
     def connect(self) -> None:
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.settimeout(self.timeout)
         try:
             s.connect(self.unix_path)
+            pid, uid, _ = peer_credentials(s)
         except OSError:
             s.close()
             raise
+        if uid not in self.trusted_uids:
+            s.close()
+            want = " or ".join(f"uid {u}" for u in sorted(self.trusted_uids))
+            raise UntrustedDaemon(f"{self.unix_path} is served by uid {uid} (pid {pid}), not {want} "
+                                  f"([api] daemon_user); refusing to talk to it")
         self.sock = s
 
 
 class DaemonClient:
-    def __init__(self, socket_path: Path) -> None:
+    def __init__(self, socket_path: Path, trusted_uids: Iterable[int] | None = None) -> None:
+        """``trusted_uids``: who may serve the socket (default: root and this process's euid)."""
         self.socket_path = socket_path
+        self.trusted_uids = frozenset({0, os.geteuid()} if trusted_uids is None else {0, *trusted_uids})
 
     def available(self) -> bool:
-        """True when a daemon answers on the socket (a stale socket file does not count)."""
+        """True when a daemon answers on the socket (a stale socket file does not count); a socket served
+        by an untrusted uid raises :class:`UntrustedDaemon` instead of counting as "no daemon"."""
         if not self.socket_path.exists():
             return False
         try:
@@ -52,7 +113,7 @@ class DaemonClient:
 
     def call(self, method: str, route: str, body: dict[str, Any] | None = None, *,
              timeout: float | None = None) -> Any:
-        conn = _UnixConnection(str(self.socket_path), timeout)
+        conn = _UnixConnection(str(self.socket_path), timeout, self.trusted_uids)
         try:
             payload = json.dumps(body).encode() if body is not None else None
             conn.request(method, f"/v1/{route}", body=payload,
