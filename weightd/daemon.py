@@ -4,6 +4,12 @@ One asyncio loop owns all mutable scheduling state (the single-flight table, the
 node); blocking work (copies, hashing, warming, /proc scans) runs in bounded thread pools, one per
 kind of work, so a slow NVMe copy never starves a /dev/shm promotion or the API. The admin API is
 JSON over HTTP on a unix socket (mode 0660, no TCP); Prometheus scrapes ``[metrics] listen``.
+
+Who may do what (design §13): anyone who can connect (the socket's ``[api] group``) reads; the
+mutating routes are for root, the daemon's own user and ``[api] admin_group``, told apart by the
+kernel's ``SO_PEERCRED``; ``publish`` reads only what its caller could read. Requests are bounded:
+headers and body must arrive within ``[api] request_timeout_s``, JSON nests at most
+``MAX_JSON_DEPTH`` deep, and durations are finite and at most ``MAX_SECONDS``.
 """
 
 from __future__ import annotations
@@ -13,11 +19,15 @@ import errno
 import fcntl
 import json
 import logging
+import math
 import os
 import signal
+import socket
+import stat
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
@@ -31,6 +41,7 @@ from tiering.errors import IntegrityError, NoSpace, TieringError
 from tiering.layout import HOT, LOCAL_TIERS, WARM
 from tiering.node import LocalNode
 
+from .client import MAX_SECONDS, peer_credentials, peer_groups
 from .config import Config, ConfigError, load_config
 from .errors import WeightdError, exit_code_for
 from .local import open_node
@@ -44,9 +55,16 @@ GC_INTERVAL_S = 30.0
 PRESSURE_INTERVAL_S = 5.0
 PRESSURE_KEEP = 121            # 10 minutes of counter history for `weightd doctor`
 API_VERSION = "v1"
+MAX_JSON_DEPTH = 32            # request bodies are small flat objects; deeper nesting is an attack
+MUTATING_ROUTES = ("publish", "evict", "pin", "unpin", "gc")
 
 
 class DaemonAlreadyRunning(WeightdError):
+    exit_code = 2
+
+
+class SocketInUse(WeightdError):
+    """``[api] socket`` is answered by another daemon, or is not a socket we may replace."""
     exit_code = 2
 
 
@@ -176,7 +194,7 @@ class Daemon:
             task = asyncio.get_running_loop().create_task(self._preload_task(name, version, tier, strict, lease_s,
                                                                              timeout_s))
             self.inflight[key] = task
-            task.add_done_callback(lambda _t, k=key: self.inflight.pop(k, None))
+            task.add_done_callback(lambda _t, k=key: self._flight_done(k))
             shared = False
         else:
             shared = True
@@ -203,7 +221,6 @@ class Daemon:
             raise
         finally:
             self.metrics.in_flight.labels("local").dec()
-            self.set_status(self._idle_status())
         d = r.to_dict()
         source = max(d["bytes_by_source"], key=lambda k: d["bytes_by_source"][k]) if r.bytes_moved else "local"
         self.metrics.loading.labels(f"{name}@{version}", r.tier, source).observe(time.monotonic() - t0)
@@ -212,6 +229,11 @@ class Daemon:
                 self.metrics.bytes.labels(src).inc(n)
         self._status_cache = None
         return d
+
+    def _flight_done(self, key: tuple[str, str, str]) -> None:
+        """A transfer ended: forget it, then say what is left (counting it would leave "1 in flight")."""
+        self.inflight.pop(key, None)
+        self.set_status(self._idle_status())
 
     def _idle_status(self) -> str:
         n = len(self.inflight)
@@ -274,15 +296,22 @@ class Daemon:
         """SIGHUP: a good config replaces the running one; a bad one is refused and the old one kept."""
         try:
             cfg = load_config(self.config_path)
-            node = self._open_node(cfg)
-        except (ConfigError, TieringError, OSError) as exc:
+            old_state, new_state = self.config.settings.state_dir, cfg.settings.state_dir
+            if new_state != old_state:  # the state lock is held for the old one: switching needs a restart
+                raise ConfigError(cfg.source, f"changed from {old_state} to {new_state}; a running daemon keeps "
+                                  "its state dir (restart it to switch)", "state_dir")
+            node = self._open_node(cfg)  # tier roots `serve` would refuse raise TieringError here
+        except (WeightdError, TieringError, OSError) as exc:  # ConfigError is a WeightdError
             self.metrics.config_reload_failures.inc()
             log.error("config reload failed, keeping the running config: %s", exc)
             self.set_status(f"config reload failed, running the previous config: {exc}")
             return
-        if cfg.settings.api.socket != self.config.settings.api.socket or \
+        old_api, new_api = self.config.settings.api, cfg.settings.api
+        if (new_api.socket, new_api.group, new_api.request_timeout_s) != \
+                (old_api.socket, old_api.group, old_api.request_timeout_s) or \
                 cfg.settings.metrics.listen != self.config.settings.metrics.listen:
-            log.warning("api.socket and metrics.listen changes take effect at the next restart")
+            log.warning("api.socket, api.group, api.request_timeout_s and metrics.listen changes take effect at "
+                        "the next restart")
         self.old_nodes.append(self.node)
         self.node, self.config = node, cfg
         self._status_cache = None
@@ -297,12 +326,12 @@ class Daemon:
         r.add_get(f"/{API_VERSION}/pressure", self._h_pressure)
         r.add_get(f"/{API_VERSION}/status", self._h(lambda b: self.run_blocking("misc", self.node.status)))
         r.add_post(f"/{API_VERSION}/preload", self._h(self.preload))
-        r.add_post(f"/{API_VERSION}/publish", self._h(self._publish))
+        r.add_post(f"/{API_VERSION}/publish", self._h(self._publish, admin="publish"))
         r.add_post(f"/{API_VERSION}/path", self._h(self._path))
-        r.add_post(f"/{API_VERSION}/pin", self._h(lambda b: self._pin(b, True)))
-        r.add_post(f"/{API_VERSION}/unpin", self._h(lambda b: self._pin(b, False)))
-        r.add_post(f"/{API_VERSION}/evict", self._h(self._evict))
-        r.add_post(f"/{API_VERSION}/gc", self._h(lambda b: self.run_blocking("misc", self.node.gc)))
+        r.add_post(f"/{API_VERSION}/pin", self._h(lambda b, c: self._pin(b, True), admin="pin"))
+        r.add_post(f"/{API_VERSION}/unpin", self._h(lambda b, c: self._pin(b, False), admin="unpin"))
+        r.add_post(f"/{API_VERSION}/evict", self._h(lambda b, c: self._evict(b), admin="evict"))
+        r.add_post(f"/{API_VERSION}/gc", self._h(lambda b, c: self.run_blocking("misc", self.node.gc), admin="gc"))
         return app
 
     @web.middleware
@@ -327,25 +356,57 @@ class Daemon:
         self.metrics.requests.labels(route, str(resp.status)).inc()
         return resp
 
-    def _h(self, fn: Callable[[dict[str, Any]], Awaitable[Any]]) -> Callable[[web.Request], Awaitable[web.Response]]:
+    def _h(self, fn: Callable[..., Awaitable[Any]], admin: str | None = None
+           ) -> Callable[[web.Request], Awaitable[web.Response]]:
+        """A JSON route; ``admin`` names a mutating route: the caller is checked first and ``fn`` gets
+        ``(body, caller)``."""
         async def handler(request: web.Request) -> web.Response:
+            caller = self._authorize(request, admin) if admin else None
             body: dict[str, Any] = {}
             if request.method == "POST" and request.can_read_body:
-                try:
-                    body = await request.json()
-                except (json.JSONDecodeError, UnicodeDecodeError):
-                    raise ApiError(400, "request body is not valid JSON") from None
-                if not isinstance(body, dict):
-                    raise ApiError(400, "request body must be a JSON object")
-            return web.json_response(await fn(body))
+                body = await self._read_body(request)
+            return web.json_response(await (fn(body, caller) if admin else fn(body)))
         return handler
+
+    async def _read_body(self, request: web.Request) -> dict[str, Any]:
+        try:
+            raw = await asyncio.wait_for(request.read(), self.config.settings.api.request_timeout_s)
+        except asyncio.TimeoutError:
+            raise ApiError(408, f"request body not received within {self.config.settings.api.request_timeout_s:g} s "
+                           "([api] request_timeout_s)") from None
+        try:
+            body = json.loads(raw)
+        except (ValueError, RecursionError):  # JSONDecodeError, bad UTF-8, a 5000-digit int, [[[[...
+            raise ApiError(400, "request body is not valid JSON (or nests too deep)") from None
+        if not isinstance(body, dict):
+            raise ApiError(400, "request body must be a JSON object")
+        if _depth(body) > MAX_JSON_DEPTH:
+            raise ApiError(400, f"request body nests deeper than {MAX_JSON_DEPTH} levels")
+        return body
+
+    def _authorize(self, request: web.Request, route: str) -> "Caller":
+        """Mutating routes: root, the daemon's own user, or a member of ``[api] admin_group``."""
+        sock = request.transport.get_extra_info("socket") if request.transport is not None else None
+        if sock is None or sock.family != socket.AF_UNIX:
+            raise ApiError(403, f"{route}: cannot tell who is calling (no peer credentials)")
+        pid, uid, gid = peer_credentials(sock)
+        caller = Caller(pid, uid, peer_groups(sock, pid, uid, gid))
+        admin_group = self.config.settings.api.admin_group
+        if uid in (0, os.geteuid()) or (admin_group is not None and admin_group in caller.gids):
+            return caller
+        group = f"[api] admin_group (gid {admin_group})" if admin_group is not None else "[api] admin_group (not set)"
+        raise ApiError(403, f"uid {uid} may not {route}: it needs root, the daemon's user (uid {os.geteuid()}) "
+                       f"or membership of {group}")
 
     async def _h_health(self, request: web.Request) -> web.Response:
         return web.json_response({"ok": True, "pid": os.getpid(), "role": self.role, "status": self.status_text})
 
-    async def _publish(self, b: dict[str, Any]) -> dict[str, Any]:
-        name, version = _str(b, "name"), _str(b, "version")
-        r = await self.run_blocking("misc", self.node.publish, Path(_str(b, "dir")), name, version)
+    async def _publish(self, b: dict[str, Any], caller: "Caller") -> dict[str, Any]:
+        name, version, src = _str(b, "name"), _str(b, "version"), _str(b, "dir")
+        if not os.path.isabs(src):
+            raise ApiError(400, f"'dir' must be an absolute path, got {src!r}")
+        await self.run_blocking("misc", check_caller_can_read, src, caller)  # before anything is written
+        r = await self.run_blocking("misc", self.node.publish, Path(src), name, version)
         torrent = await self.run_blocking("misc", lambda: ensure_torrent(self.config, self.node.resolve(name, version)))
         if torrent is not None and self.session is not None and self.role == "origin":
             await self.run_blocking("misc", seed_held, self.node, self.session, self.role)
@@ -377,6 +438,9 @@ class Daemon:
     # -- lifecycle ------------------------------------------------------------------------------------
     async def serve(self) -> None:
         self._take_state_lock()
+        sock_path = self.config.settings.api.socket
+        sock_path.parent.mkdir(parents=True, exist_ok=True)
+        claim_socket(sock_path)  # before anything starts: another daemon's live socket is never ours
         from p2p.session import P2PSession
         try:
             self.session = P2PSession(p2p_config(self.config))
@@ -385,11 +449,11 @@ class Daemon:
         n = await self.run_blocking("misc", seed_held, self.node, self.session, self.role)
         log.info("p2p listening on %s, seeding %d version(s)", self.config.settings.p2p.listen, n)
         loop = asyncio.get_running_loop()
-        sock_path = self.config.settings.api.socket
-        sock_path.parent.mkdir(parents=True, exist_ok=True)
-        if sock_path.exists() or sock_path.is_symlink():
-            sock_path.unlink()  # we hold the state lock: a leftover socket is stale
-        runner = web.AppRunner(self.app(), handle_signals=False, access_log=None)
+        api = self.config.settings.api
+        # an idle connection, or one whose headers do not arrive, is closed after request_timeout_s
+        # (aiohttp's keep-alive timer starts at connect and fires while it waits for a whole request)
+        runner = web.AppRunner(self.app(), handle_signals=False, access_log=None,
+                               keepalive_timeout=api.request_timeout_s, lingering_time=min(api.request_timeout_s, 5.0))
         await runner.setup()
         old_umask = os.umask(0o117)
         try:
@@ -397,6 +461,8 @@ class Daemon:
             await site.start()
         finally:
             os.umask(old_umask)
+        if api.group is not None:
+            os.chown(sock_path, -1, api.group, follow_symlinks=False)
         os.chmod(sock_path, 0o660)
         self.runners.append(runner)
         host, _, port = self.config.settings.metrics.listen.rpartition(":")
@@ -479,10 +545,128 @@ def _str(body: dict[str, Any], key: str) -> str:
 
 
 def _num(body: dict[str, Any], key: str, default: float) -> float:
+    """Seconds: finite, from 0 to MAX_SECONDS (Infinity would lease forever, NaN would mean no lease)."""
     v = body.get(key, default)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-        raise ApiError(400, f"'{key}' must be a non-negative number")
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 <= v <= MAX_SECONDS:
+        shown = repr(v) if not isinstance(v, int) or abs(v) < 10 ** 30 else "a huge number"
+        raise ApiError(400, f"'{key}' must be a number of seconds from 0 to {MAX_SECONDS} (7 days), got {shown[:40]}")
     return float(v)
+
+
+def _depth(v: Any) -> int:
+    """How deep containers nest in a parsed JSON value (iterative: a hostile body cannot recurse us)."""
+    deepest, stack = 0, [(v, 1)]
+    while stack:
+        x, d = stack.pop()
+        if isinstance(x, (dict, list)):
+            deepest = max(deepest, d)
+            if deepest > MAX_JSON_DEPTH:
+                return deepest
+            stack.extend((y, d + 1) for y in (x.values() if isinstance(x, dict) else x))
+    return deepest
+
+
+@dataclass(frozen=True)
+class Caller:
+    """The other end of an admin connection, as the kernel saw it at connect time."""
+    pid: int
+    uid: int
+    gids: frozenset[int]   # primary and supplementary
+
+
+def _mode_allows(st: os.stat_result, caller: Caller, want: int) -> bool:
+    """POSIX owner/group/other permission bits (``want``: 4 read, 1 search); root may do anything."""
+    if caller.uid == 0:
+        return True
+    if st.st_uid == caller.uid:
+        bits = st.st_mode >> 6
+    elif st.st_gid in caller.gids:
+        bits = st.st_mode >> 3
+    else:
+        bits = st.st_mode
+    return bits & want == want
+
+
+def check_caller_can_read(top: str, caller: Caller) -> None:
+    """Refuse (403) unless ``caller`` could read the whole tree at ``top`` itself: search (x) on every
+    directory on the way, read and search on every directory in the tree, read on every file, with
+    symlinks (an HF cache snapshot is made of them) checked where they lead."""
+    if caller.uid == 0:
+        return
+
+    def refuse(path: str, what: str) -> ApiError:
+        return ApiError(403, f"uid {caller.uid} may not read {path} (needs {what} permission): publish reads only "
+                        "what its caller could read")
+
+    searchable: set[str] = set()
+
+    def traverse(path: str) -> None:  # x on every directory from / down to path
+        cur = "/"
+        for part in Path(path).parts[1:] if path != "/" else ():
+            cur = os.path.join(cur, part)
+            if cur in searchable:
+                continue
+            if not _mode_allows(os.stat(cur), caller, 1):
+                raise refuse(cur, "search (x)")
+            searchable.add(cur)
+        if not _mode_allows(os.stat("/"), caller, 1):
+            raise refuse("/", "search (x)")
+
+    traverse(os.path.dirname(os.path.abspath(top)))   # the path as the caller wrote it
+    seen: set[str] = set()
+    stack = [top]
+    while stack:
+        real = os.path.realpath(stack.pop())
+        if real in seen:
+            continue
+        seen.add(real)
+        traverse(os.path.dirname(real))                  # ... and where it really leads
+        st = os.stat(real)
+        if not stat.S_ISDIR(st.st_mode):
+            if not _mode_allows(st, caller, 4):
+                raise refuse(real, "read (r)")
+            continue
+        if not _mode_allows(st, caller, 5):
+            raise refuse(real, "read and search (r-x)")
+        searchable.add(real)
+        with os.scandir(real) as it:
+            for entry in it:
+                if entry.is_symlink() or entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
+                elif not _mode_allows(entry.stat(follow_symlinks=False), caller, 4):
+                    raise refuse(entry.path, "read (r)")
+
+
+def claim_socket(path: Path) -> None:
+    """Make way for our socket: a stale one is removed; a live one (another daemon, even with another
+    state dir), a symlink or anything that is not a socket is refused, never unlinked."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(st.st_mode):
+        raise SocketInUse(f"api.socket {path} is a symlink; refusing to use or remove it")
+    if not stat.S_ISSOCK(st.st_mode):
+        raise SocketInUse(f"api.socket {path} exists and is not a socket; refusing to remove it")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(2.0)
+    try:
+        probe.connect(str(path))
+    except (ConnectionRefusedError, FileNotFoundError):
+        try:
+            path.unlink()  # nobody listens: a stale socket from a daemon that died
+        except FileNotFoundError:
+            pass
+        return
+    except OSError as exc:  # a full backlog or a timeout: someone is there
+        raise SocketInUse(f"api.socket {path}: something listens on it ({exc.strerror or exc}); refusing to take "
+                          "it over") from None
+    else:
+        pid, uid, _ = peer_credentials(probe)
+        raise SocketInUse(f"api.socket {path}: another weightd daemon (pid {pid}, uid {uid}) answers on it; "
+                          "refusing to take it over")
+    finally:
+        probe.close()
 
 
 def run(config_path: str | None, role: str) -> int:
