@@ -9,6 +9,7 @@ from .errors import ChecksumMismatch, IntegrityError
 from .hashing import HashJob, ProgressFn, hash_files
 from .manifest import (DEFAULT_CHUNK_SIZE, FileEntry, Manifest, SafetensorsInfo, TensorEntry,
                        chunk_ranges, tree_hash)
+from .safefs import Dir
 from .safetensors_header import read_header
 from .scan import ScannedFile, scan_checkpoint
 
@@ -89,11 +90,12 @@ class VerifyReport:
         raise err
 
 
-def verify_checkpoint(root: str | os.PathLike[str], manifest: Manifest, *, threads: int | None = None,
+def verify_checkpoint(root: "str | os.PathLike[str] | Dir", manifest: Manifest, *, threads: int | None = None,
                       progress: ProgressFn | None = None) -> VerifyReport:
     """Re-hash ``root`` against ``manifest``. Returns every problem found, in file order."""
     scanned = {f.relpath: f for f in scan_checkpoint(root)}
-    report = VerifyReport(os.fspath(root), manifest.digest, len(manifest.files))
+    report = VerifyReport(str(root.path) if isinstance(root, Dir) else os.fspath(root), manifest.digest,
+                          len(manifest.files))
     jobs: list[HashJob] = []
     checked: list[FileEntry] = []
     for entry in manifest.files:

@@ -12,13 +12,13 @@ import ctypes
 import ctypes.util
 import errno
 import os
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Sequence, TypeVar
 
 from .errors import FileChanged, TimedOut
-from .hashing import open_for_read
+from .safefs import FileRef, open_source, sanitize_mode
 
 CHUNK = 64 << 20
 _FALLBACK_ERRNOS = {errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EBADF, errno.EPERM}
@@ -32,10 +32,21 @@ if _sync_file_range is not None:
 
 @dataclass(frozen=True, slots=True)
 class CopyJob:
-    src: str
-    dst: str
+    """``src``: a FileRef beneath a tier (cold storage, the other tier) or a path outside any tier (a
+    directory being published); ``dst``: a new file beneath a staging area. ``mode`` is sanitised."""
+    src: "str | FileRef"
+    dst: "str | FileRef"   # a path only outside any tier (tools, tests)
     size: int
     mode: int
+
+
+def _create_dst(dst: "str | FileRef") -> int:
+    """A new destination file: beneath a staging area by descriptor, or (outside any tier) by path;
+    never an existing file and never through a symlink at the last component."""
+    if isinstance(dst, FileRef):
+        return dst.dir.create(dst.rel, 0o600)
+    os.makedirs(os.path.dirname(dst) or ".", exist_ok=True)
+    return os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
 
 
 def start_writeback(fd: int, off: int, n: int) -> None:
@@ -68,10 +79,11 @@ def _copy_chunk(sfd: int, dfd: int, off: int, n: int, method: list[str], buf: li
 
 def copy_file(job: CopyJob, *, preallocate: bool = True, progress: Callable[[int], None] | None = None,
               deadline: float | None = None) -> str:
-    """Copy ``job.src`` to a new ``job.dst``; returns the method used. ENOSPC surfaces as OSError."""
-    sfd = open_for_read(job.src)
+    """Copy ``job.src`` to a new ``job.dst``; returns the method used. ENOSPC surfaces as OSError; a
+    source shorter than ``job.size`` is FileChanged (an integrity failure, exit 5)."""
+    sfd = open_source(job.src)
     try:
-        dfd = os.open(job.dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        dfd = _create_dst(job.dst)
         try:
             if preallocate and job.size:
                 try:
@@ -88,14 +100,15 @@ def copy_file(job: CopyJob, *, preallocate: bool = True, progress: Callable[[int
                     raise TimedOut(f"timed out copying {job.src}")
                 n = _copy_chunk(sfd, dfd, off, min(CHUNK, job.size - off), method, buf)
                 if n <= 0:
-                    raise FileChanged(job.src, f"source ended at byte {off}, expected {job.size}")
+                    raise FileChanged(str(job.src), f"source ended at byte {off}, expected {job.size} "
+                                                    "(shorter than its manifest says)")
                 start_writeback(dfd, off, n)
                 off += n
                 if progress is not None:
                     progress(n)
             if os.fstat(sfd).st_size != job.size:
-                raise FileChanged(job.src, "source changed size while it was copied")
-            os.fchmod(dfd, job.mode)
+                raise FileChanged(str(job.src), "source changed size while it was copied")
+            os.fchmod(dfd, sanitize_mode(job.mode))
             os.fsync(dfd)
             return method[0]
         finally:
@@ -106,31 +119,60 @@ def copy_file(job: CopyJob, *, preallocate: bool = True, progress: Callable[[int
 
 def copy_files(jobs: Sequence[CopyJob], *, threads: int = 2, preallocate: bool = True,
                progress: Callable[[int], None] | None = None, deadline: float | None = None) -> None:
-    """Copy many files (largest first, ``threads`` at a time); the first error cancels the rest."""
+    """Copy many files (largest first, ``threads`` at a time); the first error cancels the rest.
+    With a ``deadline`` even a read that never returns (a hung NFS server) cannot hold the caller."""
     order = sorted(jobs, key=lambda j: -j.size)
-    for j in order:
-        os.makedirs(os.path.dirname(j.dst), exist_ok=True)
     run_all(lambda j: copy_file(j, preallocate=preallocate, progress=progress, deadline=deadline), order,
-            threads=threads, name="weightd-copy")
+            threads=threads, name="weightd-copy", deadline=deadline)
 
 
-def run_all(fn: Callable[[T], object], items: Sequence[T], *, threads: int, name: str) -> None:
+def run_all(fn: Callable[[T], object], items: Sequence[T], *, threads: int, name: str,
+            deadline: float | None = None) -> None:
     """``fn(item)`` for every item, ``threads`` at a time, in order; the first error cancels what has
-    not started and is raised once the running ones finish."""
-    if threads <= 1 or len(items) <= 1:
+    not started and is raised once the running ones finish.
+
+    With a ``deadline`` (``time.monotonic()``), the caller waits no longer than that: a worker stuck in
+    a system call that never returns (a read from a hung NFS server cannot be interrupted) is left
+    behind as a daemon thread, told to stop when it wakes, and the caller gets TimedOut."""
+    if deadline is None and (threads <= 1 or len(items) <= 1):
         for it in items:
             fn(it)
         return
-    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix=name) as pool:
-        futures = [pool.submit(fn, it) for it in items]
-        error: BaseException | None = None
-        for f in futures:
+    lock = threading.Lock()
+    done = threading.Event()
+    state = {"next": 0, "running": 0, "error": None}
+    todo = list(items)
+
+    def worker() -> None:
+        while True:
+            with lock:
+                if state["error"] is not None or state["next"] >= len(todo):
+                    state["running"] -= 1
+                    if state["running"] == 0:
+                        done.set()
+                    return
+                it = todo[state["next"]]
+                state["next"] += 1
             try:
-                f.result()
+                fn(it)
             except BaseException as exc:
-                if error is None:
-                    error = exc
-                    for other in futures:
-                        other.cancel()
-        if error is not None:
-            raise error
+                with lock:
+                    if state["error"] is None:
+                        state["error"] = exc
+
+    n = max(1, min(threads, len(todo)))
+    state["running"] = n
+    if not todo:
+        return
+    for i in range(n):
+        threading.Thread(target=worker, name=f"{name}-{i}", daemon=True).start()
+    timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+    if not done.wait(timeout):
+        with lock:
+            if state["error"] is None:
+                state["error"] = TimedOut("timed out: a read did not return before the deadline "
+                                          "(is the source storage hung?)")
+            err = state["error"]
+        raise err
+    if state["error"] is not None:
+        raise state["error"]

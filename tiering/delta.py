@@ -30,9 +30,31 @@ from typing import Any, Callable, Iterable, Sequence
 
 from .build import verify_checkpoint
 from .copy import run_all, start_writeback
-from .errors import TimedOut
+from .errors import FileChanged, TimedOut
 from .hashing import open_for_read
 from .manifest import FileEntry, Manifest
+from .safefs import Dir, FileRef, sanitize_mode
+
+def _ref(base: "Path | Dir", rel: str) -> "str | FileRef":
+    return FileRef(base, rel) if isinstance(base, Dir) else str(base / rel)
+
+
+def _new_file(base: "Path | Dir", rel: str) -> int:
+    if isinstance(base, Dir):
+        return base.create(rel, 0o600, flags=os.O_RDWR)
+    dst = base / rel
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    return os.open(dst, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+
+
+def _open_existing(base: "Path | Dir", rel: str) -> int:
+    if isinstance(base, Dir):
+        return base.open(rel, os.O_WRONLY)
+    return os.open(base / rel, os.O_WRONLY | os.O_CLOEXEC)
+
+
+def _exists(base: "Path | Dir", rel: str) -> bool:
+    return base.lstat(rel) is not None if isinstance(base, Dir) else (base / rel).exists()
 
 _FALLBACK = {errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EBADF, errno.EPERM}
 IO_CHUNK = 64 << 20
@@ -42,8 +64,9 @@ IO_CHUNK = 64 << 20
 class Donor:
     """A complete local version that may lend bytes."""
     ref: str           # NAME@VERSION (display)
-    path: Path         # its directory
+    path: Path         # its directory (display, and opening when ``dir`` is None)
     manifest: Manifest
+    dir: Dir | None = None  # its directory by descriptor (a version in a tier)
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,11 +227,10 @@ def _runs(spans: Iterable[Span]) -> list[tuple[int, int]]:
     return out
 
 
-def _build_file(plan: DeltaPlan, fp: FilePlan, dst: Path, source: Path | None, result: BuildResult,
+def _build_file(plan: DeltaPlan, fp: FilePlan, dest: "Path | Dir", source: "Path | Dir | None", result: BuildResult,
                 deadline: float | None, progress: Callable[[int], None] | None, fsync: bool) -> None:
     f = fp.entry
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    dfd = os.open(dst, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    dfd = _new_file(dest, f.path)
     donor_fds: dict[tuple[int, str], int | None] = {}
     try:
         if f.size:
@@ -230,10 +252,13 @@ def _build_file(plan: DeltaPlan, fp: FilePlan, dst: Path, source: Path | None, r
             key = (s.donor, s.donor_path)
             if key not in donor_fds:
                 try:
-                    donor_fds[key] = open_for_read(str(plan.donors[s.donor].path / s.donor_path))
-                except OSError as exc:  # evicted or deleted since the plan: fetch instead
+                    d = plan.donors[s.donor]
+                    donor_fds[key] = open_for_read(FileRef(d.dir, s.donor_path) if d.dir is not None
+                                                   else str(d.path / s.donor_path))
+                except (OSError, ValueError) as exc:  # evicted, deleted or replaced since the plan: fetch
                     donor_fds[key] = None
-                    result.donor_failures.append(f"{plan.donors[s.donor].ref}/{s.donor_path}: {exc.strerror}")
+                    result.donor_failures.append(f"{plan.donors[s.donor].ref}/{s.donor_path}: "
+                                                 f"{getattr(exc, 'strerror', None) or exc}")
             sfd = donor_fds[key]
             why = ""
             if sfd is not None:
@@ -257,7 +282,7 @@ def _build_file(plan: DeltaPlan, fp: FilePlan, dst: Path, source: Path | None, r
                 if progress is not None:
                     progress(s.size)
         if to_fetch and source is not None:  # (no source: a prefill, the gaps stay zero for P2P to fill)
-            sfd = open_for_read(str(source / f.path))
+            sfd = open_for_read(_ref(source, f.path))
             try:
                 method2 = ["copy_file_range"]
                 for begin, end in _runs(sorted(to_fetch, key=lambda s: s.begin)):
@@ -270,12 +295,12 @@ def _build_file(plan: DeltaPlan, fp: FilePlan, dst: Path, source: Path | None, r
                     if progress is not None:
                         progress(end - begin)
             except EOFError as exc:
-                raise FileNotFoundError(errno.EIO, f"source shorter than the manifest says ({exc})",
-                                        str(source / f.path)) from None
+                raise FileChanged(str(_ref(source, f.path)), f"source shorter than its manifest says ({exc})") \
+                    from None
             finally:
                 os.close(sfd)
         result.reused += reused
-        os.fchmod(dfd, f.mode)
+        os.fchmod(dfd, sanitize_mode(f.mode))
         if fsync:
             os.fsync(dfd)
     finally:
@@ -285,19 +310,19 @@ def _build_file(plan: DeltaPlan, fp: FilePlan, dst: Path, source: Path | None, r
                 os.close(fd)
 
 
-def build(plan: DeltaPlan, dest: Path, source: Path | None, *, threads: int = 2, deadline: float | None = None,
+def build(plan: DeltaPlan, dest: "Path | Dir", source: "Path | Dir | None", *, threads: int = 2, deadline: float | None = None,
           progress: Callable[[int], None] | None = None, fsync: bool = True) -> BuildResult:
     """Write every file of ``plan.target`` under ``dest`` (which must not hold them yet): donor parts
     are copied, the rest is read from ``source`` (the new version's directory, e.g. in cold storage)
     at the same offsets. Nothing is checked here: ``build_verified`` verifies and repairs."""
     result = BuildResult()
     order = sorted(plan.files, key=lambda fp: -fp.entry.size)
-    run_all(lambda fp: _build_file(plan, fp, dest / fp.entry.path, source, result, deadline, progress, fsync),
-            order, threads=threads, name="weightd-delta")
+    run_all(lambda fp: _build_file(plan, fp, dest, source, result, deadline, progress, fsync),
+            order, threads=threads, name="weightd-delta", deadline=deadline)
     return result
 
 
-def build_verified(plan: DeltaPlan, dest: Path, source: Path, *, threads: int = 2, deadline: float | None = None,
+def build_verified(plan: DeltaPlan, dest: "Path | Dir", source: "Path | Dir", *, threads: int = 2, deadline: float | None = None,
                    progress: Callable[[int], None] | None = None, fsync: bool = True) -> BuildResult:
     """``build``, then one verification pass over every byte against the manifest; donor parts it
     rejects (a donor that rotted on disk) are fetched from ``source`` and checked again. Raises the
@@ -310,7 +335,7 @@ def build_verified(plan: DeltaPlan, dest: Path, source: Path, *, threads: int = 
     return r
 
 
-def repair(plan: DeltaPlan, dest: Path, source: Path, problems: Iterable[Any], result: BuildResult) -> bool:
+def repair(plan: DeltaPlan, dest: "Path | Dir", source: "Path | Dir", problems: Iterable[Any], result: BuildResult) -> bool:
     """Re-fetch from ``source`` every donor part that verification found bad (``problems``: the
     VerifyReport's, with ``path`` and ``what`` = the part label). Returns whether anything was
     repaired (the caller verifies again); problems in fetched parts are left for it to report."""
@@ -320,9 +345,9 @@ def repair(plan: DeltaPlan, dest: Path, source: Path, problems: Iterable[Any], r
         spans = [s for s in fp.spans if s.donor is not None and (fp.entry.path, s.label) in bad]
         if not spans:
             continue
-        sfd = open_for_read(str(source / fp.entry.path))
+        sfd = open_for_read(_ref(source, fp.entry.path))
         try:
-            dfd = os.open(dest / fp.entry.path, os.O_WRONLY | os.O_CLOEXEC)
+            dfd = _open_existing(dest, fp.entry.path)
             try:
                 for s in spans:
                     _copy_range(sfd, s.begin, dfd, s.begin, s.size, ["copy_file_range"])
@@ -335,23 +360,23 @@ def repair(plan: DeltaPlan, dest: Path, source: Path, problems: Iterable[Any], r
             finally:
                 os.close(dfd)
         except EOFError as exc:
-            raise FileNotFoundError(errno.EIO, f"source shorter than the manifest says ({exc})",
-                                    str(source / fp.entry.path)) from None
+            raise FileChanged(str(_ref(source, fp.entry.path)), f"source shorter than its manifest says ({exc})") \
+                from None
         finally:
             os.close(sfd)
         repaired = True
     return repaired
 
 
-def prefill(plan: DeltaPlan, dest: Path, *, deadline: float | None = None) -> BuildResult:
+def prefill(plan: DeltaPlan, dest: "Path | Dir", *, deadline: float | None = None) -> BuildResult:
     """Donor bytes at their new offsets, holes elsewhere (for a P2P download to check and complete).
     Files that already exist under ``dest`` (a resumed transfer) are left alone."""
     todo = DeltaPlan(plan.target, plan.donors,
-                     [fp for fp in plan.files if fp.reuse_bytes and not (dest / fp.entry.path).exists()])
+                     [fp for fp in plan.files if fp.reuse_bytes and not _exists(dest, fp.entry.path)])
     only_donors = DeltaPlan(todo.target, todo.donors,
                             [FilePlan(fp.entry, [s for s in fp.spans if s.donor is not None]) for fp in todo.files])
     result = BuildResult()
     for fp in only_donors.files:  # _build_file sizes the file; what no donor holds stays zero (libtorrent
         # then checks every piece: a rotten donor only fails its pieces, which are downloaded)
-        _build_file(only_donors, fp, dest / fp.entry.path, None, result, deadline, None, False)
+        _build_file(only_donors, fp, dest, None, result, deadline, None, False)
     return result

@@ -31,6 +31,7 @@ from typing import Callable, Sequence
 import xxhash
 
 from .errors import BadInput, CheckpointNotFound, FileChanged
+from .safefs import FileRef, regular_or_close
 
 READ_BYTES = 1 << 20
 MMAP_WINDOW = 32 << 20       # bounded, so mapped pages never add much to RSS
@@ -55,13 +56,19 @@ class HashJob:
     mtime_ns: int | None = None
 
 
-def open_for_read(path: str) -> int:
-    """Open read-only with O_NOATIME (falls back when we do not own the file)."""
-    flags = os.O_RDONLY | os.O_CLOEXEC
+def open_for_read(path: "str | FileRef") -> int:
+    """Open read-only with O_NOATIME (falls back when we do not own the file). A FileRef (a file in a
+    tier) is opened by descriptor beneath its tier, never through a symlink; a path is the caller's
+    (a user's file for ``weightd warm``). Either way only a regular file comes back, and opening never
+    blocks (a FIFO is refused, not waited on)."""
+    if isinstance(path, FileRef):
+        return path.open_read()
+    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK
     try:
-        return os.open(path, flags | os.O_NOATIME)
+        fd = os.open(path, flags | os.O_NOATIME)
     except PermissionError:
-        return os.open(path, flags)
+        fd = os.open(path, flags)
+    return regular_or_close(fd, str(path))
 
 
 def _leases_usable() -> bool:

@@ -1,29 +1,36 @@
-"""Where things live in a tier (design §3, contract).
+"""Where things live in a tier (design §3, contract), reached only through :mod:`tiering.safefs`.
 
 ``<root>/<NAME>/<VERSION>/`` holds a complete, verified checkpoint and its ``.weightd/manifest.json``;
 ``<root>/.staging/`` holds work in progress, ``<root>/.trash/`` what is being deleted, and
 ``<root>/.locks/`` the lock files. A version directory only ever appears by ``rename`` from staging.
+Every function here takes an open :class:`~tiering.safefs.Dir` of the root (a ``Path`` is opened
+for the call, as cold storage is: the configured path itself, nothing beneath it followed).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
+import stat
 import time
 import uuid
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
-from .errors import CheckpointNotFound, ManifestError
-from .manifest import MANIFEST_RELPATH, Manifest, load_manifest
+from .errors import BadInput, CheckpointNotFound, ManifestError, UnsafePath
+from .manifest import MANIFEST_RELPATH, MAX_MANIFEST_BYTES, Manifest, parse_manifest
 from .names import validate_name, validate_version
+from .safefs import Dir, open_cold_root
 
 STAGING = ".staging"
 TRASH = ".trash"
 LOCKS = ".locks"
 HOT, WARM, COLD = "hot", "warm", "cold"
 LOCAL_TIERS = (HOT, WARM)
+DIR_MODE = 0o755          # NAME/ and version directories: the root's own mode is the gate
+PRIVATE_MODE = 0o700      # .staging, .trash, .locks
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,12 +42,17 @@ class TierSpec:
     capacity_fraction: float | None = None   # ... a share of the tier's file system
     high_watermark: float = 0.95
     low_watermark: float = 0.85
+    group: int | None = None                 # the root's group (readers such as the serving engine)
 
     def capacity(self) -> int:
         if self.capacity_bytes is not None:
             return self.capacity_bytes
         st = os.statvfs(existing_ancestor(self.path))
         return int(st.f_blocks * st.f_frsize * (self.capacity_fraction if self.capacity_fraction is not None else 1.0))
+
+    @property
+    def root_mode(self) -> int:
+        return 0o750 if self.group is not None else 0o700
 
 
 def existing_ancestor(path: Path) -> Path:
@@ -55,7 +67,7 @@ def existing_ancestor(path: Path) -> Path:
 class VersionDir:
     name: str
     version: str
-    path: Path
+    path: Path          # for people and engines; never opened by weightd through this string
     manifest: Manifest
 
     @property
@@ -63,8 +75,26 @@ class VersionDir:
         return f"{self.name}@{self.version}"
 
     @property
+    def rel(self) -> str:
+        return f"{self.name}/{self.version}"
+
+    @property
     def size(self) -> int:
         return self.manifest.total_bytes
+
+
+@contextmanager
+def as_dir(root: "Dir | Path | None") -> Iterator[Dir | None]:
+    """An open Dir for ``root`` for the duration of a call (the caller's own, or opened here)."""
+    if root is None or isinstance(root, Dir):
+        yield root
+        return
+    d = open_cold_root(Path(root))
+    try:
+        yield d
+    finally:
+        if d is not None:
+            d.close()
 
 
 def version_path(root: Path, name: str, version: str) -> Path:
@@ -73,143 +103,240 @@ def version_path(root: Path, name: str, version: str) -> Path:
     return root / name / version
 
 
+def version_rel(name: str, version: str) -> str:
+    validate_name(name)
+    validate_version(version)
+    return f"{name}/{version}"
+
+
 def lock_name(name: str, version: str | None = None) -> str:
     base = name.replace("/", "--")
     return f"{base}@{version}.lock" if version else f"{base}.lock"
 
 
-def read_version(root: Path, name: str, version: str) -> VersionDir | None:
-    """The complete version at ``root/NAME/VERSION``, or None. A broken manifest reads as absent."""
-    path = version_path(root, name, version)
-    mpath = path / MANIFEST_RELPATH
-    try:
-        m = load_manifest(mpath)
-    except CheckpointNotFound:
-        return None
-    except ManifestError:
-        return None
-    if m.name != name or m.version != version:
-        return None
-    return VersionDir(name, version, path, m)
-
-
-def list_versions(root: Path) -> list[VersionDir]:
-    """Every complete version under a tier root (``NAME`` may be ``org/model``)."""
-    out: list[VersionDir] = []
-    if not root.is_dir():
-        return out
-
-    def consider(parts: list[str], path: Path) -> bool:
-        if not (path / MANIFEST_RELPATH).is_file():
-            return False
-        name, version = "/".join(parts[:-1]), parts[-1]
+def read_version(root: "Dir | Path | None", name: str, version: str, *, strict: bool = False) -> VersionDir | None:
+    """The complete version at ``root/NAME/VERSION``, or None. A symlink anywhere on the way reads as
+    absent. A broken manifest reads as absent too, unless ``strict`` (cold storage, asked for by name:
+    then it is a ManifestError, so an operator learns that the version is there but damaged)."""
+    rel = version_rel(name, version)
+    with as_dir(root) as d:
+        if d is None:
+            return None
+        where = str(d.path / rel / MANIFEST_RELPATH)
         try:
-            v = read_version(root, name, version)
-        except Exception:  # names outside the patterns are not ours
-            v = None
-        if v is not None:
-            out.append(v)
-        return True
+            raw = d.read_bytes(f"{rel}/{MANIFEST_RELPATH}", MAX_MANIFEST_BYTES)
+        except (CheckpointNotFound, FileNotFoundError, NotADirectoryError):
+            return None
+        except UnsafePath as exc:
+            if strict and d.is_dir(rel):
+                raise ManifestError(where, exc.reason) from None
+            return None
+        except (BadInput, OSError) as exc:
+            if strict:
+                raise ManifestError(where, str(exc)) from None
+            return None
+        try:
+            m = parse_manifest(raw, where)
+        except ManifestError:
+            if strict:
+                raise
+            return None
+        if m.name != name or m.version != version:
+            if strict:
+                raise ManifestError(where, f"it describes {m.name}@{m.version}, not {name}@{version}")
+            return None
+        return VersionDir(name, version, d.path / name / version, m)
 
-    for a in sorted(root.iterdir()):
-        if a.name.startswith(".") or not a.is_dir() or a.is_symlink():
-            continue
-        for b in sorted(a.iterdir()):
-            if not b.is_dir() or b.is_symlink():
+
+def list_versions(root: "Dir | Path | None") -> list[VersionDir]:
+    """Every complete version under a tier root (``NAME`` may be ``org/model``); symlinks are skipped."""
+    out: list[VersionDir] = []
+    with as_dir(root) as d:
+        if d is None:
+            return out
+
+        def consider(parts: list[str], sub: Dir) -> bool:
+            if not sub.is_file(MANIFEST_RELPATH):
+                return False
+            try:
+                v = read_version(d, "/".join(parts[:-1]), parts[-1])
+            except BadInput:  # names outside the patterns are not ours
+                v = None
+            if v is not None:
+                out.append(v)
+            return True
+
+        for a in d.subdirs():
+            if a.startswith("."):
                 continue
-            if consider([a.name, b.name], b):
-                continue
-            for c in sorted(b.iterdir()):
-                if c.is_dir() and not c.is_symlink():
-                    consider([a.name, b.name, c.name], c)
+            with d.sub(a) as da:
+                for b in da.subdirs():
+                    with da.sub(b) as db:
+                        if consider([a, b], db):
+                            continue
+                        for c in db.subdirs():
+                            with db.sub(c) as dc:
+                                consider([a, b, c], dc)
     return out
 
 
+def published_versions(root: "Dir | Path | None", name: str) -> list[VersionDir]:
+    """Every complete version of NAME under ``root``."""
+    validate_name(name)
+    out = []
+    with as_dir(root) as d:
+        if d is None:
+            return out
+        base = d.sub_if_exists(name) if d.is_dir(name) else None
+        if base is None:
+            return out
+        with base:
+            labels = base.subdirs()
+        for label in labels:
+            try:
+                v = read_version(d, name, label)
+            except BadInput:
+                continue
+            if v is not None:
+                out.append(v)
+    return out
+
+
+# -- staging ------------------------------------------------------------------------------------
 RESUMABLE_MAX_AGE_S = 24 * 3600
 
 
-def new_staging_dir(root: Path, name: str, version: str, expected_bytes: int, *,
-                    resumable: bool = False) -> tuple[Path, Path]:
-    """A ``.staging/<id>/`` plus its lock file path. ``<id>.json`` beside it records the expected size,
-    so concurrent reservations see it; nothing weightd-internal goes inside the directory that will be
-    renamed into place.
-
-    ``resumable``: the id is fixed per NAME@VERSION (callers hold the version's lock), so what a crashed
-    transfer left behind is found again and a P2P download re-checks it instead of starting over.
-    """
-    staging = root / STAGING
-    staging.mkdir(parents=True, exist_ok=True)
-    base = f"{name.replace('/', '--')}@{version}"
-    sid = f"{base}.resumable" if resumable else f"{base}.{uuid.uuid4().hex[:12]}"
-    d = staging / sid
-    info = staging / f"{sid}.json"
-    created = time.time()
-    if resumable and d.is_dir():
-        try:
-            created = float(json.loads(info.read_text()).get("created", created))
-        except (OSError, ValueError, AttributeError):
-            pass
-    d.mkdir(exist_ok=resumable)
-    info.write_text(json.dumps({"name": name, "version": version, "bytes": expected_bytes, "pid": os.getpid(),
-                                "resumable": resumable, "created": created}))
-    return d, staging / f"{sid}.lock"
+def staging_id(name: str, version: str) -> str:
+    """One staging area per NAME@VERSION and tier (callers hold the version's lock): what a crashed
+    transfer left is found again, and it never counts against a retry of its own version."""
+    return f"{name.replace('/', '--')}@{version}.resumable"
 
 
-def staging_keep(info: Path, now: float | None = None) -> bool:
+@dataclass(slots=True)
+class StagingArea:
+    """A transfer in progress: ``.staging/<id>/`` (what will be renamed into place) and
+    ``.staging/<id>.json`` beside it (expected size, owner, whether it can resume)."""
+    area: Dir              # <root>/.staging
+    sid: str
+    dir: Dir               # <root>/.staging/<sid>
+    info: dict = field(default_factory=dict)
+
+    @property
+    def path(self) -> Path:
+        return self.area.path / self.sid
+
+    def mark_resumable(self) -> None:
+        """Only a transfer that can really resume (libtorrent re-checks what is there) keeps its bytes
+        across a crash; a plain copy's leftovers are removed at once."""
+        self.info["resumable"] = True
+        self.area.write_atomic(f"{self.sid}.json", json.dumps(self.info).encode(), 0o600)
+
+    def close(self) -> None:
+        self.dir.close()
+
+
+def open_staging(root: Dir, name: str, version: str, expected_bytes: int) -> StagingArea:
+    """Create (or take over) the staging area of NAME@VERSION; call with the version's lock held."""
+    area = root.sub(STAGING, create=True, mode=PRIVATE_MODE)
+    sid = staging_id(name, version)
+    old = area.read_json(f"{sid}.json")
+    st = area.lstat(sid)
+    keep = st is not None and stat.S_ISDIR(st.st_mode) and isinstance(old, dict) and bool(old.get("resumable")) \
+        and staging_fresh(old)
+    if st is not None and not keep:
+        area.remove(sid)  # a plain copy's leftovers, a stale resume, or something planted: never reused
+    created = float(old["created"]) if keep else time.time()
+    area.mkdir(sid, DIR_MODE)
+    d = area.sub(sid)
+    info = {"name": name, "version": version, "bytes": expected_bytes, "pid": os.getpid(),
+            "resumable": keep, "created": created}
+    area.write_atomic(f"{sid}.json", json.dumps(info).encode(), 0o600)
+    return StagingArea(area, sid, d, info)
+
+
+def staging_fresh(meta: dict, now: float | None = None) -> bool:
+    try:
+        return (now or time.time()) - float(meta.get("created", 0)) < RESUMABLE_MAX_AGE_S
+    except (TypeError, ValueError):
+        return False
+
+
+def staging_keep(area: Dir, sid: str, now: float | None = None) -> bool:
     """Should a stale (unlocked) staging area be kept for a later resume?"""
+    meta = area.read_json(f"{sid}.json")
+    return isinstance(meta, dict) and bool(meta.get("resumable")) and staging_fresh(meta, now) \
+        and area.is_dir(sid)
+
+
+def staging_ids(root: Dir | None) -> tuple[Dir | None, list[str]]:
+    """The staging directory (if any) and the id of every staging area in it."""
+    if root is None or not root.is_dir(STAGING):
+        return None, []
+    area = root.sub(STAGING)
+    ids = set()
+    for n, _ in area.entries():
+        if n.startswith("."):
+            continue  # a temporary side file being written
+        ids.add(n.rsplit(".", 1)[0] if n.endswith((".json", ".lock")) else n)
+    return area, sorted(ids)
+
+
+def staging_expected_bytes(area: Dir, sid: str) -> int:
+    meta = area.read_json(f"{sid}.json")
     try:
-        meta = json.loads(info.read_text())
-    except (OSError, ValueError):
-        return False
-    if not isinstance(meta, dict) or not meta.get("resumable"):
-        return False
-    age = (now or time.time()) - float(meta.get("created", 0))
-    return age < RESUMABLE_MAX_AGE_S
-
-
-def staging_entries(root: Path) -> list[tuple[Path, Path, Path]]:
-    """(dir, info json, lock file) of every staging area under ``root``."""
-    staging = root / STAGING
-    if not staging.is_dir():
-        return []
-    ids = {p.name.rsplit(".", 1)[0] if p.suffix in (".json", ".lock") else p.name for p in staging.iterdir()}
-    return [(staging / i, staging / f"{i}.json", staging / f"{i}.lock") for i in sorted(ids)]
-
-
-def staging_expected_bytes(info: Path) -> int:
-    try:
-        return int(json.loads(info.read_text())["bytes"])
-    except (OSError, ValueError, KeyError, TypeError):
+        return max(0, int(meta["bytes"])) if area.is_dir(sid) else 0
+    except (KeyError, TypeError, ValueError):
         return 0
 
 
-def remove_tree(root: Path, path: Path) -> None:
-    """Make ``path`` disappear at once (rename into ``.trash``), then delete it."""
-    trash = root / TRASH
-    trash.mkdir(parents=True, exist_ok=True)
-    target = trash / f"{path.name}.{uuid.uuid4().hex[:12]}"
+# -- removal and commit --------------------------------------------------------------------------
+def remove_tree(root: Dir, rel: str) -> bool:
+    """Make ``root/rel`` disappear at once (rename into ``.trash`` by descriptor), then delete it by
+    descriptor. A symlink in the way is removed itself; nothing is followed."""
+    parent_rel, _, last = rel.rpartition("/")
+    parent = root.sub_if_exists(parent_rel) if parent_rel else root
+    if parent is None or parent.lstat(last) is None:
+        if parent is not None and parent is not root:
+            parent.close()
+        return False
+    trash = root.sub(TRASH, create=True, mode=PRIVATE_MODE)
+    target = f"{last}.{uuid.uuid4().hex[:12]}"
     try:
-        os.rename(path, target)
+        parent.rename(last, trash, target)
+        parent.fsync()
+        trash.remove(target)
+        return True
     except FileNotFoundError:
-        return
-    fsync_dir(path.parent)
-    shutil.rmtree(target, ignore_errors=True)
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
+        return False
     finally:
-        os.close(fd)
+        trash.close()
+        if parent is not root:
+            parent.close()
 
 
-def prune_empty_parents(root: Path, path: Path) -> None:
-    """Remove empty NAME directories left after a version is gone (never ``root`` itself)."""
-    p = path.parent
-    while p != root and root in p.parents:
+def prune_empty_parents(root: Dir, rel: str) -> None:
+    """Remove an empty ``org/`` left after a version is gone (never ``root`` itself)."""
+    parts = rel.split("/")[:-1]
+    while parts:
+        parent_rel, last = "/".join(parts[:-1]), parts[-1]
+        parent = root.sub_if_exists(parent_rel) if parent_rel else root
+        if parent is None:
+            return
         try:
-            p.rmdir()
+            os.rmdir(last, dir_fd=parent.fd)
         except OSError:
             return
-        p = p.parent
+        finally:
+            if parent is not root:
+                parent.close()
+        parts = parts[:-1]
+
+
+def commit_staging(root: Dir, staging: StagingArea, name: str, version: str) -> None:
+    """fsync the staged tree, then rename it to ``NAME/VERSION`` (never over an existing entry), and
+    fsync the parent: when this returns the version is durable."""
+    staging.dir.fsync_tree()
+    with root.sub(name, create=True, mode=DIR_MODE) as parent:
+        staging.area.rename(staging.sid, parent, version)
+        parent.fsync()
+    staging.area.fsync()

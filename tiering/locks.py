@@ -11,21 +11,23 @@ import errno
 import fcntl
 import os
 import time
-from pathlib import Path
 from types import TracebackType
 
 from .errors import TimedOut
+from .safefs import Dir
 
 
 class FileLock:
-    def __init__(self, path: Path, what: str = "") -> None:
-        self.path = path
-        self.what = what or str(path)
+    """``flock`` on ``name`` in ``directory`` (opened by descriptor, never through a symlink; mode 0600
+    so no other user can hold one of weightd's locks)."""
+
+    def __init__(self, directory: Dir, name: str, what: str = "") -> None:
+        self.dir, self.name = directory, name
+        self.what = what or str(directory.path / name)
         self.fd: int | None = None
 
     def acquire(self, timeout_s: float | None = None, *, shared: bool = False, poll_s: float = 0.05) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = self.dir.open(self.name, os.O_RDWR | os.O_CREAT, 0o600)
         mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
@@ -53,6 +55,12 @@ class FileLock:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
+
+    def release_and_remove(self) -> None:
+        """Unlink the lock file while still holding it, then let go (for one-use locks)."""
+        if self.fd is not None:
+            self.dir.unlink(self.name)
+        self.release()
 
     def __enter__(self) -> "FileLock":
         if self.fd is None:

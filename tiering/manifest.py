@@ -348,13 +348,18 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
         raise ManifestError(spath, "is a directory") from None
     except OSError as exc:
         raise ManifestError(spath, exc.strerror or str(exc)) from None
+    return parse_manifest(raw, spath)
+
+
+def parse_manifest(raw: bytes, source: str) -> Manifest:
+    """A manifest from its bytes (read by the caller, e.g. by descriptor inside a tier)."""
     if len(raw) > MAX_MANIFEST_BYTES:
-        raise ManifestError(spath, f"larger than {MAX_MANIFEST_BYTES} bytes")
+        raise ManifestError(source, f"larger than {MAX_MANIFEST_BYTES} bytes")
     try:
         data = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise ManifestError(spath, f"not valid JSON: {str(exc)[:200]}") from None
-    return manifest_from_dict(data, spath)
+        raise ManifestError(source, f"not valid JSON: {str(exc)[:200]}") from None
+    return manifest_from_dict(data, source)
 
 
 def write_manifest(m: Manifest, path: str | os.PathLike[str]) -> None:

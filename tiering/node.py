@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 import os
-import shutil
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -21,28 +21,44 @@ from .build import build_manifest, verify_checkpoint
 from .copy import CopyJob, copy_files
 from .delta import Donor, plan_delta
 from .delta import build_verified as build_delta
-from .errors import (Busy, CheckpointNotFound, FileChanged, NoSpace, TieringError, TimedOut,
-                     VersionConflict)
+from .errors import (BadInput, Busy, CheckpointNotFound, FileChanged, IntegrityError, NoSpace, TieringError,
+                     TimedOut, VersionConflict)
 from .inuse import processes_using
-from .layout import (COLD, HOT, LOCAL_TIERS, LOCKS, WARM, TierSpec, VersionDir, fsync_dir, list_versions,
-                     lock_name, new_staging_dir, prune_empty_parents, read_version, remove_tree,
-                     staging_entries, staging_expected_bytes, staging_keep, version_path)
+from .layout import (COLD, DIR_MODE, HOT, LOCAL_TIERS, LOCKS, PRIVATE_MODE, TRASH, WARM, StagingArea, TierSpec,
+                     VersionDir, commit_staging, list_versions, lock_name, open_staging, prune_empty_parents,
+                     published_versions, read_version, remove_tree, staging_expected_bytes, staging_id,
+                     staging_ids, staging_keep, version_path, version_rel)
 from .locks import FileLock
-from .manifest import MANIFEST_RELPATH, Manifest, write_manifest
+from .manifest import MANIFEST_RELPATH, Manifest
 from .names import validate_name, validate_version
 from .pagecache import WarmOptions, residency, warm
 from .placement import Candidate, EvictionPlan, plan_eviction
+from .safefs import Dir, FileRef, RootPolicy, open_cold_root, open_tier_root
 from .scan import scan_checkpoint
 from .state import State
 
 log = logging.getLogger(__name__)
 ProgressFn = Callable[[int], None]
 # fetch(source, staging, report, deadline, progress, delta) -> True if it filled staging (bytes counted in
-# report.bytes_by_source), False to let the next source try; it must leave staging as it found it then.
-# ``delta``: a DeltaPlan of local donor bytes to reuse, or None.
+# report.bytes_by_source, every file fsynced), False to let the next source try; it must leave staging as
+# it found it then. ``staging``: a StagingArea (``.path`` for libraries that need a path, ``.dir`` for
+# everything weightd does itself). ``delta``: a DeltaPlan of local donor bytes to reuse, or None.
 Fetcher = Callable[..., bool]
 SOURCES = ("local_reuse", "peer", "origin", "cold")
 DEFAULT_LEASE_S = 600.0
+MAX_SECONDS = 7 * 24 * 3600.0   # leases and timeouts: finite, and at most a week
+
+
+def check_seconds(key: str, value: float | None, *, allow_zero: bool) -> float | None:
+    """A lease or timeout from a caller: finite, not negative, at most a week (NaN and Infinity are
+    refused; they would silently mean "no lease" or "pinned forever")."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or value < 0 or (value == 0 and not allow_zero) or value > MAX_SECONDS:
+        raise BadInput(f"{key}: expected a finite number of seconds from {'0' if allow_zero else 'more than 0'} "
+                       f"to {int(MAX_SECONDS)} (a week), got {value!r}")
+    return float(value)
 
 
 @dataclass(slots=True)
@@ -95,12 +111,17 @@ class PreloadReport:
 
 
 class LocalNode:
+    """The tiers of one node. Tier roots are opened by descriptor (and checked to be weightd's own)
+    when first needed; nothing is created for a query (``status``, ``path``), and cold storage is
+    only ever written by ``publish``."""
+
     def __init__(self, *, hot: TierSpec, warm: TierSpec, cold: Path, state_dir: Path,
                  now: Callable[[], float] = time.time, copy_threads: int = 2, reconcile: bool = True,
                  warm_options: WarmOptions = WarmOptions(),
                  on_evict: Callable[[str, str, str, int], None] | None = None,
                  fetchers: list[Fetcher] | None = None,
-                 on_placed: Callable[[str, VersionDir], None] | None = None) -> None:
+                 on_placed: Callable[[str, VersionDir], None] | None = None,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self.tiers = {HOT: hot, WARM: warm}
         self.fetchers = list(fetchers or [])  # e.g. P2P, tried after a local copy and before cold
         self.on_placed = on_placed            # e.g. start seeding what was just placed
@@ -108,13 +129,20 @@ class LocalNode:
         self.warm_options = warm_options
         self.cold = cold
         self.now = now
+        self.monotonic = monotonic
         self.copy_threads = copy_threads
+        self._dirs: dict[str, Dir] = {}
+        for t in LOCAL_TIERS:  # a foreign, loose or symlinked root is refused before anything else
+            self._root_dir(t, create=False)
         self.state = State(state_dir, now=now)
         if reconcile:
             self.reconcile()
 
     def close(self) -> None:
         self.state.close()
+        for d in self._dirs.values():
+            d.close()
+        self._dirs.clear()
 
     def __enter__(self) -> "LocalNode":
         return self
@@ -126,167 +154,210 @@ class LocalNode:
     def _root(self, tier: str) -> Path:
         return self.cold if tier == COLD else self.tiers[tier].path
 
+    def _root_dir(self, tier: str, *, create: bool = False) -> Dir | None:
+        """The tier's root by descriptor (None if it does not exist and ``create`` is false)."""
+        d = self._dirs.get(tier)
+        if d is not None:
+            try:
+                if os.fstat(d.fd).st_nlink > 0:
+                    return d
+            except OSError:
+                pass
+            d.close()  # removed behind our back: open (and check) it again
+            del self._dirs[tier]
+        if tier == COLD:
+            d = open_cold_root(self.cold, create=create)
+        else:
+            spec = self.tiers[tier]
+            d = open_tier_root(spec.path, RootPolicy(spec.root_mode, spec.group), create=create)
+        if d is not None:
+            self._dirs[tier] = d
+        return d
+
+    def _must_root(self, tier: str) -> Dir:
+        d = self._root_dir(tier, create=True)
+        assert d is not None
+        return d
+
+    def _locks(self, tier: str) -> Dir:
+        return self._must_root(tier).sub(LOCKS, create=True, mode=PRIVATE_MODE)
+
     def _lock(self, tier: str, name: str, version: str) -> FileLock:
-        return FileLock(self._root(tier) / LOCKS / lock_name(name, version), f"{name}@{version} in {tier}")
+        return FileLock(self._locks(tier), lock_name(name, version), f"{name}@{version} in {tier}")
 
     def _tier_lock(self, tier: str) -> FileLock:
-        return FileLock(self._root(tier) / LOCKS / ".tier.lock", f"the {tier} tier's space reservation")
+        return FileLock(self._locks(tier), ".tier.lock", f"the {tier} tier's space reservation")
 
-    @staticmethod
-    def _remaining(deadline: float | None) -> float | None:
-        return None if deadline is None else max(0.0, deadline - time.monotonic())
-
-    @staticmethod
-    def _open_staging(root: Path, name: str, version: str, need: int, *,
-                      resumable: bool = False) -> tuple[Path, FileLock]:
-        """Create a staging area and lock it; call with the tier lock held (reconcile takes it too,
-        so it never sees a staging area between its creation and its lock)."""
-        staging, lockfile = new_staging_dir(root, name, version, need, resumable=resumable)
-        slock = FileLock(lockfile)
-        slock.acquire()
-        return staging, slock
-
-    @staticmethod
-    def _close_staging(staging: Path, slock: FileLock) -> None:
-        (staging.parent / f"{staging.name}.json").unlink(missing_ok=True)
-        slock.path.unlink(missing_ok=True)
-        slock.release()
+    def _remaining(self, deadline: float | None) -> float | None:
+        return None if deadline is None else max(0.0, deadline - self.monotonic())
 
     # -- reconcile ----------------------------------------------------------------------------------
     def reconcile(self) -> dict[str, Any]:
-        """Remove stale staging and trash, adopt complete versions, forget vanished ones."""
+        """Remove stale staging and trash, adopt complete versions (verified first), forget vanished
+        ones. Local tiers only: cold storage is never written here."""
         out: dict[str, Any] = {}
-        for tier in (*LOCAL_TIERS, COLD):
-            root = self._root(tier)
-            removed = kept = 0
-            entries = staging_entries(root)
-            if entries:
-                with self._tier_lock(tier):
-                    for d, info, lockfile in entries:
-                        lock = FileLock(lockfile)
-                        if lock.try_acquire():  # nobody is working on it: stale (a crash, kill -9)
-                            try:
-                                if d.is_dir() and staging_keep(info):
-                                    kept += 1  # a transfer that can resume where it stopped
-                                    continue
-                                shutil.rmtree(d, ignore_errors=True)
-                                info.unlink(missing_ok=True)
-                                lockfile.unlink(missing_ok=True)
-                                removed += 1
-                            finally:
-                                lock.release()
-            shutil.rmtree(root / ".trash", ignore_errors=True)
-            if tier == COLD:
-                out[tier] = {"stale_staging_removed": removed}
-                continue
-            present = [(v.name, v.version, v.manifest.digest, v.size) for v in list_versions(root)]
+        for tier in LOCAL_TIERS:
+            root = self._root_dir(tier, create=False)
+            removed = kept = rejected = 0
+            area, ids = staging_ids(root)
+            if root is not None and area is not None:
+                with area:
+                    for sid in ids:
+                        removed_one, kept_one = self._reap_staging(tier, area, sid)
+                        removed += removed_one
+                        kept += kept_one
+            if root is not None and root.lstat(TRASH) is not None:
+                root.remove(TRASH)
+            present = []
+            known = {(r.name, r.version): r.digest for r in self.state.copies(tier)}
+            for v in list_versions(root):
+                if known.get((v.name, v.version)) != v.manifest.digest and not self._adopt(tier, root, v):
+                    rejected += 1
+                    continue
+                present.append((v.name, v.version, v.manifest.digest, v.size))
             adopted, forgotten = self.state.reconcile(tier, present)
             out[tier] = {"stale_staging_removed": removed, "resumable_staging_kept": kept, "adopted": adopted,
-                         "forgotten": forgotten}
-            if removed or adopted or forgotten:
-                log.info("reconciled tier=%s stale_staging=%d adopted=%d forgotten=%d", tier, removed, adopted,
-                         forgotten)
+                         "forgotten": forgotten, "rejected": rejected}
+            if removed or adopted or forgotten or rejected:
+                log.info("reconciled tier=%s stale_staging=%d adopted=%d forgotten=%d rejected=%d", tier, removed,
+                         adopted, forgotten, rejected)
         self.state.expire_leases()
         return out
+
+    def _reap_staging(self, tier: str, area: Dir, sid: str) -> tuple[int, int]:
+        """(removed, kept) for one staging id: live ones (their version's lock is held) are left alone,
+        a P2P transfer that can resume is kept for a day, everything else goes."""
+        base = sid[:-len(".resumable")] if sid.endswith(".resumable") else None
+        lock = FileLock(self._locks(tier), f"{base}.lock") if base else None
+        if lock is not None and not lock.try_acquire():
+            return 0, 0
+        try:
+            if lock is not None and staging_keep(area, sid):
+                return 0, 1
+            area.remove(sid)
+            area.unlink(f"{sid}.json")
+            area.unlink(f"{sid}.lock")   # (left by earlier weightd versions)
+            return 1, 0
+        finally:
+            if lock is not None:
+                lock.release()
+
+    def _adopt(self, tier: str, root: Dir, v: VersionDir) -> bool:
+        """A complete version on disk that state does not know (a crash between the rename and the
+        record, or a state database rebuilt): verify every byte before it is served. One that fails
+        is removed, so it is fetched again the next time it is wanted."""
+        lock = self._lock(tier, v.name, v.version)
+        if not lock.try_acquire():
+            return True  # someone is placing it right now; they record it
+        try:
+            with root.sub(v.rel) as d:
+                report = verify_checkpoint(d, v.manifest, threads=self.copy_threads)
+        except (TieringError, OSError) as exc:
+            report, why = None, str(exc)
+        else:
+            why = "; ".join(str(p) for p in report.problems[:3])
+        try:
+            if report is not None and report.ok:
+                log.info("adopted name=%s version=%s tier=%s after verifying %d bytes", v.name, v.version, tier,
+                         report.bytes_checked)
+                return True
+            log.warning("not adopting name=%s version=%s tier=%s: %s (removed)", v.name, v.version, tier, why)
+            remove_tree(root, v.rel)
+            prune_empty_parents(root, v.rel)
+            return False
+        finally:
+            lock.release()
 
     # -- publish ------------------------------------------------------------------------------------
     def publish(self, src: Path, name: str, version: str, *, progress: ProgressFn | None = None) -> PublishReport:
         """Copy a checkpoint directory (or HF cache snapshot) into cold storage, immutably."""
         validate_name(name)
         validate_version(version)
-        t0 = time.monotonic()
+        t0 = self.monotonic()
         files = scan_checkpoint(src)  # validates the source before anything is written
         ref = f"{name}@{version}"
+        rel = version_rel(name, version)
+        cold = self._must_root(COLD)
         with self._lock(COLD, name, version):
-            existing = read_version(self.cold, name, version)
+            existing = read_version(cold, name, version)
             if existing is not None:
                 m = build_manifest(src, files=files)
                 if m.digest != existing.manifest.digest:
                     raise VersionConflict(ref, existing.manifest.digest, m.digest)
                 return PublishReport(name, version, str(existing.path), m.digest, m.total_bytes, True,
-                                     time.monotonic() - t0)
-            final = version_path(self.cold, name, version)
-            if final.exists():  # a directory without a valid manifest: not ours to overwrite
+                                     self.monotonic() - t0)
+            if cold.lstat(rel) is not None:  # a directory without a valid manifest: not ours to overwrite
                 raise VersionConflict(ref, "unknown (no valid manifest)", "-")
             total = sum(f.size for f in files)
-            with self._tier_lock(COLD):
-                staging, slock = self._open_staging(self.cold, name, version, total)
+            staging = open_staging(cold, name, version, total)  # (our lock: a crashed publish's leftovers go)
             try:
-                jobs = [CopyJob(f.path, str(staging / f.relpath), f.size, f.mode) for f in files]
+                jobs = [CopyJob(f.path, FileRef(staging.dir, f.relpath), f.size, f.mode) for f in files]
                 copy_files(jobs, threads=self.copy_threads, preallocate=False, progress=progress)
                 for f in files:  # the source must not have changed while it was copied
                     st = os.stat(f.path)
                     if (st.st_size, st.st_mtime_ns) != (f.size, f.mtime_ns):
-                        raise FileChanged(f.path, "changed while it was being published; try again")
-                m = build_manifest(staging)
+                        raise FileChanged(str(f.path), "changed while it was being published; try again")
+                m = build_manifest(staging.dir)
                 m = m.with_labels(name=name, version=version,
                                   published_at=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"))
-                write_manifest(m, staging / MANIFEST_RELPATH)
-                self._commit(staging, final)
+                self._write_manifest(staging, m)
+                commit_staging(cold, staging, name, version)
             except BaseException:
-                shutil.rmtree(staging, ignore_errors=True)
+                staging.area.remove(staging.sid)
                 raise
             finally:
-                self._close_staging(staging, slock)
+                staging.area.unlink(f"{staging.sid}.json")
+                staging.close()
+            final = cold.path / rel
             log.info("published name=%s version=%s digest=%s bytes=%d", name, version, m.digest, m.total_bytes)
-            return PublishReport(name, version, str(final), m.digest, m.total_bytes, False, time.monotonic() - t0)
+            return PublishReport(name, version, str(final), m.digest, m.total_bytes, False, self.monotonic() - t0)
 
     @staticmethod
-    def _commit(staging: Path, final: Path) -> None:
-        """fsync the staged tree, then rename it into place (the commit point)."""
-        for dirpath, _, _ in os.walk(staging):
-            fsync_dir(Path(dirpath))
-        final.parent.mkdir(parents=True, exist_ok=True)
-        os.rename(staging, final)
-        fsync_dir(final.parent)
+    def _write_manifest(staging: StagingArea, m: Manifest) -> None:
+        meta, _, fname = MANIFEST_RELPATH.rpartition("/")
+        with staging.dir.sub(meta, create=True, mode=DIR_MODE) as d:
+            d.write_atomic(fname, m.to_json().encode("utf-8"), 0o644)
 
     # -- resolve ------------------------------------------------------------------------------------
     def published_versions(self, name: str) -> list[VersionDir]:
-        validate_name(name)
-        base = self.cold / name
-        if not base.is_dir():
-            return []
-        out = []
-        for d in sorted(base.iterdir()):
-            try:
-                v = read_version(self.cold, name, d.name)
-            except TieringError:
-                continue
-            if v is not None:
-                out.append(v)
-        return out
+        return published_versions(self._root_dir(COLD), name)
 
     def resolve(self, name: str, version: str | None) -> VersionDir:
-        """The manifest of NAME@VERSION (latest published when VERSION is None): cold first, else local."""
+        """The manifest of NAME@VERSION (latest published when VERSION is None): cold first, else local.
+        A version that is in cold storage with a damaged manifest is a ManifestError (exit 2)."""
         validate_name(name)
         if version is not None:
             validate_version(version)
-            v = read_version(self.cold, name, version)
+            v = read_version(self._root_dir(COLD), name, version, strict=True)
             if v is not None:
                 return v
             for tier in LOCAL_TIERS:
-                v = read_version(self.tiers[tier].path, name, version)
+                v = read_version(self._root_dir(tier), name, version)
                 if v is not None:
                     return v
             raise CheckpointNotFound(f"{name}@{version}", "not published and not on this node")
         candidates = self.published_versions(name)
         if not candidates:
             for tier in LOCAL_TIERS:
-                candidates += [v for v in list_versions(self.tiers[tier].path) if v.name == name]
+                candidates += [v for v in list_versions(self._root_dir(tier)) if v.name == name]
         if not candidates:
             raise CheckpointNotFound(name, "no version published and none on this node")
         return max(candidates, key=lambda v: (v.manifest.published_at or "", v.version))
 
     # -- usage and eviction -------------------------------------------------------------------------
-    def tier_used(self, tier: str) -> int:
-        """Bytes of complete versions plus the expected size of every staging area in the tier."""
-        root = self._root(tier)
+    def tier_used(self, tier: str, *, exclude: str | None = None) -> int:
+        """Bytes of complete versions plus the expected size of every staging area in the tier but
+        ``exclude`` (a retry's own staging area never counts against it)."""
+        root = self._root_dir(tier)
         used = sum(v.size for v in list_versions(root))
-        used += sum(staging_expected_bytes(info) for d, info, _ in staging_entries(root) if d.exists())
+        area, ids = staging_ids(root)
+        if area is not None:
+            with area:
+                used += sum(staging_expected_bytes(area, sid) for sid in ids if sid != exclude)
         return used
 
     def _candidates(self, tier: str, exclude: tuple[str, str] | None) -> list[Candidate]:
-        versions = [v for v in list_versions(self._root(tier)) if (v.name, v.version) != exclude]
+        versions = [v for v in list_versions(self._root_dir(tier)) if (v.name, v.version) != exclude]
         if not versions:
             return []
         pinned = self.state.pinned()
@@ -299,15 +370,17 @@ class LocalNode:
                 for v in versions]
 
     def _reserve(self, tier: str, name: str, version: str, need: int,
-                 deadline: float | None) -> tuple[Path, FileLock, list[str]]:
-        """Make room (evicting by policy) and create the staging area, under the tier's lock."""
+                 deadline: float | None) -> tuple[StagingArea, list[str]]:
+        """Make room (evicting by policy) and create the staging area, under the tier's lock (the
+        caller holds the version's lock)."""
         spec = self.tiers[tier]
-        spec.path.mkdir(parents=True, exist_ok=True)
+        root = self._must_root(tier)
         tlock = self._tier_lock(tier)
         tlock.acquire(self._remaining(deadline))
         try:
             capacity = spec.capacity()
-            used = self.tier_used(tier)
+            own = staging_id(name, version)
+            used = self.tier_used(tier, exclude=own)
             plan = EvictionPlan(True, [], used)
             if used + need > capacity * spec.high_watermark:
                 plan = plan_eviction(capacity=capacity, used=used, need=need, high=spec.high_watermark,
@@ -319,15 +392,14 @@ class LocalNode:
             evicted = [f"{c.ref} ({tier})" for c in plan.evict
                        if self._evict_one(tier, c.name, c.version, reason="capacity")]
             if evicted:
-                used = self.tier_used(tier)
+                used = self.tier_used(tier, exclude=own)
                 if used + need > capacity:  # a victim was busy after all
                     raise NoSpace(tier, need, max(0, capacity - used), "a checkpoint chosen for eviction was busy")
-            st = os.statvfs(spec.path)
+            st = root.statvfs()
             free = st.f_bavail * st.f_frsize
             if free < need:
                 raise NoSpace(tier, need, free, "the file system itself is full")
-            staging, slock = self._open_staging(spec.path, name, version, need, resumable=True)
-            return staging, slock, evicted
+            return open_staging(root, name, version, need), evicted
         finally:
             tlock.release()
 
@@ -337,12 +409,13 @@ class LocalNode:
         if not lock.try_acquire():
             return False
         try:
-            path = version_path(self._root(tier), name, version)
-            have = read_version(self._root(tier), name, version)
+            root = self._must_root(tier)
+            rel = version_rel(name, version)
+            have = read_version(root, name, version)
             self.state.forget_copy(tier, name, version)
             self.state.release_leases(name, version, tier)
-            remove_tree(self._root(tier), path)
-            prune_empty_parents(self._root(tier), path)
+            remove_tree(root, rel)
+            prune_empty_parents(root, rel)
             log.info("evicted name=%s version=%s tier=%s reason=%s", name, version, tier, reason)
             if self.on_evict is not None:
                 self.on_evict(tier, f"{name}@{version}", reason, have.size if have else 0)
@@ -358,7 +431,7 @@ class LocalNode:
             try:
                 return self.resolve(name, version)
             except CheckpointNotFound:
-                if deadline is not None and time.monotonic() + poll_s > deadline:
+                if deadline is not None and self.monotonic() + poll_s > deadline:
                     ref = f"{name}@{version}" if version else name
                     raise TimedOut(f"{ref}: not published before the timeout") from None
             time.sleep(poll_s)
@@ -371,8 +444,10 @@ class LocalNode:
         ``wait``: if it is not published yet, wait for it (until ``timeout_s``).
         """
         if tier not in LOCAL_TIERS:
-            raise ValueError(f"tier must be one of {LOCAL_TIERS}")
-        t0 = time.monotonic()
+            raise BadInput(f"tier must be one of {', '.join(LOCAL_TIERS)}")
+        lease_s = check_seconds("lease_s", lease_s, allow_zero=True) or 0.0
+        timeout_s = check_seconds("timeout_s", timeout_s, allow_zero=False)
+        t0 = self.monotonic()
         deadline = None if timeout_s is None else t0 + timeout_s
         src = self.wait_published(name, version, deadline) if wait else self.resolve(name, version)
         try:
@@ -381,19 +456,20 @@ class LocalNode:
             if tier != HOT or strict:
                 raise
             log.info("hot tier cannot hold name=%s version=%s, falling back to warm: %s", src.name,
-                        src.version, exc)
+                     src.version, exc)
             report = self._preload_into(src, WARM, deadline, progress, lease_s)
             report.fallback = f"hot tier: {exc}"
         report.requested_tier = tier
         self._warm(report)
-        report.seconds = time.monotonic() - t0
+        report.seconds = self.monotonic() - t0
         return report
 
     def _preload_into(self, src: VersionDir, tier: str, deadline: float | None,
                       progress: ProgressFn | None, lease_s: float) -> PreloadReport:
         name, version, m = src.name, src.version, src.manifest
-        root = self.tiers[tier].path
-        report = PreloadReport(name, version, tier, str(version_path(root, name, version)), m.digest, m.total_bytes)
+        root = self._must_root(tier)
+        rel = version_rel(name, version)
+        report = PreloadReport(name, version, tier, str(root.path / rel), m.digest, m.total_bytes)
         lock = self._lock(tier, name, version)
         lock.acquire(self._remaining(deadline))
         try:
@@ -403,25 +479,28 @@ class LocalNode:
                 report.already_present = True
                 self._lease(report, lease_s)
                 return report
-            if have is not None:  # a different copy under the same name: replace it
-                remove_tree(root, have.path)
-            staging, slock, report.evicted = self._reserve(tier, name, version, m.total_bytes, deadline)
+            if have is not None or root.lstat(rel) is not None:
+                # a different copy under the same name, or something that is not a version (a planted
+                # symlink, a damaged directory): removed by descriptor, never followed
+                remove_tree(root, rel)
+            staging, report.evicted = self._reserve(tier, name, version, m.total_bytes, deadline)
             try:
                 verified = self._fill(staging, m, tier, name, version, report, deadline, progress)
-                write_manifest(m, staging / MANIFEST_RELPATH)
+                self._write_manifest(staging, m)
                 if not verified:
-                    verify_checkpoint(staging, m).raise_for_problems()
-                self._commit(staging, version_path(root, name, version))
+                    verify_checkpoint(staging.dir, m).raise_for_problems()
+                commit_staging(root, staging, name, version)
             except OSError as exc:
-                shutil.rmtree(staging, ignore_errors=True)
+                staging.area.remove(staging.sid)
                 if exc.errno == errno.ENOSPC:
                     raise NoSpace(tier, m.total_bytes, 0, "the file system filled up during the copy") from exc
                 raise
             except BaseException:
-                shutil.rmtree(staging, ignore_errors=True)
+                staging.area.remove(staging.sid)
                 raise
             finally:
-                self._close_staging(staging, slock)
+                staging.area.unlink(f"{staging.sid}.json")
+                staging.close()
             self.state.record_copy(tier, name, version, m.digest, m.total_bytes)
             self._lease(report, lease_s)
             if self.on_placed is not None:
@@ -435,7 +514,7 @@ class LocalNode:
 
     def _warm(self, report: PreloadReport) -> None:
         """Bring a warm-tier copy into the page cache (a tmpfs copy is resident by nature)."""
-        t0 = time.monotonic()
+        t0 = self.monotonic()
         if report.tier == WARM:
             o = self.warm_options
             r = warm([report.path], concurrency=o.concurrency, rate_bytes_per_s=o.rate_bytes_per_s,
@@ -445,25 +524,26 @@ class LocalNode:
                 log.warning("could not warm path=%s: %s", sk.path, sk.reason)
         else:
             report.resident_bytes = residency([report.path]).resident_bytes
-        report.warm_seconds = time.monotonic() - t0
+        report.warm_seconds = self.monotonic() - t0
 
     def _lease(self, report: PreloadReport, lease_s: float) -> None:
         if lease_s > 0:
             self.state.add_lease(report.tier, report.name, report.version, lease_s)
             report.lease_expires_at = self.now() + lease_s
 
-    def _fill(self, staging: Path, m: Manifest, tier: str, name: str, version: str, report: PreloadReport,
+    def _fill(self, staging: StagingArea, m: Manifest, tier: str, name: str, version: str, report: PreloadReport,
               deadline: float | None, progress: ProgressFn | None) -> bool:
         """Fill staging from the nearest complete copy: the other local tier, else local donors plus
         the swarm or cold. Returns True when it already verified the result against ``m``."""
         other = WARM if tier == HOT else HOT
-        sources: list[tuple[str, Path]] = []
-        local = read_version(self.tiers[other].path, name, version)
+        rel = version_rel(name, version)
+        sources: list[tuple[str, str]] = []
+        local = read_version(self._root_dir(other), name, version)
         if local is not None and local.manifest.digest == m.digest:
-            sources.append(("local_reuse", local.path))
-        cold = read_version(self.cold, name, version)
+            sources.append(("local_reuse", other))
+        cold = read_version(self._root_dir(COLD), name, version)
         if cold is not None and cold.manifest.digest == m.digest:
-            sources.append(("cold", cold.path))
+            sources.append(("cold", COLD))
         if cold is not None and not any(label == "local_reuse" for label, _ in sources):
             # no local copy: other local versions lend what they share with this one (a delta update),
             # then the swarm, then a copy from cold
@@ -479,10 +559,11 @@ class LocalNode:
                     if fetch(cold, staging, report, deadline, progress, plan):
                         return False
                 if plan is not None:
-                    self._clear(staging)
+                    staging.dir.clear()
                     # verified inside: a donor part that fails is fetched from cold and checked again
-                    r = build_delta(plan, staging, cold.path, threads=self.copy_threads, deadline=deadline,
-                                    progress=progress)
+                    with self._must_root(COLD).sub(rel) as cold_dir:
+                        r = build_delta(plan, staging.dir, cold_dir, threads=self.copy_threads, deadline=deadline,
+                                        progress=progress)
                     report.bytes_by_source["local_reuse"] += r.reused
                     report.bytes_by_source["cold"] += r.fetched
                     report.delta["refetched"] = r.donor_failures
@@ -490,12 +571,15 @@ class LocalNode:
                         log.warning("donor bytes rejected, fetched instead name=%s version=%s: %s", name, version, why)
                     return True
             finally:
+                for d in donors:
+                    if d.dir is not None:
+                        d.dir.close()
                 for lk in held:
                     lk.release()
         if not sources:
             raise CheckpointNotFound(f"{name}@{version}", "no complete copy to read from")
         last_error: Exception | None = None
-        for label, base in sources:
+        for label, src_tier in sources:
             shared = self._lock(other, name, version) if label == "local_reuse" else None
             if shared is not None:
                 try:  # hold the donor tier's lock shared so it is not evicted under us
@@ -503,9 +587,11 @@ class LocalNode:
                 except TimedOut:
                     continue
             try:
-                self._clear(staging)
-                jobs = [CopyJob(str(base / f.path), str(staging / f.path), f.size, f.mode) for f in m.files]
-                copy_files(jobs, threads=self.copy_threads, progress=progress, deadline=deadline)
+                staging.dir.clear()
+                with self._must_root(src_tier).sub(rel) as base:
+                    jobs = [CopyJob(FileRef(base, f.path), FileRef(staging.dir, f.path), f.size, f.mode)
+                            for f in m.files]
+                    copy_files(jobs, threads=self.copy_threads, progress=progress, deadline=deadline)
                 report.bytes_by_source[label] += m.total_bytes
                 return False
             except FileNotFoundError as exc:  # the donor vanished (evicted): try the next source
@@ -517,11 +603,6 @@ class LocalNode:
         assert last_error is not None
         raise CheckpointNotFound(f"{name}@{version}", f"every source vanished during the copy ({last_error})")
 
-    @staticmethod
-    def _clear(staging: Path) -> None:
-        for child in staging.iterdir():
-            shutil.rmtree(child) if child.is_dir() else child.unlink()
-
     def _donors(self, tier: str, name: str, version: str) -> tuple[list[Donor], list[FileLock]]:
         """Every complete local version but the target, the staging tier's first (copy_file_range can
         share extents within a file system), each held with a shared lock so it cannot be evicted
@@ -529,7 +610,8 @@ class LocalNode:
         donors: list[Donor] = []
         held: list[FileLock] = []
         for t in [tier] + [x for x in LOCAL_TIERS if x != tier]:
-            for v in list_versions(self.tiers[t].path):
+            root = self._root_dir(t)
+            for v in list_versions(root):
                 if (v.name, v.version) == (name, version):
                     continue
                 lk = self._lock(t, v.name, v.version)
@@ -537,11 +619,14 @@ class LocalNode:
                     lk.acquire(0, shared=True)
                 except TimedOut:
                     continue
-                if not (v.path / MANIFEST_RELPATH).is_file():  # evicted between the listing and the lock
+                d = root.sub_if_exists(v.rel) if root is not None else None
+                if d is None or not d.is_file(MANIFEST_RELPATH):  # evicted between the listing and the lock
+                    if d is not None:
+                        d.close()
                     lk.release()
                     continue
                 held.append(lk)
-                donors.append(Donor(f"{v.name}@{v.version}", v.path, v.manifest))
+                donors.append(Donor(f"{v.name}@{v.version}", v.path, v.manifest, d))
         return donors, held
 
     # -- queries and admin ----------------------------------------------------------------------------
@@ -551,7 +636,7 @@ class LocalNode:
             version = self.resolve(name, None).version
         validate_version(version)
         for tier in LOCAL_TIERS:
-            v = read_version(self.tiers[tier].path, name, version)
+            v = read_version(self._root_dir(tier), name, version)
             if v is not None:
                 self.state.touch(tier, name, version)
                 return tier, v.path
@@ -576,7 +661,7 @@ class LocalNode:
         tiers = [tier] if tier else list(LOCAL_TIERS)
         out = []
         for t in tiers:
-            targets = [v for v in list_versions(self.tiers[t].path)
+            targets = [v for v in list_versions(self._root_dir(t))
                        if v.name == name and (version is None or v.version == version)]
             if not targets:
                 continue
@@ -607,7 +692,7 @@ class LocalNode:
         report: dict[str, Any] = {"reconcile": self.reconcile(), "evicted": []}
         for t in LOCAL_TIERS:
             spec = self.tiers[t]
-            if not spec.path.is_dir():
+            if self._root_dir(t) is None:
                 continue
             with self._tier_lock(t):
                 capacity, used = spec.capacity(), self.tier_used(t)
@@ -624,6 +709,7 @@ class LocalNode:
         return report
 
     def status(self) -> dict[str, Any]:
+        """What is where; reads only (nothing is created, locked or removed in any tier)."""
         pinned = self.state.pinned()
         leases = self.state.leases()
         rows = {(r.tier, r.name, r.version): r for r in self.state.copies()}
@@ -631,14 +717,22 @@ class LocalNode:
         checkpoints: dict[tuple[str, str], dict[str, Any]] = {}
         for t in LOCAL_TIERS:
             spec = self.tiers[t]
-            versions = list_versions(spec.path)
-            staging = [(d, info) for d, info, _ in staging_entries(spec.path) if d.exists()]
-            capacity = spec.capacity() if spec.path.is_dir() else spec.capacity_bytes or 0
+            root = self._root_dir(t)
+            versions = list_versions(root)
+            area, ids = staging_ids(root)
+            staging_bytes = 0
+            in_flight = 0
+            if area is not None:
+                with area:
+                    for sid in ids:
+                        if area.is_dir(sid):
+                            in_flight += 1
+                            staging_bytes += staging_expected_bytes(area, sid)
+            capacity = spec.capacity() if root is not None else spec.capacity_bytes or 0
             tiers[t] = {"path": str(spec.path), "capacity_bytes": capacity,
-                        "used_bytes": sum(v.size for v in versions),
-                        "staging_bytes": sum(staging_expected_bytes(i) for _, i in staging),
+                        "used_bytes": sum(v.size for v in versions), "staging_bytes": staging_bytes,
                         "high_watermark": spec.high_watermark, "low_watermark": spec.low_watermark,
-                        "checkpoints": len(versions), "transfers_in_flight": len(staging)}
+                        "checkpoints": len(versions), "transfers_in_flight": in_flight}
             for v in versions:
                 c = checkpoints.setdefault((v.name, v.version), {
                     "name": v.name, "version": v.version, "digest": v.manifest.digest, "bytes": v.size,

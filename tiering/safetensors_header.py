@@ -140,7 +140,8 @@ def read_header(path: str | os.PathLike[str], fd: int | None = None) -> Safetens
     spath = os.fspath(path)
     own = fd is None
     if own:
-        fd = os.open(spath, os.O_RDONLY | os.O_CLOEXEC)
+        from .hashing import open_for_read  # a FileRef inside a tier is opened by descriptor
+        fd = open_for_read(path)  # type: ignore[arg-type]
     try:
         file_size = os.fstat(fd).st_size
         if file_size < 8:

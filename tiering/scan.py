@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import BadInput, CheckpointNotFound, UnsafePath
+from .safefs import Dir, FileRef
 
 #: directories that belong to tools, not to the checkpoint (relative to the checkpoint root)
 EXCLUDED_DIRS = (".weightd", ".git", ".cache/huggingface")
@@ -17,7 +18,8 @@ METADATA_DIR = ".weightd"
 @dataclass(frozen=True, slots=True)
 class ScannedFile:
     relpath: str       # POSIX path relative to the checkpoint root
-    path: str          # what to open (the symlink's resolved target for HF cache snapshots)
+    path: "str | FileRef"  # what to open (the symlink's resolved target for HF cache snapshots; a
+                           # FileRef beneath the directory for a checkpoint inside a tier)
     size: int
     mode: int          # permission bits
     mtime_ns: int
@@ -37,13 +39,48 @@ def _inside(path: Path, roots: list[Path]) -> bool:
     return any(path == r or path.is_relative_to(r) for r in roots)
 
 
-def scan_checkpoint(root: str | os.PathLike[str]) -> list[ScannedFile]:
+def scan_dir(top: Dir) -> list[ScannedFile]:
+    """Every regular file of a checkpoint inside a tier (a version in cold storage, a staging area),
+    walked by descriptor. Nothing there may be a symlink or a special file: each is refused naming it
+    (a published version is files, and weightd never follows a link planted in one)."""
+    out: list[ScannedFile] = []
+
+    def walk(d: Dir, rel: str) -> None:
+        for name, st in d.entries():
+            relpath = f"{rel}{name}"
+            try:
+                name.encode("utf-8")
+            except UnicodeEncodeError:
+                raise UnsafePath(str(d.path / name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")),
+                                 "file name is not valid UTF-8") from None
+            if relpath in EXCLUDED_DIRS:
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                with d.sub(name) as sub:
+                    walk(sub, relpath + "/")
+            elif stat.S_ISREG(st.st_mode):
+                out.append(ScannedFile(relpath, FileRef(top, relpath), st.st_size, stat.S_IMODE(st.st_mode),
+                                       st.st_mtime_ns, st.st_dev, st.st_ino))
+            elif stat.S_ISLNK(st.st_mode):
+                raise UnsafePath(str(d.path / name), "symlink inside a checkpoint in a tier (refused; weightd "
+                                                     "never follows one there)")
+            else:
+                raise UnsafePath(str(d.path / name), "special file (FIFO, socket or device) in a checkpoint")
+
+    walk(top, "")
+    return out
+
+
+def scan_checkpoint(root: "str | os.PathLike[str] | Dir") -> list[ScannedFile]:
     """Every regular file under ``root``, sorted by relative path.
 
     Symlinks are followed only when they resolve inside the checkpoint (or, for a Hugging Face cache
     snapshot, inside its ``blobs/``); FIFOs, sockets, devices, symlinked directories and non-UTF-8 names
-    are errors, so nothing outside the checkpoint is ever read or published.
+    are errors, so nothing outside the checkpoint is ever read or published. A :class:`Dir` (a
+    checkpoint inside a tier) is scanned by descriptor with :func:`scan_dir`: no symlinks at all.
     """
+    if isinstance(root, Dir):
+        return scan_dir(root)
     top = Path(root)
     try:
         st = top.stat()

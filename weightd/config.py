@@ -68,13 +68,35 @@ class Capacity(_Model):
         return f"{self.fraction * 100:g}%" if self.fraction is not None else str(self.bytes)
 
 
+def _group_id(v: Any) -> int | None:
+    """A group by name or gid (the serving engine's, so it can read the tier); None = no group access."""
+    if v is None or v == "":
+        return None
+    if isinstance(v, bool):
+        raise ValueError("expected a group name or gid")
+    if isinstance(v, int) or (isinstance(v, str) and v.isdigit()):
+        gid = int(v)
+        if not 0 <= gid < 2**32 - 1:
+            raise ValueError(f"gid {v} is out of range")
+        return gid
+    if not isinstance(v, str):
+        raise ValueError("expected a group name or gid")
+    import grp
+    try:
+        return grp.getgrnam(v).gr_gid
+    except KeyError:
+        raise ValueError(f"no group named {v!r} on this host") from None
+
+
 class TierSettings(_Model):
     path: Path
     capacity: Capacity = Capacity(fraction=0.5)
     high_watermark: float = 0.95
     low_watermark: float = 0.85
+    group: int | None = None     # the root is made 0750 with this group (else 0700, weightd's user only)
 
     _path = field_validator("path", mode="before")(_abs_path)
+    _group = field_validator("group", mode="before")(_group_id)
 
     @field_validator("capacity", mode="before")
     @classmethod
@@ -174,21 +196,6 @@ class WarmSettings(_Model):
     await_threshold_ms: float = Field(default=5.0, gt=0)
 
     _bw = field_validator("bandwidth", mode="before")(lambda v: parse_size(v))
-
-
-def _group_id(v: Any) -> int | None:
-    """A group as a gid or a name that resolves here."""
-    if v is None or isinstance(v, int) and not isinstance(v, bool) and v >= 0:
-        return v
-    if isinstance(v, str) and v.isdigit():
-        return int(v)
-    if isinstance(v, str) and v:
-        import grp
-        try:
-            return grp.getgrnam(v).gr_gid
-        except KeyError:
-            raise ValueError(f"no group named {v!r} on this host") from None
-    raise ValueError("expected a group name or gid")
 
 
 def _user_id(v: Any) -> int | None:

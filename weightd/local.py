@@ -10,7 +10,7 @@ from .config import Config, TierSettings
 
 
 def tier_spec(name: str, t: TierSettings) -> TierSpec:
-    return TierSpec(name, t.path, t.capacity.bytes, t.capacity.fraction, t.high_watermark, t.low_watermark)
+    return TierSpec(name, t.path, t.capacity.bytes, t.capacity.fraction, t.high_watermark, t.low_watermark, t.group)
 
 
 def open_node(cfg: Config, *, reconcile: bool = True, **hooks) -> LocalNode:

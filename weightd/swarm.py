@@ -12,18 +12,20 @@
 from __future__ import annotations
 
 import logging
-import os
-import shutil
-import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from p2p.errors import P2PError, TorrentRejected, TransferStalled
 from p2p.session import P2PConfig, P2PSession
 from p2p.torrent import TORRENT_RELPATH, load_torrent, make_torrent
 from tiering.delta import DeltaPlan
 from tiering.delta import prefill as prefill_delta
-from tiering.layout import COLD, LOCAL_TIERS, VersionDir, list_versions
+from tiering.errors import TieringError
+from tiering.layout import COLD, DIR_MODE, LOCAL_TIERS, StagingArea, VersionDir, list_versions
+from tiering.safefs import Dir, open_cold_root
+from tiering.scan import scan_dir
 from tiering.node import LocalNode, PreloadReport
 
 from .config import Config
@@ -37,34 +39,62 @@ def p2p_config(cfg: Config) -> P2PConfig:
 
 
 def ensure_torrent(cfg: Config, version: VersionDir) -> Path | None:
-    """Make the torrent of a published version at or above the threshold (idempotent)."""
+    """Make the torrent of a published version at or above the threshold (idempotent). Written by
+    descriptor beneath cold storage (publish is the one writer of cold); the version must be plain
+    files (no symlink in it is ever handed to libtorrent, which would follow it)."""
     if version.size < cfg.settings.p2p.threshold:
         return None
     path = version.path / TORRENT_RELPATH
-    if path.is_file():
-        return path
-    try:
-        data = make_torrent(version.path, version.manifest, piece_size=cfg.settings.p2p.piece_size or None)
-    except RuntimeError as exc:  # libtorrent's errors stop here (a file vanished or changed while hashed)
-        raise P2PError(f"{version.ref}: cannot make its torrent: {exc}") from None
-    load_torrent(data, version.manifest, str(path))  # what we publish must pass our own checks
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".torrent.", suffix=".incomplete")
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    meta, _, fname = TORRENT_RELPATH.rpartition("/")
+    with _open_version(version) as vdir:
+        if vdir is None:
+            raise P2PError(f"{version.ref}: cold storage is gone")
+        if vdir.is_file(TORRENT_RELPATH):
+            return path
+        scan_dir(vdir)  # refuses a symlink or a special file, naming it
+        try:
+            data = make_torrent(version.path, version.manifest, piece_size=cfg.settings.p2p.piece_size or None)
+        except RuntimeError as exc:  # libtorrent's errors stop here (a file vanished or changed while hashed)
+            raise P2PError(f"{version.ref}: cannot make its torrent: {exc}") from None
+        load_torrent(data, version.manifest, str(path))  # what we publish must pass our own checks
+        with vdir.sub(meta, create=True, mode=DIR_MODE) as mdir:
+            mdir.write_atomic(fname, data, 0o644)
     return path
 
 
 def read_torrent(version: VersionDir):
+    """The torrent beside a version, read by descriptor (a symlink there reads as no torrent)."""
     path = version.path / TORRENT_RELPATH
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return None
+    with _open_version(version) as d:
+        if d is None or d.lstat(TORRENT_RELPATH) is None:
+            return None
+        try:
+            data = d.read_bytes(TORRENT_RELPATH)
+        except (OSError, TieringError) as exc:
+            raise TorrentRejected(str(path), str(exc)) from None
     return load_torrent(data, version.manifest, str(path))
+
+
+@contextmanager
+def _open_version(version: VersionDir) -> Iterator[Dir | None]:
+    """A version's directory by descriptor: its tier root by path (the configured one), then
+    NAME/VERSION beneath it without following anything."""
+    root_path = version.path.parents[version.name.count("/") + 1]
+    root = open_cold_root(root_path)
+    if root is None:
+        yield None
+        return
+    try:
+        d = root.sub_if_exists(version.rel)
+    except TieringError:
+        d = None
+    finally:
+        root.close()
+    try:
+        yield d
+    finally:
+        if d is not None:
+            d.close()
 
 
 class P2PFetcher:
@@ -84,7 +114,7 @@ class P2PFetcher:
             self._session.close()
             self._session = None
 
-    def __call__(self, src: VersionDir, staging: Path, report: PreloadReport, deadline: float | None,
+    def __call__(self, src: VersionDir, staging: StagingArea, report: PreloadReport, deadline: float | None,
                  progress, delta: DeltaPlan | None = None) -> bool:
         p = self.cfg.settings.p2p
         if src.size < p.threshold or not p.peers:
@@ -96,24 +126,38 @@ class P2PFetcher:
             return False
         if ti is None:
             return False
-        target = staging / src.version  # the torrent's root is the version label
-        if delta is not None:
-            # donor bytes at their new offsets: libtorrent's check passes their pieces, only the rest moves
-            # (a donor that rotted just fails its pieces, which are then downloaded)
-            prefill_delta(delta, target, deadline=deadline)
+        # the torrent's root is the version label: libtorrent writes under staging/<version>/ (a
+        # directory weightd made inside its own staging area, which no one else can write)
+        staging.mark_resumable()
+        inner = staging.dir.sub(src.version, create=True, mode=DIR_MODE)
         try:
-            result = self.session.download(ti, target, peers=p.peers, stall_s=p.fallback_after_s,
-                                           timeout_s=None if deadline is None else max(1.0, deadline - time.monotonic()),
-                                           progress=progress)
-        except (TransferStalled, P2PError) as exc:
-            log.warning("P2P download of %s failed, copying from cold instead: %s", src.ref, exc)
-            report.fallback = f"p2p: {exc}; copied from cold instead"
-            shutil.rmtree(target, ignore_errors=True)
-            return False
-        for child in target.iterdir():  # move the files up into the staging directory itself
-            os.rename(child, staging / child.name)
-        target.rmdir()
-        shutil.rmtree(staging / ".pad", ignore_errors=True)
+            if delta is not None:
+                # donor bytes at their new offsets: libtorrent's check passes their pieces, only the rest moves
+                # (a donor that rotted just fails its pieces, which are then downloaded)
+                prefill_delta(delta, inner, deadline=deadline)
+            try:
+                result = self.session.download(ti, staging.path / src.version, peers=p.peers,
+                                               stall_s=p.fallback_after_s,
+                                               timeout_s=None if deadline is None else max(1.0, deadline - time.monotonic()),
+                                               progress=progress)
+            except (TransferStalled, P2PError) as exc:
+                log.warning("P2P download of %s failed, copying from cold instead: %s", src.ref, exc)
+                report.fallback = f"p2p: {exc}; copied from cold instead"
+                inner.close()
+                inner = None
+                staging.dir.remove(src.version)
+                return False
+            # durable before it is renamed into place, as copies are: libtorrent does not fsync
+            inner.fsync_tree(files=True)
+            for child, _ in inner.entries():  # move the files up into the staging directory itself
+                if child == ".pad":
+                    inner.remove(child)
+                    continue
+                inner.rename(child, staging.dir, child)
+        finally:
+            if inner is not None:
+                inner.close()
+        staging.dir.remove(src.version)
         origin, peers = result.split({e.rpartition(":")[0] for e in p.peers})
         report.bytes_by_source["origin"] += origin
         report.bytes_by_source["peer"] += peers
@@ -131,6 +175,15 @@ def seed_held(node: LocalNode, session: P2PSession, role: str, super_seed: bool 
             cold = v if role == "origin" else _cold_twin(node, v)
             if cold is None:
                 continue
+            if role == "origin":
+                try:  # libtorrent reads by path and would follow a link planted in cold storage
+                    with _open_version(v) as vdir:
+                        if vdir is None:
+                            continue
+                        scan_dir(vdir)
+                except TieringError as exc:
+                    log.warning("not seeding %s: %s", v.ref, exc)
+                    continue
             try:
                 ti = read_torrent(cold)
             except TorrentRejected as exc:
