@@ -636,11 +636,32 @@ class LocalNode:
             version = self.resolve(name, None).version
         validate_version(version)
         for tier in LOCAL_TIERS:
-            v = read_version(self._root_dir(tier), name, version)
-            if v is not None:
-                self.state.touch(tier, name, version)
-                return tier, v.path
+            root = self._root_dir(tier)
+            v = read_version(root, name, version)
+            if v is None or not self._known_good(tier, root, v):
+                continue
+            self.state.touch(tier, name, version)
+            return tier, v.path
         raise CheckpointNotFound(f"{name}@{version}", "not on this node (preload it first)")
+
+    def _known_good(self, tier: str, root: Dir, v: VersionDir) -> bool:
+        """Is this copy one weightd placed (state knows it by digest)? A copy state does not know (after
+        a crash or a rebuilt state database) is verified before it is served, and recorded if good; a
+        query never deletes one that is bad (reconciliation does)."""
+        row = self.state.copy(tier, v.name, v.version)
+        if row is not None and row.digest == v.manifest.digest:
+            return True
+        try:
+            with root.sub(v.rel) as d:
+                ok = verify_checkpoint(d, v.manifest, threads=self.copy_threads).ok
+        except (TieringError, OSError):
+            ok = False
+        if ok:
+            self.state.record_copy(tier, v.name, v.version, v.manifest.digest, v.size)
+        else:
+            log.warning("not serving name=%s version=%s tier=%s: it does not match its manifest", v.name,
+                        v.version, tier)
+        return ok
 
     def pin(self, name: str, version: str | None) -> tuple[str, bool]:
         version = version or self.resolve(name, None).version

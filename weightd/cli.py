@@ -275,11 +275,21 @@ class Backend:
 
     @property
     def node(self):
+        """The in-process node for commands that change things (reconciled first)."""
+        return self._open(reconcile=True)
+
+    @property
+    def query_node(self):
+        """The in-process node for ``status`` and ``path``: nothing is reconciled, created, locked or
+        removed in any tier by a query."""
+        return self._open(reconcile=False)
+
+    def _open(self, *, reconcile: bool):
         if self._node is None:
             from .local import open_node
             from .swarm import P2PFetcher
             self._fetcher = P2PFetcher(self.app.config)  # a P2P session only if a download needs one
-            self._node = open_node(self.app.config, fetchers=[self._fetcher])
+            self._node = open_node(self.app.config, fetchers=[self._fetcher], reconcile=reconcile)
         return self._node
 
     def __enter__(self) -> "Backend":
@@ -322,11 +332,11 @@ class Backend:
     def path(self, ref: str) -> dict[str, Any]:
         if self.client:
             return self._local(self.client.call("POST", "path", {"ref": ref}))
-        tier, p = self.node.path(*_split_ref(ref))
+        tier, p = self.query_node.path(*_split_ref(ref))
         return {"tier": tier, "path": str(p)}
 
     def status(self) -> dict[str, Any]:
-        return self.client.call("GET", "status") if self.client else self.node.status()
+        return self.client.call("GET", "status") if self.client else self.query_node.status()
 
     def pin(self, ref: str, pin: bool) -> dict[str, Any]:
         if self.client:

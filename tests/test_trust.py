@@ -1,0 +1,442 @@
+"""Trust boundaries on the node (design §13): each attack played for real against the real CLI.
+
+Planted symlinks in every tier, foreign tier roots, a read-only cold mount, FIFOs and reads that never
+return, manifest modes, crashed copies, adopted versions. Each asserts the documented exit code and
+one-line message, and that nothing outside the tiers changed (a victim tree hashed before and after).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import stat
+import subprocess
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tiering.copy import run_all
+from tiering.errors import TimedOut
+from tiering.sample import make_checkpoint
+
+from .conftest import assert_one_line_error
+
+MiB = 1 << 20
+ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (a second uid, bind mounts)")
+
+
+def snapshot(root: Path) -> dict[str, tuple]:
+    """Every entry under ``root`` (never following a link): type, mode, size, content hash or target."""
+    out: dict[str, tuple] = {}
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        for n in dirnames + filenames:
+            p = Path(dirpath) / n
+            st = os.lstat(p)
+            what = None
+            if stat.S_ISREG(st.st_mode):
+                what = hashlib.sha256(p.read_bytes()).hexdigest()
+            elif stat.S_ISLNK(st.st_mode):
+                what = os.readlink(p)
+            out[str(p.relative_to(root))] = (stat.S_IFMT(st.st_mode), stat.S_IMODE(st.st_mode), st.st_size, what)
+    return out
+
+
+@pytest.fixture
+def victim(tmp_path: Path) -> Path:
+    """Files of the host that an attacker would like weightd to delete or overwrite."""
+    v = tmp_path / "victim"
+    (v / "sub").mkdir(parents=True)
+    (v / "keep.json").write_text('{"precious": true}\n')
+    (v / "sub" / "data.bin").write_bytes(os.urandom(4096))
+    (v / "org--tiny@v1.resumable").mkdir()
+    (v / "org--tiny@v1.resumable" / "inner.txt").write_text("mine\n")
+    return v
+
+
+def publish(wd, tmp_path: Path, name: str = "org/tiny", version: str = "v1", size: int = 4 * MiB,
+            seed: str = "a") -> Path:
+    src = make_checkpoint(tmp_path / f"src-{uuid.uuid4().hex[:6]}", total_bytes=size, shards=2, layers=2, seed=seed)
+    r = wd("publish", src, "--name", name, "--version", version)
+    assert r.returncode == 0, r.stderr
+    return src
+
+
+# -- 1. planted symlinks are never followed ---------------------------------------------------------
+def test_symlinked_cold_staging_is_never_cleaned_by_status(wd, node_env, tmp_path: Path, victim: Path) -> None:
+    publish(wd, tmp_path)
+    shutil.rmtree(node_env.cold / ".staging", ignore_errors=True)
+    os.symlink(victim, node_env.cold / ".staging")
+    before = snapshot(victim)
+    for args in (("status", "--json"), ("path", "org/tiny@v1"), ("preload", "org/tiny@v1", "--tier", "warm"),
+                 ("gc",)):
+        wd(*args)
+    assert snapshot(victim) == before
+    assert os.path.islink(node_env.cold / ".staging")  # cold is not weightd's to tidy from a worker
+
+
+@pytest.mark.parametrize("tier", ["hot", "warm"])
+def test_symlinked_resumable_staging_is_replaced_not_followed(wd, node_env, tmp_path: Path, victim: Path,
+                                                             tier: str) -> None:
+    publish(wd, tmp_path)
+    root = node_env.hot if tier == "hot" else node_env.warm
+    (root / ".staging").mkdir(parents=True, mode=0o700)
+    os.chmod(root, 0o700)
+    os.symlink(victim / "org--tiny@v1.resumable", root / ".staging" / "org--tiny@v1.resumable")
+    os.symlink(victim / "keep.json", root / ".staging" / "org--tiny@v1.resumable.json")
+    before = snapshot(victim)
+    r = wd("preload", "org/tiny@v1", "--tier", tier, "--json")
+    assert r.returncode == 0, r.stderr
+    assert snapshot(victim) == before
+    placed = root / "org/tiny/v1"
+    assert placed.is_dir() and not placed.is_symlink()
+    assert wd("verify", placed).returncode == 0
+
+
+@pytest.mark.parametrize("planted", [".staging", ".locks", "org"])
+def test_symlinked_tier_directories_are_refused(wd, node_env, tmp_path: Path, victim: Path, planted: str) -> None:
+    publish(wd, tmp_path)
+    node_env.warm.mkdir(mode=0o700)
+    os.symlink(victim / "sub", node_env.warm / planted)
+    before = snapshot(victim)
+    r = wd("preload", "org/tiny@v1", "--tier", "warm")
+    assert_one_line_error(r, 2, str(node_env.warm / planted))
+    assert snapshot(victim) == before
+
+
+def test_symlinked_lock_file_and_trash_are_not_followed(wd, node_env, tmp_path: Path, victim: Path) -> None:
+    publish(wd, tmp_path)
+    (node_env.warm / ".locks").mkdir(parents=True, mode=0o700)
+    os.chmod(node_env.warm, 0o700)
+    os.symlink(victim / "keep.json", node_env.warm / ".locks" / "org--tiny@v1.lock")
+    os.symlink(victim, node_env.warm / ".trash")
+    before = snapshot(victim)
+    r = wd("preload", "org/tiny@v1", "--tier", "warm")
+    assert_one_line_error(r, 2, "org--tiny@v1.lock", "symlink")
+    assert snapshot(victim) == before
+    assert not (node_env.warm / ".trash").exists()  # the planted link itself was removed, its target kept
+
+
+def test_symlinked_manifest_in_a_tier_is_replaced_not_written_through(wd, node_env, tmp_path: Path,
+                                                                       victim: Path) -> None:
+    publish(wd, tmp_path)
+    assert wd("preload", "org/tiny@v1", "--tier", "warm").returncode == 0
+    mpath = node_env.warm / "org/tiny/v1/.weightd/manifest.json"
+    mpath.unlink()
+    os.symlink(victim / "keep.json", mpath)
+    before = snapshot(victim)
+    r = wd("preload", "org/tiny@v1", "--tier", "warm")
+    assert r.returncode == 0, r.stderr
+    assert snapshot(victim) == before
+    assert not mpath.is_symlink() and json.loads(mpath.read_text())["name"] == "org/tiny"
+
+
+def test_symlinked_name_directory_in_cold_is_not_followed(wd, node_env, tmp_path: Path) -> None:
+    # a writer of cold storage links NAME/ to a directory outside cold that holds a complete version
+    publish(wd, tmp_path, name="org2/real")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    shutil.move(node_env.cold / "org2/real", outside / "real")
+    os.symlink(outside / "real", node_env.cold / "org2/real")
+    r = wd("preload", "org2/real@v1", "--tier", "warm")
+    assert_one_line_error(r, 3, "org2/real@v1")
+    assert not (node_env.warm / "org2").exists()
+
+
+def test_symlink_inside_a_published_version_is_refused(wd, node_env, tmp_path: Path) -> None:
+    publish(wd, tmp_path)
+    cfg = node_env.cold / "org/tiny/v1/config.json"
+    secret = tmp_path / "secret.txt"
+    secret.write_text("host secret\n")
+    cfg.unlink()
+    os.symlink(secret, cfg)
+    r = wd("preload", "org/tiny@v1", "--tier", "warm")
+    assert_one_line_error(r, 2, "config.json")
+    assert not (node_env.warm / "org/tiny/v1").exists()
+    assert not any(node_env.warm.rglob("config.json"))
+
+
+# -- 2. a tier root is weightd's --------------------------------------------------------------------
+@ROOT_ONLY
+def test_hot_root_precreated_by_another_user_is_refused(weightd, isolated_env, tmp_path: Path) -> None:
+    hot = Path(f"/dev/shm/weightd-{isolated_env['USER']}")
+    hot.mkdir()
+    try:
+        os.chown(hot, 65534, 65534)
+        os.chmod(hot, 0o777)
+        (hot / "planted").write_text("x")
+        before = snapshot(hot)
+        for args in (("status",), ("path", "org/tiny@v1"), ("gc",)):
+            r = weightd(*args)
+            assert_one_line_error(r, 2, str(hot), "uid 65534")
+        assert snapshot(hot) == before
+    finally:
+        shutil.rmtree(hot, ignore_errors=True)
+
+
+def test_tier_root_that_is_a_symlink_or_group_writable_is_refused(wd, node_env, tmp_path: Path) -> None:
+    real = tmp_path / "real-warm"
+    real.mkdir(mode=0o700)
+    os.symlink(real, node_env.warm)
+    assert_one_line_error(wd("status"), 2, str(node_env.warm), "symlink")
+    node_env.warm.unlink()
+    node_env.warm.mkdir()
+    os.chmod(node_env.warm, 0o775)
+    assert_one_line_error(wd("status"), 2, str(node_env.warm), "writable by group or others", "0775")
+
+
+def test_tier_roots_are_made_private_and_with_the_configured_group(wd, node_env, tmp_path: Path) -> None:
+    publish(wd, tmp_path)
+    assert wd("preload", "org/tiny@v1", "--tier", "warm").returncode == 0
+    assert stat.S_IMODE(os.stat(node_env.warm).st_mode) == 0o700
+    text = node_env.config.read_text().replace("[tiers.hot]\n", "[tiers.hot]\ngroup = 100\n")
+    node_env.config.write_text(text)
+    assert wd("preload", "org/tiny@v1", "--tier", "hot").returncode == 0
+    st = os.stat(node_env.hot)
+    assert stat.S_IMODE(st.st_mode) == 0o750 and st.st_gid == 100
+
+
+# -- 3. read-only and side-effect-free where they should be ------------------------------------------
+def test_status_and_path_change_nothing_on_disk(wd, node_env, tmp_path: Path) -> None:
+    publish(wd, tmp_path)
+    assert wd("preload", "org/tiny@v1", "--tier", "warm").returncode == 0
+    # leftovers a query must not tidy: stale staging, trash
+    (node_env.warm / ".staging" / "org--x@v9.resumable").mkdir(parents=True)
+    (node_env.warm / ".trash" / "old").mkdir(parents=True)
+    trees = [node_env.warm, node_env.cold]
+    before = [snapshot(t) for t in trees]
+    assert wd("status", "--json").returncode == 0
+    assert wd("path", "org/tiny@v1").returncode == 0
+    assert wd("path", "org/none@v1").returncode == 3
+    assert [snapshot(t) for t in trees] == before
+    assert not node_env.hot.exists()  # nothing is even created for a query
+
+
+@ROOT_ONLY
+def test_read_only_cold_mount_works(wd, node_env, tmp_path: Path) -> None:
+    publish(wd, tmp_path)
+    # what a publisher that crashed elsewhere left on the share: only publish may ever tidy it
+    (node_env.cold / ".staging" / "org--gone@v1.resumable").mkdir(parents=True, exist_ok=True)
+    ro = tmp_path / "cold-ro"
+    ro.mkdir()
+    if subprocess.run(["mount", "--bind", str(node_env.cold), str(ro)], capture_output=True).returncode != 0:
+        pytest.skip("bind mounts are not allowed here")
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(ro)], check=True, capture_output=True)
+        with pytest.raises(OSError):
+            (ro / "probe").write_text("x")
+        node_env.config.write_text(node_env.config.read_text().replace(f'path = "{node_env.cold}"',
+                                                                       f'path = "{ro}"'))
+        before = snapshot(node_env.cold)
+        for args in (("status",), ("preload", "org/tiny@v1", "--tier", "warm"), ("path", "org/tiny@v1"),
+                     ("preload", "org/tiny@v1", "--tier", "hot"), ("gc",), ("verify", ro / "org/tiny/v1")):
+            r = wd(*args)
+            assert r.returncode == 0, (args, r.stderr)
+        assert snapshot(node_env.cold) == before
+    finally:
+        subprocess.run(["umount", str(ro)], capture_output=True)
+
+
+# -- 4. reading cold is bounded and regular-files-only ----------------------------------------------
+def test_fifo_in_a_published_version_is_refused_at_once(wd, node_env, tmp_path: Path) -> None:
+    publish(wd, tmp_path)
+    cfg = node_env.cold / "org/tiny/v1/config.json"
+    cfg.unlink()
+    os.mkfifo(cfg)
+    t0 = time.monotonic()
+    r = wd("preload", "org/tiny@v1", "--tier", "warm", "--timeout", "20", timeout=60)
+    assert_one_line_error(r, 2, "config.json", "not a regular file")
+    assert time.monotonic() - t0 < 20
+    # and the tier is still usable by the next preload
+    publish(wd, tmp_path, name="org/other", seed="b")
+    assert wd("preload", "org/other@v1", "--tier", "warm").returncode == 0
+
+
+def test_a_read_that_never_returns_does_not_outlive_the_deadline() -> None:
+    """A worker blocked in a system call that never returns (a pipe nobody writes: the same as a read
+    from a hung NFS server) is left behind; the caller gets TimedOut at its deadline."""
+    r, w = os.pipe()
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(TimedOut):
+            run_all(lambda _: os.read(r, 1), [1, 2], threads=2, name="test-hang", deadline=time.monotonic() + 1.0)
+        assert time.monotonic() - t0 < 3.0
+    finally:
+        os.write(w, b"xx")  # let the stuck workers go
+        os.close(w)
+        time.sleep(0.1)
+        os.close(r)
+
+
+def test_other_preloads_complete_while_one_read_hangs(node_env, tmp_path: Path) -> None:
+    """One copy's source never answers; a second preload into the same tier, in the same process,
+    still completes, and the stuck one ends with TimedOut at its deadline."""
+    from tiering import copy as copy_mod
+    node = node_env.node()
+    try:
+        for name, seed in (("org/hang", "a"), ("org/ok", "b")):
+            src = make_checkpoint(tmp_path / f"s-{seed}", total_bytes=2 * MiB, shards=1, layers=1, seed=seed)
+            node.publish(src, name, "v1")
+        r, w = os.pipe()
+        real_copy = copy_mod.copy_file
+
+        def copy(job, **kw):  # the hung mount: the source of org/hang blocks forever in read(2)
+            if "org/hang" in str(job.src):
+                os.read(r, 1)
+            return real_copy(job, **kw)
+        copy_mod.copy_file = copy
+        results: dict[str, object] = {}
+
+        def run(name: str, timeout: float) -> None:
+            try:
+                results[name] = node.preload(name, "v1", tier="warm", timeout_s=timeout)
+            except BaseException as exc:
+                results[name] = exc
+        try:
+            t0 = time.monotonic()
+            th = threading.Thread(target=run, args=("org/hang", 2.0))
+            th.start()
+            time.sleep(0.3)
+            run("org/ok", 30.0)
+            th.join(10)
+            assert not th.is_alive()
+            assert isinstance(results["org/hang"], TimedOut), results
+            assert not isinstance(results["org/ok"], BaseException), results
+            assert time.monotonic() - t0 < 10
+        finally:
+            copy_mod.copy_file = real_copy
+            os.write(w, b"x" * 8)
+            os.close(w)
+    finally:
+        node.close()
+
+
+# -- 7. modes are sanitised --------------------------------------------------------------------------
+def test_modes_from_a_manifest_are_sanitised(wd, node_env, tmp_path: Path) -> None:
+    src = make_checkpoint(tmp_path / "src", total_bytes=2 * MiB, shards=1, layers=1)
+    os.chmod(src / "config.json", 0o777)
+    os.chmod(src / "tokenizer.json", 0o4755 if os.geteuid() == 0 else 0o755)
+    os.chmod(src / "generation_config.json", 0o2775)
+    assert wd("publish", src, "--name", "org/modes", "--version", "v1").returncode == 0
+    for tier in ("warm", "hot"):
+        assert wd("preload", "org/modes@v1", "--tier", tier).returncode == 0
+        root = node_env.warm if tier == "warm" else node_env.hot
+        for p in (root / "org/modes/v1").rglob("*"):
+            mode = stat.S_IMODE(os.lstat(p).st_mode)
+            assert not mode & (stat.S_IWGRP | stat.S_IWOTH | stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX), (p, oct(mode))
+
+
+# -- 8. faults lose nothing and brick nothing --------------------------------------------------------
+def test_crashed_copy_staging_never_counts_against_its_own_retry(wd, node_env, tmp_path: Path) -> None:
+    node_env.write_config(node_env.hot_capacity, "12MiB")
+    publish(wd, tmp_path, size=8 * MiB)
+    # what a cold copy killed mid-way left on main: a staging area marked resumable (every copy was),
+    # its side file, and no lock holder
+    area = node_env.warm / ".staging"
+    area.mkdir(parents=True)
+    os.chmod(node_env.warm, 0o700)
+    (area / "org--tiny@v1.resumable").mkdir()
+    (area / "org--tiny@v1.resumable" / "model-00001-of-00002.safetensors").write_bytes(b"\0" * (6 * MiB))
+    (area / "org--tiny@v1.resumable.json").write_text(json.dumps(
+        {"name": "org/tiny", "version": "v1", "bytes": 8 * MiB, "resumable": True, "created": time.time()}))
+    r = wd("preload", "org/tiny@v1", "--tier", "warm", "--strict")
+    assert r.returncode == 0, r.stderr
+    assert wd("verify", node_env.warm / "org/tiny/v1").returncode == 0
+    assert not any(area.iterdir())
+
+
+def test_stale_copy_staging_is_removed_at_once(wd, node_env, tmp_path: Path) -> None:
+    area = node_env.warm / ".staging"
+    area.mkdir(parents=True)
+    os.chmod(node_env.warm, 0o700)
+    (area / "org--x@v1.resumable").mkdir()
+    (area / "org--x@v1.resumable.json").write_text(json.dumps({"bytes": 10, "resumable": False,
+                                                                "created": time.time()}))
+    (area / "org--y@v1.resumable").mkdir()  # a P2P transfer that can resume: kept for a day
+    (area / "org--y@v1.resumable.json").write_text(json.dumps({"bytes": 10, "resumable": True,
+                                                                "created": time.time()}))
+    r = wd("gc", "--json")
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in area.iterdir()) == ["org--y@v1.resumable", "org--y@v1.resumable.json"]
+
+
+def test_an_adopted_version_is_verified_before_it_is_served(wd, node_env, tmp_path: Path) -> None:
+    """A version state does not know (crash between rename and record, or a rebuilt state) is
+    re-verified; a damaged one is never served and reconciliation removes it."""
+    publish(wd, tmp_path)
+    assert wd("preload", "org/tiny@v1", "--tier", "warm").returncode == 0
+    assert wd("unpin", "org/tiny@v1").returncode in (0, 1)
+    for p in node_env.state.glob("state.db*"):
+        p.unlink()
+    shard = sorted((node_env.warm / "org/tiny/v1").glob("*.safetensors"))[0]
+    with open(shard, "r+b") as fh:  # a torn write the crash left behind
+        fh.seek(shard.stat().st_size - 100)
+        fh.write(b"\xff" * 50)
+    r = wd("path", "org/tiny@v1")
+    assert_one_line_error(r, 3, "org/tiny@v1")
+    assert shard.exists()  # a query never deletes
+    r = wd("gc")
+    assert r.returncode == 0, r.stderr
+    assert not (node_env.warm / "org/tiny/v1").exists()
+    assert wd("preload", "org/tiny@v1", "--tier", "warm").returncode == 0
+    assert wd("path", "org/tiny@v1").returncode == 0
+
+
+def test_an_intact_adopted_version_is_served_after_verification(wd, node_env, tmp_path: Path) -> None:
+    publish(wd, tmp_path)
+    assert wd("preload", "org/tiny@v1", "--tier", "warm").returncode == 0
+    for p in node_env.state.glob("state.db*"):
+        p.unlink()
+    r = wd("path", "org/tiny@v1")
+    assert r.returncode == 0 and r.stdout.strip().endswith("org/tiny/v1"), r.stderr
+
+
+# -- 9. smaller holes ---------------------------------------------------------------------------------
+def test_corrupt_cold_manifest_is_exit_2(wd, node_env, tmp_path: Path) -> None:
+    publish(wd, tmp_path)
+    (node_env.cold / "org/tiny/v1/.weightd/manifest.json").write_text("{not json")
+    assert_one_line_error(wd("preload", "org/tiny@v1", "--tier", "warm"), 2, "manifest.json", "bad manifest")
+
+
+@pytest.mark.parametrize("tier", ["warm", "hot"])
+def test_source_shorter_than_its_manifest_is_exit_5(wd, node_env, tmp_path: Path, tier: str) -> None:
+    publish(wd, tmp_path)
+    shard = sorted((node_env.cold / "org/tiny/v1").glob("*.safetensors"))[0]
+    os.truncate(shard, shard.stat().st_size - 1000)
+    assert_one_line_error(wd("preload", "org/tiny@v1", "--tier", tier, "--strict"), 5, shard.name)
+
+
+def test_delta_from_a_short_source_is_exit_5(wd, node_env, tmp_path: Path) -> None:
+    from safetensors import safe_open
+
+    from tiering.sample import mutate_tensor
+    publish(wd, tmp_path)
+    assert wd("preload", "org/tiny@v1", "--tier", "warm").returncode == 0
+    src2 = make_checkpoint(tmp_path / "src2", total_bytes=4 * MiB, shards=2, layers=2, seed="a")
+    shard = sorted(src2.glob("*.safetensors"))[-1]
+    with safe_open(str(shard), "np") as f:
+        name = sorted(f.keys())[-1]
+    mutate_tensor(shard, name)  # a v2 that shares all but one tensor with v1
+    assert wd("publish", src2, "--name", "org/tiny", "--version", "v2").returncode == 0
+    cold_shard = node_env.cold / "org/tiny/v2" / shard.name
+    os.truncate(cold_shard, 100)  # the changed tensor now lies past the end
+    assert_one_line_error(wd("preload", "org/tiny@v2", "--tier", "warm"), 5, shard.name)
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1", "1e12"])
+def test_in_process_lease_and_timeout_are_bounded(node_env, tmp_path: Path, value: str) -> None:
+    from tiering.errors import BadInput
+    node = node_env.node()
+    try:
+        src = make_checkpoint(tmp_path / "s", total_bytes=1 * MiB, shards=1, layers=1)
+        node.publish(src, "org/tiny", "v1")
+        with pytest.raises(BadInput, match="lease_s"):
+            node.preload("org/tiny", "v1", tier="warm", lease_s=float(value))
+        with pytest.raises(BadInput, match="timeout_s"):
+            node.preload("org/tiny", "v1", tier="warm", timeout_s=float(value))
+    finally:
+        node.close()
