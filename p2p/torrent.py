@@ -76,6 +76,11 @@ def load_torrent(data: bytes, manifest: Manifest, source: str = "torrent") -> lt
         raw = fs.file_path(i).replace(os.sep, "/")
         if raw.startswith("/") or any(part in ("", ".", "..") for part in raw.split("/")):
             raise TorrentRejected(source, f"file path {raw!r} escapes the checkpoint")
+        flags = int(fs.file_flags(i))
+        if flags & ~int(lt.file_storage.flag_pad_file) & ~int(getattr(lt.file_storage, "flag_hidden", 0)):
+            # BEP 47 symlinks (libtorrent would create them on download) or executables: a checkpoint
+            # is plain files
+            raise TorrentRejected(source, f"file {raw!r} has attributes a checkpoint never has (flags {flags:#x})")
     files = files_of(ti)
     for path, _ in files:
         validate_relpath(path, source)

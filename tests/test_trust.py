@@ -440,3 +440,102 @@ def test_in_process_lease_and_timeout_are_bounded(node_env, tmp_path: Path, valu
             node.preload("org/tiny", "v1", tier="warm", timeout_s=float(value))
     finally:
         node.close()
+
+
+# -- what a review of the mechanism found (each played for real) ----------------------------------------
+def test_publish_never_reuses_planted_staging_in_cold(wd, node_env, tmp_path: Path) -> None:
+    """A cold writer pre-creates NAME@V's staging area with a file of theirs, marked resumable: publish
+    starts from nothing, and the manifest holds exactly the source's files."""
+    src = make_checkpoint(tmp_path / "src", total_bytes=2 * MiB, shards=1, layers=1)
+    area = node_env.cold / ".staging"
+    area.mkdir(parents=True, mode=0o700)
+    (area / "org--tiny@v1.resumable").mkdir()
+    (area / "org--tiny@v1.resumable" / "modeling_evil.py").write_text("import os; os.system('id')\n")
+    (area / "org--tiny@v1.resumable.json").write_text(json.dumps({"resumable": True, "created": time.time()}))
+    r = wd("publish", src, "--name", "org/tiny", "--version", "v1")
+    assert r.returncode == 0, r.stderr
+    m = json.loads((node_env.cold / "org/tiny/v1/.weightd/manifest.json").read_text())
+    assert sorted(f["path"] for f in m["files"]) == sorted(
+        str(p.relative_to(src)) for p in src.rglob("*") if p.is_file())
+    assert not (node_env.cold / "org/tiny/v1/modeling_evil.py").exists()
+
+
+@ROOT_ONLY
+@pytest.mark.parametrize("planted", [".staging", ".locks"])
+def test_cold_private_directories_of_another_user_are_refused(wd, node_env, tmp_path: Path, planted: str) -> None:
+    src = make_checkpoint(tmp_path / "src", total_bytes=2 * MiB, shards=1, layers=1)
+    node_env.cold.mkdir()
+    d = node_env.cold / planted
+    d.mkdir()
+    os.chown(d, 65534, 65534)
+    os.chmod(d, 0o777)
+    r = wd("publish", src, "--name", "org/tiny", "--version", "v1")
+    assert_one_line_error(r, 2, str(d), "not weightd's own", "uid 65534")
+    assert not (node_env.cold / "org").exists()
+
+
+@ROOT_ONLY
+def test_tier_under_a_directory_of_another_user_is_refused(weightd, tmp_path: Path) -> None:
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, 65534, 65534)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'state_dir = "{tmp_path}/state"\n[tiers.hot]\npath = "{tmp_path}/hot"\n'
+                   f'[tiers.warm]\npath = "{theirs}/warm"\n[tiers.cold]\npath = "{tmp_path}/cold"\n'
+                   f'[api]\nsocket = "{tmp_path}/state/s.sock"\n')
+    assert_one_line_error(weightd("--config", cfg, "status"), 2, f"{theirs}/warm", "uid 65534")
+
+
+def test_removal_never_opens_a_fifo_nor_follows_a_link(tmp_path: Path, victim: Path) -> None:
+    from tiering.safefs import open_cold_root
+    tree = tmp_path / "t" / "doomed"
+    (tree / "a" / "b").mkdir(parents=True)
+    os.mkfifo(tree / "a" / "fifo")
+    os.symlink(victim, tree / "a" / "b" / "link")
+    os.symlink(victim / "sub", tree / "dirlink")
+    before = snapshot(victim)
+    done = threading.Event()
+    with open_cold_root(tmp_path / "t") as d:
+        th = threading.Thread(target=lambda: (d.remove("doomed"), done.set()), daemon=True)
+        th.start()
+        assert done.wait(10), "removal blocked (a FIFO was opened?)"
+    assert not tree.exists() and snapshot(victim) == before
+
+
+def test_listing_one_directory_from_many_threads_is_exact(tmp_path: Path) -> None:
+    from tiering.safefs import open_cold_root
+    base = tmp_path / "many"
+    base.mkdir()
+    for i in range(3000):
+        (base / f"e{i:05d}").mkdir()
+    counts: list[int] = []
+    with open_cold_root(base) as d:
+        def run() -> None:
+            for _ in range(15):
+                counts.append(len(d.entries()))
+        threads = [threading.Thread(target=run) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    assert counts and set(counts) == {3000}
+
+
+def test_origin_never_hands_libtorrent_a_version_others_can_change(wd, node_env, tmp_path: Path) -> None:
+    from tiering.errors import UnsafePath
+    from tiering.layout import read_version
+    from weightd.swarm import check_seedable
+    publish(wd, tmp_path)
+    v = read_version(node_env.cold, "org/tiny", "v1")
+    check_seedable(v)  # as published: only weightd's user can change it
+    os.chmod(node_env.cold / "org/tiny/v1", 0o777)
+    with pytest.raises(UnsafePath, match="can be changed by others"):
+        check_seedable(v)
+    os.chmod(node_env.cold / "org/tiny/v1", 0o755)
+    os.chmod(node_env.cold / "org", 0o777)  # a NAME directory on the way counts too
+    with pytest.raises(UnsafePath, match="can be changed by others"):
+        check_seedable(v)
+    os.chmod(node_env.cold / "org", 0o755)
+    (node_env.cold / "org/tiny/v1/extra").symlink_to("/etc/hostname")
+    with pytest.raises(UnsafePath, match="symlink"):
+        check_seedable(v)

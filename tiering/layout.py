@@ -235,14 +235,16 @@ class StagingArea:
         self.dir.close()
 
 
-def open_staging(root: Dir, name: str, version: str, expected_bytes: int) -> StagingArea:
-    """Create (or take over) the staging area of NAME@VERSION; call with the version's lock held."""
-    area = root.sub(STAGING, create=True, mode=PRIVATE_MODE)
+def open_staging(root: Dir, name: str, version: str, expected_bytes: int, *, resume: bool = True) -> StagingArea:
+    """Create (or take over) the staging area of NAME@VERSION; call with the version's lock held.
+    ``resume``: keep what a P2P transfer left (libtorrent re-checks every piece); publish never resumes
+    (whatever is there is removed: in cold storage others may have put it there)."""
+    area = root.private(STAGING)
     sid = staging_id(name, version)
     old = area.read_json(f"{sid}.json")
     st = area.lstat(sid)
-    keep = st is not None and stat.S_ISDIR(st.st_mode) and isinstance(old, dict) and bool(old.get("resumable")) \
-        and staging_fresh(old)
+    keep = resume and st is not None and stat.S_ISDIR(st.st_mode) and isinstance(old, dict) \
+        and bool(old.get("resumable")) and staging_fresh(old)
     if st is not None and not keep:
         area.remove(sid)  # a plain copy's leftovers, a stale resume, or something planted: never reused
     created = float(old["created"]) if keep else time.time()
@@ -299,7 +301,7 @@ def remove_tree(root: Dir, rel: str) -> bool:
         if parent is not None and parent is not root:
             parent.close()
         return False
-    trash = root.sub(TRASH, create=True, mode=PRIVATE_MODE)
+    trash = root.private(TRASH)
     target = f"{last}.{uuid.uuid4().hex[:12]}"
     try:
         parent.rename(last, trash, target)

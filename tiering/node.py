@@ -47,6 +47,7 @@ Fetcher = Callable[..., bool]
 SOURCES = ("local_reuse", "peer", "origin", "cold")
 DEFAULT_LEASE_S = 600.0
 MAX_SECONDS = 7 * 24 * 3600.0   # leases and timeouts: finite, and at most a week
+PUBLISH_LOCK_TIMEOUT_S = 600.0  # another publisher of the same NAME@VERSION (cold locks can be anyone's)
 
 
 def check_seconds(key: str, value: float | None, *, allow_zero: bool) -> float | None:
@@ -180,7 +181,7 @@ class LocalNode:
         return d
 
     def _locks(self, tier: str) -> Dir:
-        return self._must_root(tier).sub(LOCKS, create=True, mode=PRIVATE_MODE)
+        return self._must_root(tier).private(LOCKS)
 
     def _lock(self, tier: str, name: str, version: str) -> FileLock:
         return FileLock(self._locks(tier), lock_name(name, version), f"{name}@{version} in {tier}")
@@ -278,7 +279,9 @@ class LocalNode:
         ref = f"{name}@{version}"
         rel = version_rel(name, version)
         cold = self._must_root(COLD)
-        with self._lock(COLD, name, version):
+        lock = self._lock(COLD, name, version)
+        lock.acquire(PUBLISH_LOCK_TIMEOUT_S)  # a lock held on a shared mount forever must not wedge us
+        with lock:
             existing = read_version(cold, name, version)
             if existing is not None:
                 m = build_manifest(src, files=files)
@@ -289,7 +292,8 @@ class LocalNode:
             if cold.lstat(rel) is not None:  # a directory without a valid manifest: not ours to overwrite
                 raise VersionConflict(ref, "unknown (no valid manifest)", "-")
             total = sum(f.size for f in files)
-            staging = open_staging(cold, name, version, total)  # (our lock: a crashed publish's leftovers go)
+            # (our lock: whatever a crashed publish, or anyone else, left under this id goes)
+            staging = open_staging(cold, name, version, total, resume=False)
             try:
                 jobs = [CopyJob(f.path, FileRef(staging.dir, f.relpath), f.size, f.mode) for f in files]
                 copy_files(jobs, threads=self.copy_threads, preallocate=False, progress=progress)
@@ -297,7 +301,12 @@ class LocalNode:
                     st = os.stat(f.path)
                     if (st.st_size, st.st_mtime_ns) != (f.size, f.mtime_ns):
                         raise FileChanged(str(f.path), "changed while it was being published; try again")
-                m = build_manifest(staging.dir)
+                staged = scan_checkpoint(staging.dir)
+                if sorted(f.relpath for f in staged) != sorted(f.relpath for f in files):
+                    extra = sorted({f.relpath for f in staged} - {f.relpath for f in files})[:3]
+                    raise FileChanged(str(staging.path), f"staging holds files that are not in {src}: "
+                                                         f"{', '.join(extra)} (another writer?)")
+                m = build_manifest(staging.dir, files=staged)
                 m = m.with_labels(name=name, version=version,
                                   published_at=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"))
                 self._write_manifest(staging, m)
@@ -628,6 +637,26 @@ class LocalNode:
                 held.append(lk)
                 donors.append(Donor(f"{v.name}@{v.version}", v.path, v.manifest, d))
         return donors, held
+
+    # -- what is where (for the control plane: through the checked roots, never by path) -------------
+    def tier_dir(self, tier: str) -> Dir | None:
+        """The tier's root, opened by descriptor and checked (None if it does not exist yet)."""
+        return self._root_dir(tier)
+
+    def versions(self, tier: str) -> list[VersionDir]:
+        """Every complete version in a local tier."""
+        return list_versions(self._root_dir(tier))
+
+    def version(self, tier: str, name: str, version: str) -> VersionDir | None:
+        """NAME@VERSION in ``tier`` (``cold`` included), or None."""
+        return read_version(self._root_dir(tier), name, version)
+
+    def published(self) -> list[VersionDir]:
+        """Every version published in cold storage."""
+        return list_versions(self._root_dir(COLD))
+
+    def published_version(self, name: str, version: str) -> VersionDir | None:
+        return read_version(self._root_dir(COLD), name, version)
 
     # -- queries and admin ----------------------------------------------------------------------------
     def path(self, name: str, version: str | None = None) -> tuple[str, Path]:

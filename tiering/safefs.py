@@ -12,8 +12,9 @@ string. A :class:`Dir` is an open ``O_DIRECTORY`` descriptor; everything beneath
 - ``mkdirat`` then an ``O_NOFOLLOW`` open of what was made (a symlink raced in is refused);
 - ``renameat2(RENAME_NOREPLACE)`` between directory descriptors (a commit never replaces a version),
   falling back to ``renameat`` after an ``lstat`` on file systems without it (NFS);
-- ``unlinkat``/``shutil.rmtree(dir_fd=...)`` for deletion (the fd-walking rmtree, which never follows
-  a symlink and refuses a symlinked top); a symlink in the way is unlinked itself, never followed;
+- ``unlinkat`` and a descriptor walk for deletion that opens directories only with ``O_DIRECTORY |
+  O_NOFOLLOW | O_NONBLOCK`` (``shutil.rmtree(dir_fd=)`` opens them with plain ``O_RDONLY``, which blocks
+  on a FIFO raced into place); a symlink in the way is unlinked itself, never followed;
 - reads of files open ``O_NOFOLLOW | O_NONBLOCK``, then ``fstat`` must say a regular file (a FIFO or
   a device never blocks or feeds a read), then ``O_NONBLOCK`` is cleared.
 
@@ -29,7 +30,6 @@ import ctypes.util
 import errno
 import json
 import os
-import shutil
 import stat
 import uuid
 from dataclasses import dataclass
@@ -76,12 +76,14 @@ def openat2_available() -> bool:
     """Probed once: does this kernel (and seccomp policy) let us call openat2?"""
     global _openat2_ok
     if _openat2_ok is None:
+        top = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            os.close(_openat2(os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC), ".",
-                              os.O_RDONLY | os.O_DIRECTORY, 0))
+            os.close(_openat2(top, ".", os.O_RDONLY | os.O_DIRECTORY, 0))
             _openat2_ok = True
-        except OSError as exc:
-            _openat2_ok = exc.errno not in (errno.ENOSYS, errno.EPERM, errno.EINVAL, errno.E2BIG)
+        except OSError:  # ENOSYS, a seccomp EPERM, anything: only a call that worked counts
+            _openat2_ok = False
+        finally:
+            os.close(top)
     return _openat2_ok
 
 
@@ -97,10 +99,10 @@ def split_rel(rel: str) -> list[str]:
 
 def _unsafe(where: str, exc: OSError) -> BadInput | OSError:
     """What an errno from a no-follow open means for the operator."""
-    if exc.errno == errno.ELOOP or exc.errno == errno.EXDEV:
-        return UnsafePath(where, "is a symlink or leads outside its tier (refused; weightd never follows one)")
-    if exc.errno == errno.ENOTDIR:
-        return UnsafePath(where, "is not a directory (a file or a symlink is in its place)")
+    if exc.errno in (errno.ELOOP, errno.EXDEV, errno.ENOTDIR):
+        # (openat2 says ELOOP for a symlinked directory on the way, the O_NOFOLLOW walk ENOTDIR)
+        return UnsafePath(where, "is a symlink (or a file where a directory belongs) or leads outside its "
+                                 "tier (refused; weightd never follows one)")
     return exc
 
 
@@ -180,6 +182,21 @@ class Dir:
             raise _unsafe(str(self.path / rel), exc) from None
         return Dir(fd, self.path / rel)
 
+    def private(self, name: str) -> "Dir":
+        """``.staging``, ``.locks``, ``.trash``: made 0700 if missing, and whatever is there must be a
+        real directory of weightd's user that no one else can write (in cold storage others can make
+        one first), else UnsafePath (exit 2)."""
+        d = self.sub(name, create=True, mode=0o700)
+        try:
+            st = os.fstat(d.fd)
+            if st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o022:
+                raise UnsafePath(str(d.path), f"is not weightd's own ({_describe(st)}; expected owner uid "
+                                              f"{os.geteuid()}, not writable by group or others): remove it")
+        except BaseException:
+            d.close()
+            raise
+        return d
+
     def sub_if_exists(self, rel: str) -> "Dir | None":
         try:
             return self.sub(rel)
@@ -245,12 +262,18 @@ class Dir:
     def entries(self) -> list[tuple[str, os.stat_result]]:
         """(name, lstat) of every entry, sorted by name; symlinks are reported, never followed."""
         out = []
-        with os.scandir(self.fd) as it:
-            for e in it:
-                try:
-                    out.append((e.name, e.stat(follow_symlinks=False)))
-                except FileNotFoundError:
-                    continue
+        # a descriptor of its own: scandir(fd) shares the directory offset with every dup of the fd,
+        # and the daemon lists one cached root from several threads at once
+        fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=self.fd)
+        try:
+            with os.scandir(fd) as it:
+                for e in it:
+                    try:
+                        out.append((e.name, e.stat(follow_symlinks=False)))
+                    except FileNotFoundError:
+                        continue
+        finally:
+            os.close(fd)
         return sorted(out, key=lambda x: x[0])
 
     def subdirs(self) -> list[str]:
@@ -349,34 +372,19 @@ class Dir:
 
     def remove(self, name: str) -> bool:
         """Remove the entry ``name`` whatever it is: a tree walked by descriptor (never following a
-        symlink), a file, or a symlink (the link, not its target). False if there was none."""
+        symlink, never opening anything but a directory), a file, or a symlink (the link, not its
+        target). False if there was none."""
         split_rel(name)
         if "/" in name:
             raise UnsafePath(name, "remove takes a name, not a path")
-        try:
-            st = os.stat(name, dir_fd=self.fd, follow_symlinks=False)
-        except FileNotFoundError:
-            return False
-        if not stat.S_ISDIR(st.st_mode):
-            return self.unlink(name)
-        errors: list[BaseException] = []
-
-        def onexc(fn: Any, path: str, exc_info: Any) -> None:
-            exc = exc_info[1] if isinstance(exc_info, tuple) else exc_info
-            if not isinstance(exc, FileNotFoundError):
-                errors.append(exc)
-        shutil.rmtree(name, dir_fd=self.fd, onerror=onexc)
-        if errors:
-            raise errors[0]
-        return True
-
+        return _remove_at(self.fd, name)
     def clear(self) -> None:
         """Remove everything inside this directory (it stays)."""
         for name, _ in self.entries():
             self.remove(name)
 
     def chmod(self, rel: str, mode: int) -> None:
-        fd = self.open(rel, os.O_RDONLY | os.O_NONBLOCK)
+        fd = self.open_read(rel)
         try:
             os.fchmod(fd, mode)
         finally:
@@ -393,7 +401,7 @@ class Dir:
                 with self.sub(name) as d:
                     d.fsync_tree(files=files)
             elif files and stat.S_ISREG(st.st_mode):
-                fd = self.open(name, os.O_RDONLY | os.O_NONBLOCK)
+                fd = self.open_read(name)
                 try:
                     os.fsync(fd)
                 finally:
@@ -402,6 +410,81 @@ class Dir:
 
     def statvfs(self) -> os.statvfs_result:
         return os.fstatvfs(self.fd)
+
+
+def _remove_at(parent_fd: int, name: str, retries: int = 3) -> bool:
+    """Delete ``name`` in ``parent_fd`` (a tree, by descriptor). A directory is only ever opened with
+    O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK (so a FIFO or a device raced into its place is never opened,
+    and a symlink raced into its place is unlinked itself). ``shutil.rmtree(dir_fd=)`` in 3.11 opens
+    each directory with plain O_RDONLY, which would block on a FIFO: hence this walk."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                     dir_fd=parent_fd)
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+            raise
+        try:  # not a directory (a file, a symlink): the entry itself goes
+            os.unlink(name, dir_fd=parent_fd)
+            return True
+        except FileNotFoundError:
+            return False
+        except IsADirectoryError:  # raced back into a directory
+            if retries <= 0:
+                raise
+            return _remove_at(parent_fd, name, retries - 1)
+    try:
+        with os.scandir(fd) as it:  # (fd is private to this call: no shared offset)
+            entries = [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
+        for child, is_dir in entries:
+            if is_dir:
+                _remove_at(fd, child)
+                continue
+            try:
+                os.unlink(child, dir_fd=fd)
+            except FileNotFoundError:
+                pass
+            except IsADirectoryError:
+                _remove_at(fd, child)
+    finally:
+        os.close(fd)
+    try:
+        os.rmdir(name, dir_fd=parent_fd)
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        if exc.errno == errno.ENOTEMPTY and retries > 0:  # something was added meanwhile: once more
+            return _remove_at(parent_fd, name, retries - 1)
+        raise
+    return True
+
+
+def check_unchangeable(root: Dir, rel: str) -> None:
+    """``rel`` beneath ``root``, every directory on the way and every directory inside it, must be
+    one whose entries only root or weightd's user can change (owner 0 or us, not writable by group or
+    others). Code that must hand a path to a library that follows links (libtorrent) calls this
+    first: nobody else can then swap a file for a link between the check and the library's open."""
+    me = os.geteuid()
+
+    def check(d: Dir) -> None:
+        st = os.fstat(d.fd)
+        if st.st_uid not in (0, me) or stat.S_IMODE(st.st_mode) & 0o022:
+            raise UnsafePath(str(d.path), f"can be changed by others ({_describe(st)}): weightd hands libtorrent "
+                                          "only directories that root or its own user alone can change")
+
+    def inside(d: Dir) -> None:
+        check(d)
+        for name in d.subdirs():
+            with d.sub(name) as sub:
+                inside(sub)
+
+    parts = split_rel(rel)
+    for i in range(1, len(parts)):
+        with root.sub("/".join(parts[:i])) as d:
+            check(d)
+    with root.sub(rel) as d:
+        inside(d)
 
 
 def regular_or_close(fd: int, where: str) -> int:
@@ -485,10 +568,29 @@ def check_root_stat(path: Path, st: os.stat_result, policy: RootPolicy) -> None:
                                     f"chmod go-w {path}")
 
 
+def check_ancestors(path: Path) -> None:
+    """Every directory above a tier root must be one that only root or weightd's user can change
+    entries of (owned by one of them; writable by others only with the sticky bit, as /dev/shm and
+    /tmp are), or someone could swap the root for a directory of their own (sshd's StrictModes)."""
+    me = os.geteuid()
+    for p in path.parents:
+        try:
+            st = os.stat(p)  # (following the configured path: the operator's choice)
+        except FileNotFoundError:
+            continue
+        if st.st_uid not in (0, me):
+            raise UnsafePath(str(path), f"its parent {p} belongs to uid {st.st_uid}, who could replace the tier "
+                                        "root: put the tier under a directory of root or weightd's user")
+        if stat.S_IMODE(st.st_mode) & 0o022 and not st.st_mode & stat.S_ISVTX:
+            raise UnsafePath(str(path), f"its parent {p} is writable by group or others without the sticky bit "
+                                        f"(mode {stat.S_IMODE(st.st_mode):04o}): anyone could replace the tier root")
+
+
 def open_tier_root(path: Path, policy: RootPolicy = RootPolicy(), *, create: bool) -> Dir | None:
-    """Open (and with ``create``, make) a hot or warm tier root and check it is weightd's own.
+    """Open (and with ``create``, make) a hot or warm tier root and check it and its parents.
 
     Returns None when it does not exist and ``create`` is false (nothing is made for a query)."""
+    check_ancestors(path)
     try:
         st = os.lstat(path)
     except FileNotFoundError:

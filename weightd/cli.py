@@ -694,8 +694,18 @@ def doctor_cmd(app: AppContext, as_json: bool, sample_s: float, symptom: str | N
         tiers = _doctor_tiers(app)
         lock_wanted = 0
         if lock:
+            from tiering.errors import TieringError
             from tiering.layout import list_versions
-            sizes = [v.size for t in tiers[:2] for v in list_versions(Path(t.path))]
+            from tiering.safefs import open_tier_root
+            sizes = []
+            for t in tiers[:2]:
+                try:
+                    root = open_tier_root(Path(t.path), create=False)  # checked, by descriptor
+                except TieringError:
+                    continue
+                if root is not None:
+                    with root:
+                        sizes += [v.size for v in list_versions(root)]
             lock_wanted = max(sizes, default=0) or (tiers[0].capacity or 0)
         history = None
         if not app.no_daemon:

@@ -116,17 +116,15 @@ class Daemon:
         if self.session is not None:
             name, _, version = ref.partition("@")
             other = [t for t in LOCAL_TIERS if t != tier]
-            from tiering.layout import read_version
-            if read_version(self.node.tiers[other[0]].path, name, version) is None:
-                cold = read_version(self.node.cold, name, version)
+            if self.node.version(other[0], name, version) is None:
+                cold = self.node.published_version(name, version)
                 ti = read_torrent(cold) if cold is not None else None
                 if ti is not None:
                     self.session.stop_seeding(ti)
 
     def _placed(self, tier: str, version) -> None:
         if self.session is not None:
-            from tiering.layout import read_version
-            cold = read_version(self.node.cold, version.name, version.version)
+            cold = self.node.published_version(version.name, version.version)
             ti = read_torrent(cold) if cold is not None else None
             if ti is not None:
                 self.session.seed(ti, version.path)
@@ -463,7 +461,7 @@ class Daemon:
             os.umask(old_umask)
         if api.group is not None:
             os.chown(sock_path, -1, api.group, follow_symlinks=False)
-        os.chmod(sock_path, 0o660)
+        # (the umask above made it 0660 at bind: no chmod by path, which would follow a link swapped in)
         self.runners.append(runner)
         host, _, port = self.config.settings.metrics.listen.rpartition(":")
         mapp = web.Application()

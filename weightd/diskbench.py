@@ -14,6 +14,7 @@ import json
 import mmap
 import multiprocessing
 import os
+import stat
 import random
 import statistics
 import tempfile
@@ -37,10 +38,15 @@ def _device_of(path: Path) -> str:
 
 def _open_direct(path: Path) -> int:
     try:
-        return os.open(path, os.O_RDONLY | os.O_DIRECT | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECT | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW)
     except OSError as exc:
         raise BenchError(f"{path}: cannot open with O_DIRECT ({exc.strerror}); tmpfs and some network "
                          "file systems do not support direct I/O") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or a device is never read (nor waited on)
+        os.close(fd)
+        raise BenchError(f"{path}: not a regular file")
+    os.set_blocking(fd, True)
+    return fd
 
 
 def make_test_file(directory: Path, size: int) -> Path:
@@ -211,20 +217,27 @@ def load_baselines(state_dir: Path) -> dict[str, Any]:
 def probe(tier_path: Path, state_dir: Path, *, reads: int = 300) -> dict[str, Any] | None:
     """A short QD1 probe of the tier's device: the largest file in the tier, else a small test file
     (in the tier, or in its nearest existing parent while the tier does not exist yet)."""
-    from tiering.layout import existing_ancestor  # (tiering is imported lazily by the CLI)
-    exists = tier_path.is_dir()
+    from tiering.errors import TieringError  # (tiering is imported lazily by the CLI)
+    from tiering.layout import existing_ancestor, list_versions
+    from tiering.safefs import open_tier_root
+    try:
+        root = open_tier_root(tier_path, create=False)  # a root weightd would refuse is not probed either
+    except TieringError:
+        return None
+    exists = root is not None
     if not exists:
         tier_path = Path(existing_ancestor(tier_path))
     if not os.access(tier_path, os.W_OK):
         return None
     best, best_size = None, 0
-    for p in tier_path.rglob("*.safetensors") if exists else ():
-        try:
-            s = p.stat().st_size
-        except OSError:
-            continue
-        if s > best_size:
-            best, best_size = p, s
+    if root is not None:
+        with root:
+            for v in list_versions(root):  # the largest file a version holds (by its manifest)
+                for f in v.manifest.files:
+                    st = root.lstat(f"{v.rel}/{f.path}")
+                    if f.path.endswith(".safetensors") and st is not None and stat.S_ISREG(st.st_mode) \
+                            and st.st_size > best_size:
+                        best, best_size = v.path / f.path, st.st_size
     made = None
     try:
         if best is None or best_size < (16 << 20):

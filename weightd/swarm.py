@@ -23,8 +23,8 @@ from p2p.torrent import TORRENT_RELPATH, load_torrent, make_torrent
 from tiering.delta import DeltaPlan
 from tiering.delta import prefill as prefill_delta
 from tiering.errors import TieringError
-from tiering.layout import COLD, DIR_MODE, LOCAL_TIERS, StagingArea, VersionDir, list_versions
-from tiering.safefs import Dir, open_cold_root
+from tiering.layout import COLD, DIR_MODE, LOCAL_TIERS, StagingArea, VersionDir
+from tiering.safefs import Dir, check_unchangeable, open_cold_root
 from tiering.scan import scan_dir
 from tiering.node import LocalNode, PreloadReport
 
@@ -51,7 +51,7 @@ def ensure_torrent(cfg: Config, version: VersionDir) -> Path | None:
             raise P2PError(f"{version.ref}: cold storage is gone")
         if vdir.is_file(TORRENT_RELPATH):
             return path
-        scan_dir(vdir)  # refuses a symlink or a special file, naming it
+        check_seedable(version)  # libtorrent hashes by path: nothing in it may be swapped for a link
         try:
             data = make_torrent(version.path, version.manifest, piece_size=cfg.settings.p2p.piece_size or None)
         except RuntimeError as exc:  # libtorrent's errors stop here (a file vanished or changed while hashed)
@@ -165,39 +165,45 @@ class P2PFetcher:
         return True
 
 
+def check_seedable(version: VersionDir) -> None:
+    """libtorrent reads what it seeds by path and follows links. Hand it a version in cold storage only
+    if it is plain files and no one but root or weightd's user can change its directories (so no file
+    can be swapped for a link to a host file after this check); else UnsafePath naming the reason."""
+    root_path = version.path.parents[version.name.count("/") + 1]
+    root = open_cold_root(root_path)
+    if root is None:
+        raise TieringError(f"{root_path}: cold storage is gone")
+    with root:
+        check_unchangeable(root, version.rel)
+        with root.sub(version.rel) as vdir:
+            scan_dir(vdir)  # refuses a symlink or a special file, naming it
+
+
 def seed_held(node: LocalNode, session: P2PSession, role: str, super_seed: bool = False) -> int:
     # super-seeding stays off: with v2-only torrents libtorrent 2.1.1 delivered nothing in it (0 bytes in 8 s)
-    """Seed every complete version this node holds (workers) or has published (origin)."""
+    """Seed every complete version this node holds (workers: from its checked tier roots) or has
+    published (origin: only versions that pass check_seedable)."""
     n = 0
-    roots = [node.cold] if role == "origin" else [node.tiers[t].path for t in LOCAL_TIERS]
-    for root in roots:
-        for v in list_versions(root):
-            cold = v if role == "origin" else _cold_twin(node, v)
-            if cold is None:
-                continue
-            if role == "origin":
-                try:  # libtorrent reads by path and would follow a link planted in cold storage
-                    with _open_version(v) as vdir:
-                        if vdir is None:
-                            continue
-                        scan_dir(vdir)
-                except TieringError as exc:
-                    log.warning("not seeding %s: %s", v.ref, exc)
-                    continue
+    held = node.published() if role == "origin" else [v for t in LOCAL_TIERS for v in node.versions(t)]
+    for v in held:
+        cold = v if role == "origin" else node.published_version(v.name, v.version)
+        if cold is None:
+            continue
+        if role == "origin":
             try:
-                ti = read_torrent(cold)
-            except TorrentRejected as exc:
+                check_seedable(v)
+            except TieringError as exc:
                 log.warning("not seeding %s: %s", v.ref, exc)
                 continue
-            if ti is not None and cold.manifest.digest == v.manifest.digest:
-                session.seed(ti, v.path, super_seed=role == "origin" and super_seed)
-                n += 1
+        try:
+            ti = read_torrent(cold)
+        except TorrentRejected as exc:
+            log.warning("not seeding %s: %s", v.ref, exc)
+            continue
+        if ti is not None and cold.manifest.digest == v.manifest.digest:
+            session.seed(ti, v.path, super_seed=role == "origin" and super_seed)
+            n += 1
     return n
-
-
-def _cold_twin(node: LocalNode, v: VersionDir) -> VersionDir | None:
-    from tiering.layout import read_version
-    return read_version(node.cold, v.name, v.version)
 
 
 __all__ = ["P2PFetcher", "ensure_torrent", "p2p_config", "seed_held", "COLD"]
