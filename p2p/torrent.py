@@ -18,8 +18,8 @@ from pathlib import Path
 
 import libtorrent as lt
 
-from tiering.manifest import Manifest
-from tiering.names import validate_relpath
+from tiering import Manifest
+from tiering import validate_relpath
 
 from .errors import TorrentRejected
 

@@ -39,6 +39,37 @@ def test_daemon_never_imports_torch() -> None:
 
 
 def test_public_surface_exports_exist() -> None:
+    import p2p
     import tiering
-    for name in tiering.__all__:
-        assert hasattr(tiering, name), name
+    for pkg in (tiering, p2p):
+        for name in pkg.__all__:
+            assert getattr(pkg, name) is not None, name
+
+
+def deep_imports(path: Path, package: str) -> list[str]:
+    """``from PACKAGE.module import ...`` / ``import PACKAGE.module`` (past its public surface)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module \
+                and node.module.startswith(package + "."):
+            out.append(node.module)
+        elif isinstance(node, ast.Import):
+            out += [a.name for a in node.names if a.name.startswith(package + ".")]
+    return out
+
+
+@pytest.mark.parametrize("importer,package", [("weightd", "tiering"), ("p2p", "tiering"), ("weightd", "p2p")])
+def test_packages_import_each_other_only_through_their_surface(importer: str, package: str) -> None:
+    offenders = [f"{py.relative_to(ROOT)} imports {m}" for py in sorted((ROOT / importer).rglob("*.py"))
+                 for m in deep_imports(py, package)]
+    assert not offenders, offenders
+
+
+def test_the_surface_is_lazy() -> None:
+    """``import tiering`` for a size parser must not load the tier code or the page-cache engine."""
+    import subprocess
+    import sys
+    code = ("import sys, tiering; tiering.parse_size('1GiB'); "
+            "print(sorted(m for m in sys.modules if m.startswith('tiering.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True).stdout
+    assert "tiering.node" not in out and "tiering.pagecache" not in out, out

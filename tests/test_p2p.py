@@ -173,7 +173,7 @@ def test_origin_and_four_workers_preload_at_once(cluster, tmp_path: Path) -> Non
         by = r["bytes_by_source"]
         # libtorrent's payload total includes redundant blocks (end-game duplicates)
         assert by["cold"] == 0 and size <= by["origin"] + by["peer"] <= 1.3 * size, r
-        assert r["fallback"] is None
+        assert r["source_fallbacks"] == [] and r["tier_fallback"] is None
     from_origin = sum(r["bytes_by_source"]["origin"] for r in reports)
     assert from_origin <= 1.5 * size, [r["bytes_by_source"] for r in reports]
     for w in workers:  # byte-identical, verified copies
@@ -189,7 +189,7 @@ def test_outsider_falls_back_to_cold(cluster, tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     r = json.loads(proc.stdout.splitlines()[0])
     assert r["bytes_by_source"]["cold"] == r["bytes"] and r["bytes_by_source"]["origin"] == 0
-    assert "p2p" in (r["fallback"] or "")
+    assert [(f["from"], f["to"]) for f in r["source_fallbacks"]] == [("p2p", "cold")] and r["tier_fallback"] is None
 
 
 @pytest.mark.slow
@@ -319,7 +319,7 @@ def test_delta_update_over_p2p_moves_only_changed_pieces(cluster, tmp_path: Path
     by = r["bytes_by_source"]
     nbytes = sum(t.nbytes for _, t in changed)
     moved = by["origin"] + by["peer"]
-    assert by["cold"] == 0 and r["fallback"] is None, r
+    assert by["cold"] == 0 and r["source_fallbacks"] == [], r
     assert nbytes <= moved <= nbytes + len(changed) * 2 * MiB, r   # changed bytes + the pieces they touch
     assert by["local_reuse"] >= r["bytes"] - moved - len(changed) * 2 * MiB, r
     assert w.cli("verify", r["path"]).returncode == 0

@@ -147,7 +147,8 @@ def test_hot_falls_back_to_warm_unless_strict(wd, node_env) -> None:
     proc = wd("preload", "org/tiny@v1", "--json")
     assert proc.returncode == 0, proc.stderr
     r = json.loads(proc.stdout.splitlines()[0])
-    assert r["tier"] == "warm" and r["requested_tier"] == "hot" and "hot" in r["fallback"]
+    assert r["tier"] == "warm" and r["requested_tier"] == "hot" and r["tier_fallback"]["from"] == "hot" \
+        and r["tier_fallback"]["to"] == "warm" and r["source_fallbacks"] == []
     assert "warning" in proc.stderr and "warm tier" in proc.stderr
     assert_one_line_error(wd("preload", "org/tiny@v1", "--strict"), 6, "tier hot cannot hold")
     assert not (node_env.hot / "org").exists()

@@ -1,25 +1,62 @@
-"""weightd's local data plane: manifests, hashing, checkpoints on disk.
+"""weightd's local data plane: manifests, hashing, checkpoints on disk, tiers, page cache, deltas.
 
-Knows nothing of the network or of the daemon (never imports ``p2p`` or ``weightd``).
+Knows nothing of the network or of the daemon (never imports ``p2p`` or ``weightd``). This module
+is the package's public surface: the control plane and ``p2p`` import from here, never from the
+modules behind it (``tests/test_layering.py`` checks it), so those can move without breaking them.
+Names are resolved on first use (PEP 562), so ``from tiering import parse_size`` in a CLI command
+that only needs a size parser does not pay for the tier code, the page-cache engine or xxhash.
 """
 
-from .build import Problem, VerifyReport, build_manifest, verify_checkpoint
-from .diff import ManifestDiff, TensorChange, diff_manifests
-from .errors import (BadInput, CheckpointNotFound, ChecksumMismatch, FileChanged, IntegrityError,
-                     InvalidName, ManifestError, SafetensorsHeaderError, TieringError, UnsafePath)
-from .manifest import (FORMAT, MANIFEST_RELPATH, FileEntry, Manifest, Part, SafetensorsInfo, TensorEntry,
-                       load_manifest, manifest_from_dict, write_manifest)
-from .names import parse_ref, validate_name, validate_relpath, validate_version
-from .safetensors_header import SafetensorsHeader, TensorInfo, read_header
-from .scan import ScannedFile, scan_checkpoint
-from .units import format_bytes, parse_fraction, parse_size
+from __future__ import annotations
 
-__all__ = [
-    "BadInput", "CheckpointNotFound", "ChecksumMismatch", "FileChanged", "FileEntry", "FORMAT",
-    "IntegrityError", "InvalidName", "MANIFEST_RELPATH", "Manifest", "ManifestDiff", "ManifestError",
-    "Part", "Problem", "SafetensorsHeader", "SafetensorsHeaderError", "SafetensorsInfo", "ScannedFile",
-    "TensorChange", "TensorEntry", "TensorInfo", "TieringError", "UnsafePath", "VerifyReport",
-    "build_manifest", "diff_manifests", "format_bytes", "load_manifest", "manifest_from_dict",
-    "parse_fraction", "parse_ref", "parse_size", "read_header", "scan_checkpoint", "validate_name",
-    "validate_relpath", "validate_version", "verify_checkpoint", "write_manifest",
-]
+import importlib
+from typing import Any
+
+#: public name -> the module that defines it
+_SURFACE: dict[str, str] = {
+    # content: what a checkpoint is
+    "FORMAT": "manifest", "MANIFEST_RELPATH": "manifest", "FileEntry": "manifest", "Manifest": "manifest",
+    "Part": "manifest", "SafetensorsInfo": "manifest", "TensorEntry": "manifest", "load_manifest": "manifest",
+    "manifest_from_dict": "manifest", "write_manifest": "manifest",
+    "Problem": "build", "VerifyReport": "build", "build_manifest": "build", "verify_checkpoint": "build",
+    "plan_size": "build",
+    "ManifestDiff": "diff", "TensorChange": "diff", "diff_manifests": "diff",
+    "SafetensorsHeader": "safetensors_header", "TensorInfo": "safetensors_header", "read_header": "safetensors_header",
+    "ScannedFile": "scan", "scan_checkpoint": "scan", "scan_dir": "scan",
+    "parse_ref": "names", "validate_name": "names", "validate_relpath": "names", "validate_version": "names",
+    "format_bytes": "units", "parse_fraction": "units", "parse_size": "units",
+    "make_checkpoint": "sample", "mutate_tensor": "sample",
+    # errors
+    "BadInput": "errors", "Busy": "errors", "CheckpointNotFound": "errors", "ChecksumMismatch": "errors",
+    "FileChanged": "errors", "IntegrityError": "errors", "InvalidName": "errors", "ManifestError": "errors",
+    "NoSpace": "errors", "SafetensorsHeaderError": "errors", "TieringError": "errors", "TimedOut": "errors",
+    "UnsafePath": "errors", "VersionConflict": "errors",
+    # tiers on disk
+    "COLD": "layout", "DIR_MODE": "layout", "HOT": "layout", "LOCAL_TIERS": "layout", "WARM": "layout",
+    "StagingArea": "layout", "TierSpec": "layout", "VersionDir": "layout", "existing_ancestor": "layout",
+    "list_versions": "layout",
+    "Dir": "safefs", "check_unchangeable": "safefs", "open_cold_root": "safefs", "open_tier_root": "safefs",
+    "LocalNode": "node", "PreloadReport": "node", "PublishReport": "node", "DEFAULT_LEASE_S": "node",
+    "FetchRequest": "sources", "FetchResult": "sources", "Fetcher": "sources", "SourceFallback": "sources",
+    # page cache
+    "LockedFiles": "pagecache", "WarmOptions": "pagecache", "check_memlock": "pagecache",
+    "collect_files": "pagecache", "cool": "pagecache", "residency": "pagecache", "warm": "pagecache",
+    # delta updates
+    "DeltaPlan": "delta", "Donor": "delta", "plan_delta": "delta", "prefill_delta": "delta",
+}
+_RENAMED = {"prefill_delta": "prefill"}
+
+__all__ = sorted(_SURFACE)
+
+
+def __getattr__(name: str) -> Any:
+    module = _SURFACE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tiering' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), _RENAMED.get(name, name))
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -35,15 +35,11 @@ from .pagecache import WarmOptions, residency, warm
 from .placement import Candidate, EvictionPlan, plan_eviction
 from .safefs import Dir, FileRef, RootPolicy, open_cold_root, open_tier_root
 from .scan import scan_checkpoint
+from .sources import Fetcher, FetchRequest, SourceFallback, as_dicts
 from .state import State
 
 log = logging.getLogger(__name__)
 ProgressFn = Callable[[int], None]
-# fetch(source, staging, report, deadline, progress, delta) -> True if it filled staging (bytes counted in
-# report.bytes_by_source, every file fsynced), False to let the next source try; it must leave staging as
-# it found it then. ``staging``: a StagingArea (``.path`` for libraries that need a path, ``.dir`` for
-# everything weightd does itself). ``delta``: a DeltaPlan of local donor bytes to reuse, or None.
-Fetcher = Callable[..., bool]
 SOURCES = ("local_reuse", "peer", "origin", "cold")
 DEFAULT_LEASE_S = 600.0
 MAX_SECONDS = 7 * 24 * 3600.0   # leases and timeouts: finite, and at most a week
@@ -89,7 +85,8 @@ class PreloadReport:
     bytes_by_source: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SOURCES, 0))
     already_present: bool = False
     requested_tier: str = ""
-    fallback: str | None = None
+    tier_fallback: dict[str, str] | None = None   # {"from": "hot", "to": "warm", "reason": ...}
+    source_fallbacks: list[SourceFallback] = field(default_factory=list)  # e.g. p2p stalled -> cold
     evicted: list[str] = field(default_factory=list)
     lease_expires_at: float | None = None
     resident_bytes: int = 0
@@ -104,7 +101,8 @@ class PreloadReport:
         return {"name": self.name, "version": self.version, "tier": self.tier,
                 "requested_tier": self.requested_tier or self.tier, "path": self.path, "digest": self.digest,
                 "bytes": self.bytes, "bytes_moved": self.bytes_moved, "bytes_by_source": self.bytes_by_source,
-                "already_present": self.already_present, "fallback": self.fallback, "evicted": self.evicted,
+                "already_present": self.already_present, "tier_fallback": self.tier_fallback,
+                "source_fallbacks": as_dicts(self.source_fallbacks), "evicted": self.evicted,
                 "seconds": round(self.seconds, 4), "lease_expires_at": self.lease_expires_at,
                 "resident_bytes": self.resident_bytes,
                 "resident_percent": round(100 * self.resident_bytes / self.bytes, 2) if self.bytes else 100.0,
@@ -467,7 +465,7 @@ class LocalNode:
             log.info("hot tier cannot hold name=%s version=%s, falling back to warm: %s", src.name,
                      src.version, exc)
             report = self._preload_into(src, WARM, deadline, progress, lease_s)
-            report.fallback = f"hot tier: {exc}"
+            report.tier_fallback = {"from": HOT, "to": WARM, "reason": str(exc)}
         report.requested_tier = tier
         self._warm(report)
         report.seconds = self.monotonic() - t0
@@ -564,9 +562,14 @@ class LocalNode:
                 if plan is not None:
                     report.delta = {"donors": [donors[i].ref for i in plan.donors_used()],
                                     "planned_reuse_bytes": plan.reuse_bytes, "refetched": []}
-                for fetch in self.fetchers:
-                    if fetch(cold, staging, report, deadline, progress, plan):
-                        return False
+                for fetcher in self.fetchers:
+                    got = fetcher.fetch(FetchRequest(cold, staging, deadline, progress, plan))
+                    if got.fallback is not None:
+                        report.source_fallbacks.append(got.fallback)
+                    if got.filled:
+                        for label, n in got.bytes_by_source.items():
+                            report.bytes_by_source[label] = report.bytes_by_source.get(label, 0) + n
+                        return got.verified
                 if plan is not None:
                     staging.dir.clear()
                     # verified inside: a donor part that fails is fetched from cold and checked again

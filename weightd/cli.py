@@ -16,7 +16,7 @@ import click
 from tiering import (MANIFEST_RELPATH, CheckpointNotFound, Manifest, build_manifest, diff_manifests,
                      format_bytes, load_manifest, scan_checkpoint, validate_name, validate_version,
                      verify_checkpoint, write_manifest)
-from tiering.build import plan_size
+from tiering import plan_size
 
 from . import __version__
 from .errors import EXIT_ERROR, UsageError, WeightdError, exit_code_for
@@ -172,9 +172,9 @@ def manifest_diff(a: str, b: str, as_json: bool, show_plan: bool, piece_size: st
 
 
 def _print_plan(ma: Manifest, la: str, mb: Manifest, lb: str, piece_size: str, as_json: bool) -> None:
-    from p2p.torrent import piece_size_for
+    from p2p import piece_size_for
     from tiering import parse_size
-    from tiering.delta import Donor, plan_delta
+    from tiering import Donor, plan_delta
     try:
         piece = (mb.piece_size or piece_size_for(mb.total_bytes)) if piece_size == "auto" else parse_size(piece_size)
     except ValueError as exc:
@@ -437,8 +437,12 @@ def preload(app: AppContext, ref: str, tier: str, strict: bool, lease_s: float, 
     with Backend(app) as b:
         r = b.preload(ref, tier=tier, strict=strict, lease_s=lease_s, timeout_s=timeout_s, wait=wait)
     who = f"{r['name']}@{r['version']}"
-    if r["fallback"]:
-        click.echo(f"weightd: warning: {who} went to the warm tier: {r['fallback']}", err=True)
+    tf = r.get("tier_fallback")
+    if tf:
+        click.echo(f"weightd: warning: {who} went to the {tf['to']} tier: {tf['reason']}", err=True)
+    for sf in r.get("source_fallbacks") or []:
+        click.echo(f"weightd: warning: {who}: {sf['from']} gave up ({sf['reason']}); copied from {sf['to']} "
+                   "instead", err=True)
     if as_json:
         click.echo(json.dumps(r))
     elif r["already_present"]:
@@ -584,7 +588,7 @@ def _parse_rate(value: str | None) -> int | None:
 def warm_cmd(app: AppContext, paths: tuple[str, ...], rate_opt: str | None, concurrency: int | None, lock_: bool,
              as_json: bool) -> None:
     """Bring files or whole checkpoints into the page cache (like vmtouch -t, faster and gentler)."""
-    from tiering.pagecache import LockedFiles, check_memlock, collect_files, warm
+    from tiering import LockedFiles, check_memlock, collect_files, warm
     w = app.config.settings.warm
     rate_bps = _parse_rate(rate_opt)
     files, skipped = collect_files(paths)
@@ -635,7 +639,7 @@ def _hold_lock(locked) -> None:
 @click.pass_obj
 def residency_cmd(app: AppContext, paths: tuple[str, ...], as_json: bool) -> None:
     """How much of each file is in the page cache (cachestat, else mincore)."""
-    from tiering.pagecache import residency
+    from tiering import residency
     r = residency(paths)
     if as_json:
         emit_json(r.to_dict())
@@ -694,9 +698,9 @@ def doctor_cmd(app: AppContext, as_json: bool, sample_s: float, symptom: str | N
         tiers = _doctor_tiers(app)
         lock_wanted = 0
         if lock:
-            from tiering.errors import TieringError
-            from tiering.layout import list_versions
-            from tiering.safefs import open_tier_root
+            from tiering import TieringError
+            from tiering import list_versions
+            from tiering import open_tier_root
             sizes = []
             for t in tiers[:2]:
                 try:
@@ -809,7 +813,7 @@ def bench_disk_cmd(app: AppContext, path: str | None, size: str, seconds: float,
 @click.argument("paths", nargs=-1, required=True, type=click.Path())
 def cool_cmd(paths: tuple[str, ...]) -> None:
     """Drop files from the page cache (POSIX_FADV_DONTNEED; no root needed)."""
-    from tiering.pagecache import cool
+    from tiering import cool
     dropped, skipped = cool(paths)
     click.echo(f"dropped {format_bytes(dropped)} from the page cache")
     _skip_exit(skipped)

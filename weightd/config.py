@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from tiering.units import parse_fraction, parse_size
+from tiering import parse_fraction, parse_size
 
 from .errors import ConfigError
 

@@ -35,11 +35,11 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, disable_created_metrics, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from p2p.errors import P2PError
+from p2p import P2PError
 from tiering import parse_ref
-from tiering.errors import IntegrityError, NoSpace, TieringError
-from tiering.layout import HOT, LOCAL_TIERS, WARM
-from tiering.node import LocalNode
+from tiering import IntegrityError, NoSpace, TieringError
+from tiering import HOT, LOCAL_TIERS, WARM
+from tiering import LocalNode
 
 from .client import MAX_SECONDS, peer_credentials, peer_groups
 from .config import Config, ConfigError, load_config
@@ -106,7 +106,7 @@ class Daemon:
     # -- node and state ---------------------------------------------------------------------------
     def _open_node(self, cfg: Config) -> LocalNode:
         node = open_node(cfg, on_evict=self._evicted, on_placed=self._placed,
-                         fetchers=[lambda *a: self.session is not None and P2PFetcher(cfg, self.session)(*a)])
+                         fetchers=[_DaemonP2P(self, cfg)])
         if node.state.recovered:
             self.metrics.state_recoveries.inc()
         return node
@@ -220,6 +220,10 @@ class Daemon:
         finally:
             self.metrics.in_flight.labels("local").dec()
         d = r.to_dict()
+        if r.tier_fallback:
+            self.metrics.fallbacks.labels("tier", r.tier_fallback["from"], r.tier_fallback["to"]).inc()
+        for f in r.source_fallbacks:
+            self.metrics.fallbacks.labels("source", f.source, f.to).inc()
         source = max(d["bytes_by_source"], key=lambda k: d["bytes_by_source"][k]) if r.bytes_moved else "local"
         self.metrics.loading.labels(f"{name}@{version}", r.tier, source).observe(time.monotonic() - t0)
         for src, n in d["bytes_by_source"].items():
@@ -439,7 +443,7 @@ class Daemon:
         sock_path = self.config.settings.api.socket
         sock_path.parent.mkdir(parents=True, exist_ok=True)
         claim_socket(sock_path)  # before anything starts: another daemon's live socket is never ours
-        from p2p.session import P2PSession
+        from p2p import P2PSession
         try:
             self.session = P2PSession(p2p_config(self.config))
         except P2PError as exc:
@@ -475,7 +479,7 @@ class Daemon:
         self.runners.append(mrunner)
         tl = self.config.settings.p2p.tracker_listen
         if tl and self.role == "origin":
-            from p2p.tracker import Tracker
+            from p2p import Tracker
             tracker = Tracker(self.config.settings.p2p.allow)
 
             async def announce(request: web.Request) -> web.Response:
@@ -533,6 +537,18 @@ class Daemon:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
         return busy
+
+
+class _DaemonP2P:
+    """The swarm as a source, through the daemon's one P2P session (none until serve() starts it)."""
+
+    def __init__(self, daemon: "Daemon", cfg: Config) -> None:
+        self.daemon, self.cfg = daemon, cfg
+
+    def fetch(self, request):
+        from tiering import FetchResult
+        session = self.daemon.session
+        return P2PFetcher(self.cfg, session).fetch(request) if session is not None else FetchResult(False)
 
 
 def _str(body: dict[str, Any], key: str) -> str:

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import click
 
-from tiering.sample import make_checkpoint, mutate_tensor
-from tiering.units import parse_size
+from tiering import make_checkpoint, mutate_tensor
+from tiering import parse_size
 
 
 _CONFIG: list[str] = []

@@ -217,9 +217,9 @@ def load_baselines(state_dir: Path) -> dict[str, Any]:
 def probe(tier_path: Path, state_dir: Path, *, reads: int = 300) -> dict[str, Any] | None:
     """A short QD1 probe of the tier's device: the largest file in the tier, else a small test file
     (in the tier, or in its nearest existing parent while the tier does not exist yet)."""
-    from tiering.errors import TieringError  # (tiering is imported lazily by the CLI)
-    from tiering.layout import existing_ancestor, list_versions
-    from tiering.safefs import open_tier_root
+    from tiering import TieringError  # (tiering is imported lazily by the CLI)
+    from tiering import existing_ancestor, list_versions
+    from tiering import open_tier_root
     try:
         root = open_tier_root(tier_path, create=False)  # a root weightd would refuse is not probed either
     except TieringError:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from tiering.layout import HOT, WARM, TierSpec
-from tiering.node import LocalNode
-from tiering.pagecache import WarmOptions
+from tiering import HOT, WARM, TierSpec
+from tiering import LocalNode
+from tiering import WarmOptions
 
 from .config import Config, TierSettings
 

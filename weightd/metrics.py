@@ -38,6 +38,9 @@ class Metrics:
                                      registry=registry)
         self.preload_failures = Counter("weightd_preload_failures", "Preloads that failed", ["reason"],
                                         registry=registry)
+        self.fallbacks = Counter("weightd_fallbacks", "Preloads that fell back: kind=tier (hot was full, went "
+                                 "to warm) or kind=source (the swarm gave up, copied from cold)",
+                                 ["kind", "from", "to"], registry=registry)
         self.requests = Counter("weightd_api_requests", "Admin API requests", ["route", "code"], registry=registry)
         self.in_flight = Gauge("weightd_transfers_in_flight", "Preloads running", ["kind"], registry=registry)
         self.in_flight.labels("local")

@@ -17,16 +17,17 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from p2p.errors import P2PError, TorrentRejected, TransferStalled
-from p2p.session import P2PConfig, P2PSession
-from p2p.torrent import TORRENT_RELPATH, load_torrent, make_torrent
-from tiering.delta import DeltaPlan
-from tiering.delta import prefill as prefill_delta
-from tiering.errors import TieringError
-from tiering.layout import COLD, DIR_MODE, LOCAL_TIERS, StagingArea, VersionDir
-from tiering.safefs import Dir, check_unchangeable, open_cold_root
-from tiering.scan import scan_dir
-from tiering.node import LocalNode, PreloadReport
+from p2p import P2PError, TorrentRejected, TransferStalled
+from p2p import P2PConfig, P2PSession
+from p2p import TORRENT_RELPATH, load_torrent, make_torrent
+from tiering import DeltaPlan
+from tiering import prefill_delta
+from tiering import TieringError
+from tiering import COLD, DIR_MODE, LOCAL_TIERS, StagingArea, VersionDir
+from tiering import Dir, check_unchangeable, open_cold_root
+from tiering import scan_dir
+from tiering import LocalNode
+from tiering import FetchRequest, FetchResult, SourceFallback
 
 from .config import Config
 
@@ -114,18 +115,18 @@ class P2PFetcher:
             self._session.close()
             self._session = None
 
-    def __call__(self, src: VersionDir, staging: StagingArea, report: PreloadReport, deadline: float | None,
-                 progress, delta: DeltaPlan | None = None) -> bool:
+    def fetch(self, request: FetchRequest) -> FetchResult:
+        src, staging, deadline, delta = request.source, request.staging, request.deadline, request.delta
         p = self.cfg.settings.p2p
         if src.size < p.threshold or not p.peers:
-            return False
+            return FetchResult(False)
         try:
             ti = read_torrent(src)
         except TorrentRejected as exc:
             log.warning("not using P2P for %s: %s", src.ref, exc)
-            return False
+            return FetchResult(False, fallback=SourceFallback("p2p", "cold", str(exc)))
         if ti is None:
-            return False
+            return FetchResult(False)
         # the torrent's root is the version label: libtorrent writes under staging/<version>/ (a
         # directory weightd made inside its own staging area, which no one else can write)
         staging.mark_resumable()
@@ -139,14 +140,13 @@ class P2PFetcher:
                 result = self.session.download(ti, staging.path / src.version, peers=p.peers,
                                                stall_s=p.fallback_after_s,
                                                timeout_s=None if deadline is None else max(1.0, deadline - time.monotonic()),
-                                               progress=progress)
+                                               progress=request.progress)
             except (TransferStalled, P2PError) as exc:
                 log.warning("P2P download of %s failed, copying from cold instead: %s", src.ref, exc)
-                report.fallback = f"p2p: {exc}; copied from cold instead"
                 inner.close()
                 inner = None
                 staging.dir.remove(src.version)
-                return False
+                return FetchResult(False, fallback=SourceFallback("p2p", "cold", str(exc)))
             # durable before it is renamed into place, as copies are: libtorrent does not fsync
             inner.fsync_tree(files=True)
             for child, _ in inner.entries():  # move the files up into the staging directory itself
@@ -159,10 +159,7 @@ class P2PFetcher:
                 inner.close()
         staging.dir.remove(src.version)
         origin, peers = result.split({e.rpartition(":")[0] for e in p.peers})
-        report.bytes_by_source["origin"] += origin
-        report.bytes_by_source["peer"] += peers
-        report.bytes_by_source["local_reuse"] += result.local_bytes
-        return True
+        return FetchResult(True, {"origin": origin, "peer": peers, "local_reuse": result.local_bytes})
 
 
 def check_seedable(version: VersionDir) -> None:
