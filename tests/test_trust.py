@@ -13,6 +13,7 @@ import os
 import shutil
 import stat
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -539,3 +540,87 @@ def test_origin_never_hands_libtorrent_a_version_others_can_change(wd, node_env,
     (node_env.cold / "org/tiny/v1/extra").symlink_to("/etc/hostname")
     with pytest.raises(UnsafePath, match="symlink"):
         check_seedable(v)
+
+
+class HungCold:
+    """Cold storage served through a real FUSE file server (tests/fuse_hang.py) whose reads of
+    ``org/hang``'s safetensors never return, as reads from a hung NFS server do."""
+
+    def __init__(self, source: Path, mnt: Path, log: Path) -> None:
+        self.path = mnt
+        self.log = open(log, "w")
+        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("fuse_hang.py")), str(source),
+                                      str(mnt), "org/hang/v1/model-"], stdout=self.log, stderr=subprocess.STDOUT)
+        self.dev: int | None = None
+        deadline = time.monotonic() + 10
+        while not os.path.ismount(mnt):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.release()
+                pytest.skip(f"FUSE mount failed here (exit {self.proc.poll()}): {log.read_text()[-300:]}")
+            time.sleep(0.05)
+        self.dev = os.minor(os.stat(mnt).st_dev)
+
+    def release(self) -> None:
+        """Abort the connection (every reader still waiting gets an error, so stuck processes can
+        end), unmount, stop the server. Call before stopping anything that may be stuck in it."""
+        if self.dev is not None:
+            conn = Path(f"/sys/fs/fuse/connections/{self.dev}/abort")
+            if not conn.parent.exists():
+                subprocess.run(["mount", "-t", "fusectl", "none", "/sys/fs/fuse/connections"], capture_output=True)
+            if conn.exists():
+                conn.write_text("1")
+            self.dev = None
+        subprocess.run(["umount", "-l", str(self.path)], capture_output=True)
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self.log.close()
+
+
+@pytest.fixture
+def hung_cold(node_env, tmp_path: Path):
+    pytest.importorskip("fuse", reason="fusepy missing (make tools)")
+    if os.geteuid() != 0 or not os.path.exists("/dev/fuse"):
+        pytest.skip("needs root and /dev/fuse to mount a FUSE file system")
+    mnt = tmp_path / "cold-fuse"
+    mnt.mkdir()
+    node_env.cold.mkdir(exist_ok=True)  # (the mount's root is cold's root: it must exist first)
+    h = HungCold(node_env.cold, mnt, tmp_path / "fuse.log")
+    try:
+        yield h
+    finally:
+        h.release()
+
+
+def test_a_hung_cold_server_ends_in_exit_4_and_the_tier_keeps_working(wd, node_env, isolated_env, tmp_path: Path,
+                                                                      hung_cold: HungCold) -> None:
+    """Through the real daemon: a preload whose cold reads never return ends with exit 4 at its
+    --timeout; another preload into the same tier completes meanwhile and after."""
+    from .test_daemon import DaemonProc
+    for name, seed in (("org/hang", "a"), ("org/ok", "b"), ("org/ok2", "c")):
+        publish(wd, tmp_path, name=name, seed=seed, size=2 * MiB)
+    node_env.config.write_text(node_env.config.read_text().replace(f'path = "{node_env.cold}"',
+                                                                   f'path = "{hung_cold.path}"'))
+    d = DaemonProc(node_env, isolated_env, tmp_path)
+    stuck = None
+    try:
+        t0 = time.monotonic()
+        stuck = subprocess.Popen([sys.executable, "-m", "weightd", "--config", str(node_env.config), "preload",
+                                  "org/hang@v1", "--tier", "warm", "--timeout", "4"],
+                                 env=isolated_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(1.0)
+        ok = wd("preload", "org/ok@v1", "--tier", "warm", timeout=60)
+        assert ok.returncode == 0, ok.stderr
+        out, err = stuck.communicate(timeout=40)
+        assert stuck.returncode == 4, (stuck.returncode, err)
+        assert "Traceback" not in err and len(err.strip().splitlines()) <= 2, err
+        assert time.monotonic() - t0 < 30
+        again = wd("preload", "org/ok2@v1", "--tier", "warm", timeout=60)  # the tier's pool is not wedged
+        assert again.returncode == 0, again.stderr
+        assert not (node_env.warm / "org/hang/v1").exists()
+    finally:
+        hung_cold.release()  # first: a daemon with a reader stuck in FUSE cannot exit until then
+        if stuck is not None and stuck.poll() is None:
+            stuck.kill()
+            stuck.wait(10)
+        d.stop()
