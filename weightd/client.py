@@ -17,24 +17,12 @@ import struct
 from pathlib import Path
 from typing import Any, Iterable
 
-from .errors import EXIT_BAD_INPUT, WeightdError
+from .errors import DaemonError, UntrustedDaemon
+
+__all__ = ["DaemonClient", "DaemonError", "MAX_SECONDS", "UntrustedDaemon", "peer_credentials", "peer_groups"]
 
 MAX_SECONDS = 7 * 24 * 3600   # lease_s and timeout_s: at most a week, both in the CLI and the daemon
 _SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux >= 4.13
-
-
-class DaemonError(WeightdError):
-    """An error the daemon reported; carries its exit code so the CLI behaves the same either way."""
-
-    def __init__(self, message: str, exit_code: int) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
-
-
-class UntrustedDaemon(WeightdError):
-    """The socket is served by someone the CLI does not trust, or the daemon answered a path outside
-    the tiers: refuse, never fall back silently."""
-    exit_code = EXIT_BAD_INPUT
 
 
 def peer_credentials(sock: Any) -> tuple[int, int, int]:
@@ -124,6 +112,36 @@ class DaemonClient:
             conn.close()
         if resp.status >= 400:
             err = data if isinstance(data, dict) else {}
+            hint = err.get("hint")
             raise DaemonError(str(err.get("error", f"daemon answered HTTP {resp.status}")),
-                              int(err.get("exit_code", 1)))
+                              int(err.get("exit_code", 1)), hint if isinstance(hint, str) else None)
         return data
+
+    # -- the operations, named as on weightd.service.NodeService -------------------------------------
+    def publish(self, src: str | Path, name: str, version: str, **_: Any) -> Any:
+        return self.call("POST", "publish", {"dir": os.path.abspath(src), "name": name, "version": version})
+
+    def preload(self, ref: str, **kw: Any) -> Any:
+        """``kw``: tier, strict, lease_s (absent: the daemon's default), timeout_s, wait."""
+        kw.pop("progress", None)
+        t = kw.get("timeout_s")
+        wait_s = t + 60 if isinstance(t, (int, float)) and not isinstance(t, bool) and 0 <= t < float("inf") else None
+        return self.call("POST", "preload", {"ref": ref, **kw}, timeout=wait_s)
+
+    def path(self, ref: str) -> Any:
+        return self.call("POST", "path", {"ref": ref})
+
+    def status(self) -> Any:
+        return self.call("GET", "status")
+
+    def pin(self, ref: str) -> Any:
+        return self.call("POST", "pin", {"ref": ref})
+
+    def unpin(self, ref: str) -> Any:
+        return self.call("POST", "unpin", {"ref": ref})
+
+    def evict(self, ref: str, tier: str | None = None, force: bool = False) -> Any:
+        return self.call("POST", "evict", {"ref": ref, "tier": tier, "force": force})
+
+    def gc(self) -> Any:
+        return self.call("POST", "gc", {})

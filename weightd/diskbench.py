@@ -22,13 +22,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .errors import BenchError
+
+__all__ = ["BenchError", "bench_disk", "probe", "save_baseline"]
+
 BLOCK = 4096
 SEQ_BLOCK = 16 << 20
 BASELINE_FILE = "disk-baseline.json"
-
-
-class BenchError(Exception):
-    pass
 
 
 def _device_of(path: Path) -> str:

@@ -1,17 +1,31 @@
-"""Errors of the control plane, and the one place that maps every error to an exit code.
+"""Errors of the control plane, and the one table that maps every error type to an exit code and to
+the next step for the operator (on the model of huggingface_hub's ``cli/_errors.py``).
 
 Hierarchy::
 
-    WeightdError                 exit 1 unless a subclass says otherwise
-    ├── ConfigError              broken config file or value; exit 2
-    └── UsageError               bad command-line input; exit 2
+    WeightdError                   exit 1 unless a subclass says otherwise
+    ├── ConfigError                broken config file or value; exit 2
+    ├── UsageError                 bad command-line input; exit 2
+    │   └── InvalidRequest         an operation's arguments out of bounds (CLI and daemon alike); exit 2
+    ├── ApiError                   the daemon refuses a request (HTTP status, exit code; 403: exit 2)
+    ├── BenchError                 ``weightd bench disk`` cannot measure that path; exit 2
+    ├── PathsSkipped               warm/residency/cool skipped paths; exit 3 (missing) or 2 (unreadable)
+    ├── DaemonError                an error the daemon reported, with the daemon's exit code and hint
+    ├── DaemonUnavailable          ``--daemon-only`` and no daemon answers; exit 1
+    ├── UntrustedDaemon            socket served by an untrusted uid, or a path outside the tiers; exit 2
+    ├── DaemonAlreadyRunning       another daemon holds the state directory; exit 2
+    └── SocketInUse                ``[api] socket`` is live, a symlink, or not a socket; exit 2
 
-Errors from ``tiering`` (``TieringError``) and ``p2p`` (``P2PError``) carry their own ``exit_code``.
-Exit codes (design §5): 0 ok; 2 bad input; 3 not found; 4 timed out; 5 integrity failure;
-6 no space in any allowed tier; 7 ``weightd doctor`` found a critical problem; 1 anything else.
+Errors from ``tiering`` (``TieringError``) and ``p2p`` (``P2PError``) are mapped by type in
+:data:`_RULES` below. Exit codes (design §5): 0 ok; 2 bad input; 3 not found; 4 timed out;
+5 integrity failure; 6 no space in any allowed tier; 7 ``weightd doctor`` found a critical problem;
+1 anything else. Nothing here looks at the text of a message.
 """
 
 from __future__ import annotations
+
+import errno
+from dataclasses import dataclass
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -40,15 +54,134 @@ class UsageError(WeightdError):
     exit_code = EXIT_BAD_INPUT
 
 
+class InvalidRequest(UsageError):
+    """An argument of an operation is out of bounds; raised by :class:`weightd.service.NodeService`,
+    so the CLI and the daemon refuse alike (the daemon answers 400)."""
+
+    def __init__(self, key: str, message: str) -> None:
+        self.key = key
+        super().__init__(message)
+
+
+class ApiError(WeightdError):
+    """The daemon refuses a request before it reaches the service (authz, malformed body)."""
+
+    def __init__(self, status: int, message: str, exit_code: int = EXIT_BAD_INPUT) -> None:
+        super().__init__(message)
+        self.status, self.exit_code = status, exit_code
+
+
+class BenchError(WeightdError):
+    exit_code = EXIT_BAD_INPUT
+
+
+class PathsSkipped(WeightdError):
+    """Some paths given to warm/residency/cool were skipped (each already warned about)."""
+
+    def __init__(self, count: int, *, missing: bool, unreadable: bool) -> None:
+        super().__init__(f"{count} path(s) skipped")
+        self.count, self.missing, self.unreadable = count, missing, unreadable
+        self.exit_code = EXIT_NOT_FOUND if missing else EXIT_BAD_INPUT if unreadable else EXIT_ERROR
+
+
+class DaemonError(WeightdError):
+    """An error the daemon reported; carries its exit code and hint so the CLI behaves the same either way."""
+
+    def __init__(self, message: str, exit_code: int, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.exit_code, self.hint = exit_code, hint
+
+
+class DaemonUnavailable(WeightdError):
+    exit_code = EXIT_ERROR
+
+
+class UntrustedDaemon(WeightdError):
+    """The socket is served by someone the CLI does not trust, or the daemon answered a path outside
+    the tiers: refuse, never fall back silently."""
+    exit_code = EXIT_BAD_INPUT
+
+
+class DaemonAlreadyRunning(WeightdError):
+    exit_code = EXIT_BAD_INPUT
+
+
+class SocketInUse(WeightdError):
+    """``[api] socket`` is answered by another daemon, or is not a socket we may replace."""
+    exit_code = EXIT_BAD_INPUT
+
+
+@dataclass(frozen=True)
+class ExitRule:
+    code: int
+    hint: str | None = None
+
+
+def _rules() -> list[tuple[type[BaseException], ExitRule]]:
+    """Most specific first: the first type an error is an instance of decides."""
+    from p2p import P2PError, TorrentRejected, TransferStalled
+    from tiering import BadInput, Busy, CheckpointNotFound, IntegrityError, NoSpace, TieringError, TimedOut
+    return [
+        (DaemonUnavailable, ExitRule(EXIT_ERROR, "start it (systemctl start weightd) or drop --daemon-only")),
+        (UntrustedDaemon, ExitRule(EXIT_BAD_INPUT, "check who serves [api] socket and [api] daemon_user")),
+        (ConfigError, ExitRule(EXIT_BAD_INPUT, "check it with: weightd config show")),
+        (InvalidRequest, ExitRule(EXIT_BAD_INPUT, None)),
+        (UsageError, ExitRule(EXIT_BAD_INPUT, None)),
+        (DaemonAlreadyRunning, ExitRule(EXIT_BAD_INPUT, "stop the other daemon or give this one its own state_dir")),
+        (SocketInUse, ExitRule(EXIT_BAD_INPUT, "stop the daemon that answers, or set another [api] socket")),
+        (BenchError, ExitRule(EXIT_BAD_INPUT, None)),
+        (CheckpointNotFound, ExitRule(EXIT_NOT_FOUND, None)),
+        (TransferStalled, ExitRule(EXIT_TIMEOUT, None)),
+        (TimedOut, ExitRule(EXIT_TIMEOUT, "retry later, or with a longer --timeout")),
+        (IntegrityError, ExitRule(EXIT_INTEGRITY, None)),
+        (NoSpace, ExitRule(EXIT_NO_SPACE, "free space (weightd gc, weightd evict) or use another --tier")),
+        (BadInput, ExitRule(EXIT_BAD_INPUT, None)),
+        (Busy, ExitRule(EXIT_ERROR, None)),
+        (TieringError, ExitRule(EXIT_ERROR, None)),
+        (TorrentRejected, ExitRule(EXIT_BAD_INPUT, None)),
+        (P2PError, ExitRule(EXIT_ERROR, None)),
+        (TimeoutError, ExitRule(EXIT_TIMEOUT, None)),
+        (FileNotFoundError, ExitRule(EXIT_NOT_FOUND, None)),
+    ]
+
+
+_RULES: list[tuple[type[BaseException], ExitRule]] | None = None
+
+
+def rule_for(exc: BaseException) -> ExitRule:
+    """The exit code and hint of any exception (exit 1 and no hint for the unexpected)."""
+    global _RULES
+    if _RULES is None:
+        _RULES = _rules()
+    if isinstance(exc, (DaemonError, ApiError, PathsSkipped)):  # the code travels with the error
+        return ExitRule(exc.exit_code, getattr(exc, "hint", None))
+    for kind, rule in _RULES:
+        if isinstance(exc, kind):
+            return rule
+    own = getattr(type(exc), "exit_code", None)  # a typed error of another package (tiering's MemlockTooLow)
+    if isinstance(own, int):
+        return ExitRule(own)
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        return ExitRule(EXIT_NO_SPACE, "free space on that file system")
+    return ExitRule(EXIT_ERROR)
+
+
 def exit_code_for(exc: BaseException) -> int:
     """The documented exit code of any exception (1 for the unexpected)."""
-    code = getattr(exc, "exit_code", None)
-    if isinstance(code, int):
-        return code
-    if isinstance(exc, TimeoutError):
-        return EXIT_TIMEOUT
-    if isinstance(exc, FileNotFoundError):
-        return EXIT_NOT_FOUND
-    if isinstance(exc, OSError) and exc.errno == 28:  # ENOSPC
-        return EXIT_NO_SPACE
-    return EXIT_ERROR
+    return rule_for(exc).code
+
+
+def hint_for(exc: BaseException) -> str | None:
+    return rule_for(exc).hint
+
+
+_HTTP_STATUS = {EXIT_BAD_INPUT: 400, EXIT_NOT_FOUND: 404, EXIT_TIMEOUT: 504, EXIT_INTEGRITY: 422, EXIT_NO_SPACE: 507}
+
+
+def http_status_for(exc: BaseException) -> int:
+    """The daemon's HTTP status for an error, from its exit code (an ApiError names its own)."""
+    if isinstance(exc, ApiError):
+        return exc.status
+    from tiering import TieringError
+    code = exit_code_for(exc)
+    return _HTTP_STATUS.get(code, 409 if code == EXIT_ERROR and isinstance(exc, TieringError) else 500)
