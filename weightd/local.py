@@ -1,25 +1,51 @@
-"""Build the local data plane (``tiering.LocalNode``) from the configuration."""
+"""The one place the configuration becomes tiering's runtime objects (``TierSpec``, ``WarmOptions``,
+``LocalNode``) and the :class:`~weightd.service.NodeService` over them. (P2P's ``P2PConfig`` is built
+in :mod:`weightd.swarm`.)"""
 
 from __future__ import annotations
 
-from tiering import HOT, WARM, TierSpec
-from tiering import LocalNode
-from tiering import WarmOptions
+from typing import TYPE_CHECKING, Any
+
+from tiering import HOT, WARM, LocalNode, TierSpec, WarmOptions
 
 from .config import Config, TierSettings
+
+if TYPE_CHECKING:
+    from .metrics import Metrics
+    from .service import NodeService
 
 
 def tier_spec(name: str, t: TierSettings) -> TierSpec:
     return TierSpec(name, t.path, t.capacity.bytes, t.capacity.fraction, t.high_watermark, t.low_watermark, t.group)
 
 
-def open_node(cfg: Config, *, reconcile: bool = True, **hooks) -> LocalNode:
-    """``hooks``: ``fetchers``, ``on_placed``, ``on_evict`` (see LocalNode)."""
+def tier_specs(cfg: Config) -> dict[str, TierSpec]:
+    """The local tiers, hot then warm."""
     tiers = cfg.settings.tiers
-    return LocalNode(hot=tier_spec(HOT, tiers.hot), warm=tier_spec(WARM, tiers.warm), cold=tiers.cold.path,
+    return {HOT: tier_spec(HOT, tiers.hot), WARM: tier_spec(WARM, tiers.warm)}
+
+
+def open_node(cfg: Config, *, reconcile: bool = True, **hooks: Any) -> LocalNode:
+    """``hooks``: ``fetchers``, ``on_placed``, ``on_evict`` (see LocalNode)."""
+    specs = tier_specs(cfg)
+    return LocalNode(hot=specs[HOT], warm=specs[WARM], cold=cfg.settings.tiers.cold.path,
                      state_dir=cfg.settings.state_dir, reconcile=reconcile, warm_options=warm_options(cfg), **hooks)
 
 
 def warm_options(cfg: Config) -> WarmOptions:
     w = cfg.settings.warm
     return WarmOptions(w.concurrency, w.bandwidth, w.await_threshold_ms)
+
+
+def open_service(cfg: Config, metrics: "Metrics | None" = None, *, reconcile: bool = True,
+                 on_published: Any = None, **hooks: Any) -> "NodeService":
+    """A node and the service over it. Without ``metrics`` (the in-process CLI) the service counts
+    into a private registry: the same counting code as the daemon's, seen by no one."""
+    from .service import NodeService
+    node = open_node(cfg, reconcile=reconcile, **hooks)
+    if metrics is None:
+        from prometheus_client import CollectorRegistry
+
+        from .metrics import Metrics
+        metrics = Metrics(CollectorRegistry(), node.status)
+    return NodeService(cfg, node, metrics, on_published=on_published)

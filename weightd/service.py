@@ -1,0 +1,218 @@
+"""The node's operations, once: ``publish``, ``preload``, ``path``, ``status``, ``pin``, ``unpin``,
+``evict`` and ``gc``. The daemon's handlers and the in-process CLI both call a :class:`NodeService`,
+so both validate alike (refs, tier names, lease and timeout bounds), make the torrent at publish,
+count the same metrics and log the same lines. What only a daemon has (single flight, thread pools,
+a P2P session that seeds, SO_PEERCRED checks) stays in the daemon, around the service.
+
+The service is synchronous and blocking (copies, hashing); the daemon runs it in its pools.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from tiering import (DEFAULT_LEASE_S, HOT, LOCAL_TIERS, IntegrityError, NoSpace, parse_ref, validate_name,
+                     validate_version)
+
+from .client import MAX_SECONDS
+from .errors import InvalidRequest
+
+if TYPE_CHECKING:
+    from tiering import LocalNode
+
+    from .config import Config
+    from .metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+
+class _Default:
+    """The lease a caller did not choose: ``tiering.DEFAULT_LEASE_S`` (its one home)."""
+
+    def __repr__(self) -> str:
+        return "DEFAULT"
+
+
+DEFAULT = _Default()
+ProgressFn = Callable[[int], None]
+PublishedHook = Callable[[str, str, "Path | None"], None]
+
+
+def check_seconds(key: str, value: Any) -> float:
+    """Seconds: finite, from 0 to MAX_SECONDS (Infinity would lease forever, NaN would mean no lease)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not 0 <= value <= MAX_SECONDS:
+        shown = repr(value) if not isinstance(value, int) or abs(value) < 10 ** 30 else "a huge number"
+        raise InvalidRequest(key, f"'{key}' must be a number of seconds from 0 to {MAX_SECONDS} (7 days), "
+                             f"got {shown[:40]}")
+    return float(value)
+
+
+def check_tier(tier: Any, *, optional: bool = False) -> str | None:
+    if tier is None and optional:
+        return None
+    if tier not in LOCAL_TIERS:
+        raise InvalidRequest("tier", f"tier must be one of {', '.join(LOCAL_TIERS)}")
+    return tier
+
+
+def split_ref(ref: str) -> tuple[str, str | None]:
+    """NAME[@VERSION], validated (InvalidName, exit 2)."""
+    return parse_ref(ref)
+
+
+@dataclass(frozen=True)
+class PreloadRequest:
+    """A validated preload; ``version`` is None until resolved (latest published)."""
+    name: str
+    version: str | None
+    tier: str = HOT
+    strict: bool = False
+    lease_s: float = 0.0
+    timeout_s: float | None = None
+    wait: bool = False
+
+    @property
+    def ref(self) -> str:
+        return f"{self.name}@{self.version}" if self.version else self.name
+
+
+class NodeService:
+    """The operations on one :class:`tiering.LocalNode`, with its metrics.
+
+    ``on_published(name, version, torrent)``: called after a publish (the daemon seeds from it)."""
+
+    def __init__(self, config: "Config", node: "LocalNode", metrics: "Metrics", *,
+                 on_published: PublishedHook | None = None, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.config, self.node, self.metrics = config, node, metrics
+        self.on_published = on_published
+        self.monotonic = monotonic
+
+    # -- publish ------------------------------------------------------------------------------------
+    def publish(self, src: Path, name: str, version: str, *, progress: ProgressFn | None = None) -> dict[str, Any]:
+        from .swarm import ensure_torrent
+        validate_name(name)
+        validate_version(version)
+        r = self.node.publish(Path(src), name, version, progress=progress)
+        torrent = ensure_torrent(self.config, self.node.resolve(name, version))
+        log.info("published name=%s version=%s bytes=%d unchanged=%s torrent=%s", name, version, r.bytes,
+                 r.unchanged, bool(torrent))
+        if self.on_published is not None:
+            self.on_published(name, version, torrent)
+        return {**r.to_dict(), "torrent": str(torrent) if torrent else None}
+
+    # -- preload: validate, resolve, load ----------------------------------------------------------
+    def preload_request(self, ref: str, *, tier: Any = HOT, strict: bool = False, lease_s: Any = DEFAULT,
+                        timeout_s: Any = None, wait: bool = False) -> PreloadRequest:
+        """Validated alike for the CLI and the daemon (InvalidRequest naming the key, exit 2)."""
+        name, version = split_ref(ref)
+        tier = check_tier(tier)
+        lease = DEFAULT_LEASE_S if lease_s is DEFAULT else check_seconds("lease_s", lease_s)
+        timeout = None if timeout_s is None else check_seconds("timeout_s", timeout_s)
+        return PreloadRequest(name, version, tier, bool(strict), lease, timeout, bool(wait))
+
+    def needs_resolving(self, req: PreloadRequest) -> bool:
+        return req.version is None or req.wait
+
+    def resolve(self, req: PreloadRequest) -> PreloadRequest:
+        """The request with its version resolved (waiting for publication if it asks to)."""
+        if not req.wait:
+            return replace(req, version=self.node.resolve(req.name, req.version).version)
+        t0 = self.monotonic()
+        deadline = None if req.timeout_s is None else t0 + req.timeout_s
+        v = self.node.wait_published(req.name, req.version, deadline)
+        left = None if req.timeout_s is None else max(0.001, req.timeout_s - (self.monotonic() - t0))
+        return replace(req, version=v.version, wait=False, timeout_s=left)  # one deadline for wait and load
+
+    def size(self, req: PreloadRequest) -> int:
+        """Bytes to expect (for a progress bar); 0 if not known yet."""
+        try:
+            return self.node.resolve(req.name, req.version).size
+        except FileNotFoundError:
+            return 0
+
+    def load(self, req: PreloadRequest, *, progress: ProgressFn | None = None) -> dict[str, Any]:
+        """Run a resolved preload, counted in the metrics whatever its outcome."""
+        m = self.metrics
+        m.in_flight.labels("local").inc()
+        t0 = self.monotonic()
+        try:
+            r = self.node.preload(req.name, req.version, tier=req.tier, strict=req.strict, lease_s=req.lease_s,
+                                  timeout_s=req.timeout_s, progress=progress)
+        except BaseException as exc:
+            self._count_failure(req, exc)
+            raise
+        finally:
+            m.in_flight.labels("local").dec()
+        d = r.to_dict()
+        self._count_success(r, d, self.monotonic() - t0)
+        log.info("preloaded name=%s version=%s tier=%s bytes_moved=%d seconds=%.3f", req.name, r.version, r.tier,
+                 r.bytes_moved, d["seconds"])
+        return d
+
+    def preload(self, ref: str, *, progress: ProgressFn | None = None, **kw: Any) -> dict[str, Any]:
+        req = self.preload_request(ref, **kw)
+        if req.wait:
+            req = self.resolve(req)
+        return self.load(req, progress=progress)
+
+    def _count_failure(self, req: PreloadRequest, exc: BaseException) -> None:
+        reason = ("integrity" if isinstance(exc, IntegrityError) else "no_space" if isinstance(exc, NoSpace)
+                  else "timeout" if isinstance(exc, TimeoutError) else "not_found" if isinstance(exc, FileNotFoundError)
+                  else "error")
+        self.metrics.preload_failures.labels(reason).inc()
+        if isinstance(exc, IntegrityError):
+            self.metrics.hash_failures.inc()
+        if isinstance(exc, Exception):
+            log.info("preload failed name=%s version=%s tier=%s reason=%s: %s", req.name, req.version, req.tier,
+                     reason, exc)
+
+    def _count_success(self, r: Any, d: dict[str, Any], seconds: float) -> None:
+        m = self.metrics
+        if r.tier_fallback:
+            m.fallbacks.labels("tier", r.tier_fallback["from"], r.tier_fallback["to"]).inc()
+        for f in r.source_fallbacks:
+            m.fallbacks.labels("source", f.source, f.to).inc()
+        by_source = d["bytes_by_source"]
+        source = max(by_source, key=lambda k: by_source[k]) if r.bytes_moved else "local"
+        m.loading.labels(f"{r.name}@{r.version}", r.tier, source).observe(seconds)
+        for src, n in by_source.items():
+            if n:
+                m.bytes.labels(src).inc(n)
+
+    # -- queries and admin --------------------------------------------------------------------------
+    def path(self, ref: str) -> dict[str, Any]:
+        tier, p = self.node.path(*split_ref(ref))
+        return {"tier": tier, "path": str(p)}
+
+    def status(self) -> dict[str, Any]:
+        return self.node.status()
+
+    def pin(self, ref: str) -> dict[str, Any]:
+        return self._pin(ref, True)
+
+    def unpin(self, ref: str) -> dict[str, Any]:
+        return self._pin(ref, False)
+
+    def _pin(self, ref: str, pin: bool) -> dict[str, Any]:
+        name, version = split_ref(ref)
+        version, changed = (self.node.pin if pin else self.node.unpin)(name, version)
+        log.info("%s name=%s version=%s changed=%s", "pin" if pin else "unpin", name, version, changed)
+        return {"name": name, "version": version, "changed": changed}
+
+    def evict(self, ref: str, tier: Any = None, force: bool = False) -> dict[str, Any]:
+        name, version = split_ref(ref)
+        out = self.node.evict(name, version, check_tier(tier, optional=True), force=bool(force))
+        log.info("evict name=%s version=%s evicted=%s", name, version, ",".join(out) or "-")
+        return {"evicted": out}
+
+    def gc(self) -> dict[str, Any]:
+        report = self.node.gc()
+        if report["evicted"]:
+            log.info("gc evicted %s", ", ".join(report["evicted"]))
+        return report
