@@ -1,0 +1,302 @@
+"""The daemon's state and lifecycle: its config, node service, P2P session, pools and listeners.
+
+One asyncio loop owns all mutable scheduling state (the single-flight table, the current config and
+service); blocking work (copies, hashing, warming, /proc scans) runs in bounded thread pools, one per
+kind of work, so a slow NVMe copy never starves a /dev/shm promotion or the API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import fcntl
+import logging
+import os
+import signal
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, disable_created_metrics
+
+from p2p import P2PError
+from tiering import HOT, LOCAL_TIERS, WARM, TieringError
+
+from ..config import Config, ConfigError, load_config
+from ..errors import DaemonAlreadyRunning, WeightdError
+from ..local import open_service
+from ..metrics import Metrics
+from ..sdnotify import Notifier
+from ..service import NodeService
+from ..swarm import P2PFetcher, p2p_config, read_torrent, seed_held
+from . import loops
+from .authz import claim_socket
+from .routes import Api
+
+log = logging.getLogger(__name__)
+SHUTDOWN_GRACE_S = 8.0
+PRESSURE_KEEP = 121            # 10 minutes of counter history for `weightd doctor`
+
+
+class Daemon:
+    def __init__(self, config_path: str | None, *, role: str = "worker") -> None:
+        self.config_path = config_path
+        self.role = role
+        self.config: Config = load_config(config_path)
+        self.notifier = Notifier()
+        self.registry = CollectorRegistry()
+        disable_created_metrics()
+        self.metrics = Metrics(self.registry, self._status_cached,
+                               lambda: self.session.stats() if self.session is not None else {})
+        self.session = None  # the P2P session, started in serve() once we own the state directory
+        self.service: NodeService = self._open_service(self.config)
+        self.old_services: list[NodeService] = []
+        self.pools = {HOT: ThreadPoolExecutor(2, "weightd-hot"), WARM: ThreadPoolExecutor(2, "weightd-warm"),
+                      "misc": ThreadPoolExecutor(4, "weightd-misc")}
+        self.api = Api(self)
+        self.pressure: deque[tuple[float, dict[str, str]]] = deque(maxlen=PRESSURE_KEEP)
+        self.stopping = asyncio.Event()
+        self.status_text = "starting"
+        self._status_cache: tuple[float, dict[str, Any]] | None = None
+        self._lock_fd: int | None = None
+        self._active = 0  # blocking calls running in the pools
+        self.runners: list[web.AppRunner] = []
+
+    @property
+    def node(self):
+        return self.service.node
+
+    # -- node and state ---------------------------------------------------------------------------
+    def _open_service(self, cfg: Config) -> NodeService:
+        service = open_service(cfg, self.metrics, on_evict=self._evicted, on_placed=self._placed,
+                               fetchers=[_DaemonP2P(self, cfg)], on_published=self._published)
+        if service.node.state.recovered:
+            self.metrics.state_recoveries.inc()
+        return service
+
+    def _evicted(self, tier: str, ref: str, reason: str, nbytes: int) -> None:
+        self.metrics.evictions.labels(tier, reason).inc()
+        if self.session is not None:
+            name, _, version = ref.partition("@")
+            other = [t for t in LOCAL_TIERS if t != tier]
+            if self.node.version(other[0], name, version) is None:
+                cold = self.node.published_version(name, version)
+                ti = read_torrent(cold) if cold is not None else None
+                if ti is not None:
+                    self.session.stop_seeding(ti)
+
+    def _placed(self, tier: str, version) -> None:
+        if self.session is not None:
+            cold = self.node.published_version(version.name, version.version)
+            ti = read_torrent(cold) if cold is not None else None
+            if ti is not None:
+                self.session.seed(ti, version.path)
+
+    def _published(self, name: str, version: str, torrent: Any) -> None:
+        """The origin seeds what it publishes (from a pool thread, inside the service's publish)."""
+        if torrent is not None and self.session is not None and self.role == "origin":
+            seed_held(self.node, self.session, self.role)
+
+    def _take_state_lock(self) -> None:
+        """One daemon per state directory: a second one refuses to start."""
+        state_dir = self.config.settings.state_dir
+        state_dir.mkdir(parents=True, exist_ok=True)
+        path = state_dir / "daemon.lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise DaemonAlreadyRunning(f"another weightd daemon (pid {holder}) is running on state dir {state_dir}")
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock_fd = fd
+
+    def _status_cached(self) -> dict[str, Any]:
+        """Status for scrapes; residency checks are cheap, but a scrape storm should not repeat them."""
+        now = time.monotonic()
+        if self._status_cache is None or now - self._status_cache[0] > 2.0:
+            self._status_cache = (now, self.node.status())
+        return self._status_cache[1]
+
+    def status_changed(self) -> None:
+        self._status_cache = None
+
+    def set_status(self, text: str) -> None:
+        self.status_text = text
+        self.notifier.notify(STATUS=text)
+
+    async def run_blocking(self, pool: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        loop = asyncio.get_running_loop()
+
+        def call() -> Any:
+            self._active += 1  # (+= on an int under the GIL from pool threads: a counter, not a lock)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._active -= 1
+        return await loop.run_in_executor(self.pools[pool], call)
+
+    def reload(self) -> None:
+        """SIGHUP: a good config replaces the running one; a bad one is refused and the old one kept."""
+        try:
+            cfg = load_config(self.config_path)
+            old_state, new_state = self.config.settings.state_dir, cfg.settings.state_dir
+            if new_state != old_state:  # the state lock is held for the old one: switching needs a restart
+                raise ConfigError(cfg.source, f"changed from {old_state} to {new_state}; a running daemon keeps "
+                                  "its state dir (restart it to switch)", "state_dir")
+            service = self._open_service(cfg)  # tier roots `serve` would refuse raise TieringError here
+        except (WeightdError, TieringError, OSError) as exc:  # ConfigError is a WeightdError
+            self.metrics.config_reload_failures.inc()
+            log.error("config reload failed, keeping the running config: %s", exc)
+            self.set_status(f"config reload failed, running the previous config: {exc}")
+            return
+        old_api, new_api = self.config.settings.api, cfg.settings.api
+        if (new_api.socket, new_api.group, new_api.request_timeout_s) != \
+                (old_api.socket, old_api.group, old_api.request_timeout_s) or \
+                cfg.settings.metrics.listen != self.config.settings.metrics.listen:
+            log.warning("api.socket, api.group, api.request_timeout_s and metrics.listen changes take effect at "
+                        "the next restart")
+        self.old_services.append(self.service)
+        self.service, self.config = service, cfg
+        self.status_changed()
+        log.info("config reloaded from %s", cfg.source)
+        self.set_status(f"config reloaded; {self.api.idle_status()}")
+
+    # -- lifecycle ------------------------------------------------------------------------------------
+    async def serve(self) -> None:
+        self._take_state_lock()
+        sock_path = self.config.settings.api.socket
+        sock_path.parent.mkdir(parents=True, exist_ok=True)
+        claim_socket(sock_path)  # before anything starts: another daemon's live socket is never ours
+        await self._start_p2p()
+        await self._start_api()
+        await self._start_metrics()
+        await self._start_tracker()
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, self.stopping.set)
+        loop.add_signal_handler(signal.SIGINT, self.stopping.set)
+        loop.add_signal_handler(signal.SIGHUP, self.reload)
+        tasks = [loop.create_task(loops.gc_loop(self)), loop.create_task(loops.pressure_loop(self))]
+        if self.notifier.watchdog_s:
+            tasks.append(loop.create_task(loops.watchdog_loop(self)))
+        log.info("serving role=%s api=%s metrics=%s", self.role, sock_path, self.config.settings.metrics.listen)
+        self.status_text = "serving, idle"
+        self.notifier.notify(READY=1, STATUS=self.status_text, MAINPID=os.getpid())
+
+        await self.stopping.wait()
+        self.notifier.notify(STOPPING=1, STATUS="stopping")
+        log.info("stopping: %d transfer(s) in flight", len(self.api.inflight))
+        for t in tasks:
+            t.cancel()
+        if self.api.inflight:  # let transfers finish briefly; what is left resumes from staging next start
+            await asyncio.wait(list(self.api.inflight.values()), timeout=SHUTDOWN_GRACE_S)
+        for r in self.runners:
+            await r.cleanup()
+        try:
+            sock_path.unlink()
+        except FileNotFoundError:
+            pass
+
+    async def _start_p2p(self) -> None:
+        from p2p import P2PSession
+        try:
+            self.session = P2PSession(p2p_config(self.config))
+        except P2PError as exc:
+            raise WeightdError(f"p2p.listen: {exc}") from None
+        n = await self.run_blocking("misc", seed_held, self.node, self.session, self.role)
+        log.info("p2p listening on %s, seeding %d version(s)", self.config.settings.p2p.listen, n)
+
+    async def _start_api(self) -> None:
+        api, sock_path = self.config.settings.api, self.config.settings.api.socket
+        # an idle connection, or one whose headers do not arrive, is closed after request_timeout_s
+        # (aiohttp's keep-alive timer starts at connect and fires while it waits for a whole request)
+        runner = web.AppRunner(self.api.app(), handle_signals=False, access_log=None,
+                               keepalive_timeout=api.request_timeout_s, lingering_time=min(api.request_timeout_s, 5.0))
+        await runner.setup()
+        old_umask = os.umask(0o117)
+        try:
+            await web.UnixSite(runner, str(sock_path)).start()
+        finally:
+            os.umask(old_umask)
+        if api.group is not None:
+            os.chown(sock_path, -1, api.group, follow_symlinks=False)
+        # (the umask above made it 0660 at bind: no chmod by path, which would follow a link swapped in)
+        self.runners.append(runner)
+
+    async def _start_tcp(self, app: web.Application, listen: str, what: str) -> None:
+        runner = web.AppRunner(app, handle_signals=False, access_log=None)
+        await runner.setup()
+        host, _, port = listen.rpartition(":")
+        try:
+            await web.TCPSite(runner, host.strip("[]"), int(port), reuse_address=True).start()
+        except OSError as exc:
+            raise WeightdError(f"{what} {listen}: {exc.strerror}") from None
+        self.runners.append(runner)
+
+    async def _start_metrics(self) -> None:
+        mapp = web.Application()
+        mapp.router.add_get("/metrics", self.api.metrics)
+        await self._start_tcp(mapp, self.config.settings.metrics.listen, "metrics.listen")
+
+    async def _start_tracker(self) -> None:
+        tl = self.config.settings.p2p.tracker_listen
+        if not tl or self.role != "origin":
+            return
+        from p2p import Tracker
+        tracker = Tracker(self.config.settings.p2p.allow)
+
+        async def announce(request: web.Request) -> web.Response:
+            body = tracker.announce(request.remote or "", request.rel_url.raw_query_string)
+            return web.Response(body=body, content_type="text/plain")
+        tapp = web.Application()
+        tapp.router.add_get("/announce", announce)
+        await self._start_tcp(tapp, tl, "p2p.tracker_listen")
+        log.info("tracker announce endpoint on http://%s/announce", tl)
+
+    def close(self) -> bool:
+        """Release everything; True if worker threads were still busy (the caller exits hard)."""
+        busy = self._active > 0
+        for pool in self.pools.values():
+            pool.shutdown(wait=False, cancel_futures=True)
+        for s in [self.service, *self.old_services]:
+            try:
+                s.node.close()
+            except Exception:
+                pass
+        if self.session is not None:
+            self.session.close()
+        self.notifier.close()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+        return busy
+
+
+class _DaemonP2P:
+    """The swarm as a source, through the daemon's one P2P session (none until serve() starts it)."""
+
+    def __init__(self, daemon: Daemon, cfg: Config) -> None:
+        self.daemon, self.cfg = daemon, cfg
+
+    def fetch(self, request):
+        from tiering import FetchResult
+        session = self.daemon.session
+        return P2PFetcher(self.cfg, session).fetch(request) if session is not None else FetchResult(False)
+
+
+def run(config_path: str | None, role: str) -> int:
+    daemon = Daemon(config_path, role=role)
+    busy = False
+    try:
+        asyncio.run(daemon.serve())
+    finally:
+        busy = daemon.close()
+    if busy:  # a copy still running in a worker thread: leave it to reconciliation, exit now
+        logging.shutdown()
+        os._exit(0)
+    return 0

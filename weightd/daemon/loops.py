@@ -1,0 +1,59 @@
+"""The daemon's background duties, each an asyncio task on the daemon's loop: gc (and the origin
+picking up versions others published), the history of node counters ``weightd doctor`` reads, and
+the systemd watchdog."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..swarm import seed_held
+
+if TYPE_CHECKING:
+    from .app import Daemon
+
+log = logging.getLogger(__name__)
+GC_INTERVAL_S = 30.0
+PRESSURE_INTERVAL_S = 5.0
+
+
+async def _sleep_or_stop(d: "Daemon", seconds: float) -> bool:
+    """Wait ``seconds``; True if the daemon is stopping."""
+    try:
+        await asyncio.wait_for(d.stopping.wait(), seconds)
+        return True
+    except asyncio.TimeoutError:
+        return False
+
+
+async def pressure_loop(d: "Daemon") -> None:
+    """A history of the raw node counters (``weightd doctor`` reads it instead of sampling)."""
+    from ..doctor import read_counter_texts
+    while not d.stopping.is_set():
+        texts = await d.run_blocking("misc", read_counter_texts, Path("/"))
+        d.pressure.append((time.monotonic(), texts))
+        if await _sleep_or_stop(d, PRESSURE_INTERVAL_S):
+            return
+
+
+async def gc_loop(d: "Daemon") -> None:
+    while not d.stopping.is_set():
+        if await _sleep_or_stop(d, GC_INTERVAL_S):
+            return
+        try:
+            if d.session is not None:  # the origin picks up versions others published
+                await d.run_blocking("misc", seed_held, d.node, d.session, d.role)
+            await d.run_blocking("misc", d.service.gc)  # (the service logs what it evicted)
+            d.status_changed()
+        except Exception as exc:  # keep serving; say it once per round
+            log.warning("background gc failed: %s", exc)
+
+
+async def watchdog_loop(d: "Daemon") -> None:
+    assert d.notifier.watchdog_s is not None
+    while not d.stopping.is_set():
+        d.notifier.notify(WATCHDOG=1)
+        await _sleep_or_stop(d, d.notifier.watchdog_s / 2)

@@ -1,0 +1,207 @@
+"""The admin API: JSON over HTTP on the unix socket, one route per operation of the node's
+:class:`~weightd.service.NodeService`, plus health, pressure history and /metrics.
+
+Around the service, only what a daemon has: the caller's credentials (mutating routes), single
+flight (everyone asking for one version in one tier shares one transfer), the thread pools, and
+bounded requests: headers and body within ``[api] request_timeout_s``, JSON at most
+``MAX_JSON_DEPTH`` deep. Errors answer ``{"error", "exit_code", "hint"}`` with the HTTP status of
+their type (:mod:`weightd.errors`), so the CLI prints the same line either way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
+
+from aiohttp import web
+from prometheus_client import generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from tiering import HOT, TieringError
+
+from ..errors import ApiError, WeightdError, exit_code_for, hint_for, http_status_for
+from ..service import DEFAULT, PreloadRequest
+from .authz import Caller, authorize, check_caller_can_read
+
+if TYPE_CHECKING:
+    from .app import Daemon
+
+log = logging.getLogger(__name__)
+API_VERSION = "v1"
+MAX_JSON_DEPTH = 32            # request bodies are small flat objects; deeper nesting is an attack
+
+
+class Api:
+    def __init__(self, daemon: "Daemon") -> None:
+        self.d = daemon
+        self.inflight: dict[tuple[str, str, str], asyncio.Task[dict[str, Any]]] = {}
+
+    def app(self) -> web.Application:
+        d = self.d
+        app = web.Application(middlewares=[self._errors], client_max_size=1 << 20)
+        r = app.router
+        v = f"/{API_VERSION}"
+        r.add_get(f"{v}/health", self._health)
+        r.add_get(f"{v}/pressure", self._pressure)
+        r.add_get(f"{v}/status", self._h(lambda b: d.run_blocking("misc", d.service.status)))
+        r.add_post(f"{v}/preload", self._h(self.preload))
+        r.add_post(f"{v}/publish", self._h(self._publish, admin="publish"))
+        r.add_post(f"{v}/path", self._h(lambda b: d.run_blocking("misc", d.service.path, _str(b, "ref"))))
+        r.add_post(f"{v}/pin", self._h(lambda b, c: d.run_blocking("misc", d.service.pin, _str(b, "ref")), admin="pin"))
+        r.add_post(f"{v}/unpin", self._h(lambda b, c: d.run_blocking("misc", d.service.unpin, _str(b, "ref")),
+                                         admin="unpin"))
+        r.add_post(f"{v}/evict", self._h(self._evict, admin="evict"))
+        r.add_post(f"{v}/gc", self._h(lambda b, c: d.run_blocking("misc", d.service.gc), admin="gc"))
+        return app
+
+    # -- preload: single flight around the service --------------------------------------------------
+    async def preload(self, body: dict[str, Any]) -> dict[str, Any]:
+        svc = self.d.service
+        req = svc.preload_request(_str(body, "ref"), tier=body.get("tier", HOT), strict=body.get("strict", False),
+                                  lease_s=body.get("lease_s", DEFAULT), timeout_s=body.get("timeout_s"),
+                                  wait=body.get("wait", False))
+        if svc.needs_resolving(req):  # resolve (and wait for publication) before joining a flight
+            req = await self.d.run_blocking("misc", svc.resolve, req)
+        key = (req.name, req.version, req.tier)
+        task = self.inflight.get(key)
+        shared = task is not None
+        if task is None:  # single flight: everyone asking for this version in this tier shares one
+            task = asyncio.get_running_loop().create_task(self._preload_task(req))
+            self.inflight[key] = task
+            task.add_done_callback(lambda _t, k=key: self._flight_done(k))
+        report = dict(await asyncio.shield(task))
+        if shared and not report.get("already_present"):
+            report["shared_transfer"] = True
+        return report
+
+    async def _preload_task(self, req: PreloadRequest) -> dict[str, Any]:
+        self.d.set_status(f"preloading {req.name}@{req.version} into {req.tier}")
+        try:
+            return await self.d.run_blocking(req.tier, self.d.service.load, req)
+        finally:
+            self.d.status_changed()
+
+    def _flight_done(self, key: tuple[str, str, str]) -> None:
+        """A transfer ended: forget it, then say what is left (counting it would leave "1 in flight")."""
+        self.inflight.pop(key, None)
+        self.d.set_status(self.idle_status())
+
+    def idle_status(self) -> str:
+        n = len(self.inflight)
+        return f"serving ({n} transfer{'s' if n != 1 else ''} in flight)" if n else "serving, idle"
+
+    # -- the other operations -----------------------------------------------------------------------
+    async def _publish(self, b: dict[str, Any], caller: Caller) -> dict[str, Any]:
+        name, version, src = _str(b, "name"), _str(b, "version"), _str(b, "dir")
+        if not os.path.isabs(src):
+            raise ApiError(400, f"'dir' must be an absolute path, got {src!r}")
+        await self.d.run_blocking("misc", check_caller_can_read, src, caller)  # before anything is written
+        return await self.d.run_blocking("misc", self.d.service.publish, Path(src), name, version)
+
+    async def _evict(self, b: dict[str, Any], caller: Caller) -> dict[str, Any]:
+        try:
+            return await self.d.run_blocking("misc", self.d.service.evict, _str(b, "ref"), b.get("tier"),
+                                             bool(b.get("force")))
+        finally:
+            self.d.status_changed()
+
+    async def _health(self, request: web.Request) -> web.Response:
+        d = self.d
+        return web.json_response({"ok": True, "pid": os.getpid(), "role": d.role, "status": d.status_text})
+
+    async def _pressure(self, request: web.Request) -> web.Response:
+        try:
+            window = float(request.query.get("window", "60"))
+        except ValueError:
+            raise web.HTTPBadRequest(text="window: expected seconds") from None
+        pressure = self.d.pressure
+        if len(pressure) < 2:
+            return web.json_response({"error": "no history yet"}, status=404)
+        t1, texts1 = pressure[-1]
+        t0, texts0 = next(((t, x) for t, x in pressure if t1 - t <= window), pressure[-2])
+        if t0 == t1:
+            t0, texts0 = pressure[-2]
+        return web.json_response({"window_s": round(t1 - t0, 3), "t0": texts0, "t1": texts1,
+                                  "age_s": round(time.monotonic() - t1, 3)})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        body = await self.d.run_blocking("misc", generate_latest, self.d.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    # -- plumbing -----------------------------------------------------------------------------------
+    @web.middleware
+    async def _errors(self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                      ) -> web.StreamResponse:
+        route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unknown"
+        try:
+            resp = await handler(request)
+        except web.HTTPException as exc:  # unknown route or method: a 4xx with a message
+            resp = web.json_response({"error": f"{request.method} {request.path}: {exc.reason}", "exit_code": 2},
+                                     status=exc.status)
+        except (TieringError, WeightdError, OSError, ValueError) as exc:  # ApiError and ConfigError included
+            resp = web.json_response({"error": str(exc), "exit_code": exit_code_for(exc), "hint": hint_for(exc)},
+                                     status=http_status_for(exc))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the daemon keeps serving
+            log.exception("internal error on %s", request.path)
+            resp = web.json_response({"error": f"internal error: {type(exc).__name__}: {exc}", "exit_code": 1},
+                                     status=500)
+        self.d.metrics.requests.labels(route, str(resp.status)).inc()
+        return resp
+
+    def _h(self, fn: Callable[..., Awaitable[Any]], admin: str | None = None
+           ) -> Callable[[web.Request], Awaitable[web.Response]]:
+        """A JSON route; ``admin`` names a mutating route: the caller is checked first and ``fn`` gets
+        ``(body, caller)``."""
+        async def handler(request: web.Request) -> web.Response:
+            caller = None
+            if admin:
+                sock = request.transport.get_extra_info("socket") if request.transport is not None else None
+                caller = authorize(sock, admin, self.d.config.settings.api.admin_group)
+            body: dict[str, Any] = {}
+            if request.method == "POST" and request.can_read_body:
+                body = await self._read_body(request)
+            return web.json_response(await (fn(body, caller) if admin else fn(body)))
+        return handler
+
+    async def _read_body(self, request: web.Request) -> dict[str, Any]:
+        timeout_s = self.d.config.settings.api.request_timeout_s
+        try:
+            raw = await asyncio.wait_for(request.read(), timeout_s)
+        except asyncio.TimeoutError:
+            raise ApiError(408, f"request body not received within {timeout_s:g} s ([api] request_timeout_s)") from None
+        try:
+            body = json.loads(raw)
+        except (ValueError, RecursionError):  # JSONDecodeError, bad UTF-8, a 5000-digit int, [[[[...
+            raise ApiError(400, "request body is not valid JSON (or nests too deep)") from None
+        if not isinstance(body, dict):
+            raise ApiError(400, "request body must be a JSON object")
+        if _depth(body) > MAX_JSON_DEPTH:
+            raise ApiError(400, f"request body nests deeper than {MAX_JSON_DEPTH} levels")
+        return body
+
+
+def _str(body: dict[str, Any], key: str) -> str:
+    v = body.get(key)
+    if not isinstance(v, str):
+        raise ApiError(400, f"'{key}' must be a string")
+    return v
+
+
+def _depth(v: Any) -> int:
+    """How deep containers nest in a parsed JSON value (iterative: a hostile body cannot recurse us)."""
+    deepest, stack = 0, [(v, 1)]
+    while stack:
+        x, d = stack.pop()
+        if isinstance(x, (dict, list)):
+            deepest = max(deepest, d)
+            if deepest > MAX_JSON_DEPTH:
+                return deepest
+            stack.extend((y, d + 1) for y in (x.values() if isinstance(x, dict) else x))
+    return deepest
