@@ -1,0 +1,86 @@
+"""The ``weightd`` command group, its global options and the context every command gets."""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import click
+
+from .. import __version__
+from ..errors import UsageError
+
+
+@dataclass
+class AppContext:
+    config_path: str | None
+    debug: bool
+    no_daemon: bool = False
+    daemon_only: bool = False
+    _config: Any = None
+
+    @property
+    def config(self):  # -> weightd.config.Config; imported when first needed (pydantic costs ~70 ms)
+        if self._config is None:
+            from ..config import load_config
+            self._config = load_config(self.config_path)
+        return self._config
+
+    def daemon_client(self):
+        """The client of this node's daemon, trusting root and ``[api] daemon_user`` (default: our euid)."""
+        from ..client import DaemonClient
+        api = self.config.settings.api
+        return DaemonClient(api.socket, None if api.daemon_user is None else [api.daemon_user])
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.option("--config", "config_path", metavar="FILE", help="TOML config (else $WEIGHTD_CONFIG, "
+              "/etc/weightd/weightd.toml, or the embedded default).")
+@click.option("--debug", is_flag=True, help="Show tracebacks and debug logs.")
+@click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
+@click.option("--no-daemon", is_flag=True, help="Work in-process even when the node daemon's socket answers.")
+@click.option("--daemon-only", is_flag=True, help="Fail (exit 1) instead of working in-process when the node "
+              "daemon does not answer (an init-container must not copy into its own filesystem).")
+@click.version_option(__version__, prog_name="weightd")
+@click.pass_context
+def cli(ctx: click.Context, config_path: str | None, debug: bool, verbose: int, no_daemon: bool,
+        daemon_only: bool) -> None:
+    """weightd keeps model weights local, verified and warm on every inference node."""
+    level = logging.DEBUG if debug or verbose > 1 else logging.INFO if verbose else logging.WARNING
+    logging.basicConfig(level=level, stream=sys.stderr, format="weightd: %(levelname)s %(name)s: %(message)s")
+    if no_daemon and daemon_only:
+        raise UsageError("--no-daemon and --daemon-only contradict each other")
+    ctx.obj = AppContext(config_path, debug, no_daemon, daemon_only)
+
+
+class Seconds(click.ParamType):
+    """A finite number of seconds from 0 to 7 days (NaN and Infinity are not durations)."""
+    name = "seconds"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        from ..client import MAX_SECONDS
+        try:
+            v = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        if not math.isfinite(v) or not 0 <= v <= MAX_SECONDS:
+            self.fail(f"{value!r} is not a number of seconds from 0 to {MAX_SECONDS} (7 days)", param, ctx)
+        return v
+
+
+class LeaseOption(click.Option):
+    """``--lease``: its default is ``tiering.DEFAULT_LEASE_S`` (the one home), shown in --help only
+    (reading it loads the tier code, which a command that talks to the daemon never needs)."""
+
+    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
+        from tiering import DEFAULT_LEASE_S
+        record = super().get_help_record(ctx)
+        return None if record is None else (record[0], f"{record[1]}  [default: {DEFAULT_LEASE_S:g}]")
+
+
+def split_ref(ref: str) -> tuple[str, str | None]:
+    from tiering import parse_ref
+    return parse_ref(ref)

@@ -1,0 +1,144 @@
+"""Content commands: ``manifest build``, ``manifest diff`` (and its delta ``--plan``), ``verify``."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from tiering import MANIFEST_RELPATH
+
+from ..errors import UsageError
+from . import output
+from .app import cli
+
+
+@cli.group()
+def manifest() -> None:
+    """Build and compare checkpoint manifests."""
+
+
+def _build(directory: str, threads: int | None, label: str = "hashing"):
+    from tiering import build_manifest, plan_size, scan_checkpoint
+    files = scan_checkpoint(directory)
+    t0 = time.perf_counter()
+    with output.progress_bar(f"{label} {Path(directory).name}", plan_size(files)) as advance:
+        m = build_manifest(directory, threads=threads, progress=advance, files=files)
+    return m, time.perf_counter() - t0
+
+
+@manifest.command("build")
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.option("-o", "--output", "output_path", metavar="FILE",
+              help=f"Where to write (default DIR/{MANIFEST_RELPATH}; '-' = stdout).")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON report instead of text.")
+@click.option("--threads", type=click.IntRange(1, 64), help="Hashing threads (default: cores, at most 8).")
+@click.option("--name", help="Label the manifest with a checkpoint NAME (org/model).")
+@click.option("--version", "version_label", metavar="VERSION", help="Label the manifest with a VERSION.")
+def manifest_build(directory: str, output_path: str | None, as_json: bool, threads: int | None,
+                   name: str | None, version_label: str | None) -> None:
+    """Hash every file of DIRECTORY (per tensor for safetensors) and write its manifest."""
+    from tiering import validate_name, validate_version, write_manifest
+    if name is not None:
+        validate_name(name)
+    if version_label is not None:
+        validate_version(version_label)
+    m, seconds = _build(directory, threads)
+    if name or version_label:
+        m = m.with_labels(name=name, version=version_label)
+    target = output_path or os.path.join(directory, MANIFEST_RELPATH)
+    if target == "-":
+        sys.stdout.write(m.to_json())
+        return
+    write_manifest(m, target)
+    if not as_json:
+        return output.show_built(m, target, seconds)
+    output.emit_json({"path": target, "digest": m.digest, "files": len(m.files), "tensors": sum(1 for _ in m.tensors()),
+                      "bytes": m.total_bytes, "seconds": round(seconds, 4),
+                      "bytes_per_s": round(m.total_bytes / seconds) if seconds > 0 else None})
+
+
+def _manifest_of(arg: str, threads: int | None):
+    """A manifest from a manifest file, or a directory's own manifest, or one built now."""
+    from tiering import CheckpointNotFound, load_manifest
+    p = Path(arg)
+    if p.is_dir():
+        own = p / MANIFEST_RELPATH
+        if own.is_file():
+            return load_manifest(own), str(own)
+        m, _ = _build(arg, threads)
+        return m, f"{arg} (hashed now)"
+    if p.exists() or arg.endswith(".json"):
+        return load_manifest(p), arg
+    raise CheckpointNotFound(arg, "no such manifest file or checkpoint directory")
+
+
+@manifest.command("diff")
+@click.argument("a")
+@click.argument("b")
+@click.option("--json", "as_json", is_flag=True, help="Print the diff as JSON.")
+@click.option("--plan", "show_plan", is_flag=True,
+              help="Show the delta plan: which byte ranges of B are taken from A, which are fetched.")
+@click.option("--piece-size", default="auto", metavar="SIZE",
+              help="P2P piece size for the --plan estimate (default: B's, else chosen from its size).")
+@click.option("--threads", type=click.IntRange(1, 64))
+def manifest_diff(a: str, b: str, as_json: bool, show_plan: bool, piece_size: str, threads: int | None) -> None:
+    """What changed from A to B (manifest files or checkpoint directories)."""
+    from tiering import diff_manifests
+    ma, la = _manifest_of(a, threads)
+    mb, lb = _manifest_of(b, threads)
+    if show_plan:
+        return _plan(ma, la, mb, lb, piece_size, as_json)
+    d = diff_manifests(ma, mb)
+    output.emit_json({"a": la, "b": lb, **d.to_dict()}) if as_json else output.show_diff(ma, la, mb, lb, d)
+
+
+def _plan(ma, la: str, mb, lb: str, piece_size: str, as_json: bool) -> None:
+    from p2p import piece_size_for
+    from tiering import Donor, parse_size, plan_delta
+    try:
+        piece = (mb.piece_size or piece_size_for(mb.total_bytes)) if piece_size == "auto" else parse_size(piece_size)
+    except ValueError as exc:
+        raise UsageError(f"--piece-size: {exc}") from None
+    if piece <= 0:
+        raise UsageError("--piece-size: must be positive")
+    plan = plan_delta(mb, [Donor(la, Path(la), ma)])  # (the donor's path is only shown, never read)
+    regions = sum(len(f.regions(False)) for f in plan.files)
+    p2p_bytes = plan.piece_bytes(piece)
+    if as_json:
+        return output.emit_json({"a": la, "b": lb, **plan.to_dict(), "fetch_regions": regions,
+                                 "p2p": {"piece_size": piece, "bytes": p2p_bytes}})
+    output.show_plan(ma, la, mb, lb, plan, piece, p2p_bytes, regions)
+
+
+@cli.command()
+@click.argument("target")
+@click.option("--manifest", "manifest_path", metavar="FILE",
+              help=f"Manifest to check against (default DIR/{MANIFEST_RELPATH}).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--threads", type=click.IntRange(1, 64))
+def verify(target: str, manifest_path: str | None, as_json: bool, threads: int | None) -> None:
+    """Re-hash a checkpoint directory against its manifest; exit 5 naming the first bad file/tensor."""
+    from tiering import CheckpointNotFound, load_manifest, verify_checkpoint
+    root = Path(target)
+    if not root.exists():
+        raise CheckpointNotFound(target, "no such checkpoint directory")
+    mpath = Path(manifest_path) if manifest_path else root / MANIFEST_RELPATH
+    if not manifest_path and not mpath.is_file():
+        raise CheckpointNotFound(str(mpath), f"no manifest (build one with: weightd manifest build {target})")
+    m = load_manifest(mpath)
+    t0 = time.perf_counter()
+    with output.progress_bar(f"verifying {root.name}", m.total_bytes) as advance:
+        report = verify_checkpoint(root, m, threads=threads, progress=advance)
+    seconds = time.perf_counter() - t0
+    if as_json:
+        output.emit_json({"path": str(root), "digest": m.digest, "ok": report.ok, "files": report.files,
+                          "bytes_checked": report.bytes_checked, "seconds": round(seconds, 4),
+                          "problems": [{"path": p.path, "what": p.what, "expected": p.expected, "actual": p.actual}
+                                       for p in report.problems]})
+    else:
+        output.show_verified(root, m, report, seconds)
+    report.raise_for_problems()

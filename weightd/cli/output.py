@@ -1,0 +1,241 @@
+"""How the CLI shows things: one JSON document with ``--json``, else text (tables on stdout, notes
+and warnings on stderr), progress on a terminal. No logic of the commands lives here.
+
+The contract (design §5): with ``--json`` stdout is exactly one JSON document for every command;
+without it, a command that makes something local ends with its path as the last stdout line.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import click
+
+from tiering import format_bytes
+
+from ..progress import progress_bar
+
+__all__ = ["emit_json", "emit_path", "rate", "ago", "progress_bar", "warn", "note", "format_bytes"]
+
+
+def emit_json(obj: Any, *, compact: bool = False) -> None:
+    """The one JSON document a ``--json`` command prints (``compact``: on one line, for commands
+    whose callers read a line: ``preload``, ``warm --lock``)."""
+    click.echo(json.dumps(obj) if compact else json.dumps(obj, indent=2, sort_keys=False))
+
+
+def emit_path(path: str) -> None:
+    click.echo(path)
+
+
+def warn(message: str) -> None:
+    click.echo(f"weightd: warning: {message}", err=True)
+
+
+def note(message: str) -> None:
+    click.echo(message, err=True)
+
+
+def rate(nbytes: int, seconds: float) -> str:
+    return f"{nbytes / seconds / 1e9:.2f} GB/s" if seconds > 0 else "-"
+
+
+def ago(ts: float | None) -> str:
+    if not ts:
+        return "-"
+    s = max(0, time.time() - ts)
+    return f"{s:.0f}s" if s < 120 else f"{s / 60:.0f}m" if s < 7200 else f"{s / 3600:.0f}h"
+
+
+def error_line(exc: BaseException, hint: str | None) -> str:
+    """The one stderr line an error ends as."""
+    if isinstance(exc, OSError) and not hasattr(exc, "exit_code"):
+        where = f"{exc.filename}: " if exc.filename else ""
+        text = f"{where}{exc.strerror or exc}"
+    else:
+        text = str(exc)
+    return f"weightd: {text}" + (f" ({hint})" if hint and hint not in text else "")
+
+
+# -- tiers ------------------------------------------------------------------------------------------
+
+def show_published(r: dict[str, Any], name: str, version: str) -> None:
+    what = "already published with the same content" if r["unchanged"] else f"published in {r['seconds']:.2f} s"
+    click.echo(f"{name}@{version}: {what} ({format_bytes(r['bytes'])}, digest {r['digest']})")
+    emit_path(r["path"])
+
+
+def warn_fallbacks(r: dict[str, Any]) -> None:
+    who = f"{r['name']}@{r['version']}"
+    tf = r.get("tier_fallback")
+    if tf:
+        warn(f"{who} went to the {tf['to']} tier: {tf['reason']}")
+    for sf in r.get("source_fallbacks") or []:
+        warn(f"{who}: {sf['from']} gave up ({sf['reason']}); copied from {sf['to']} instead")
+
+
+def show_preloaded(r: dict[str, Any]) -> None:
+    """A summary on stderr, then the path as the last stdout line."""
+    who = f"{r['name']}@{r['version']}"
+    if r["already_present"]:
+        note(f"{who}: already in {r['tier']}, 0 bytes moved")
+    else:
+        moved = ", ".join(f"{format_bytes(v)} from {k}" for k, v in r["bytes_by_source"].items() if v)
+        delta = r.get("delta")
+        net = r["bytes_moved"] - r["bytes_by_source"]["local_reuse"]
+        note(f"{who}: {moved} into {r['tier']} in {r['seconds']:.2f} s"
+             + (f"; delta update from {', '.join(delta['donors'])}: {format_bytes(net)} moved of "
+                f"{format_bytes(r['bytes'])} ({100 * net / max(1, r['bytes']):.1f}%)" if delta else "")
+             + (f"; evicted {', '.join(r['evicted'])}" if r["evicted"] else ""))
+        for why in (delta or {}).get("refetched", []):
+            warn(f"donor bytes failed their check and were fetched instead: {why}")
+    emit_path(r["path"])
+
+
+def show_status(st: dict[str, Any]) -> None:
+    click.echo(f"{'TIER':<5} {'USED':>10} {'CAPACITY':>10} {'USE%':>5} {'CKPTS':>5} {'IN FLIGHT':>9}  PATH")
+    for t, info in st["tiers"].items():
+        cap = info["capacity_bytes"]
+        pct = f"{100 * info['used_bytes'] / cap:.0f}%" if cap else "-"
+        click.echo(f"{t:<5} {format_bytes(info['used_bytes']):>10} {format_bytes(cap):>10} {pct:>5} "
+                   f"{info['checkpoints']:>5} {info['transfers_in_flight']:>9}  {info['path']}")
+    if not st["checkpoints"]:
+        click.echo("\nno checkpoints on this node")
+        return
+    click.echo(f"\n{'CHECKPOINT':<40} {'SIZE':>10}  {'HOT':<5} {'WARM':<5} {'PIN':<3}  {'LEASES':<6} LAST USE")
+    click.echo("(hot/warm: % resident in the page cache; '-': not in that tier)")
+    for c in st["checkpoints"]:
+        leases = [le for t in c["tiers"].values() for le in t["leases"]]
+        last = max((t["last_access"] or 0) for t in c["tiers"].values())
+        cols = [f"{c['tiers'][t]['resident_percent']:.0f}%" if t in c["tiers"] else "-" for t in ("hot", "warm")]
+        click.echo(f"{c['name'] + '@' + c['version']:<40} {format_bytes(c['bytes']):>10}  "
+                   f"{cols[0]:<5} {cols[1]:<5} {'yes' if c['pinned'] else '-':<3}  {len(leases) or '-':<6} "
+                   f"{ago(last)} ago")
+
+
+def show_gc(r: dict[str, Any]) -> None:
+    for t, info in r["reconcile"].items():
+        click.echo(f"{t}: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in info.items()))
+    for line in r["evicted"]:
+        click.echo(f"evicted {line}")
+
+
+# -- content ----------------------------------------------------------------------------------------
+
+def show_built(m: Any, target: str, seconds: float) -> None:
+    tensors = sum(1 for _ in m.tensors())
+    click.echo(f"{len(m.files)} files, {tensors} tensors, {format_bytes(m.total_bytes)} hashed in "
+               f"{seconds:.2f} s ({rate(m.total_bytes, seconds)})")
+    click.echo(f"digest {m.digest}")
+    emit_path(target)
+
+
+def show_diff(ma: Any, la: str, mb: Any, lb: str, d: Any) -> None:
+    click.echo(f"A {la}: {ma.digest}, {len(ma.files)} files, {format_bytes(ma.total_bytes)}")
+    click.echo(f"B {lb}: {mb.digest}, {len(mb.files)} files, {format_bytes(mb.total_bytes)}")
+    if d.identical:
+        click.echo("identical content")
+        return
+    click.echo(f"files: {len(d.files_changed)} changed, {len(d.files_added)} added, {len(d.files_removed)} removed")
+    for sign, paths in (("~", d.files_changed), ("+", d.files_added), ("-", d.files_removed)):
+        for path in paths:
+            click.echo(f"  {sign} {path}")
+    click.echo(f"tensors: {d.count('changed')} changed, {d.count('added')} added, {d.count('removed')} removed, "
+               f"{d.count('moved')} moved")
+    signs = {"changed": "~", "added": "+", "removed": "-", "moved": ">"}
+    for t in d.tensors:
+        click.echo(f"  {signs[t.kind]} {t.name}  {format_bytes(t.nbytes)}  {t.path}  {t.detail}")
+    pct = 100 * d.changed_bytes / d.total_bytes if d.total_bytes else 0.0
+    click.echo(f"changed bytes: {d.changed_bytes} ({format_bytes(d.changed_bytes)}, {pct:.2f}% of "
+               f"{format_bytes(d.total_bytes)})")
+
+
+def show_plan(ma: Any, la: str, mb: Any, lb: str, plan: Any, piece: int, p2p_bytes: int, regions: int) -> None:
+    total = plan.total_bytes or 1
+    click.echo(f"B {lb}: {mb.digest}, {len(mb.files)} files, {format_bytes(mb.total_bytes)}")
+    click.echo(f"donor A {la}: {ma.digest}")
+    for f in plan.files:
+        if f.fetch_bytes == 0:
+            how = "reuse all" if f.reuse_bytes or not f.entry.size else "empty"
+        elif f.reuse_bytes == 0:
+            how = "fetch all"
+        else:
+            how = (f"reuse {format_bytes(f.reuse_bytes)}, fetch {format_bytes(f.fetch_bytes)} in "
+                   f"{len(f.regions(False))} range(s)")
+        click.echo(f"  {f.entry.path}  {format_bytes(f.entry.size)}  {how}")
+    click.echo(f"reuse {plan.reuse_bytes} ({format_bytes(plan.reuse_bytes)}, {100 * plan.reuse_bytes / total:.2f}%)")
+    click.echo(f"fetch from cold {plan.fetch_bytes} ({format_bytes(plan.fetch_bytes)}, "
+               f"{100 * plan.fetch_bytes / total:.2f}%) in {regions} range(s)")
+    click.echo(f"fetch over P2P {p2p_bytes} ({format_bytes(p2p_bytes)}, {100 * p2p_bytes / total:.2f}%) with "
+               f"{format_bytes(piece)} pieces")
+
+
+def show_verified(root: Any, m: Any, report: Any, seconds: float) -> None:
+    if report.ok:
+        click.echo(f"ok: {root} matches {m.digest} ({report.files} files, {format_bytes(report.bytes_checked)}, "
+                   f"{seconds:.2f} s)")
+        return
+    for p in report.problems[:20]:
+        click.echo(f"  {p}", err=True)
+    if len(report.problems) > 20:
+        click.echo(f"  ... {len(report.problems) - 20} more", err=True)
+
+
+# -- page cache -------------------------------------------------------------------------------------
+
+def show_warmed(r: Any) -> None:
+    for n in r.notes:
+        note(f"note: {n}")
+    click.echo(f"{r.files} files, {format_bytes(r.bytes)}: {format_bytes(r.warmed_bytes)} read in {r.seconds:.2f} s "
+               f"({rate(r.warmed_bytes, r.seconds)}), {format_bytes(r.already_resident_bytes)} already resident; "
+               f"now {format_bytes(r.resident_bytes)} resident")
+
+
+def show_residency(r: Any) -> None:
+    for f in r.files:
+        flag = "" if f.reliable else "  (unreliable: mincore on a file you cannot write)"
+        click.echo(f"{format_bytes(f.resident_bytes):>10} / {format_bytes(f.size):>10} {f.percent:6.1f}%  {f.path}{flag}")
+    methods = sorted({f.method for f in r.files}) or ["-"]
+    click.echo(f"total: {format_bytes(r.resident_bytes)} of {format_bytes(r.size)} resident ({r.percent:.1f}%) "
+               f"in {len(r.files)} files [{', '.join(methods)}]")
+
+
+# -- doctor and bench -------------------------------------------------------------------------------
+
+_VERDICTS = {"disk": "the DISK is the bottleneck", "network": "the NETWORK is the bottleneck",
+             "gpu": "neither disk nor network: look at the GPU side", "healthy": "no bottleneck found"}
+
+
+def show_doctor(report: Any, doc: dict[str, Any], source: str) -> None:
+    click.echo(f"verdict: {_VERDICTS[report.verdict]}  (from {source})")
+    for f in doc["findings"]:
+        click.echo(f"\n[{f['severity'].upper()}] {f['summary']}")
+        ev = ", ".join(f"{k}={v}" for k, v in f["evidence"].items() if not isinstance(v, (dict, list)))
+        click.echo(f"  evidence: {ev}")
+        click.echo(f"  do: {f['recommendation']}")
+    disks = report.measurements.get("disks", {})
+    if disks:
+        click.echo("\ndisks: " + "; ".join(
+            f"{n} await {d['read_await_ms']} ms util {d['util']:.0%} {d['read_bytes_per_s'] / 1e6:.0f} MB/s"
+            + (f" ({', '.join(d['tiers'])})" if d["tiers"] else "") for n, d in disks.items()))
+    nics = report.measurements.get("nics", {})
+    if nics:
+        click.echo("nics: " + "; ".join(
+            f"{n} {d['bytes_per_s'] / 1e6:.1f} MB/s" + (f" = {d['util']:.1%} of link" if d["util"] is not None else "")
+            + (f" mtu {d['mtu']}" if d["mtu"] else "") for n, d in nics.items()))
+    if "probe" in report.measurements:
+        pr = report.measurements["probe"]
+        click.echo(f"warm tier 4K random read: p50 {pr['p50_us']} µs, p99 {pr['p99_us']} µs"
+                   + (f" (baseline p50 {pr['baseline_p50_us']} µs)" if pr.get("baseline_p50_us") else
+                      " (no baseline: run `weightd bench disk`)"))
+
+
+def show_bench(r: dict[str, Any], target: Any, recorded: bool) -> None:
+    click.echo(f"{target} (device {r['device']}, {format_bytes(r['file_bytes'])} test file)")
+    for d, x in r["randread_4k"].items():
+        click.echo(f"  4K random read QD{d:<3} p50 {x['p50_us']:>8} µs  p99 {x['p99_us']:>8} µs  {x['iops']:>7} IOPS")
+    click.echo(f"  16M sequential read  {r['seqread_16m']['bytes_per_s'] / 1e9:.2f} GB/s")
+    if recorded:
+        click.echo(f"recorded as the baseline in {r['baseline_file']}")

@@ -1,0 +1,208 @@
+"""Tier commands: publish, preload, path, status, pin, unpin, evict, gc.
+
+Each runs one operation of :class:`weightd.service.NodeService`: through the node daemon when its
+socket answers (``DaemonClient`` offers the same method names), else on an in-process service. Both
+return the same plain dicts, so output and exit codes are the same either way.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ..errors import DaemonUnavailable, UntrustedDaemon
+from . import output
+from .app import AppContext, LeaseOption, Seconds, cli, split_ref
+
+
+class Backend:
+    """The daemon's client, or an in-process service opened on first use (``query``: for ``status``
+    and ``path``, nothing is reconciled, created, locked or removed in any tier)."""
+
+    def __init__(self, app: AppContext, *, query: bool = False) -> None:
+        self.app, self.query = app, query
+        self.client = None
+        self._service = None
+        self._fetcher = None
+        if not app.no_daemon:
+            client = app.daemon_client()
+            if client.available():
+                self.client = client
+        if self.client is None and app.daemon_only:
+            raise DaemonUnavailable(f"the node daemon does not answer on {app.config.settings.api.socket} "
+                                    "(--daemon-only)")
+
+    @property
+    def service(self):
+        if self._service is None:
+            from ..local import open_service
+            from ..swarm import P2PFetcher
+            self._fetcher = P2PFetcher(self.app.config)  # a P2P session only if a download needs one
+            self._service = open_service(self.app.config, reconcile=not self.query, fetchers=[self._fetcher])
+        return self._service
+
+    @property
+    def ops(self):
+        """Whatever runs the operations: the daemon's client or the in-process service."""
+        return self.client if self.client is not None else self.service
+
+    def __enter__(self) -> "Backend":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fetcher is not None:
+            self._fetcher.close()
+        if self._service is not None:
+            self._service.node.close()
+
+    def checked_path(self, r: Any) -> dict[str, Any]:
+        """A path the daemon returned must lie inside a configured hot or warm tier (after symlinks)."""
+        tiers = self.app.config.settings.tiers
+        roots = [os.path.realpath(t.path) for t in (tiers.hot, tiers.warm)]
+        p = r.get("path") if isinstance(r, dict) else None
+        real = os.path.realpath(p) if isinstance(p, str) and p and "\0" not in p else None
+        if real is None or not any(real.startswith(root.rstrip(os.sep) + os.sep) for root in roots):
+            raise UntrustedDaemon(f"the daemon on {self.app.config.settings.api.socket} answered path {p!r}, "
+                                  f"which is not inside the hot or warm tier ({', '.join(roots)}); refusing it")
+        return r
+
+    def publish(self, directory: str, name: str, version: str) -> dict[str, Any]:
+        if self.client:
+            return self.client.publish(directory, name, version)
+        from tiering import plan_size, scan_checkpoint
+        files = scan_checkpoint(directory)
+        with output.progress_bar(f"publishing {name}@{version}", plan_size(files)) as advance:
+            return self.service.publish(Path(directory), name, version, progress=advance)
+
+    def preload(self, ref: str, **kw: Any) -> dict[str, Any]:
+        if self.client:
+            return self.checked_path(self.client.preload(ref, **kw))
+        svc = self.service
+        req = svc.resolve(svc.preload_request(ref, **kw))  # not published: exit 3 (or wait, if asked)
+        with output.progress_bar(f"preloading {ref} -> {req.tier}", svc.size(req)) as advance:
+            return svc.load(req, progress=advance)
+
+    def path(self, ref: str) -> dict[str, Any]:
+        r = self.ops.path(ref)
+        return self.checked_path(r) if self.client else r
+
+
+@cli.command()
+@click.argument("directory", type=click.Path(file_okay=False))
+@click.option("--name", required=True, help="Checkpoint NAME ([A-Za-z0-9._-]+, at most one '/').")
+@click.option("--version", "version_label", required=True, metavar="VERSION", help="Immutable VERSION label.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def publish(app: AppContext, directory: str, name: str, version_label: str, as_json: bool) -> None:
+    """Copy a checkpoint (or an HF cache snapshot) into cold storage as NAME@VERSION, with its manifest."""
+    from tiering import validate_name, validate_version
+    validate_name(name)
+    validate_version(version_label)
+    with Backend(app) as b:
+        r = b.publish(directory, name, version_label)
+    output.emit_json(r) if as_json else output.show_published(r, name, version_label)
+
+
+@cli.command()
+@click.argument("ref", metavar="NAME[@VERSION]")
+@click.option("--tier", type=click.Choice(["hot", "warm"]), default="hot", show_default=True)
+@click.option("--strict", is_flag=True, help="Fail (exit 6) instead of falling back to warm when hot is full.")
+@click.option("--lease", "lease_s", cls=LeaseOption, type=Seconds(), metavar="S",
+              help="Keep it from eviction for S seconds (0: no lease; at most 7 days).")
+@click.option("--timeout", "timeout_s", type=Seconds(), metavar="S",
+              help="Give up after S seconds (exit 4; at most 7 days).")
+@click.option("--wait", is_flag=True, help="If the version is not published yet, wait for it (until --timeout).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON document (its 'path' is "
+              "where the checkpoint is).")
+@click.pass_obj
+def preload(app: AppContext, ref: str, tier: str, strict: bool, lease_s: float | None, timeout_s: float | None,
+            wait: bool, as_json: bool) -> None:
+    """Make a checkpoint local, verified and ready; the last stdout line is its path (without --json)."""
+    split_ref(ref)
+    kw: dict[str, Any] = {"tier": tier, "strict": strict, "timeout_s": timeout_s, "wait": wait}
+    if lease_s is not None:  # else the service's default, tiering.DEFAULT_LEASE_S
+        kw["lease_s"] = lease_s
+    with Backend(app) as b:
+        r = b.preload(ref, **kw)
+    output.warn_fallbacks(r)
+    output.emit_json(r, compact=True) if as_json else output.show_preloaded(r)
+
+
+@cli.command("path")
+@click.argument("ref", metavar="NAME[@VERSION]")
+@click.option("--json", "as_json", is_flag=True, help="Print {tier, path} as JSON.")
+@click.pass_obj
+def path_cmd(app: AppContext, ref: str, as_json: bool) -> None:
+    """Print the local path of the best complete copy (hot before warm); exit 3 if none."""
+    split_ref(ref)
+    with Backend(app, query=True) as b:
+        r = b.path(ref)
+    output.emit_json(r) if as_json else output.emit_path(r["path"])
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def status(app: AppContext, as_json: bool) -> None:
+    """Checkpoints x tiers, sizes, residency, pins, leases, transfers in flight, tier usage vs capacity."""
+    with Backend(app, query=True) as b:
+        st = b.ops.status()
+    output.emit_json(st) if as_json else output.show_status(st)
+
+
+@cli.command()
+@click.argument("ref", metavar="NAME[@VERSION]")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def pin(app: AppContext, ref: str, as_json: bool) -> None:
+    """Never evict NAME@VERSION (latest published if no version) from any tier."""
+    split_ref(ref)
+    with Backend(app) as b:
+        r = b.ops.pin(ref)
+    if as_json:
+        return output.emit_json(r)
+    click.echo(f"{r['name']}@{r['version']}: {'pinned' if r['changed'] else 'already pinned'}")
+
+
+@cli.command()
+@click.argument("ref", metavar="NAME[@VERSION]")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def unpin(app: AppContext, ref: str, as_json: bool) -> None:
+    """Let NAME@VERSION be evicted again."""
+    split_ref(ref)
+    with Backend(app) as b:
+        r = b.ops.unpin(ref)
+    if as_json:
+        return output.emit_json(r)
+    click.echo(f"{r['name']}@{r['version']}: {'unpinned' if r['changed'] else 'was not pinned'}")
+
+
+@cli.command()
+@click.argument("ref", metavar="NAME[@VERSION]")
+@click.option("--tier", type=click.Choice(["hot", "warm"]), help="Only this tier (default: both).")
+@click.option("--force", is_flag=True, help="Even if pinned, leased or in use.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def evict(app: AppContext, ref: str, tier: str | None, force: bool, as_json: bool) -> None:
+    """Remove NAME@VERSION (every local version of NAME without @VERSION) from the local tiers."""
+    split_ref(ref)
+    with Backend(app) as b:
+        r = b.ops.evict(ref, tier, force)
+    if as_json:
+        return output.emit_json(r)
+    for line in r["evicted"]:
+        click.echo(f"evicted {line}")
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def gc(app: AppContext, as_json: bool) -> None:
+    """Remove stale staging, expire leases, and bring tiers above their high watermark down to the low one."""
+    with Backend(app) as b:
+        r = b.ops.gc()
+    output.emit_json(r) if as_json else output.show_gc(r)
