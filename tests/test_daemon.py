@@ -107,14 +107,15 @@ def test_ready_socket_mode_and_cli_through_daemon(daemon, wd, node_env, tmp_path
     publish(wd, tmp_path)
     proc = wd("preload", "org/d@v1", "--json")
     assert proc.returncode == 0, proc.stderr
-    r = json.loads(proc.stdout.splitlines()[0])
-    assert proc.stdout.strip().splitlines()[-1] == r["path"] == str(node_env.hot / "org/d/v1")
+    r = json.loads(proc.stdout)  # with --json, stdout is one JSON document
+    assert r["path"] == str(node_env.hot / "org/d/v1")
     # it went through the daemon: its metrics saw the bytes
     assert daemon.metric('weightd_bytes_transferred_total{source="cold"}') == r["bytes"]
     assert daemon.metric("weightd_weight_loading_seconds_count") == 1
+    assert wd("preload", "org/d@v1").stdout.strip().splitlines()[-1] == r["path"]  # without it: the path last
     # same output and exit codes as in-process
     local = wd("--no-daemon", "preload", "org/d@v1", "--json")
-    assert json.loads(local.stdout.splitlines()[0])["path"] == r["path"]
+    assert json.loads(local.stdout)["path"] == r["path"]
     for args, code in ((["preload", "org/none@v1"], 3), (["path", "../x"], 2), (["evict", "org/none"], 3)):
         via, direct = wd(*args), wd("--no-daemon", *args)
         assert via.returncode == direct.returncode == code

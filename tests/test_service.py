@@ -1,0 +1,104 @@
+"""One NodeService behind both the in-process CLI and the daemon: same reports, same validation errors,
+the same metrics counted, one home for the lease default."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from tiering.sample import make_checkpoint
+
+from .conftest import assert_one_line_error
+from .test_daemon import daemon  # noqa: F401 (a fixture)
+
+MiB = 1 << 20
+
+
+def _publish(wd, tmp: Path, version: str = "v1") -> None:
+    src = make_checkpoint(tmp / f"src-{version}", total_bytes=4 * MiB, shards=2, layers=2, seed=version)
+    assert wd("publish", src, "--name", "org/s", "--version", version).returncode == 0
+
+
+def test_in_process_and_daemon_preload_report_the_same_keys(daemon, wd, node_env, tmp_path: Path) -> None:  # noqa: F811
+    _publish(wd, tmp_path)
+    local = wd("--no-daemon", "preload", "org/s@v1", "--tier", "warm", "--json")
+    via = wd("--daemon-only", "preload", "org/s@v1", "--tier", "hot", "--json")
+    a, b = json.loads(local.stdout), json.loads(via.stdout)
+    assert a["bytes_moved"] > 0 and b["bytes_moved"] > 0  # both did the work
+    assert set(a) == set(b), set(a) ^ set(b)
+    assert a["tier"] == "warm" and b["tier"] == "hot"
+
+
+BAD_PRELOADS = [
+    ({"ref": "../x"}, "invalid name"),
+    ({"ref": "org/s@v1", "tier": "cold"}, "tier must be one of"),
+    ({"ref": "org/s@v1", "lease_s": -1}, "lease_s"),
+    ({"ref": "org/s@v1", "lease_s": math.nan}, "lease_s"),
+    ({"ref": "org/s@v1", "lease_s": math.inf}, "lease_s"),
+    ({"ref": "org/s@v1", "timeout_s": "10"}, "timeout_s"),
+    ({"ref": "org/s@v1", "timeout_s": True}, "timeout_s"),
+    ({"ref": "org/s@v1", "lease_s": 7 * 24 * 3600 + 1}, "lease_s"),
+]
+
+
+@pytest.mark.parametrize("body,needle", BAD_PRELOADS)
+def test_the_same_validation_errors_in_process_and_from_the_daemon(daemon, node_env, body, needle) -> None:  # noqa: F811
+    from weightd.client import DaemonClient, DaemonError
+    from weightd.config import load_config
+    from weightd.errors import exit_code_for
+    from weightd.local import open_service
+    kw = {k: v for k, v in body.items() if k != "ref"}
+    svc = open_service(load_config(str(node_env.config)), reconcile=False)
+    try:
+        with pytest.raises(Exception) as local:
+            svc.preload(body["ref"], **kw)
+    finally:
+        svc.node.close()
+    with pytest.raises(DaemonError) as remote:
+        DaemonClient(daemon.socket_path).preload(body["ref"], **kw)
+    assert str(local.value) == str(remote.value) and needle in str(remote.value)
+    assert exit_code_for(local.value) == remote.value.exit_code == 2
+
+
+def test_evict_tier_validated_alike(daemon, node_env, wd) -> None:  # noqa: F811
+    from weightd.client import DaemonClient, DaemonError
+    from weightd.config import load_config
+    from weightd.local import open_service
+    svc = open_service(load_config(str(node_env.config)))
+    try:
+        with pytest.raises(Exception) as local:
+            svc.evict("org/s@v1", "cold")
+    finally:
+        svc.node.close()
+    with pytest.raises(DaemonError) as remote:
+        DaemonClient(daemon.socket_path).evict("org/s@v1", "cold")
+    assert str(local.value) == str(remote.value) == "tier must be one of hot, warm"
+
+
+def test_in_process_preload_counts_metrics_and_uses_the_one_lease_default(node_env, wd, tmp_path: Path) -> None:
+    from tiering import DEFAULT_LEASE_S
+    from weightd.config import load_config
+    from weightd.local import open_service
+    _publish(wd, tmp_path)
+    svc = open_service(load_config(str(node_env.config)))
+    try:
+        r = svc.preload("org/s@v1", tier="warm")
+        get = svc.metrics.registry.get_sample_value
+        assert get("weightd_bytes_transferred_total", {"source": "cold"}) == r["bytes"]
+        assert get("weightd_weight_loading_seconds_count", {"model": "org/s@v1", "tier": "warm", "source": "cold"}) == 1
+        with pytest.raises(FileNotFoundError):
+            svc.preload("org/none@v1")
+        assert get("weightd_preload_failures_total", {"reason": "not_found"}) == 1
+        req = svc.preload_request("org/s@v1")
+        assert req.lease_s == DEFAULT_LEASE_S
+    finally:
+        svc.node.close()
+    # the CLI's --lease has no default of its own: absent, the service's applies (and --help shows it)
+    assert f"[default: {DEFAULT_LEASE_S:g}]" in wd("preload", "--help").stdout
+
+
+def test_daemon_only_without_a_daemon_says_what_to_do(wd) -> None:
+    assert_one_line_error(wd("--daemon-only", "status"), 1, "does not answer", "systemctl start weightd")
