@@ -102,3 +102,21 @@ def test_in_process_preload_counts_metrics_and_uses_the_one_lease_default(node_e
 
 def test_daemon_only_without_a_daemon_says_what_to_do(wd) -> None:
     assert_one_line_error(wd("--daemon-only", "status"), 1, "does not answer", "systemctl start weightd")
+
+
+def test_commands_through_the_daemon_stay_light(daemon, wd, node_env, isolated_env, tmp_path: Path) -> None:  # noqa: F811
+    """``path`` and ``status`` through the daemon load neither the daemon's stack nor the tier code."""
+    import subprocess
+    import sys
+    from .conftest import ROOT
+    _publish(wd, tmp_path)
+    assert wd("preload", "org/s@v1").returncode == 0
+    for args in (["status", "--json"], ["path", "org/s@v1"]):
+        proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "weightd", "--daemon-only", "--config",
+                               str(node_env.config), *args], capture_output=True, text=True, env=isolated_env,
+                              cwd=ROOT, timeout=60)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        modules = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if "|" in line}
+        heavy = {m for m in modules if m.split(".")[0] in ("aiohttp", "libtorrent", "rich", "prometheus_client")
+                 or m in ("tiering.node", "tiering.pagecache", "weightd.service", "weightd.daemon")}
+        assert not heavy, (args, sorted(heavy))
