@@ -16,8 +16,9 @@ Hierarchy::
     ├── DaemonAlreadyRunning       another daemon holds the state directory; exit 2
     └── SocketInUse                ``[api] socket`` is live, a symlink, or not a socket; exit 2
 
-Errors from ``tiering`` (``TieringError``) and ``p2p`` (``P2PError``) are mapped by type in
-:data:`_RULES` below. Exit codes (design §5): 0 ok; 2 bad input; 3 not found; 4 timed out;
+Errors are mapped by type in :func:`_rules` below (with the operator's next step); the errors of
+``tiering`` (``TieringError``) and ``p2p`` (``P2PError``) that it does not name carry their code on
+their type. Exit codes (design §5): 0 ok; 2 bad input; 3 not found; 4 timed out;
 5 integrity failure; 6 no space in any allowed tier; 7 ``weightd doctor`` found a critical problem;
 1 anything else. Nothing here looks at the text of a message.
 """
@@ -118,9 +119,11 @@ class ExitRule:
 
 
 def _rules() -> list[tuple[type[BaseException], ExitRule]]:
-    """Most specific first: the first type an error is an instance of decides."""
-    from p2p import P2PError, TorrentRejected, TransferStalled
-    from tiering import BadInput, Busy, CheckpointNotFound, IntegrityError, NoSpace, TieringError, TimedOut
+    """Most specific first: the first type an error is an instance of decides. Other errors of
+    ``tiering`` and ``p2p`` (BadInput, Busy, TorrentRejected, their roots, ...) declare their code on
+    their type (``exit_code``), which :func:`rule_for` reads next."""
+    from p2p import TransferStalled
+    from tiering import CheckpointNotFound, IntegrityError, NoSpace, TimedOut
     return [
         (DaemonUnavailable, ExitRule(EXIT_ERROR, "start it (systemctl start weightd) or drop --daemon-only")),
         (UntrustedDaemon, ExitRule(EXIT_BAD_INPUT, "check who serves [api] socket and [api] daemon_user")),
@@ -135,14 +138,13 @@ def _rules() -> list[tuple[type[BaseException], ExitRule]]:
         (TimedOut, ExitRule(EXIT_TIMEOUT, "retry later, or with a longer --timeout")),
         (IntegrityError, ExitRule(EXIT_INTEGRITY, None)),
         (NoSpace, ExitRule(EXIT_NO_SPACE, "free space (weightd gc, weightd evict) or use another --tier")),
-        (BadInput, ExitRule(EXIT_BAD_INPUT, None)),
-        (Busy, ExitRule(EXIT_ERROR, None)),
-        (TieringError, ExitRule(EXIT_ERROR, None)),
-        (TorrentRejected, ExitRule(EXIT_BAD_INPUT, None)),
-        (P2PError, ExitRule(EXIT_ERROR, None)),
-        (TimeoutError, ExitRule(EXIT_TIMEOUT, None)),
-        (FileNotFoundError, ExitRule(EXIT_NOT_FOUND, None)),
     ]
+
+
+_BUILTINS: list[tuple[type[BaseException], ExitRule]] = [   # after the types' own codes, as OS errors
+    (TimeoutError, ExitRule(EXIT_TIMEOUT)),
+    (FileNotFoundError, ExitRule(EXIT_NOT_FOUND)),
+]
 
 
 _RULES: list[tuple[type[BaseException], ExitRule]] | None = None
@@ -161,6 +163,9 @@ def rule_for(exc: BaseException) -> ExitRule:
     own = getattr(type(exc), "exit_code", None)  # a typed error of another package (tiering's MemlockTooLow)
     if isinstance(own, int):
         return ExitRule(own)
+    for kind, rule in _BUILTINS:
+        if isinstance(exc, kind):
+            return rule
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
         return ExitRule(EXIT_NO_SPACE, "free space on that file system")
     return ExitRule(EXIT_ERROR)
