@@ -128,29 +128,7 @@ def _demo_cluster(base: Path, size: int) -> None:
                     raise click.ClickException(f"{role} {ip} did not start: {(d / 'daemon.log').read_text()}")
                 time.sleep(0.1)
             click.echo(f"  {role:<6} {ip}  p2p {ip}:{p2p_port}" + ("  (tracker " + tracker + ")" if i == 0 else ""))
-        src = make_checkpoint(base / "cluster-src", total_bytes=max(size, 48 << 20), shards=4, seed="cluster")
-        click.secho(f"$ weightd --config {nodes[0][1]} publish {src} --name demo/swarm --version v1", fg="cyan", bold=True)
-        pub = subprocess.run([sys.executable, "-m", "weightd", "--config", str(nodes[0][1]), "publish", str(src),
-                              "--name", "demo/swarm", "--version", "v1", "--json"], capture_output=True, text=True)
-        if pub.returncode:
-            raise click.ClickException(pub.stderr.strip())
-        click.echo(f"published with torrent {json.loads(pub.stdout)['torrent']}\n")
-        _cluster_preload(nodes, "v1")
-        # an update over P2P: every worker holds v1, v2 changes three tensors
-        v2 = base / "cluster-src-v2"
-        shutil.copytree(src, v2, ignore=shutil.ignore_patterns(".weightd"))
-        for name in ("model.layers.0.mlp.up_proj.weight", "model.layers.2.self_attn.q_proj.weight",
-                     "model.layers.3.mlp.down_proj.weight"):
-            shard = next(p for p in sorted(v2.glob("*.safetensors")) if name.encode() in p.read_bytes()[:1 << 16])
-            mutate_tensor(shard, name, seed="cluster-v2")
-        click.secho(f"$ weightd publish {v2} --name demo/swarm --version v2   (three tensors fine-tuned)", fg="cyan",
-                    bold=True)
-        pub = subprocess.run([sys.executable, "-m", "weightd", "--config", str(nodes[0][1]), "publish", str(v2),
-                              "--name", "demo/swarm", "--version", "v2", "--json"], capture_output=True, text=True)
-        if pub.returncode:
-            raise click.ClickException(pub.stderr.strip())
-        click.echo("each worker pre-fills v2 with v1's bytes; libtorrent's check keeps them, only changed pieces move\n")
-        _cluster_preload(nodes, "v2")
+        _cluster_publish_and_preload(base, size, nodes)
     finally:
         for _, _, proc, hot in nodes:
             if proc.poll() is None:
@@ -161,6 +139,33 @@ def _demo_cluster(base: Path, size: int) -> None:
             except subprocess.TimeoutExpired:
                 proc.kill()
             shutil.rmtree(hot, ignore_errors=True)
+
+
+def _cluster_publish_and_preload(base: Path, size: int, nodes: list) -> None:
+    """Publish v1 on the origin and preload it on every worker; then v2 (three tensors changed) as a delta."""
+    src = make_checkpoint(base / "cluster-src", total_bytes=max(size, 48 << 20), shards=4, seed="cluster")
+    click.secho(f"$ weightd --config {nodes[0][1]} publish {src} --name demo/swarm --version v1", fg="cyan", bold=True)
+    pub = subprocess.run([sys.executable, "-m", "weightd", "--config", str(nodes[0][1]), "publish", str(src),
+                          "--name", "demo/swarm", "--version", "v1", "--json"], capture_output=True, text=True)
+    if pub.returncode:
+        raise click.ClickException(pub.stderr.strip())
+    click.echo(f"published with torrent {json.loads(pub.stdout)['torrent']}\n")
+    _cluster_preload(nodes, "v1")
+    # an update over P2P: every worker holds v1, v2 changes three tensors
+    v2 = base / "cluster-src-v2"
+    shutil.copytree(src, v2, ignore=shutil.ignore_patterns(".weightd"))
+    for name in ("model.layers.0.mlp.up_proj.weight", "model.layers.2.self_attn.q_proj.weight",
+                 "model.layers.3.mlp.down_proj.weight"):
+        shard = next(p for p in sorted(v2.glob("*.safetensors")) if name.encode() in p.read_bytes()[:1 << 16])
+        mutate_tensor(shard, name, seed="cluster-v2")
+    click.secho(f"$ weightd publish {v2} --name demo/swarm --version v2   (three tensors fine-tuned)", fg="cyan",
+                bold=True)
+    pub = subprocess.run([sys.executable, "-m", "weightd", "--config", str(nodes[0][1]), "publish", str(v2),
+                          "--name", "demo/swarm", "--version", "v2", "--json"], capture_output=True, text=True)
+    if pub.returncode:
+        raise click.ClickException(pub.stderr.strip())
+    click.echo("each worker pre-fills v2 with v1's bytes; libtorrent's check keeps them, only changed pieces move\n")
+    _cluster_preload(nodes, "v2")
 
 
 def _cluster_preload(nodes: list, version: str) -> None:
@@ -191,73 +196,86 @@ def _cluster_preload(nodes: list, version: str) -> None:
                + (f", {totals['local_reuse'] / 1e6:.1f} MB reused locally" if totals["local_reuse"] else "") + ")\n")
 
 
+def _flip_byte(path: Path) -> None:
+    """Flip one byte in the middle of a file (twice restores it)."""
+    with open(path, "r+b") as fh:
+        fh.seek(os.path.getsize(path) // 2)
+        b = fh.read(1)
+        fh.seek(-1, os.SEEK_CUR)
+        fh.write(bytes([b[0] ^ 0xFF]))
+
+
+def _demo_content(base: Path, size: str) -> tuple[Path, Path, Path]:
+    """Steps 1-5: a checkpoint, its manifest, verify, a diff, bit rot found; returns v1, v2 and the rotten shard."""
+    v1, v2 = base / "tiny-llama-v1", base / "tiny-llama-v2"
+    for d in (v1, v2):
+        if d.exists():
+            shutil.rmtree(d)
+    click.secho(f"# 1. a sample Hugging Face style checkpoint ({size}, 3 shards) in {v1}", bold=True)
+    make_checkpoint(v1, total_bytes=parse_size(size), shards=3, seed="v1")
+    for p in sorted(v1.rglob("*")):
+        if p.is_file():
+            click.echo(f"  {p.relative_to(v1)}  {p.stat().st_size} bytes")
+    click.echo()
+    click.secho("# 2. its manifest: every file, every tensor's byte range, xxh3-128 hashes", bold=True)
+    _run(["manifest", "build", str(v1)])
+    click.secho("# 3. verify the checkpoint against it", bold=True)
+    _run(["verify", str(v1)])
+    click.secho("# 4. version 2 fine-tunes three tensors: the diff names them and counts the bytes", bold=True)
+    shutil.copytree(v1, v2, ignore=shutil.ignore_patterns(".weightd"))
+    for changed in ("model.layers.0.self_attn.o_proj.weight", "model.layers.1.mlp.up_proj.weight",
+                    "model.layers.3.mlp.down_proj.weight"):
+        shard = next(p for p in sorted(v2.glob("*.safetensors")) if changed.encode() in p.read_bytes()[:1 << 16])
+        nbytes = mutate_tensor(shard, changed, seed="v2")
+        click.echo(f"changed {changed} in {shard.name} ({nbytes} bytes)")
+    click.echo()
+    _run(["manifest", "build", str(v2)])
+    _run(["manifest", "diff", str(v1), str(v2)])
+    click.secho("# 5. bit rot: one flipped byte in v1 is found and named (exit 5)", bold=True)
+    victim = sorted(v1.glob("*.safetensors"))[0]
+    _flip_byte(victim)
+    _run(["verify", str(v1)], expect=5)
+
+    return v1, v2, victim
+
+
+def _demo_node(base: Path, hot: Path, v1: Path, v2: Path, victim: Path) -> Path:
+    """Steps 6-9: a node of its own; publish, preload through the tiers, a delta update; returns its config."""
+    # a node of its own: the embedded default's layout, kept inside the demo directory
+    config = base / "weightd.toml"
+    config.write_text(f'state_dir = "{base}/state"\n[tiers.hot]\npath = "{hot}"\ncapacity = "25%"\n'
+                      f'[tiers.warm]\npath = "{base}/warm"\ncapacity = "10GiB"\n'
+                      f'[tiers.cold]\npath = "{base}/cold"\n')
+    _CONFIG[:] = ["--config", str(config)]
+    click.secho(f"# 6. publish both versions to cold storage (here {base}/cold; in a fleet, the shared mount)",
+                bold=True)
+    _flip_byte(victim)  # undo the bit rot first
+    _run(["publish", str(v1), "--name", "demo/tiny-llama", "--version", "v1"])
+    _run(["publish", str(v2), "--name", "demo/tiny-llama", "--version", "v2"])
+    click.secho("# 7. preload: cold -> warm (NVMe), then warm -> hot (/dev/shm); verified, atomic, leased", bold=True)
+    _run(["preload", "demo/tiny-llama@v1", "--tier", "warm"])
+    _run(["preload", "demo/tiny-llama@v1", "--tier", "hot", "--json"])
+    click.secho("# 8. the same again moves nothing; 'path' is what a server is pointed at", bold=True)
+    _run(["preload", "demo/tiny-llama@v1"])
+    _run(["path", "demo/tiny-llama@v1"])
+    click.secho("# 9. an update: v2 (no version = the latest) reuses every unchanged tensor of v1 already "
+                "on the node; only the changed bytes are read from cold", bold=True)
+    _run(["manifest", "diff", str(base / "cold/demo/tiny-llama/v1"), str(base / "cold/demo/tiny-llama/v2"),
+          "--plan"])
+    _run(["preload", "demo/tiny-llama", "--tier", "warm"])
+    _run(["pin", "demo/tiny-llama@v1"])
+    _run(["status"])
+    return config
+
+
 def run_demo(workdir: str | None, size: str = "64MiB") -> None:
     own = workdir is None
     base = Path(workdir or tempfile.mkdtemp(prefix="weightd-demo-"))
     base.mkdir(parents=True, exist_ok=True)
     hot = Path(f"/dev/shm/weightd-demo-{os.getpid()}")
     try:
-        v1, v2 = base / "tiny-llama-v1", base / "tiny-llama-v2"
-        for d in (v1, v2):
-            if d.exists():
-                shutil.rmtree(d)
-        click.secho(f"# 1. a sample Hugging Face style checkpoint ({size}, 3 shards) in {v1}", bold=True)
-        make_checkpoint(v1, total_bytes=parse_size(size), shards=3, seed="v1")
-        for p in sorted(v1.rglob("*")):
-            if p.is_file():
-                click.echo(f"  {p.relative_to(v1)}  {p.stat().st_size} bytes")
-        click.echo()
-        click.secho("# 2. its manifest: every file, every tensor's byte range, xxh3-128 hashes", bold=True)
-        _run(["manifest", "build", str(v1)])
-        click.secho("# 3. verify the checkpoint against it", bold=True)
-        _run(["verify", str(v1)])
-        click.secho("# 4. version 2 fine-tunes three tensors: the diff names them and counts the bytes", bold=True)
-        shutil.copytree(v1, v2, ignore=shutil.ignore_patterns(".weightd"))
-        for changed in ("model.layers.0.self_attn.o_proj.weight", "model.layers.1.mlp.up_proj.weight",
-                        "model.layers.3.mlp.down_proj.weight"):
-            shard = next(p for p in sorted(v2.glob("*.safetensors")) if changed.encode() in p.read_bytes()[:1 << 16])
-            nbytes = mutate_tensor(shard, changed, seed="v2")
-            click.echo(f"changed {changed} in {shard.name} ({nbytes} bytes)")
-        click.echo()
-        _run(["manifest", "build", str(v2)])
-        _run(["manifest", "diff", str(v1), str(v2)])
-        click.secho("# 5. bit rot: one flipped byte in v1 is found and named (exit 5)", bold=True)
-        victim = sorted(v1.glob("*.safetensors"))[0]
-        with open(victim, "r+b") as fh:
-            fh.seek(os.path.getsize(victim) // 2)
-            b = fh.read(1)
-            fh.seek(-1, os.SEEK_CUR)
-            fh.write(bytes([b[0] ^ 0xFF]))
-        _run(["verify", str(v1)], expect=5)
-
-        # a node of its own: the embedded default's layout, kept inside the demo directory
-        config = base / "weightd.toml"
-        config.write_text(f'state_dir = "{base}/state"\n[tiers.hot]\npath = "{hot}"\ncapacity = "25%"\n'
-                          f'[tiers.warm]\npath = "{base}/warm"\ncapacity = "10GiB"\n'
-                          f'[tiers.cold]\npath = "{base}/cold"\n')
-        _CONFIG[:] = ["--config", str(config)]
-        click.secho(f"# 6. publish both versions to cold storage (here {base}/cold; in a fleet, the shared mount)",
-                    bold=True)
-        with open(victim, "r+b") as fh:  # undo the bit rot first
-            fh.seek(os.path.getsize(victim) // 2)
-            b = fh.read(1)
-            fh.seek(-1, os.SEEK_CUR)
-            fh.write(bytes([b[0] ^ 0xFF]))
-        _run(["publish", str(v1), "--name", "demo/tiny-llama", "--version", "v1"])
-        _run(["publish", str(v2), "--name", "demo/tiny-llama", "--version", "v2"])
-        click.secho("# 7. preload: cold -> warm (NVMe), then warm -> hot (/dev/shm); verified, atomic, leased", bold=True)
-        _run(["preload", "demo/tiny-llama@v1", "--tier", "warm"])
-        _run(["preload", "demo/tiny-llama@v1", "--tier", "hot", "--json"])
-        click.secho("# 8. the same again moves nothing; 'path' is what a server is pointed at", bold=True)
-        _run(["preload", "demo/tiny-llama@v1"])
-        _run(["path", "demo/tiny-llama@v1"])
-        click.secho("# 9. an update: v2 (no version = the latest) reuses every unchanged tensor of v1 already "
-                    "on the node; only the changed bytes are read from cold", bold=True)
-        _run(["manifest", "diff", str(base / "cold/demo/tiny-llama/v1"), str(base / "cold/demo/tiny-llama/v2"),
-              "--plan"])
-        _run(["preload", "demo/tiny-llama", "--tier", "warm"])
-        _run(["pin", "demo/tiny-llama@v1"])
-        _run(["status"])
+        v1, v2, victim = _demo_content(base, size)
+        config = _demo_node(base, hot, v1, v2, victim)
         _demo_daemon(base, config)
         _demo_cluster(base, parse_size(size))
         click.secho("# 12. weightd doctor: is anything on this node slowing model loading? (exit 7 = critical)",
