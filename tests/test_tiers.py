@@ -95,9 +95,8 @@ def test_preload_cold_to_warm_to_hot(wd, node_env) -> None:
     published(node_env)
     proc = wd("preload", "org/tiny@v1", "--tier", "warm", "--json")
     assert proc.returncode == 0, proc.stderr
-    lines = proc.stdout.strip().splitlines()
-    r = json.loads(lines[0])
-    assert lines[-1] == str(node_env.warm / "org/tiny/v1") == r["path"]
+    r = json.loads(proc.stdout)  # with --json, stdout is one JSON document (issue 13)
+    assert r["path"] == str(node_env.warm / "org/tiny/v1")
     assert r["bytes_by_source"]["cold"] == r["bytes"] and r["bytes_by_source"]["local_reuse"] == 0
     assert r["tier"] == "warm" and set(r["bytes_by_source"]) == {"local_reuse", "peer", "origin", "cold"}
 
