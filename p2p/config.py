@@ -1,0 +1,42 @@
+"""What the network data plane needs to know, in one frozen dataclass (validated when built).
+
+The control plane builds it from its own configuration (``weightd/swarm.py``: ``p2p_config``); ``p2p``
+reads nothing else, no environment and no file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class P2PConfig:
+    listen: str = "0.0.0.0:6881"
+    upload_limit: int = 0            # bytes/s, 0 = unlimited
+    download_limit: int = 0
+    allow: tuple[str, ...] = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "127.0.0.0/8")
+    max_connections: int = 200
+    peers: tuple[str, ...] = ()      # "IP:PORT" of the origin(s): where every download starts
+    trackers: tuple[str, ...] = ()
+    threshold: int = 10 << 30        # bytes: smaller versions get no torrent and never use the swarm
+    fallback_after_s: float = 60.0   # no bytes from the swarm for this long: give up (copy from cold)
+    piece_size: int = 0              # torrent piece size at publish, bytes; 0 = by checkpoint size
+
+    def __post_init__(self) -> None:
+        for key in ("upload_limit", "download_limit", "threshold", "piece_size"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"p2p.{key}: must not be negative, got {getattr(self, key)}")
+        if self.max_connections < 1:
+            raise ValueError(f"p2p.max_connections: must be at least 1, got {self.max_connections}")
+        if not self.fallback_after_s > 0:
+            raise ValueError(f"p2p.fallback_after_s: must be positive, got {self.fallback_after_s}")
+        for key, value in (("listen", self.listen), *(("peers", p) for p in self.peers)):
+            host, sep, port = value.rpartition(":")
+            if not sep or not host or not port.isdigit() or int(port) > 65535:
+                raise ValueError(f"p2p.{key}: expected 'IP:PORT', got {value!r}")
+
+
+def endpoint(s: str) -> tuple[str, int]:
+    """``"IP:PORT"`` (or ``"[v6]:PORT"``) as libtorrent's (host, port)."""
+    host, _, port = s.rpartition(":")
+    return host.strip("[]"), int(port)

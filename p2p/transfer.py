@@ -1,0 +1,171 @@
+"""One download on a session: its torrent handle, its own alert queue, its piece plan, what it measured.
+
+The loop reads only its own events (the pump hands them over by info-hash), so neither a metrics
+scrape nor another download can take the ``cache_flushed_alert`` or the ``torrent_error_alert`` it
+waits for.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
+
+import libtorrent as lt
+
+from .alerts import AlertEvent
+from .config import endpoint
+from .errors import TransferFailed, TransferStalled
+from .plan import PiecePlan
+
+if TYPE_CHECKING:
+    from .session import P2PSession
+
+log = logging.getLogger(__name__)
+
+CONNECT_EVERY_S = 2.0
+PLAN_EVERY_S = 0.25
+WAIT_S = 0.1
+
+
+@dataclass(slots=True)
+class DownloadResult:
+    bytes_by_peer: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+    hash_failures: int = 0
+    banned: list[str] = field(default_factory=list)
+    local_bytes: int = -1    # bytes that passed libtorrent's check before any download (prefill, resume)
+    flushed: bool = False    # libtorrent confirmed its cache was written out (cache_flushed_alert)
+
+    def split(self, origins: set[str]) -> tuple[int, int]:
+        """(bytes from origins, bytes from other peers)."""
+        o = sum(v for k, v in self.bytes_by_peer.items() if k in origins or k.split(":")[0] in origins)
+        return o, sum(self.bytes_by_peer.values()) - o
+
+
+class Transfer:
+    def __init__(self, session: "P2PSession", ti: lt.torrent_info, h: lt.torrent_handle,
+                 events: "queue.SimpleQueue[AlertEvent]", peers: tuple[str, ...], *, plan: bool,
+                 progress: Callable[[int], None] | None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.session, self.ti, self.h, self.events, self.peers = session, ti, h, events, peers
+        self.progress, self.clock = progress, clock
+        self.key = str(ti.info_hashes().v2)
+        self.origin_ips = {endpoint(p)[0] for p in peers}
+        self.planner = PiecePlan(ti.num_pieces()) if plan and self.origin_ips else None
+        self.result = DownloadResult()
+        self._reported = 0
+
+    def run(self, *, stall_s: float, timeout_s: float | None, flush_timeout_s: float) -> DownloadResult:
+        t0 = self.clock()
+        self._download(t0, stall_s, timeout_s)
+        self._flush(flush_timeout_s)
+        self._attribute()
+        self.result.seconds = self.clock() - t0
+        self.result.local_bytes = max(0, self.result.local_bytes)
+        return self.result
+
+    def _download(self, t0: float, stall_s: float, timeout_s: float | None) -> None:
+        h, planner, result = self.h, self.planner, self.result
+        last_progress = t0
+        if planner is not None:
+            planner.last_progress = t0
+        last_done, next_connect, next_plan, planned_done, current = 0, 0.0, 0.0, -1, None
+        while True:
+            now = self.clock()
+            if now >= next_connect:
+                self._connect()
+                next_connect = now + CONNECT_EVERY_S
+            self._take_events(WAIT_S)
+            self._sample_peers()
+            plan_due = planner is not None and now >= next_plan
+            st = h.status(lt.torrent_handle.query_pieces if plan_due else 0)  # (the bitfield only when used)
+            if result.local_bytes < 0 and st.state in (lt.torrent_status.downloading, lt.torrent_status.finished,
+                                                       lt.torrent_status.seeding):
+                result.local_bytes = st.total_done - st.total_payload_download
+            if st.total_done > last_done:
+                last_done, last_progress = st.total_done, now
+                self._report(st.total_done)
+            if st.is_seeding or (not planner and st.is_finished):
+                return
+            if plan_due and st.state in (lt.torrent_status.downloading, lt.torrent_status.finished):
+                current = self.session.apply_plan(h, planner, st, self.origin_ips, now,
+                                                  st.total_done > planned_done, current)
+                planned_done, next_plan = st.total_done, now + PLAN_EVERY_S
+            if now - last_progress > stall_s:
+                raise TransferStalled(f"no peer delivered for {stall_s:.0f} s "
+                                      f"({st.total_done} of {self.ti.total_size()} bytes)")
+            if timeout_s is not None and now - t0 > timeout_s:
+                raise TransferStalled(f"P2P download did not finish in {timeout_s:.0f} s")
+
+    def _connect(self) -> None:
+        for p in self.peers:
+            try:
+                self.h.connect_peer(endpoint(p))
+            except RuntimeError:  # (a peer libtorrent will not dial: the others and PEX still work)
+                pass
+
+    def _take_events(self, wait_s: float) -> list[AlertEvent]:
+        """This torrent's events: wait up to ``wait_s`` for the first, then take what is there."""
+        out: list[AlertEvent] = []
+        try:
+            out.append(self.events.get(timeout=wait_s))
+            while True:
+                out.append(self.events.get_nowait())
+        except queue.Empty:
+            pass
+        failed = None
+        for ev in out:  # (all of them first: a flush can be confirmed in the batch that also fails)
+            if ev.kind == "peer_ban_alert" and ev.endpoint is not None:
+                self.result.banned.append(ev.endpoint)
+            elif ev.kind == "hash_failed_alert":
+                self.result.hash_failures += 1
+            elif ev.kind == "cache_flushed_alert":
+                self.result.flushed = True
+            failed = failed or (ev if ev.error else None)
+        if failed is not None:
+            raise TransferFailed(self.key, failed.message)
+        return out
+
+    def _report(self, total_done: int) -> None:
+        if self.progress is not None:
+            self.progress(total_done - self._reported)
+            self._reported = total_done
+
+    def _sample_peers(self) -> None:
+        # by IP (one node per address): a peer can hold two connections for a moment, and an incoming
+        # connection shows an ephemeral port
+        now: dict[str, int] = {}
+        for pi in self.h.get_peer_info():
+            now[pi.ip[0]] = now.get(pi.ip[0], 0) + pi.total_download
+        by = self.result.bytes_by_peer
+        for ip, n in now.items():
+            by[ip] = max(by.get(ip, 0), n)
+
+    def _flush(self, timeout_s: float) -> None:
+        """A finished torrent may not be on disk yet: flush, and wait for libtorrent to say so."""
+        self.h.flush_cache()
+        deadline = self.clock() + timeout_s
+        while not self.result.flushed and self.clock() < deadline:
+            try:
+                self._take_events(0.2)
+            except TransferFailed as exc:  # (as before: the node verifies every file against the manifest)
+                log.warning("p2p: error while flushing %s: %s", exc.info_hash, exc.reason)
+        if not self.result.flushed:
+            log.warning("p2p: no cache_flushed_alert for %s within %.0f s", self.ti.name(), timeout_s)
+
+    def _attribute(self) -> None:
+        self._sample_peers()
+        # per-peer counters vanish when peers disconnect at completion: scale the sampled shares
+        # to libtorrent's exact payload total
+        result, st = self.result, self.h.status()
+        total = st.total_payload_download
+        sampled = sum(result.bytes_by_peer.values())
+        if sampled and total:
+            result.bytes_by_peer = {k: round(v * total / sampled) for k, v in result.bytes_by_peer.items()}
+        elif total:  # finished between two samples: only the peers we were told about were seen
+            others = set(result.bytes_by_peer) - self.origin_ips
+            result.bytes_by_peer = {endpoint(self.peers[0])[0] if self.peers and not others else "unattributed": total}
+        self.session.alerts.add("downloaded", total)
+        self.session.alerts.add("uploaded_gone", st.all_time_upload)
