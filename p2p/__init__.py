@@ -11,10 +11,19 @@ import importlib
 from typing import Any
 
 _SURFACE: dict[str, str] = {
+    # errors, and the one boundary where libtorrent's become ours
     "P2PError": "errors", "PeerRejected": "errors", "TorrentRejected": "errors", "TransferStalled": "errors",
-    "P2PConfig": "session", "P2PSession": "session",
+    "TransferFailed": "errors", "LibtorrentError": "errors", "map_libtorrent_errors": "errors",
+    # configuration
+    "P2PConfig": "config",
+    # the session, its alert pump and its downloads
+    "P2PSession": "session", "AlertEvent": "alerts", "AlertPump": "alerts", "DownloadResult": "transfer",
+    # torrents
     "TORRENT_RELPATH": "torrent", "load_torrent": "torrent", "make_torrent": "torrent",
     "piece_size_for": "torrent",
+    # the swarm as a preload source, and seeding
+    "P2PFetcher": "fetch",
+    "check_seedable": "seeding", "ensure_torrent": "seeding", "read_torrent": "seeding", "seed_held": "seeding",
     "Tracker": "tracker",
 }
 

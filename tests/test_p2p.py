@@ -13,9 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from p2p.errors import TorrentRejected
-from p2p.session import P2PConfig, P2PSession
-from p2p.torrent import TORRENT_RELPATH, load_torrent, make_torrent
+from p2p import TORRENT_RELPATH, P2PConfig, P2PSession, TorrentRejected, load_torrent, make_torrent
 from tiering import build_manifest, verify_checkpoint
 from tiering.sample import make_checkpoint
 

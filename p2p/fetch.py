@@ -1,0 +1,106 @@
+"""The swarm as a transfer source: tiering's ``Fetcher`` protocol, ``fetch(FetchRequest) -> FetchResult``.
+
+For a P2P-sized version with a torrent beside it, download from the swarm (starting at ``peers``, the
+origins; workers find each other by peer exchange and the tracker) into the staging area ``LocalNode``
+opened, then hand it back filled; the node verifies every file against the manifest and publishes
+atomically, as for any source. If no peer delivers for ``fallback_after_s`` (or libtorrent fails the
+transfer) the fetcher leaves the staging area as it found it and says so, and the node copies from cold.
+
+Staging, step by step (every step by directory descriptor, never by a path that could be swapped):
+
+1. ``mark_resumable()``: a crash keeps the verified pieces for the next try;
+2. libtorrent writes under ``staging/<version>/`` (the torrent's root is the version label), a directory
+   weightd made inside its own staging area, which no one else can write;
+3. with a delta plan, donor bytes are pre-filled at their new offsets first (their pieces then pass
+   libtorrent's check and only the rest moves);
+4. ``fsync_tree(files=True)``: durable before anything leaves the inner directory (libtorrent does not
+   fsync), then every file is renamed up into the staging directory itself, the ``.pad`` files dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Callable
+
+from tiering import DIR_MODE, Dir, FetchRequest, FetchResult, SourceFallback, prefill_delta
+
+from .config import P2PConfig
+from .errors import P2PError, TorrentRejected
+from .seeding import read_torrent
+
+if TYPE_CHECKING:
+    import libtorrent as lt
+
+    from .session import P2PSession
+    from .transfer import DownloadResult
+
+log = logging.getLogger(__name__)
+
+
+class P2PFetcher:
+    def __init__(self, config: P2PConfig, session: "P2PSession | None" = None, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.config, self.clock = config, clock
+        self._session = session
+        self.own_session = session is None
+
+    @property
+    def session(self) -> "P2PSession":
+        if self._session is None:  # in-process CLI use: a session for this download only
+            from .session import P2PSession
+            self._session = P2PSession(self.config)
+        return self._session
+
+    def close(self) -> None:
+        if self.own_session and self._session is not None:
+            self._session.close()
+            self._session = None
+
+    def fetch(self, request: FetchRequest) -> FetchResult:
+        src, cfg = request.source, self.config
+        if src.size < cfg.threshold or not cfg.peers:
+            return FetchResult(False)
+        try:
+            ti = read_torrent(src)
+        except TorrentRejected as exc:
+            log.warning("not using P2P for %s: %s", src.ref, exc)
+            return FetchResult(False, fallback=SourceFallback("p2p", "cold", str(exc)))
+        if ti is None:
+            return FetchResult(False)
+        request.staging.mark_resumable()
+        try:
+            result = self._download(request, ti)
+        except P2PError as exc:  # (TransferStalled, TransferFailed, LibtorrentError, ...)
+            log.warning("P2P download of %s failed, copying from cold instead: %s", src.ref, exc)
+            request.staging.dir.remove(src.version)
+            return FetchResult(False, fallback=SourceFallback("p2p", "cold", str(exc)))
+        request.staging.dir.remove(src.version)
+        origin, peers = result.split({e.rpartition(":")[0] for e in cfg.peers})
+        return FetchResult(True, {"origin": origin, "peer": peers, "local_reuse": result.local_bytes})
+
+    def _download(self, request: FetchRequest, ti: "lt.torrent_info") -> "DownloadResult":
+        """Download into ``staging/<version>/`` and move the files up into the staging directory; the
+        inner directory is closed (not removed) on the way out, whatever happens."""
+        src, staging, deadline, cfg = request.source, request.staging, request.deadline, self.config
+        with staging.dir.sub(src.version, create=True, mode=DIR_MODE) as inner:
+            if request.delta is not None:
+                # donor bytes at their new offsets: libtorrent's check passes their pieces, only the rest
+                # moves (a donor that rotted just fails its pieces, which are then downloaded)
+                prefill_delta(request.delta, inner, deadline=deadline)
+            timeout_s = None if deadline is None else max(1.0, deadline - self.clock())
+            result = self.session.download(ti, staging.path / src.version, peers=cfg.peers,
+                                           stall_s=cfg.fallback_after_s, timeout_s=timeout_s,
+                                           progress=request.progress)
+            _move_up(inner, staging.dir)
+        return result
+
+
+def _move_up(inner: Dir, staging: Dir) -> None:
+    # durable before it is renamed into place, as copies are: libtorrent does not fsync
+    inner.fsync_tree(files=True)
+    for child, _ in inner.entries():  # move the files up into the staging directory itself
+        if child == ".pad":
+            inner.remove(child)
+            continue
+        inner.rename(child, staging, child)
