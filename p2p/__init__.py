@@ -1,8 +1,23 @@
 """weightd's network data plane: BitTorrent distribution of large checkpoints (libtorrent).
 
-Depends on ``tiering`` (manifests), never on ``weightd``. This module is the package's public
-surface; names resolve on first use (PEP 562), so importing ``p2p`` for an error class does not load
-libtorrent.
+Depends on ``tiering`` (manifests, staging, the ``Fetcher`` seam), never on ``weightd``: the control
+plane builds a ``P2PConfig`` and passes it in. This module is the package's public surface; names
+resolve on first use (PEP 562), so importing ``p2p`` for an error class does not load libtorrent.
+
+By concern::
+
+    config.py    P2PConfig: everything p2p needs to know (frozen, validated when built)
+    errors.py    P2PError and its hierarchy; map_libtorrent_errors, the one translation boundary
+    session.py   P2PSession: one libtorrent session per node (settings, filters, seeding, stats)
+    alerts.py    AlertPump: the only reader of the session's alert queue; counters, a queue per
+                 transfer, subscribe(callback) for the daemon's loop
+    transfer.py  one download: its events, the piece plan applied, byte attribution (DownloadResult)
+    plan.py      PiecePlan: each worker's slice of the origin's pieces
+    fetch.py     P2PFetcher: the swarm as tiering's Fetcher (staging in, FetchResult out)
+    seeding.py   torrents beside published versions (ensure_torrent, read_torrent, check_seedable)
+                 and what a node seeds (seed_held)
+    torrent.py   v2 torrents made from and checked against manifests
+    tracker.py   the origin's minimal announce endpoint
 """
 
 from __future__ import annotations
