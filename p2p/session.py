@@ -119,6 +119,8 @@ class P2PSession:
         return self.alerts.subscribe(callback)
 
     def close(self) -> None:
+        """Stop the alert pump, drop every torrent, free the session (idempotent). A session that is
+        never closed lives as long as the process: its pump thread holds it."""
         if not hasattr(self, "ses"):
             return
         self.alerts.stop()
