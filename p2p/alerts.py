@@ -12,7 +12,9 @@ before the next pop, and only events leave its thread:
 - counters (hash failures, bans, blocked peers, and the byte totals the session adds) live under one
   lock and are read as a snapshot;
 - each transfer registers a queue under its v2 info-hash (``transfer(key)``) before it adds its
-  torrent, and gets the events of that torrent, in order;
+  torrent, and gets the events of that torrent, in order, plus a ``TICK`` after every batch the
+  session posts (so a download's loop wakes whenever libtorrent has news, as when it waited on the
+  session's queue itself: the piece plan keeps its cadence);
 - ``subscribe(callback)`` calls ``callback(event)`` on the pump thread for every event. It must not
   block: the daemon hands each event to its asyncio loop, the one owner of its scheduling state::
 
@@ -49,6 +51,10 @@ class AlertEvent:
     message: str
     endpoint: str | None = None  # the peer, for peer alerts
     error: bool = False          # the transfer failed (torrent_error_alert, file_error_alert)
+
+
+#: put in every transfer's queue after each batch of alerts (carries nothing; wakes the loop)
+TICK = AlertEvent("tick", None, "")
 
 
 def _info_hash(a: lt.alert) -> str | None:
@@ -95,10 +101,23 @@ class AlertPump:
             try:
                 self._ses.wait_for_alert(self._wait_ms)
                 alerts = self._ses.pop_alerts()
-                for a in alerts:
+            except Exception:  # noqa: BLE001 (never expected: keep trying, without spinning)
+                log.exception("p2p alert pump: cannot read the alert queue")
+                self._stop.wait(1.0)
+                continue
+            for a in alerts:  # (each alert is valid only until the next pop: all of them now)
+                try:
                     self._dispatch(a)
-            except Exception:  # noqa: BLE001 (the pump must outlive one bad alert)
-                log.exception("p2p alert pump: dispatch failed")
+                except Exception:  # noqa: BLE001 (the pump must outlive one bad alert)
+                    log.exception("p2p alert pump: dispatch failed")
+            if alerts:
+                self._tick()
+
+    def _tick(self) -> None:
+        with self._lock:
+            queues = list(self._transfers.values())
+        for q in queues:
+            q.put(TICK)
 
     def _dispatch(self, a: lt.alert) -> None:
         ev = event_of(a)
