@@ -23,7 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tiering.units import parse_size  # noqa: E402
+from tiering.content.units import parse_size  # noqa: E402
 from weightd.diskbench import make_test_file  # noqa: E402
 
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}

@@ -104,7 +104,7 @@ class NodeEnv:
             f'[p2p]\nlisten = "127.0.0.1:0"\n')
 
     def node(self, **kw) -> LocalNode:
-        from tiering.units import parse_size
+        from tiering.content.units import parse_size
 
         def spec(name: str, path: Path, cap: str) -> TierSpec:
             return TierSpec(name, path, parse_size(cap))

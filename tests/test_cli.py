@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tiering.safetensors_header import read_header
+from tiering.content.safetensors_header import read_header
 from tiering.sample import mutate_tensor
 
 from .conftest import assert_one_line_error

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 import xxhash
 
-from tiering import build_manifest, hashing
-from tiering.hashing import HashJob, hash_files, lease_intact, open_for_read, take_read_lease
+from tiering import build_manifest
+from tiering.content import hashing
+from tiering.content.hashing import HashJob, hash_files, lease_intact, open_for_read, take_read_lease
 from tiering.sample import make_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,7 +49,7 @@ def test_lease_is_taken_and_refused_for_open_writers(tmp_path: Path) -> None:
 CHILD = textwrap.dedent("""
     import subprocess, sys, time
     sys.path.insert(0, sys.argv[2])
-    from tiering import hashing
+    from tiering.content import hashing
     from tiering.errors import FileChanged
     path, size = sys.argv[1], int(sys.argv[3])
     hashing.PROGRESS_EVERY = hashing.MMAP_WINDOW

@@ -1,6 +1,6 @@
 import pytest
 
-from tiering.units import format_bytes, parse_fraction, parse_size
+from tiering.content.units import format_bytes, parse_fraction, parse_size
 
 
 @pytest.mark.parametrize("text,expected", [

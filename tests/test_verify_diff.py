@@ -10,7 +10,7 @@ import pytest
 
 from tiering import build_manifest, diff_manifests, verify_checkpoint
 from tiering.errors import ChecksumMismatch, IntegrityError
-from tiering.safetensors_header import read_header
+from tiering.content.safetensors_header import read_header
 from tiering.sample import make_checkpoint, mutate_tensor
 
 

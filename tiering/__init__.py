@@ -15,16 +15,16 @@ from typing import Any
 #: public name -> the module that defines it
 _SURFACE: dict[str, str] = {
     # content: what a checkpoint is
-    "FORMAT": "manifest", "MANIFEST_RELPATH": "manifest", "FileEntry": "manifest", "Manifest": "manifest",
-    "Part": "manifest", "SafetensorsInfo": "manifest", "TensorEntry": "manifest", "load_manifest": "manifest",
-    "manifest_from_dict": "manifest", "write_manifest": "manifest",
-    "Problem": "build", "VerifyReport": "build", "build_manifest": "build", "verify_checkpoint": "build",
-    "plan_size": "build",
-    "ManifestDiff": "diff", "TensorChange": "diff", "diff_manifests": "diff",
-    "SafetensorsHeader": "safetensors_header", "TensorInfo": "safetensors_header", "read_header": "safetensors_header",
-    "ScannedFile": "scan", "scan_checkpoint": "scan", "scan_dir": "scan",
-    "parse_ref": "names", "validate_name": "names", "validate_relpath": "names", "validate_version": "names",
-    "format_bytes": "units", "parse_fraction": "units", "parse_size": "units",
+    "FORMAT": "content.manifest", "MANIFEST_RELPATH": "content.manifest", "FileEntry": "content.manifest", "Manifest": "content.manifest",
+    "Part": "content.manifest", "SafetensorsInfo": "content.manifest", "TensorEntry": "content.manifest", "load_manifest": "content.manifest",
+    "manifest_from_dict": "content.manifest", "write_manifest": "content.manifest",
+    "Problem": "content.build", "VerifyReport": "content.build", "build_manifest": "content.build", "verify_checkpoint": "content.build",
+    "plan_size": "content.build",
+    "ManifestDiff": "content.diff", "TensorChange": "content.diff", "diff_manifests": "content.diff",
+    "SafetensorsHeader": "content.safetensors_header", "TensorInfo": "content.safetensors_header", "read_header": "content.safetensors_header",
+    "ScannedFile": "content.scan", "scan_checkpoint": "content.scan", "scan_dir": "content.scan",
+    "parse_ref": "content.names", "validate_name": "content.names", "validate_relpath": "content.names", "validate_version": "content.names",
+    "format_bytes": "content.units", "parse_fraction": "content.units", "parse_size": "content.units",
     "make_checkpoint": "sample", "mutate_tensor": "sample",
     # errors
     "BadInput": "errors", "Busy": "errors", "CheckpointNotFound": "errors", "ChecksumMismatch": "errors",

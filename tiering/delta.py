@@ -28,11 +28,11 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 
-from .build import verify_checkpoint
+from .content.build import verify_checkpoint
 from .copy import run_all, start_writeback
 from .errors import FileChanged, TimedOut
-from .hashing import open_for_read
-from .manifest import FileEntry, Manifest
+from .content.hashing import open_for_read
+from .content.manifest import FileEntry, Manifest
 from .safefs import Dir, FileRef, sanitize_mode
 
 def _ref(base: "Path | Dir", rel: str) -> "str | FileRef":

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Iterator
 
 from .errors import BadInput, CheckpointNotFound, ManifestError, UnsafePath
-from .manifest import MANIFEST_RELPATH, MAX_MANIFEST_BYTES, Manifest, parse_manifest
-from .names import validate_name, validate_version
+from .content.manifest import MANIFEST_RELPATH, MAX_MANIFEST_BYTES, Manifest, parse_manifest
+from .content.names import validate_name, validate_version
 from .safefs import Dir, open_cold_root
 
 STAGING = ".staging"

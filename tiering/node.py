@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from .build import build_manifest, verify_checkpoint
+from .content.build import build_manifest, verify_checkpoint
 from .copy import CopyJob, copy_files
 from .delta import Donor, plan_delta
 from .delta import build_verified as build_delta
@@ -29,12 +29,12 @@ from .layout import (COLD, DIR_MODE, HOT, LOCAL_TIERS, LOCKS, PRIVATE_MODE, TRAS
                      published_versions, read_version, remove_tree, staging_expected_bytes, staging_id,
                      staging_ids, staging_keep, version_path, version_rel)
 from .locks import FileLock
-from .manifest import MANIFEST_RELPATH, Manifest
-from .names import validate_name, validate_version
+from .content.manifest import MANIFEST_RELPATH, Manifest
+from .content.names import validate_name, validate_version
 from .pagecache import WarmOptions, residency, warm
 from .placement import Candidate, EvictionPlan, plan_eviction
 from .safefs import Dir, FileRef, RootPolicy, open_cold_root, open_tier_root
-from .scan import scan_checkpoint
+from .content.scan import scan_checkpoint
 from .sources import Fetcher, FetchRequest, SourceFallback, as_dicts
 from .state import State
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from .hashing import open_for_read
+from .content.hashing import open_for_read
 
 log = logging.getLogger(__name__)
 

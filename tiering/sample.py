@@ -17,7 +17,7 @@ from typing import Callable
 
 import xxhash
 
-from .safetensors_header import DTYPE_BITS, read_header
+from .content.safetensors_header import DTYPE_BITS, read_header
 
 _BLOCK = 1 << 20
 

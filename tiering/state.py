@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterable, Iterator, TypeVar
 
 from .errors import InvalidName, TimedOut, UnsafePath
-from .names import validate_name, validate_version
+from .content.names import validate_name, validate_version
 
 F = TypeVar("F", bound=Callable[..., Any])
 log = logging.getLogger(__name__)

@@ -7,8 +7,8 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import BadInput, CheckpointNotFound, UnsafePath
-from .safefs import Dir, FileRef
+from ..errors import BadInput, CheckpointNotFound, UnsafePath
+from ..safefs import Dir, FileRef
 
 #: directories that belong to tools, not to the checkpoint (relative to the checkpoint root)
 EXCLUDED_DIRS = (".weightd", ".git", ".cache/huggingface")

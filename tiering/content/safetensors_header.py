@@ -18,7 +18,7 @@ import os
 import struct
 from dataclasses import dataclass
 
-from .errors import SafetensorsHeaderError
+from ..errors import SafetensorsHeaderError
 
 MAX_HEADER_BYTES = 100_000_000  # the safetensors reference implementation's own bound
 MAX_DIMS = 64

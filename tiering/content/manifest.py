@@ -26,7 +26,7 @@ from typing import Any, Iterator
 
 import xxhash
 
-from .errors import ManifestError
+from ..errors import ManifestError
 from .names import validate_name, validate_relpath, validate_version
 from .safetensors_header import DTYPE_BITS
 
@@ -342,7 +342,7 @@ def load_manifest(path: str | os.PathLike[str]) -> Manifest:
         with open(spath, "rb") as fh:
             raw = fh.read(MAX_MANIFEST_BYTES + 1)
     except FileNotFoundError:
-        from .errors import CheckpointNotFound
+        from ..errors import CheckpointNotFound
         raise CheckpointNotFound(spath, "no manifest here") from None
     except IsADirectoryError:
         raise ManifestError(spath, "is a directory") from None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from .errors import InvalidName, UnsafePath
+from ..errors import InvalidName, UnsafePath
 
 _COMPONENT = r"[A-Za-z0-9._-]+"
 NAME_RE = re.compile(rf"{_COMPONENT}(?:/{_COMPONENT})?")

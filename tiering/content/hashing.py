@@ -30,8 +30,8 @@ from typing import Callable, Sequence
 
 import xxhash
 
-from .errors import BadInput, CheckpointNotFound, FileChanged
-from .safefs import FileRef, regular_or_close
+from ..errors import BadInput, CheckpointNotFound, FileChanged
+from ..safefs import FileRef, regular_or_close
 
 READ_BYTES = 1 << 20
 MMAP_WINDOW = 32 << 20       # bounded, so mapped pages never add much to RSS
