@@ -39,8 +39,9 @@ _SURFACE: dict[str, str] = {
     "LocalNode": "node", "PreloadReport": "node", "PublishReport": "node", "DEFAULT_LEASE_S": "node",
     "FetchRequest": "sources", "FetchResult": "sources", "Fetcher": "sources", "SourceFallback": "sources",
     # page cache
-    "LockedFiles": "pagecache", "WarmOptions": "pagecache", "check_memlock": "pagecache",
-    "collect_files": "pagecache", "cool": "pagecache", "residency": "pagecache", "warm": "pagecache",
+    "LockedFiles": "pagecache.mlock", "WarmOptions": "pagecache.warming", "check_memlock": "pagecache.mlock",
+    "collect_files": "pagecache.files", "cool": "pagecache.resident", "residency": "pagecache.resident",
+    "warm": "pagecache.warming",
     # delta updates
     "DeltaPlan": "delta", "Donor": "delta", "plan_delta": "delta", "prefill_delta": "delta",
 }

@@ -8,8 +8,6 @@ is started as the copy goes (``sync_file_range``) so the final ``fsync`` does no
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import errno
 import os
 import threading
@@ -17,17 +15,13 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence, TypeVar
 
+from ._syscalls import start_writeback
 from .errors import FileChanged, TimedOut
 from .safefs import FileRef, open_source, sanitize_mode
 
 CHUNK = 64 << 20
 _FALLBACK_ERRNOS = {errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EBADF, errno.EPERM}
-_SYNC_FILE_RANGE_WRITE = 2
 T = TypeVar("T")
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-_sync_file_range = getattr(_libc, "sync_file_range", None)
-if _sync_file_range is not None:
-    _sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,11 +41,6 @@ def _create_dst(dst: "str | FileRef") -> int:
         return dst.dir.create(dst.rel, 0o600)
     os.makedirs(os.path.dirname(dst) or ".", exist_ok=True)
     return os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-
-
-def start_writeback(fd: int, off: int, n: int) -> None:
-    if _sync_file_range is not None:
-        _sync_file_range(fd, off, n, _SYNC_FILE_RANGE_WRITE)
 
 
 def _copy_chunk(sfd: int, dfd: int, off: int, n: int, method: list[str], buf: list[bytearray]) -> int:

@@ -29,7 +29,8 @@ from typing import Any, Callable, Iterable, Sequence
 
 
 from .content.build import verify_checkpoint
-from .copy import run_all, start_writeback
+from ._syscalls import start_writeback
+from .copy import run_all
 from .errors import FileChanged, TimedOut
 from .content.hashing import open_for_read
 from .content.manifest import FileEntry, Manifest

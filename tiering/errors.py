@@ -18,10 +18,19 @@ Hierarchy (every error weightd's tiering raises derives from ``TieringError``)::
 
     (VersionConflict is a BadInput: NAME@VERSION already published with other content.)
 
+    PageCacheError (OSError)                  one file could not be warmed, measured or locked
+    └── MemlockTooLow                         RLIMIT_MEMLOCK below what locking needs; exit 2
+
+``PageCacheError`` is an ``OSError`` and not a ``TieringError`` on purpose: the page-cache engine
+reports it per file (the caller warns and goes on, as for any ``OSError`` of that file), and only
+``MemlockTooLow`` carries an exit code of its own.
+
 Every class carries an ``exit_code`` matching design §5 so the CLI maps errors in one place.
 """
 
 from __future__ import annotations
+
+import errno
 
 
 class TieringError(Exception):
@@ -109,3 +118,18 @@ class Busy(TieringError):
     def __init__(self, ref: str, reason: str) -> None:
         self.ref, self.reason = ref, reason
         super().__init__(f"{ref}: {reason}")
+
+
+class PageCacheError(OSError):
+    """A per-file problem (the caller warns and goes on)."""
+
+
+class MemlockTooLow(PageCacheError):
+    exit_code = 2  # a set-up problem the operator fixes (the message says how)
+
+    def __init__(self, need: int, limit: int) -> None:
+        self.need, self.limit = need, limit
+        super().__init__(errno.ENOMEM,
+                         f"locking needs {need} bytes but RLIMIT_MEMLOCK is {limit}: raise it "
+                         f"(systemd: LimitMEMLOCK=infinity in the unit; containers: --ulimit memlock=-1:-1 "
+                         f"or a Kubernetes runtime setting; a shell: ulimit -l unlimited)")

@@ -30,6 +30,7 @@ from typing import Callable, Sequence
 
 import xxhash
 
+from .._syscalls import leases_usable
 from ..errors import BadInput, CheckpointNotFound, FileChanged
 from ..safefs import FileRef, regular_or_close
 
@@ -72,16 +73,11 @@ def open_for_read(path: "str | FileRef") -> int:
 
 
 def _leases_usable() -> bool:
-    """Probed once: leases enabled and a break gives us long enough to finish a window."""
+    """Leases enabled and a break gives us long enough to finish a window (probed once, in
+    ``_syscalls``; ``_lease_ok`` keeps the answer here, where tests set it to force ``pread``)."""
     global _lease_ok
     if _lease_ok is None:
-        try:
-            with open("/proc/sys/fs/leases-enable") as fh:
-                enabled = fh.read().strip() == "1"
-            with open("/proc/sys/fs/lease-break-time") as fh:
-                _lease_ok = enabled and int(fh.read().strip()) >= MIN_LEASE_BREAK_S
-        except (OSError, ValueError):
-            _lease_ok = False
+        _lease_ok = leases_usable(MIN_LEASE_BREAK_S)
     return _lease_ok
 
 

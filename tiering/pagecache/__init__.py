@@ -1,0 +1,34 @@
+"""The page-cache engine: warm, measure, lock and drop files in the page cache (design §9).
+
+- Residency: ``cachestat(2)`` (Linux 6.5+: one call per file or range) where the kernel has it,
+  ``mincore(2)`` over a read-only mapping otherwise. Since Linux 5.2 ``mincore`` reports *every* page
+  resident for files the caller could not write (so that it leaks nothing); such results are flagged
+  ``reliable=False``.
+- Warming maps bounded windows and faults them in with ``madvise(MADV_POPULATE_READ)`` (Linux 5.14+,
+  probed once), else ``mmap(MAP_POPULATE)``. Python never touches mapped memory, so a file truncated
+  while it is warmed is an ``EFAULT`` from ``madvise``, never a SIGBUS. Windows already resident are
+  skipped (checked first), ``posix_fadvise`` SEQUENTIAL doubles the kernel's read-ahead, several files
+  are in flight at once, a token bucket caps bandwidth, and warming backs off while a 4 KiB random read
+  on the device waits longer than a threshold (the seed reports' 5 ms; :class:`AwaitMonitor` says why
+  the trigger is not the diskstats average).
+- Locking (``mlock``) lasts only while the process holding the mapping lives.
+- Dropping: ``posix_fadvise(POSIX_FADV_DONTNEED)``, which needs no root.
+
+By concern: :mod:`.files` (what to touch, in loader order), :mod:`.resident` (measure, drop),
+:mod:`.throttle` (rate cap, back-off), :mod:`.warming`, :mod:`.mlock`; the kernel calls are in
+:mod:`tiering._syscalls`, the errors in :mod:`tiering.errors`.
+"""
+
+from __future__ import annotations
+
+from .._syscalls import PAGE, read_diskstats
+from .files import FileRef, Skipped, collect_files, loader_order
+from .mlock import LockedFiles, check_memlock
+from .resident import FileResidency, ResidencyReport, cool, drop_from_cache, file_residency, residency
+from .throttle import AwaitMonitor, LatencyProbe, TokenBucket
+from .warming import WINDOW, WarmOptions, WarmReport, warm
+
+__all__ = ["PAGE", "WINDOW", "AwaitMonitor", "FileRef", "FileResidency", "LatencyProbe", "LockedFiles",
+           "ResidencyReport", "Skipped", "TokenBucket", "WarmOptions", "WarmReport", "check_memlock",
+           "collect_files", "cool", "drop_from_cache", "file_residency", "loader_order", "read_diskstats",
+           "residency", "warm"]

@@ -1,0 +1,68 @@
+"""Checks every safefs module shares: relative names, what an errno of a no-follow open means, regular
+files only, and the modes a file placed in a tier may have."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+
+from ..errors import BadInput, UnsafePath
+
+MAX_SMALL_FILE = 16 << 20   # JSON side files, manifests, torrents: more is not ours
+
+
+def split_rel(rel: str) -> list[str]:
+    """The components of a path relative to a directory; absolute paths, ``..`` and ``.`` are refused."""
+    if not rel or rel.startswith("/") or "\0" in rel:
+        raise UnsafePath(rel or "''", "not a relative path inside the tier")
+    parts = rel.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        raise UnsafePath(rel, "path components '', '.' and '..' are not allowed")
+    return parts
+
+
+def unsafe(where: str, exc: OSError) -> BadInput | OSError:
+    """What an errno from a no-follow open means for the operator."""
+    if exc.errno in (errno.ELOOP, errno.EXDEV, errno.ENOTDIR):
+        # (openat2 says ELOOP for a symlinked directory on the way, the O_NOFOLLOW walk ENOTDIR)
+        return UnsafePath(where, "is a symlink (or a file where a directory belongs) or leads outside its "
+                                 "tier (refused; weightd never follows one)")
+    return exc
+
+
+def describe(st: os.stat_result) -> str:
+    return f"owner uid {st.st_uid}, group gid {st.st_gid}, mode {stat.S_IMODE(st.st_mode):04o}"
+
+
+def regular_or_close(fd: int, where: str) -> int:
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafePath(where, "not a regular file (FIFO, socket, device or directory): refused")
+        os.set_blocking(fd, True)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def open_regular(path: str) -> int:
+    """A path outside any tier (a directory being published, a user's file): the last component is
+    not followed, and only a regular file is returned (never blocks on a FIFO)."""
+    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW
+    try:
+        fd = os.open(path, flags | os.O_NOATIME)
+    except PermissionError:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafePath(path, "is a symlink (refused; weightd never follows one here)") from None
+        raise
+    return regular_or_close(fd, path)
+
+
+def sanitize_mode(mode: int) -> int:
+    """What a file placed in a tier may be, whatever a manifest says: never group/other-writable,
+    setuid, setgid or sticky; readable by its owner."""
+    return (stat.S_IMODE(mode) & 0o755) | 0o400

@@ -1,0 +1,167 @@
+"""Tier roots: opened once with ``O_NOFOLLOW | O_DIRECTORY`` and checked to be weightd's (owner, mode,
+parents), cold storage as the operator configured it, and the check that a tree can be changed by
+no one else before its path is handed to a library that follows links."""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import UnsafePath
+from .dir import Dir
+from .paths import describe, split_rel, unsafe
+
+
+@dataclass(frozen=True, slots=True)
+class RootPolicy:
+    """How a tier root must look. ``mode``: what weightd creates it with; ``group``: its group (gid)
+    or None. A root that exists is accepted if it is a real directory owned by ``uid`` and not
+    writable by group or others (whatever its other bits)."""
+    mode: int = 0o700
+    group: int | None = None
+    uid: int | None = None   # default: our effective uid
+
+
+def check_root_stat(path: Path, st: os.stat_result, policy: RootPolicy) -> None:
+    uid = os.geteuid() if policy.uid is None else policy.uid
+    if stat.S_ISLNK(st.st_mode):
+        raise UnsafePath(str(path), "tier root is a symlink; weightd refuses it (point the config at the real "
+                                    "directory)")
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnsafePath(str(path), f"tier root is not a directory ({describe(st)})")
+    if st.st_uid != uid:
+        raise UnsafePath(str(path), f"tier root is not weightd's ({describe(st)}; expected owner uid {uid}); "
+                                    "someone else created it: remove it or configure another path")
+    if stat.S_IMODE(st.st_mode) & 0o022:
+        raise UnsafePath(str(path), f"tier root is writable by group or others ({describe(st)}); "
+                                    f"chmod go-w {path}")
+
+
+def check_ancestors(path: Path) -> None:
+    """Every directory above a tier root must be one that only root or weightd's user can change
+    entries of (owned by one of them; writable by others only with the sticky bit, as /dev/shm and
+    /tmp are), or someone could swap the root for a directory of their own (sshd's StrictModes)."""
+    me = os.geteuid()
+    for p in path.parents:
+        try:
+            st = os.stat(p)  # (following the configured path: the operator's choice)
+        except FileNotFoundError:
+            continue
+        if st.st_uid not in (0, me):
+            raise UnsafePath(str(path), f"its parent {p} belongs to uid {st.st_uid}, who could replace the tier "
+                                        "root: put the tier under a directory of root or weightd's user")
+        if stat.S_IMODE(st.st_mode) & 0o022 and not st.st_mode & stat.S_ISVTX:
+            raise UnsafePath(str(path), f"its parent {p} is writable by group or others without the sticky bit "
+                                        f"(mode {stat.S_IMODE(st.st_mode):04o}): anyone could replace the tier root")
+
+
+def open_tier_root(path: Path, policy: RootPolicy = RootPolicy(), *, create: bool) -> Dir | None:
+    """Open (and with ``create``, make) a hot or warm tier root and check it and its parents.
+
+    Returns None when it does not exist and ``create`` is false (nothing is made for a query)."""
+    check_ancestors(path)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        if not create:
+            return None
+        _make_root(path, policy)
+        st = os.lstat(path)
+    check_root_stat(path, st, policy)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise unsafe(str(path), exc) from None
+    d = Dir(fd, path)
+    try:
+        check_root_stat(path, os.fstat(fd), policy)  # the same directory we looked at, not a swapped one
+    except BaseException:
+        d.close()
+        raise
+    return d
+
+
+def _make_root(path: Path, policy: RootPolicy) -> None:
+    parent = path.parent
+    missing = []
+    p = parent
+    while not p.exists():
+        missing.append(p)
+        p = p.parent
+    for m in reversed(missing):  # parents of a root are ordinary directories (0755), made durable
+        try:
+            os.mkdir(m, 0o755)
+        except FileExistsError:
+            pass
+        _fsync_path(m.parent)
+    try:
+        os.mkdir(path, policy.mode)
+    except FileExistsError:
+        return  # made by someone else meanwhile: the caller checks whose it is
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        if policy.group is not None:
+            os.fchown(fd, -1, policy.group)
+        os.fchmod(fd, policy.mode)  # the umask does not decide a tier's mode
+    finally:
+        os.close(fd)
+    _fsync_path(parent)
+
+
+def open_cold_root(path: Path, *, create: bool = False) -> Dir | None:
+    """Cold storage: the configured path is the operator's (it may be a mount reached through a
+    symlink); everything beneath it is opened by descriptor without following anything. Never made
+    except for ``publish`` (``create``). None when it does not exist."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        if not create:
+            return None
+        os.makedirs(path, exist_ok=True)
+        _fsync_path(path.parent)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except NotADirectoryError:
+        raise UnsafePath(str(path), "cold tier is not a directory") from None
+    return Dir(fd, path)
+
+
+def _fsync_path(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def check_unchangeable(root: Dir, rel: str) -> None:
+    """``rel`` beneath ``root``, every directory on the way and every directory inside it, must be
+    one whose entries only root or weightd's user can change (owner 0 or us, not writable by group or
+    others). Code that must hand a path to a library that follows links (libtorrent) calls this
+    first: nobody else can then swap a file for a link between the check and the library's open."""
+    me = os.geteuid()
+
+    def check(d: Dir) -> None:
+        st = os.fstat(d.fd)
+        if st.st_uid not in (0, me) or stat.S_IMODE(st.st_mode) & 0o022:
+            raise UnsafePath(str(d.path), f"can be changed by others ({describe(st)}): weightd hands libtorrent "
+                                          "only directories that root or its own user alone can change")
+
+    def inside(d: Dir) -> None:
+        check(d)
+        for name in d.subdirs():
+            with d.sub(name) as sub:
+                inside(sub)
+
+    parts = split_rel(rel)
+    for i in range(1, len(parts)):
+        with root.sub("/".join(parts[:i])) as d:
+            check(d)
+    with root.sub(rel) as d:
+        inside(d)
