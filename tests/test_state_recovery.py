@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tiering import state as state_mod
+from tiering.state import db as state_mod
 from tiering.errors import UnsafePath
 from tiering.state import KEEP_CORRUPT, State
 
