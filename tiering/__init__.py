@@ -33,10 +33,11 @@ _SURFACE: dict[str, str] = {
     "UnsafePath": "errors", "VersionConflict": "errors",
     # tiers on disk
     "COLD": "layout", "DIR_MODE": "layout", "HOT": "layout", "LOCAL_TIERS": "layout", "WARM": "layout",
-    "StagingArea": "layout", "TierSpec": "layout", "VersionDir": "layout", "existing_ancestor": "layout",
+    "StagingArea": "store.staging", "TierSpec": "layout", "VersionDir": "layout", "existing_ancestor": "layout",
     "list_versions": "layout",
     "Dir": "safefs", "check_unchangeable": "safefs", "open_cold_root": "safefs", "open_tier_root": "safefs",
-    "LocalNode": "node", "PreloadReport": "node", "PublishReport": "node", "DEFAULT_LEASE_S": "node",
+    "LocalNode": "node", "DEFAULT_LEASE_S": "node", "PreloadReport": "store.reports",
+    "PublishReport": "store.reports",
     "FetchRequest": "sources", "FetchResult": "sources", "Fetcher": "sources", "SourceFallback": "sources",
     # page cache
     "LockedFiles": "pagecache.mlock", "WarmOptions": "pagecache.warming", "check_memlock": "pagecache.mlock",

@@ -9,13 +9,10 @@ for the call, as cold storage is: the configured path itself, nothing beneath it
 
 from __future__ import annotations
 
-import json
 import os
-import stat
-import time
 import uuid
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -202,96 +199,7 @@ def published_versions(root: "Dir | Path | None", name: str) -> list[VersionDir]
     return out
 
 
-# -- staging ------------------------------------------------------------------------------------
-RESUMABLE_MAX_AGE_S = 24 * 3600
-
-
-def staging_id(name: str, version: str) -> str:
-    """One staging area per NAME@VERSION and tier (callers hold the version's lock): what a crashed
-    transfer left is found again, and it never counts against a retry of its own version."""
-    return f"{name.replace('/', '--')}@{version}.resumable"
-
-
-@dataclass(slots=True)
-class StagingArea:
-    """A transfer in progress: ``.staging/<id>/`` (what will be renamed into place) and
-    ``.staging/<id>.json`` beside it (expected size, owner, whether it can resume)."""
-    area: Dir              # <root>/.staging
-    sid: str
-    dir: Dir               # <root>/.staging/<sid>
-    info: dict = field(default_factory=dict)
-
-    @property
-    def path(self) -> Path:
-        return self.area.path / self.sid
-
-    def mark_resumable(self) -> None:
-        """Only a transfer that can really resume (libtorrent re-checks what is there) keeps its bytes
-        across a crash; a plain copy's leftovers are removed at once."""
-        self.info["resumable"] = True
-        self.area.write_atomic(f"{self.sid}.json", json.dumps(self.info).encode(), 0o600)
-
-    def close(self) -> None:
-        self.dir.close()
-
-
-def open_staging(root: Dir, name: str, version: str, expected_bytes: int, *, resume: bool = True) -> StagingArea:
-    """Create (or take over) the staging area of NAME@VERSION; call with the version's lock held.
-    ``resume``: keep what a P2P transfer left (libtorrent re-checks every piece); publish never resumes
-    (whatever is there is removed: in cold storage others may have put it there)."""
-    area = root.private(STAGING)
-    sid = staging_id(name, version)
-    old = area.read_json(f"{sid}.json")
-    st = area.lstat(sid)
-    keep = resume and st is not None and stat.S_ISDIR(st.st_mode) and isinstance(old, dict) \
-        and bool(old.get("resumable")) and staging_fresh(old)
-    if st is not None and not keep:
-        area.remove(sid)  # a plain copy's leftovers, a stale resume, or something planted: never reused
-    created = float(old["created"]) if keep else time.time()
-    area.mkdir(sid, DIR_MODE)
-    d = area.sub(sid)
-    info = {"name": name, "version": version, "bytes": expected_bytes, "pid": os.getpid(),
-            "resumable": keep, "created": created}
-    area.write_atomic(f"{sid}.json", json.dumps(info).encode(), 0o600)
-    return StagingArea(area, sid, d, info)
-
-
-def staging_fresh(meta: dict, now: float | None = None) -> bool:
-    try:
-        return (now or time.time()) - float(meta.get("created", 0)) < RESUMABLE_MAX_AGE_S
-    except (TypeError, ValueError):
-        return False
-
-
-def staging_keep(area: Dir, sid: str, now: float | None = None) -> bool:
-    """Should a stale (unlocked) staging area be kept for a later resume?"""
-    meta = area.read_json(f"{sid}.json")
-    return isinstance(meta, dict) and bool(meta.get("resumable")) and staging_fresh(meta, now) \
-        and area.is_dir(sid)
-
-
-def staging_ids(root: Dir | None) -> tuple[Dir | None, list[str]]:
-    """The staging directory (if any) and the id of every staging area in it."""
-    if root is None or not root.is_dir(STAGING):
-        return None, []
-    area = root.sub(STAGING)
-    ids = set()
-    for n, _ in area.entries():
-        if n.startswith("."):
-            continue  # a temporary side file being written
-        ids.add(n.rsplit(".", 1)[0] if n.endswith((".json", ".lock")) else n)
-    return area, sorted(ids)
-
-
-def staging_expected_bytes(area: Dir, sid: str) -> int:
-    meta = area.read_json(f"{sid}.json")
-    try:
-        return max(0, int(meta["bytes"])) if area.is_dir(sid) else 0
-    except (KeyError, TypeError, ValueError):
-        return 0
-
-
-# -- removal and commit --------------------------------------------------------------------------
+# -- removal -----------------------------------------------------------------------------
 def remove_tree(root: Dir, rel: str) -> bool:
     """Make ``root/rel`` disappear at once (rename into ``.trash`` by descriptor), then delete it by
     descriptor. A symlink in the way is removed itself; nothing is followed."""
@@ -332,13 +240,3 @@ def prune_empty_parents(root: Dir, rel: str) -> None:
             if parent is not root:
                 parent.close()
         parts = parts[:-1]
-
-
-def commit_staging(root: Dir, staging: StagingArea, name: str, version: str) -> None:
-    """fsync the staged tree, then rename it to ``NAME/VERSION`` (never over an existing entry), and
-    fsync the parent: when this returns the version is durable."""
-    staging.dir.fsync_tree()
-    with root.sub(name, create=True, mode=DIR_MODE) as parent:
-        staging.area.rename(staging.sid, parent, version)
-        parent.fsync()
-    staging.area.fsync()

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 if TYPE_CHECKING:
     from .delta import DeltaPlan
-    from .layout import StagingArea, VersionDir
+    from .layout import VersionDir
+    from .store.staging import StagingArea
 
 ProgressFn = Callable[[int], None]
 

@@ -1,0 +1,70 @@
+"""What is where: NAME@VERSION resolved (cold first, else local), the versions of a tier, published
+lookups, and waiting for a version to be published. Reads only; through the checked roots."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from ..content.names import validate_name, validate_version
+from ..errors import CheckpointNotFound, TimedOut
+from ..layout import COLD, LOCAL_TIERS, VersionDir, list_versions, published_versions, read_version
+from ..safefs import Dir
+from .roots import TierRoots
+
+
+class Catalog:
+    def __init__(self, roots: TierRoots, *, monotonic: Callable[[], float],
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.roots = roots
+        self.monotonic = monotonic
+        self.sleep = sleep
+
+    def tier_dir(self, tier: str) -> Dir | None:
+        """The tier's root, opened by descriptor and checked (None if it does not exist yet)."""
+        return self.roots.dir(tier)
+
+    def versions(self, tier: str) -> list[VersionDir]:
+        """Every complete version in a tier."""
+        return list_versions(self.roots.dir(tier))
+
+    def version(self, tier: str, name: str, version: str) -> VersionDir | None:
+        """NAME@VERSION in ``tier`` (``cold`` included), or None."""
+        return read_version(self.roots.dir(tier), name, version)
+
+    def published_versions(self, name: str) -> list[VersionDir]:
+        return published_versions(self.roots.dir(COLD), name)
+
+    def resolve(self, name: str, version: str | None) -> VersionDir:
+        """The manifest of NAME@VERSION (latest published when VERSION is None): cold first, else local.
+        A version that is in cold storage with a damaged manifest is a ManifestError (exit 2)."""
+        validate_name(name)
+        if version is not None:
+            validate_version(version)
+            v = read_version(self.roots.dir(COLD), name, version, strict=True)
+            if v is not None:
+                return v
+            for tier in LOCAL_TIERS:
+                v = read_version(self.roots.dir(tier), name, version)
+                if v is not None:
+                    return v
+            raise CheckpointNotFound(f"{name}@{version}", "not published and not on this node")
+        candidates = self.published_versions(name)
+        if not candidates:
+            for tier in LOCAL_TIERS:
+                candidates += [v for v in list_versions(self.roots.dir(tier)) if v.name == name]
+        if not candidates:
+            raise CheckpointNotFound(name, "no version published and none on this node")
+        return max(candidates, key=lambda v: (v.manifest.published_at or "", v.version))
+
+    def wait_published(self, name: str, version: str | None, deadline: float | None,
+                       poll_s: float = 1.0) -> VersionDir:
+        """Resolve, waiting for the version to be published (until ``deadline``, then TimedOut)."""
+        while True:
+            try:
+                return self.resolve(name, version)
+            except CheckpointNotFound:
+                if deadline is not None and self.monotonic() + poll_s > deadline:
+                    ref = f"{name}@{version}" if version else name
+                    raise TimedOut(f"{ref}: not published before the timeout") from None
+            self.sleep(poll_s)

@@ -1,0 +1,104 @@
+"""Preload: make NAME@VERSION complete and verified in a local tier, then warm it.
+
+Under the version's lock: a copy already there with the same digest is recorded and leased; else
+whatever is in its place is removed by descriptor, space is reserved (evicting by policy), the
+staging area is filled from the nearest source and committed (verified against the manifest), the
+copy is recorded, leased and announced (``on_placed``). Only this module writes a
+:class:`~.reports.PreloadReport`."""
+
+from __future__ import annotations
+
+import errno
+import logging
+from typing import Callable
+
+from ..errors import NoSpace
+from ..layout import WARM, VersionDir, read_version, remove_tree, version_rel
+from ..pagecache import WarmOptions, residency, warm
+from ..sources import ProgressFn
+from ..state import State
+from .reports import PreloadReport
+from .roots import TierRoots
+from .sources import Fill, Sources
+from .space import Space
+
+log = logging.getLogger(__name__)
+PlacedFn = Callable[[str, VersionDir], None]
+
+
+class Preloader:
+    def __init__(self, roots: TierRoots, state: State, space: Space, sources: Sources, *,
+                 now: Callable[[], float], monotonic: Callable[[], float],
+                 remaining: Callable[[float | None], float | None], warm_options: WarmOptions,
+                 on_placed: PlacedFn | None = None) -> None:
+        self.roots, self.state, self.space, self.sources = roots, state, space, sources
+        self.now, self.monotonic, self.remaining = now, monotonic, remaining
+        self.warm_options, self.on_placed = warm_options, on_placed
+
+    def preload_into(self, src: VersionDir, tier: str, deadline: float | None,
+                     progress: ProgressFn | None, lease_s: float) -> PreloadReport:
+        name, version, m = src.name, src.version, src.manifest
+        root = self.roots.must(tier)
+        rel = version_rel(name, version)
+        report = PreloadReport(name, version, tier, str(root.path / rel), m.digest, m.total_bytes)
+        lock = self.roots.lock(tier, name, version)
+        lock.acquire(self.remaining(deadline))
+        try:
+            have = read_version(root, name, version)
+            if have is not None and have.manifest.digest == m.digest:
+                self.state.record_copy(tier, name, version, m.digest, m.total_bytes)
+                report.already_present = True
+                self.lease(report, lease_s)
+                return report
+            if have is not None or root.lstat(rel) is not None:
+                # a different copy under the same name, or something that is not a version (a planted
+                # symlink, a damaged directory): removed by descriptor, never followed
+                remove_tree(root, rel)
+            staging, report.evicted = self.space.reserve(tier, name, version, m.total_bytes, deadline)
+            with staging:  # aborted on any exception
+                try:
+                    fill = self.sources.fill(staging, m, tier, name, version, deadline, progress)
+                    _record(report, fill)
+                    staging.commit(root, name, version, m, verified=fill.verified)
+                except OSError as exc:
+                    if exc.errno == errno.ENOSPC:
+                        raise NoSpace(tier, m.total_bytes, 0, "the file system filled up during the copy") from exc
+                    raise
+            self.state.record_copy(tier, name, version, m.digest, m.total_bytes)
+            self.lease(report, lease_s)
+            if self.on_placed is not None:
+                placed = read_version(root, name, version)
+                if placed is not None:
+                    self.on_placed(tier, placed)
+            log.info("preloaded name=%s version=%s tier=%s bytes=%s", name, version, tier, report.bytes_by_source)
+            return report
+        finally:
+            lock.release()
+
+    def warm(self, report: PreloadReport) -> None:
+        """Bring a warm-tier copy into the page cache (a tmpfs copy is resident by nature)."""
+        t0 = self.monotonic()
+        if report.tier == WARM:
+            o = self.warm_options
+            r = warm([report.path], concurrency=o.concurrency, rate_bytes_per_s=o.rate_bytes_per_s,
+                     await_threshold_ms=o.await_threshold_ms)
+            report.resident_bytes = r.resident_bytes
+            for sk in r.skipped:
+                log.warning("could not warm path=%s: %s", sk.path, sk.reason)
+        else:
+            report.resident_bytes = residency([report.path]).resident_bytes
+        report.warm_seconds = self.monotonic() - t0
+
+    def lease(self, report: PreloadReport, lease_s: float) -> None:
+        if lease_s > 0:
+            self.state.add_lease(report.tier, report.name, report.version, lease_s)
+            report.lease_expires_at = self.now() + lease_s
+
+
+def _record(report: PreloadReport, fill: Fill) -> None:
+    """What the sources did, into the report (the one place it is written)."""
+    report.source_fallbacks.extend(fill.source_fallbacks)
+    if fill.delta is not None:
+        report.delta = fill.delta
+    for label, n in fill.bytes_by_source.items():
+        report.bytes_by_source[label] = report.bytes_by_source.get(label, 0) + n

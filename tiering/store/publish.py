@@ -1,0 +1,82 @@
+"""Publish: copy a checkpoint directory (or HF cache snapshot) into cold storage, immutably.
+
+The source is scanned (and so validated) before anything is written; the version's lock in cold
+storage is waited for at most :data:`PUBLISH_LOCK_TIMEOUT_S` (cold locks can be anyone's); staging
+never resumes there; the source must not change while it is copied, and staging must hold exactly
+its files before the manifest is built from what was staged and committed."""
+
+from __future__ import annotations
+
+import logging
+import os
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+from ..content.build import build_manifest
+from ..content.names import validate_name, validate_version
+from ..content.scan import ScannedFile, scan_checkpoint
+from ..copy import CopyJob, copy_files
+from ..errors import FileChanged, VersionConflict
+from ..layout import COLD, read_version, version_rel
+from ..safefs import Dir, FileRef
+from ..sources import ProgressFn
+from .reports import PublishReport
+from .roots import TierRoots
+from .staging import StagingArea, open_staging
+
+log = logging.getLogger(__name__)
+PUBLISH_LOCK_TIMEOUT_S = 600.0  # another publisher of the same NAME@VERSION (cold locks can be anyone's)
+
+
+class Publisher:
+    def __init__(self, roots: TierRoots, *, now: Callable[[], float], monotonic: Callable[[], float],
+                 copy_threads: int) -> None:
+        self.roots, self.now, self.monotonic, self.copy_threads = roots, now, monotonic, copy_threads
+
+    def publish(self, src: Path, name: str, version: str, *, progress: ProgressFn | None = None) -> PublishReport:
+        validate_name(name)
+        validate_version(version)
+        t0 = self.monotonic()
+        files = scan_checkpoint(src)  # validates the source before anything is written
+        ref = f"{name}@{version}"
+        rel = version_rel(name, version)
+        cold = self.roots.must(COLD)
+        lock = self.roots.lock(COLD, name, version)
+        lock.acquire(PUBLISH_LOCK_TIMEOUT_S)  # a lock held on a shared mount forever must not wedge us
+        with lock:
+            existing = read_version(cold, name, version)
+            if existing is not None:
+                m = build_manifest(src, files=files)
+                if m.digest != existing.manifest.digest:
+                    raise VersionConflict(ref, existing.manifest.digest, m.digest)
+                return PublishReport(name, version, str(existing.path), m.digest, m.total_bytes, True,
+                                     self.monotonic() - t0)
+            if cold.lstat(rel) is not None:  # a directory without a valid manifest: not ours to overwrite
+                raise VersionConflict(ref, "unknown (no valid manifest)", "-")
+            total = sum(f.size for f in files)
+            # (our lock: whatever a crashed publish, or anyone else, left under this id goes)
+            with open_staging(cold, name, version, total, resume=False, now=self.now) as staging:
+                digest, nbytes = self._stage(cold, staging, src, files, name, version, progress)
+            log.info("published name=%s version=%s digest=%s bytes=%d", name, version, digest, nbytes)
+            return PublishReport(name, version, str(cold.path / rel), digest, nbytes, False, self.monotonic() - t0)
+
+    def _stage(self, cold: Dir, staging: StagingArea, src: Path, files: list[ScannedFile], name: str,
+               version: str, progress: ProgressFn | None) -> tuple[str, int]:
+        """Copy, check nothing changed or was added, build the manifest from staging and commit."""
+        jobs = [CopyJob(f.path, FileRef(staging.dir, f.relpath), f.size, f.mode) for f in files]
+        copy_files(jobs, threads=self.copy_threads, preallocate=False, progress=progress)
+        for f in files:  # the source must not have changed while it was copied
+            st = os.stat(f.path)
+            if (st.st_size, st.st_mtime_ns) != (f.size, f.mtime_ns):
+                raise FileChanged(str(f.path), "changed while it was being published; try again")
+        staged = scan_checkpoint(staging.dir)
+        if sorted(f.relpath for f in staged) != sorted(f.relpath for f in files):
+            extra = sorted({f.relpath for f in staged} - {f.relpath for f in files})[:3]
+            raise FileChanged(str(staging.path), f"staging holds files that are not in {src}: "
+                                                 f"{', '.join(extra)} (another writer?)")
+        m = build_manifest(staging.dir, files=staged)
+        m = m.with_labels(name=name, version=version,
+                          published_at=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"))
+        staging.commit(cold, name, version, m, verified=True)  # (the manifest was just built from it)
+        return m.digest, m.total_bytes

@@ -1,0 +1,120 @@
+"""Start-up recovery of the local tiers (kraken's crash recovery): stale staging and trash removed,
+resumable P2P staging kept for a day, complete versions state does not know adopted only after every
+byte is verified (one that fails is removed), vanished ones forgotten. And the same verification
+before serving a copy state does not know (:meth:`Reconciler.known_good`), which never deletes."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+from ..content.build import verify_checkpoint
+from ..errors import TieringError
+from ..layout import LOCAL_TIERS, TRASH, VersionDir, list_versions, prune_empty_parents, remove_tree
+from ..locks import FileLock
+from ..safefs import Dir
+from ..state import State
+from .roots import TierRoots
+from .staging import staging_ids, staging_keep
+
+log = logging.getLogger(__name__)
+
+
+class Reconciler:
+    def __init__(self, roots: TierRoots, state: State, *, now: Callable[[], float], copy_threads: int) -> None:
+        self.roots, self.state, self.now, self.copy_threads = roots, state, now, copy_threads
+
+    def reconcile(self) -> dict[str, Any]:
+        """Remove stale staging and trash, adopt complete versions (verified first), forget vanished
+        ones. Local tiers only: cold storage is never written here."""
+        out: dict[str, Any] = {}
+        for tier in LOCAL_TIERS:
+            root = self.roots.dir(tier, create=False)
+            removed = kept = rejected = 0
+            area, ids = staging_ids(root)
+            if root is not None and area is not None:
+                with area:
+                    for sid in ids:
+                        removed_one, kept_one = self._reap_staging(tier, area, sid)
+                        removed += removed_one
+                        kept += kept_one
+            if root is not None and root.lstat(TRASH) is not None:
+                root.remove(TRASH)
+            present = []
+            known = {(r.name, r.version): r.digest for r in self.state.copies(tier)}
+            for v in list_versions(root):
+                if known.get((v.name, v.version)) != v.manifest.digest and not self._adopt(tier, root, v):
+                    rejected += 1
+                    continue
+                present.append((v.name, v.version, v.manifest.digest, v.size))
+            adopted, forgotten = self.state.reconcile(tier, present)
+            out[tier] = {"stale_staging_removed": removed, "resumable_staging_kept": kept, "adopted": adopted,
+                         "forgotten": forgotten, "rejected": rejected}
+            if removed or adopted or forgotten or rejected:
+                log.info("reconciled tier=%s stale_staging=%d adopted=%d forgotten=%d rejected=%d", tier, removed,
+                         adopted, forgotten, rejected)
+        self.state.expire_leases()
+        return out
+
+    def _reap_staging(self, tier: str, area: Dir, sid: str) -> tuple[int, int]:
+        """(removed, kept) for one staging id: live ones (their version's lock is held) are left alone,
+        a P2P transfer that can resume is kept for a day, everything else goes."""
+        base = sid[:-len(".resumable")] if sid.endswith(".resumable") else None
+        lock = FileLock(self.roots.locks(tier), f"{base}.lock") if base else None
+        if lock is not None and not lock.try_acquire():
+            return 0, 0
+        try:
+            if lock is not None and staging_keep(area, sid, self.now()):
+                return 0, 1
+            area.remove(sid)
+            area.unlink(f"{sid}.json")
+            area.unlink(f"{sid}.lock")   # (left by earlier weightd versions)
+            return 1, 0
+        finally:
+            if lock is not None:
+                lock.release()
+
+    def _adopt(self, tier: str, root: Dir, v: VersionDir) -> bool:
+        """A complete version on disk that state does not know (a crash between the rename and the
+        record, or a state database rebuilt): verify every byte before it is served. One that fails
+        is removed, so it is fetched again the next time it is wanted."""
+        lock = self.roots.lock(tier, v.name, v.version)
+        if not lock.try_acquire():
+            return True  # someone is placing it right now; they record it
+        try:
+            with root.sub(v.rel) as d:
+                report = verify_checkpoint(d, v.manifest, threads=self.copy_threads)
+        except (TieringError, OSError) as exc:
+            report, why = None, str(exc)
+        else:
+            why = "; ".join(str(p) for p in report.problems[:3])
+        try:
+            if report is not None and report.ok:
+                log.info("adopted name=%s version=%s tier=%s after verifying %d bytes", v.name, v.version, tier,
+                         report.bytes_checked)
+                return True
+            log.warning("not adopting name=%s version=%s tier=%s: %s (removed)", v.name, v.version, tier, why)
+            remove_tree(root, v.rel)
+            prune_empty_parents(root, v.rel)
+            return False
+        finally:
+            lock.release()
+
+    def known_good(self, tier: str, root: Dir, v: VersionDir) -> bool:
+        """Is this copy one weightd placed (state knows it by digest)? A copy state does not know (after
+        a crash or a rebuilt state database) is verified before it is served, and recorded if good; a
+        query never deletes one that is bad (reconciliation does)."""
+        row = self.state.copy(tier, v.name, v.version)
+        if row is not None and row.digest == v.manifest.digest:
+            return True
+        try:
+            with root.sub(v.rel) as d:
+                ok = verify_checkpoint(d, v.manifest, threads=self.copy_threads).ok
+        except (TieringError, OSError):
+            ok = False
+        if ok:
+            self.state.record_copy(tier, v.name, v.version, v.manifest.digest, v.size)
+        else:
+            log.warning("not serving name=%s version=%s tier=%s: it does not match its manifest", v.name,
+                        v.version, tier)
+        return ok

@@ -1,0 +1,112 @@
+"""What the operations return: :class:`PublishReport`, :class:`PreloadReport` (written by the preload
+flow only, from what the sources return) and the ``status`` document."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..layout import LOCAL_TIERS, VersionDir, list_versions
+from ..pagecache import residency
+from ..sources import SourceFallback, as_dicts
+from ..state import State
+from .roots import TierRoots
+from .staging import staging_expected_bytes, staging_ids
+
+SOURCES = ("local_reuse", "peer", "origin", "cold")
+
+
+@dataclass(slots=True)
+class PublishReport:
+    name: str
+    version: str
+    path: str
+    digest: str
+    bytes: int
+    unchanged: bool
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "version": self.version, "path": self.path, "digest": self.digest,
+                "bytes": self.bytes, "unchanged": self.unchanged, "seconds": round(self.seconds, 4)}
+
+
+@dataclass(slots=True)
+class PreloadReport:
+    name: str
+    version: str
+    tier: str
+    path: str
+    digest: str
+    bytes: int
+    seconds: float = 0.0
+    bytes_by_source: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SOURCES, 0))
+    already_present: bool = False
+    requested_tier: str = ""
+    tier_fallback: dict[str, str] | None = None   # {"from": "hot", "to": "warm", "reason": ...}
+    source_fallbacks: list[SourceFallback] = field(default_factory=list)  # e.g. p2p stalled -> cold
+    evicted: list[str] = field(default_factory=list)
+    lease_expires_at: float | None = None
+    resident_bytes: int = 0
+    warm_seconds: float = 0.0
+    delta: dict[str, Any] | None = None   # donors used, bytes planned and refetched (a delta update)
+
+    @property
+    def bytes_moved(self) -> int:
+        return sum(self.bytes_by_source.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "version": self.version, "tier": self.tier,
+                "requested_tier": self.requested_tier or self.tier, "path": self.path, "digest": self.digest,
+                "bytes": self.bytes, "bytes_moved": self.bytes_moved, "bytes_by_source": self.bytes_by_source,
+                "already_present": self.already_present, "tier_fallback": self.tier_fallback,
+                "source_fallbacks": as_dicts(self.source_fallbacks), "evicted": self.evicted,
+                "seconds": round(self.seconds, 4), "lease_expires_at": self.lease_expires_at,
+                "resident_bytes": self.resident_bytes,
+                "resident_percent": round(100 * self.resident_bytes / self.bytes, 2) if self.bytes else 100.0,
+                "warm_seconds": round(self.warm_seconds, 4), "delta": self.delta}
+
+
+def _tier_status(roots: TierRoots, tier: str) -> tuple[dict[str, Any], list[VersionDir]]:
+    """(the tier's line of the status document, its complete versions)."""
+    spec = roots.tiers[tier]
+    root = roots.dir(tier)
+    versions = list_versions(root)
+    area, ids = staging_ids(root)
+    staging_bytes = 0
+    in_flight = 0
+    if area is not None:
+        with area:
+            for sid in ids:
+                if area.is_dir(sid):
+                    in_flight += 1
+                    staging_bytes += staging_expected_bytes(area, sid)
+    capacity = spec.capacity() if root is not None else spec.capacity_bytes or 0
+    return {"path": str(spec.path), "capacity_bytes": capacity,
+            "used_bytes": sum(v.size for v in versions), "staging_bytes": staging_bytes,
+            "high_watermark": spec.high_watermark, "low_watermark": spec.low_watermark,
+            "checkpoints": len(versions), "transfers_in_flight": in_flight}, versions
+
+
+def status(roots: TierRoots, state: State) -> dict[str, Any]:
+    """What is where; reads only (nothing is created, locked or removed in any tier)."""
+    pinned = state.pinned()
+    leases = state.leases()
+    rows = {(r.tier, r.name, r.version): r for r in state.copies()}
+    tiers: dict[str, Any] = {}
+    checkpoints: dict[tuple[str, str], dict[str, Any]] = {}
+    for t in LOCAL_TIERS:
+        tiers[t], versions = _tier_status(roots, t)
+        for v in versions:
+            c = checkpoints.setdefault((v.name, v.version), {
+                "name": v.name, "version": v.version, "digest": v.manifest.digest, "bytes": v.size,
+                "pinned": (v.name, v.version) in pinned, "tiers": {}})
+            row = rows.get((t, v.name, v.version))
+            res = residency([v.path]).resident_bytes
+            c["tiers"][t] = {"path": str(v.path), "last_access": row.last_access if row else None,
+                             "resident_bytes": res,
+                             "resident_percent": round(100 * res / v.size, 2) if v.size else 100.0,
+                             "leases": [{"holder": le.holder, "expires_at": le.expires_at} for le in leases
+                                        if (le.tier, le.name, le.version) == (t, v.name, v.version)]}
+    return {"tiers": tiers, "checkpoints": [checkpoints[k] for k in sorted(checkpoints)],
+            "pins": [f"{n}@{v}" for n, v in sorted(pinned)]}

@@ -1,0 +1,167 @@
+"""Where a preload's bytes come from, nearest first: the other local tier (``local_reuse``); with no
+local copy, other local versions lending what they share (a delta), each configured
+:class:`~tiering.sources.Fetcher` (the swarm), then a delta build or a plain copy from cold. What was
+used is returned as a :class:`Fill`; the preload flow alone writes it into the report."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..copy import CopyJob, copy_files
+from ..content.manifest import MANIFEST_RELPATH, Manifest
+from ..delta import DeltaPlan, Donor, plan_delta
+from ..delta import build_verified as build_delta
+from ..errors import CheckpointNotFound, TimedOut
+from ..layout import COLD, HOT, LOCAL_TIERS, WARM, VersionDir, list_versions, read_version, version_rel
+from ..locks import FileLock
+from ..safefs import FileRef
+from ..sources import Fetcher, FetchRequest, ProgressFn, SourceFallback
+from .roots import TierRoots
+from .staging import StagingArea
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Fill:
+    """What filled a staging area: bytes by source label, whether they are already verified against
+    the manifest, the sources given up on, and the delta used (donors, bytes planned, refetched)."""
+    verified: bool = False
+    bytes_by_source: dict[str, int] = field(default_factory=dict)
+    source_fallbacks: list[SourceFallback] = field(default_factory=list)
+    delta: dict[str, Any] | None = None
+
+    def add(self, label: str, n: int) -> None:
+        self.bytes_by_source[label] = self.bytes_by_source.get(label, 0) + n
+
+
+class Sources:
+    def __init__(self, roots: TierRoots, fetchers: list[Fetcher], *, copy_threads: int) -> None:
+        self.roots, self.fetchers, self.copy_threads = roots, fetchers, copy_threads
+
+    def fill(self, staging: StagingArea, m: Manifest, tier: str, name: str, version: str,
+             deadline: float | None, progress: ProgressFn | None) -> Fill:
+        """Fill staging from the nearest complete copy: the other local tier, else local donors plus
+        the swarm or cold."""
+        fill = Fill()
+        other = WARM if tier == HOT else HOT
+        labels: list[tuple[str, str]] = []
+        local = read_version(self.roots.dir(other), name, version)
+        if local is not None and local.manifest.digest == m.digest:
+            labels.append(("local_reuse", other))
+        cold = read_version(self.roots.dir(COLD), name, version)
+        if cold is not None and cold.manifest.digest == m.digest:
+            labels.append(("cold", COLD))
+        if cold is not None and not any(label == "local_reuse" for label, _ in labels):
+            # no local copy: other local versions lend what they share with this one (a delta update),
+            # then the swarm, then a copy from cold
+            if self._remote(fill, staging, m, cold, tier, name, version, deadline, progress):
+                return fill
+        if not labels:
+            raise CheckpointNotFound(f"{name}@{version}", "no complete copy to read from")
+        self._copy(fill, staging, m, labels, other, name, version, deadline, progress)
+        return fill
+
+    def _remote(self, fill: Fill, staging: StagingArea, m: Manifest, cold: VersionDir, tier: str, name: str,
+                version: str, deadline: float | None, progress: ProgressFn | None) -> bool:
+        """Donors, then each fetcher, then a delta build from cold; False: copy from cold instead."""
+        donors, held = self._donors(tier, name, version)
+        try:
+            plan = plan_delta(m, donors) if donors else None
+            if plan is not None and plan.reuse_bytes == 0:
+                plan = None
+            if plan is not None:
+                fill.delta = {"donors": [donors[i].ref for i in plan.donors_used()],
+                              "planned_reuse_bytes": plan.reuse_bytes, "refetched": []}
+            for fetcher in self.fetchers:
+                got = fetcher.fetch(FetchRequest(cold, staging, deadline, progress, plan))
+                if got.fallback is not None:
+                    fill.source_fallbacks.append(got.fallback)
+                if got.filled:
+                    for label, n in got.bytes_by_source.items():
+                        fill.add(label, n)
+                    fill.verified = got.verified
+                    return True
+            if plan is not None:
+                self._build_delta(staging, plan, fill, name, version, deadline, progress)
+                return True
+        finally:
+            for d in donors:
+                if d.dir is not None:
+                    d.dir.close()
+            for lk in held:
+                lk.release()
+        return False
+
+    def _build_delta(self, staging: StagingArea, plan: DeltaPlan, fill: Fill, name: str, version: str,
+                     deadline: float | None, progress: ProgressFn | None) -> None:
+        staging.dir.clear()
+        # verified inside: a donor part that fails is fetched from cold and checked again
+        with self.roots.must(COLD).sub(version_rel(name, version)) as cold_dir:
+            r = build_delta(plan, staging.dir, cold_dir, threads=self.copy_threads, deadline=deadline,
+                            progress=progress)
+        fill.add("local_reuse", r.reused)
+        fill.add("cold", r.fetched)
+        assert fill.delta is not None
+        fill.delta["refetched"] = r.donor_failures
+        for why in r.donor_failures:
+            log.warning("donor bytes rejected, fetched instead name=%s version=%s: %s", name, version, why)
+        fill.verified = True
+
+    def _copy(self, fill: Fill, staging: StagingArea, m: Manifest, labels: list[tuple[str, str]], other: str,
+              name: str, version: str, deadline: float | None, progress: ProgressFn | None) -> None:
+        """A plain copy of every file from the first source that is still there (not verified here)."""
+        rel = version_rel(name, version)
+        last_error: Exception | None = None
+        for label, src_tier in labels:
+            shared = self.roots.lock(other, name, version) if label == "local_reuse" else None
+            if shared is not None:
+                try:  # hold the donor tier's lock shared so it is not evicted under us
+                    shared.acquire(0, shared=True)
+                except TimedOut:
+                    continue
+            try:
+                staging.dir.clear()
+                with self.roots.must(src_tier).sub(rel) as base:
+                    jobs = [CopyJob(FileRef(base, f.path), FileRef(staging.dir, f.path), f.size, f.mode)
+                            for f in m.files]
+                    copy_files(jobs, threads=self.copy_threads, progress=progress, deadline=deadline)
+                fill.add(label, m.total_bytes)
+                fill.verified = False
+                return
+            except FileNotFoundError as exc:  # the donor vanished (evicted): try the next source
+                last_error = exc
+                log.warning("source vanished name=%s version=%s source=%s: %s", name, version, label, exc)
+            finally:
+                if shared is not None:
+                    shared.release()
+        assert last_error is not None
+        raise CheckpointNotFound(f"{name}@{version}", f"every source vanished during the copy ({last_error})")
+
+    def _donors(self, tier: str, name: str, version: str) -> tuple[list[Donor], list[FileLock]]:
+        """Every complete local version but the target, the staging tier's first (copy_file_range can
+        share extents within a file system), each held with a shared lock so it cannot be evicted
+        while it lends bytes (one that cannot be locked at once is skipped)."""
+        donors: list[Donor] = []
+        held: list[FileLock] = []
+        for t in [tier] + [x for x in LOCAL_TIERS if x != tier]:
+            root = self.roots.dir(t)
+            for v in list_versions(root):
+                if (v.name, v.version) == (name, version):
+                    continue
+                lk = self.roots.lock(t, v.name, v.version)
+                try:
+                    lk.acquire(0, shared=True)
+                except TimedOut:
+                    continue
+                d = root.sub_if_exists(v.rel) if root is not None else None
+                if d is None or not d.is_file(MANIFEST_RELPATH):  # evicted between the listing and the lock
+                    if d is not None:
+                        d.close()
+                    lk.release()
+                    continue
+                held.append(lk)
+                donors.append(Donor(f"{v.name}@{v.version}", v.path, v.manifest, d))
+        return donors, held

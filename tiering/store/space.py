@@ -1,0 +1,156 @@
+"""Space in a local tier: what is used (complete versions plus what staging areas expect), making
+room for a new version by policy (``plan_eviction``) under the tier's lock, and eviction: one
+version (references before data), by an admin (refused while pinned, leased or in use unless
+forced), and down to the low watermark (``gc``)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+from ..errors import Busy, CheckpointNotFound, NoSpace
+from ..inuse import processes_using
+from ..layout import LOCAL_TIERS, list_versions, prune_empty_parents, read_version, remove_tree, version_rel
+from ..placement import Candidate, EvictionPlan, plan_eviction
+from ..state import State
+from .roots import TierRoots
+from .staging import StagingArea, open_staging, staging_expected_bytes, staging_id, staging_ids
+
+log = logging.getLogger(__name__)
+EvictFn = Callable[[str, str, str, int], None]   # (tier, ref, reason, bytes)
+
+
+class Space:
+    def __init__(self, roots: TierRoots, state: State, *, now: Callable[[], float],
+                 remaining: Callable[[float | None], float | None], on_evict: EvictFn | None = None) -> None:
+        self.roots, self.state, self.now, self.remaining = roots, state, now, remaining
+        self.on_evict = on_evict
+
+    def tier_used(self, tier: str, *, exclude: str | None = None) -> int:
+        """Bytes of complete versions plus the expected size of every staging area in the tier but
+        ``exclude`` (a retry's own staging area never counts against it)."""
+        root = self.roots.dir(tier)
+        used = sum(v.size for v in list_versions(root))
+        area, ids = staging_ids(root)
+        if area is not None:
+            with area:
+                used += sum(staging_expected_bytes(area, sid) for sid in ids if sid != exclude)
+        return used
+
+    def candidates(self, tier: str, exclude: tuple[str, str] | None) -> list[Candidate]:
+        versions = [v for v in list_versions(self.roots.dir(tier)) if (v.name, v.version) != exclude]
+        if not versions:
+            return []
+        pinned = self.state.pinned()
+        leased = {(le.name, le.version) for le in self.state.leases() if le.tier == tier}
+        rows = {(r.name, r.version): r for r in self.state.copies(tier)}
+        using = processes_using([v.path for v in versions])
+        return [Candidate(v.name, v.version, v.size,
+                          rows[(v.name, v.version)].last_access if (v.name, v.version) in rows else 0.0,
+                          (v.name, v.version) in pinned, (v.name, v.version) in leased, v.path in using)
+                for v in versions]
+
+    def reserve(self, tier: str, name: str, version: str, need: int,
+                deadline: float | None) -> tuple[StagingArea, list[str]]:
+        """Make room (evicting by policy) and create the staging area, under the tier's lock (the
+        caller holds the version's lock)."""
+        spec = self.roots.tiers[tier]
+        root = self.roots.must(tier)
+        tlock = self.roots.tier_lock(tier)
+        tlock.acquire(self.remaining(deadline))
+        try:
+            capacity = spec.capacity()
+            own = staging_id(name, version)
+            used = self.tier_used(tier, exclude=own)
+            plan = EvictionPlan(True, [], used)
+            if used + need > capacity * spec.high_watermark:
+                plan = plan_eviction(capacity=capacity, used=used, need=need, high=spec.high_watermark,
+                                     low=spec.low_watermark, candidates=self.candidates(tier, (name, version)))
+            if not plan.fits:
+                kept = ", ".join(f"{c.ref} {c.protected_by}" for c in plan.protected[:3])
+                raise NoSpace(tier, need, max(0, capacity - used),
+                              f"capacity {capacity} bytes, {used} used" + (f"; kept: {kept}" if kept else ""))
+            evicted = [f"{c.ref} ({tier})" for c in plan.evict
+                       if self.evict_one(tier, c.name, c.version, reason="capacity")]
+            if evicted:
+                used = self.tier_used(tier, exclude=own)
+                if used + need > capacity:  # a victim was busy after all
+                    raise NoSpace(tier, need, max(0, capacity - used), "a checkpoint chosen for eviction was busy")
+            st = root.statvfs()
+            free = st.f_bavail * st.f_frsize
+            if free < need:
+                raise NoSpace(tier, need, free, "the file system itself is full")
+            return open_staging(root, name, version, need, now=self.now), evicted
+        finally:
+            tlock.release()
+
+    def evict_one(self, tier: str, name: str, version: str, *, reason: str) -> bool:
+        """Remove one version from a tier unless someone holds its lock; references before data."""
+        lock = self.roots.lock(tier, name, version)
+        if not lock.try_acquire():
+            return False
+        try:
+            root = self.roots.must(tier)
+            rel = version_rel(name, version)
+            have = read_version(root, name, version)
+            self.state.forget_copy(tier, name, version)
+            self.state.release_leases(name, version, tier)
+            remove_tree(root, rel)
+            prune_empty_parents(root, rel)
+            log.info("evicted name=%s version=%s tier=%s reason=%s", name, version, tier, reason)
+            if self.on_evict is not None:
+                self.on_evict(tier, f"{name}@{version}", reason, have.size if have else 0)
+            return True
+        finally:
+            lock.release()
+
+    def evict(self, name: str, version: str | None, tier: str | None, *, force: bool) -> list[str]:
+        """Remove NAME@VERSION (every local version of NAME if VERSION is None) from a tier or all."""
+        out = []
+        for t in [tier] if tier else list(LOCAL_TIERS):
+            targets = [v for v in list_versions(self.roots.dir(t))
+                       if v.name == name and (version is None or v.version == version)]
+            if not targets:
+                continue
+            pinned = self.state.pinned()
+            leased = {(le.name, le.version) for le in self.state.leases() if le.tier == t}
+            using = processes_using([v.path for v in targets])
+            for v in targets:
+                key = (v.name, v.version)
+                if not force:
+                    if key in pinned:
+                        raise Busy(v.ref, "pinned (weightd unpin it first, or --force)")
+                    if key in leased:
+                        raise Busy(v.ref, f"leased in {t} (wait for the lease to expire, or --force)")
+                    if v.path in using:
+                        pids = ", ".join(map(str, sorted(using[v.path])[:5]))
+                        raise Busy(v.ref, f"in use in {t} by pid {pids} (or --force)")
+                if self.evict_one(t, v.name, v.version, reason="admin"):
+                    out.append(f"{v.ref} ({t})")
+                else:
+                    raise Busy(v.ref, f"another weightd is working on it in {t}")
+        if not out:
+            ref = f"{name}@{version}" if version else name
+            raise CheckpointNotFound(ref, "not on this node" + (f" in the {tier} tier" if tier else ""))
+        return out
+
+    def to_low_watermarks(self) -> list[str]:
+        """Bring every tier above its high watermark down to the low one (oldest unprotected first)."""
+        evicted: list[str] = []
+        for t in LOCAL_TIERS:
+            spec = self.roots.tiers[t]
+            if self.roots.dir(t) is None:
+                continue
+            with self.roots.tier_lock(t):
+                capacity, used = spec.capacity(), self.tier_used(t)
+                if used <= capacity * spec.high_watermark:
+                    continue
+                cands = sorted((c for c in self.candidates(t, None) if not c.protected_by),
+                               key=lambda c: c.last_access)
+                for c in cands:
+                    if used <= capacity * spec.low_watermark:
+                        break
+                    if self.evict_one(t, c.name, c.version, reason="watermark"):
+                        used -= c.bytes
+                        evicted.append(f"{c.ref} ({t})")
+        return evicted
