@@ -14,16 +14,19 @@ from typing import Any
 
 #: public name -> the module that defines it
 _SURFACE: dict[str, str] = {
-    # content: what a checkpoint is
-    "FORMAT": "content.manifest", "MANIFEST_RELPATH": "content.manifest", "FileEntry": "content.manifest", "Manifest": "content.manifest",
-    "Part": "content.manifest", "SafetensorsInfo": "content.manifest", "TensorEntry": "content.manifest", "load_manifest": "content.manifest",
+    # content: what a checkpoint is (tiering/content/)
+    "FORMAT": "content.manifest", "MANIFEST_RELPATH": "content.manifest", "FileEntry": "content.manifest",
+    "Manifest": "content.manifest", "Part": "content.manifest", "SafetensorsInfo": "content.manifest",
+    "TensorEntry": "content.manifest", "load_manifest": "content.manifest",
     "manifest_from_dict": "content.manifest", "write_manifest": "content.manifest",
-    "Problem": "content.build", "VerifyReport": "content.build", "build_manifest": "content.build", "verify_checkpoint": "content.build",
-    "plan_size": "content.build",
+    "Problem": "content.build", "VerifyReport": "content.build", "build_manifest": "content.build",
+    "verify_checkpoint": "content.build", "plan_size": "content.build",
     "ManifestDiff": "content.diff", "TensorChange": "content.diff", "diff_manifests": "content.diff",
-    "SafetensorsHeader": "content.safetensors_header", "TensorInfo": "content.safetensors_header", "read_header": "content.safetensors_header",
+    "SafetensorsHeader": "content.safetensors_header", "TensorInfo": "content.safetensors_header",
+    "read_header": "content.safetensors_header",
     "ScannedFile": "content.scan", "scan_checkpoint": "content.scan", "scan_dir": "content.scan",
-    "parse_ref": "content.names", "validate_name": "content.names", "validate_relpath": "content.names", "validate_version": "content.names",
+    "parse_ref": "content.names", "validate_name": "content.names", "validate_relpath": "content.names",
+    "validate_version": "content.names",
     "format_bytes": "content.units", "parse_fraction": "content.units", "parse_size": "content.units",
     "make_checkpoint": "sample", "mutate_tensor": "sample",
     # errors
@@ -33,16 +36,18 @@ _SURFACE: dict[str, str] = {
     "UnsafePath": "errors", "VersionConflict": "errors",
     # tiers on disk
     "COLD": "layout", "DIR_MODE": "layout", "HOT": "layout", "LOCAL_TIERS": "layout", "WARM": "layout",
-    "StagingArea": "store.staging", "TierSpec": "layout", "VersionDir": "layout", "existing_ancestor": "layout",
-    "list_versions": "layout",
+    "TierSpec": "layout", "VersionDir": "layout", "existing_ancestor": "layout", "list_versions": "layout",
     "Dir": "safefs", "check_unchangeable": "safefs", "open_cold_root": "safefs", "open_tier_root": "safefs",
-    "LocalNode": "node", "DEFAULT_LEASE_S": "node", "PreloadReport": "store.reports",
-    "PublishReport": "store.reports",
+    "StagingArea": "store.staging",
+    # the node (a facade over tiering/store/) and the seam to transfer sources
+    "LocalNode": "node", "DEFAULT_LEASE_S": "node",
+    "PreloadReport": "store.reports", "PublishReport": "store.reports",
     "FetchRequest": "sources", "FetchResult": "sources", "Fetcher": "sources", "SourceFallback": "sources",
-    # page cache
-    "LockedFiles": "pagecache.mlock", "WarmOptions": "pagecache.warming", "check_memlock": "pagecache.mlock",
-    "collect_files": "pagecache.files", "cool": "pagecache.resident", "residency": "pagecache.resident",
-    "warm": "pagecache.warming",
+    # page cache (tiering/pagecache/)
+    "collect_files": "pagecache.files",
+    "cool": "pagecache.resident", "residency": "pagecache.resident",
+    "WarmOptions": "pagecache.warming", "warm": "pagecache.warming",
+    "LockedFiles": "pagecache.mlock", "check_memlock": "pagecache.mlock",
     # delta updates
     "DeltaPlan": "delta", "Donor": "delta", "plan_delta": "delta", "prefill_delta": "delta",
 }

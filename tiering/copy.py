@@ -67,7 +67,7 @@ def _copy_chunk(sfd: int, dfd: int, off: int, n: int, method: list[str], buf: li
 
 
 def copy_file(job: CopyJob, *, preallocate: bool = True, progress: Callable[[int], None] | None = None,
-              deadline: float | None = None) -> str:
+              deadline: float | None = None, clock: Callable[[], float] = time.monotonic) -> str:
     """Copy ``job.src`` to a new ``job.dst``; returns the method used. ENOSPC surfaces as OSError; a
     source shorter than ``job.size`` is FileChanged (an integrity failure, exit 5)."""
     sfd = open_source(job.src)
@@ -85,7 +85,7 @@ def copy_file(job: CopyJob, *, preallocate: bool = True, progress: Callable[[int
             method, buf = ["copy_file_range"], []
             off = 0
             while off < job.size:
-                if deadline is not None and time.monotonic() > deadline:
+                if deadline is not None and clock() > deadline:
                     raise TimedOut(f"timed out copying {job.src}")
                 n = _copy_chunk(sfd, dfd, off, min(CHUNK, job.size - off), method, buf)
                 if n <= 0:
@@ -107,20 +107,21 @@ def copy_file(job: CopyJob, *, preallocate: bool = True, progress: Callable[[int
 
 
 def copy_files(jobs: Sequence[CopyJob], *, threads: int = 2, preallocate: bool = True,
-               progress: Callable[[int], None] | None = None, deadline: float | None = None) -> None:
+               progress: Callable[[int], None] | None = None, deadline: float | None = None,
+               clock: Callable[[], float] = time.monotonic) -> None:
     """Copy many files (largest first, ``threads`` at a time); the first error cancels the rest.
     With a ``deadline`` even a read that never returns (a hung NFS server) cannot hold the caller."""
     order = sorted(jobs, key=lambda j: -j.size)
-    run_all(lambda j: copy_file(j, preallocate=preallocate, progress=progress, deadline=deadline), order,
-            threads=threads, name="weightd-copy", deadline=deadline)
+    run_all(lambda j: copy_file(j, preallocate=preallocate, progress=progress, deadline=deadline, clock=clock),
+            order, threads=threads, name="weightd-copy", deadline=deadline, clock=clock)
 
 
 def run_all(fn: Callable[[T], object], items: Sequence[T], *, threads: int, name: str,
-            deadline: float | None = None) -> None:
+            deadline: float | None = None, clock: Callable[[], float] = time.monotonic) -> None:
     """``fn(item)`` for every item, ``threads`` at a time, in order; the first error cancels what has
     not started and is raised once the running ones finish.
 
-    With a ``deadline`` (``time.monotonic()``), the caller waits no longer than that: a worker stuck in
+    With a ``deadline`` (on ``clock``, ``time.monotonic`` unless the caller injects its own), the caller waits no longer than that: a worker stuck in
     a system call that never returns (a read from a hung NFS server cannot be interrupted) is left
     behind as a daemon thread, told to stop when it wakes, and the caller gets TimedOut."""
     if deadline is None and (threads <= 1 or len(items) <= 1):
@@ -155,7 +156,7 @@ def run_all(fn: Callable[[T], object], items: Sequence[T], *, threads: int, name
         return
     for i in range(n):
         threading.Thread(target=worker, name=f"{name}-{i}", daemon=True).start()
-    timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+    timeout = None if deadline is None else max(0.0, deadline - clock())
     if not done.wait(timeout):
         with lock:
             if state["error"] is None:

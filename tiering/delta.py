@@ -28,12 +28,12 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 
-from .content.build import verify_checkpoint
 from ._syscalls import start_writeback
-from .copy import run_all
-from .errors import FileChanged, TimedOut
+from .content.build import verify_checkpoint
 from .content.hashing import open_for_read
 from .content.manifest import FileEntry, Manifest
+from .copy import run_all
+from .errors import FileChanged, TimedOut
 from .safefs import Dir, FileRef, sanitize_mode
 
 def _ref(base: "Path | Dir", rel: str) -> "str | FileRef":
@@ -229,7 +229,8 @@ def _runs(spans: Iterable[Span]) -> list[tuple[int, int]]:
 
 
 def _build_file(plan: DeltaPlan, fp: FilePlan, dest: "Path | Dir", source: "Path | Dir | None", result: BuildResult,
-                deadline: float | None, progress: Callable[[int], None] | None, fsync: bool) -> None:
+                deadline: float | None, progress: Callable[[int], None] | None, fsync: bool,
+                clock: Callable[[], float] = time.monotonic) -> None:
     f = fp.entry
     dfd = _new_file(dest, f.path)
     donor_fds: dict[tuple[int, str], int | None] = {}
@@ -241,65 +242,9 @@ def _build_file(plan: DeltaPlan, fp: FilePlan, dest: "Path | Dir", source: "Path
                 if exc.errno == errno.ENOSPC:
                     raise
                 os.ftruncate(dfd, f.size)
-        method = ["copy_file_range"]
-        to_fetch: list[Span] = []
-        reused = 0
-        for s in fp.spans:
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimedOut(f"timed out building {f.path}")
-            if s.donor is None:
-                to_fetch.append(s)
-                continue
-            key = (s.donor, s.donor_path)
-            if key not in donor_fds:
-                try:
-                    d = plan.donors[s.donor]
-                    donor_fds[key] = open_for_read(FileRef(d.dir, s.donor_path) if d.dir is not None
-                                                   else str(d.path / s.donor_path))
-                except (OSError, ValueError) as exc:  # evicted, deleted or replaced since the plan: fetch
-                    donor_fds[key] = None
-                    result.donor_failures.append(f"{plan.donors[s.donor].ref}/{s.donor_path}: "
-                                                 f"{getattr(exc, 'strerror', None) or exc}")
-            sfd = donor_fds[key]
-            why = ""
-            if sfd is not None:
-                try:
-                    _copy_range(sfd, s.donor_offset, dfd, s.begin, s.size, method)
-                    if fsync:
-                        start_writeback(dfd, s.begin, s.size)  # so the final fsync does not wait for it all
-                except (OSError, EOFError) as exc:
-                    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-                        raise
-                    why = str(exc)
-            else:
-                why = "donor file gone"
-            if why:
-                if sfd is not None:
-                    result.donor_failures.append(f"{plan.donors[s.donor].ref}/{s.donor_path} "
-                                                 f"[{s.donor_offset}, {s.donor_offset + s.size}): {why}")
-                to_fetch.append(s)
-            else:
-                reused += s.size
-                if progress is not None:
-                    progress(s.size)
+        to_fetch, reused = _reuse_donor_spans(plan, fp, dfd, donor_fds, result, deadline, progress, fsync, clock)
         if to_fetch and source is not None:  # (no source: a prefill, the gaps stay zero for P2P to fill)
-            sfd = open_for_read(_ref(source, f.path))
-            try:
-                method2 = ["copy_file_range"]
-                for begin, end in _runs(sorted(to_fetch, key=lambda s: s.begin)):
-                    if deadline is not None and time.monotonic() > deadline:
-                        raise TimedOut(f"timed out fetching {f.path}")
-                    _copy_range(sfd, begin, dfd, begin, end - begin, method2)
-                    if fsync:
-                        start_writeback(dfd, begin, end - begin)
-                    result.fetched += end - begin
-                    if progress is not None:
-                        progress(end - begin)
-            except EOFError as exc:
-                raise FileChanged(str(_ref(source, f.path)), f"source shorter than its manifest says ({exc})") \
-                    from None
-            finally:
-                os.close(sfd)
+            _fetch_gaps(f.path, to_fetch, dfd, source, result, deadline, progress, fsync, clock)
         result.reused += reused
         os.fchmod(dfd, sanitize_mode(f.mode))
         if fsync:
@@ -311,24 +256,98 @@ def _build_file(plan: DeltaPlan, fp: FilePlan, dest: "Path | Dir", source: "Path
                 os.close(fd)
 
 
+def _reuse_donor_spans(plan: DeltaPlan, fp: FilePlan, dfd: int, donor_fds: dict[tuple[int, str], int | None],
+                       result: BuildResult, deadline: float | None, progress: Callable[[int], None] | None,
+                       fsync: bool, clock: Callable[[], float]) -> tuple[list[Span], int]:
+    """Copy every donor span of one file (opening each donor file once, into ``donor_fds``); returns
+    the spans still to fetch (no donor, or a donor that failed) and the bytes reused."""
+    method = ["copy_file_range"]
+    to_fetch: list[Span] = []
+    reused = 0
+    for s in fp.spans:
+        if deadline is not None and clock() > deadline:
+            raise TimedOut(f"timed out building {fp.entry.path}")
+        if s.donor is None:
+            to_fetch.append(s)
+            continue
+        key = (s.donor, s.donor_path)
+        if key not in donor_fds:
+            try:
+                d = plan.donors[s.donor]
+                donor_fds[key] = open_for_read(FileRef(d.dir, s.donor_path) if d.dir is not None
+                                               else str(d.path / s.donor_path))
+            except (OSError, ValueError) as exc:  # evicted, deleted or replaced since the plan: fetch
+                donor_fds[key] = None
+                result.donor_failures.append(f"{plan.donors[s.donor].ref}/{s.donor_path}: "
+                                             f"{getattr(exc, 'strerror', None) or exc}")
+        sfd = donor_fds[key]
+        why = ""
+        if sfd is not None:
+            try:
+                _copy_range(sfd, s.donor_offset, dfd, s.begin, s.size, method)
+                if fsync:
+                    start_writeback(dfd, s.begin, s.size)  # so the final fsync does not wait for it all
+            except (OSError, EOFError) as exc:
+                if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+                    raise
+                why = str(exc)
+        else:
+            why = "donor file gone"
+        if why:
+            if sfd is not None:
+                result.donor_failures.append(f"{plan.donors[s.donor].ref}/{s.donor_path} "
+                                             f"[{s.donor_offset}, {s.donor_offset + s.size}): {why}")
+            to_fetch.append(s)
+        else:
+            reused += s.size
+            if progress is not None:
+                progress(s.size)
+    return to_fetch, reused
+
+
+def _fetch_gaps(path: str, to_fetch: list[Span], dfd: int, source: "Path | Dir", result: BuildResult,
+                deadline: float | None, progress: Callable[[int], None] | None, fsync: bool,
+                clock: Callable[[], float]) -> None:
+    """Read what no donor gave from ``source``, at the same offsets, in merged runs."""
+    sfd = open_for_read(_ref(source, path))
+    try:
+        method = ["copy_file_range"]
+        for begin, end in _runs(sorted(to_fetch, key=lambda s: s.begin)):
+            if deadline is not None and clock() > deadline:
+                raise TimedOut(f"timed out fetching {path}")
+            _copy_range(sfd, begin, dfd, begin, end - begin, method)
+            if fsync:
+                start_writeback(dfd, begin, end - begin)
+            result.fetched += end - begin
+            if progress is not None:
+                progress(end - begin)
+    except EOFError as exc:
+        raise FileChanged(str(_ref(source, path)), f"source shorter than its manifest says ({exc})") \
+            from None
+    finally:
+        os.close(sfd)
+
+
 def build(plan: DeltaPlan, dest: "Path | Dir", source: "Path | Dir | None", *, threads: int = 2, deadline: float | None = None,
-          progress: Callable[[int], None] | None = None, fsync: bool = True) -> BuildResult:
+          progress: Callable[[int], None] | None = None, fsync: bool = True,
+          clock: Callable[[], float] = time.monotonic) -> BuildResult:
     """Write every file of ``plan.target`` under ``dest`` (which must not hold them yet): donor parts
     are copied, the rest is read from ``source`` (the new version's directory, e.g. in cold storage)
     at the same offsets. Nothing is checked here: ``build_verified`` verifies and repairs."""
     result = BuildResult()
     order = sorted(plan.files, key=lambda fp: -fp.entry.size)
-    run_all(lambda fp: _build_file(plan, fp, dest, source, result, deadline, progress, fsync),
-            order, threads=threads, name="weightd-delta", deadline=deadline)
+    run_all(lambda fp: _build_file(plan, fp, dest, source, result, deadline, progress, fsync, clock),
+            order, threads=threads, name="weightd-delta", deadline=deadline, clock=clock)
     return result
 
 
 def build_verified(plan: DeltaPlan, dest: "Path | Dir", source: "Path | Dir", *, threads: int = 2, deadline: float | None = None,
-                   progress: Callable[[int], None] | None = None, fsync: bool = True) -> BuildResult:
+                   progress: Callable[[int], None] | None = None, fsync: bool = True,
+                   clock: Callable[[], float] = time.monotonic) -> BuildResult:
     """``build``, then one verification pass over every byte against the manifest; donor parts it
     rejects (a donor that rotted on disk) are fetched from ``source`` and checked again. Raises the
     verification's IntegrityError if anything is still wrong (then ``source`` itself is bad)."""
-    r = build(plan, dest, source, threads=threads, deadline=deadline, progress=progress, fsync=fsync)
+    r = build(plan, dest, source, threads=threads, deadline=deadline, progress=progress, fsync=fsync, clock=clock)
     checked = verify_checkpoint(dest, plan.target)
     if checked.problems and repair(plan, dest, source, checked.problems, r):
         checked = verify_checkpoint(dest, plan.target)

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from .errors import BadInput, CheckpointNotFound, ManifestError, UnsafePath
 from .content.manifest import MANIFEST_RELPATH, MAX_MANIFEST_BYTES, Manifest, parse_manifest
 from .content.names import validate_name, validate_version
+from .errors import BadInput, CheckpointNotFound, ManifestError, UnsafePath
 from .safefs import Dir, open_cold_root
 
 STAGING = ".staging"

@@ -74,7 +74,8 @@ class LocalNode:
         self.publisher = Publisher(self.roots, now=now, monotonic=monotonic, copy_threads=copy_threads)
         self.preloader = Preloader(self.roots, self.state, self.space,
                                    # fetchers: e.g. P2P, tried after a local copy and before cold
-                                   Sources(self.roots, list(fetchers or []), copy_threads=copy_threads),
+                                   Sources(self.roots, list(fetchers or []), copy_threads=copy_threads,
+                                           monotonic=monotonic),
                                    now=now, monotonic=monotonic, remaining=self._remaining,
                                    warm_options=warm_options, on_placed=on_placed)
         if reconcile:

@@ -25,7 +25,7 @@ class FetchRequest:
     """Fill ``staging`` with the files of ``source`` (its manifest says what they are)."""
     source: "VersionDir"          # the published version (its manifest, its torrent beside it)
     staging: "StagingArea"        # ``.dir`` for everything weightd does, ``.path`` for libraries
-    deadline: float | None        # time.monotonic() deadline, or None
+    deadline: float | None        # on LocalNode's monotonic clock (time.monotonic unless injected), or None
     progress: ProgressFn | None = None
     delta: "DeltaPlan | None" = None  # local donor bytes to reuse, if any
 

@@ -6,10 +6,10 @@ import os
 from dataclasses import dataclass, field
 
 from ..errors import ChecksumMismatch, IntegrityError
+from ..safefs import Dir
 from .hashing import HashJob, ProgressFn, hash_files
 from .manifest import (DEFAULT_CHUNK_SIZE, FileEntry, Manifest, SafetensorsInfo, TensorEntry,
                        chunk_ranges, tree_hash)
-from ..safefs import Dir
 from .safetensors_header import read_header
 from .scan import ScannedFile, scan_checkpoint
 

@@ -253,40 +253,8 @@ def manifest_from_dict(data: Any, source: str = "manifest") -> Manifest:
     if not isinstance(top["files"], list):
         raise r.fail("files", "expected a list")
 
-    files: list[FileEntry] = []
-    seen: set[str] = set()
-    for i, fd in enumerate(top["files"]):
-        where = f"files[{i}]"
-        fd = r.obj(fd, where, {"path", "size", "mode", "xxh3_128", "chunks", "safetensors"},
-                   {"path", "size", "mode", "xxh3_128"})
-        path = validate_relpath(fd["path"], source)
-        where = f"file {path!r}"
-        if path in seen:
-            raise r.fail(where, "listed twice")
-        seen.add(path)
-        size = r.int(fd["size"], where + ": size")
-        mode_s = fd["mode"]
-        if not isinstance(mode_s, str) or not re.fullmatch(r"0[0-7]{3}", mode_s):
-            raise r.fail(where + ": mode", "expected an octal string like '0644'")
-        fhash = r.hex(fd["xxh3_128"], where + ": xxh3_128")
-        st_info = None
-        chunks: tuple[str, ...] = ()
-        if "safetensors" in fd:
-            if "chunks" in fd:
-                raise r.fail(where, "has both 'chunks' and 'safetensors'")
-            st_info = _read_safetensors(r, fd["safetensors"], where, size)
-            part_hashes = [st_info.header_xxh3_128] + [t.xxh3_128 for t in st_info.tensors]
-        else:
-            raw = fd.get("chunks")
-            if not isinstance(raw, list):
-                raise r.fail(where, "missing 'chunks' list")
-            chunks = tuple(r.hex(h, f"{where}: chunks[{j}]") for j, h in enumerate(raw))
-            if len(chunks) != len(chunk_ranges(size, chunk_size)):
-                raise r.fail(where, f"{len(chunks)} chunk hashes for a {size}-byte file in {chunk_size}-byte chunks")
-            part_hashes = list(chunks)
-        if tree_hash(part_hashes) != fhash:
-            raise r.fail(where, "file hash does not match its part hashes")
-        files.append(FileEntry(path, size, int(mode_s, 8), fhash, chunks, st_info))
+    seen: set[str] = set()  # (each entry adds its path)
+    files = [_read_file_entry(r, i, fd, source, chunk_size, seen) for i, fd in enumerate(top["files"])]
 
     # a path cannot be both a file and a directory
     for p in seen:
@@ -301,6 +269,41 @@ def manifest_from_dict(data: Any, source: str = "manifest") -> Manifest:
     if m.digest != r.hex(top["digest"], "digest"):
         raise r.fail("digest", f"does not match the content (expected {m.digest}): the manifest was edited or is corrupt")
     return m
+
+
+def _read_file_entry(r: _Reader, i: int, fd: Any, source: str, chunk_size: int, seen: set[str]) -> FileEntry:
+    """``files[i]``, checked: its fields, a path not seen before (added to ``seen``), part hashes."""
+    where = f"files[{i}]"
+    fd = r.obj(fd, where, {"path", "size", "mode", "xxh3_128", "chunks", "safetensors"},
+               {"path", "size", "mode", "xxh3_128"})
+    path = validate_relpath(fd["path"], source)
+    where = f"file {path!r}"
+    if path in seen:
+        raise r.fail(where, "listed twice")
+    seen.add(path)
+    size = r.int(fd["size"], where + ": size")
+    mode_s = fd["mode"]
+    if not isinstance(mode_s, str) or not re.fullmatch(r"0[0-7]{3}", mode_s):
+        raise r.fail(where + ": mode", "expected an octal string like '0644'")
+    fhash = r.hex(fd["xxh3_128"], where + ": xxh3_128")
+    st_info = None
+    chunks: tuple[str, ...] = ()
+    if "safetensors" in fd:
+        if "chunks" in fd:
+            raise r.fail(where, "has both 'chunks' and 'safetensors'")
+        st_info = _read_safetensors(r, fd["safetensors"], where, size)
+        part_hashes = [st_info.header_xxh3_128] + [t.xxh3_128 for t in st_info.tensors]
+    else:
+        raw = fd.get("chunks")
+        if not isinstance(raw, list):
+            raise r.fail(where, "missing 'chunks' list")
+        chunks = tuple(r.hex(h, f"{where}: chunks[{j}]") for j, h in enumerate(raw))
+        if len(chunks) != len(chunk_ranges(size, chunk_size)):
+            raise r.fail(where, f"{len(chunks)} chunk hashes for a {size}-byte file in {chunk_size}-byte chunks")
+        part_hashes = list(chunks)
+    if tree_hash(part_hashes) != fhash:
+        raise r.fail(where, "file hash does not match its part hashes")
+    return FileEntry(path, size, int(mode_s, 8), fhash, chunks, st_info)
 
 
 def _read_safetensors(r: _Reader, v: Any, where: str, size: int) -> SafetensorsInfo:

@@ -97,32 +97,43 @@ def parse_header_bytes(path: str, prefix: bytes, header_json: bytes, file_size: 
     data_size = file_size - header_size
     tensors: list[TensorInfo] = []
     for name, info in obj.items():
-        where = f"tensor {name[:200]!r}"
-        if not isinstance(info, dict):
-            raise SafetensorsHeaderError(path, f"{where}: entry is not an object")
-        extra = set(info) - {"dtype", "shape", "data_offsets"}
-        if extra:
-            raise SafetensorsHeaderError(path, f"{where}: unknown field {sorted(extra)[0]!r}")
-        dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
-        if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
-            raise SafetensorsHeaderError(path, f"{where}: unknown dtype {str(dtype)[:40]!r}")
-        if (not isinstance(shape, list) or len(shape) > MAX_DIMS
-                or not all(_is_int(d) and d >= 0 for d in shape)):
-            raise SafetensorsHeaderError(path, f"{where}: shape must be a list of at most {MAX_DIMS} non-negative integers")
-        if (not isinstance(offsets, list) or len(offsets) != 2
-                or not all(_is_int(o) and o >= 0 for o in offsets) or offsets[0] > offsets[1]):
-            raise SafetensorsHeaderError(path, f"{where}: data_offsets must be [begin, end] with 0 <= begin <= end")
-        if offsets[1] > data_size:
-            raise SafetensorsHeaderError(path, f"{where}: data_offsets {offsets} run past the end of the file (data section is {data_size} bytes)")
-        bits = math.prod(shape) * DTYPE_BITS[dtype]
-        if bits % 8:
-            raise SafetensorsHeaderError(path, f"{where}: {dtype} x {shape} is not a whole number of bytes")
-        if bits // 8 != offsets[1] - offsets[0]:
-            raise SafetensorsHeaderError(
-                path, f"{where}: {dtype} x {shape} is {bits // 8} bytes but data_offsets span {offsets[1] - offsets[0]}")
-        tensors.append(TensorInfo(name, dtype, tuple(shape), header_size + offsets[0], header_size + offsets[1]))
-
+        tensors.append(_tensor_info(path, name, info, header_size, data_size))
     tensors.sort(key=lambda t: (t.begin, t.end))
+    _check_layout(path, tensors, header_size, file_size)
+    return SafetensorsHeader(header_size, file_size, metadata, tuple(tensors))
+
+
+def _tensor_info(path: str, name: str, info: object, header_size: int, data_size: int) -> TensorInfo:
+    """One entry of the header, checked: known fields and dtype, sane shape, offsets inside the data."""
+    where = f"tensor {name[:200]!r}"
+    if not isinstance(info, dict):
+        raise SafetensorsHeaderError(path, f"{where}: entry is not an object")
+    extra = set(info) - {"dtype", "shape", "data_offsets"}
+    if extra:
+        raise SafetensorsHeaderError(path, f"{where}: unknown field {sorted(extra)[0]!r}")
+    dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+    if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
+        raise SafetensorsHeaderError(path, f"{where}: unknown dtype {str(dtype)[:40]!r}")
+    if (not isinstance(shape, list) or len(shape) > MAX_DIMS
+            or not all(_is_int(d) and d >= 0 for d in shape)):
+        raise SafetensorsHeaderError(path, f"{where}: shape must be a list of at most {MAX_DIMS} non-negative integers")
+    if (not isinstance(offsets, list) or len(offsets) != 2
+            or not all(_is_int(o) and o >= 0 for o in offsets) or offsets[0] > offsets[1]):
+        raise SafetensorsHeaderError(path, f"{where}: data_offsets must be [begin, end] with 0 <= begin <= end")
+    if offsets[1] > data_size:
+        raise SafetensorsHeaderError(path, f"{where}: data_offsets {offsets} run past the end of the file (data section is {data_size} bytes)")
+    bits = math.prod(shape) * DTYPE_BITS[dtype]
+    if bits % 8:
+        raise SafetensorsHeaderError(path, f"{where}: {dtype} x {shape} is not a whole number of bytes")
+    if bits // 8 != offsets[1] - offsets[0]:
+        raise SafetensorsHeaderError(
+            path, f"{where}: {dtype} x {shape} is {bits // 8} bytes but data_offsets span {offsets[1] - offsets[0]}")
+    return TensorInfo(name, dtype, tuple(shape), header_size + offsets[0], header_size + offsets[1])
+
+
+def _check_layout(path: str, tensors: list[TensorInfo], header_size: int, file_size: int) -> None:
+    """The tensors (sorted by offset) tile the data section exactly: no overlap, no hole, nothing after
+    the last."""
     cursor = header_size
     for t in tensors:
         if t.begin < cursor:
@@ -132,7 +143,6 @@ def parse_header_bytes(path: str, prefix: bytes, header_json: bytes, file_size: 
         cursor = t.end
     if cursor != file_size:
         raise SafetensorsHeaderError(path, f"{file_size - cursor} bytes after the last tensor are not described by the header")
-    return SafetensorsHeader(header_size, file_size, metadata, tuple(tensors))
 
 
 def read_header(path: str | os.PathLike[str], fd: int | None = None) -> SafetensorsHeader:

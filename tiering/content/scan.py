@@ -111,19 +111,7 @@ def scan_checkpoint(root: "str | os.PathLike[str] | Dir") -> list[ScannedFile]:
                 continue
             lst = entry.stat(follow_symlinks=False)
             if stat.S_ISLNK(lst.st_mode):
-                target = Path(os.path.realpath(entry.path))
-                if not _inside(target, allowed):
-                    raise UnsafePath(str(dirpath / name), f"symlink escapes the checkpoint (-> {target})")
-                try:
-                    tst = target.stat()
-                except FileNotFoundError:
-                    raise UnsafePath(str(dirpath / name), "dangling symlink") from None
-                if stat.S_ISDIR(tst.st_mode):
-                    raise UnsafePath(str(dirpath / name), "symlinked directories are not supported")
-                if not stat.S_ISREG(tst.st_mode):
-                    raise UnsafePath(str(dirpath / name), "symlink to a special file (FIFO, socket or device)")
-                out.append(ScannedFile(relpath, str(target), tst.st_size, stat.S_IMODE(tst.st_mode),
-                                       tst.st_mtime_ns, tst.st_dev, tst.st_ino))
+                out.append(_followed_symlink(dirpath / name, entry.path, relpath, allowed))
             elif stat.S_ISDIR(lst.st_mode):
                 walk(Path(entry.path), relpath + "/")
             elif stat.S_ISREG(lst.st_mode):
@@ -134,3 +122,20 @@ def scan_checkpoint(root: "str | os.PathLike[str] | Dir") -> list[ScannedFile]:
 
     walk(top, "")
     return out
+
+
+def _followed_symlink(where: Path, link: str, relpath: str, allowed: list[Path]) -> ScannedFile:
+    """A symlink in a checkpoint: only to a regular file inside the checkpoint (or its HF ``blobs/``)."""
+    target = Path(os.path.realpath(link))
+    if not _inside(target, allowed):
+        raise UnsafePath(str(where), f"symlink escapes the checkpoint (-> {target})")
+    try:
+        tst = target.stat()
+    except FileNotFoundError:
+        raise UnsafePath(str(where), "dangling symlink") from None
+    if stat.S_ISDIR(tst.st_mode):
+        raise UnsafePath(str(where), "symlinked directories are not supported")
+    if not stat.S_ISREG(tst.st_mode):
+        raise UnsafePath(str(where), "symlink to a special file (FIFO, socket or device)")
+    return ScannedFile(relpath, str(target), tst.st_size, stat.S_IMODE(tst.st_mode),
+                       tst.st_mtime_ns, tst.st_dev, tst.st_ino)

@@ -6,11 +6,12 @@ used is returned as a :class:`Fill`; the preload flow alone writes it into the r
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
-from ..copy import CopyJob, copy_files
 from ..content.manifest import MANIFEST_RELPATH, Manifest
+from ..copy import CopyJob, copy_files
 from ..delta import DeltaPlan, Donor, plan_delta
 from ..delta import build_verified as build_delta
 from ..errors import CheckpointNotFound, TimedOut
@@ -38,8 +39,9 @@ class Fill:
 
 
 class Sources:
-    def __init__(self, roots: TierRoots, fetchers: list[Fetcher], *, copy_threads: int) -> None:
-        self.roots, self.fetchers, self.copy_threads = roots, fetchers, copy_threads
+    def __init__(self, roots: TierRoots, fetchers: list[Fetcher], *, copy_threads: int,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.roots, self.fetchers, self.copy_threads, self.monotonic = roots, fetchers, copy_threads, monotonic
 
     def fill(self, staging: StagingArea, m: Manifest, tier: str, name: str, version: str,
              deadline: float | None, progress: ProgressFn | None) -> Fill:
@@ -101,7 +103,7 @@ class Sources:
         # verified inside: a donor part that fails is fetched from cold and checked again
         with self.roots.must(COLD).sub(version_rel(name, version)) as cold_dir:
             r = build_delta(plan, staging.dir, cold_dir, threads=self.copy_threads, deadline=deadline,
-                            progress=progress)
+                            progress=progress, clock=self.monotonic)
         fill.add("local_reuse", r.reused)
         fill.add("cold", r.fetched)
         assert fill.delta is not None
@@ -127,7 +129,8 @@ class Sources:
                 with self.roots.must(src_tier).sub(rel) as base:
                     jobs = [CopyJob(FileRef(base, f.path), FileRef(staging.dir, f.path), f.size, f.mode)
                             for f in m.files]
-                    copy_files(jobs, threads=self.copy_threads, progress=progress, deadline=deadline)
+                    copy_files(jobs, threads=self.copy_threads, progress=progress, deadline=deadline,
+                               clock=self.monotonic)
                 fill.add(label, m.total_bytes)
                 fill.verified = False
                 return
