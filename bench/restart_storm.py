@@ -30,9 +30,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from tiering.content.units import parse_size  # noqa: E402
 from tiering.pagecache import drop_from_cache  # noqa: E402
 from tiering.sample import make_checkpoint  # noqa: E402
-from tiering.content.units import parse_size  # noqa: E402
 
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 LOADER = """

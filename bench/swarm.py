@@ -30,8 +30,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tiering.sample import make_checkpoint  # noqa: E402
 from tiering.content.units import parse_size  # noqa: E402
+from tiering.sample import make_checkpoint  # noqa: E402
 
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 

@@ -25,8 +25,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tiering.pagecache import drop_from_cache, residency  # noqa: E402
 from tiering.content.units import parse_size  # noqa: E402
+from tiering.pagecache import drop_from_cache, residency  # noqa: E402
 
 WD = [sys.executable, "-m", "weightd"]
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}

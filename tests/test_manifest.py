@@ -14,9 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tiering import MANIFEST_RELPATH, build_manifest, load_manifest, manifest_from_dict, write_manifest
-from tiering.errors import BadInput, FileChanged, ManifestError, UnsafePath
 from tiering.content.hashing import HashJob, hash_files
 from tiering.content.manifest import FORMAT, tree_hash
+from tiering.errors import BadInput, FileChanged, ManifestError, UnsafePath
 
 
 def test_build_covers_every_file_and_tensor(ckpt: Path) -> None:

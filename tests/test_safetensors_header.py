@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from tiering.errors import SafetensorsHeaderError
 from tiering.content.safetensors_header import DTYPE_BITS, MAX_HEADER_BYTES, parse_header_bytes, read_header
+from tiering.errors import SafetensorsHeaderError
 
 
 def raw_file(path: Path, header: bytes | dict, data: bytes = b"", length: int | None = None) -> Path:

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tiering.state import db as state_mod
 from tiering.errors import UnsafePath
+from tiering.state import db as state_mod
 from tiering.state import KEEP_CORRUPT, State
 
 from .conftest import assert_one_line_error, stop_process

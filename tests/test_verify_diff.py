@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from tiering import build_manifest, diff_manifests, verify_checkpoint
-from tiering.errors import ChecksumMismatch, IntegrityError
 from tiering.content.safetensors_header import read_header
+from tiering.errors import ChecksumMismatch, IntegrityError
 from tiering.sample import make_checkpoint, mutate_tensor
 
 
