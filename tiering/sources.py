@@ -9,6 +9,7 @@ tier's other directories. A fetcher that cannot help returns ``FetchResult(fille
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
@@ -25,9 +26,10 @@ class FetchRequest:
     """Fill ``staging`` with the files of ``source`` (its manifest says what they are)."""
     source: "VersionDir"          # the published version (its manifest, its torrent beside it)
     staging: "StagingArea"        # ``.dir`` for everything weightd does, ``.path`` for libraries
-    deadline: float | None        # on LocalNode's monotonic clock (time.monotonic unless injected), or None
+    deadline: float | None        # on ``clock`` (time.monotonic unless LocalNode's is injected), or None
     progress: ProgressFn | None = None
     delta: "DeltaPlan | None" = None  # local donor bytes to reuse, if any
+    clock: Callable[[], float] = time.monotonic  # the clock ``deadline`` is on (LocalNode's monotonic)
 
 
 @dataclass(frozen=True, slots=True)

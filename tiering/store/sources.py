@@ -78,7 +78,7 @@ class Sources:
                 fill.delta = {"donors": [donors[i].ref for i in plan.donors_used()],
                               "planned_reuse_bytes": plan.reuse_bytes, "refetched": []}
             for fetcher in self.fetchers:
-                got = fetcher.fetch(FetchRequest(cold, staging, deadline, progress, plan))
+                got = fetcher.fetch(FetchRequest(cold, staging, deadline, progress, plan, self.monotonic))
                 if got.fallback is not None:
                     fill.source_fallbacks.append(got.fallback)
                 if got.filled:

@@ -1,22 +1,6 @@
-"""Delta updates: build a new version from bytes already on the node, fetch only what changed.
-
-A plan is made from manifests alone. Every file of the new version is cut into its manifest parts
-(the safetensors header, each tensor, 16 MiB chunks of other files); a part whose content (xxh3-128
-and length) is a part of any complete local version, of this checkpoint or any other, is taken from
-that *donor*, at whatever offset and in whatever file it sits there. So tensors that moved within a
-file, renamed or re-sharded files and tensors shared across checkpoints are reused; everything else
-is fetched. Parts are the unit because the manifest already hashes them: a donor range is checked
-against the very hash that chose it, and nothing else needs to be stored.
-
-Non-safetensors files use the manifest's fixed 16 MiB chunks rather than content-defined chunks: in
-a checkpoint they are configs, tokenizers and vocabularies (kilobytes to a few MB) that are either
-identical (reused whole) or small enough to fetch whole; content-defined chunking would need a
-second, rolling-hash index in every manifest to save a few MB.
-
-Building from a plan never trusts a donor: the result is verified against the manifest in one pass
-(``build_verified``), and a donor part that fails (a donor rotted on disk) or a donor that vanished is
-fetched instead.
-"""
+"""Building a version from a plan: donor parts copied to their new offsets, the rest read from the
+source at the same offsets (``build``), then verified in one pass with donor parts that fail fetched
+again (``build_verified``); or donor parts only, for a P2P download to complete (``prefill``)."""
 
 from __future__ import annotations
 
@@ -25,16 +9,20 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable
+
+from .._syscalls import start_writeback
+from ..content.build import verify_checkpoint
+from ..content.hashing import open_for_read
+from ..copy import run_all
+from ..errors import FileChanged, TimedOut
+from ..safefs import Dir, FileRef, sanitize_mode
+from .plan import DeltaPlan, FilePlan, Span
 
 
-from ._syscalls import start_writeback
-from .content.build import verify_checkpoint
-from .content.hashing import open_for_read
-from .content.manifest import FileEntry, Manifest
-from .copy import run_all
-from .errors import FileChanged, TimedOut
-from .safefs import Dir, FileRef, sanitize_mode
+_FALLBACK = {errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EBADF, errno.EPERM}
+IO_CHUNK = 64 << 20
+
 
 def _ref(base: "Path | Dir", rel: str) -> "str | FileRef":
     return FileRef(base, rel) if isinstance(base, Dir) else str(base / rel)
@@ -57,134 +45,7 @@ def _open_existing(base: "Path | Dir", rel: str) -> int:
 def _exists(base: "Path | Dir", rel: str) -> bool:
     return base.lstat(rel) is not None if isinstance(base, Dir) else (base / rel).exists()
 
-_FALLBACK = {errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EBADF, errno.EPERM}
-IO_CHUNK = 64 << 20
 
-
-@dataclass(frozen=True, slots=True)
-class Donor:
-    """A complete local version that may lend bytes."""
-    ref: str           # NAME@VERSION (display)
-    path: Path         # its directory (display, and opening when ``dir`` is None)
-    manifest: Manifest
-    dir: Dir | None = None  # its directory by descriptor (a version in a tier)
-
-
-@dataclass(frozen=True, slots=True)
-class Span:
-    """Bytes [begin, end) of a new file: from ``donor``'s ``donor_path`` at ``donor_offset``, or fetched
-    (donor None). ``xxh3_128``: the manifest hash of this part."""
-    begin: int
-    end: int
-    xxh3_128: str
-    donor: int | None = None
-    donor_path: str = ""
-    donor_offset: int = 0
-    label: str = ""        # the manifest part's label (what verify names)
-
-    @property
-    def size(self) -> int:
-        return self.end - self.begin
-
-
-@dataclass(slots=True)
-class FilePlan:
-    entry: FileEntry
-    spans: list[Span]
-
-    @property
-    def reuse_bytes(self) -> int:
-        return sum(s.size for s in self.spans if s.donor is not None)
-
-    @property
-    def fetch_bytes(self) -> int:
-        return sum(s.size for s in self.spans if s.donor is None)
-
-    def regions(self, reused: bool) -> list[tuple[int, int]]:
-        """Merged byte ranges that are reused (or fetched)."""
-        out: list[tuple[int, int]] = []
-        for s in self.spans:
-            if (s.donor is not None) != reused or s.size == 0:
-                continue
-            if out and out[-1][1] == s.begin:
-                out[-1] = (out[-1][0], s.end)
-            else:
-                out.append((s.begin, s.end))
-        return out
-
-
-@dataclass(slots=True)
-class DeltaPlan:
-    target: Manifest
-    donors: list[Donor]
-    files: list[FilePlan] = field(default_factory=list)
-
-    @property
-    def reuse_bytes(self) -> int:
-        return sum(f.reuse_bytes for f in self.files)
-
-    @property
-    def fetch_bytes(self) -> int:
-        return sum(f.fetch_bytes for f in self.files)
-
-    @property
-    def total_bytes(self) -> int:
-        return self.target.total_bytes
-
-    def piece_bytes(self, piece_size: int) -> int:
-        """What a BitTorrent v2 download would move after a prefill: every piece (aligned per file)
-        that a fetched range touches."""
-        total = 0
-        for f in self.files:
-            pieces: set[int] = set()
-            for b, e in f.regions(False):
-                pieces.update(range(b // piece_size, (e - 1) // piece_size + 1))
-            total += sum(min(piece_size, f.entry.size - i * piece_size) for i in pieces)
-        return total
-
-    def donors_used(self) -> list[int]:
-        return sorted({s.donor for f in self.files for s in f.spans if s.donor is not None})
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "target": {"name": self.target.name, "version": self.target.version, "digest": self.target.digest},
-            "donors": [{"ref": self.donors[i].ref, "digest": self.donors[i].manifest.digest}
-                       for i in self.donors_used()],
-            "total_bytes": self.total_bytes, "reuse_bytes": self.reuse_bytes, "fetch_bytes": self.fetch_bytes,
-            "files": [{"path": f.entry.path, "size": f.entry.size, "reuse_bytes": f.reuse_bytes,
-                       "fetch_bytes": f.fetch_bytes,
-                       "fetch_ranges": [list(r) for r in f.regions(False)],
-                       "reuse_from": sorted({self.donors[s.donor].ref + "/" + s.donor_path
-                                             for s in f.spans if s.donor is not None})}
-                      for f in self.files],
-        }
-
-
-def plan_delta(target: Manifest, donors: Sequence[Donor]) -> DeltaPlan:
-    """For every part of every file of ``target``: a donor holding the same bytes, or fetch.
-
-    Donors earlier in the list win (put the ones on the staging file system first: copy_file_range
-    can then share extents)."""
-    index: dict[tuple[str, int], tuple[int, str, int]] = {}
-    for di, d in enumerate(donors):
-        for f in d.manifest.files:
-            for p in f.parts(d.manifest.chunk_size):
-                if p.end > p.begin:
-                    index.setdefault((p.xxh3_128, p.end - p.begin), (di, f.path, p.begin))
-    plan = DeltaPlan(target, list(donors))
-    for f in target.files:
-        spans = []
-        for p in f.parts(target.chunk_size):
-            hit = index.get((p.xxh3_128, p.end - p.begin)) if p.end > p.begin else None
-            if hit is None:
-                spans.append(Span(p.begin, p.end, p.xxh3_128, label=p.label))
-            else:
-                spans.append(Span(p.begin, p.end, p.xxh3_128, hit[0], hit[1], hit[2], p.label))
-        plan.files.append(FilePlan(f, spans))
-    return plan
-
-
-# -- building ------------------------------------------------------------------------------------------
 @dataclass(slots=True)
 class BuildResult:
     reused: int = 0           # bytes taken from donors (and verified)
@@ -388,7 +249,8 @@ def repair(plan: DeltaPlan, dest: "Path | Dir", source: "Path | Dir", problems: 
     return repaired
 
 
-def prefill(plan: DeltaPlan, dest: "Path | Dir", *, deadline: float | None = None) -> BuildResult:
+def prefill(plan: DeltaPlan, dest: "Path | Dir", *, deadline: float | None = None,
+            clock: Callable[[], float] = time.monotonic) -> BuildResult:
     """Donor bytes at their new offsets, holes elsewhere (for a P2P download to check and complete).
     Files that already exist under ``dest`` (a resumed transfer) are left alone."""
     todo = DeltaPlan(plan.target, plan.donors,
@@ -398,5 +260,5 @@ def prefill(plan: DeltaPlan, dest: "Path | Dir", *, deadline: float | None = Non
     result = BuildResult()
     for fp in only_donors.files:  # _build_file sizes the file; what no donor holds stays zero (libtorrent
         # then checks every piece: a rotten donor only fails its pieces, which are downloaded)
-        _build_file(only_donors, fp, dest, None, result, deadline, None, False)
+        _build_file(only_donors, fp, dest, None, result, deadline, None, False, clock)
     return result
