@@ -546,11 +546,11 @@ class HungCold:
     """Cold storage served through a real FUSE file server (tests/fuse_hang.py) whose reads of
     ``org/hang``'s safetensors never return, as reads from a hung NFS server do."""
 
-    def __init__(self, source: Path, mnt: Path, log: Path) -> None:
+    def __init__(self, source: Path, mnt: Path, log: Path, hang: str) -> None:
         self.path = mnt
         self.log = open(log, "w")
         self.proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("fuse_hang.py")), str(source),
-                                      str(mnt), "org/hang/v1/model-"], stdout=self.log, stderr=subprocess.STDOUT)
+                                      str(mnt), hang], stdout=self.log, stderr=subprocess.STDOUT)
         self.dev: int | None = None
         deadline = time.monotonic() + 10
         while not os.path.ismount(mnt):
@@ -577,15 +577,16 @@ class HungCold:
         self.log.close()
 
 
-@pytest.fixture
-def hung_cold(node_env, tmp_path: Path):
+@pytest.fixture(params=["org/hang/v1/model-", "org/hang/v1/.weightd/manifest.json"], ids=["data", "manifest"])
+def hung_cold(node_env, tmp_path: Path, request):
+    """What never returns: the safetensors data (the copy), or the manifest (resolving the version)."""
     pytest.importorskip("fuse", reason="fusepy missing (make tools)")
     if os.geteuid() != 0 or not os.path.exists("/dev/fuse"):
         pytest.skip("needs root and /dev/fuse to mount a FUSE file system")
     mnt = tmp_path / "cold-fuse"
     mnt.mkdir()
     node_env.cold.mkdir(exist_ok=True)  # (the mount's root is cold's root: it must exist first)
-    h = HungCold(node_env.cold, mnt, tmp_path / "fuse.log")
+    h = HungCold(node_env.cold, mnt, tmp_path / "fuse.log", request.param)
     try:
         yield h
     finally:

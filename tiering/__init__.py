@@ -49,7 +49,7 @@ _SURFACE: dict[str, str] = {
     "WarmOptions": "pagecache.warming", "warm": "pagecache.warming",
     "LockedFiles": "pagecache.mlock", "check_memlock": "pagecache.mlock",
     # delta updates
-    "DeltaPlan": "delta.plan", "Donor": "delta.plan", "plan_delta": "delta.plan",
+    "run_bounded": "copy", "DeltaPlan": "delta.plan", "Donor": "delta.plan", "plan_delta": "delta.plan",
     "prefill_delta": "delta.build",
 }
 _RENAMED = {"prefill_delta": "prefill"}

@@ -13,7 +13,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence, TypeVar
+from typing import Any, Callable, Sequence, TypeVar
 
 from ._syscalls import start_writeback
 from .errors import FileChanged, TimedOut
@@ -166,3 +166,29 @@ def run_all(fn: Callable[[T], object], items: Sequence[T], *, threads: int, name
         raise err
     if state["error"] is not None:
         raise state["error"]
+
+
+def run_bounded(fn: Callable[[], T], *, deadline: float | None, what: str,
+                clock: Callable[[], float] = time.monotonic, grace_s: float = 1.0) -> T:
+    """``fn()``, but the caller waits no longer than ``deadline`` (plus ``grace_s``, so that ``fn``'s own,
+    more precise timeout wins when it is still responsive): any read inside it that never returns (a
+    manifest on a hung NFS server, not only a copy) ends in TimedOut, the stuck work left behind on a
+    daemon thread (it gives up by itself at its next deadline check)."""
+    if deadline is None:
+        return fn()
+    box: dict[str, Any] = {}
+    done = threading.Event()
+
+    def work() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:
+            box["error"] = exc
+        finally:
+            done.set()
+    threading.Thread(target=work, name="weightd-bounded", daemon=True).start()
+    if not done.wait(max(0.0, deadline - clock()) + grace_s):
+        raise TimedOut(f"{what}: did not finish before its deadline (is the cold storage hung?)")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]

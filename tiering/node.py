@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .content.names import validate_name, validate_version
+from .copy import run_bounded
 from .errors import BadInput, CheckpointNotFound, NoSpace
 from .layout import COLD, HOT, LOCAL_TIERS, WARM, TierSpec, VersionDir, read_version
 from .pagecache import WarmOptions
@@ -48,6 +49,17 @@ def check_seconds(key: str, value: float | None, *, allow_zero: bool) -> float |
         raise BadInput(f"{key}: expected a finite number of seconds from {'0' if allow_zero else 'more than 0'} "
                        f"to {int(MAX_SECONDS)} (a week), got {value!r}")
     return float(value)
+
+
+def _forward(owner: str, attr: str, doc: str, convert: Callable[[Any], Any] = lambda v: v) -> property:
+    """A LocalNode attribute that lives on one of its parts (``owner`` is a dotted path from self)."""
+    def part(self: "LocalNode") -> Any:
+        obj: Any = self
+        for a in owner.split("."):
+            obj = getattr(obj, a)
+        return obj
+    return property(lambda self: getattr(part(self), attr), lambda self, v: setattr(part(self), attr, convert(v)),
+                    doc=doc)
 
 
 class LocalNode:
@@ -95,37 +107,10 @@ class LocalNode:
         return None if deadline is None else max(0.0, deadline - self.monotonic())
 
     # -- hooks and options (kept as attributes: callers set them after construction) ----------------
-    @property
-    def on_evict(self) -> EvictFn | None:
-        return self.space.on_evict
-
-    @on_evict.setter
-    def on_evict(self, fn: EvictFn | None) -> None:
-        self.space.on_evict = fn
-
-    @property
-    def on_placed(self) -> PlacedFn | None:
-        return self.preloader.on_placed
-
-    @on_placed.setter
-    def on_placed(self, fn: PlacedFn | None) -> None:
-        self.preloader.on_placed = fn
-
-    @property
-    def fetchers(self) -> list[Fetcher]:
-        return self.preloader.sources.fetchers
-
-    @fetchers.setter
-    def fetchers(self, fetchers: list[Fetcher]) -> None:
-        self.preloader.sources.fetchers = list(fetchers)
-
-    @property
-    def warm_options(self) -> WarmOptions:
-        return self.preloader.warm_options
-
-    @warm_options.setter
-    def warm_options(self, o: WarmOptions) -> None:
-        self.preloader.warm_options = o
+    on_evict = _forward("space", "on_evict", "EvictFn | None: (tier, ref, reason, bytes) after an eviction")
+    on_placed = _forward("preloader", "on_placed", "PlacedFn | None: (tier, version) after a placement")
+    fetchers = _forward("preloader.sources", "fetchers", "list[Fetcher]: sources tried before cold", list)
+    warm_options = _forward("preloader", "warm_options", "WarmOptions: how a warm-tier copy is warmed")
 
     # -- operations ---------------------------------------------------------------------------------
     def reconcile(self) -> dict[str, Any]:
@@ -150,6 +135,11 @@ class LocalNode:
         timeout_s = check_seconds("timeout_s", timeout_s, allow_zero=False)
         t0 = self.monotonic()
         deadline = None if timeout_s is None else t0 + timeout_s
+        return run_bounded(lambda: self._preload(name, version, tier, strict, lease_s, deadline, wait, progress, t0),
+                           deadline=deadline, clock=self.monotonic, what=f"preload of {name}@{version or 'latest'}")
+
+    def _preload(self, name: str, version: str | None, tier: str, strict: bool, lease_s: float,
+                 deadline: float | None, wait: bool, progress: ProgressFn | None, t0: float) -> PreloadReport:
         src = self.wait_published(name, version, deadline) if wait else self.resolve(name, version)
         try:
             report = self.preloader.preload_into(src, tier, deadline, progress, lease_s)

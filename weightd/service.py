@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from tiering import (DEFAULT_LEASE_S, HOT, LOCAL_TIERS, IntegrityError, NoSpace, parse_ref, validate_name,
+from tiering import (DEFAULT_LEASE_S, run_bounded, HOT, LOCAL_TIERS, IntegrityError, NoSpace, parse_ref, validate_name,
                      validate_version)
 
 from .client import MAX_SECONDS
@@ -121,11 +121,15 @@ class NodeService:
 
     def resolve(self, req: PreloadRequest) -> PreloadRequest:
         """The request with its version resolved (waiting for publication if it asks to)."""
-        if not req.wait:
-            return replace(req, version=self.node.resolve(req.name, req.version).version)
         t0 = self.monotonic()
         deadline = None if req.timeout_s is None else t0 + req.timeout_s
-        v = self.node.wait_published(req.name, req.version, deadline)
+        what = f"resolving {req.ref}"
+        if not req.wait:  # (a manifest read from a hung cold server must not outlive --timeout either)
+            v = run_bounded(lambda: self.node.resolve(req.name, req.version), deadline=deadline, what=what,
+                            clock=self.monotonic)
+            return replace(req, version=v.version)
+        v = run_bounded(lambda: self.node.wait_published(req.name, req.version, deadline), deadline=deadline,
+                        what=what, clock=self.monotonic)
         left = None if req.timeout_s is None else max(0.001, req.timeout_s - (self.monotonic() - t0))
         return replace(req, version=v.version, wait=False, timeout_s=left)  # one deadline for wait and load
 

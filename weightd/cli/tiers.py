@@ -153,18 +153,23 @@ def status(app: AppContext, as_json: bool) -> None:
     output.emit_json(st) if as_json else output.show_status(st)
 
 
+def _pin(app: AppContext, ref: str, as_json: bool, pin: bool) -> None:
+    split_ref(ref)
+    with Backend(app) as b:
+        r = b.ops.pin(ref) if pin else b.ops.unpin(ref)
+    if as_json:
+        return output.emit_json(r)
+    done, noop = ("pinned", "already pinned") if pin else ("unpinned", "was not pinned")
+    click.echo(f"{r['name']}@{r['version']}: {done if r['changed'] else noop}")
+
+
 @cli.command()
 @click.argument("ref", metavar="NAME[@VERSION]")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
 def pin(app: AppContext, ref: str, as_json: bool) -> None:
     """Never evict NAME@VERSION (latest published if no version) from any tier."""
-    split_ref(ref)
-    with Backend(app) as b:
-        r = b.ops.pin(ref)
-    if as_json:
-        return output.emit_json(r)
-    click.echo(f"{r['name']}@{r['version']}: {'pinned' if r['changed'] else 'already pinned'}")
+    _pin(app, ref, as_json, True)
 
 
 @cli.command()
@@ -173,12 +178,7 @@ def pin(app: AppContext, ref: str, as_json: bool) -> None:
 @click.pass_obj
 def unpin(app: AppContext, ref: str, as_json: bool) -> None:
     """Let NAME@VERSION be evicted again."""
-    split_ref(ref)
-    with Backend(app) as b:
-        r = b.ops.unpin(ref)
-    if as_json:
-        return output.emit_json(r)
-    click.echo(f"{r['name']}@{r['version']}: {'unpinned' if r['changed'] else 'was not pinned'}")
+    _pin(app, ref, as_json, False)
 
 
 @cli.command()
