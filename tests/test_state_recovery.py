@@ -59,22 +59,18 @@ def _wrong_schema(db: Path) -> None:
     c.close()
 
 
-def _wrong_columns(db: Path) -> None:
-    with sqlite3.connect(db) as c:
-        c.execute("ALTER TABLE copies DROP COLUMN last_access")
-    c.close()
+def _sql(statement: str):
+    """A corruption made by one SQL statement on a real state.db."""
+    def corrupt(db: Path) -> None:
+        with sqlite3.connect(db) as c:
+            c.execute(statement)
+        c.close()
+    return corrupt
 
 
-def _no_version(db: Path) -> None:
-    with sqlite3.connect(db) as c:
-        c.execute("DELETE FROM meta")
-    c.close()
-
-
-def _other_version(db: Path) -> None:
-    with sqlite3.connect(db) as c:
-        c.execute("UPDATE meta SET value='99' WHERE key='schema'")
-    c.close()
+_wrong_columns = _sql("ALTER TABLE copies DROP COLUMN last_access")
+_no_version = _sql("DELETE FROM meta")
+_other_version = _sql("UPDATE meta SET value='99' WHERE key='schema'")
 
 
 def _garbage_wal(db: Path) -> None:

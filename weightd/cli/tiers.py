@@ -163,22 +163,18 @@ def _pin(app: AppContext, ref: str, as_json: bool, pin: bool) -> None:
     click.echo(f"{r['name']}@{r['version']}: {done if r['changed'] else noop}")
 
 
-@cli.command()
-@click.argument("ref", metavar="NAME[@VERSION]")
-@click.option("--json", "as_json", is_flag=True)
-@click.pass_obj
-def pin(app: AppContext, ref: str, as_json: bool) -> None:
-    """Never evict NAME@VERSION (latest published if no version) from any tier."""
-    _pin(app, ref, as_json, True)
+def _pin_command(name: str, pin: bool, help: str) -> click.Command:
+    @cli.command(name, help=help)
+    @click.argument("ref", metavar="NAME[@VERSION]")
+    @click.option("--json", "as_json", is_flag=True)
+    @click.pass_obj
+    def command(app: AppContext, ref: str, as_json: bool) -> None:
+        _pin(app, ref, as_json, pin)
+    return command
 
 
-@cli.command()
-@click.argument("ref", metavar="NAME[@VERSION]")
-@click.option("--json", "as_json", is_flag=True)
-@click.pass_obj
-def unpin(app: AppContext, ref: str, as_json: bool) -> None:
-    """Let NAME@VERSION be evicted again."""
-    _pin(app, ref, as_json, False)
+pin = _pin_command("pin", True, "Never evict NAME@VERSION (latest published if no version) from any tier.")
+unpin = _pin_command("unpin", False, "Let NAME@VERSION be evicted again.")
 
 
 @cli.command()
