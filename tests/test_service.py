@@ -120,3 +120,31 @@ def test_commands_through_the_daemon_stay_light(daemon, wd, node_env, isolated_e
         heavy = {m for m in modules if m.split(".")[0] in ("aiohttp", "libtorrent", "rich", "prometheus_client")
                  or m in ("tiering.node", "tiering.pagecache", "weightd.service", "weightd.daemon")}
         assert not heavy, (args, sorted(heavy))
+
+
+def test_in_process_commands_count_without_prometheus(node_env, wd, isolated_env, tmp_path: Path) -> None:
+    """The CLI counts into a Tally (the same calls as the daemon's Metrics), and never imports
+    prometheus_client for it (about 50 ms of every in-process command's start)."""
+    import subprocess
+    import sys
+
+    from weightd.config import load_config
+    from weightd.local import open_service
+    from weightd.tally import Tally
+
+    from .conftest import ROOT
+    _publish(wd, tmp_path)
+    svc = open_service(load_config(str(node_env.config)), Tally())
+    try:
+        r = svc.preload("org/s@v1", tier="warm")
+        v = svc.metrics.values
+        assert v[("bytes", ("cold",))] == r["bytes"]
+        assert v[("loading:count", ("org/s@v1", "warm", "cold"))] == 1
+        assert v[("in_flight", ("local",))] == 0
+    finally:
+        svc.node.close()
+    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "weightd", "--config", str(node_env.config),
+                          "--no-daemon", "preload", "org/s@v1", "--tier", "hot"], capture_output=True, text=True,
+                         timeout=120, env=isolated_env, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-500:]
+    assert "prometheus_client" not in out.stderr
