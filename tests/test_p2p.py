@@ -188,6 +188,19 @@ def test_outsider_falls_back_to_cold(cluster, tmp_path: Path) -> None:
     r = json.loads(proc.stdout.splitlines()[0])
     assert r["bytes_by_source"]["cold"] == r["bytes"] and r["bytes_by_source"]["origin"] == 0
     assert [(f["from"], f["to"]) for f in r["source_fallbacks"]] == [("p2p", "cold")] and r["tier_fallback"] is None
+    # as a person sees it: a P2P stall into hot is not "went to the warm tier"; and it is counted
+    assert outsider.cli("evict", "org/fb@v1", "--tier", "warm", "--force").returncode == 0  # (else: local reuse)
+    text = outsider.cli("preload", "org/fb@v1", "--tier", "hot")
+    assert text.returncode == 0, text.stderr
+    assert "p2p gave up" in text.stderr and "copied from cold" in text.stderr, text.stderr
+    assert "went to the warm tier" not in text.stderr, text.stderr
+    import re
+    import urllib.request
+    listen = re.search(r'\[metrics\]\nlisten = "([^"]+)"', outsider.config.read_text()).group(1)
+    with urllib.request.urlopen(f"http://{listen}/metrics", timeout=10) as resp:
+        body = resp.read().decode()
+    assert re.search(r'weightd_fallbacks_total\{from="p2p",kind="source",to="cold"\} 2\.0', body), \
+        [ln for ln in body.splitlines() if "fallbacks" in ln]
 
 
 @pytest.mark.slow
