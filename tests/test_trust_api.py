@@ -254,11 +254,16 @@ def test_mutating_routes_are_refused_to_other_uids(node_env, isolated_env, wd, t
         cfg = shared_dir / "weightd.toml"
         shutil.copy(node_env.config, cfg)
         os.chmod(cfg, 0o644)
+        # root still may
+        assert call(sock, "POST", "pin", {"ref": "org/d@v1"})[0] == 200
+        assert call(sock, "POST", "unpin", {"ref": "org/d@v1"})[0] == 200
+        probe = nobody_cli(cfg, "--version", env=isolated_env)
+        if probe.returncode != 0:  # (a checkout or interpreter in a 0700 directory: uid 65534 cannot start weightd)
+            pytest.skip(f"the API refusals above passed; uid {NOBODY} cannot run this checkout's weightd for the "
+                        f"CLI part: {probe.stderr.strip()[:120]}")
         for args in (["pin", "org/d@v1"], ["evict", "org/d@v1", "--force"], ["gc"]):
             assert_one_line_error(nobody_cli(cfg, "--daemon-only", *args, env=isolated_env), 2, f"uid {NOBODY}")
         assert tree_digest(node_env.hot) == hot_before
-        # root still may
-        assert call(sock, "POST", "pin", {"ref": "org/d@v1"})[0] == 200
     finally:
         d.stop()
 
