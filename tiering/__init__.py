@@ -27,7 +27,7 @@ _SURFACE: dict[str, str] = {
     "ScannedFile": "content.scan", "scan_checkpoint": "content.scan", "scan_dir": "content.scan",
     "parse_ref": "content.names", "validate_name": "content.names", "validate_relpath": "content.names",
     "validate_version": "content.names",
-    "format_bytes": "content.units", "parse_fraction": "content.units", "parse_size": "content.units",
+    "MAX_SECONDS": "content.units", "format_bytes": "content.units", "parse_fraction": "content.units", "parse_size": "content.units",
     "make_checkpoint": "sample", "mutate_tensor": "sample",
     # errors
     "BadInput": "errors", "Busy": "errors", "CheckpointNotFound": "errors", "ChecksumMismatch": "errors",

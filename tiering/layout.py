@@ -27,7 +27,6 @@ LOCKS = ".locks"
 HOT, WARM, COLD = "hot", "warm", "cold"
 LOCAL_TIERS = (HOT, WARM)
 DIR_MODE = 0o755          # NAME/ and version directories: the root's own mode is the gate
-PRIVATE_MODE = 0o700      # .staging, .trash, .locks
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,11 +92,6 @@ def as_dir(root: "Dir | Path | None") -> Iterator[Dir | None]:
         if d is not None:
             d.close()
 
-
-def version_path(root: Path, name: str, version: str) -> Path:
-    validate_name(name)
-    validate_version(version)
-    return root / name / version
 
 
 def version_rel(name: str, version: str) -> str:

@@ -56,12 +56,6 @@ class FileLock:
             os.close(self.fd)
             self.fd = None
 
-    def release_and_remove(self) -> None:
-        """Unlink the lock file while still holding it, then let go (for one-use locks)."""
-        if self.fd is not None:
-            self.dir.unlink(self.name)
-        self.release()
-
     def __enter__(self) -> "FileLock":
         if self.fd is None:
             self.acquire()

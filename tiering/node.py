@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .content.names import validate_name, validate_version
+from .content.units import MAX_SECONDS
 from .copy import run_bounded
 from .errors import BadInput, CheckpointNotFound, NoSpace
 from .layout import COLD, HOT, LOCAL_TIERS, WARM, TierSpec, VersionDir, read_version
@@ -34,7 +35,6 @@ from .store.space import EvictFn, Space
 
 log = logging.getLogger(__name__)
 DEFAULT_LEASE_S = 600.0
-MAX_SECONDS = 7 * 24 * 3600.0   # leases and timeouts: finite, and at most a week
 __all__ = ["DEFAULT_LEASE_S", "MAX_SECONDS", "PUBLISH_LOCK_TIMEOUT_S", "SOURCES", "LocalNode", "PreloadReport",
            "PublishReport", "check_seconds"]
 

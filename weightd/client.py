@@ -17,11 +17,12 @@ import struct
 from pathlib import Path
 from typing import Any, Iterable
 
+from tiering import MAX_SECONDS  # (tiering.content.units: a light module, the client stays fast to start)
+
 from .errors import DaemonError, UntrustedDaemon
 
 __all__ = ["DaemonClient", "DaemonError", "MAX_SECONDS", "UntrustedDaemon", "peer_credentials", "peer_groups"]
 
-MAX_SECONDS = 7 * 24 * 3600   # lease_s and timeout_s: at most a week, both in the CLI and the daemon
 _SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux >= 4.13
 
 

@@ -52,3 +52,8 @@ def format_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     raise AssertionError("unreachable")
+
+
+#: leases and timeouts: finite and at most a week (the one home of this bound: the tiers, the service,
+#: the daemon's API and the CLI's options all check against it)
+MAX_SECONDS = 7 * 24 * 3600
