@@ -273,49 +273,6 @@ def test_a_read_that_never_returns_does_not_outlive_the_deadline() -> None:
         os.close(r)
 
 
-def test_other_preloads_complete_while_one_read_hangs(node_env, tmp_path: Path) -> None:
-    """One copy's source never answers; a second preload into the same tier, in the same process,
-    still completes, and the stuck one ends with TimedOut at its deadline."""
-    from tiering import copy as copy_mod
-    node = node_env.node()
-    try:
-        for name, seed in (("org/hang", "a"), ("org/ok", "b")):
-            src = make_checkpoint(tmp_path / f"s-{seed}", total_bytes=2 * MiB, shards=1, layers=1, seed=seed)
-            node.publish(src, name, "v1")
-        r, w = os.pipe()
-        real_copy = copy_mod.copy_file
-
-        def copy(job, **kw):  # the hung mount: the source of org/hang blocks forever in read(2)
-            if "org/hang" in str(job.src):
-                os.read(r, 1)
-            return real_copy(job, **kw)
-        copy_mod.copy_file = copy
-        results: dict[str, object] = {}
-
-        def run(name: str, timeout: float) -> None:
-            try:
-                results[name] = node.preload(name, "v1", tier="warm", timeout_s=timeout)
-            except BaseException as exc:
-                results[name] = exc
-        try:
-            t0 = time.monotonic()
-            th = threading.Thread(target=run, args=("org/hang", 2.0))
-            th.start()
-            time.sleep(0.3)
-            run("org/ok", 30.0)
-            th.join(10)
-            assert not th.is_alive()
-            assert isinstance(results["org/hang"], TimedOut), results
-            assert not isinstance(results["org/ok"], BaseException), results
-            assert time.monotonic() - t0 < 10
-        finally:
-            copy_mod.copy_file = real_copy
-            os.write(w, b"x" * 8)
-            os.close(w)
-    finally:
-        node.close()
-
-
 # -- 7. modes are sanitised --------------------------------------------------------------------------
 def test_modes_from_a_manifest_are_sanitised(wd, node_env, tmp_path: Path) -> None:
     src = make_checkpoint(tmp_path / "src", total_bytes=2 * MiB, shards=1, layers=1)
