@@ -28,6 +28,10 @@ _SURFACE: dict[str, str] = {
     "parse_ref": "content.names", "validate_name": "content.names", "validate_relpath": "content.names",
     "validate_version": "content.names",
     "MAX_SECONDS": "content.units", "format_bytes": "content.units", "parse_fraction": "content.units", "parse_size": "content.units",
+    "SignatureRefused": "content.signature", "SignedStatement": "content.signature",
+    "TrustPolicy": "content.signature", "SIGNATURE_RELPATH": "content.signature", "HASHERS": "content.signature",
+    "generate_keypair": "content.signature", "load_public_key": "content.signature",
+    "read_unverified_signature": "content.signature",
     "make_checkpoint": "sample", "mutate_tensor": "sample",
     # errors
     "BadInput": "errors", "Busy": "errors", "CheckpointNotFound": "errors", "ChecksumMismatch": "errors",
@@ -52,7 +56,7 @@ _SURFACE: dict[str, str] = {
     "run_bounded": "copy", "DeltaPlan": "delta.plan", "Donor": "delta.plan", "plan_delta": "delta.plan",
     "prefill_delta": "delta.build",
 }
-_RENAMED = {"prefill_delta": "prefill"}
+_RENAMED = {"prefill_delta": "prefill", "read_unverified_signature": "read_unverified"}
 
 __all__ = sorted(_SURFACE)
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .content.names import validate_name, validate_version
+from .content.signature import TrustPolicy
 from .content.units import MAX_SECONDS
 from .copy import run_bounded
 from .errors import BadInput, CheckpointNotFound, NoSpace
@@ -31,6 +32,7 @@ from .store.reconcile import Reconciler
 from .store.reports import SOURCES, PreloadReport, PublishReport, status
 from .store.roots import TierRoots
 from .store.sources import Sources
+from .store.trust import Trust
 from .store.space import EvictFn, Space
 
 log = logging.getLogger(__name__)
@@ -71,7 +73,7 @@ class LocalNode:
                  now: Callable[[], float] = time.time, copy_threads: int = 2, reconcile: bool = True,
                  warm_options: WarmOptions = WarmOptions(), on_evict: EvictFn | None = None,
                  fetchers: list[Fetcher] | None = None, on_placed: PlacedFn | None = None,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+                 monotonic: Callable[[], float] = time.monotonic, trust: TrustPolicy | None = None) -> None:
         self.tiers = {HOT: hot, WARM: warm}
         self.cold = cold
         self.now, self.monotonic = now, monotonic
@@ -83,11 +85,13 @@ class LocalNode:
         self.catalog = Catalog(self.roots, monotonic=monotonic)
         self.space = Space(self.roots, self.state, now=now, remaining=self._remaining, on_evict=on_evict)
         self.reconciler = Reconciler(self.roots, self.state, now=now, copy_threads=copy_threads)
-        self.publisher = Publisher(self.roots, now=now, monotonic=monotonic, copy_threads=copy_threads)
+        self.trust = Trust(self.roots, trust, now=now)
+        self.publisher = Publisher(self.roots, now=now, monotonic=monotonic, copy_threads=copy_threads,
+                                   trust=trust)
         self.preloader = Preloader(self.roots, self.state, self.space,
                                    # fetchers: e.g. P2P, tried after a local copy and before cold
                                    Sources(self.roots, list(fetchers or []), copy_threads=copy_threads,
-                                           monotonic=monotonic),
+                                           monotonic=monotonic), self.trust,
                                    now=now, monotonic=monotonic, remaining=self._remaining,
                                    warm_options=warm_options, on_placed=on_placed)
         if reconcile:
@@ -118,9 +122,12 @@ class LocalNode:
         ones. Local tiers only: cold storage is never written here."""
         return self.reconciler.reconcile()
 
-    def publish(self, src: Path, name: str, version: str, *, progress: ProgressFn | None = None) -> PublishReport:
-        """Copy a checkpoint directory (or HF cache snapshot) into cold storage, immutably."""
-        return self.publisher.publish(src, name, version, progress=progress)
+    def publish(self, src: Path, name: str, version: str, *, progress: ProgressFn | None = None,
+                sign_key: Path | None = None, signature: bytes | None = None) -> PublishReport:
+        """Copy a checkpoint directory (or HF cache snapshot) into cold storage, immutably; signed with
+        ``sign_key`` (a PEM EC private key), or carrying ``signature`` (a model-signing bundle made
+        elsewhere, checked to cover exactly these bytes)."""
+        return self.publisher.publish(src, name, version, progress=progress, sign_key=sign_key, signature=signature)
 
     def preload(self, name: str, version: str | None = None, *, tier: str = HOT, strict: bool = False,
                 lease_s: float = DEFAULT_LEASE_S, timeout_s: float | None = None, wait: bool = False,
@@ -164,6 +171,9 @@ class LocalNode:
             root = self.roots.dir(tier)
             v = read_version(root, name, version)
             if v is None or root is None or not self.reconciler.known_good(tier, root, v):
+                continue
+            if not self.trust.servable(root, v):  # signatures required: only a checked copy is served
+                log.warning("not serving %s from %s: its signature was never checked here", v.ref, tier)
                 continue
             self.state.touch(tier, name, version)
             return tier, v.path

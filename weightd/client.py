@@ -119,8 +119,14 @@ class DaemonClient:
         return data
 
     # -- the operations, named as on weightd.service.NodeService -------------------------------------
-    def publish(self, src: str | Path, name: str, version: str, **_: Any) -> Any:
-        return self.call("POST", "publish", {"dir": os.path.abspath(src), "name": name, "version": version})
+    def publish(self, src: str | Path, name: str, version: str, *, sign_key: str | None = None,
+                signature: str | None = None, **_: Any) -> Any:
+        body: dict[str, Any] = {"dir": os.path.abspath(src), "name": name, "version": version}
+        if sign_key:
+            body["sign_key"] = sign_key
+        if signature:
+            body["signature"] = signature
+        return self.call("POST", "publish", body)
 
     def preload(self, ref: str, **kw: Any) -> Any:
         """``kw``: tier, strict, lease_s (absent: the daemon's default), timeout_s, wait."""

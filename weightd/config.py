@@ -11,6 +11,7 @@ from __future__ import annotations
 import getpass
 import ipaddress
 import os
+import stat
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -232,6 +233,58 @@ class MetricsSettings(_Model):
     _listen = field_validator("listen", mode="before")(_host_port)
 
 
+def _key_file(v: Any) -> Path:
+    """A key or certificate file: an absolute path to a regular file that exists and can be read."""
+    p = _abs_path(v)
+    try:
+        st = os.stat(p)
+    except OSError as exc:
+        raise ValueError(f"{p}: {exc.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError(f"{p}: not a regular file")
+    if not os.access(p, os.R_OK):
+        raise ValueError(f"{p}: not readable by this user")
+    return p
+
+
+class TrustSettings(_Model):
+    """Signed checkpoints: with ``require_signature`` every version must carry a model-signing
+    signature (``.weightd/model.sig``) by one of ``public_keys`` (PEM public keys or certificates)
+    that covers every byte, or it is refused (exit 5)."""
+    require_signature: bool = False
+    public_keys: tuple[Path, ...] = ()
+
+    @field_validator("public_keys", mode="before")
+    @classmethod
+    def _keys(cls, v: Any) -> tuple[Path, ...]:
+        if not isinstance(v, (list, tuple)):
+            raise ValueError("expected a list of PEM public key files")
+        from tiering import BadInput
+        from tiering import load_public_key
+        paths = tuple(_key_file(p) for p in v)
+        for p in paths:  # a file that is not a usable key is a config error naming it
+            try:
+                load_public_key(p)
+            except BadInput as exc:
+                raise ValueError(str(exc).removeprefix("trust.public_keys: ")) from None
+        return paths
+
+    @model_validator(mode="after")
+    def _usable(self) -> "TrustSettings":
+        if self.require_signature and not self.public_keys:
+            raise ValueError("require_signature needs at least one file in trust.public_keys")
+        return self
+
+
+class PublishSettings(_Model):
+    signing_key: Path | None = None       # PEM EC private key: every publish signs with it
+
+    @field_validator("signing_key", mode="before")
+    @classmethod
+    def _key(cls, v: Any) -> Path | None:
+        return None if v is None else _key_file(v)
+
+
 class Settings(_Model):
     state_dir: Path
     tiers: Tiers
@@ -239,6 +292,8 @@ class Settings(_Model):
     warm: WarmSettings = WarmSettings()
     api: ApiSettings
     metrics: MetricsSettings = MetricsSettings()
+    trust: TrustSettings = TrustSettings()
+    publish: PublishSettings = PublishSettings()
 
     _path = field_validator("state_dir", mode="before")(_abs_path)
 

@@ -123,7 +123,7 @@ def _rules() -> list[tuple[type[BaseException], ExitRule]]:
     ``tiering`` and ``p2p`` (BadInput, Busy, TorrentRejected, their roots, ...) declare their code on
     their type (``exit_code``), which :func:`rule_for` reads next."""
     from p2p import TransferStalled
-    from tiering import CheckpointNotFound, IntegrityError, NoSpace, TimedOut
+    from tiering import CheckpointNotFound, IntegrityError, NoSpace, SignatureRefused, TimedOut
     return [
         (DaemonUnavailable, ExitRule(EXIT_ERROR, "start it (systemctl start weightd) or drop --daemon-only")),
         (UntrustedDaemon, ExitRule(EXIT_BAD_INPUT, "check who serves [api] socket and [api] daemon_user")),
@@ -136,6 +136,8 @@ def _rules() -> list[tuple[type[BaseException], ExitRule]]:
         (CheckpointNotFound, ExitRule(EXIT_NOT_FOUND, None)),
         (TransferStalled, ExitRule(EXIT_TIMEOUT, None)),
         (TimedOut, ExitRule(EXIT_TIMEOUT, "retry later, or with a longer --timeout")),
+        (SignatureRefused, ExitRule(EXIT_INTEGRITY, "publish it signed (weightd publish --sign KEY), or trust its "
+                                                    "signer in [trust] public_keys")),
         (IntegrityError, ExitRule(EXIT_INTEGRITY, None)),
         (NoSpace, ExitRule(EXIT_NO_SPACE, "free space (weightd gc, weightd evict) or use another --tier")),
     ]

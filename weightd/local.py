@@ -11,6 +11,8 @@ from tiering import HOT, WARM, LocalNode, TierSpec, WarmOptions
 from .config import Config, TierSettings
 
 if TYPE_CHECKING:
+    from tiering import TrustPolicy
+
     from .metrics import Metrics
     from .service import NodeService
 
@@ -29,7 +31,17 @@ def open_node(cfg: Config, *, reconcile: bool = True, **hooks: Any) -> LocalNode
     """``hooks``: ``fetchers``, ``on_placed``, ``on_evict`` (see LocalNode)."""
     specs = tier_specs(cfg)
     return LocalNode(hot=specs[HOT], warm=specs[WARM], cold=cfg.settings.tiers.cold.path,
-                     state_dir=cfg.settings.state_dir, reconcile=reconcile, warm_options=warm_options(cfg), **hooks)
+                     state_dir=cfg.settings.state_dir, reconcile=reconcile, warm_options=warm_options(cfg),
+                     trust=trust_policy(cfg), **hooks)
+
+
+def trust_policy(cfg: Config) -> "TrustPolicy | None":
+    """The keys this node trusts (None when none are configured: signatures are then not checked)."""
+    t = cfg.settings.trust
+    if not t.public_keys:
+        return None
+    from tiering import TrustPolicy
+    return TrustPolicy.load(list(t.public_keys), required=t.require_signature)
 
 
 def warm_options(cfg: Config) -> WarmOptions:

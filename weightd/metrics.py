@@ -47,6 +47,9 @@ class Metrics:
         self.in_flight.labels("p2p")
         self.config_reload_failures = Counter("weightd_config_reload_failures", "SIGHUP reloads rejected",
                                               registry=registry)
+        self.trust_refusals = Counter("weightd_trust_refusals", "Versions (and peers) refused by the trust "
+                                      "policy, by reason (unsigned, unknown_key, bad_signature, digest_mismatch, ...)",
+                                      ["reason"], registry=registry)
         self.state_recoveries = Counter("weightd_state_recoveries", "Corrupt state databases moved aside and "
                                         "rebuilt from the tier directories", registry=registry)
         info = Gauge("weightd_build_info", "weightd version", ["version"], registry=registry)

@@ -16,8 +16,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from tiering import (DEFAULT_LEASE_S, run_bounded, HOT, LOCAL_TIERS, IntegrityError, NoSpace, parse_ref, validate_name,
-                     validate_version)
+from tiering import (DEFAULT_LEASE_S, run_bounded, HOT, LOCAL_TIERS, IntegrityError, NoSpace, SignatureRefused, parse_ref,
+                     validate_name, validate_version)
 
 from .client import MAX_SECONDS
 from .errors import InvalidRequest
@@ -94,11 +94,27 @@ class NodeService:
         self.monotonic = monotonic
 
     # -- publish ------------------------------------------------------------------------------------
-    def publish(self, src: Path, name: str, version: str, *, progress: ProgressFn | None = None) -> dict[str, Any]:
+    def publish(self, src: Path, name: str, version: str, *, progress: ProgressFn | None = None,
+                sign_key: Path | None = None, signature: Path | None = None) -> dict[str, Any]:
+        """``sign_key`` (else ``[publish] signing_key``) signs the version; ``signature`` attaches a
+        model-signing bundle made elsewhere (checked to cover exactly these bytes)."""
         from .swarm import ensure_torrent
         validate_name(name)
         validate_version(version)
-        r = self.node.publish(Path(src), name, version, progress=progress)
+        if sign_key is not None and signature is not None:
+            raise InvalidRequest("sign_key", "give a key to sign with or a signature made elsewhere, not both")
+        key = sign_key if sign_key is not None or signature is not None else self.config.settings.publish.signing_key
+        bundle = None
+        if signature is not None:
+            try:
+                bundle = Path(signature).read_bytes()
+            except OSError as exc:
+                raise InvalidRequest("signature", f"cannot read {signature}: {exc.strerror}") from None
+        try:
+            r = self.node.publish(Path(src), name, version, progress=progress, sign_key=key, signature=bundle)
+        except SignatureRefused as exc:
+            self.metrics.trust_refusals.labels(exc.reason).inc()
+            raise
         torrent = ensure_torrent(self.config, self.node.resolve(name, version))
         log.info("published name=%s version=%s bytes=%d unchanged=%s torrent=%s", name, version, r.bytes,
                  r.unchanged, bool(torrent))
@@ -170,7 +186,9 @@ class NodeService:
                   else "timeout" if isinstance(exc, TimeoutError) else "not_found" if isinstance(exc, FileNotFoundError)
                   else "error")
         self.metrics.preload_failures.labels(reason).inc()
-        if isinstance(exc, IntegrityError):
+        if isinstance(exc, SignatureRefused):
+            self.metrics.trust_refusals.labels(exc.reason).inc()
+        elif isinstance(exc, IntegrityError):
             self.metrics.hash_failures.inc()
         if isinstance(exc, Exception):
             log.info("preload failed name=%s version=%s tier=%s reason=%s: %s", req.name, req.version, req.tier,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 from ..errors import ChecksumMismatch, IntegrityError
 from ..safefs import Dir
@@ -71,6 +72,7 @@ class VerifyReport:
     files: int
     bytes_checked: int = 0
     problems: list[Problem] = field(default_factory=list)
+    crypto_digests: dict[str, str] = field(default_factory=dict)   # with ``crypto=``: path -> hex
 
     @property
     def ok(self) -> bool:
@@ -91,8 +93,10 @@ class VerifyReport:
 
 
 def verify_checkpoint(root: "str | os.PathLike[str] | Dir", manifest: Manifest, *, threads: int | None = None,
-                      progress: ProgressFn | None = None) -> VerifyReport:
-    """Re-hash ``root`` against ``manifest``. Returns every problem found, in file order."""
+                      progress: ProgressFn | None = None, crypto: Callable[[], Any] | None = None) -> VerifyReport:
+    """Re-hash ``root`` against ``manifest``. Returns every problem found, in file order. With ``crypto``
+    (a hasher factory such as ``hashlib.sha256``) every file's digest is computed in the same read and
+    returned in ``crypto_digests`` (for a signature check)."""
     scanned = {f.relpath: f for f in scan_checkpoint(root)}
     report = VerifyReport(str(root.path) if isinstance(root, Dir) else os.fspath(root), manifest.digest,
                           len(manifest.files))
@@ -112,7 +116,9 @@ def verify_checkpoint(root: "str | os.PathLike[str] | Dir", manifest: Manifest, 
     for extra in scanned:
         report.problems.append(Problem(extra, "unexpected file (not in the manifest)"))
 
-    digests = hash_files(jobs, threads=threads, progress=progress)
+    whole: list[str] = []
+    digests = hash_files(jobs, threads=threads, progress=progress, crypto=crypto, crypto_out=whole)
+    report.crypto_digests = {e.path: d for e, d in zip(checked, whole)}
     for entry, got in zip(checked, digests):
         report.bytes_checked += entry.size
         for part, actual in zip(entry.parts(manifest.chunk_size), got):

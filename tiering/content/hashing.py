@@ -26,7 +26,7 @@ import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import xxhash
 
@@ -35,6 +35,7 @@ from ..errors import BadInput, CheckpointNotFound, FileChanged
 from ..safefs import FileRef, regular_or_close
 
 READ_BYTES = 1 << 20
+CRYPTO_READ_BYTES = 4 << 20   # whole-file reads for a signature check: fewer calls per byte hashed
 MMAP_WINDOW = 32 << 20       # bounded, so mapped pages never add much to RSS
 MMAP_MIN_PART = 4 << 20      # smaller parts are read with pread
 MIN_LEASE_BREAK_S = 5        # below this a window could outlive the lease: do not map
@@ -197,16 +198,68 @@ def _hash_range(s: _SharedFd, fd: int, begin: int, end: int, progress: ProgressF
     return h.hexdigest()
 
 
-def hash_files(jobs: Sequence[HashJob], *, threads: int | None = None,
-               progress: ProgressFn | None = None) -> list[list[str]]:
-    """Hex digests of every range of every job, in the same order. Parts run in file order."""
+def _hash_whole(s: _SharedFd, fd: int, crypto: Callable[[], Any], progress: ProgressFn | None) -> tuple[list[str], str]:
+    """One sequential read of the whole file feeding its ``crypto`` digest and every part's xxh3-128
+    (the signature check costs CPU, not a second read)."""
+    job = s.job
+    order = sorted(range(len(job.ranges)), key=lambda i: job.ranges[i])
+    parts = [xxhash.xxh3_128() for _ in job.ranges]
+    whole = crypto()
+    buf = bytearray(CRYPTO_READ_BYTES)
+    view = memoryview(buf)
+    off, first, unreported = 0, 0, 0
+    while off < job.size:
+        n = os.preadv(fd, [view[:min(len(buf), job.size - off)]], off)
+        if n <= 0:
+            raise FileChanged(job.path, f"file ended at byte {off}, expected {job.size} (truncated while being read?)")
+        chunk = view[:n]
+        whole.update(chunk)
+        end = off + n
+        while first < len(order) and job.ranges[order[first]][1] <= off:
+            first += 1  # parts wholly behind us
+        for i in order[first:]:
+            b, e = job.ranges[i]
+            if b >= end:
+                break
+            lo, hi = max(b, off), min(e, end)
+            if hi > lo:
+                parts[i].update(chunk[lo - off:hi - off])
+        off = end
+        unreported += n
+        if progress is not None and unreported >= PROGRESS_EVERY:
+            progress(unreported)
+            unreported = 0
+    if progress is not None and unreported:
+        progress(unreported)
+    return [h.hexdigest() for h in parts], whole.hexdigest()
+
+
+def hash_files(jobs: Sequence[HashJob], *, threads: int | None = None, progress: ProgressFn | None = None,
+               crypto: Callable[[], Any] | None = None, crypto_out: list[str] | None = None) -> list[list[str]]:
+    """Hex digests of every range of every job, in the same order. Parts run in file order.
+
+    With ``crypto`` (a hasher factory, e.g. ``hashlib.sha256``) each file is read once, whole and in
+    order by one worker, and its digest is put in ``crypto_out`` (one per job, same order); files still
+    run in parallel."""
     shared = [_SharedFd(j) for j in jobs]
-    tasks = [(ji, ri) for ji, j in enumerate(jobs) for ri in range(len(j.ranges))]
+    if crypto is not None:
+        assert crypto_out is not None
+        crypto_out[:] = [""] * len(jobs)
+        tasks = [(ji, -1) for ji in range(len(jobs))]
+    else:
+        tasks = [(ji, ri) for ji, j in enumerate(jobs) for ri in range(len(j.ranges))]
     results: list[list[str]] = [[""] * len(j.ranges) for j in jobs]
 
     def run(task: tuple[int, int]) -> None:
         ji, ri = task
         s = shared[ji]
+        if ri < 0:  # the whole file, crypto digest included
+            s.remaining = 1
+            try:
+                results[ji], crypto_out[ji] = _hash_whole(s, s.acquire(), crypto, progress)  # type: ignore[index,arg-type]
+            finally:
+                s.release()
+            return
         begin, end = s.job.ranges[ri]
         try:
             if end > begin:

@@ -20,6 +20,7 @@ from ..state import State
 from .reports import PreloadReport
 from .roots import TierRoots
 from .sources import Fill, Sources
+from .trust import Trust
 from .space import Space
 
 log = logging.getLogger(__name__)
@@ -27,11 +28,11 @@ PlacedFn = Callable[[str, VersionDir], None]
 
 
 class Preloader:
-    def __init__(self, roots: TierRoots, state: State, space: Space, sources: Sources, *,
+    def __init__(self, roots: TierRoots, state: State, space: Space, sources: Sources, trust: Trust, *,
                  now: Callable[[], float], monotonic: Callable[[], float],
                  remaining: Callable[[float | None], float | None], warm_options: WarmOptions,
                  on_placed: PlacedFn | None = None) -> None:
-        self.roots, self.state, self.space, self.sources = roots, state, space, sources
+        self.roots, self.state, self.space, self.sources, self.trust = roots, state, space, sources, trust
         self.now, self.monotonic, self.remaining = now, monotonic, remaining
         self.warm_options, self.on_placed = warm_options, on_placed
 
@@ -41,11 +42,16 @@ class Preloader:
         root = self.roots.must(tier)
         rel = version_rel(name, version)
         report = PreloadReport(name, version, tier, str(root.path / rel), m.digest, m.total_bytes)
+        signed = self.trust.check_source(src)  # refused before anything is reserved or written
+        if signed is not None:
+            report.signature = {"key_name": signed.statement.key_name, "key_id": signed.statement.key_id,
+                                "algorithm": signed.statement.algorithm, "checked": True}
         lock = self.roots.lock(tier, name, version)
         lock.acquire(self.remaining(deadline))
         try:
             have = read_version(root, name, version)
             if have is not None and have.manifest.digest == m.digest:
+                self.trust.adopt_copy(root, have, signed)  # placed before signatures were checked here
                 self.state.record_copy(tier, name, version, m.digest, m.total_bytes)
                 report.already_present = True
                 self.lease(report, lease_s)
@@ -59,7 +65,8 @@ class Preloader:
                 try:
                     fill = self.sources.fill(staging, m, tier, name, version, deadline, progress)
                     _record(report, fill)
-                    staging.commit(root, name, version, m, verified=fill.verified)
+                    staging.commit(root, name, version, m, verified=fill.verified, signed=signed,
+                                   checked_at=self.now())
                 except OSError as exc:
                     if exc.errno == errno.ENOSPC:
                         raise NoSpace(tier, m.total_bytes, 0, "the file system filled up during the copy") from exc

@@ -13,12 +13,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from ..content.build import build_manifest
+from ..content.build import build_manifest, verify_checkpoint
+from ..content.manifest import Manifest
+from ..content.signature import HASHERS, SIGNATURE_RELPATH, TrustPolicy, load_private_key, read_unverified, sign
 from ..content.names import validate_name, validate_version
 from ..content.scan import ScannedFile, scan_checkpoint
 from ..copy import CopyJob, copy_files
 from ..errors import FileChanged, VersionConflict
-from ..layout import COLD, read_version, version_rel
+from ..layout import COLD, DIR_MODE, read_version, version_rel
 from ..safefs import Dir, FileRef
 from ..sources import ProgressFn
 from .reports import PublishReport
@@ -31,10 +33,12 @@ PUBLISH_LOCK_TIMEOUT_S = 600.0  # another publisher of the same NAME@VERSION (co
 
 class Publisher:
     def __init__(self, roots: TierRoots, *, now: Callable[[], float], monotonic: Callable[[], float],
-                 copy_threads: int) -> None:
+                 copy_threads: int, trust: TrustPolicy | None = None) -> None:
         self.roots, self.now, self.monotonic, self.copy_threads = roots, now, monotonic, copy_threads
+        self.trust = trust
 
-    def publish(self, src: Path, name: str, version: str, *, progress: ProgressFn | None = None) -> PublishReport:
+    def publish(self, src: Path, name: str, version: str, *, progress: ProgressFn | None = None,
+                sign_key: Path | None = None, signature: bytes | None = None) -> PublishReport:
         validate_name(name)
         validate_version(version)
         t0 = self.monotonic()
@@ -56,13 +60,19 @@ class Publisher:
                 raise VersionConflict(ref, "unknown (no valid manifest)", "-")
             total = sum(f.size for f in files)
             # (our lock: whatever a crashed publish, or anyone else, left under this id goes)
+            if sign_key is not None:
+                load_private_key(sign_key)  # a bad key fails before anything is copied
             with open_staging(cold, name, version, total, resume=False, now=self.now) as staging:
-                digest, nbytes = self._stage(cold, staging, src, files, name, version, progress)
-            log.info("published name=%s version=%s digest=%s bytes=%d", name, version, digest, nbytes)
-            return PublishReport(name, version, str(cold.path / rel), digest, nbytes, False, self.monotonic() - t0)
+                digest, nbytes, signed_by = self._stage(cold, staging, src, files, name, version, progress,
+                                                        sign_key, signature)
+            log.info("published name=%s version=%s digest=%s bytes=%d signed_by=%s", name, version, digest, nbytes,
+                     signed_by or "-")
+            return PublishReport(name, version, str(cold.path / rel), digest, nbytes, False, self.monotonic() - t0,
+                                 signed_by)
 
     def _stage(self, cold: Dir, staging: StagingArea, src: Path, files: list[ScannedFile], name: str,
-               version: str, progress: ProgressFn | None) -> tuple[str, int]:
+               version: str, progress: ProgressFn | None, sign_key: Path | None,
+               signature: bytes | None) -> tuple[str, int, str | None]:
         """Copy, check nothing changed or was added, build the manifest from staging and commit."""
         jobs = [CopyJob(f.path, FileRef(staging.dir, f.relpath), f.size, f.mode) for f in files]
         copy_files(jobs, threads=self.copy_threads, preallocate=False, progress=progress)
@@ -78,5 +88,32 @@ class Publisher:
         m = build_manifest(staging.dir, files=staged)
         m = m.with_labels(name=name, version=version,
                           published_at=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"))
+        signed_by = self._sign(staging, m, f"{name}@{version}", sign_key, signature)
         staging.commit(cold, name, version, m, verified=True)  # (the manifest was just built from it)
-        return m.digest, m.total_bytes
+        return m.digest, m.total_bytes, signed_by
+
+    def _sign(self, staging: StagingArea, m: Manifest, ref: str, sign_key: Path | None,
+              signature: bytes | None) -> str | None:
+        """Sign the staged bytes (``sign_key``), or check that an attached bundle covers exactly them;
+        the bundle goes beside the manifest. Returns who signed (a key file name or key id)."""
+        if sign_key is None and signature is None:
+            return None
+        if signature is not None:
+            st = self.trust.verify(ref, signature) if self.trust is not None and self.trust.keys \
+                else read_unverified(ref, signature)
+            algorithm = st.algorithm
+        else:
+            algorithm = "sha256"
+        report = verify_checkpoint(staging.dir, m, crypto=HASHERS[algorithm])
+        report.raise_for_problems()
+        if signature is not None:
+            st.check_files(ref, m)
+            st.check_digests(ref, report.crypto_digests)
+            bundle, who = signature, st.key_name if st.key_name != "unverified" else f"key {st.key_id[:16]}"
+        else:
+            assert sign_key is not None
+            bundle, who = sign(sign_key, ref, report.crypto_digests, algorithm), sign_key.name
+        meta, _, fname = SIGNATURE_RELPATH.rpartition("/")
+        with staging.dir.sub(meta, create=True, mode=DIR_MODE) as d:
+            d.write_atomic(fname, bundle, 0o644)
+        return who

@@ -12,6 +12,7 @@ from ..sources import SourceFallback, as_dicts
 from ..state import State
 from .roots import TierRoots
 from .staging import staging_expected_bytes, staging_ids
+from .trust import read_trust
 
 SOURCES = ("local_reuse", "peer", "origin", "cold")
 
@@ -25,10 +26,12 @@ class PublishReport:
     bytes: int
     unchanged: bool
     seconds: float
+    signed_by: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "version": self.version, "path": self.path, "digest": self.digest,
-                "bytes": self.bytes, "unchanged": self.unchanged, "seconds": round(self.seconds, 4)}
+                "bytes": self.bytes, "unchanged": self.unchanged, "seconds": round(self.seconds, 4),
+                "signed_by": self.signed_by}
 
 
 @dataclass(slots=True)
@@ -50,6 +53,7 @@ class PreloadReport:
     resident_bytes: int = 0
     warm_seconds: float = 0.0
     delta: dict[str, Any] | None = None   # donors used, bytes planned and refetched (a delta update)
+    signature: dict[str, Any] | None = None  # who signed it, checked against every byte (None: unsigned)
 
     @property
     def bytes_moved(self) -> int:
@@ -64,7 +68,7 @@ class PreloadReport:
                 "seconds": round(self.seconds, 4), "lease_expires_at": self.lease_expires_at,
                 "resident_bytes": self.resident_bytes,
                 "resident_percent": round(100 * self.resident_bytes / self.bytes, 2) if self.bytes else 100.0,
-                "warm_seconds": round(self.warm_seconds, 4), "delta": self.delta}
+                "warm_seconds": round(self.warm_seconds, 4), "delta": self.delta, "signature": self.signature}
 
 
 def _tier_status(roots: TierRoots, tier: str) -> tuple[dict[str, Any], list[VersionDir]]:
@@ -103,7 +107,12 @@ def status(roots: TierRoots, state: State) -> dict[str, Any]:
                 "pinned": (v.name, v.version) in pinned, "tiers": {}})
             row = rows.get((t, v.name, v.version))
             res = residency([v.path]).resident_bytes
+            rec = read_trust(roots.dir(t), v.rel)
             c["tiers"][t] = {"path": str(v.path), "last_access": row.last_access if row else None,
+                             "signature": None if rec is None else {
+                                 "signed_by": rec.get("key_name"), "key_id": rec.get("key_id"),
+                                 "algorithm": rec.get("algorithm"), "checked": True,
+                                 "checked_at": rec.get("checked_at")},
                              "resident_bytes": res,
                              "resident_percent": round(100 * res / v.size, 2) if v.size else 100.0,
                              "leases": [{"holder": le.holder, "expires_at": le.expires_at} for le in leases

@@ -23,6 +23,7 @@ from ..content.build import verify_checkpoint
 from ..content.manifest import MANIFEST_RELPATH, Manifest
 from ..layout import DIR_MODE, STAGING
 from ..safefs import Dir
+from .trust import Signed, check_bytes, write_record
 
 RESUMABLE_MAX_AGE_S = 24 * 3600
 
@@ -57,12 +58,20 @@ class StagingArea:
         with self.dir.sub(meta, create=True, mode=DIR_MODE) as d:
             d.write_atomic(fname, m.to_json().encode("utf-8"), 0o644)
 
-    def commit(self, root: Dir, name: str, version: str, m: Manifest, *, verified: bool) -> None:
+    def commit(self, root: Dir, name: str, version: str, m: Manifest, *, verified: bool,
+               signed: "Signed | None" = None, checked_at: float = 0.0) -> None:
         """Write ``m``, check the staged files against it (sizes and digests; skipped when the filler
         already ``verified`` them), fsync the tree, rename it to ``NAME/VERSION`` (never over an
-        existing entry) and fsync the parent: when this returns the version is durable."""
+        existing entry) and fsync the parent: when this returns the version is durable.
+
+        ``signed``: the bytes must also be what was signed; checked in the same read as the manifest's
+        parts (even when the filler verified them: its check was not a cryptographic one), then the
+        signature and its trust record are written beside the manifest."""
         self.write_manifest(m)
-        if not verified:
+        if signed is not None:
+            check_bytes(self.dir, m, signed, f"{name}@{version}")
+            write_record(self.dir, signed, checked_at)
+        elif not verified:
             verify_checkpoint(self.dir, m).raise_for_problems()
         self.dir.fsync_tree()
         with root.sub(name, create=True, mode=DIR_MODE) as parent:

@@ -6,6 +6,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -120,8 +121,18 @@ def _plan(ma, la: str, mb, lb: str, piece_size: str, as_json: bool) -> None:
               help=f"Manifest to check against (default DIR/{MANIFEST_RELPATH}).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--threads", type=click.IntRange(1, 64))
-def verify(target: str, manifest_path: str | None, as_json: bool, threads: int | None) -> None:
-    """Re-hash a checkpoint directory against its manifest; exit 5 naming the first bad file/tensor."""
+@click.option("--key", "keys", multiple=True, type=click.Path(dir_okay=False, exists=True), metavar="PUB",
+              help="A trusted public key (PEM) to check the signature with (default: [trust] public_keys).")
+@click.pass_obj
+def verify(app: Any, target: str, manifest_path: str | None, as_json: bool, threads: int | None,
+           keys: tuple[str, ...]) -> None:
+    """Re-hash a checkpoint directory against its manifest; exit 5 naming the first bad file/tensor.
+
+    A signed version (.weightd/model.sig) is checked too, in the same read: who signed it, and that
+    every file's SHA-256 is what was signed.
+
+    Example: weightd verify /var/cache/weightd/acme/llama-8b/v1 --key /etc/weightd/fleet-signing.pub
+    """
     from tiering import CheckpointNotFound, load_manifest, verify_checkpoint
     root = Path(target)
     if not root.exists():
@@ -130,15 +141,78 @@ def verify(target: str, manifest_path: str | None, as_json: bool, threads: int |
     if not manifest_path and not mpath.is_file():
         raise CheckpointNotFound(str(mpath), f"no manifest (build one with: weightd manifest build {target})")
     m = load_manifest(mpath)
+    statement, sig_note = _signature_of(app, root, m, keys)
     t0 = time.perf_counter()
+    crypto = None
+    if statement is not None:
+        from tiering import HASHERS
+        crypto = HASHERS[statement.algorithm]
     with output.progress_bar(f"verifying {root.name}", m.total_bytes) as advance:
-        report = verify_checkpoint(root, m, threads=threads, progress=advance)
+        report = verify_checkpoint(root, m, threads=threads, progress=advance, crypto=crypto)
     seconds = time.perf_counter() - t0
+    sig_error = None
+    if statement is not None and report.ok:
+        try:
+            statement.check_digests(f"{root}", report.crypto_digests)
+            sig_note = {"signed_by": statement.key_name, "key_id": statement.key_id, "algorithm": statement.algorithm,
+                        "checked": True}
+        except Exception as exc:  # SignatureRefused: reported below, after the report is shown
+            sig_error = exc
+            sig_note = {"signed_by": statement.key_name, "key_id": statement.key_id, "checked": False,
+                        "problem": str(exc)}
     if as_json:
-        output.emit_json({"path": str(root), "digest": m.digest, "ok": report.ok, "files": report.files,
-                          "bytes_checked": report.bytes_checked, "seconds": round(seconds, 4),
+        output.emit_json({"path": str(root), "digest": m.digest, "ok": report.ok and sig_error is None,
+                          "files": report.files, "bytes_checked": report.bytes_checked, "seconds": round(seconds, 4),
+                          "signature": sig_note,
                           "problems": [{"path": p.path, "what": p.what, "expected": p.expected, "actual": p.actual}
                                        for p in report.problems]})
     else:
         output.show_verified(root, m, report, seconds)
+        output.show_signature(sig_note)
     report.raise_for_problems()
+    if sig_error is not None:
+        raise sig_error
+
+
+def _signature_of(app: Any, root: Path, m: Any, keys: tuple[str, ...]) -> tuple[Any, dict[str, Any] | None]:
+    """(the checked statement or None, what to say about the signature). Unsigned where signatures are
+    required, or a signature that does not verify, is SignatureRefused (exit 5) before any byte is read."""
+    from tiering import SIGNATURE_RELPATH, SignatureRefused, TrustPolicy
+    from tiering import read_unverified_signature as read_unverified
+    trust = app.config.settings.trust if app is not None else None
+    key_paths = [Path(k) for k in keys] or list(trust.public_keys if trust else ())
+    required = bool(trust and trust.require_signature)
+    sig = root / SIGNATURE_RELPATH
+    ref = str(root)
+    if not sig.is_file() or sig.is_symlink():
+        if required:
+            raise SignatureRefused(ref, "unsigned", "it is not signed (no .weightd/model.sig) and "
+                                   "trust.require_signature is set")
+        return None, None
+    data = sig.read_bytes()
+    if not key_paths:
+        st = read_unverified(ref, data)
+        return None, {"signed_by": None, "key_id": st.key_id, "checked": False,
+                      "problem": "no trusted key to check it with (--key, or [trust] public_keys)"}
+    st = TrustPolicy.load(key_paths, required=True).verify(ref, data)
+    st.check_files(ref, m)
+    return st, None
+
+
+@cli.command()
+@click.argument("prefix", type=click.Path(dir_okay=False))
+def keygen(prefix: str) -> None:
+    """Make a signing key pair: PREFIX.pem (private, mode 0600) and PREFIX.pub.pem (to trust).
+
+    Publish with 'weightd publish ... --sign PREFIX.pem' (or [publish] signing_key); on every node, list
+    PREFIX.pub.pem in [trust] public_keys and set require_signature = true.
+
+    Example: weightd keygen /etc/weightd/signing-key
+    """
+    from tiering import generate_keypair
+    priv, pub = Path(prefix + ".pem"), Path(prefix + ".pub.pem")
+    for p in (priv, pub):
+        if os.path.lexists(p):
+            raise UsageError(f"{p} exists; refusing to overwrite a key")
+    key_id = generate_keypair(priv, pub)
+    click.echo(f"wrote {priv} (private: keep it on the publisher) and {pub} (key {key_id[:16]})")

@@ -63,7 +63,8 @@ def error_line(exc: BaseException, hint: str | None) -> str:
 
 def show_published(r: dict[str, Any], name: str, version: str) -> None:
     what = "already published with the same content" if r["unchanged"] else f"published in {r['seconds']:.2f} s"
-    click.echo(f"{name}@{version}: {what} ({format_bytes(r['bytes'])}, digest {r['digest']})")
+    signed = f", signed by {r['signed_by']}" if r.get("signed_by") else ""
+    click.echo(f"{name}@{version}: {what} ({format_bytes(r['bytes'])}, digest {r['digest']}{signed})")
     emit_path(r["path"])
 
 
@@ -181,6 +182,16 @@ def show_verified(root: Any, m: Any, report: Any, seconds: float) -> None:
         click.echo(f"  {p}", err=True)
     if len(report.problems) > 20:
         click.echo(f"  ... {len(report.problems) - 20} more", err=True)
+
+
+def show_signature(sig: Any) -> None:
+    if sig is None:
+        click.echo("signature: none (unsigned)")
+    elif sig.get("checked"):
+        click.echo(f"signature: signed by {sig['signed_by']} (key {sig['key_id'][:16]}), every file's "
+                   f"{sig['algorithm']} matches what was signed")
+    else:
+        click.echo(f"signature: key {str(sig.get('key_id'))[:16]}, not checked: {sig.get('problem')}")
 
 
 # -- page cache -------------------------------------------------------------------------------------

@@ -73,13 +73,16 @@ class Backend:
                                   f"which is not inside the hot or warm tier ({', '.join(roots)}); refusing it")
         return r
 
-    def publish(self, directory: str, name: str, version: str) -> dict[str, Any]:
+    def publish(self, directory: str, name: str, version: str, sign_key: str | None = None,
+                signature: str | None = None) -> dict[str, Any]:
         if self.client:
-            return self.client.publish(directory, name, version)
+            return self.client.publish(directory, name, version, sign_key=sign_key, signature=signature)
         from tiering import plan_size, scan_checkpoint
         files = scan_checkpoint(directory)
         with output.progress_bar(f"publishing {name}@{version}", plan_size(files)) as advance:
-            return self.service.publish(Path(directory), name, version, progress=advance)
+            return self.service.publish(Path(directory), name, version, progress=advance,
+                                        sign_key=Path(sign_key) if sign_key else None,
+                                        signature=Path(signature) if signature else None)
 
     def preload(self, ref: str, **kw: Any) -> dict[str, Any]:
         if self.client:
@@ -98,15 +101,28 @@ class Backend:
 @click.argument("directory", type=click.Path(file_okay=False))
 @click.option("--name", required=True, help="Checkpoint NAME ([A-Za-z0-9._-]+, at most one '/').")
 @click.option("--version", "version_label", required=True, metavar="VERSION", help="Immutable VERSION label.")
+@click.option("--sign", "sign_key", type=click.Path(dir_okay=False, exists=True), default=None, metavar="KEY",
+              help="Sign it with this PEM elliptic-curve private key (model-signing format; default: "
+                   "[publish] signing_key).")
+@click.option("--signature", type=click.Path(dir_okay=False, exists=True), default=None, metavar="FILE",
+              help="Attach a signature made elsewhere (e.g. 'model_signing sign key DIR'); it must cover exactly "
+                   "these files.")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
-def publish(app: AppContext, directory: str, name: str, version_label: str, as_json: bool) -> None:
-    """Copy a checkpoint (or an HF cache snapshot) into cold storage as NAME@VERSION, with its manifest."""
+def publish(app: AppContext, directory: str, name: str, version_label: str, sign_key: str | None,
+            signature: str | None, as_json: bool) -> None:
+    """Copy a checkpoint (or an HF cache snapshot) into cold storage as NAME@VERSION, with its manifest.
+
+    Example: weightd publish ./llama-8b --name acme/llama-8b --version v1 --sign /etc/weightd/signing-key.pem
+    """
     from tiering import validate_name, validate_version
     validate_name(name)
     validate_version(version_label)
+    if sign_key and signature:
+        raise click.UsageError("give --sign or --signature, not both")
     with Backend(app) as b:
-        r = b.publish(directory, name, version_label)
+        r = b.publish(directory, name, version_label, sign_key=os.path.abspath(sign_key) if sign_key else None,
+                      signature=os.path.abspath(signature) if signature else None)
     output.emit_json(r) if as_json else output.show_published(r, name, version_label)
 
 

@@ -101,7 +101,17 @@ class Api:
         if not os.path.isabs(src):
             raise ApiError(400, f"'dir' must be an absolute path, got {src!r}")
         await self.d.run_blocking("misc", check_caller_can_read, src, caller)  # before anything is written
-        return await self.d.run_blocking("misc", self.d.service.publish, Path(src), name, version)
+        files: dict[str, Path | None] = {}
+        for key in ("sign_key", "signature"):  # files the caller names are read only if the caller could read them
+            value = b.get(key)
+            if value is None:
+                files[key] = None
+                continue
+            if not isinstance(value, str) or not os.path.isabs(value):
+                raise ApiError(400, f"'{key}' must be an absolute path, got {value!r}"[:200])
+            await self.d.run_blocking("misc", check_caller_can_read, value, caller)
+            files[key] = Path(value)
+        return await self.d.run_blocking("misc", lambda: self.d.service.publish(Path(src), name, version, **files))
 
     async def _evict(self, b: dict[str, Any], caller: Caller) -> dict[str, Any]:
         try:
