@@ -7,6 +7,10 @@ cold->warm: the cold copy is dropped from the page cache before every run (weigh
 warm->hot: the warm copy is in cache (as it is right after a preload), the hot tier is /dev/shm.
 weightd runs as the real CLI (`weightd preload`), interpreter start included; cp runs as `cp -r`.
 `cp -r && sync` is reported too, since weightd fsyncs before it publishes and cp does not.
+
+Signatures: the version is published signed, and every round also runs both preloads with
+`[trust] require_signature = true` (the signed SHA-256 of every file checked in the same read as the
+manifest's xxh3 parts), interleaved with the unsigned ones; `signatures` reports the cost as a ratio.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from tiering.content.signature import generate_keypair  # noqa: E402
 from tiering.content.units import parse_size  # noqa: E402
 from tiering.pagecache import drop_from_cache  # noqa: E402
 from tiering.sample import make_checkpoint  # noqa: E402
@@ -50,9 +55,13 @@ def main() -> int:
     wd = [sys.executable, "-m", "weightd", "--config", str(cfg)]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
     try:
+        generate_keypair(base / "sign.pem", base / "sign.pub.pem")
+        cfg_signed = base / "weightd-signed.toml"
+        cfg_signed.write_text(cfg.read_text() + f'[trust]\nrequire_signature = true\npublic_keys = ["{base}/sign.pub.pem"]\n')
+        wd_signed = [sys.executable, "-m", "weightd", "--config", str(cfg_signed)]
         src = make_checkpoint(base / "src", total_bytes=parse_size(args.size), shards=4, layers=16, seed="bench")
-        subprocess.run([*wd, "publish", str(src), "--name", "bench/model", "--version", "v1"], check=True,
-                       env=env, stdout=subprocess.DEVNULL)
+        subprocess.run([*wd, "publish", str(src), "--name", "bench/model", "--version", "v1",
+                        "--sign", str(base / "sign.pem")], check=True, env=env, stdout=subprocess.DEVNULL)
         shutil.rmtree(src)
         cold = base / "cold/bench/model/v1"
         files = [p for p in cold.rglob("*") if p.is_file()]
@@ -66,8 +75,17 @@ def main() -> int:
             subprocess.run([*wd, "evict", "bench/model@v1", "--tier", tier, "--force"], env=env,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
-        res: dict[str, list[float]] = {k: [] for k in ("cw_weightd", "cw_cp", "cw_cp_sync", "wh_weightd", "wh_cp")}
+        res: dict[str, list[float]] = {k: [] for k in ("cw_weightd", "cw_cp", "cw_cp_sync", "wh_weightd", "wh_cp",
+                                                       "cw_weightd_signed", "wh_weightd_signed")}
         for _ in range(args.runs):
+            # signatures required: the same two preloads, interleaved with the plain ones
+            evict("hot")
+            evict("warm")
+            drop_cold()
+            res["cw_weightd_signed"].append(timed([*wd_signed, "preload", "bench/model@v1", "--tier", "warm",
+                                                   "--lease", "0"], env))
+            res["wh_weightd_signed"].append(timed([*wd_signed, "preload", "bench/model@v1", "--tier", "hot",
+                                                   "--lease", "0"], env))
             # cold -> warm
             evict("warm")
             drop_cold()
@@ -101,6 +119,18 @@ def main() -> int:
                              "ratio_vs_cp_r_sync": round(med["cw_cp_sync"] / med["cw_weightd"], 3), "target": 0.9},
             "warm_to_hot": {"weightd_gbps": gbps("wh_weightd"), "cp_r_gbps": gbps("wh_cp"),
                             "ratio_vs_cp_r": round(med["wh_cp"] / med["wh_weightd"], 3), "target": 0.9},
+            "signatures": {
+                "cold_to_warm": {"unsigned_s": round(med["cw_weightd"], 3), "signed_s": round(med["cw_weightd_signed"], 3),
+                                 "signed_over_unsigned": round(med["cw_weightd_signed"] / med["cw_weightd"], 3),
+                                 "signed_range_s": [round(min(res["cw_weightd_signed"]), 3),
+                                                    round(max(res["cw_weightd_signed"]), 3)],
+                                 "unsigned_range_s": [round(min(res["cw_weightd"]), 3), round(max(res["cw_weightd"]), 3)]},
+                "warm_to_hot": {"unsigned_s": round(med["wh_weightd"], 3), "signed_s": round(med["wh_weightd_signed"], 3),
+                                "signed_over_unsigned": round(med["wh_weightd_signed"] / med["wh_weightd"], 3),
+                                "signed_range_s": [round(min(res["wh_weightd_signed"]), 3),
+                                                   round(max(res["wh_weightd_signed"]), 3)],
+                                "unsigned_range_s": [round(min(res["wh_weightd"]), 3), round(max(res["wh_weightd"]), 3)]},
+            },
             "samples_s": res,
         }, indent=2))
         return 0
