@@ -82,6 +82,8 @@ def test_signed_publish_then_preload_everywhere(wd, node_env, ckpt: Path, keys) 
     for tier in ("warm", "hot"):
         assert c["tiers"][tier]["signature"]["signed_by"] == "fleet.pub.pem"
         assert c["tiers"][tier]["signature"]["checked"] is True
+    row = [ln for ln in wd("status").stdout.splitlines() if ln.startswith("org/m@v1")]
+    assert row and row[0].rstrip().endswith("fleet.pub.pem"), row
     # verify re-checks the signature and every byte of the tier copy
     r = wd("verify", str(node_env.warm / "org/m/v1"), "--json")
     assert r.returncode == 0, r.stderr

@@ -105,15 +105,18 @@ def show_status(st: dict[str, Any]) -> None:
     if not st["checkpoints"]:
         click.echo("\nno checkpoints on this node")
         return
-    click.echo(f"\n{'CHECKPOINT':<40} {'SIZE':>10}  {'HOT':<5} {'WARM':<5} {'PIN':<3}  {'LEASES':<6} LAST USE")
-    click.echo("(hot/warm: % resident in the page cache; '-': not in that tier)")
+    click.echo(f"\n{'CHECKPOINT':<40} {'SIZE':>10}  {'HOT':<5} {'WARM':<5} {'PIN':<3}  {'LEASES':<6} "
+               f"{'LAST USE':<10} SIGNED BY")
+    click.echo("(hot/warm: % resident in the page cache; '-': not in that tier; signed by: the key whose signature "
+               "was checked here)")
     for c in st["checkpoints"]:
         leases = [le for t in c["tiers"].values() for le in t["leases"]]
         last = max((t["last_access"] or 0) for t in c["tiers"].values())
         cols = [f"{c['tiers'][t]['resident_percent']:.0f}%" if t in c["tiers"] else "-" for t in ("hot", "warm")]
+        signers = sorted({t["signature"]["signed_by"] for t in c["tiers"].values() if t.get("signature")})
         click.echo(f"{c['name'] + '@' + c['version']:<40} {format_bytes(c['bytes']):>10}  "
                    f"{cols[0]:<5} {cols[1]:<5} {'yes' if c['pinned'] else '-':<3}  {len(leases) or '-':<6} "
-                   f"{ago(last)} ago")
+                   f"{ago(last) + ' ago':<10} {', '.join(signers) or '-'}")
 
 
 def show_gc(r: dict[str, Any]) -> None:
