@@ -93,10 +93,14 @@ def _demo_cluster(base: Path, size: int) -> None:
             s.bind((ip, 0))
             return s.getsockname()[1]
 
+    from tiering import generate_keypair
     cold = base / "cluster-cold"
     nodes: list[tuple[str, Path, subprocess.Popen[bytes], Path]] = []
     origin_ep = tracker = ""
-    click.secho("# 11. at cluster scale: an origin and three workers on 127.0.0.1-4 (P2P threshold 16MiB here)",
+    key = base / "signing-key"
+    generate_keypair(Path(f"{key}.pem"), Path(f"{key}.pub.pem"))
+    click.secho("# 11. at cluster scale: an origin and three workers on 127.0.0.1-4 (P2P threshold 16MiB here);\n"
+                f"#     the origin signs what it publishes ({key}.pem), every worker requires that signature",
                 bold=True)
     try:
         for i, ip in enumerate(["127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.4"]):
@@ -112,6 +116,8 @@ def _demo_cluster(base: Path, size: int) -> None:
                 extra = f'tracker_listen = "{ip}:{tport}"\n'
             else:
                 extra = f'peers = ["{origin_ep}"]\ntrackers = ["{tracker}"]\n'
+            extra += (f'[publish]\nsigning_key = "{key}.pem"\n' if role == "origin" else
+                      f'[trust]\nrequire_signature = true\npublic_keys = ["{key}.pub.pem"]\n')
             cfg = d / "weightd.toml"
             cfg.write_text(f'state_dir = "{d}/state"\n[tiers.hot]\npath = "{hot}"\ncapacity = "25%"\n'
                            f'[tiers.warm]\npath = "{d}/warm"\ncapacity = "10GiB"\n[tiers.cold]\npath = "{cold}"\n'
@@ -149,7 +155,8 @@ def _cluster_publish_and_preload(base: Path, size: int, nodes: list) -> None:
                           "--name", "demo/swarm", "--version", "v1", "--json"], capture_output=True, text=True)
     if pub.returncode:
         raise click.ClickException(pub.stderr.strip())
-    click.echo(f"published with torrent {json.loads(pub.stdout)['torrent']}\n")
+    r = json.loads(pub.stdout)
+    click.echo(f"published, signed by {r['signed_by']}, with torrent {r['torrent']}\n")
     _cluster_preload(nodes, "v1")
     # an update over P2P: every worker holds v1, v2 changes three tensors
     v2 = base / "cluster-src-v2"
@@ -166,6 +173,33 @@ def _cluster_publish_and_preload(base: Path, size: int, nodes: list) -> None:
         raise click.ClickException(pub.stderr.strip())
     click.echo("each worker pre-fills v2 with v1's bytes; libtorrent's check keeps them, only changed pieces move\n")
     _cluster_preload(nodes, "v2")
+    _cluster_tampered(base, nodes, v2)
+
+
+def _cluster_tampered(base: Path, nodes: list, v2: Path) -> None:
+    """A writer of cold storage changes a tensor and recomputes the manifest: the signature refuses it."""
+    from tiering import build_manifest, load_manifest, read_header
+    pub = subprocess.run([sys.executable, "-m", "weightd", "--config", str(nodes[0][1]), "publish", str(v2),
+                          "--name", "demo/swarm", "--version", "v3"], capture_output=True, text=True)
+    if pub.returncode:
+        raise click.ClickException(pub.stderr.strip())
+    cold = base / "cluster-cold" / "demo/swarm/v3"
+    shard = sorted(cold.glob("*.safetensors"))[0]
+    mutate_tensor(shard, read_header(shard).tensors[0].name, seed="evil")
+    old = load_manifest(cold / ".weightd/manifest.json")
+    m = build_manifest(cold).with_labels(name=old.name, version=old.version, published_at=old.published_at)
+    (cold / ".weightd/manifest.json").write_text(m.to_json())
+    (cold / ".weightd/checkpoint.torrent").unlink(missing_ok=True)
+    click.secho("# the origin publishes demo/swarm@v3, signed; then a writer of cold storage changes one tensor of "
+                "it and recomputes the manifest to match", bold=True)
+    ip, cfg = nodes[1][0], nodes[1][1]
+    click.secho(f"$ weightd preload demo/swarm@v3   (on worker {ip})", fg="cyan", bold=True)
+    p = subprocess.run([sys.executable, "-m", "weightd", "--config", str(cfg), "preload", "demo/swarm@v3",
+                        "--tier", "warm"], capture_output=True, text=True, timeout=120)
+    click.echo(p.stderr.rstrip("\n"))
+    if p.returncode != 5:
+        raise click.ClickException(f"a tampered version was not refused (exit {p.returncode})")
+    click.echo(f"(exit {p.returncode}: refused, nothing placed)\n")
 
 
 def _cluster_preload(nodes: list, version: str) -> None:

@@ -136,8 +136,7 @@ def _rules() -> list[tuple[type[BaseException], ExitRule]]:
         (CheckpointNotFound, ExitRule(EXIT_NOT_FOUND, None)),
         (TransferStalled, ExitRule(EXIT_TIMEOUT, None)),
         (TimedOut, ExitRule(EXIT_TIMEOUT, "retry later, or with a longer --timeout")),
-        (SignatureRefused, ExitRule(EXIT_INTEGRITY, "publish it signed (weightd publish --sign KEY), or trust its "
-                                                    "signer in [trust] public_keys")),
+        (SignatureRefused, ExitRule(EXIT_INTEGRITY, None)),   # (its message carries the next step, by reason)
         (IntegrityError, ExitRule(EXIT_INTEGRITY, None)),
         (NoSpace, ExitRule(EXIT_NO_SPACE, "free space (weightd gc, weightd evict) or use another --tier")),
     ]

@@ -60,9 +60,16 @@ class SignatureRefused(IntegrityError):
     ``reason`` is a short label for metrics: unsigned, unknown_key, bad_signature, malformed,
     files_differ, digest_mismatch."""
 
+    NEXT_STEP = {
+        "unsigned": "publish it signed: weightd publish --sign KEY",
+        "unknown_key": "if you trust that key, add its public key to [trust] public_keys",
+    }
+
     def __init__(self, ref: str, reason: str, detail: str) -> None:
         self.ref, self.reason, self.detail = ref, reason, detail
-        super().__init__(f"{ref}: refused ({detail})")
+        step = self.NEXT_STEP.get(reason, "cold storage holds something other than what was signed: publish it "
+                                          "again from a trusted copy")
+        super().__init__(f"{ref}: refused ({detail}); {step}")
 
 
 @dataclass(frozen=True, slots=True)
