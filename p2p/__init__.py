@@ -16,7 +16,8 @@ By concern::
     fetch.py     P2PFetcher: the swarm as tiering's Fetcher (staging in, FetchResult out)
     seeding.py   torrents beside published versions (ensure_torrent, read_torrent, check_seedable)
                  and what a node seeds (seed_held)
-    torrent.py   v2 torrents made from and checked against manifests
+    torrent.py   v2 torrents made from and checked against manifests (with fleet TLS: carrying the CA)
+    certs.py     fleet TLS: FleetTLS checked from the CA/cert/key files; a throwaway fleet for tests and demos
     tracker.py   the origin's minimal announce endpoint
 """
 
@@ -28,14 +29,16 @@ from typing import Any
 _SURFACE: dict[str, str] = {
     # errors, and the one boundary where libtorrent's become ours
     "P2PError": "errors", "PeerRejected": "errors", "TorrentRejected": "errors", "TransferStalled": "errors",
-    "TransferFailed": "errors", "LibtorrentError": "errors", "map_libtorrent_errors": "errors",
-    # configuration
+    "TransferFailed": "errors", "LibtorrentError": "errors", "BadCertificate": "errors",
+    "map_libtorrent_errors": "errors",
+    # configuration, and fleet TLS credentials (cryptography, loaded only when used)
     "P2PConfig": "config",
+    "FleetTLS": "certs", "load_fleet_tls": "certs", "make_ca": "certs", "issue_cert": "certs", "write_fleet": "certs",
     # the session, its alert pump and its downloads
     "P2PSession": "session", "AlertEvent": "alerts", "AlertPump": "alerts", "DownloadResult": "transfer",
     # torrents
     "TORRENT_RELPATH": "torrent", "load_torrent": "torrent", "make_torrent": "torrent",
-    "piece_size_for": "torrent",
+    "piece_size_for": "torrent", "fleet_mismatch": "torrent",
     # the swarm as a preload source, and seeding
     "P2PFetcher": "fetch",
     "check_seedable": "seeding", "ensure_torrent": "seeding", "read_torrent": "seeding", "seed_held": "seeding",

@@ -51,6 +51,7 @@ class AlertEvent:
     message: str
     endpoint: str | None = None  # the peer, for peer alerts
     error: bool = False          # the transfer failed (torrent_error_alert, file_error_alert)
+    operation: str | None = None  # what failed, for peer errors ("ssl_handshake", "sock_read", ...)
 
 
 #: put in every transfer's queue after each batch of alerts (carries nothing; wakes the loop)
@@ -68,9 +69,11 @@ def _info_hash(a: lt.alert) -> str | None:
 
 def event_of(a: lt.alert) -> AlertEvent:
     endpoint = getattr(a, "endpoint", None) if isinstance(a, lt.peer_alert) else None
+    op = getattr(a, "op", None) if isinstance(a, (lt.peer_error_alert, lt.peer_disconnected_alert)) else None
     return AlertEvent(type(a).__name__, _info_hash(a), a.message(),
                       None if endpoint is None else str(endpoint),
-                      isinstance(a, (lt.torrent_error_alert, lt.file_error_alert)))
+                      isinstance(a, (lt.torrent_error_alert, lt.file_error_alert)),
+                      None if op is None else lt.operation_name(op))
 
 
 class AlertPump:

@@ -7,6 +7,10 @@ reads nothing else, no environment and no file.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .certs import FleetTLS
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +25,7 @@ class P2PConfig:
     threshold: int = 10 << 30        # bytes: smaller versions get no torrent and never use the swarm
     fallback_after_s: float = 60.0   # no bytes from the swarm for this long: give up (copy from cold)
     piece_size: int = 0              # torrent piece size at publish, bytes; 0 = by checkpoint size
+    tls: "FleetTLS | None" = None    # fleet TLS: torrents carry the CA, peers must hold a certificate from it
 
     def __post_init__(self) -> None:
         for key in ("upload_limit", "download_limit", "threshold", "piece_size"):

@@ -7,6 +7,7 @@ Hierarchy::
     ├── TorrentRejected          a torrent that is malformed, not v2, or disagrees with its manifest (exit 2)
     ├── TransferStalled          no peer delivered for too long (the caller falls back to cold)
     ├── TransferFailed           libtorrent failed a transfer (torrent_error_alert, file_error_alert)
+    ├── BadCertificate           a fleet TLS file that cannot be used (missing, expired, not the CA's, ...) (exit 2)
     └── LibtorrentError          a libtorrent call raised (translated by ``map_libtorrent_errors``)
 
 libtorrent's own errors are translated into these at one boundary: ``with map_libtorrent_errors(what):``
@@ -48,6 +49,15 @@ class TransferFailed(P2PError):
     def __init__(self, info_hash: str, reason: str) -> None:
         self.info_hash, self.reason = info_hash, reason
         super().__init__(f"P2P download failed: {reason}")
+
+
+class BadCertificate(P2PError, ValueError):
+    """A fleet TLS file that cannot be used: ``path`` names it, ``reason`` says why."""
+    exit_code = 2
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path, self.reason = path, reason
+        super().__init__(f"{path}: {reason}")
 
 
 class LibtorrentError(P2PError):

@@ -5,6 +5,8 @@ origins; workers find each other by peer exchange and the tracker) into the stag
 opened, then hand it back filled; the node verifies every file against the manifest and publishes
 atomically, as for any source. If no peer delivers for ``fallback_after_s`` (or libtorrent fails the
 transfer) the fetcher leaves the staging area as it found it and says so, and the node copies from cold.
+With fleet TLS (``P2PConfig.tls``), a torrent that carries no CA or another CA than the fleet's is not
+used at all: the same fallback, with the reason.
 
 Staging, step by step (every step by directory descriptor, never by a path that could be swapped):
 
@@ -28,6 +30,7 @@ from tiering import DIR_MODE, Dir, FetchRequest, FetchResult, SourceFallback, pr
 from .config import P2PConfig
 from .errors import P2PError, TorrentRejected
 from .seeding import read_torrent
+from .torrent import fleet_mismatch
 
 if TYPE_CHECKING:
     import libtorrent as lt
@@ -68,6 +71,10 @@ class P2PFetcher:
             return FetchResult(False, fallback=SourceFallback("p2p", "cold", str(exc)))
         if ti is None:
             return FetchResult(False)
+        problem = fleet_mismatch(ti, cfg.tls)  # with fleet TLS: only torrents made with the fleet CA
+        if problem is not None:
+            log.warning("not using P2P for %s, copying from cold instead: %s", src.ref, problem)
+            return FetchResult(False, fallback=SourceFallback("p2p", "cold", problem))
         request.staging.mark_resumable()
         try:
             result = self._download(request, ti)

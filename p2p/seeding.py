@@ -2,7 +2,7 @@
 
 - ``ensure_torrent``: a version at or above ``P2PConfig.threshold`` gets ``.weightd/checkpoint.torrent``
   in cold storage, made from the published files (only once ``check_seedable`` passed: libtorrent hashes
-  by path) and checked against the manifest.
+  by path) and checked against the manifest; with fleet TLS it carries the fleet CA.
 - ``read_torrent``: that torrent, read by descriptor and checked.
 - ``seed_held``: a worker seeds every complete version it holds; the origin every published one that
   passes ``check_seedable``.
@@ -47,7 +47,8 @@ def ensure_torrent(config: P2PConfig, version: VersionDir) -> Path | None:
         check_seedable(version)  # libtorrent hashes by path: nothing in it may be swapped for a link
         # (libtorrent's errors stop here: a file vanished or changed while hashed)
         with map_libtorrent_errors(f"{version.ref}: cannot make its torrent"):
-            data = make_torrent(version.path, version.manifest, piece_size=config.piece_size or None)
+            data = make_torrent(version.path, version.manifest, piece_size=config.piece_size or None,
+                                root_cert=config.tls.ca_pem if config.tls is not None else None)
         load_torrent(data, version.manifest, str(path))  # what we publish must pass our own checks
         with vdir.sub(meta, create=True, mode=DIR_MODE) as mdir:
             mdir.write_atomic(fname, data, 0o644)
@@ -128,6 +129,6 @@ def seed_held(node: "LocalNode", session: "P2PSession", role: str, super_seed: b
             log.warning("not seeding %s: %s", v.ref, exc)
             continue
         if ti is not None and cold.manifest.digest == v.manifest.digest:
-            session.seed(ti, v.path, super_seed=role == "origin" and super_seed)
-            n += 1
+            # (False: a torrent this node's TLS setting refuses, logged by seed)
+            n += session.seed(ti, v.path, super_seed=role == "origin" and super_seed)
     return n

@@ -3,7 +3,9 @@
 No DHT, LSD, UPnP, NAT-PMP or uTP; listen and outgoing interface from config (so several nodes on
 127.0.0.x behave like separate hosts); upload and download limits that hold for LAN and loopback
 peers too (libtorrent exempts its "local" peer class unless told otherwise); an allowlist of CIDRs
-as an ``ip_filter``; the posix disk back-end (the mmap one maps whole files into RSS); torrents are
+as an ``ip_filter`` (a network filter, not access control); with fleet TLS (``P2PConfig.tls``) the
+listen port is an SSL one and every torrent presents this node's certificate (only SSL torrents made
+with the fleet CA are added: libtorrent then talks to no peer without a certificate from it); the posix disk back-end (the mmap one maps whole files into RSS); torrents are
 never auto-managed (queueing would stop all but a few seeds). One alert pump (``alerts.py``) is the
 only reader of the session's alert queue; libtorrent's errors become ``P2PError`` through
 ``map_libtorrent_errors``.
@@ -15,16 +17,19 @@ import ipaddress
 import logging
 import threading
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import libtorrent as lt
 
 from .alerts import AlertEvent, AlertPump
 from .config import P2PConfig, endpoint
-from .errors import map_libtorrent_errors
+from .errors import TorrentRejected, map_libtorrent_errors
 from .plan import PiecePlan
-from .torrent import save_path_for
+from .torrent import fleet_mismatch, save_path_for
 from .transfer import DownloadResult, Transfer
+
+if TYPE_CHECKING:
+    from .certs import FleetTLS
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +73,10 @@ def _class_filter(origin_ips: set[str], origin_class: int) -> lt.ip_filter:
 
 def _settings(cfg: P2PConfig, host: str, port: int) -> dict[str, object]:
     settings: dict[str, object] = {
-        "listen_interfaces": f"{host}:{port}",
+        # with fleet TLS the one port is an SSL port ("s"): SSL torrents accept only SSL connections, and
+        # a TLS node adds no other kind; libtorrent announces that port (announce ``port=``) and dials
+        # peers' ports over SSL, so ``peers`` keeps naming the configured port
+        "listen_interfaces": f"{host}:{port}s" if cfg.tls is not None else f"{host}:{port}",
         "enable_dht": False, "enable_lsd": False, "enable_upnp": False, "enable_natpmp": False,
         "enable_incoming_utp": False, "enable_outgoing_utp": False,
         "upload_rate_limit": cfg.upload_limit, "download_rate_limit": cfg.download_limit,
@@ -104,13 +112,54 @@ class P2PSession:
             self.origin_class = self.ses.create_peer_class("origin")
             self.ses.set_peer_class_filter(_class_filter({endpoint(p)[0] for p in cfg.peers}, self.origin_class))
         self.active_downloads = 0
+        self.tls = cfg.tls  # replaced by set_tls (certificate rotation)
         self.lock = threading.Lock()
         self.seeding: dict[str, lt.torrent_handle] = {}
         self.alerts = AlertPump(self.ses)  # the only caller of pop_alerts from here on
 
     @property
     def port(self) -> int:
-        return self.ses.listen_port()
+        return self.ses.ssl_listen_port() if self.cfg.tls is not None else self.ses.listen_port()
+
+    def _add(self, atp: lt.add_torrent_params, what: str) -> lt.torrent_handle:
+        """Add a torrent; with fleet TLS, only one made with the fleet CA, and it presents this node's
+        certificate before it talks to anyone (added paused, certificate set, resumed: the handle's calls
+        run in order on libtorrent's network thread)."""
+        problem = fleet_mismatch(atp.ti, self.tls)
+        if problem is not None:
+            raise TorrentRejected(atp.ti.name(), problem)
+        paused = bool(atp.flags & lt.torrent_flags.paused)
+        if self.tls is not None:
+            atp.flags |= lt.torrent_flags.paused
+        with map_libtorrent_errors(what):
+            h = self.ses.add_torrent(atp)
+            if self.tls is not None:
+                self._present(h, self.tls)
+                if not paused:
+                    h.resume()
+        return h
+
+    @staticmethod
+    def _present(h: lt.torrent_handle, tls: "FleetTLS") -> None:
+        from .certs import DH_PARAMS_PEM
+        h.set_ssl_certificate_buffer(tls.cert_pem.decode(), tls.key_pem.decode(), DH_PARAMS_PEM)
+
+    def set_tls(self, tls: "FleetTLS") -> int:
+        """Certificate rotation: present ``tls`` (same fleet CA, new certificate and key) on every torrent
+        of the session from now on, the ones already added included; connections already up keep the TLS
+        session they made. Returns the number of torrents updated."""
+        if self.cfg.tls is None:
+            raise ValueError("this session was started without fleet TLS")
+        n = 0
+        with self.lock:  # (torrents are added under it too: none is left with the old certificate)
+            self.tls = tls
+            for h in self.ses.get_torrents():
+                try:
+                    self._present(h, tls)
+                except RuntimeError:  # removed meanwhile (a download that just ended)
+                    continue
+                n += 1
+        return n
 
     def subscribe(self, callback: Callable[[AlertEvent], None]) -> Callable[[], None]:
         """Every alert of this session, as an ``AlertEvent``, passed to ``callback`` on the pump thread
@@ -131,15 +180,20 @@ class P2PSession:
         del self.ses
 
     # -- seeding ------------------------------------------------------------------------------------
-    def seed(self, ti: lt.torrent_info, data_dir: Path, *, super_seed: bool = False) -> None:
+    def seed(self, ti: lt.torrent_info, data_dir: Path, *, super_seed: bool = False) -> bool:
         """Seed verified data in ``data_dir`` (seed mode: pieces are hashed on first upload, so a copy
         corrupted on disk is noticed and dropped out of seeding rather than served). ``super_seed``
         (the origin): hand each peer pieces nobody else has yet, so the swarm fans them out instead of
-        the origin uploading the same rare pieces to everyone."""
+        the origin uploading the same rare pieces to everyone. False (and a warning) for a torrent this
+        node must not use under its TLS setting (``fleet_mismatch``)."""
         key = str(ti.info_hashes().v2)
+        problem = fleet_mismatch(ti, self.tls)
+        if problem is not None:
+            log.warning("not seeding %s: %s", ti.name(), problem)
+            return False
         with self.lock:
             if key in self.seeding:
-                return
+                return True
             atp = lt.add_torrent_params()
             atp.ti = ti
             atp.save_path = str(save_path_for(ti, data_dir))
@@ -152,8 +206,15 @@ class P2PSession:
                 atp.flags |= lt.torrent_flags.super_seeding
             atp.trackers = list(self.cfg.trackers)  # seeds announce too, so late joiners learn of them
             # (assign the list: the binding's ``atp.trackers`` is a copy, ``.append`` would be lost)
-            with map_libtorrent_errors(f"cannot seed {ti.name()}"):
-                self.seeding[key] = self.ses.add_torrent(atp)
+            self.seeding[key] = self._add(atp, f"cannot seed {ti.name()}")
+        return True
+
+    def seeds_announced(self, info_hash: bytes) -> bool:
+        """Whether this session seeds the torrent a tracker announce names (the 20 bytes a v2 torrent
+        announces: the first half of its SHA-256 info-hash)."""
+        prefix = info_hash.hex()
+        with self.lock:
+            return len(prefix) == 40 and any(k.startswith(prefix) for k in self.seeding)
 
     def stop_seeding(self, ti: lt.torrent_info) -> None:
         with self.lock:
@@ -225,8 +286,8 @@ class P2PSession:
         atp.trackers = list(self.cfg.trackers)
         what = f"P2P download of {ti.name()} failed"
         with self.alerts.transfer(str(ti.info_hashes().v2)) as events:  # registered before the torrent exists
-            with map_libtorrent_errors(what):
-                h = self.ses.add_torrent(atp)
+            with self.lock:  # (a certificate rotation sees this torrent, or this torrent sees the new one)
+                h = self._add(atp, what)
             with self.lock:
                 self.active_downloads += 1
             try:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import libtorrent as lt
 
@@ -22,6 +23,9 @@ from tiering import Manifest
 from tiering import validate_relpath
 
 from .errors import TorrentRejected
+
+if TYPE_CHECKING:
+    from .certs import FleetTLS
 
 MiB = 1 << 20
 TORRENT_RELPATH = ".weightd/checkpoint.torrent"
@@ -36,11 +40,16 @@ def piece_size_for(total_bytes: int) -> int:
     return 16 * MiB
 
 
-def make_torrent(version_dir: Path, manifest: Manifest, *, piece_size: int | None = None) -> bytes:
-    """Hash the files of ``version_dir`` (as listed in ``manifest``) into a v2 torrent."""
+def make_torrent(version_dir: Path, manifest: Manifest, *, piece_size: int | None = None,
+                 root_cert: bytes | None = None) -> bytes:
+    """Hash the files of ``version_dir`` (as listed in ``manifest``) into a v2 torrent. With ``root_cert``
+    (the fleet CA, PEM) it is an SSL torrent: libtorrent then exchanges its pieces only over TLS with
+    peers whose certificate that CA signed (the CA is part of the info dict: it changes the info-hash)."""
     name = version_dir.name
     entries = [lt.create_file_entry(f"{name}/{f.path}", f.size) for f in manifest.files]
     ct = lt.create_torrent(entries, piece_size or piece_size_for(manifest.total_bytes), lt.create_torrent.v2_only)
+    if root_cert:
+        ct.set_root_cert(root_cert.decode("ascii"))
     ct.set_creator("weightd")
     ct.set_comment(f"{manifest.name}@{manifest.version} {manifest.digest}")
     lt.set_piece_hashes(ct, str(version_dir.parent))
@@ -89,6 +98,21 @@ def load_torrent(data: bytes, manifest: Manifest, source: str = "torrent") -> lt
         extra = sorted(set(files) - set(expected))[:1] or sorted(set(expected) - set(files))[:1]
         raise TorrentRejected(source, f"files do not match the manifest (first difference: {extra[0] if extra else '?'})")
     return ti
+
+
+def fleet_mismatch(ti: lt.torrent_info, tls: "FleetTLS | None") -> str | None:
+    """Why this node must not use ``ti`` for P2P under its TLS setting, or None if it may: with fleet
+    TLS the torrent must carry the fleet CA (else it would be exchanged in the clear, with anyone inside
+    ``allow``); without, it must carry none (libtorrent would accept no plain connection for it)."""
+    root = ti.ssl_cert()
+    if tls is None:
+        return "the torrent is for a TLS fleet (it carries a CA) and this node has no [p2p] tls" if root else None
+    if not root:
+        return "the torrent carries no fleet CA (made without [p2p] tls): its peers would not be authenticated"
+    from .certs import same_ca
+    if not same_ca(root, tls):
+        return f"the torrent carries a different CA than the fleet CA in {tls.ca_path or '[p2p] tls'}"
+    return None
 
 
 def save_path_for(ti: lt.torrent_info, data_dir: Path) -> Path:

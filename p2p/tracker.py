@@ -3,8 +3,27 @@
 Why one at all: workers that already hold a version seed it, and two seeds drop their connection to
 each other, so the origin never learns of them through peer exchange and a worker joining later only
 meets the origin. Every node announces to this endpoint (``[p2p] trackers``), so a late worker is told
-about every seed. State is in memory (peers re-announce every ``interval``); no whitelist is needed
-because the origin only ever answers for the swarm it is part of and the allowlist applies to peers.
+about every seed. State is in memory (peers re-announce every ``interval``).
+
+It serves the fleet and nothing else, whoever sends what:
+
+- **only published versions**: ``known(info_hash)`` (the daemon: the 20 bytes a v2 torrent announces,
+  the first half of its SHA-256 info-hash, of a version the origin seeds) decides; any other hash is
+  refused and creates nothing, so random info-hashes cost no memory;
+- **per IP**: at most ``per_ip`` entries of one address in a swarm; a new port of that address replaces
+  its oldest (a restarted node keeps one slot; one host announcing 300 ports holds ``per_ip``);
+- **per swarm**: at most ``per_swarm`` peers; a newcomer to a full swarm is refused until peers expire;
+- **expiry**: a peer that has not announced for two intervals is gone; every swarm is an insertion-
+  ordered dict kept in last-seen order, so expiry pops from its front (amortised O(1) per announce);
+  an emptied swarm is freed;
+- **bounded memory**: ``len(known) x per_swarm`` entries at most, and never more than ``max_swarms``.
+
+With fleet TLS the daemon serves it over HTTPS and requires a client certificate from the fleet CA
+(libtorrent presents the torrent's certificate to an https tracker of an SSL torrent), so a host outside
+the fleet cannot even ask. ``allow`` applies in every mode.
+
+``announce`` returns the bencoded answer and the reason of a refusal (None when served), which the
+daemon counts in ``weightd_trust_refusals_total{reason}``.
 """
 
 from __future__ import annotations
@@ -14,56 +33,156 @@ import random
 import socket
 import struct
 import time
+from typing import Callable
 from urllib.parse import parse_qs
 
 import libtorrent as lt
 
 INTERVAL_S = 30
-PEER_TTL_S = 3 * INTERVAL_S
-MAX_PEERS = 200
+PEER_TTL_S = 2 * INTERVAL_S     # two intervals without an announce: gone
+MAX_PEERS = 200                 # handed out per answer (libtorrent asks for 200)
+PER_IP = 4                      # entries of one address in one swarm
+PER_SWARM = 10_000              # peers in one swarm
+MAX_SWARMS = 4_096              # swarms at once, whatever ``known`` says
+MAX_QUERY = 2_048               # bytes of query string parsed (an announce is ~300)
+
+Peer = tuple[str, int]
+
+
+class _Swarm:
+    """The peers of one info-hash: in last-seen order (expiry pops from the front), in a list for O(k)
+    random samples, and by address (the per-IP cap without a scan)."""
+    __slots__ = ("seen", "slots", "index", "by_ip")
+
+    def __init__(self) -> None:
+        self.seen: dict[Peer, float] = {}
+        self.slots: list[Peer] = []
+        self.index: dict[Peer, int] = {}
+        self.by_ip: dict[str, list[int]] = {}
+
+    def __len__(self) -> int:
+        return len(self.slots)
+
+    def touch(self, peer: Peer, now: float) -> None:
+        if peer in self.seen:
+            del self.seen[peer]  # (re-inserted at the end: last-seen order)
+        else:
+            self.index[peer] = len(self.slots)
+            self.slots.append(peer)
+            self.by_ip.setdefault(peer[0], []).append(peer[1])
+        self.seen[peer] = now
+
+    def remove(self, peer: Peer) -> None:
+        if self.seen.pop(peer, None) is None:
+            return
+        i, last = self.index.pop(peer), self.slots.pop()
+        if last != peer:  # (swap the last one into the hole)
+            self.slots[i], self.index[last] = last, i
+        ports = self.by_ip[peer[0]]
+        ports.remove(peer[1])
+        if not ports:
+            del self.by_ip[peer[0]]
+
+    def expire(self, now: float, ttl: float) -> None:
+        while self.seen:
+            peer, seen = next(iter(self.seen.items()))  # the least recently seen
+            if now - seen <= ttl:
+                break
+            self.remove(peer)
+
+    def sample(self, want: int, me: Peer) -> list[Peer]:
+        n = len(self.slots)
+        picks = random.sample(range(n), min(n, want + 1))  # (one more: ``me`` is skipped)
+        return [p for p in (self.slots[i] for i in picks) if p != me][:want]
 
 
 class Tracker:
-    def __init__(self, allow: tuple[str, ...] = ("0.0.0.0/0",), now=time.monotonic) -> None:
-        self.swarms: dict[bytes, dict[tuple[str, int], float]] = {}
+    def __init__(self, allow: tuple[str, ...] = ("0.0.0.0/0",), *, known: Callable[[bytes], bool],
+                 now: Callable[[], float] = time.monotonic, interval: int = INTERVAL_S, per_ip: int = PER_IP,
+                 per_swarm: int = PER_SWARM, max_swarms: int = MAX_SWARMS) -> None:
+        self.swarms: dict[bytes, _Swarm] = {}
         self.allow = [ipaddress.ip_network(c, strict=False) for c in allow]
-        self.now = now
+        self.known, self.now = known, now
+        self.interval, self.ttl = interval, 2 * interval
+        self.per_ip, self.per_swarm, self.max_swarms = per_ip, per_swarm, max_swarms
+        self.swept = now()
 
-    def announce(self, remote_ip: str, raw_query: str) -> bytes:
-        """The bencoded answer to one announce request."""
-        q = parse_qs(raw_query, encoding="latin-1", keep_blank_values=True)
+    def peers(self) -> int:
+        return sum(len(s) for s in list(self.swarms.values()))  # (a scrape thread may ask)
+
+    def announce(self, remote_ip: str, raw_query: str) -> tuple[bytes, str | None]:
+        """The bencoded answer to one announce request, and why it was refused (None: served)."""
+        if len(raw_query) > MAX_QUERY:
+            return _fail("announce too long"), "tracker_malformed"
         try:
+            q = parse_qs(raw_query, encoding="latin-1", keep_blank_values=True, max_num_fields=32)
             info_hash = q["info_hash"][0].encode("latin-1")
             port = int(q["port"][0])
         except (KeyError, IndexError, ValueError):
-            return _fail("info_hash and port are required")
+            return _fail("info_hash and port are required"), "tracker_malformed"
         if len(info_hash) != 20 or not 0 < port < 65536:
-            return _fail("malformed info_hash or port")
+            return _fail("malformed info_hash or port"), "tracker_malformed"
         try:
             ip = ipaddress.ip_address(remote_ip)
         except ValueError:
-            return _fail("unknown address")
-        if not any(ip in net for net in self.allow) or ip.version != 4:
-            return _fail("not allowed")
+            return _fail("unknown address"), "tracker_not_allowed"
+        if ip.version != 4 or not any(ip in net for net in self.allow):
+            return _fail("not allowed"), "tracker_not_allowed"
         now = self.now()
-        swarm = self.swarms.setdefault(info_hash, {})
-        for peer, seen in list(swarm.items()):
-            if now - seen > PEER_TTL_S:
-                del swarm[peer]
+        if now - self.swept > self.interval:  # (swarms nobody announces to any more are freed too)
+            self._expire_all(now)
+        swarm = self.swarms.get(info_hash)
+        if swarm is not None:
+            swarm.expire(now, self.ttl)
+            if not swarm:
+                del self.swarms[info_hash]
+                swarm = None
         me = (remote_ip, port)
         if q.get("event", [""])[0] == "stopped":
-            swarm.pop(me, None)
-            return lt.bencode({b"interval": INTERVAL_S, b"peers": b""})
-        swarm[me] = now
+            if swarm is not None:
+                swarm.remove(me)
+                if not swarm:
+                    del self.swarms[info_hash]
+            return lt.bencode({b"interval": self.interval, b"peers": b""}), None
+        if swarm is None:
+            if not self.known(info_hash):  # (asked only for hashes without a swarm: a swarm's hash was known)
+                return _fail("unknown info_hash: not a version this fleet publishes"), "tracker_unknown_torrent"
+            if len(self.swarms) >= self.max_swarms:
+                self._expire_all(now)
+                if len(self.swarms) >= self.max_swarms:
+                    return _fail("too many swarms"), "tracker_full"
+            swarm = self.swarms[info_hash] = _Swarm()
+        if me not in swarm.seen:
+            ports = swarm.by_ip.get(remote_ip, ())
+            if len(ports) >= self.per_ip:  # a new port of the same address replaces its oldest entry
+                swarm.remove((remote_ip, ports[0]))
+            elif len(swarm) >= self.per_swarm:
+                return _fail("swarm full"), "tracker_full"
+        swarm.touch(me, now)
         try:  # numwant (BEP 3 suggests 50 by default; libtorrent asks for 200), capped at MAX_PEERS
             want = max(0, min(MAX_PEERS, int(q.get("numwant", [str(MAX_PEERS)])[0])))
         except ValueError:
             want = MAX_PEERS
-        others = [p for p in swarm if p != me]
-        if len(others) > want:  # a random sample: in a large fleet, not everyone meets the same first few
-            others = random.sample(others, want)
-        compact = b"".join(socket.inet_aton(h) + struct.pack(">H", pt) for h, pt in others)
-        return lt.bencode({b"interval": INTERVAL_S, b"min interval": 5, b"peers": compact})
+        # a random sample: in a large fleet, not everyone meets the same first few
+        compact = b"".join(socket.inet_aton(h) + struct.pack(">H", pt) for h, pt in swarm.sample(want, me))
+        return lt.bencode({b"interval": self.interval, b"min interval": 5, b"peers": compact}), None
+
+    def _expire_all(self, now: float) -> None:
+        self.swept = now
+        for h, s in list(self.swarms.items()):
+            s.expire(now, self.ttl)
+            if not s:
+                del self.swarms[h]
+
+    def forget(self, info_hash: bytes) -> None:
+        """Drop a swarm (its version is no longer published or seeded)."""
+        self.swarms.pop(info_hash, None)
+
+
+def announced_hash(v2_hex: str) -> bytes:
+    """The 20 bytes libtorrent sends as ``info_hash`` for a v2-only torrent: its SHA-256 info-hash
+    truncated (BEP 52), given as the 64 hex digits of ``str(info_hashes().v2)``."""
+    return bytes.fromhex(v2_hex)[:20]
 
 
 def _fail(reason: str) -> bytes:

@@ -272,41 +272,6 @@ def test_swarm_finishes_after_the_origin_dies(cluster, tmp_path: Path) -> None:
         assert r["bytes_by_source"]["cold"] == 0 and r["bytes_by_source"]["peer"] > r["bytes"] / 2, r
 
 
-def test_tracker_announce() -> None:
-    import libtorrent as lt
-    from urllib.parse import quote_from_bytes
-    from p2p.tracker import Tracker
-    clock = [0.0]
-    t = Tracker(("127.0.0.0/8",), now=lambda: clock[0])
-    ih = bytes(range(20))
-    q = f"info_hash={quote_from_bytes(ih)}&peer_id=x&port=6881&left=0&compact=1"
-    assert lt.bdecode(t.announce("127.0.0.3", q))[b"peers"] == b""
-    got = lt.bdecode(t.announce("127.0.0.4", q.replace("6881", "7000")))
-    assert got[b"peers"] == socket.inet_aton("127.0.0.3") + (6881).to_bytes(2, "big")
-    assert b"failure reason" in lt.bdecode(t.announce("10.1.2.3", q))           # outside the allowlist
-    assert b"failure reason" in lt.bdecode(t.announce("127.0.0.5", "port=1"))   # no info_hash
-    assert b"failure reason" in lt.bdecode(t.announce("127.0.0.5", "info_hash=abc&port=1"))
-    clock[0] += 1000  # peers that stop announcing expire
-    assert lt.bdecode(t.announce("127.0.0.9", q))[b"peers"] == b""
-
-
-def test_tracker_hands_out_a_random_sample_of_a_large_swarm() -> None:
-    import libtorrent as lt
-    from urllib.parse import quote_from_bytes
-    from p2p.tracker import MAX_PEERS, Tracker
-    t = Tracker(("127.0.0.0/8",))
-    q = f"info_hash={quote_from_bytes(bytes(20))}&peer_id=x&left=0&compact=1"
-    for i in range(300):
-        t.announce(f"127.0.{i // 250}.{i % 250 + 1}", q + "&port=7000")
-    a = lt.bdecode(t.announce("127.1.0.1", q + "&port=7000"))[b"peers"]
-    b = lt.bdecode(t.announce("127.1.0.2", q + "&port=7000"))[b"peers"]
-    assert len(a) == len(b) == 6 * MAX_PEERS and a != b   # not everyone gets the same first 200
-    few = lt.bdecode(t.announce("127.1.0.3", q + "&port=7000&numwant=30"))[b"peers"]
-    assert len(few) == 6 * 30
-    junk = lt.bdecode(t.announce("127.1.0.4", q + "&port=7000&numwant=lots"))[b"peers"]
-    assert len(junk) == 6 * MAX_PEERS
-
-
 @pytest.mark.slow
 def test_delta_update_over_p2p_moves_only_changed_pieces(cluster, tmp_path: Path) -> None:
     """A worker holding v1 preloads v2 (three tensors changed) from the swarm: the staged files are

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from tiering import parse_fraction, parse_size
 
@@ -134,6 +134,32 @@ class Tiers(_Model):
     cold: ColdSettings
 
 
+class P2PTLSSettings(_Model):
+    """Fleet TLS: the fleet CA every torrent carries, and this node's certificate and key (PEM files).
+    Checked when the config is loaded (so on SIGHUP too): a file missing or unreadable, a certificate
+    expired or not yet valid, not signed by the CA or without DNS:* (what libtorrent matches), a key
+    that does not match: an error naming the file."""
+    ca: Path
+    cert: Path
+    key: Path
+    _fleet: Any = PrivateAttr(default=None)   # p2p.FleetTLS: the checked bytes, what libtorrent is given
+
+    _paths = field_validator("ca", "cert", "key", mode="before")(_abs_path)
+
+    @model_validator(mode="after")
+    def _check(self) -> "P2PTLSSettings":
+        from p2p import BadCertificate, load_fleet_tls  # (cryptography: loaded only with tls configured)
+        try:
+            self._fleet = load_fleet_tls(self.ca, self.cert, self.key)
+        except BadCertificate as exc:
+            raise ValueError(str(exc)) from None
+        return self
+
+    @property
+    def fleet(self) -> Any:
+        return self._fleet
+
+
 class P2PSettings(_Model):
     threshold: int = 10 << 30
     listen: str = "0.0.0.0:6881"
@@ -146,6 +172,15 @@ class P2PSettings(_Model):
     fallback_after_s: float = Field(default=60.0, gt=0)   # no bytes from the swarm for this long: copy from cold
     tracker_listen: str | None = None    # origin only: serve a BitTorrent announce endpoint on IP:PORT
     piece_size: int = 0                  # torrent piece size at publish; 0 = by checkpoint size
+    tls: P2PTLSSettings | None = None    # fleet TLS: only peers with a certificate from the fleet CA exchange bytes
+
+    @model_validator(mode="after")
+    def _tls_trackers(self) -> "P2PSettings":
+        if self.tls is not None:
+            plain = [t for t in self.trackers if not t.startswith("https://")]
+            if plain:  # an announce in the clear hands the swarm's addresses to anyone on the path
+                raise ValueError(f"trackers: with p2p.tls every tracker must be an https:// URL, got {plain[0]!r}")
+        return self
 
     @field_validator("piece_size", mode="before")
     @classmethod

@@ -93,17 +93,21 @@ def _demo_cluster(base: Path, size: int) -> None:
             s.bind((ip, 0))
             return s.getsockname()[1]
 
+    from p2p import write_fleet
     from tiering import generate_keypair
     cold = base / "cluster-cold"
+    ips = ["127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.4"]
+    pki = write_fleet(base / "fleet-pki", ips, ips={ips[0]: [ips[0]]})  # (the origin's: its tracker's IP too)
     nodes: list[tuple[str, Path, subprocess.Popen[bytes], Path]] = []
     origin_ep = tracker = ""
     key = base / "signing-key"
     generate_keypair(Path(f"{key}.pem"), Path(f"{key}.pub.pem"))
     click.secho("# 11. at cluster scale: an origin and three workers on 127.0.0.1-4 (P2P threshold 16MiB here);\n"
-                f"#     the origin signs what it publishes ({key}.pem), every worker requires that signature",
+                f"#     the origin signs what it publishes ({key}.pem), every worker requires that signature;\n"
+                f"#     P2P and the tracker run over TLS with certificates from a fleet CA ({pki['ca']})",
                 bold=True)
     try:
-        for i, ip in enumerate(["127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.4"]):
+        for i, ip in enumerate(ips):
             role = "origin" if i == 0 else "worker"
             d = base / f"node-{ip}"
             d.mkdir(exist_ok=True)
@@ -112,10 +116,11 @@ def _demo_cluster(base: Path, size: int) -> None:
             extra = ""
             if role == "origin":
                 origin_ep, tport = f"{ip}:{p2p_port}", port(ip)
-                tracker = f"http://{ip}:{tport}/announce"
+                tracker = f"https://{ip}:{tport}/announce"
                 extra = f'tracker_listen = "{ip}:{tport}"\n'
             else:
                 extra = f'peers = ["{origin_ep}"]\ntrackers = ["{tracker}"]\n'
+            extra += f'tls = {{ ca = "{pki["ca"]}", cert = "{pki[ip]}", key = "{pki[ip + ".key"]}" }}\n'
             extra += (f'[publish]\nsigning_key = "{key}.pem"\n' if role == "origin" else
                       f'[trust]\nrequire_signature = true\npublic_keys = ["{key}.pub.pem"]\n')
             cfg = d / "weightd.toml"
@@ -173,7 +178,34 @@ def _cluster_publish_and_preload(base: Path, size: int, nodes: list) -> None:
         raise click.ClickException(pub.stderr.strip())
     click.echo("each worker pre-fills v2 with v1's bytes; libtorrent's check keeps them, only changed pieces move\n")
     _cluster_preload(nodes, "v2")
+    _cluster_outsider(base, nodes)
     _cluster_tampered(base, nodes, v2)
+
+
+def _cluster_outsider(base: Path, nodes: list) -> None:
+    """A node inside ``allow`` without a fleet certificate: the torrent needs one, so it never joins."""
+    d = base / "node-outsider"
+    d.mkdir(exist_ok=True)
+    cfg = d / "weightd.toml"
+    cfg.write_text(f'state_dir = "{d}/state"\n[tiers.hot]\npath = "/dev/shm/weightd-demo-{os.getpid()}-outsider"\n'
+                   f'[tiers.warm]\npath = "{d}/warm"\n[tiers.cold]\npath = "{base / "cluster-cold"}"\n'
+                   f'[p2p]\nthreshold = "16MiB"\nlisten = "127.0.0.5:0"\nallow = ["127.0.0.0/8"]\n'
+                   f'peers = ["{nodes[0][0]}:1"]\nfallback_after_s = 10\n')
+    click.secho("# a node inside allow = 127.0.0.0/8 but without a certificate from the fleet CA", bold=True)
+    click.secho("$ weightd --no-daemon preload demo/swarm@v2 --tier warm   (on 127.0.0.5, no [p2p] tls)",
+                fg="cyan", bold=True)
+    try:
+        p = subprocess.run([sys.executable, "-m", "weightd", "--config", str(cfg), "--no-daemon", "preload",
+                            "demo/swarm@v2", "--tier", "warm", "--json"], capture_output=True, text=True, timeout=120)
+    finally:
+        shutil.rmtree(f"/dev/shm/weightd-demo-{os.getpid()}-outsider", ignore_errors=True)
+    if p.returncode:
+        raise click.ClickException(p.stderr.strip())
+    r = json.loads(p.stdout)
+    why = r["source_fallbacks"][0]["reason"] if r["source_fallbacks"] else "?"
+    if r["bytes_by_source"]["peer"] or r["bytes_by_source"]["origin"]:
+        raise click.ClickException(f"a node without a fleet certificate got bytes over P2P: {r}")
+    click.echo(f"  no byte over P2P ({why}); it read the version from cold storage itself\n")
 
 
 def _cluster_tampered(base: Path, nodes: list, v2: Path) -> None:

@@ -50,6 +50,8 @@ class Metrics:
         self.trust_refusals = Counter("weightd_trust_refusals", "Versions (and peers) refused by the trust "
                                       "policy, by reason (unsigned, unknown_key, bad_signature, digest_mismatch, ...)",
                                       ["reason"], registry=registry)
+        self.tracker_peers = Gauge("weightd_tracker_peers", "Peers the origin's tracker holds, all swarms (0 "
+                                   "elsewhere)", registry=registry)
         self.state_recoveries = Counter("weightd_state_recoveries", "Corrupt state databases moved aside and "
                                         "rebuilt from the tier directories", registry=registry)
         info = Gauge("weightd_build_info", "weightd version", ["version"], registry=registry)

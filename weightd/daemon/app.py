@@ -37,6 +37,7 @@ from .routes import Api
 
 log = logging.getLogger(__name__)
 SHUTDOWN_GRACE_S = 8.0
+RESEED_S = 10.0  # the tracker looks for newly published versions at most this often
 PRESSURE_KEEP = 121            # 10 minutes of counter history for `weightd doctor`
 
 
@@ -63,6 +64,8 @@ class Daemon:
         self._lock_fd: int | None = None
         self._active = 0  # blocking calls running in the pools
         self.runners: list[web.AppRunner] = []
+        self._tracker_ssl = None  # ssl.SSLContext of the tracker's HTTPS endpoint (with p2p.tls)
+        self.tracker = None  # p2p.Tracker (origin with tracker_listen)
 
     @property
     def node(self):
@@ -150,6 +153,7 @@ class Daemon:
             if new_state != old_state:  # the state lock is held for the old one: switching needs a restart
                 raise ConfigError(cfg.source, f"changed from {old_state} to {new_state}; a running daemon keeps "
                                   "its state dir (restart it to switch)", "state_dir")
+            _check_tls_change(self.config, cfg)
             service = self._open_service(cfg)  # tier roots `serve` would refuse raise TieringError here
         except (WeightdError, TieringError, OSError) as exc:  # ConfigError is a WeightdError
             self.metrics.config_reload_failures.inc()
@@ -164,9 +168,43 @@ class Daemon:
                         "the next restart")
         self.old_services.append(self.service)
         self.service, self.config = service, cfg
+        self._rotate_tls()
         self.status_changed()
         log.info("config reloaded from %s", cfg.source)
         self.set_status(f"config reloaded; {self.api.idle_status()}")
+
+    def _rotate_tls(self) -> None:
+        """After a reload: every torrent of the session (and the tracker's HTTPS endpoint) presents the
+        certificate the new config names (load_config checked it; same fleet CA, _check_tls_change)."""
+        tls = self.config.settings.p2p.tls
+        if tls is None or self.session is None:
+            return
+        n = self.session.set_tls(tls.fleet)
+        if self._tracker_ssl is not None:
+            try:  # (new handshakes use it; load_config checked these files a moment ago)
+                self._tracker_ssl.load_cert_chain(tls.cert, tls.key)
+            except (OSError, ValueError) as exc:  # (ssl.SSLError is an OSError)
+                log.error("tracker: keeping the previous certificate: %s: %s", tls.cert, exc)
+        log.info("p2p: presenting %s (valid until %s) on %d torrent(s)", tls.cert, f"{tls.fleet.not_after:%Y-%m-%d}", n)
+
+    def _tracker_tls(self) -> Any:
+        """With fleet TLS the tracker speaks HTTPS with this node's certificate and requires a client
+        certificate from the fleet CA: libtorrent checks the server's against the torrent's CA and the
+        URL's host (IP or DNS subjectAltName), and presents the torrent's certificate (the node's) as
+        its client certificate to the https tracker of an SSL torrent (measured with 2.1.1)."""
+        tls = self.config.settings.p2p.tls
+        if tls is None:
+            return None
+        import ssl
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cadata=tls.fleet.ca_pem.decode())
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        ctx.verify_mode = ssl.CERT_REQUIRED
+        try:
+            ctx.load_cert_chain(tls.cert, tls.key)
+        except (OSError, ValueError) as exc:
+            raise WeightdError(f"p2p.tls: {tls.cert}: {exc}") from None
+        self._tracker_ssl = ctx
+        return ctx
 
     # -- lifecycle ------------------------------------------------------------------------------------
     async def serve(self) -> None:
@@ -209,8 +247,15 @@ class Daemon:
             self.session = P2PSession(p2p_config(self.config))
         except P2PError as exc:
             raise WeightdError(f"p2p.listen: {exc}") from None
+        self.session.subscribe(self._on_alert)
         n = await self.run_blocking("misc", seed_held, self.node, self.session, self.role)
         log.info("p2p listening on %s, seeding %d version(s)", self.config.settings.p2p.listen, n)
+
+    def _on_alert(self, ev: Any) -> None:
+        """On the alert pump's thread (prometheus counters are thread-safe): a peer whose TLS handshake
+        failed (no certificate, or one the fleet CA did not sign) is a refused peer."""
+        if ev.kind == "peer_error_alert" and ev.operation == "ssl_handshake":
+            self.metrics.trust_refusals.labels("peer_certificate").inc()
 
     async def _start_api(self) -> None:
         api, sock_path = self.config.settings.api, self.config.settings.api.socket
@@ -229,12 +274,13 @@ class Daemon:
         # (the umask above made it 0660 at bind: no chmod by path, which would follow a link swapped in)
         self.runners.append(runner)
 
-    async def _start_tcp(self, app: web.Application, listen: str, what: str) -> None:
+    async def _start_tcp(self, app: web.Application, listen: str, what: str, ssl_context: Any = None) -> None:
         runner = web.AppRunner(app, handle_signals=False, access_log=None)
         await runner.setup()
         host, _, port = listen.rpartition(":")
         try:
-            await web.TCPSite(runner, host.strip("[]"), int(port), reuse_address=True).start()
+            await web.TCPSite(runner, host.strip("[]"), int(port), reuse_address=True,
+                              ssl_context=ssl_context).start()
         except OSError as exc:
             raise WeightdError(f"{what} {listen}: {exc.strerror}") from None
         self.runners.append(runner)
@@ -245,19 +291,38 @@ class Daemon:
         await self._start_tcp(mapp, self.config.settings.metrics.listen, "metrics.listen")
 
     async def _start_tracker(self) -> None:
+        """The origin's announce endpoint (``p2p/tracker.py``): it tracks only the versions this origin
+        seeds (every published one it can), so a version published by another node is refused until the
+        origin picks it up: a refusal triggers that pick-up at once (at most every RESEED_S)."""
         tl = self.config.settings.p2p.tracker_listen
         if not tl or self.role != "origin":
             return
         from p2p import Tracker
-        tracker = Tracker(self.config.settings.p2p.allow)
+        session = self.session
+        tracker = Tracker(self.config.settings.p2p.allow, known=session.seeds_announced)
+        reseed: dict[str, Any] = {"at": -RESEED_S, "task": None}
+
+        async def pick_up() -> None:
+            try:
+                await self.run_blocking("misc", seed_held, self.node, session, self.role)
+            except Exception as exc:  # noqa: BLE001 (the next announce or gc round tries again)
+                log.warning("tracker: cannot pick up newly published versions: %s", exc)
 
         async def announce(request: web.Request) -> web.Response:
-            body = tracker.announce(request.remote or "", request.rel_url.raw_query_string)
+            body, refused = tracker.announce(request.remote or "", request.rel_url.raw_query_string)
+            if refused is not None:
+                self.metrics.trust_refusals.labels(refused).inc()
+                now = time.monotonic()
+                if refused == "tracker_unknown_torrent" and now - reseed["at"] > RESEED_S:
+                    reseed["at"] = now
+                    reseed["task"] = asyncio.get_running_loop().create_task(pick_up())
             return web.Response(body=body, content_type="text/plain")
-        tapp = web.Application()
+        tapp = web.Application(client_max_size=4096)
         tapp.router.add_get("/announce", announce)
-        await self._start_tcp(tapp, tl, "p2p.tracker_listen")
-        log.info("tracker announce endpoint on http://%s/announce", tl)
+        await self._start_tcp(tapp, tl, "p2p.tracker_listen", ssl_context=self._tracker_tls())
+        self.tracker = tracker
+        self.metrics.tracker_peers.set_function(tracker.peers)
+        log.info("tracker announce endpoint on %s://%s/announce", "https" if self._tracker_ssl else "http", tl)
 
     def close(self) -> bool:
         """Release everything; True if worker threads were still busy (the caller exits hard)."""
@@ -275,6 +340,17 @@ class Daemon:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
         return busy
+
+
+def _check_tls_change(old: Config, new: Config) -> None:
+    """Certificates rotate on SIGHUP; turning fleet TLS on or off, or another fleet CA, needs a restart
+    (the listen port changes kind, and torrents carry their CA)."""
+    a, b = old.settings.p2p.tls, new.settings.p2p.tls
+    if (a is None) != (b is None):
+        raise ConfigError(new.source, f"turning fleet TLS {'on' if b else 'off'} needs a restart", "p2p.tls")
+    if a is not None and b is not None and a.fleet.ca_pem != b.fleet.ca_pem:
+        raise ConfigError(new.source, f"{b.ca} is another fleet CA than the running one; restart to switch "
+                          "(and publish again: torrents carry their CA)", "p2p.tls.ca")
 
 
 class _DaemonP2P:

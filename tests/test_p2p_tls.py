@@ -1,0 +1,416 @@
+"""Fleet TLS (issue #14): only peers holding a certificate from the fleet CA exchange bytes.
+
+Real libtorrent sessions and real ``weightd serve`` daemons on 127.0.0.x, loopback only; every wait is
+bounded. The attacks: a libtorrent session with no certificate, one with a certificate from another CA,
+and one offering the same files as a torrent without the CA, all pointed at fleet seeds; a weightd node
+without ``tls`` and one from another fleet, both inside ``allow``. Each must get no byte over P2P.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from p2p import (BadCertificate, P2PConfig, P2PSession, TorrentRejected, fleet_mismatch, issue_cert, load_fleet_tls,
+                 load_torrent, make_ca, make_torrent, write_fleet)
+from tiering import build_manifest, verify_checkpoint
+from tiering.sample import make_checkpoint
+
+from . import test_p2p
+from .test_p2p import Node, free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+MiB = 1 << 20
+NOW = dt.datetime.now(dt.timezone.utc)
+
+
+def _write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    path.chmod(0o600)
+    return path
+
+
+@pytest.fixture
+def fleet(tmp_path: Path) -> dict[str, Path]:
+    """A fleet CA, certificates for 127.0.0.2..8 (the origin's with its IP, for its HTTPS tracker), a
+    certificate from another CA and expired / not-yet-valid ones from the fleet CA."""
+    d = tmp_path / "pki"
+    names = [f"127.0.0.{i}" for i in range(2, 9)]
+    f = write_fleet(d, names, ips={"127.0.0.2": ["127.0.0.2"]})
+    ca, ca_key = f["ca"].read_bytes(), f["ca.key"].read_bytes()
+    other_ca, other_key = make_ca("another fleet")
+    f["other-ca"] = _write(d / "other-ca.pem", other_ca)
+    c, k = issue_cert(other_ca, other_key, "intruder")
+    f["intruder"], f["intruder.key"] = _write(d / "intruder.pem", c), _write(d / "intruder.key", k)
+    c, k = issue_cert(ca, ca_key, "old", not_before=NOW - dt.timedelta(days=30), not_after=NOW - dt.timedelta(days=1))
+    f["expired"], f["expired.key"] = _write(d / "expired.pem", c), _write(d / "expired.key", k)
+    c, k = issue_cert(ca, ca_key, "early", not_before=NOW + dt.timedelta(days=1))
+    f["future"], f["future.key"] = _write(d / "future.pem", c), _write(d / "future.key", k)
+    c, k = issue_cert(ca, ca_key, "named", dns=("node7.example",))
+    f["no-star"], f["no-star.key"] = _write(d / "no-star.pem", c), _write(d / "no-star.key", k)
+    return f
+
+
+def tls_line(ca: Path, cert: Path, key: Path) -> str:
+    return f'tls = {{ ca = "{ca}", cert = "{cert}", key = "{key}" }}\n'
+
+
+# -- certificates ---------------------------------------------------------------------------------------
+def test_fleet_files_are_checked(fleet: dict[str, Path], tmp_path: Path) -> None:
+    ca = fleet["ca"]
+    ok = load_fleet_tls(ca, fleet["127.0.0.3"], fleet["127.0.0.3.key"])
+    assert ok.ca_pem.startswith(b"-----BEGIN CERTIFICATE-----") and b"PRIVATE" not in ok.ca_pem
+    assert "PRIVATE" not in repr(ok)
+    bad = {
+        (ca, tmp_path / "nope.pem", fleet["127.0.0.3.key"]): "nope.pem: no such file",
+        (ca, fleet["expired"], fleet["expired.key"]): "expired.pem: the certificate expired on",
+        (ca, fleet["future"], fleet["future.key"]): "future.pem: the certificate is not valid before",
+        (ca, fleet["127.0.0.3"], fleet["127.0.0.4.key"]): "127.0.0.4.key: does not match the certificate",
+        (ca, fleet["intruder"], fleet["intruder.key"]): "intruder.pem: not signed by the fleet CA",
+        (ca, fleet["no-star"], fleet["no-star.key"]): "no-star.pem: has no subjectAltName DNS:*",
+        (fleet["127.0.0.3.key"], fleet["127.0.0.3"], fleet["127.0.0.3.key"]): "127.0.0.3.key: no PEM certificate",
+        (ca, fleet["127.0.0.3"], ca): "ca.pem: not a PEM private key",
+    }
+    for args, message in bad.items():
+        with pytest.raises(BadCertificate, match=re.escape(message)):
+            load_fleet_tls(*args)
+    unreadable = tmp_path / "unreadable.key"
+    unreadable.write_bytes(fleet["127.0.0.3.key"].read_bytes())
+    unreadable.chmod(0)
+    try:
+        if not _can_read(unreadable):
+            with pytest.raises(BadCertificate, match="unreadable.key: Permission denied"):
+                load_fleet_tls(ca, fleet["127.0.0.3"], unreadable)
+    finally:
+        unreadable.chmod(0o600)
+
+
+def _can_read(p: Path) -> bool:
+    try:
+        p.read_bytes()
+        return True
+    except OSError:
+        return False
+
+
+def test_bad_certificate_in_config_is_one_line_exit_2(fleet: dict[str, Path], tmp_path: Path, weightd) -> None:
+    for cert in ("expired", "intruder"):
+        cfg = tmp_path / f"{cert}.toml"
+        cfg.write_text(f'state_dir = "{tmp_path}/state"\n[api]\nsocket = "{tmp_path}/s.sock"\n[p2p]\n'
+                       + tls_line(fleet["ca"], fleet[cert], fleet[f"{cert}.key"]))
+        for args in (("serve",), ("status",)):
+            r = weightd("--config", cfg, *args, timeout=60)
+            assert r.returncode == 2, (args, r.stdout, r.stderr)
+            lines = r.stderr.strip().splitlines()
+            assert len(lines) == 1 and f"{fleet[cert]}" in lines[0] and "p2p.tls" in lines[0], r.stderr
+            assert "Traceback" not in r.stderr
+    cfg = tmp_path / "plain-tracker.toml"  # announces in the clear would hand out the swarm's addresses
+    cfg.write_text(f'state_dir = "{tmp_path}/state"\n[api]\nsocket = "{tmp_path}/s.sock"\n[p2p]\n'
+                   'trackers = ["http://127.0.0.2:1/announce"]\n'
+                   + tls_line(fleet["ca"], fleet["127.0.0.3"], fleet["127.0.0.3.key"]))
+    r = weightd("--config", cfg, "status", timeout=60)
+    assert r.returncode == 2 and "https://" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+# -- sessions -------------------------------------------------------------------------------------------
+def test_torrent_carries_the_fleet_ca(fleet: dict[str, Path], tmp_path: Path) -> None:
+    ckpt = make_checkpoint(tmp_path / "v1", total_bytes=4 * MiB, shards=1, layers=2)
+    m = build_manifest(ckpt)
+    tls = load_fleet_tls(fleet["ca"], fleet["127.0.0.2"], fleet["127.0.0.2.key"])
+    plain, ssl_t = load_torrent(make_torrent(ckpt, m), m), load_torrent(make_torrent(ckpt, m, root_cert=tls.ca_pem), m)
+    assert plain.info_hashes().v2 != ssl_t.info_hashes().v2 and ssl_t.ssl_cert() and not plain.ssl_cert()
+    assert fleet_mismatch(ssl_t, tls) is None and fleet_mismatch(plain, None) is None
+    assert "carries no fleet CA" in fleet_mismatch(plain, tls)
+    assert "this node has no [p2p] tls" in fleet_mismatch(ssl_t, None)
+    other = load_torrent(make_torrent(ckpt, m, root_cert=fleet["other-ca"].read_bytes()), m)
+    assert "different CA" in fleet_mismatch(other, tls)
+    s = P2PSession(P2PConfig(listen="127.0.0.2:0", tls=tls))
+    try:
+        assert not s.seed(plain, ckpt)  # a TLS node seeds nothing outside the fleet
+        with pytest.raises(TorrentRejected, match="carries no fleet CA"):
+            s.download(plain, tmp_path / "dl" / "v1", stall_s=2)
+    finally:
+        s.close()
+
+
+def raw_session(ip: str, *, ssl_port: bool) -> "lt.session":  # noqa: F821
+    """A stock libtorrent session, as an attacker inside ``allow`` would run it."""
+    import libtorrent as lt
+    listen = f"{ip}:{free_port(ip)}" + (f",{ip}:{free_port(ip)}s" if ssl_port else "")
+    return lt.session({"listen_interfaces": listen, "outgoing_interfaces": ip, "enable_dht": False,
+                       "enable_lsd": False, "enable_upnp": False, "enable_natpmp": False,
+                       "enable_incoming_utp": False, "enable_outgoing_utp": False, "alert_mask": 0})
+
+
+def attack(ses, ti, save: Path, target: tuple[str, int], cert: tuple[Path, Path] | None = None,
+           seconds: float = 8.0) -> int:
+    """Add ``ti`` to a stock session (with ``cert`` presented, if any), dial ``target`` for ``seconds``:
+    the payload bytes it got."""
+    import libtorrent as lt
+
+    from p2p.certs import DH_PARAMS_PEM
+    atp = lt.add_torrent_params()
+    atp.ti, atp.save_path = ti, str(save)
+    atp.flags = atp.flags & ~lt.torrent_flags.auto_managed & ~lt.torrent_flags.paused
+    h = ses.add_torrent(atp)
+    if cert is not None:
+        h.set_ssl_certificate_buffer(cert[0].read_text(), cert[1].read_text(), DH_PARAMS_PEM)
+    deadline = time.monotonic() + seconds
+    got = 0
+    while time.monotonic() < deadline:
+        h.connect_peer(target)
+        time.sleep(0.5)
+        st = h.status()
+        got = max(got, st.total_payload_download, st.total_done)
+    return got
+
+
+def test_only_fleet_certificates_get_pieces(fleet: dict[str, Path], tmp_path: Path) -> None:
+    """A fleet seed; a fleet leecher gets everything; a stock session without a certificate, one with a
+    certificate from another CA, and one offering the same files without the CA get nothing."""
+    ckpt = make_checkpoint(tmp_path / "v1", total_bytes=8 * MiB, shards=2, layers=2)
+    m = build_manifest(ckpt)
+    tls = {ip: load_fleet_tls(fleet["ca"], fleet[ip], fleet[f"{ip}.key"]) for ip in ("127.0.0.2", "127.0.0.3")}
+    ti = load_torrent(make_torrent(ckpt, m, root_cert=tls["127.0.0.2"].ca_pem), m)
+    seed = P2PSession(P2PConfig(listen="127.0.0.2:0", tls=tls["127.0.0.2"]))
+    good = P2PSession(P2PConfig(listen="127.0.0.3:0", tls=tls["127.0.0.3"]))
+    attackers = [raw_session(f"127.0.0.{i}", ssl_port=True) for i in (4, 5, 6)]
+    try:
+        assert seed.seed(ti, ckpt)
+        target = ("127.0.0.2", seed.port)
+        assert attack(attackers[0], ti, tmp_path / "a0", target) == 0                     # no certificate
+        assert attack(attackers[1], ti, tmp_path / "a1", target,
+                      cert=(fleet["intruder"], fleet["intruder.key"])) == 0               # another CA
+        plain = load_torrent(make_torrent(ckpt, m), m)                                    # the files, no CA
+        assert attack(attackers[2], plain, tmp_path / "a2", target) == 0
+        assert seed.stats()["upload_bytes"] == 0
+        r = good.download(ti, tmp_path / "dl" / "v1", peers=(f"127.0.0.2:{seed.port}",), stall_s=20, timeout_s=60)
+        assert verify_checkpoint(tmp_path / "dl" / "v1", m).ok and sum(r.bytes_by_peer.values()) >= m.total_bytes
+    finally:
+        for s in (seed, good):
+            s.close()
+        del attackers
+
+
+# -- daemons --------------------------------------------------------------------------------------------
+@pytest.fixture
+def tls_cluster(tmp_path: Path, isolated_env, fleet):
+    """``start(ip, cert=..., **Node kwargs)``: a weightd daemon with fleet TLS (``cert=None``: without);
+    the origin's tracker is HTTPS and every TLS worker announces there."""
+    nodes: list[Node] = []
+    origin_tracker: list[str] = []
+
+    def start(ip: str, *, cert: str | None = "fleet", ca: str = "ca", role: str = "worker",
+              origin: str | None = None, p2p_extra: str = "", **kw) -> Node:
+        name = ip if cert == "fleet" else cert
+        extra = p2p_extra + (tls_line(fleet[ca], fleet[name], fleet[f"{name}.key"]) if cert else "")
+        if role == "worker" and cert and origin_tracker:
+            extra += f'trackers = ["{origin_tracker[0]}"]\n'
+        n = Node(tmp_path, ip, tmp_path / "cold", env=isolated_env, role=role, origin=origin, p2p_extra=extra, **kw)
+        if role == "origin":  # (test_p2p's Node would hand workers an http:// tracker URL)
+            origin_tracker.append(f"https://{ip}:{test_p2p.tracker_of.pop(n.endpoint)}/announce")
+        nodes.append(n)
+        return n
+    try:
+        yield start
+    finally:
+        for n in nodes:
+            n.stop()
+
+
+def metric(node: Node, name: str) -> float:
+    listen = re.search(r'\[metrics\]\nlisten = "([^"]+)"', node.config.read_text()).group(1)
+    with urllib.request.urlopen(f"http://{listen}/metrics", timeout=10) as resp:
+        for line in resp.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def preload_json(node: Node, ref: str, *extra: str, timeout: float = 150) -> dict:
+    proc = node.cli("preload", ref, "--tier", "warm", "--json", *extra, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.splitlines()[0])
+
+
+@pytest.mark.slow
+def test_tls_fleet_and_the_nodes_outside_it(tls_cluster, fleet, tmp_path: Path) -> None:
+    """An origin and three workers with fleet TLS all finish from the swarm, verified; a node without a
+    certificate, one from another fleet (both inside ``allow``) and a stock libtorrent session with the
+    real torrent get no byte over P2P, and the two nodes end in the documented copy from cold."""
+    origin = tls_cluster("127.0.0.2", role="origin", limit="20MB")
+    src = make_checkpoint(tmp_path / "src", total_bytes=24 * MiB, shards=3, layers=3)
+    pub = origin.cli("publish", str(src), "--name", "org/tls", "--version", "v1", "--json")
+    assert pub.returncode == 0, pub.stderr
+    torrent = (tmp_path / "cold/org/tls/v1/.weightd/checkpoint.torrent").read_bytes()
+    m = build_manifest(src)
+    ti = load_torrent(torrent, m)
+    assert ti.ssl_cert() and fleet_mismatch(ti, load_fleet_tls(fleet["ca"], fleet["127.0.0.2"],
+                                                               fleet["127.0.0.2.key"])) is None
+    workers = [tls_cluster(f"127.0.0.{i}", origin=origin.endpoint, limit="20MB") for i in (3, 4, 5)]
+    procs = [w.popen("preload", "org/tls@v1", "--tier", "warm", "--json", "--timeout", "120") for w in workers]
+    for w, p in zip(workers, procs):
+        out, err = p.communicate(timeout=150)
+        assert p.returncode == 0, err
+        r = json.loads(out.splitlines()[0])
+        by = r["bytes_by_source"]
+        assert by["cold"] == 0 and by["origin"] + by["peer"] >= r["bytes"] and r["source_fallbacks"] == [], r
+        assert w.cli("verify", str(w.dir / "warm/org/tls/v1")).returncode == 0
+    up0 = sum(metric(n, "weightd_p2p_upload_bytes_total") for n in (origin, *workers))
+
+    # inside `allow`, no certificate: the torrent needs one, so P2P is not tried; copied from cold
+    plain = tls_cluster("127.0.0.6", cert=None, origin=origin.endpoint)
+    # another fleet's node: a certificate, but the torrent's CA is not its CA
+    stranger = tls_cluster("127.0.0.7", cert="intruder", ca="other-ca", origin=origin.endpoint)
+    for node, why in ((plain, "this node has no [p2p] tls"), (stranger, "different CA")):
+        r = preload_json(node, "org/tls@v1")
+        by = r["bytes_by_source"]
+        assert by["cold"] == r["bytes"] and by["origin"] == by["peer"] == 0, r
+        assert [(f["from"], f["to"]) for f in r["source_fallbacks"]] == [("p2p", "cold")], r
+        assert why in r["source_fallbacks"][0]["reason"], r
+        assert metric(node, "weightd_p2p_download_bytes_total") == 0
+        assert node.cli("verify", str(node.dir / "warm/org/tls/v1")).returncode == 0
+    # a stock libtorrent session with the real torrent, dialling the origin and a worker: nothing
+    for i, target in enumerate((origin, workers[0])):
+        ses = raw_session("127.0.0.8", ssl_port=True)
+        assert attack(ses, ti, tmp_path / f"raw{i}", (target.ip, target.port), seconds=6) == 0
+        del ses
+    ses = raw_session("127.0.0.8", ssl_port=True)  # with a certificate from another CA
+    assert attack(ses, ti, tmp_path / "raw-other", (origin.ip, origin.port),
+                  cert=(fleet["intruder"], fleet["intruder.key"]), seconds=6) == 0
+    del ses
+    time.sleep(1.5)  # (libtorrent's counters tick once a second)
+    assert sum(metric(n, "weightd_p2p_upload_bytes_total") for n in (origin, *workers)) == up0
+    # the refused handshakes are counted; the workers announced over HTTPS with their certificates
+    assert metric(origin, 'weightd_trust_refusals_total{reason="peer_certificate"}') >= 1
+    assert metric(origin, "weightd_tracker_peers") >= 3
+
+
+def server_cert_serial(ip: str, port: int, info_hash_v2: str, client: tuple[Path, Path], ca: Path) -> int:
+    """The serial of the certificate a libtorrent SSL port presents for a torrent (SNI: the first 40
+    hex digits of its v2 info-hash, as libtorrent sends it), dialled with a fleet client certificate."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.load_verify_locations(str(ca))
+    ctx.load_cert_chain(str(client[0]), str(client[1]))
+    with socket.create_connection((ip, port), timeout=10) as raw:
+        with ctx.wrap_socket(raw, server_hostname=info_hash_v2[:40]) as s:
+            der = s.getpeercert(binary_form=True)
+    from cryptography import x509
+    return x509.load_der_x509_certificate(der).serial_number
+
+
+@pytest.mark.slow
+def test_certificate_rotation_on_sighup(tls_cluster, fleet, tmp_path: Path) -> None:
+    origin = tls_cluster("127.0.0.2", role="origin", limit="20MB")
+    src = make_checkpoint(tmp_path / "src", total_bytes=16 * MiB, shards=2, layers=2)
+    assert origin.cli("publish", str(src), "--name", "org/rot", "--version", "v1").returncode == 0
+    ti = load_torrent((tmp_path / "cold/org/rot/v1/.weightd/checkpoint.torrent").read_bytes(), build_manifest(src))
+    ih = str(ti.info_hashes().v2)
+    client = (fleet["127.0.0.8"], fleet["127.0.0.8.key"])
+    from cryptography import x509
+
+    def serial(p: Path) -> int:
+        return x509.load_pem_x509_certificate(p.read_bytes()).serial_number
+    assert server_cert_serial(origin.ip, origin.port, ih, client, fleet["ca"]) == serial(fleet["127.0.0.2"])
+
+    # a new certificate for the origin; its config now names it; SIGHUP
+    c, k = issue_cert(fleet["ca"].read_bytes(), fleet["ca.key"].read_bytes(), "127.0.0.2 (rotated)",
+                      ips=("127.0.0.2",))
+    new_cert, new_key = _write(tmp_path / "pki/rotated.pem", c), _write(tmp_path / "pki/rotated.key", k)
+    text = origin.config.read_text()
+    origin.config.write_text(text.replace(str(fleet["127.0.0.2"]), str(new_cert))
+                             .replace(str(fleet["127.0.0.2.key"]), str(new_key)))
+    origin.proc.send_signal(signal.SIGHUP)
+    log = origin.dir / "daemon.log"
+    deadline = time.monotonic() + 20
+    while f"presenting {new_cert}" not in log.read_text():
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.2)
+    assert server_cert_serial(origin.ip, origin.port, ih, client, fleet["ca"]) == serial(new_cert)
+
+    # a bad new certificate (expired) is refused; the rotated one stays
+    good_config = origin.config.read_text()
+    origin.config.write_text(good_config.replace(str(new_cert), str(fleet["expired"]))
+                             .replace(str(new_key), str(fleet["expired.key"])))
+    origin.proc.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 20
+    while "config reload failed" not in log.read_text():
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.2)
+    assert f"{fleet['expired']}: the certificate expired" in log.read_text()
+    assert server_cert_serial(origin.ip, origin.port, ih, client, fleet["ca"]) == serial(new_cert)
+    origin.config.write_text(good_config)
+
+    # a worker joining after the rotation completes from the rotated seed
+    w = tls_cluster("127.0.0.3", origin=origin.endpoint, limit="20MB")
+    r = preload_json(w, "org/rot@v1")
+    assert r["bytes_by_source"]["cold"] == 0 and r["bytes_by_source"]["origin"] >= r["bytes"], r
+    assert r["source_fallbacks"] == [], r
+
+
+def test_tls_node_never_uses_a_torrent_without_the_fleet_ca(fleet, tmp_path: Path, weightd) -> None:
+    """Torrents in cold made without ``tls`` or by another fleet: a TLS node copies from cold and says why
+    (in-process preload: no daemon, no origin needed to see the refusal)."""
+    cold = tmp_path / "cold"
+
+    def config(name: str, tls: str) -> Path:
+        p = tmp_path / f"{name}.toml"
+        p.write_text(f'state_dir = "{tmp_path}/{name}-state"\n[api]\nsocket = "{tmp_path}/{name}.sock"\n'
+                     f'[tiers.hot]\npath = "/dev/shm/weightd-test-tls-{name}-{tmp_path.name}"\n'
+                     f'[tiers.warm]\npath = "{tmp_path}/{name}-warm"\n[tiers.cold]\npath = "{cold}"\n'
+                     f'[p2p]\nthreshold = "1MiB"\nlisten = "127.0.0.3:{free_port("127.0.0.3")}"\n'
+                     f'peers = ["127.0.0.2:{free_port("127.0.0.2")}"]\nfallback_after_s = 30\n' + tls)
+        return p
+    plain = config("plain", "")
+    other = config("other", tls_line(fleet["other-ca"], fleet["intruder"], fleet["intruder.key"]))
+    node = config("node", tls_line(fleet["ca"], fleet["127.0.0.3"], fleet["127.0.0.3.key"]))
+    try:
+        for cfg, version in ((plain, "v1"), (other, "v2")):  # (another seed: different contents)
+            src = make_checkpoint(tmp_path / f"src-{version}", total_bytes=4 * MiB, shards=1, layers=2, seed=version)
+            r = weightd("--config", cfg, "--no-daemon", "publish", src, "--name", "org/x", "--version", version)
+            assert r.returncode == 0, r.stderr
+        for version, why in (("v1", "carries no fleet CA"), ("v2", "different CA")):
+            t0 = time.monotonic()
+            r = weightd("--config", node, "--no-daemon", "preload", f"org/x@{version}", "--tier", "warm", "--json")
+            assert r.returncode == 0, r.stderr
+            rep = json.loads(r.stdout)
+            by = rep["bytes_by_source"]  # (v2 may reuse a part of v1 held in warm: a header, equal tensors)
+            assert by.get("peer", 0) == by.get("origin", 0) == 0 and by["cold"] > 0, rep
+            assert by["cold"] + by.get("local_reuse", 0) == rep["bytes"], rep
+            assert [(f["from"], f["to"]) for f in rep["source_fallbacks"]] == [("p2p", "cold")], rep
+            assert why in rep["source_fallbacks"][0]["reason"] and why in r.stderr, (rep, r.stderr)
+            assert time.monotonic() - t0 < 25  # refused up front, not after fallback_after_s of silence
+    finally:
+        import shutil
+        for name in ("plain", "other", "node"):
+            shutil.rmtree(f"/dev/shm/weightd-test-tls-{name}-{tmp_path.name}", ignore_errors=True)
+
+
+def test_without_tls_nothing_changes(tmp_path: Path) -> None:
+    """No ``tls``: torrents carry no CA, the session listens on a plain port, as before."""
+    ckpt = make_checkpoint(tmp_path / "v1", total_bytes=4 * MiB, shards=1, layers=2)
+    m = build_manifest(ckpt)
+    ti = load_torrent(make_torrent(ckpt, m), m)
+    assert not ti.ssl_cert()
+    s = P2PSession(P2PConfig(listen="127.0.0.2:0"))
+    try:
+        assert s.ses.listen_port() == s.port and s.ses.ssl_listen_port() == 0
+        assert s.seed(ti, ckpt)
+    finally:
+        s.close()
+    assert subprocess.run([sys.executable, "-c", "import weightd.config, p2p, sys; "
+                           "weightd.config.load_config(None, env={'HOME': '/tmp', 'USER': 'x'}); "
+                           "assert 'cryptography' not in sys.modules, 'cryptography'"],
+                          cwd=ROOT, capture_output=True, text=True).returncode == 0
