@@ -2,12 +2,20 @@
 """A fleet restart over P2P: N worker daemons + an origin on 127.0.0.x, every node capped.
 
     .venv/bin/python bench/swarm.py [--size 300MiB] [--cap 20MB] [--n 1,2,4,8] [--piece-size 1MiB]
+    .venv/bin/python bench/swarm.py --compare plain,tls,signed,tls+signed --n 8 --rounds 5 [--size 128MiB]
 
 For each N: all N workers `weightd preload` one version at once (real daemons, real libtorrent,
 loopback only); reported: time until all hold the verified version, T(N)/T(1), the origin's upload
 as a multiple of the checkpoint size, and the workers' peak RSS. Baseline in the same run: the same
 N workers each downloading from the origin alone (workers' allowlists exclude one another), i.e. N
 copies through the origin's cap: the weight-loading storm the seed reports describe.
+
+``--compare MODES``: what fleet TLS (``[p2p] tls``: SSL torrents, every peer connection and the
+tracker over TLS with certificates from a throwaway fleet CA) and required signatures (``[trust]
+require_signature``: every worker checks the publisher's signature and the SHA-256 of every byte)
+cost. For each of ``--rounds`` rounds, the modes run one after another (interleaved, so the VM's noise
+falls on all of them); reported per mode: T(N) median and range, origin upload, and the ratio of
+medians against ``plain`` with the range of the per-round ratios.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import socket
 import subprocess
 import sys
@@ -44,11 +53,12 @@ def free_port(ip: str) -> int:
 
 class Daemon:
     def __init__(self, base: Path, ip: str, cold: Path, cap: str, role: str, origin: str | None, allow: str,
-                 tracker: str | None = None) -> None:
+                 tracker: str | None = None, p2p_extra: str = "", extra: str = "") -> None:
         self.ip, self.dir = ip, base / f"{ip}-{uuid.uuid4().hex[:6]}"
         self.dir.mkdir(parents=True)
         self.hot = Path(f"/dev/shm/weightd-bench-swarm-{uuid.uuid4().hex[:8]}")
         self.port, self.mport, self.tport = free_port(ip), free_port(ip), free_port(ip)
+        extra_sections = extra
         extra = f'tracker_listen = "{ip}:{self.tport}"\n' if role == "origin" else \
             (f'trackers = ["{tracker}"]\n' if tracker else "")
         self.config = self.dir / "weightd.toml"
@@ -58,7 +68,7 @@ class Daemon:
             f'[api]\nsocket = "{self.dir}/weightd.sock"\n[metrics]\nlisten = "{ip}:{self.mport}"\n'
             f'[p2p]\nthreshold = "1MiB"\nlisten = "{ip}:{self.port}"\nallow = [{allow}]\n'
             f'upload_limit = "{cap}"\ndownload_limit = "{cap}"\nfallback_after_s = 120\n'
-            + (f'peers = ["{origin}"]\n' if origin else "") + extra)
+            + (f'peers = ["{origin}"]\n' if origin else "") + extra + p2p_extra + extra_sections)
         self.log = open(self.dir / "log", "w")
         self.proc = subprocess.Popen([sys.executable, "-m", "weightd", "--config", str(self.config), "serve",
                                       "--role", role], stdout=self.log, stderr=subprocess.STDOUT, env=ENV)
@@ -95,15 +105,41 @@ class Daemon:
         shutil.rmtree(self.hot, ignore_errors=True)
 
 
-def run(base: Path, cold: Path, n: int, cap: str, storm: bool, size: int) -> dict:
-    origin = Daemon(base, "127.0.0.2", cold, cap, "origin", None, '"127.0.0.0/8"')
+class Mode:
+    """How the fleet runs: plain, with fleet TLS, with required signatures, or both."""
+
+    def __init__(self, name: str, pki: dict[str, Path] | None = None, pubkey: Path | None = None) -> None:
+        self.name, self.tls, self.signed = name, "tls" in name, "signed" in name
+        self.pki, self.pubkey = pki, pubkey
+
+    @property
+    def ref(self) -> str:  # (a TLS fleet's torrents carry its CA: its own published version)
+        return "bench/swarm-tls@v1" if self.tls else "bench/swarm@v1"
+
+    def p2p(self, ip: str) -> str:
+        if not self.tls:
+            return ""
+        assert self.pki is not None
+        return f'tls = {{ ca = "{self.pki["ca"]}", cert = "{self.pki[ip]}", key = "{self.pki[ip + ".key"]}" }}\n'
+
+    def sections(self) -> str:
+        return f'[trust]\nrequire_signature = true\npublic_keys = ["{self.pubkey}"]\n' if self.signed else ""
+
+
+PLAIN = Mode("plain")
+
+
+def run(base: Path, cold: Path, n: int, cap: str, storm: bool, size: int, mode: Mode = PLAIN) -> dict:
+    origin = Daemon(base, "127.0.0.2", cold, cap, "origin", None, '"127.0.0.0/8"', p2p_extra=mode.p2p("127.0.0.2"))
+    scheme = "https" if mode.tls else "http"
     workers = []
     try:
         for i in range(n):
             ip = f"127.0.0.{10 + i}"
             allow = '"127.0.0.2/32"' if storm else '"127.0.0.0/8"'  # storm: nobody but the origin
             workers.append(Daemon(base, ip, cold, cap, "worker", f"127.0.0.2:{origin.port}", allow,
-                                  None if storm else f"http://127.0.0.2:{origin.tport}/announce"))
+                                  None if storm else f"{scheme}://127.0.0.2:{origin.tport}/announce",
+                                  p2p_extra=mode.p2p(ip), extra=mode.sections()))
         up0 = origin.metric("weightd_p2p_upload_bytes_total")
         peak = [0.0]
         stop = threading.Event()
@@ -116,7 +152,7 @@ def run(base: Path, cold: Path, n: int, cap: str, storm: bool, size: int) -> dic
         sampler = threading.Thread(target=sample)
         sampler.start()
         t0 = time.perf_counter()
-        procs = [subprocess.Popen([sys.executable, "-m", "weightd", "--config", str(w.config), "preload", "bench/swarm@v1",
+        procs = [subprocess.Popen([sys.executable, "-m", "weightd", "--config", str(w.config), "preload", mode.ref,
                                    "--tier", "warm", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                   env=ENV) for w in workers]
         reports = []
@@ -138,10 +174,56 @@ def run(base: Path, cold: Path, n: int, cap: str, storm: bool, size: int) -> dic
                 "worker_peak_rss_mb": round(peak[0], 1),
                 "from_peers_bytes": sum(r["bytes_by_source"]["peer"] for r in reports),
                 "origin_each": [round(r["bytes_by_source"]["origin"] / size, 2) for r in reports],
-                "from_cold_bytes": sum(r["bytes_by_source"]["cold"] for r in reports)}
+                "from_cold_bytes": sum(r["bytes_by_source"]["cold"] for r in reports),
+                "signature_checked": all((r.get("signature") or {}).get("checked") for r in reports)}
     finally:
         for d in [*workers, origin]:
             d.stop()
+
+
+def _median_range(xs: list[float]) -> dict:
+    return {"median": round(statistics.median(xs), 3), "min": round(min(xs), 3), "max": round(max(xs), 3)}
+
+
+def compare(base: Path, cold: Path, src: Path, cfg: Path, args: argparse.Namespace, ns: list[int], size: int) -> dict:
+    """Every mode once per round, interleaved; medians, ranges, and ratios against plain."""
+    from p2p import write_fleet
+    names = ["plain", *[m for m in args.compare.split(",") if m != "plain"]]
+    ips = ["127.0.0.2", *[f"127.0.0.{10 + i}" for i in range(max(ns))]]
+    pki = write_fleet(base / "pki", ips, ips={"127.0.0.2": ["127.0.0.2"]})
+    if any("tls" in m for m in names):  # the TLS fleet's torrent carries its CA: publish it once more
+        tls_cfg = base / "publish-tls.toml"
+        tls_cfg.write_text(cfg.read_text() + f'tls = {{ ca = "{pki["ca"]}", cert = "{pki["127.0.0.2"]}", '
+                           f'key = "{pki["127.0.0.2.key"]}" }}\n')
+        subprocess.run([sys.executable, "-m", "weightd", "--config", str(tls_cfg), "--no-daemon", "publish", str(src),
+                        "--name", "bench/swarm-tls", "--version", "v1", "--sign", str(base / "signing.pem")],
+                       capture_output=True, text=True, env=ENV, check=True)
+    modes = [Mode(m, pki, base / "signing.pub.pem") for m in names]
+    runs: dict[tuple[str, int], list[dict]] = {}
+    for rnd in range(args.rounds):
+        for n in ns:
+            for mode in modes if rnd % 2 == 0 else modes[::-1]:  # (alternate the order: no mode always first)
+                r = run(base, cold, n, args.cap, False, size, mode)
+                if mode.signed and not r["signature_checked"]:
+                    raise SystemExit(f"{mode.name}: a worker did not check the signature: {r}")
+                runs.setdefault((mode.name, n), []).append(r)
+                print(f"round {rnd + 1} n={n} {mode.name}: {r['seconds']} s, origin {r['origin_upload_x']}x",
+                      file=sys.stderr)
+    out: dict = {"benchmark": "swarm-compare", "bytes": size, "cap_bytes_per_s": parse_size(args.cap),
+                 "rounds": args.rounds, "load_avg": os.getloadavg(), "results": []}
+    for n in ns:
+        base_t = [r["seconds"] for r in runs[("plain", n)]]
+        for mode in modes:
+            ts = [r["seconds"] for r in runs[(mode.name, n)]]
+            entry = {"mode": mode.name, "n": n, "seconds": _median_range(ts),
+                     "origin_upload_x": _median_range([r["origin_upload_x"] for r in runs[(mode.name, n)]]),
+                     "from_cold_bytes": sum(r["from_cold_bytes"] for r in runs[(mode.name, n)])}
+            if mode.name != "plain":
+                entry["t_over_plain"] = round(statistics.median(ts) / statistics.median(base_t), 3)
+                entry["t_over_plain_per_round"] = _median_range([a / b for a, b in zip(ts, base_t)])
+            out["results"].append(entry)
+    out["targets"] = {"tls_t_over_plain": 1.15}
+    return out
 
 
 def main() -> int:
@@ -152,10 +234,17 @@ def main() -> int:
     ap.add_argument("--dir", default="/var/tmp")
     ap.add_argument("--piece-size", default="1MiB",
                     help="as many pieces per worker as a 100 GB checkpoint (16 MiB pieces) has on a 100-node fleet")
+    ap.add_argument("--compare", default="", help="modes to run side by side: plain,tls,signed,tls+signed")
+    ap.add_argument("--rounds", type=int, default=5, help="with --compare: rounds, every mode once per round")
     args = ap.parse_args()
+    if args.compare and not set(args.compare.split(",")) <= {"plain", "tls", "signed", "tls+signed"}:
+        ap.error("--compare: modes are plain, tls, signed, tls+signed")
     base = Path(tempfile.mkdtemp(prefix="weightd-bench-swarm-", dir=args.dir))
     try:
         cold = base / "cold"
+        if args.compare:
+            subprocess.run([sys.executable, "-m", "weightd", "keygen", str(base / "signing")], env=ENV, check=True,
+                           capture_output=True)
         src = make_checkpoint(base / "src", total_bytes=parse_size(args.size), shards=4, layers=8, seed="swarm")
         cfg = base / "publish.toml"
         cfg.write_text(f'state_dir = "{base}/pubstate"\n[tiers.cold]\npath = "{cold}"\n'
@@ -163,10 +252,14 @@ def main() -> int:
                        f'[tiers.warm]\npath = "{base}/pubwarm"\n[p2p]\nthreshold = "1MiB"\n'
                        f'piece_size = "{args.piece_size}"\n')
         pub = subprocess.run([sys.executable, "-m", "weightd", "--config", str(cfg), "--no-daemon", "publish", str(src),
-                              "--name", "bench/swarm", "--version", "v1", "--json"], capture_output=True, text=True,
-                             env=ENV, check=True)
+                              "--name", "bench/swarm", "--version", "v1", "--json"]
+                             + (["--sign", str(base / "signing.pem")] if args.compare else []),
+                             capture_output=True, text=True, env=ENV, check=True)
         size = json.loads(pub.stdout)["bytes"]
         ns = [int(x) for x in args.n.split(",")]
+        if args.compare:
+            print(json.dumps(compare(base, cold, src, cfg, args, ns, size), indent=2))
+            return 0
         swarm = [run(base, cold, n, args.cap, False, size) for n in ns]
         storm = [run(base, cold, n, args.cap, True, size) for n in ns]
         t1 = swarm[0]["seconds"]

@@ -104,6 +104,28 @@ def _can_read(p: Path) -> bool:
         return False
 
 
+def test_the_readme_openssl_recipe_makes_a_fleet(tmp_path: Path) -> None:
+    """The certificate commands the README gives, run as written: weightd accepts what they make, and
+    the same node certificate without ``DNS:*`` is refused with the reason."""
+    import shutil
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed (scripts/install-tools.sh installs it)")
+    readme = (ROOT / "README.md").read_text()
+    block = readme[readme.index("# a fleet CA, and per node a certificate"):]
+    block = block[:block.index("```")]
+    for san, ok in (("DNS:*,IP:10.0.0.17", True), ("DNS:gpu-node-17", False)):
+        d = tmp_path / san.replace("*", "star").replace(":", "_").replace(",", "_")
+        d.mkdir()
+        r = subprocess.run(["bash", "-euc", block.replace("DNS:*,IP:10.0.0.17", san)], cwd=d, capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        if ok:
+            assert load_fleet_tls(d / "ca.pem", d / "node.pem", d / "node.key").not_after > NOW
+        else:
+            with pytest.raises(BadCertificate, match=r"has no subjectAltName DNS:\*"):
+                load_fleet_tls(d / "ca.pem", d / "node.pem", d / "node.key")
+
+
 def test_bad_certificate_in_config_is_one_line_exit_2(fleet: dict[str, Path], tmp_path: Path, weightd) -> None:
     for cert in ("expired", "intruder"):
         cfg = tmp_path / f"{cert}.toml"
