@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import socket
@@ -14,6 +15,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+from tiering import parse_size
 
 from tiering.sample import make_checkpoint
 
@@ -308,12 +311,108 @@ def test_kubernetes_manifests_validate() -> None:
     pytest.importorskip("kubernetes_validate")
     import yaml
     exe = Path(sys.executable).parent / "kubernetes-validate"
-    files = sorted(str(f) for f in (ROOT / "deploy/kubernetes").glob("*.yaml"))
+    kdir = ROOT / "deploy/kubernetes"
+    kust = yaml.safe_load((kdir / "kustomization.yaml").read_text())
+    files = [str(kdir / f) for f in kust["resources"]]  # (every resource the kustomization names exists)
+    assert sorted(files) == sorted(str(f) for f in kdir.glob("*.yaml") if f.name != "kustomization.yaml")
     proc = subprocess.run([str(exe), "--strict", "-k", "1.37.0", *files], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0 and proc.stdout.count("passed") == 4, proc.stdout + proc.stderr
-    dep = list(yaml.safe_load_all((ROOT / "deploy/kubernetes/vllm-deployment.yaml").read_text()))[0]
+    assert proc.returncode == 0 and proc.stdout.count("passed") == 9, proc.stdout + proc.stderr
+    docs = {(d["kind"], d["metadata"]["name"]): d for f in files for d in yaml.safe_load_all(Path(f).read_text()) if d}
+    assert {("Namespace", "weightd"), ("Namespace", "inference")} <= set(docs)
+    namespaces = {d["metadata"].get("namespace") for d in docs.values() if d["kind"] != "Namespace"}
+    assert namespaces <= {"weightd", "inference"}
+    dep = docs[("Deployment", "llama-3-8b")]
     init = dep["spec"]["template"]["spec"]["initContainers"][0]
-    assert "preload" in init["args"][0] and "--wait" in init["args"][0]
+    assert "preload" in init["args"][0] and "--wait" in init["args"][0] and "--daemon-only" in init["args"][0]
+    from weightd.config import load_config
+    for kind, name, cm in (("DaemonSet", "weightd", "weightd-config"), ("Deployment", "weightd-origin",
+                                                                        "weightd-origin-config")):
+        spec = docs[(kind, name)]["spec"]["template"]["spec"]
+        c = spec["containers"][0]
+        # probes ask the daemon itself (never `weightd status`, which answers in-process when it is dead)
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert c[probe]["httpGet"]["path"] in ("/healthz", "/readyz") and c[probe]["httpGet"]["port"] == "metrics"
+        sc = c["securityContext"]
+        assert sc["capabilities"]["drop"] == ["ALL"] and sc["allowPrivilegeEscalation"] is False
+        assert set(sc["capabilities"]["add"]) <= {"DAC_READ_SEARCH", "SYS_PTRACE", "IPC_LOCK"}
+        assert spec["hostNetwork"] is True and spec["dnsPolicy"] == "ClusterFirstWithHostNet"
+        assert c["image"] == "ghcr.io/weightd/weightd:0.1.0"
+        # the shipped config loads, and its ports are the container's
+        cfg_text = docs[("ConfigMap", cm)]["data"]["weightd.toml"]
+        tmp = Path(f"/tmp/weightd-test-k8s-{os.getpid()}.toml")
+        try:
+            tmp.write_text(cfg_text)
+            cfg = load_config(tmp).settings
+        finally:
+            tmp.unlink()
+        ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+        assert cfg.metrics.listen.endswith(f":{ports['metrics']}") and cfg.p2p.listen.endswith(f":{ports['p2p']}")
+        if kind == "DaemonSet":
+            # tmpfs pages are charged to the writer: the memory limit covers the hot tier and then some
+            assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
+            limit = parse_size(c["resources"]["limits"]["memory"].replace("Gi", "GiB"))
+            assert cfg.tiers.hot.capacity.bytes is not None and limit >= cfg.tiers.hot.capacity.bytes + (1 << 30)
+            assert cfg.p2p.peers and cfg.p2p.trackers
+        else:
+            assert cfg.p2p.tracker_listen.endswith(f":{ports['tracker']}")
+    # the PodMonitor selects the pods and port the Service does
+    pm = yaml.safe_load((kdir / "monitoring/podmonitor.yaml").read_text())
+    svc = docs[("Service", "weightd-metrics")]
+    assert pm["kind"] == "PodMonitor" and pm["spec"]["selector"]["matchLabels"] == svc["spec"]["selector"]
+    assert pm["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+    if shutil.which("kubectl"):  # (not on a fresh machine: the check above stands without it)
+        out = subprocess.run(["kubectl", "kustomize", str(kdir)], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and out.stdout.count("\nkind: ") + out.stdout.startswith("kind: ") >= 9, out.stderr
+
+
+def test_dockerfile_builds_the_image_the_manifests_name() -> None:
+    """No container engine runs here: the Dockerfile is checked as text (the image name the manifests use,
+    the project installed with its dependencies, weightd as the entrypoint, nothing copied that the
+    install needs and the context lacks)."""
+    text = (ROOT / "deploy/docker/Dockerfile").read_text()
+    assert "ghcr.io/weightd/weightd:0.1.0" in text.splitlines()[0] + text.splitlines()[1]
+    copies = [ln.split()[1] for ln in text.splitlines() if ln.startswith("COPY ") and "--from" not in ln]
+    for src in copies:
+        assert (ROOT / src).exists(), src
+    assert {"pyproject.toml", "weightd", "tiering", "p2p"} <= {c.rstrip("/") for c in copies}
+    assert 'ENTRYPOINT ["weightd"]' in text and "pip install --no-cache-dir ." in text
+    ignore = (ROOT / "deploy/docker/Dockerfile.dockerignore").read_text().split()
+    assert not {"weightd", "tiering", "p2p", "pyproject.toml", "README.md"} & set(ignore)
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="no systemd-analyze")
+def test_make_install_matches_the_unit(tmp_path: Path) -> None:
+    """`make install` into a temporary root: a venv, weightd linked where the unit's ExecStart points,
+    and the installed unit verifies against it. Dependencies cannot be downloaded here (no network in
+    tests): the venv is made first with a .pth to this checkout's environment, and pip gets --no-deps."""
+    import site
+    prefix, bindir = tmp_path / "opt/weightd", tmp_path / "bin"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(prefix)], check=True, timeout=120)
+    sp = next(prefix.glob("lib/python3*/site-packages"))
+    (sp / "checkout-env.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    env = {**os.environ, "PIP_NO_INDEX": "1"}
+    # (--without-pip: pip comes through the .pth too); built from a copy, so no build/ is left in the checkout
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("Makefile", "pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, src / name)
+    for name in ("weightd", "tiering", "p2p", "systemd"):
+        shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    proc = subprocess.run(["make", "-s", "install", f"PREFIX={prefix}", f"BINDIR={bindir}",
+                           f"UNITDIR={tmp_path}/units", f"SYSCONFDIR={tmp_path}/etc", f"LIBDIR={tmp_path}/lib",
+                           "PIP_FLAGS=--no-deps --no-build-isolation", f"PY={sys.executable}"],
+                          cwd=src, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (bindir / "weightd").is_symlink() and os.readlink(bindir / "weightd") == str(prefix / "bin/weightd")
+    unit = (tmp_path / "units/weightd.service").read_text()
+    assert f"ExecStart={bindir}/weightd --config {tmp_path}/etc/weightd/weightd.toml serve" in unit
+    v = subprocess.run([str(bindir / "weightd"), "--version"], capture_output=True, text=True, timeout=60)
+    assert v.returncode == 0 and "weightd" in v.stdout
+    proc = subprocess.run(["systemd-analyze", "verify", str(tmp_path / "units/weightd.service")], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0 and "weightd.service" not in proc.stderr, proc.stderr
+    from weightd.config import load_config
+    assert str(load_config(tmp_path / "etc/weightd/weightd.toml").tiers.hot.path) == "/dev/shm/weightd"
 
 
 def test_a_full_notify_socket_never_blocks(tmp_path: Path) -> None:
@@ -359,3 +458,23 @@ def test_daemon_only_never_falls_back_to_in_process(daemon, wd, tmp_path: Path) 
     assert down.returncode == 1 and down.stderr.count("\n") == 1 and "does not answer" in down.stderr
     both = wd("--daemon-only", "--no-daemon", "status")
     assert both.returncode == 2 and "contradict" in both.stderr
+
+
+def test_probes_answer_from_the_daemon_itself(daemon) -> None:
+    """/healthz and /readyz on the metrics port (what kubelet probes): 200 from a serving daemon, and
+    nothing once it is gone (a probe that ran `weightd status` passed with the daemon dead: it falls back
+    to in-process)."""
+    import urllib.error
+    for path in ("/healthz", "/readyz"):
+        with urllib.request.urlopen(f"http://127.0.0.1:{daemon.port}{path}", timeout=10) as r:
+            body = json.loads(r.read())
+            assert r.status == 200 and body["ok"] is True and body["pid"] == daemon.proc.pid, body
+    daemon.proc.send_signal(signal.SIGSTOP)  # wedged: the probe times out (kubelet restarts it)
+    try:
+        with pytest.raises((urllib.error.URLError, TimeoutError, socket.timeout)):
+            urllib.request.urlopen(f"http://127.0.0.1:{daemon.port}/healthz", timeout=2)
+    finally:
+        daemon.proc.send_signal(signal.SIGCONT)
+    daemon.stop()
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(f"http://127.0.0.1:{daemon.port}/readyz", timeout=5)

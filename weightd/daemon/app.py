@@ -66,6 +66,7 @@ class Daemon:
         self.runners: list[web.AppRunner] = []
         self._tracker_ssl = None  # ssl.SSLContext of the tracker's HTTPS endpoint (with p2p.tls)
         self.tracker = None  # p2p.Tracker (origin with tracker_listen)
+        self.ready = False   # READY=1 sent: /readyz answers 200
 
     @property
     def node(self):
@@ -225,6 +226,7 @@ class Daemon:
             tasks.append(loop.create_task(loops.watchdog_loop(self)))
         log.info("serving role=%s api=%s metrics=%s", self.role, sock_path, self.config.settings.metrics.listen)
         self.status_text = "serving, idle"
+        self.ready = True
         self.notifier.notify(READY=1, STATUS=self.status_text, MAINPID=os.getpid())
 
         await self.stopping.wait()
@@ -288,6 +290,8 @@ class Daemon:
     async def _start_metrics(self) -> None:
         mapp = web.Application()
         mapp.router.add_get("/metrics", self.api.metrics)
+        mapp.router.add_get("/healthz", self.api.healthz)
+        mapp.router.add_get("/readyz", self.api.readyz)
         await self._start_tcp(mapp, self.config.settings.metrics.listen, "metrics.listen")
 
     async def _start_tracker(self) -> None:

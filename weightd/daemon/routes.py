@@ -139,6 +139,22 @@ class Api:
         return web.json_response({"window_s": round(t1 - t0, 3), "t0": texts0, "t1": texts1,
                                   "age_s": round(time.monotonic() - t1, 3)})
 
+    async def healthz(self, request: web.Request) -> web.Response:
+        """Liveness, on the metrics port (kubelet probes cannot reach a unix socket): the event loop
+        answers (this handler ran) and the P2P alert pump is alive. 503 with the reason otherwise."""
+        session = self.d.session
+        if session is not None and not session.alerts.is_alive():
+            return web.json_response({"ok": False, "reason": "the P2P alert pump stopped"}, status=503)
+        return web.json_response({"ok": True, "pid": os.getpid(), "role": self.d.role})
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        """Readiness: serving the admin socket (READY=1 was sent) and not stopping."""
+        if self.d.stopping.is_set():
+            return web.json_response({"ok": False, "reason": "stopping"}, status=503)
+        if not self.d.ready:
+            return web.json_response({"ok": False, "reason": "starting"}, status=503)
+        return await self.healthz(request)
+
     async def metrics(self, request: web.Request) -> web.Response:
         body = await self.d.run_blocking("misc", generate_latest, self.d.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
