@@ -478,3 +478,42 @@ def test_probes_answer_from_the_daemon_itself(daemon) -> None:
     daemon.stop()
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen(f"http://127.0.0.1:{daemon.port}/readyz", timeout=5)
+
+
+def test_restart_under_a_waiting_client(daemon, wd, node_env, isolated_env, tmp_path: Path) -> None:
+    """A rollout: an init-container blocked in `preload --wait` through the daemon; SIGTERM stops the
+    daemon within the promised 10 s anyway; the client hears "restarting", reconnects to the next daemon
+    and completes once the version is published, within its own --timeout."""
+    client = subprocess.Popen([sys.executable, "-m", "weightd", "--config", str(node_env.config), "--daemon-only",
+                               "preload", "org/r@v1", "--wait", "--timeout", "90", "--json"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=isolated_env, cwd=ROOT)
+    nxt = None
+    try:
+        time.sleep(3.0)  # (the client started and its request waits in the daemon)
+        assert client.poll() is None, client.communicate()
+        t0 = time.monotonic()
+        daemon.proc.send_signal(signal.SIGTERM)
+        daemon.proc.wait(timeout=30)
+        stopped = time.monotonic() - t0
+        assert stopped < 10, f"the daemon took {stopped:.1f} s to stop under a waiting client"
+        assert client.poll() is None  # the client did not give up: it waits for the next daemon
+        time.sleep(1.0)
+        log = open(tmp_path / "daemon2.log", "w")
+        nxt = subprocess.Popen([sys.executable, "-m", "weightd", "--config", str(node_env.config), "serve"],
+                               stdout=log, stderr=subprocess.STDOUT, env=isolated_env, cwd=ROOT)
+        deadline = time.monotonic() + 30
+        while not daemon.socket_path.exists():
+            assert time.monotonic() < deadline and nxt.poll() is None, (tmp_path / "daemon2.log").read_text()
+            time.sleep(0.1)
+        publish(wd, tmp_path, name="org/r", version="v1")
+        out, err = client.communicate(timeout=60)
+        assert client.returncode == 0, err
+        assert json.loads(out)["path"] == str(node_env.hot / "org/r/v1")
+        assert "restarting" in err and "Traceback" not in err, err
+    finally:
+        if client.poll() is None:
+            client.kill()
+            client.communicate()
+        if nxt is not None:
+            stop_process(nxt)
+            log.close()

@@ -14,14 +14,18 @@ import json
 import os
 import socket
 import struct
+import sys
+import time
 from pathlib import Path
 from typing import Any, Iterable
 
 from tiering import MAX_SECONDS  # (tiering.content.units: a light module, the client stays fast to start)
 
-from .errors import DaemonError, UntrustedDaemon
+from .errors import DaemonError, DaemonUnavailable, UntrustedDaemon
 
 __all__ = ["DaemonClient", "DaemonError", "MAX_SECONDS", "UntrustedDaemon", "peer_credentials", "peer_groups"]
+
+RECONNECT_S = 120.0  # a request without a --timeout waits this long for a daemon to come back
 
 _SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux >= 4.13
 
@@ -115,8 +119,48 @@ class DaemonClient:
             err = data if isinstance(data, dict) else {}
             hint = err.get("hint")
             raise DaemonError(str(err.get("error", f"daemon answered HTTP {resp.status}")),
-                              int(err.get("exit_code", 1)), hint if isinstance(hint, str) else None)
+                              int(err.get("exit_code", 1)), hint if isinstance(hint, str) else None,
+                              retry=err.get("retry") is True)
         return data
+
+    def call_retrying(self, method: str, route: str, body: dict[str, Any], *, timeout_s: float | None,
+                      what: str) -> Any:
+        """``call`` for an idempotent request that must outlive a daemon restart (a rollout, ``systemctl
+        restart``): a daemon that answers "stopping", goes away mid-request, or is not there yet is asked
+        again, with back-off, until ``timeout_s`` (the request's own budget, passed on as what is left) or,
+        without one, RECONNECT_S without a daemon. Says so once on stderr."""
+        start = time.monotonic()
+        deadline = None if timeout_s is None else start + timeout_s
+        lost_at: float | None = None
+        delay, said = 0.2, False
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            b = dict(body)
+            if left is not None:
+                b["timeout_s"] = left
+            try:
+                return self.call(method, route, b, timeout=None if left is None else left + 60)
+            except DaemonError as exc:
+                if not exc.retry:
+                    raise
+                reason = "the daemon is restarting"
+            except (ConnectionRefusedError, FileNotFoundError, ConnectionResetError, BrokenPipeError,
+                    http.client.RemoteDisconnected) as exc:
+                reason = f"the daemon went away ({type(exc).__name__})"
+            now = time.monotonic()
+            lost_at = lost_at or now
+            if (deadline is not None and now + delay >= deadline) or (deadline is None and now - lost_at > RECONNECT_S):
+                err = DaemonUnavailable(f"{what}: {reason}, and no daemon answered on {self.socket_path} "
+                                        f"{'before the --timeout' if deadline is not None else f'within {RECONNECT_S:.0f} s'}")
+                if deadline is not None:
+                    err.exit_code = 4  # (the request's own --timeout ran out: as a preload that timed out)
+                raise err
+            if not said:
+                print(f"weightd: {what}: {reason}; asking again until "
+                      f"{'the --timeout' if deadline is not None else 'a daemon answers'}", file=sys.stderr)
+                said = True
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
 
     # -- the operations, named as on weightd.service.NodeService -------------------------------------
     def publish(self, src: str | Path, name: str, version: str, *, sign_key: str | None = None,
@@ -132,8 +176,8 @@ class DaemonClient:
         """``kw``: tier, strict, lease_s (absent: the daemon's default), timeout_s, wait."""
         kw.pop("progress", None)
         t = kw.get("timeout_s")
-        wait_s = t + 60 if isinstance(t, (int, float)) and not isinstance(t, bool) and 0 <= t < float("inf") else None
-        return self.call("POST", "preload", {"ref": ref, **kw}, timeout=wait_s)
+        budget = t if isinstance(t, (int, float)) and not isinstance(t, bool) and 0 <= t < float("inf") else None
+        return self.call_retrying("POST", "preload", {"ref": ref, **kw}, timeout_s=budget, what=f"preload {ref}")
 
     def path(self, ref: str) -> Any:
         return self.call("POST", "path", {"ref": ref})

@@ -86,11 +86,20 @@ class PathsSkipped(WeightdError):
 
 
 class DaemonError(WeightdError):
-    """An error the daemon reported; carries its exit code and hint so the CLI behaves the same either way."""
+    """An error the daemon reported; carries its exit code and hint so the CLI behaves the same either way.
+    ``retry``: the daemon is stopping (a restart, a rollout): ask the next one."""
 
-    def __init__(self, message: str, exit_code: int, hint: str | None = None) -> None:
+    def __init__(self, message: str, exit_code: int, hint: str | None = None, *, retry: bool = False) -> None:
         super().__init__(message)
-        self.exit_code, self.hint = exit_code, hint
+        self.exit_code, self.hint, self.retry = exit_code, hint, retry
+
+
+class DaemonStopping(ApiError):
+    """The daemon is stopping: a request still waiting is answered at once (503, ``retry``) instead of
+    holding the stop, and the client asks the next daemon."""
+
+    def __init__(self) -> None:
+        super().__init__(503, "the daemon is stopping (a restart?): ask again", exit_code=EXIT_ERROR)
 
 
 class DaemonUnavailable(WeightdError):

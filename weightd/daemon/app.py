@@ -263,7 +263,7 @@ class Daemon:
         api, sock_path = self.config.settings.api, self.config.settings.api.socket
         # an idle connection, or one whose headers do not arrive, is closed after request_timeout_s
         # (aiohttp's keep-alive timer starts at connect and fires while it waits for a whole request)
-        runner = web.AppRunner(self.api.app(), handle_signals=False, access_log=None,
+        runner = web.AppRunner(self.api.app(), handle_signals=False, access_log=None, shutdown_timeout=1.0,
                                keepalive_timeout=api.request_timeout_s, lingering_time=min(api.request_timeout_s, 5.0))
         await runner.setup()
         old_umask = os.umask(0o117)
@@ -277,7 +277,7 @@ class Daemon:
         self.runners.append(runner)
 
     async def _start_tcp(self, app: web.Application, listen: str, what: str, ssl_context: Any = None) -> None:
-        runner = web.AppRunner(app, handle_signals=False, access_log=None)
+        runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=1.0)
         await runner.setup()
         host, _, port = listen.rpartition(":")
         try:

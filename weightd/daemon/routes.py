@@ -24,7 +24,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from tiering import HOT, TieringError
 
-from ..errors import ApiError, WeightdError, exit_code_for, hint_for, http_status_for
+from ..errors import ApiError, DaemonStopping, WeightdError, exit_code_for, hint_for, http_status_for
 from ..service import DEFAULT, PreloadRequest
 from .authz import Caller, authorize, check_caller_can_read
 
@@ -66,7 +66,7 @@ class Api:
                                   lease_s=body.get("lease_s", DEFAULT), timeout_s=body.get("timeout_s"),
                                   wait=body.get("wait", False))
         if svc.needs_resolving(req):  # resolve (and wait for publication) before joining a flight
-            req = await self.d.run_blocking("misc", svc.resolve, req)
+            req = await self._unless_stopping(self.d.run_blocking("misc", svc.resolve, req))
         key = (req.name, req.version, req.tier)
         task = self.inflight.get(key)
         shared = task is not None
@@ -74,10 +74,25 @@ class Api:
             task = asyncio.get_running_loop().create_task(self._preload_task(req))
             self.inflight[key] = task
             task.add_done_callback(lambda _t, k=key: self._flight_done(k))
-        report = dict(await asyncio.shield(task))
+        report = dict(await self._unless_stopping(asyncio.shield(task)))
         if shared and not report.get("already_present"):
             report["shared_transfer"] = True
         return report
+
+    async def _unless_stopping(self, aw: Awaitable[Any]) -> Any:
+        """``aw``'s result, unless the daemon starts stopping first: then DaemonStopping (503, retry),
+        so a waiting client never holds a restart (what ``aw`` runs goes on until the daemon exits; a
+        transfer left in staging is reconciled by the next one)."""
+        fut = asyncio.ensure_future(aw)
+        stop = asyncio.ensure_future(self.d.stopping.wait())
+        try:
+            await asyncio.wait({fut, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+        if fut.done():
+            return fut.result()
+        fut.add_done_callback(_consume)  # (its outcome is nobody's now: never "exception never retrieved")
+        raise DaemonStopping()
 
     async def _preload_task(self, req: PreloadRequest) -> dict[str, Any]:
         self.d.set_status(f"preloading {req.name}@{req.version} into {req.tier}")
@@ -170,8 +185,10 @@ class Api:
             resp = web.json_response({"error": f"{request.method} {request.path}: {exc.reason}", "exit_code": 2},
                                      status=exc.status)
         except (TieringError, WeightdError, OSError, ValueError) as exc:  # ApiError and ConfigError included
-            resp = web.json_response({"error": str(exc), "exit_code": exit_code_for(exc), "hint": hint_for(exc)},
-                                     status=http_status_for(exc))
+            body = {"error": str(exc), "exit_code": exit_code_for(exc), "hint": hint_for(exc)}
+            if isinstance(exc, DaemonStopping):
+                body["retry"] = True
+            resp = web.json_response(body, status=http_status_for(exc))
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the daemon keeps serving
@@ -231,3 +248,8 @@ def _depth(v: Any) -> int:
                 return deepest
             stack.extend((y, d + 1) for y in (x.values() if isinstance(x, dict) else x))
     return deepest
+
+
+def _consume(fut: "asyncio.Future[Any]") -> None:
+    if not fut.cancelled():
+        fut.exception()
