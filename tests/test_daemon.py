@@ -119,7 +119,8 @@ def test_ready_socket_mode_and_cli_through_daemon(daemon, wd, node_env, tmp_path
     # same output and exit codes as in-process
     local = wd("--no-daemon", "preload", "org/d@v1", "--json")
     assert json.loads(local.stdout)["path"] == r["path"]
-    for args, code in ((["preload", "org/none@v1"], 3), (["path", "../x"], 2), (["evict", "org/none"], 3)):
+    for args, code in ((["preload", "org/none@v1"], 3), (["path", "../x"], 2), (["evict", "org/none", "--all"], 3),
+                       (["evict", "org/none"], 2), (["pin", "org/none@v1"], 3)):
         via, direct = wd(*args), wd("--no-daemon", *args)
         assert via.returncode == direct.returncode == code
         assert via.stderr == direct.stderr

@@ -21,7 +21,7 @@ from typing import Any, Iterable
 
 from tiering import MAX_SECONDS  # (tiering.content.units: a light module, the client stays fast to start)
 
-from .errors import DaemonError, DaemonUnavailable, UntrustedDaemon
+from .errors import DaemonError, DaemonUnavailable, SocketDenied, UntrustedDaemon
 
 __all__ = ["DaemonClient", "DaemonError", "MAX_SECONDS", "UntrustedDaemon", "peer_credentials", "peer_groups"]
 
@@ -92,15 +92,19 @@ class DaemonClient:
         """``trusted_uids``: who may serve the socket (default: root and this process's euid)."""
         self.socket_path = socket_path
         self.trusted_uids = frozenset({0, os.geteuid()} if trusted_uids is None else {0, *trusted_uids})
+        self.health: Any = None
 
     def available(self) -> bool:
         """True when a daemon answers on the socket (a stale socket file does not count); a socket served
-        by an untrusted uid raises :class:`UntrustedDaemon` instead of counting as "no daemon"."""
-        if not self.socket_path.exists():
-            return False
+        by an untrusted uid raises :class:`UntrustedDaemon` instead of counting as "no daemon", one this
+        user may not connect to raises :class:`SocketDenied`. ``health`` keeps what the daemon said."""
         try:
-            self.call("GET", "health", timeout=5)
+            if not self.socket_path.exists():  # (raises PermissionError for a directory we may not enter)
+                return False
+            self.health = self.call("GET", "health", timeout=5)
             return True
+        except PermissionError:
+            raise SocketDenied(self.socket_path) from None
         except (OSError, DaemonError, http.client.HTTPException, ValueError):
             return False
 
@@ -191,8 +195,8 @@ class DaemonClient:
     def unpin(self, ref: str) -> Any:
         return self.call("POST", "unpin", {"ref": ref})
 
-    def evict(self, ref: str, tier: str | None = None, force: bool = False) -> Any:
-        return self.call("POST", "evict", {"ref": ref, "tier": tier, "force": force})
+    def evict(self, ref: str, tier: str | None = None, force: bool = False, all_versions: bool = False) -> Any:
+        return self.call("POST", "evict", {"ref": ref, "tier": tier, "force": force, "all": all_versions})
 
     def gc(self) -> Any:
         return self.call("POST", "gc", {})

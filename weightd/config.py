@@ -377,12 +377,36 @@ def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _close_key(loc: list[str]) -> str | None:
+    """The key of the same table that ``loc``'s last part was probably meant to be (a typo)."""
+    import difflib
+    import typing
+    model: Any = Settings
+    for part in loc[:-1]:
+        field = getattr(model, "model_fields", {}).get(part)
+        if field is None:
+            return None
+        ann = field.annotation
+        for arg in (ann, *typing.get_args(ann)):  # (X | None: the model inside)
+            if isinstance(arg, type) and issubclass(arg, BaseModel):
+                model = arg
+                break
+        else:
+            return None
+    names = list(getattr(model, "model_fields", {}))
+    got = difflib.get_close_matches(loc[-1], names, n=1, cutoff=0.6)
+    return got[0] if got else None
+
+
 def _first_error(exc: ValidationError) -> tuple[str, str]:
     err = exc.errors()[0]
     loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-"))
     msg = err["msg"]
     if err["type"] == "extra_forbidden":
         msg = "unknown key"
+        near = _close_key([str(p) for p in err["loc"]])
+        if near:
+            msg += f" (did you mean {near}?)"
     elif err["type"] == "missing":
         msg = "missing key"
     msg = msg.removeprefix("Value error, ")

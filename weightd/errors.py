@@ -26,6 +26,8 @@ their type. Exit codes (design §5): 0 ok; 2 bad input; 3 not found; 4 timed out
 from __future__ import annotations
 
 import errno
+import grp
+import os
 from dataclasses import dataclass
 
 EXIT_OK = 0
@@ -110,6 +112,27 @@ class UntrustedDaemon(WeightdError):
     """The socket is served by someone the CLI does not trust, or the daemon answered a path outside
     the tiers: refuse, never fall back silently."""
     exit_code = EXIT_BAD_INPUT
+
+
+class SocketDenied(WeightdError):
+    """This user may not connect to the daemon's socket: say which group may."""
+    exit_code = EXIT_BAD_INPUT
+
+    def __init__(self, path: "os.PathLike[str] | str") -> None:
+        try:
+            try:
+                st = os.stat(path)
+            except PermissionError:  # the directory is closed to us: its group decides
+                st = os.stat(os.path.dirname(os.fspath(path)))
+            try:
+                group = grp.getgrgid(st.st_gid).gr_name
+            except KeyError:
+                group = str(st.st_gid)
+            how = (f"it is mode {st.st_mode & 0o777:04o}, group {group}: add this user to {group!r} "
+                   f"(usermod -aG {group} $USER, then log in again), or run as root")
+        except OSError:
+            how = "check the socket's group ([api] group)"
+        super().__init__(f"cannot connect to the daemon's socket {path}: permission denied ({how})")
 
 
 class DaemonAlreadyRunning(WeightdError):

@@ -223,12 +223,17 @@ class NodeService:
 
     def _pin(self, ref: str, pin: bool) -> dict[str, Any]:
         name, version = split_ref(ref)
+        if pin and version is not None:
+            self.node.resolve(name, version)  # pin only what exists (published or here): CheckpointNotFound
         version, changed = (self.node.pin if pin else self.node.unpin)(name, version)
         log.info("%s name=%s version=%s changed=%s", "pin" if pin else "unpin", name, version, changed)
         return {"name": name, "version": version, "changed": changed}
 
-    def evict(self, ref: str, tier: Any = None, force: bool = False) -> dict[str, Any]:
+    def evict(self, ref: str, tier: Any = None, force: bool = False, all_versions: bool = False) -> dict[str, Any]:
         name, version = split_ref(ref)
+        if version is None and not all_versions:  # (a slip of the keyboard must not empty a node of a model)
+            raise InvalidRequest("ref", f"evict {name}: name a version ({name}@VERSION), or pass --all to evict "
+                                 f"every local version of {name}")
         out = self.node.evict(name, version, check_tier(tier, optional=True), force=bool(force))
         log.info("evict name=%s version=%s evicted=%s", name, version, ",".join(out) or "-")
         return {"evicted": out}

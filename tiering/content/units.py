@@ -9,12 +9,15 @@ _UNITS = {
     "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
     "t": 1000**4, "tb": 1000**4, "p": 1000**5, "pb": 1000**5,
     "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4, "pib": 1024**5,
+    # Kubernetes quantities (a limit copied from a manifest): Ki, Mi, Gi, Ti, Pi are binary
+    "ki": 1024, "mi": 1024**2, "gi": 1024**3, "ti": 1024**4, "pi": 1024**5,
 }
 _SIZE_RE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*")
 
 
 def parse_size(value: int | str) -> int:
-    """Bytes from an int or a string with a decimal (kB, MB, GB) or binary (KiB, MiB, GiB) unit."""
+    """Bytes from an int or a string with a decimal (kB, MB, GB) or binary (KiB, MiB, GiB; Kubernetes'
+    Ki, Mi, Gi) unit."""
     if isinstance(value, bool):
         raise ValueError(f"expected a size like '64GiB' or '100MB', got {value!r}")
     if isinstance(value, int):

@@ -7,7 +7,7 @@ import time
 from typing import Callable
 
 from ..content.names import validate_name, validate_version
-from ..errors import CheckpointNotFound, TimedOut
+from ..errors import CheckpointNotFound, TieringError, TimedOut
 from ..layout import COLD, LOCAL_TIERS, VersionDir, list_versions, published_versions, read_version
 from ..safefs import Dir
 from .roots import TierRoots
@@ -35,7 +35,7 @@ class Catalog:
     def published_versions(self, name: str) -> list[VersionDir]:
         return published_versions(self.roots.dir(COLD), name)
 
-    def resolve(self, name: str, version: str | None) -> VersionDir:
+    def resolve(self, name: str, version: str | None, *, suggest: bool = True) -> VersionDir:
         """The manifest of NAME@VERSION (latest published when VERSION is None): cold first, else local.
         A version that is in cold storage with a damaged manifest is a ManifestError (exit 2)."""
         validate_name(name)
@@ -48,21 +48,44 @@ class Catalog:
                 v = read_version(self.roots.dir(tier), name, version)
                 if v is not None:
                     return v
-            raise CheckpointNotFound(f"{name}@{version}", "not published and not on this node")
+            raise CheckpointNotFound(f"{name}@{version}", "not published and not on this node"
+                                     + (self._near(name) if suggest else ""))
         candidates = self.published_versions(name)
         if not candidates:
             for tier in LOCAL_TIERS:
                 candidates += [v for v in list_versions(self.roots.dir(tier)) if v.name == name]
         if not candidates:
-            raise CheckpointNotFound(name, "no version published and none on this node")
+            raise CheckpointNotFound(name, "no version published and none on this node"
+                                     + (self._near(name) if suggest else ""))
         return max(candidates, key=lambda v: (v.manifest.published_at or "", v.version))
+
+    def _near(self, name: str, limit: int = 8) -> str:
+        """What the caller probably meant, for a not-found message: NAME's published versions, or the
+        closest published name and its versions (only on the error path: it lists cold storage)."""
+        import difflib
+
+        def versions_of(n: str) -> str:
+            vs = sorted(self.published_versions(n), key=lambda v: (v.manifest.published_at or "", v.version))
+            labels = [v.version for v in vs][-limit:]
+            return ", ".join(labels) if labels else ""
+        try:
+            own = versions_of(name)
+            if own:
+                return f" (published versions: {own})"
+            names = sorted({v.name for v in list_versions(self.roots.dir(COLD))})
+        except (OSError, TieringError):  # (a suggestion must never hide the real error)
+            return ""
+        near = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+        if not near:
+            return ""
+        return f" (did you mean {near[0]}? versions: {versions_of(near[0])})"
 
     def wait_published(self, name: str, version: str | None, deadline: float | None,
                        poll_s: float = 1.0) -> VersionDir:
         """Resolve, waiting for the version to be published (until ``deadline``, then TimedOut)."""
         while True:
             try:
-                return self.resolve(name, version)
+                return self.resolve(name, version, suggest=False)  # (no listing of cold on every poll)
             except CheckpointNotFound:
                 if deadline is not None and self.monotonic() + poll_s > deadline:
                     ref = f"{name}@{version}" if version else name

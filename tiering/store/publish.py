@@ -19,7 +19,7 @@ from ..content.signature import HASHERS, SIGNATURE_RELPATH, TrustPolicy, load_pr
 from ..content.names import validate_name, validate_version
 from ..content.scan import ScannedFile, scan_checkpoint
 from ..copy import CopyJob, copy_files
-from ..errors import FileChanged, VersionConflict
+from ..errors import BadInput, FileChanged, VersionConflict
 from ..layout import COLD, DIR_MODE, read_version, version_rel
 from ..safefs import Dir, FileRef
 from ..sources import ProgressFn
@@ -43,6 +43,8 @@ class Publisher:
         validate_version(version)
         t0 = self.monotonic()
         files = scan_checkpoint(src)  # validates the source before anything is written
+        if not files:  # (nothing to serve, nothing to verify: almost surely the wrong directory)
+            raise BadInput(f"{src}: no files to publish (an empty directory, or only .weightd/?)")
         ref = f"{name}@{version}"
         rel = version_rel(name, version)
         cold = self.roots.must(COLD)

@@ -48,6 +48,8 @@ def manifest_build(directory: str, output_path: str | None, as_json: bool, threa
     if version_label is not None:
         validate_version(version_label)
     m, seconds = _build(directory, threads)
+    if not m.files:  # (a manifest of nothing verifies anything: almost surely the wrong directory)
+        raise UsageError(f"{directory}: no files to hash (an empty directory, or only .weightd/?); nothing written")
     if name or version_label:
         m = m.with_labels(name=name, version=version_label)
     target = output_path or os.path.join(directory, MANIFEST_RELPATH)

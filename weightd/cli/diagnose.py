@@ -44,9 +44,12 @@ def _largest_local(tiers) -> int:
 def _daemon_history(app: AppContext, sample_s: float):
     if app.no_daemon:
         return None
-    from ..errors import DaemonError
+    from ..errors import DaemonError, SocketDenied
     client = app.daemon_client()
-    if not client.available():
+    try:
+        if not client.available():
+            return None
+    except SocketDenied:  # (the doctor works without the daemon's history)
         return None
     try:
         return client.call("GET", f"pressure?window={max(sample_s, 30.0)}", timeout=10)

@@ -13,9 +13,19 @@ from typing import Any
 
 import click
 
-from ..errors import DaemonUnavailable, UntrustedDaemon
+from ..errors import DaemonUnavailable, SocketDenied, UntrustedDaemon
 from . import output
 from .app import AppContext, LeaseOption, Seconds, cli, split_ref
+
+
+def _warn_other_config(app: AppContext, health: object) -> None:
+    """--config names one file, the daemon that answered runs with another: its settings apply."""
+    if app.config_path is None or not isinstance(health, dict) or not isinstance(health.get("config"), str):
+        return
+    theirs = health["config"]
+    if os.path.realpath(app.config_path) != os.path.realpath(theirs):
+        click.echo(f"weightd: the daemon on {app.config.settings.api.socket} answered; its config ({theirs}) "
+                   f"applies, not --config {app.config_path} (--no-daemon to use yours in-process)", err=True)
 
 
 class Backend:
@@ -29,8 +39,16 @@ class Backend:
         self._fetcher = None
         if not app.no_daemon:
             client = app.daemon_client()
-            if client.available():
+            try:
+                answered = client.available()
+            except SocketDenied as exc:
+                if app.daemon_only:
+                    raise
+                answered = False
+                click.echo(f"weightd: {exc}; working in-process instead", err=True)
+            if answered:
                 self.client = client
+                _warn_other_config(app, client.health)
         if self.client is None and app.daemon_only:
             raise DaemonUnavailable(f"the node daemon does not answer on {app.config.settings.api.socket} "
                                     "(--daemon-only)")
@@ -201,13 +219,16 @@ unpin = _pin_command("unpin", False, "Let NAME@VERSION be evicted again.")
 @click.argument("ref", metavar="NAME[@VERSION]")
 @click.option("--tier", type=click.Choice(["hot", "warm"]), help="Only this tier (default: both).")
 @click.option("--force", is_flag=True, help="Even if pinned, leased or in use.")
+@click.option("--all", "all_versions", is_flag=True, help="Every local version of NAME (a REF without @VERSION).")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
-def evict(app: AppContext, ref: str, tier: str | None, force: bool, as_json: bool) -> None:
-    """Remove NAME@VERSION (every local version of NAME without @VERSION) from the local tiers."""
+def evict(app: AppContext, ref: str, tier: str | None, force: bool, all_versions: bool, as_json: bool) -> None:
+    """Remove NAME@VERSION from the local tiers (every local version of NAME with --all).
+
+    Example: weightd evict acme/llama-8b@v1 --tier hot"""
     split_ref(ref)
     with Backend(app) as b:
-        r = b.ops.evict(ref, tier, force)
+        r = b.ops.evict(ref, tier, force, all_versions)
     if as_json:
         return output.emit_json(r)
     for line in r["evicted"]:

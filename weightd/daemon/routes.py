@@ -131,13 +131,14 @@ class Api:
     async def _evict(self, b: dict[str, Any], caller: Caller) -> dict[str, Any]:
         try:
             return await self.d.run_blocking("misc", self.d.service.evict, _str(b, "ref"), b.get("tier"),
-                                             bool(b.get("force")))
+                                             bool(b.get("force")), b.get("all") is True)
         finally:
             self.d.status_changed()
 
     async def _health(self, request: web.Request) -> web.Response:
         d = self.d
-        return web.json_response({"ok": True, "pid": os.getpid(), "role": d.role, "status": d.status_text})
+        return web.json_response({"ok": True, "pid": os.getpid(), "role": d.role, "status": d.status_text,
+                                  "config": d.config.source})
 
     async def _pressure(self, request: web.Request) -> web.Response:
         try:
