@@ -256,8 +256,8 @@ def test_metrics_contract(daemon, wd, tmp_path: Path) -> None:
     import yaml
     rules = yaml.safe_load((ROOT / "deploy/prometheus/weightd-alerts.yml").read_text())
     import re
-    used = {m for g in rules["groups"] for r in g["rules"] for m in re.findall(r"\b(weightd_[a-z_]+)", r["expr"])}
-    exported = set(re.findall(r"^(weightd_[a-z_]+)", text, re.M))
+    used = {m for g in rules["groups"] for r in g["rules"] for m in re.findall(r"\b(weightd_[a-z0-9_]+)", r["expr"])}
+    exported = set(re.findall(r"^(weightd_[a-z0-9_]+)", text, re.M))
     missing = {m for m in used if m not in exported and not any(e.startswith(m) for e in exported)}
     # p2p-only and histogram series appear once there is traffic; the rest must be there now
     # (a virtual NIC reports no speed; series with labels appear at their first event)
@@ -279,6 +279,34 @@ def test_alert_rules_check_and_unit_tests() -> None:
     proc = subprocess.run([promtool(), "test", "rules", str(ROOT / "tests/promtool/weightd-alerts.test.yml")],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.skipif(promtool() is None, reason="promtool not installed (make tools)")
+def test_grafana_dashboard_parses(tmp_path: Path) -> None:
+    """deploy/grafana/weightd.json: valid JSON, every panel's PromQL parses (promtool, as recording rules,
+    with Grafana's variables filled in), and every metric it names is one weightd exports."""
+    import re
+
+    import yaml
+    dash = json.loads((ROOT / "deploy/grafana/weightd.json").read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    assert len(dash["panels"]) >= 8 and all(exprs)
+    filled = [e.replace("$__rate_interval", "5m").replace("$__range", "1h").replace("$instance", ".*") for e in exprs]
+    rules = {"groups": [{"name": "dashboard", "rules": [{"record": f"dashboard:panel_{i}", "expr": e}
+                                                         for i, e in enumerate(filled)]}]}
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump(rules))
+    proc = subprocess.run([promtool(), "check", "rules", str(tmp_path / "rules.yml")], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    exported = set(re.findall(r'"(weightd_[a-z0-9_]+)"', (ROOT / "weightd/metrics.py").read_text()))
+    for name in {m for e in exprs for m in re.findall(r"weightd_[a-z0-9_]+", e)}:
+        base = re.sub(r"_(bucket|total|count|sum)$", "", name)
+        assert name in exported or base in exported, name
+    needed = {"weightd_weight_loading_seconds_bucket", "weightd_bytes_transferred_total", "weightd_tier_used_bytes",
+              "weightd_tier_capacity_bytes", "weightd_tier_high_watermark_ratio", "weightd_pagecache_resident_bytes",
+              "weightd_preload_failures_total", "weightd_transfers_in_flight", "weightd_p2p_upload_bytes_total",
+              "weightd_p2p_download_bytes_total", "weightd_p2p_peers"}
+    assert needed <= {m for e in exprs for m in re.findall(r"weightd_[a-z0-9_]+", e)}
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="no systemd-analyze")

@@ -3,6 +3,8 @@ the same metrics counted, one home for the lease default."""
 
 from __future__ import annotations
 
+import time
+
 import json
 import math
 from pathlib import Path
@@ -88,10 +90,15 @@ def test_in_process_preload_counts_metrics_and_uses_the_one_lease_default(node_e
         r = svc.preload("org/s@v1", tier="warm")
         get = svc.metrics.registry.get_sample_value
         assert get("weightd_bytes_transferred_total", {"source": "cold"}) == r["bytes"]
-        assert get("weightd_weight_loading_seconds_count", {"model": "org/s@v1", "tier": "warm", "source": "cold"}) == 1
+        one = {"model": "org/s", "version": "v1", "tier": "warm", "source": "cold"}  # (model and version apart)
+        assert get("weightd_weight_loading_seconds_count", one) == 1
+        t = get("weightd_preload_last_success_timestamp_seconds", {"model": "org/s"})
+        assert t is not None and abs(t - time.time()) < 60
+        assert svc.preload("org/s@v1", tier="warm")["already_present"]  # a no-op: not a loading time
+        assert get("weightd_weight_loading_seconds_count", one) == 1
         with pytest.raises(FileNotFoundError):
             svc.preload("org/none@v1")
-        assert get("weightd_preload_failures_total", {"reason": "not_found"}) == 1
+        assert get("weightd_preload_failures_total", {"reason": "not_found", "model": "org/none"}) == 1
         req = svc.preload_request("org/s@v1")
         assert req.lease_s == DEFAULT_LEASE_S
     finally:
@@ -139,7 +146,7 @@ def test_in_process_commands_count_without_prometheus(node_env, wd, isolated_env
         r = svc.preload("org/s@v1", tier="warm")
         v = svc.metrics.values
         assert v[("bytes", ("cold",))] == r["bytes"]
-        assert v[("loading:count", ("org/s@v1", "warm", "cold"))] == 1
+        assert v[("loading:count", ("org/s", "v1", "warm", "cold"))] == 1
         assert v[("in_flight", ("local",))] == 0
     finally:
         svc.node.close()

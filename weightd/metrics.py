@@ -27,8 +27,9 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry, status: Callable[[], dict[str, Any]],
                  p2p: Callable[[], dict[str, int]] | None = None) -> None:
         self.registry = registry
-        self.loading = Histogram("weightd_weight_loading_seconds", "One preload, end to end",
-                                 ["model", "tier", "source"], buckets=LOAD_BUCKETS, registry=registry)
+        self.loading = Histogram("weightd_weight_loading_seconds", "One preload that moved or promoted bytes, end "
+                                 "to end (a version already in place is not counted); source: where most bytes came from",
+                                 ["model", "version", "tier", "source"], buckets=LOAD_BUCKETS, registry=registry)
         self.bytes = Counter("weightd_bytes_transferred", "Bytes placed in a tier, by where they came from",
                              ["source"], registry=registry)
         for s in SOURCES:
@@ -36,8 +37,10 @@ class Metrics:
         self.evictions = Counter("weightd_evictions", "Checkpoints evicted", ["tier", "reason"], registry=registry)
         self.hash_failures = Counter("weightd_hash_failures", "Content that did not match its manifest",
                                      registry=registry)
-        self.preload_failures = Counter("weightd_preload_failures", "Preloads that failed", ["reason"],
+        self.preload_failures = Counter("weightd_preload_failures", "Preloads that failed", ["reason", "model"],
                                         registry=registry)
+        self.last_success = Gauge("weightd_preload_last_success_timestamp_seconds", "When a preload of the model "
+                                  "last succeeded (unix time; already-in-place included)", ["model"], registry=registry)
         self.fallbacks = Counter("weightd_fallbacks", "Preloads that fell back: kind=tier (hot was full, went "
                                  "to warm) or kind=source (the swarm gave up, copied from cold)",
                                  ["kind", "from", "to"], registry=registry)
@@ -103,14 +106,22 @@ class _StateCollector(Collector):
             staging.add_metric([t], info["staging_bytes"])
             count.add_metric([t], info["checkpoints"])
         resident = GaugeMetricFamily("weightd_pagecache_resident_bytes", "Page-cache resident bytes of a checkpoint",
-                                     labels=["model", "tier"])
-        pinned = GaugeMetricFamily("weightd_checkpoint_pinned", "1 if the checkpoint is pinned", labels=["model"])
+                                     labels=["model", "version", "tier"])
+        size = GaugeMetricFamily("weightd_checkpoint_bytes", "Size of a checkpoint held in a tier",
+                                 labels=["model", "version", "tier"])
+        pinned = GaugeMetricFamily("weightd_checkpoint_pinned", "1 if the checkpoint is pinned",
+                                   labels=["model", "version"])
+        leases = GaugeMetricFamily("weightd_leases", "Leases held on local copies", labels=["tier"])
+        n_leases = dict.fromkeys(st["tiers"], 0)
         for c in st["checkpoints"]:
-            model = f"{c['name']}@{c['version']}"
-            pinned.add_metric([model], 1 if c["pinned"] else 0)
+            pinned.add_metric([c["name"], c["version"]], 1 if c["pinned"] else 0)
             for t, info in c["tiers"].items():
-                resident.add_metric([model, t], info["resident_bytes"])
-        yield from (used, cap, high, staging, count, resident, pinned)
+                resident.add_metric([c["name"], c["version"], t], info["resident_bytes"])
+                size.add_metric([c["name"], c["version"], t], c["bytes"])
+                n_leases[t] = n_leases.get(t, 0) + len(info.get("leases", ()))
+        for t, n in n_leases.items():
+            leases.add_metric([t], n)
+        yield from (used, cap, high, staging, count, resident, size, pinned, leases)
 
 
 class _PressureCollector(Collector):

@@ -185,7 +185,7 @@ class NodeService:
         reason = ("integrity" if isinstance(exc, IntegrityError) else "no_space" if isinstance(exc, NoSpace)
                   else "timeout" if isinstance(exc, TimeoutError) else "not_found" if isinstance(exc, FileNotFoundError)
                   else "error")
-        self.metrics.preload_failures.labels(reason).inc()
+        self.metrics.preload_failures.labels(reason, req.name).inc()
         if isinstance(exc, SignatureRefused):
             self.metrics.trust_refusals.labels(exc.reason).inc()
         elif isinstance(exc, IntegrityError):
@@ -201,8 +201,12 @@ class NodeService:
         for f in r.source_fallbacks:
             m.fallbacks.labels("source", f.source, f.to).inc()
         by_source = d["bytes_by_source"]
-        source = max(by_source, key=lambda k: by_source[k]) if r.bytes_moved else "local"
-        m.loading.labels(f"{r.name}@{r.version}", r.tier, source).observe(seconds)
+        m.last_success.labels(r.name).set(time.time())
+        if not d.get("already_present"):  # (a no-op must not pull the loading latency down)
+            # the byte counter's source names: where most bytes came from (a promotion between local tiers
+            # moves nothing from outside: local_reuse)
+            source = max(by_source, key=lambda k: by_source[k]) if any(by_source.values()) else "local_reuse"
+            m.loading.labels(r.name, r.version, r.tier, source).observe(seconds)
         for src, n in by_source.items():
             if n:
                 m.bytes.labels(src).inc(n)
