@@ -35,7 +35,8 @@ def free_port() -> int:
 class DaemonProc:
     """``weightd serve`` with its own NOTIFY_SOCKET; always stopped at teardown."""
 
-    def __init__(self, node_env, env: dict[str, str], tmp: Path, watchdog_usec: int = 1_000_000) -> None:
+    def __init__(self, node_env, env: dict[str, str], tmp: Path, watchdog_usec: int = 1_000_000,
+                 serve_args: tuple[str, ...] = ()) -> None:
         self.node_env, self.env = node_env, env
         self.port = free_port()
         self.socket_path = node_env.state / "weightd.sock"
@@ -49,7 +50,7 @@ class DaemonProc:
         self.log_path = tmp / "daemon.log"
         self.log = open(self.log_path, "w")  # a file, not a pipe nobody reads (a full pipe blocks the daemon)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "weightd", "-v", "--config", str(node_env.config), "serve"],
+            [sys.executable, "-m", "weightd", "-v", "--config", str(node_env.config), "serve", *serve_args],
             env={**env, "NOTIFY_SOCKET": str(self.notify_path), "WATCHDOG_USEC": str(watchdog_usec)},
             stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)
         self.wait_for("READY=1", 30)
@@ -546,3 +547,22 @@ def test_restart_under_a_waiting_client(daemon, wd, node_env, isolated_env, tmp_
         if nxt is not None:
             stop_process(nxt)
             log.close()
+
+
+def test_daemon_logs_json_lines_with_key_values(node_env, isolated_env, wd, tmp_path: Path) -> None:
+    """--log-format json: one object per line, a UTC timestamp, and the message's key=value pairs as
+    fields: start, every request with the caller's pid, the preload's outcome by source."""
+    d = DaemonProc(node_env, isolated_env, tmp_path, serve_args=("--log-format", "json"))
+    try:
+        publish(wd, tmp_path, name="org/l")
+        me = wd("preload", "org/l@v1", "--tier", "warm", "--json")
+        assert me.returncode == 0, me.stderr
+    finally:
+        d.stop()
+    lines = [json.loads(ln) for ln in d.log_path.read_text().splitlines() if ln.startswith("{")]
+    assert lines and all(set(ln) >= {"ts", "level", "logger", "msg"} and ln["ts"].endswith("Z") for ln in lines)
+    req = next(ln for ln in lines if ln.get("route") == "preload")
+    assert req["ref"] == "org/l@v1" and req["tier"] == "warm" and isinstance(req["pid"], int) and req["pid"] > 0
+    done = next(ln for ln in lines if ln["msg"].startswith("preloaded ") and ln["logger"] == "weightd.service")
+    assert done["name"] == "org/l" and done["cold"] == done["bytes"] > 0 and done["already_present"] == "false"
+    assert any(ln["msg"].startswith("serving role=") for ln in lines)

@@ -171,8 +171,11 @@ class NodeService:
             m.in_flight.labels("local").dec()
         d = r.to_dict()
         self._count_success(r, d, self.monotonic() - t0)
-        log.info("preloaded name=%s version=%s tier=%s bytes_moved=%d seconds=%.3f", req.name, r.version, r.tier,
-                 r.bytes_moved, d["seconds"])
+        by = d["bytes_by_source"]
+        log.info("preloaded name=%s version=%s tier=%s bytes=%d bytes_moved=%d cold=%d origin=%d peer=%d "
+                 "local_reuse=%d already_present=%s seconds=%.3f", req.name, r.version, r.tier, d["bytes"],
+                 r.bytes_moved, by.get("cold", 0), by.get("origin", 0), by.get("peer", 0), by.get("local_reuse", 0),
+                 str(bool(d.get("already_present"))).lower(), d["seconds"])
         return d
 
     def preload(self, ref: str, *, progress: ProgressFn | None = None, **kw: Any) -> dict[str, Any]:

@@ -77,7 +77,9 @@ class Preloader:
                 placed = read_version(root, name, version)
                 if placed is not None:
                     self.on_placed(tier, placed)
-            log.info("preloaded name=%s version=%s tier=%s bytes=%s", name, version, tier, report.bytes_by_source)
+            # (the control plane logs the outcome at INFO, with the caller; this is the data plane's view)
+            log.debug("placed name=%s version=%s tier=%s %s", name, version, tier,
+                      " ".join(f"{k}={v}" for k, v in report.bytes_by_source.items()))
             return report
         finally:
             lock.release()

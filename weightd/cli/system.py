@@ -28,11 +28,24 @@ def config_show(app: AppContext, as_json: bool) -> None:
 
 
 @cli.command()
-@click.option("--role", type=click.Choice(["worker", "origin"]), default="worker", show_default=True)
+@click.option("--role", type=click.Choice(["worker", "origin"]), default="worker", show_default=True,
+              help="origin: seed every published version from cold storage and run the tracker.")
+@click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="text: a UTC timestamp, level, logger, message with key=value pairs; json: one object per line.")
 @click.pass_obj
-def serve(app: AppContext, role: str) -> None:
-    """Run the node daemon (systemd: Type=notify): admin API on [api] socket, metrics on [metrics] listen."""
+def serve(app: AppContext, role: str, log_format: str) -> None:
+    """Run the node daemon (systemd: Type=notify): admin API on [api] socket, metrics on [metrics] listen.
+
+    Logs at INFO (start, stop, reload, every request with the caller's pid, every preload, publish,
+    evict, pin and gc with its outcome); --debug or -vv for DEBUG.
+
+    Example: weightd --config /etc/weightd/weightd.toml serve --role worker --log-format json"""
+    import logging
+
     from ..daemon import run
+    from ..logs import configure_daemon_logging
+    configure_daemon_logging(log_format, logging.DEBUG if app.debug or logging.getLogger().level == logging.DEBUG
+                             else logging.INFO)
     run(app.config_path, role)
 
 

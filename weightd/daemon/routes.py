@@ -211,6 +211,7 @@ class Api:
             body: dict[str, Any] = {}
             if request.method == "POST" and request.can_read_body:
                 body = await self._read_body(request)
+                _log_request(request, body)
             return web.json_response(await (fn(body, caller) if admin else fn(body)))
         return handler
 
@@ -254,3 +255,16 @@ def _depth(v: Any) -> int:
 def _consume(fut: "asyncio.Future[Any]") -> None:
     if not fut.cancelled():
         fut.exception()
+
+
+def _log_request(request: web.Request, body: dict[str, Any]) -> None:
+    """Who asked for what (the caller's pid and uid from SO_PEERCRED): one INFO line per operation."""
+    from ..client import peer_credentials
+    sock = request.transport.get_extra_info("socket") if request.transport is not None else None
+    try:
+        pid, uid, _ = peer_credentials(sock) if sock is not None else (0, -1, -1)
+    except OSError:
+        pid, uid = 0, -1
+    fields = " ".join(f"{k}={body[k]}" for k in ("ref", "name", "version", "tier", "wait", "timeout_s", "force", "all")
+                      if isinstance(body.get(k), (str, int, float)) and body.get(k) is not None)
+    log.info("request route=%s pid=%d uid=%d %s", request.path.rsplit("/", 1)[-1], pid, uid, fields)
