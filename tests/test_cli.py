@@ -144,3 +144,36 @@ def test_torch_is_never_imported(weightd, ckpt: Path) -> None:
     proc = subprocess.run([sys.executable, "-c", code, str(ckpt)], capture_output=True, text=True,
                           env=weightd.env, timeout=60)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_every_command_has_an_example_and_every_option_help(weightd, tmp_path) -> None:
+    """Every --help ends with an example, every option says what it does, and no internal jargon."""
+    import click
+
+    from weightd.cli import cli
+    seen = 0
+
+    def walk(group: click.Group, prefix: list[str]):
+        for name, cmd in group.commands.items():
+            if isinstance(cmd, click.Group):
+                yield from walk(cmd, prefix + [name])
+            else:
+                yield prefix + [name], cmd
+    for path, cmd in walk(cli, []):
+        seen += 1
+        assert "Example" in (cmd.help or ""), " ".join(path)
+        assert "seed report" not in (cmd.help or ""), " ".join(path)
+        for p in cmd.params:
+            if isinstance(p, click.Option) and not p.hidden:
+                assert p.help, f"{' '.join(path)} {p.opts}"
+    assert seen >= 20
+    r = weightd("preload", "--help")
+    assert r.returncode == 0 and "Example:" in r.stdout
+    assert weightd("-V").stdout.startswith("weightd, version")
+    r = weightd("completion", "bash")
+    assert r.returncode == 0 and "_WEIGHTD_COMPLETE" in r.stdout
+    r = weightd("sample", tmp_path / "s", "--size", "4MiB", "--shards", "2")
+    assert r.returncode == 0, r.stderr
+    assert len(list((tmp_path / "s").glob("*.safetensors"))) == 2
+    assert weightd("manifest", "build", tmp_path / "s").returncode == 0
+    assert weightd("sample", tmp_path / "s").returncode == 2  # not over an existing checkpoint

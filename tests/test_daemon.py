@@ -495,6 +495,8 @@ def test_probes_answer_from_the_daemon_itself(daemon) -> None:
     nothing once it is gone (a probe that ran `weightd status` passed with the daemon dead: it falls back
     to in-process)."""
     import urllib.error
+    # (this node names no peers or trackers: it opens no P2P port at all)
+    assert "p2p off: no [p2p] peers or trackers configured" in daemon.log_path.read_text()
     for path in ("/healthz", "/readyz"):
         with urllib.request.urlopen(f"http://127.0.0.1:{daemon.port}{path}", timeout=10) as r:
             body = json.loads(r.read())

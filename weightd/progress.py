@@ -7,11 +7,14 @@ from contextlib import contextmanager
 from typing import Callable, Iterator
 
 
+QUIET = False  # weightd -q: no progress bars
+
+
 @contextmanager
 def progress_bar(label: str, total_bytes: int, *, enabled: bool | None = None) -> Iterator[Callable[[int], None] | None]:
     """Yield a thread-safe ``advance(nbytes)`` callback, or None when progress is not shown."""
     if enabled is None:
-        enabled = sys.stderr.isatty()
+        enabled = sys.stderr.isatty() and not QUIET
     if not enabled or total_bytes <= 0:
         yield None
         return

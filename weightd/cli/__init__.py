@@ -19,6 +19,55 @@ from .output import error_line
 
 __all__ = ["cli", "main"]
 
+#: the example every command's --help ends with (where its docstring has none)
+EXAMPLES = {
+    "manifest build": "weightd manifest build ./llama-8b --name acme/llama-8b --version v3",
+    "manifest diff": "weightd manifest diff /mnt/models/acme/llama-8b/v2 /mnt/models/acme/llama-8b/v3 --plan",
+    "verify": "weightd verify /dev/shm/weightd/acme/llama-8b/v3 --key /etc/weightd/signing-key.pub.pem",
+    "keygen": "weightd keygen /etc/weightd/signing-key",
+    "doctor": "weightd doctor --symptom 'restarts take minutes'",
+    "bench disk": "weightd bench disk /var/cache/weightd --json",
+    "warm": "weightd warm /var/cache/weightd/acme/llama-8b/v3 --rate 500MB",
+    "residency": "weightd residency /dev/shm/weightd/acme/llama-8b/v3",
+    "cool": "weightd cool /var/cache/weightd/acme/llama-8b/v2",
+    "config show": "weightd --config /etc/weightd/weightd.toml config show",
+    "serve": "weightd --config /etc/weightd/weightd.toml serve --role worker --log-format json",
+    "demo": "make demo   (or: weightd demo --size 256MiB)",
+    "publish": "weightd publish ./llama-8b --name acme/llama-8b --version v3 --sign /etc/weightd/signing-key.pem",
+    "preload": "MODEL=$(weightd --daemon-only preload acme/llama-8b@v3 --tier hot --wait --timeout 1800)",
+    "path": "weightd path acme/llama-8b@v3",
+    "status": "weightd status --json | jq '.checkpoints[] | {name, version}'",
+    "pin": "weightd pin acme/llama-8b@v3",
+    "unpin": "weightd unpin acme/llama-8b@v3",
+    "evict": "weightd evict acme/llama-8b@v1 --tier hot",
+    "gc": "weightd gc",
+    "completion": "weightd completion bash > /etc/bash_completion.d/weightd",
+    "sample": "weightd sample /tmp/sample --size 1GiB",
+}
+#: help for options that have none, by parameter name
+OPTION_HELP = {
+    "as_json": "Print exactly one JSON document on stdout.",
+    "threads": "Hashing threads (default: one per CPU, at most 16).",
+    "tier": "Tier to place the copy in: hot (/dev/shm) or warm (local disk).",
+}
+
+
+def _finish_help(group: click.Group, prefix: str = "") -> None:
+    """Every command's --help ends with an example; every option says what it does."""
+    for name, cmd in group.commands.items():
+        path = f"{prefix}{name}"
+        if isinstance(cmd, click.Group):
+            _finish_help(cmd, path + " ")
+            continue
+        if "Example" not in (cmd.help or "") and path in EXAMPLES:
+            cmd.help = (cmd.help or "").rstrip() + f"\n\nExample: {EXAMPLES[path]}"
+        for p in cmd.params:
+            if isinstance(p, click.Option) and not p.help and p.name in OPTION_HELP:
+                p.help = OPTION_HELP[p.name]
+
+
+_finish_help(cli)
+
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv

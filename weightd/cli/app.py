@@ -44,12 +44,19 @@ class AppContext:
 @click.option("--no-daemon", is_flag=True, help="Work in-process even when the node daemon's socket answers.")
 @click.option("--daemon-only", is_flag=True, help="Fail (exit 1) instead of working in-process when the node "
               "daemon does not answer (an init-container must not copy into its own filesystem).")
-@click.version_option(__version__, prog_name="weightd")
+@click.option("-q", "--quiet", is_flag=True, help="Only errors on stderr (no progress, no warnings).")
+@click.version_option(__version__, "-V", "--version", prog_name="weightd")
 @click.pass_context
 def cli(ctx: click.Context, config_path: str | None, debug: bool, verbose: int, no_daemon: bool,
-        daemon_only: bool) -> None:
-    """weightd keeps model weights local, verified and warm on every inference node."""
-    level = logging.DEBUG if debug or verbose > 1 else logging.INFO if verbose else logging.WARNING
+        daemon_only: bool, quiet: bool) -> None:
+    """weightd keeps model weights local, verified and warm on every inference node.
+
+    Example: MODEL=$(weightd preload acme/llama-8b@v3 --tier hot)"""
+    level = logging.DEBUG if debug or verbose > 1 else logging.INFO if verbose else \
+        logging.ERROR if quiet else logging.WARNING
+    if quiet:
+        from .. import progress
+        progress.QUIET = True
     logging.basicConfig(level=level, stream=sys.stderr, format="weightd: %(levelname)s %(name)s: %(message)s")
     if no_daemon and daemon_only:
         raise UsageError("--no-daemon and --daemon-only contradict each other")

@@ -89,7 +89,7 @@ def _live_inputs(app: AppContext, sample_s: float, symptom: str | None, lock: bo
 @click.pass_obj
 def doctor_cmd(app: AppContext, as_json: bool, sample_s: float, symptom: str | None, lock: bool, log_dir: str,
                no_probe: bool, snapshot: str | None) -> None:
-    """Why is model loading slow? The seed reports' decision tree, with evidence (exit 7: critical)."""
+    """Why is model loading slow? A decision tree over disk, network and GPU, with evidence (exit 7: critical)."""
     from ..doctor import diagnose, gather_snapshot
     if snapshot is not None:
         if not (Path(snapshot) / "t0").is_dir() or not (Path(snapshot) / "t1").is_dir():

@@ -56,3 +56,36 @@ def demo(workdir: str | None, size: str) -> None:
     """Walk through weightd's main job on a generated sample checkpoint."""
     from ..demo import run_demo
     run_demo(workdir, size)
+
+
+@cli.command()
+@click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
+def completion(shell: str) -> None:
+    """Print the shell completion script for SHELL (commands, options, choices)."""
+    from click.shell_completion import get_completion_class
+    cls = get_completion_class(shell)
+    assert cls is not None  # (click ships all three)
+    click.echo(cls(cli, {}, "weightd", "_WEIGHTD_COMPLETE").source())
+
+
+@cli.command()
+@click.argument("directory", metavar="DIR", type=click.Path(file_okay=False))
+@click.option("--size", default="1GiB", show_default=True, help="Total size of the checkpoint.")
+@click.option("--shards", default=4, show_default=True, type=click.IntRange(1, 256), help="safetensors shards.")
+@click.option("--seed", default="sample", show_default=True, help="Content seed: the same seed, the same bytes.")
+def sample(directory: str, size: str, shards: int, seed: str) -> None:
+    """Make a test checkpoint in DIR: safetensors shards with realistic tensor names
+    (model.layers.N.*), an index json and a config, for trying weightd or a benchmark."""
+    from pathlib import Path
+
+    from tiering import make_checkpoint, parse_size
+
+    from ..errors import UsageError
+    try:
+        total = parse_size(size)
+    except ValueError as exc:
+        raise UsageError(f"--size: {exc}") from None
+    if Path(directory).exists() and any(Path(directory).iterdir()):
+        raise UsageError(f"{directory}: exists and is not empty; choose a new directory")
+    out = make_checkpoint(Path(directory), total_bytes=total, shards=shards, seed=seed)
+    click.echo(str(out))

@@ -244,6 +244,12 @@ class Daemon:
             pass
 
     async def _start_p2p(self) -> None:
+        p = self.config.settings.p2p
+        if self.role != "origin" and not (p.peers or p.trackers or p.tracker_listen):
+            # nobody could find this node, and it could find nobody: no listening port at all (a default
+            # config must not open 0.0.0.0:6881 on a machine that never joins a swarm)
+            log.info("p2p off: no [p2p] peers or trackers configured (versions come from cold storage)")
+            return
         from p2p import P2PSession
         try:
             self.session = P2PSession(p2p_config(self.config))

@@ -88,7 +88,7 @@ def _probe_findings(i: Inputs, r: Report) -> None:
             r.findings.append(Finding(
                 "random-read-degraded", "critical" if p.get("p50_us", 0) > 1000 else "warning", "disk",
                 f"4K random reads on the {p.get('tier', 'warm')} tier take {p['p50_us']:.0f} µs p50 "
-                f"(baseline {base or 'none'} µs; the seed reports' healthy NVMe: ~50 µs)",
+                f"(baseline {base or 'none'} µs; a healthy NVMe: ~50 µs)",
                 p, "the device is contended or degraded: see the disk findings; re-run `weightd bench disk` "
                    "when idle to record a baseline"))
 
