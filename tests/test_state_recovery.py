@@ -342,7 +342,7 @@ def test_daemon_starts_on_a_corrupt_db_and_counts_it(wd, node_env, ckpt: Path, i
     try:
         d = DaemonProc(node_env, isolated_env, tmp_path)  # waits (bounded) for READY=1
         assert d.metric("weightd_state_recoveries_total") == 1
-        assert d.metric('weightd_checkpoint_pinned{model="org/m@v1"}') == 1
+        assert d.metric('weightd_checkpoint_pinned{model="org/m",version="v1"}') == 1
         st = wd("status", "--json")
         assert st.returncode == 0, st.stderr
         (c,) = json.loads(st.stdout)["checkpoints"]
