@@ -25,7 +25,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Callable
 
-from tiering import DIR_MODE, Dir, FetchRequest, FetchResult, SourceFallback, prefill_delta
+from tiering import DIR_MODE, Dir, FetchRequest, FetchResult, SourceFallback, prefill_delta, set_phase
 
 from .config import P2PConfig
 from .errors import P2PError, TorrentRejected
@@ -76,6 +76,7 @@ class P2PFetcher:
             log.warning("not using P2P for %s, copying from cold instead: %s", src.ref, problem)
             return FetchResult(False, fallback=SourceFallback("p2p", "cold", problem))
         request.staging.mark_resumable()
+        set_phase(request.progress, "copy", source="p2p", total=src.size)
         try:
             result = self._download(request, ti)
         except P2PError as exc:  # (TransferStalled, TransferFailed, LibtorrentError, ...)

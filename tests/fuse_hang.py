@@ -2,7 +2,10 @@
 files whose path contains HANG never return (until the file system is unmounted), as a read from a
 hung NFS server does. Everything else (metadata, other files) answers normally.
 
-    python tests/fuse_hang.py SOURCE MOUNTPOINT HANG
+    python tests/fuse_hang.py SOURCE MOUNTPOINT HANG [RATE]
+
+RATE (bytes per second, for all readers together): every other read is slowed to it, as a busy file
+server is.
 
 Needs fusepy and libfuse2 (scripts/install-tools.sh installs them) and the right to mount (root).
 """
@@ -13,13 +16,15 @@ import errno
 import os
 import sys
 import threading
+import time
 
 from fuse import FUSE, FuseOSError, Operations  # type: ignore[import-untyped]
 
 
 class HangingPassthrough(Operations):
-    def __init__(self, source: str, hang: str) -> None:
-        self.source, self.hang = source, hang
+    def __init__(self, source: str, hang: str, rate: float = 0.0) -> None:
+        self.source, self.hang, self.rate = source, hang, rate
+        self.link = threading.Lock()  # one "link" the reads share
         self.forever = threading.Event()   # never set: a read of a hung file waits on it
 
     def _p(self, path: str) -> str:
@@ -47,7 +52,11 @@ class HangingPassthrough(Operations):
     def read(self, path, size, offset, fh):
         if self.hang in path:
             self.forever.wait()
-        return os.pread(fh, size, offset)
+        data = os.pread(fh, size, offset)
+        if self.rate > 0:
+            with self.link:
+                time.sleep(len(data) / self.rate)
+        return data
 
     def release(self, path, fh):
         os.close(fh)
@@ -60,5 +69,6 @@ class HangingPassthrough(Operations):
 
 if __name__ == "__main__":
     src, mnt, hang = sys.argv[1:4]
-    FUSE(HangingPassthrough(src, hang), mnt, foreground=True, ro=True, allow_other=True, nothreads=False,
+    rate = float(sys.argv[4]) if len(sys.argv) > 4 else 0.0
+    FUSE(HangingPassthrough(src, hang, rate), mnt, foreground=True, ro=True, allow_other=True, nothreads=False,
          direct_io=True)

@@ -503,11 +503,12 @@ class HungCold:
     """Cold storage served through a real FUSE file server (tests/fuse_hang.py) whose reads of
     ``org/hang``'s safetensors never return, as reads from a hung NFS server do."""
 
-    def __init__(self, source: Path, mnt: Path, log: Path, hang: str) -> None:
+    def __init__(self, source: Path, mnt: Path, log: Path, hang: str, rate: int = 0) -> None:
+        """``rate``: bytes per second each reader gets (0: as fast as the source)."""
         self.path = mnt
         self.log = open(log, "w")
         self.proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("fuse_hang.py")), str(source),
-                                      str(mnt), hang], stdout=self.log, stderr=subprocess.STDOUT)
+                                      str(mnt), hang, str(rate)], stdout=self.log, stderr=subprocess.STDOUT)
         self.dev: int | None = None
         deadline = time.monotonic() + 10
         while not os.path.ismount(mnt):

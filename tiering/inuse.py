@@ -50,3 +50,12 @@ def processes_using(dirs: list[Path]) -> dict[Path, set[int]]:
             if path.startswith(prefix):
                 out.setdefault(d, set()).update(pids)
     return out
+
+
+def process_name(pid: int) -> str:
+    """The process's name (``/proc/PID/comm``), or "" once it is gone."""
+    try:
+        with open(f"/proc/{pid}/comm") as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""

@@ -131,10 +131,11 @@ class LocalNode:
 
     def preload(self, name: str, version: str | None = None, *, tier: str = HOT, strict: bool = False,
                 lease_s: float = DEFAULT_LEASE_S, timeout_s: float | None = None, wait: bool = False,
-                progress: ProgressFn | None = None) -> PreloadReport:
+                progress: ProgressFn | None = None, holder: str | None = None) -> PreloadReport:
         """Make NAME@VERSION complete and verified in ``tier`` (hot falls back to warm unless strict).
 
-        ``wait``: if it is not published yet, wait for it (until ``timeout_s``).
+        ``wait``: if it is not published yet, wait for it (until ``timeout_s``). ``holder``: who the
+        lease is for (shown in ``status`` and in a refusal; default: this process).
         """
         if tier not in LOCAL_TIERS:
             raise BadInput(f"tier must be one of {', '.join(LOCAL_TIERS)}")
@@ -142,23 +143,25 @@ class LocalNode:
         timeout_s = check_seconds("timeout_s", timeout_s, allow_zero=False)
         t0 = self.monotonic()
         deadline = None if timeout_s is None else t0 + timeout_s
-        return run_bounded(lambda: self._preload(name, version, tier, strict, lease_s, deadline, wait, progress, t0),
+        return run_bounded(lambda: self._preload(name, version, tier, strict, lease_s, deadline, wait, progress, t0,
+                                                 holder),
                            deadline=deadline, clock=self.monotonic, what=f"preload of {name}@{version or 'latest'}")
 
     def _preload(self, name: str, version: str | None, tier: str, strict: bool, lease_s: float,
-                 deadline: float | None, wait: bool, progress: ProgressFn | None, t0: float) -> PreloadReport:
+                 deadline: float | None, wait: bool, progress: ProgressFn | None, t0: float,
+                 holder: str | None = None) -> PreloadReport:
         src = self.wait_published(name, version, deadline) if wait else self.resolve(name, version)
         try:
-            report = self.preloader.preload_into(src, tier, deadline, progress, lease_s)
+            report = self.preloader.preload_into(src, tier, deadline, progress, lease_s, holder)
         except NoSpace as exc:
             if tier != HOT or strict:
                 raise
             log.info("hot tier cannot hold name=%s version=%s, falling back to warm: %s", src.name,
                      src.version, exc)
-            report = self.preloader.preload_into(src, WARM, deadline, progress, lease_s)
+            report = self.preloader.preload_into(src, WARM, deadline, progress, lease_s, holder)
             report.tier_fallback = {"from": HOT, "to": WARM, "reason": str(exc)}
         report.requested_tier = tier
-        self.preloader.warm(report)
+        self.preloader.warm(report, progress)
         report.seconds = self.monotonic() - t0
         return report
 
@@ -235,6 +238,14 @@ class LocalNode:
     def version(self, tier: str, name: str, version: str) -> VersionDir | None:
         """NAME@VERSION in ``tier`` (``cold`` included), or None."""
         return self.catalog.version(tier, name, version)
+
+    def listing(self, name: str | None = None) -> list[dict[str, Any]]:
+        """Published versions (of NAME) and where each is local; local versions not in cold too."""
+        return self.catalog.listing(name)
+
+    def check_cold_readable(self, limit: int = 50) -> dict[str, Any]:
+        """Whether this process can read cold storage: up to ``limit`` versions, every file opened."""
+        return self.catalog.check_readable(limit)
 
     def published(self) -> list[VersionDir]:
         """Every version published in cold storage."""

@@ -17,7 +17,7 @@ import struct
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from tiering import MAX_SECONDS  # (tiering.content.units: a light module, the client stays fast to start)
 
@@ -26,6 +26,7 @@ from .errors import DaemonError, DaemonUnavailable, SocketDenied, UntrustedDaemo
 __all__ = ["DaemonClient", "DaemonError", "MAX_SECONDS", "UntrustedDaemon", "peer_credentials", "peer_groups"]
 
 RECONNECT_S = 120.0  # a request without a --timeout waits this long for a daemon to come back
+STREAM_SILENCE_S = 30.0  # a progress stream sends a line every 0.5 s: this long without one, the daemon is hung
 
 _SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux >= 4.13
 
@@ -119,16 +120,54 @@ class DaemonClient:
             data = json.loads(resp.read() or b"null")
         finally:
             conn.close()
-        if resp.status >= 400:
-            err = data if isinstance(data, dict) else {}
-            hint = err.get("hint")
-            raise DaemonError(str(err.get("error", f"daemon answered HTTP {resp.status}")),
-                              int(err.get("exit_code", 1)), hint if isinstance(hint, str) else None,
-                              retry=err.get("retry") is True)
-        return data
+        return self._answer(resp.status, data)
+
+    def stream(self, route: str, body: dict[str, Any], on_progress: Callable[[dict[str, Any]], None] | None) -> Any:
+        """POST ``body`` with ``"stream": true`` and read the daemon's NDJSON answer: each progress
+        line goes to ``on_progress``, the last line is the result (returned) or the error (raised as
+        from :meth:`call`). A stream that ends without its last line, or stays silent for
+        STREAM_SILENCE_S, is a lost daemon (``ConnectionResetError``: ``call_retrying`` asks again)."""
+        conn = _UnixConnection(str(self.socket_path), STREAM_SILENCE_S, self.trusted_uids)
+        try:
+            conn.request("POST", f"/v1/{route}", body=json.dumps({**body, "stream": True}).encode(),
+                         headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            if resp.status >= 400 or "ndjson" not in (resp.getheader("Content-Type") or ""):
+                data = json.loads(resp.read() or b"null")
+                return self._answer(resp.status, data)
+            while True:
+                try:
+                    raw = resp.readline(1 << 20)
+                except (TimeoutError, socket.timeout):
+                    raise ConnectionResetError(f"the daemon sent nothing for {STREAM_SILENCE_S:.0f} s") from None
+                if not raw.endswith(b"\n"):
+                    raise ConnectionResetError("the daemon closed the progress stream before the result")
+                line = json.loads(raw)
+                if not isinstance(line, dict):
+                    continue
+                if "progress" in line:
+                    if on_progress is not None and isinstance(line["progress"], dict):
+                        on_progress(line["progress"])
+                    continue
+                if "result" in line:
+                    return line["result"]
+                return self._answer(500, line)
+        finally:
+            conn.close()
+
+    @staticmethod
+    def _answer(status: int, data: Any) -> Any:
+        if status < 400:
+            return data
+        err = data if isinstance(data, dict) else {}
+        hint = err.get("hint")
+        raise DaemonError(str(err.get("error", f"daemon answered HTTP {status}")),
+                          int(err.get("exit_code", 1)), hint if isinstance(hint, str) else None,
+                          retry=err.get("retry") is True)
 
     def call_retrying(self, method: str, route: str, body: dict[str, Any], *, timeout_s: float | None,
-                      what: str) -> Any:
+                      what: str, on_progress: Callable[[dict[str, Any]], None] | None = None,
+                      streamed: bool = False) -> Any:
         """``call`` for an idempotent request that must outlive a daemon restart (a rollout, ``systemctl
         restart``): a daemon that answers "stopping", goes away mid-request, or is not there yet is asked
         again, with back-off, until ``timeout_s`` (the request's own budget, passed on as what is left) or,
@@ -143,6 +182,8 @@ class DaemonClient:
             if left is not None:
                 b["timeout_s"] = left
             try:
+                if streamed:
+                    return self.stream(route, b, on_progress)
                 return self.call(method, route, b, timeout=None if left is None else left + 60)
             except DaemonError as exc:
                 if not exc.retry:
@@ -176,18 +217,26 @@ class DaemonClient:
             body["signature"] = signature
         return self.call("POST", "publish", body)
 
-    def preload(self, ref: str, **kw: Any) -> Any:
-        """``kw``: tier, strict, lease_s (absent: the daemon's default), timeout_s, wait."""
+    def preload(self, ref: str, *, on_progress: Callable[[dict[str, Any]], None] | None = None, **kw: Any) -> Any:
+        """``kw``: tier, strict, lease_s (absent: the daemon's default), timeout_s, wait. The answer
+        is streamed: ``on_progress`` gets each progress snapshot, and a hung daemon is noticed."""
         kw.pop("progress", None)
         t = kw.get("timeout_s")
         budget = t if isinstance(t, (int, float)) and not isinstance(t, bool) and 0 <= t < float("inf") else None
-        return self.call_retrying("POST", "preload", {"ref": ref, **kw}, timeout_s=budget, what=f"preload {ref}")
+        return self.call_retrying("POST", "preload", {"ref": ref, **kw}, timeout_s=budget, what=f"preload {ref}",
+                                  on_progress=on_progress, streamed=True)
 
     def path(self, ref: str) -> Any:
         return self.call("POST", "path", {"ref": ref})
 
     def status(self) -> Any:
         return self.call("GET", "status")
+
+    def check_cold(self) -> Any:
+        return self.call("GET", "check-cold", timeout=60)
+
+    def versions(self, name: str | None = None) -> Any:
+        return self.call("POST", "versions", {"name": name})
 
     def pin(self, ref: str) -> Any:
         return self.call("POST", "pin", {"ref": ref})

@@ -112,16 +112,34 @@ class _StateCollector(Collector):
         pinned = GaugeMetricFamily("weightd_checkpoint_pinned", "1 if the checkpoint is pinned",
                                    labels=["model", "version"])
         leases = GaugeMetricFamily("weightd_leases", "Leases held on local copies", labels=["tier"])
+        in_use = GaugeMetricFamily("weightd_copies_in_use", "Local copies some process has open or mapped",
+                                   labels=["tier"])
         n_leases = dict.fromkeys(st["tiers"], 0)
+        n_in_use = dict.fromkeys(st["tiers"], 0)
         for c in st["checkpoints"]:
             pinned.add_metric([c["name"], c["version"]], 1 if c["pinned"] else 0)
             for t, info in c["tiers"].items():
                 resident.add_metric([c["name"], c["version"], t], info["resident_bytes"])
                 size.add_metric([c["name"], c["version"], t], c["bytes"])
                 n_leases[t] = n_leases.get(t, 0) + len(info.get("leases", ()))
+                n_in_use[t] = n_in_use.get(t, 0) + (1 if info.get("in_use") else 0)
         for t, n in n_leases.items():
             leases.add_metric([t], n)
-        yield from (used, cap, high, staging, count, resident, size, pinned, leases)
+        for t, n in n_in_use.items():
+            in_use.add_metric([t], n)
+        phases = GaugeMetricFamily("weightd_transfer_phase", "Preloads in flight by phase (the daemon's single "
+                                   "flights)", labels=["phase"])
+        ratio = GaugeMetricFamily("weightd_transfer_progress_ratio", "How far the current phase of a transfer "
+                                  "in flight is (0-1)", labels=["model", "version", "tier", "phase"])
+        by_phase: dict[str, int] = {}
+        for row in st.get("transfers", ()):
+            by_phase[row["phase"]] = by_phase.get(row["phase"], 0) + 1
+            if row.get("total"):
+                ratio.add_metric([row["name"], row["version"], row.get("tier") or row["requested_tier"], row["phase"]],
+                                 min(1.0, row["done"] / row["total"]))
+        for ph, n in by_phase.items():
+            phases.add_metric([ph], n)
+        yield from (used, cap, high, staging, count, resident, size, pinned, leases, in_use, phases, ratio)
 
 
 class _PressureCollector(Collector):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections import deque
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -39,6 +40,8 @@ class _Default:
 
 
 DEFAULT = _Default()
+EVENTS_KEPT = 200          # recent fallbacks and failures kept for ``status`` and ``doctor``
+EVENTS_WINDOW_S = 3600.0   # ... and shown for this long
 ProgressFn = Callable[[int], None]
 PublishedHook = Callable[[str, str, "Path | None"], None]
 
@@ -76,6 +79,7 @@ class PreloadRequest:
     lease_s: float = 0.0
     timeout_s: float | None = None
     wait: bool = False
+    holder: str | None = None     # who the lease is for ("pid 4242 (vllm) uid 1000"); default: this process
 
     @property
     def ref(self) -> str:
@@ -92,6 +96,7 @@ class NodeService:
         self.config, self.node, self.metrics = config, node, metrics
         self.on_published = on_published
         self.monotonic = monotonic
+        self.events: deque[dict[str, Any]] = deque(maxlen=EVENTS_KEPT)  # fallbacks and failures, for doctor
 
     # -- publish ------------------------------------------------------------------------------------
     def publish(self, src: Path, name: str, version: str, *, progress: ProgressFn | None = None,
@@ -124,13 +129,13 @@ class NodeService:
 
     # -- preload: validate, resolve, load ----------------------------------------------------------
     def preload_request(self, ref: str, *, tier: Any = HOT, strict: bool = False, lease_s: Any = DEFAULT,
-                        timeout_s: Any = None, wait: bool = False) -> PreloadRequest:
+                        timeout_s: Any = None, wait: bool = False, holder: str | None = None) -> PreloadRequest:
         """Validated alike for the CLI and the daemon (InvalidRequest naming the key, exit 2)."""
         name, version = split_ref(ref)
         tier = check_tier(tier)
         lease = DEFAULT_LEASE_S if lease_s is DEFAULT else check_seconds("lease_s", lease_s)
         timeout = None if timeout_s is None else check_seconds("timeout_s", timeout_s)
-        return PreloadRequest(name, version, tier, bool(strict), lease, timeout, bool(wait))
+        return PreloadRequest(name, version, tier, bool(strict), lease, timeout, bool(wait), holder)
 
     def needs_resolving(self, req: PreloadRequest) -> bool:
         return req.version is None or req.wait
@@ -163,7 +168,7 @@ class NodeService:
         t0 = self.monotonic()
         try:
             r = self.node.preload(req.name, req.version, tier=req.tier, strict=req.strict, lease_s=req.lease_s,
-                                  timeout_s=req.timeout_s, progress=progress)
+                                  timeout_s=req.timeout_s, progress=progress, holder=req.holder)
         except BaseException as exc:
             self._count_failure(req, exc)
             raise
@@ -189,6 +194,8 @@ class NodeService:
                   else "timeout" if isinstance(exc, TimeoutError) else "not_found" if isinstance(exc, FileNotFoundError)
                   else "error")
         self.metrics.preload_failures.labels(reason, req.name).inc()
+        self.events.append({"at": time.time(), "kind": "failure", "ref": req.ref, "from": req.tier, "to": "",
+                            "reason": f"{reason}: {exc}"[:300]})
         if isinstance(exc, SignatureRefused):
             self.metrics.trust_refusals.labels(exc.reason).inc()
         elif isinstance(exc, IntegrityError):
@@ -199,10 +206,15 @@ class NodeService:
 
     def _count_success(self, r: Any, d: dict[str, Any], seconds: float) -> None:
         m = self.metrics
+        ref = f"{r.name}@{r.version}"
         if r.tier_fallback:
             m.fallbacks.labels("tier", r.tier_fallback["from"], r.tier_fallback["to"]).inc()
+            self.events.append({"at": time.time(), "kind": "tier_fallback", "ref": ref, "from": r.tier_fallback["from"],
+                                "to": r.tier_fallback["to"], "reason": r.tier_fallback["reason"]})
         for f in r.source_fallbacks:
             m.fallbacks.labels("source", f.source, f.to).inc()
+            self.events.append({"at": time.time(), "kind": "source_fallback", "ref": ref, "from": f.source,
+                                "to": f.to, "reason": f.reason})
         by_source = d["bytes_by_source"]
         m.last_success.labels(r.name).set(time.time())
         if not d.get("already_present"):  # (a no-op must not pull the loading latency down)
@@ -220,7 +232,17 @@ class NodeService:
         return {"tier": tier, "path": str(p)}
 
     def status(self) -> dict[str, Any]:
-        return self.node.status()
+        since = time.time() - EVENTS_WINDOW_S
+        return {**self.node.status(), "transfers": [], "answered_by": "in-process",
+                "recent_events": [e for e in list(self.events) if e["at"] >= since]}
+
+    def check_cold(self) -> dict[str, Any]:
+        """Can this process (the daemon's user) read cold storage? ``weightd doctor`` asks."""
+        return self.node.check_cold_readable()
+
+    def versions(self, name: str | None = None) -> dict[str, Any]:
+        """``weightd ls``: published versions and where each is local."""
+        return {"versions": self.node.listing(name)}
 
     def pin(self, ref: str) -> dict[str, Any]:
         return self._pin(ref, True)

@@ -57,6 +57,16 @@ def format_bytes(n: float) -> str:
     raise AssertionError("unreachable")
 
 
+def format_duration(seconds: float) -> str:
+    """``42s``, ``9m58s``, ``2h05m``: whole seconds, rounded once (never ``9m60s``)."""
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
 #: leases and timeouts: finite and at most a week (the one home of this bound: the tiers, the service,
 #: the daemon's API and the CLI's options all check against it)
 MAX_SECONDS = 7 * 24 * 3600

@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterable
 from .._syscalls import PAGE, populate, populate_read_supported
 from ..content.hashing import open_for_read
 from ..errors import PageCacheError
+from ..progress import watch_throttle
 from .files import FileRef, Skipped, collect_files
 from .resident import residency, resident_pages
 from .throttle import AwaitMonitor, LatencyProbe, TokenBucket
@@ -127,6 +128,7 @@ def warm(paths: Iterable[str | os.PathLike[str]], *, concurrency: int = 2, rate_
     monitor = AwaitMonitor(probe.devices, await_threshold_ms, probe=probe if probe.targets else None,
                            slack_bytes=max(1, concurrency) * (32 << 20))
     bucket = TokenBucket(rate_bytes_per_s)
+    watch_throttle(progress, lambda: (monitor.rate_cap, monitor.backoffs))  # (a Progress shows it live)
     lock = threading.Lock()
 
     def one(ref: FileRef) -> None:

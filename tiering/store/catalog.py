@@ -4,7 +4,7 @@ lookups, and waiting for a version to be published. Reads only; through the chec
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import Any, Callable
 
 from ..content.names import validate_name, validate_version
 from ..errors import CheckpointNotFound, TieringError, TimedOut
@@ -50,7 +50,8 @@ class Catalog:
                     return v
             raise CheckpointNotFound(f"{name}@{version}", "not published and not on this node"
                                      + (self._near(name) if suggest else ""))
-        candidates = self.published_versions(name)
+        # strict: a published version we cannot read is an error, never skipped (it may be the latest)
+        candidates = published_versions(self.roots.dir(COLD), name, strict=True)
         if not candidates:
             for tier in LOCAL_TIERS:
                 candidates += [v for v in list_versions(self.roots.dir(tier)) if v.name == name]
@@ -58,6 +59,83 @@ class Catalog:
             raise CheckpointNotFound(name, "no version published and none on this node"
                                      + (self._near(name) if suggest else ""))
         return max(candidates, key=lambda v: (v.manifest.published_at or "", v.version))
+
+    def listing(self, name: str | None = None) -> list[dict[str, Any]]:
+        """Every published version (of NAME, or of every name), with the local tiers holding the same
+        content, and the local versions that are not (or no longer) in cold storage: ``weightd ls``."""
+        from ..content.signature import SIGNATURE_RELPATH
+        if name is not None:
+            validate_name(name)
+        cold = self.roots.dir(COLD)
+        published = published_versions(cold, name) if name is not None else list_versions(cold)
+        local: dict[tuple[str, str], dict[str, VersionDir]] = {}
+        for t in LOCAL_TIERS:
+            for v in list_versions(self.roots.dir(t)):
+                if name is None or v.name == name:
+                    local.setdefault((v.name, v.version), {})[t] = v
+        rows: dict[tuple[str, str], dict[str, Any]] = {}
+        for v in published:
+            here = local.get((v.name, v.version), {})
+            rows[(v.name, v.version)] = {
+                "name": v.name, "version": v.version, "bytes": v.size, "digest": v.manifest.digest,
+                "published_at": v.manifest.published_at, "published": True,
+                "signed": cold is not None and cold.is_file(f"{v.rel}/{SIGNATURE_RELPATH}"),
+                "local": [t for t, lv in here.items() if lv.manifest.digest == v.manifest.digest]}
+        for key, here in local.items():
+            if key not in rows:
+                v = next(iter(here.values()))
+                rows[key] = {"name": v.name, "version": v.version, "bytes": v.size, "digest": v.manifest.digest,
+                             "published_at": v.manifest.published_at, "published": False, "signed": None,
+                             "local": list(here)}
+        return sorted(rows.values(), key=lambda r: (r["name"], r["published_at"] or "", r["version"]))
+
+    def check_readable(self, limit: int = 50) -> dict[str, Any]:
+        """Can this process read cold storage (``weightd doctor``, run by the daemon as its own user)?
+        Up to ``limit`` published versions: each manifest, and each file opened for reading. Every
+        directory, manifest or file it may not read is a problem; nothing is skipped quietly."""
+        import os
+        from ..content.manifest import MANIFEST_RELPATH as MANIFEST
+        from ..errors import ManifestError
+        problems: list[dict[str, str]] = []
+        checked = 0
+        try:
+            cold = self.roots.dir(COLD)
+        except (OSError, TieringError) as exc:
+            return {"uid": os.geteuid(), "checked": 0, "problems": [{"where": "cold", "reason": str(exc)}]}
+        if cold is None:
+            return {"uid": os.geteuid(), "checked": 0, "problems": [{"where": "cold", "reason": "does not exist"}]}
+
+        def names() -> list[str]:
+            out: list[str] = []
+            for a in _subdirs(cold, "", problems):
+                for b in _subdirs(cold, a, problems):
+                    if cold.lstat(f"{a}/{b}/{MANIFEST.split('/')[0]}") is not None:
+                        out.append(a)  # a/b is a version of NAME a
+                        break
+                    out.append(f"{a}/{b}")
+            return out
+
+        try:
+            for name in names():
+                if checked >= limit:
+                    break
+                try:
+                    versions = published_versions(cold, name, strict=True)
+                except (ManifestError, TieringError, OSError) as exc:
+                    problems.append({"where": name, "reason": str(exc)})
+                    continue
+                for v in versions[: max(0, limit - checked)]:
+                    checked += 1
+                    for f in v.manifest.files:
+                        try:
+                            os.close(cold.open_read(f"{v.rel}/{f.path}"))
+                        except (OSError, TieringError) as exc:
+                            problems.append({"where": f"{v.ref}/{f.path}", "reason": getattr(exc, "strerror", None)
+                                             or str(exc)})
+                            break
+        except PermissionError as exc:
+            problems.append({"where": str(cold.path), "reason": exc.strerror or "permission denied"})
+        return {"uid": os.geteuid(), "checked": checked, "problems": problems}
 
     def _near(self, name: str, limit: int = 8) -> str:
         """What the caller probably meant, for a not-found message: NAME's published versions, or the
@@ -91,3 +169,15 @@ class Catalog:
                     ref = f"{name}@{version}" if version else name
                     raise TimedOut(f"{ref}: not published before the timeout") from None
             self.sleep(poll_s)
+
+
+def _subdirs(d: Dir, rel: str, problems: list[dict[str, str]]) -> list[str]:
+    """The directories under ``d/rel`` that could be names or versions; one we may not list is a problem."""
+    try:
+        if rel:
+            with d.sub(rel) as sub:
+                return [x for x in sub.subdirs() if not x.startswith(".")]
+        return [x for x in d.subdirs() if not x.startswith(".")]
+    except (OSError, TieringError) as exc:
+        problems.append({"where": str(d.path / rel), "reason": getattr(exc, "strerror", None) or str(exc)})
+        return []

@@ -12,9 +12,11 @@ import errno
 import logging
 from typing import Callable
 
+from ..content.units import format_bytes
 from ..errors import NoSpace
 from ..layout import WARM, VersionDir, read_version, remove_tree, version_rel
 from ..pagecache import WarmOptions, residency, warm
+from ..progress import set_phase, watch_throttle
 from ..sources import ProgressFn
 from ..state import State
 from .reports import PreloadReport
@@ -37,7 +39,7 @@ class Preloader:
         self.warm_options, self.on_placed = warm_options, on_placed
 
     def preload_into(self, src: VersionDir, tier: str, deadline: float | None,
-                     progress: ProgressFn | None, lease_s: float) -> PreloadReport:
+                     progress: ProgressFn | None, lease_s: float, holder: str | None = None) -> PreloadReport:
         name, version, m = src.name, src.version, src.manifest
         root = self.roots.must(tier)
         rel = version_rel(name, version)
@@ -47,6 +49,8 @@ class Preloader:
             report.signature = {"key_name": signed.statement.key_name, "key_id": signed.statement.key_id,
                                 "algorithm": signed.statement.algorithm, "checked": True}
         lock = self.roots.lock(tier, name, version)
+        set_phase(progress, "wait", total=m.total_bytes, tier=tier,
+                  detail=f"for another transfer of {name}@{version} into {tier}")
         lock.acquire(self.remaining(deadline))
         try:
             have = read_version(root, name, version)
@@ -54,25 +58,26 @@ class Preloader:
                 self.trust.adopt_copy(root, have, signed)  # placed before signatures were checked here
                 self.state.record_copy(tier, name, version, m.digest, m.total_bytes)
                 report.already_present = True
-                self.lease(report, lease_s)
+                self.lease(report, lease_s, holder)
                 return report
             if have is not None or root.lstat(rel) is not None:
                 # a different copy under the same name, or something that is not a version (a planted
                 # symlink, a damaged directory): removed by descriptor, never followed
                 remove_tree(root, rel)
+            set_phase(progress, "wait", detail=f"for {format_bytes(m.total_bytes)} of space in {tier}")
             staging, report.evicted = self.space.reserve(tier, name, version, m.total_bytes, deadline)
             with staging:  # aborted on any exception
                 try:
                     fill = self.sources.fill(staging, m, tier, name, version, deadline, progress)
                     _record(report, fill)
                     staging.commit(root, name, version, m, verified=fill.verified, signed=signed,
-                                   checked_at=self.now())
+                                   checked_at=self.now(), progress=progress)
                 except OSError as exc:
                     if exc.errno == errno.ENOSPC:
                         raise NoSpace(tier, m.total_bytes, 0, "the file system filled up during the copy") from exc
                     raise
             self.state.record_copy(tier, name, version, m.digest, m.total_bytes)
-            self.lease(report, lease_s)
+            self.lease(report, lease_s, holder)
             if self.on_placed is not None:
                 placed = read_version(root, name, version)
                 if placed is not None:
@@ -84,13 +89,14 @@ class Preloader:
         finally:
             lock.release()
 
-    def warm(self, report: PreloadReport) -> None:
+    def warm(self, report: PreloadReport, progress: ProgressFn | None = None) -> None:
         """Bring a warm-tier copy into the page cache (a tmpfs copy is resident by nature)."""
         t0 = self.monotonic()
         if report.tier == WARM:
             o = self.warm_options
+            set_phase(progress, "warm", total=report.bytes)
             r = warm([report.path], concurrency=o.concurrency, rate_bytes_per_s=o.rate_bytes_per_s,
-                     await_threshold_ms=o.await_threshold_ms)
+                     await_threshold_ms=o.await_threshold_ms, progress=progress)
             report.resident_bytes = r.resident_bytes
             for sk in r.skipped:
                 log.warning("could not warm path=%s: %s", sk.path, sk.reason)
@@ -98,9 +104,9 @@ class Preloader:
             report.resident_bytes = residency([report.path]).resident_bytes
         report.warm_seconds = self.monotonic() - t0
 
-    def lease(self, report: PreloadReport, lease_s: float) -> None:
+    def lease(self, report: PreloadReport, lease_s: float, holder: str | None = None) -> None:
         if lease_s > 0:
-            self.state.add_lease(report.tier, report.name, report.version, lease_s)
+            self.state.add_lease(report.tier, report.name, report.version, lease_s, holder)
             report.lease_expires_at = self.now() + lease_s
 
 

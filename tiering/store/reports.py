@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..inuse import process_name, processes_using
 from ..layout import LOCAL_TIERS, VersionDir, list_versions
 from ..pagecache import residency
 from ..sources import SourceFallback, as_dicts
@@ -99,8 +100,10 @@ def status(roots: TierRoots, state: State) -> dict[str, Any]:
     rows = {(r.tier, r.name, r.version): r for r in state.copies()}
     tiers: dict[str, Any] = {}
     checkpoints: dict[tuple[str, str], dict[str, Any]] = {}
+    by_tier = {t: _tier_status(roots, t) for t in LOCAL_TIERS}
+    using = processes_using([v.path for _, versions in by_tier.values() for v in versions])  # one /proc scan
     for t in LOCAL_TIERS:
-        tiers[t], versions = _tier_status(roots, t)
+        tiers[t], versions = by_tier[t]
         for v in versions:
             c = checkpoints.setdefault((v.name, v.version), {
                 "name": v.name, "version": v.version, "digest": v.manifest.digest, "bytes": v.size,
@@ -116,6 +119,8 @@ def status(roots: TierRoots, state: State) -> dict[str, Any]:
                              "resident_bytes": res,
                              "resident_percent": round(100 * res / v.size, 2) if v.size else 100.0,
                              "leases": [{"holder": le.holder, "expires_at": le.expires_at} for le in leases
-                                        if (le.tier, le.name, le.version) == (t, v.name, v.version)]}
+                                        if (le.tier, le.name, le.version) == (t, v.name, v.version)],
+                             "in_use": [{"pid": pid, "process": process_name(pid)}
+                                        for pid in sorted(using.get(v.path, ()))]}
     return {"tiers": tiers, "checkpoints": [checkpoints[k] for k in sorted(checkpoints)],
             "pins": [f"{n}@{v}" for n, v in sorted(pinned)]}

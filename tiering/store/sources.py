@@ -17,6 +17,7 @@ from ..delta import build_verified as build_delta
 from ..errors import CheckpointNotFound, TimedOut
 from ..layout import COLD, HOT, LOCAL_TIERS, WARM, VersionDir, list_versions, read_version, version_rel
 from ..locks import FileLock
+from ..progress import set_phase
 from ..safefs import FileRef
 from ..sources import Fetcher, FetchRequest, ProgressFn, SourceFallback
 from .roots import TierRoots
@@ -99,6 +100,7 @@ class Sources:
 
     def _build_delta(self, staging: StagingArea, plan: DeltaPlan, fill: Fill, name: str, version: str,
                      deadline: float | None, progress: ProgressFn | None) -> None:
+        set_phase(progress, "copy", source="delta")
         staging.dir.clear()
         # verified inside: a donor part that fails is fetched from cold and checked again
         with self.roots.must(COLD).sub(version_rel(name, version)) as cold_dir:
@@ -126,6 +128,7 @@ class Sources:
                     continue
             try:
                 staging.dir.clear()
+                set_phase(progress, "copy", source=label, total=m.total_bytes)
                 with self.roots.must(src_tier).sub(rel) as base:
                     jobs = [CopyJob(FileRef(base, f.path), FileRef(staging.dir, f.path), f.size, f.mode)
                             for f in m.files]

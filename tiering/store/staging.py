@@ -22,7 +22,9 @@ from typing import Callable
 from ..content.build import verify_checkpoint
 from ..content.manifest import MANIFEST_RELPATH, Manifest
 from ..layout import DIR_MODE, STAGING
+from ..progress import set_phase
 from ..safefs import Dir
+from ..sources import ProgressFn
 from .trust import Signed, check_bytes, write_record
 
 RESUMABLE_MAX_AGE_S = 24 * 3600
@@ -59,7 +61,7 @@ class StagingArea:
             d.write_atomic(fname, m.to_json().encode("utf-8"), 0o644)
 
     def commit(self, root: Dir, name: str, version: str, m: Manifest, *, verified: bool,
-               signed: "Signed | None" = None, checked_at: float = 0.0) -> None:
+               signed: "Signed | None" = None, checked_at: float = 0.0, progress: "ProgressFn | None" = None) -> None:
         """Write ``m``, check the staged files against it (sizes and digests; skipped when the filler
         already ``verified`` them), fsync the tree, rename it to ``NAME/VERSION`` (never over an
         existing entry) and fsync the parent: when this returns the version is durable.
@@ -68,11 +70,14 @@ class StagingArea:
         parts (even when the filler verified them: its check was not a cryptographic one), then the
         signature and its trust record are written beside the manifest."""
         self.write_manifest(m)
+        if signed is not None or not verified:
+            set_phase(progress, "verify", total=m.total_bytes)
         if signed is not None:
-            check_bytes(self.dir, m, signed, f"{name}@{version}")
+            check_bytes(self.dir, m, signed, f"{name}@{version}", progress=progress)
             write_record(self.dir, signed, checked_at)
         elif not verified:
-            verify_checkpoint(self.dir, m).raise_for_problems()
+            verify_checkpoint(self.dir, m, progress=progress).raise_for_problems()
+        set_phase(progress, "fsync", total=0)
         self.dir.fsync_tree()
         with root.sub(name, create=True, mode=DIR_MODE) as parent:
             self.area.rename(self.sid, parent, version)

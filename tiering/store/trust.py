@@ -25,6 +25,7 @@ from ..content.signature import (HASHERS, MAX_BUNDLE_BYTES, SIGNATURE_RELPATH, T
                                  SignedStatement, TrustPolicy)
 from ..errors import TieringError
 from ..layout import COLD, DIR_MODE, LOCAL_TIERS, VersionDir, read_version
+from ..sources import ProgressFn
 from ..safefs import Dir
 from .roots import TierRoots
 
@@ -46,10 +47,11 @@ def read_trust(root: Dir | None, rel: str) -> dict[str, Any] | None:
     return rec if isinstance(rec, dict) and rec.get("checked") is True else None
 
 
-def check_bytes(d: Dir, m: Manifest, signed: Signed, ref: str, *, threads: int | None = None) -> None:
+def check_bytes(d: Dir, m: Manifest, signed: Signed, ref: str, *, threads: int | None = None,
+                progress: "ProgressFn | None" = None) -> None:
     """One read of every file of ``d``: the manifest's parts (IntegrityError) and the signed digests
     (SignatureRefused, reason ``digest_mismatch``)."""
-    report = verify_checkpoint(d, m, threads=threads, crypto=HASHERS[signed.statement.algorithm])
+    report = verify_checkpoint(d, m, threads=threads, crypto=HASHERS[signed.statement.algorithm], progress=progress)
     report.raise_for_problems()
     signed.statement.check_digests(ref, report.crypto_digests)
 

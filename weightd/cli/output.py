@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from tiering import format_bytes
+from tiering import format_bytes, format_duration
 
 from ..progress import progress_bar
 
@@ -31,11 +31,17 @@ def emit_path(path: str) -> None:
 
 
 def warn(message: str) -> None:
-    click.echo(f"weightd: warning: {message}", err=True)
+    """A warning on stderr (not with -q: only errors then)."""
+    from .. import progress
+    if not progress.QUIET:
+        click.echo(f"weightd: warning: {message}", err=True)
 
 
 def note(message: str) -> None:
-    click.echo(message, err=True)
+    """A note on stderr (not with -q)."""
+    from .. import progress
+    if not progress.QUIET:
+        click.echo(message, err=True)
 
 
 def rate(nbytes: int, seconds: float) -> str:
@@ -95,28 +101,77 @@ def show_preloaded(r: dict[str, Any]) -> None:
     emit_path(r["path"])
 
 
-def show_status(st: dict[str, Any]) -> None:
-    click.echo(f"{'TIER':<5} {'USED':>10} {'CAPACITY':>10} {'USE%':>5} {'CKPTS':>5} {'IN FLIGHT':>9}  PATH")
+def left(ts: float | None) -> str:
+    """Time left until ``ts`` (a wall-clock expiry): ``9m58s``, ``2h05m``, ``expired``."""
+    if not ts:
+        return "-"
+    s = ts - time.time()
+    return "expired" if s <= 0 else format_duration(s)
+
+
+def show_status(st: dict[str, Any], *, wide: bool = False) -> None:
+    """Tiers, then transfers in flight, checkpoints, and what holds each copy (pins, leases with
+    holder and time left, processes using it). ``wide``: watermarks, digests, paths, pids."""
+    click.echo(f"{'TIER':<5} {'USED':>10} {'CAPACITY':>10} {'USE%':>5} {'CKPTS':>5} {'IN FLIGHT':>9}"
+               + (f" {'HIGH/LOW':>9}" if wide else "") + "  PATH")
     for t, info in st["tiers"].items():
         cap = info["capacity_bytes"]
         pct = f"{100 * info['used_bytes'] / cap:.0f}%" if cap else "-"
+        marks = f" {info['high_watermark']:.0%}/{info['low_watermark']:.0%}".rjust(10) if wide else ""
         click.echo(f"{t:<5} {format_bytes(info['used_bytes']):>10} {format_bytes(cap):>10} {pct:>5} "
-                   f"{info['checkpoints']:>5} {info['transfers_in_flight']:>9}  {info['path']}")
+                   f"{info['checkpoints']:>5} {info['transfers_in_flight']:>9}{marks}  {info['path']}")
+    transfers = st.get("transfers") or []
+    if transfers:
+        from ..progress import figures
+        click.echo(f"\n{'TRANSFER':<40} {'TIER':<5} {'PHASE':<16} {'%':>4}  {'BYTES, RATE, ETA':<36} WAITERS")
+        for t in transfers:
+            phase = t["phase"] + (f" ({t['source']})" if t["phase"] == "copy" and t.get("source") else "")
+            pct = f"{100 * t['done'] / t['total']:.0f}" if t.get("total") else "-"
+            click.echo(f"{t['name'] + '@' + t['version']:<40} {(t.get('tier') or t['requested_tier']):<5} "
+                       f"{phase:<16} {pct:>4}  {figures(t):<36} {t.get('waiters', 0)}")
     if not st["checkpoints"]:
         click.echo("\nno checkpoints on this node")
         return
     click.echo(f"\n{'CHECKPOINT':<40} {'SIZE':>10}  {'HOT':<5} {'WARM':<5} {'PIN':<3}  {'LEASES':<6} "
-               f"{'LAST USE':<10} SIGNED BY")
+               f"{'IN USE':<6} {'LAST USE':<10} SIGNED BY" + ("  DIGEST" if wide else ""))
     click.echo("(hot/warm: % resident in the page cache; '-': not in that tier; signed by: the key whose signature "
                "was checked here)")
+    held: list[tuple[str, str, str, str]] = []
     for c in st["checkpoints"]:
+        ref = f"{c['name']}@{c['version']}"
         leases = [le for t in c["tiers"].values() for le in t["leases"]]
+        users = {u["pid"] for t in c["tiers"].values() for u in t.get("in_use", ())}
         last = max((t["last_access"] or 0) for t in c["tiers"].values())
         cols = [f"{c['tiers'][t]['resident_percent']:.0f}%" if t in c["tiers"] else "-" for t in ("hot", "warm")]
         signers = sorted({t["signature"]["signed_by"] for t in c["tiers"].values() if t.get("signature")})
-        click.echo(f"{c['name'] + '@' + c['version']:<40} {format_bytes(c['bytes']):>10}  "
+        click.echo(f"{ref:<40} {format_bytes(c['bytes']):>10}  "
                    f"{cols[0]:<5} {cols[1]:<5} {'yes' if c['pinned'] else '-':<3}  {len(leases) or '-':<6} "
-                   f"{ago(last) + ' ago':<10} {', '.join(signers) or '-'}")
+                   f"{len(users) or '-':<6} {ago(last) + ' ago':<10} {', '.join(signers) or '-'}"
+                   + (f"  {c['digest']}" if wide else ""))
+        if c["pinned"]:
+            held.append((ref, "-", "pinned", "-"))
+        for tier, info in c["tiers"].items():
+            for le in info["leases"]:
+                held.append((ref, tier, f"lease, {le['holder'] or '?'}", left(le["expires_at"])))
+            for u in info.get("in_use", ()):
+                held.append((ref, tier, f"in use, pid {u['pid']}" + (f" ({u['process']})" if u["process"] else ""), "-"))
+            if wide:
+                held.append((ref, tier, f"path {info['path']}", "-"))
+    if held:
+        click.echo(f"\n{'HELD':<40} {'TIER':<5} {'BY':<44} LEFT")
+        for ref, tier, by, time_left in held:
+            click.echo(f"{ref:<40} {tier:<5} {by:<44} {time_left}")
+
+
+def show_versions(rows: list[dict[str, Any]]) -> None:
+    if not rows:
+        click.echo("nothing published")
+        return
+    click.echo(f"{'CHECKPOINT':<40} {'SIZE':>10}  {'PUBLISHED':<20} {'LOCAL':<10} SIGNED")
+    for r in rows:
+        click.echo(f"{r['name'] + '@' + r['version']:<40} {format_bytes(r['bytes']):>10}  "
+                   f"{(r['published_at'] or '-')[:19]:<20} {','.join(r['local']) or '-':<10} "
+                   f"{'yes' if r['signed'] else '-'}")
 
 
 def show_gc(r: dict[str, Any]) -> None:
@@ -244,6 +299,16 @@ def show_doctor(report: Any, doc: dict[str, Any], source: str) -> None:
         click.echo(f"warm tier 4K random read: p50 {pr['p50_us']} µs, p99 {pr['p99_us']} µs"
                    + (f" (baseline p50 {pr['baseline_p50_us']} µs)" if pr.get("baseline_p50_us") else
                       " (no baseline: run `weightd bench disk`)"))
+    w = report.measurements.get("weightd")
+    if w:
+        checked = w["spot_checked"]
+        bad = [c for c in checked if not c["ok"]]
+        skipped = [c for c in checked if c.get("skipped")]
+        click.echo(f"weightd: daemon {w['daemon']}; cold storage: {w['cold_checked_versions']} version(s) opened; "
+                   f"spot check: {len(checked) - len(skipped)} local cop{'y' if len(checked) == 1 else 'ies'}, "
+                   f"{format_bytes(sum(c['bytes'] for c in checked))} re-hashed, "
+                   + (f"{len(bad)} damaged" if bad else "all match")
+                   + (f" ({len(skipped)} not readable by this user)" if skipped else ""))
 
 
 def show_bench(r: dict[str, Any], target: Any, recorded: bool) -> None:

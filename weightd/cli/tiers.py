@@ -8,6 +8,7 @@ return the same plain dicts, so output and exit codes are the same either way.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -50,8 +51,11 @@ class Backend:
                 self.client = client
                 _warn_other_config(app, client.health)
         if self.client is None and app.daemon_only:
-            raise DaemonUnavailable(f"the node daemon does not answer on {app.config.settings.api.socket} "
-                                    "(--daemon-only)")
+            sock = app.config.settings.api.socket
+            why = ("nothing listens there (a stale socket: the daemon stopped or crashed; systemctl status weightd)"
+                   if os.path.exists(sock) else
+                   "no socket there: the daemon is not running, or it uses another [api] socket (weightd config show)")
+            raise DaemonUnavailable(f"--daemon-only: the node daemon does not answer on {sock}: {why}")
 
     @property
     def service(self):
@@ -103,12 +107,18 @@ class Backend:
                                         signature=Path(signature) if signature else None)
 
     def preload(self, ref: str, **kw: Any) -> dict[str, Any]:
+        """The same bar either way: drawn from the daemon's progress stream, or from this process."""
+        from ..progress import TransferBar, follow
         if self.client:
-            return self.checked_path(self.client.preload(ref, **kw))
+            with TransferBar() as bar:
+                return self.checked_path(self.client.preload(ref, on_progress=bar.update, **kw))
+        from tiering import Progress
         svc = self.service
+        kw.setdefault("holder", f"pid {os.getpid()} (weightd) uid {os.geteuid()}")  # (as the daemon names callers)
         req = svc.resolve(svc.preload_request(ref, **kw))  # not published: exit 3 (or wait, if asked)
-        with output.progress_bar(f"preloading {ref} -> {req.tier}", svc.size(req)) as advance:
-            return svc.load(req, progress=advance)
+        progress = Progress(f"{req.name}@{req.version}", svc.size(req))
+        with follow(progress):
+            return svc.load(req, progress=progress)
 
     def path(self, ref: str) -> dict[str, Any]:
         r = self.ops.path(ref)
@@ -182,13 +192,62 @@ def path_cmd(app: AppContext, ref: str, as_json: bool) -> None:
 
 
 @cli.command()
+@click.option("-o", "--output", "fmt", type=click.Choice(["table", "wide", "json"]), default="table",
+              show_default=True, help="wide: also watermarks, digests, paths; json: the whole document.")
+@click.option("--json", "as_json", is_flag=True, help="Same as -o json.")
+@click.option("--watch", "watch_s", type=float, default=None, metavar="S", is_flag=False, flag_value=2.0,
+              help="Redraw every S seconds (2 if not given) until Ctrl-C.")
+@click.pass_obj
+def status(app: AppContext, fmt: str, as_json: bool, watch_s: float | None) -> None:
+    """Tiers, transfers in flight (phase, %, rate, ETA, waiters), checkpoints with residency, and what
+    holds each copy: pins, leases (holder, time left), processes using it.
+
+    Example: weightd status -o wide --watch 1"""
+    import time
+    if watch_s is not None and not (0.1 <= watch_s <= 3600):
+        raise click.BadParameter("from 0.1 to 3600 seconds", param_hint="--watch")
+    fmt = "json" if as_json else fmt
+    with Backend(app, query=True) as b:
+        try:
+            while True:
+                st = b.ops.status()
+                if watch_s is not None and fmt != "json" and sys.stdout.isatty():
+                    click.echo("\x1b[H\x1b[2J", nl=False)  # (clear the screen, as watch(1) does)
+                if fmt == "json":
+                    output.emit_json(st, compact=watch_s is not None)  # (--watch: one document per line)
+                else:
+                    if watch_s is not None:
+                        click.echo(f"every {watch_s:g} s, {time.strftime('%H:%M:%S')} (Ctrl-C to stop)")
+                    output.show_status(st, wide=fmt == "wide")
+                if st.get("answered_by") == "in-process" and not app.no_daemon:
+                    output.note(f"(the daemon did not answer on {app.config.settings.api.socket}: this is what "
+                                "this process sees in the tiers; transfers the daemon runs are not shown)")
+                if watch_s is None:
+                    return
+                sys.stdout.flush()
+                time.sleep(watch_s)
+                if fmt != "json":
+                    click.echo()
+        except KeyboardInterrupt:  # (the way out of --watch)
+            if watch_s is None:
+                raise
+
+
+@cli.command("ls")
+@click.argument("name", required=False)
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
-def status(app: AppContext, as_json: bool) -> None:
-    """Checkpoints x tiers, sizes, residency, pins, leases, transfers in flight, tier usage vs capacity."""
+def ls(app: AppContext, name: str | None, as_json: bool) -> None:
+    """Published versions (of NAME, or all) and the local tiers holding each; local versions that are
+    not in cold storage are listed too.
+
+    Example: weightd ls acme/llama-8b"""
+    if name is not None:
+        from tiering import validate_name
+        validate_name(name)
     with Backend(app, query=True) as b:
-        st = b.ops.status()
-    output.emit_json(st) if as_json else output.show_status(st)
+        r = b.ops.versions(name)
+    output.emit_json(r) if as_json else output.show_versions(r["versions"])
 
 
 def _pin(app: AppContext, ref: str, as_json: bool, pin: bool) -> None:

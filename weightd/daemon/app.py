@@ -126,7 +126,7 @@ class Daemon:
         now = time.monotonic()
         if self._status_cache is None or now - self._status_cache[0] > 2.0:
             self._status_cache = (now, self.node.status())
-        return self._status_cache[1]
+        return {**self._status_cache[1], "transfers": self.api.transfer_rows()}  # (transfers: live)
 
     def status_changed(self) -> None:
         self._status_cache = None

@@ -22,7 +22,7 @@ from aiohttp import web
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from tiering import HOT, TieringError
+from tiering import HOT, Progress, TieringError
 
 from ..errors import ApiError, DaemonStopping, WeightdError, exit_code_for, hint_for, http_status_for
 from ..service import DEFAULT, PreloadRequest
@@ -34,12 +34,14 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 API_VERSION = "v1"
 MAX_JSON_DEPTH = 32            # request bodies are small flat objects; deeper nesting is an attack
+PROGRESS_EVERY_S = 0.5         # a streamed preload's progress lines (and heartbeat)
 
 
 class Api:
     def __init__(self, daemon: "Daemon") -> None:
         self.d = daemon
         self.inflight: dict[tuple[str, str, str], asyncio.Task[dict[str, Any]]] = {}
+        self.transfers: dict[tuple[str, str, str], Progress] = {}   # the same keys: what each flight is doing
 
     def app(self) -> web.Application:
         d = self.d
@@ -48,9 +50,11 @@ class Api:
         v = f"/{API_VERSION}"
         r.add_get(f"{v}/health", self._health)
         r.add_get(f"{v}/pressure", self._pressure)
-        r.add_get(f"{v}/status", self._h(lambda b: d.run_blocking("misc", d.service.status)))
-        r.add_post(f"{v}/preload", self._h(self.preload))
+        r.add_get(f"{v}/status", self._h(self._status))
+        r.add_post(f"{v}/preload", self._preload_route)
         r.add_post(f"{v}/publish", self._h(self._publish, admin="publish"))
+        r.add_get(f"{v}/check-cold", self._h(lambda b: d.run_blocking("misc", d.service.check_cold)))
+        r.add_post(f"{v}/versions", self._h(lambda b: d.run_blocking("misc", d.service.versions, _opt_str(b, "name"))))
         r.add_post(f"{v}/path", self._h(lambda b: d.run_blocking("misc", d.service.path, _str(b, "ref"))))
         r.add_post(f"{v}/pin", self._h(lambda b, c: d.run_blocking("misc", d.service.pin, _str(b, "ref")), admin="pin"))
         r.add_post(f"{v}/unpin", self._h(lambda b, c: d.run_blocking("misc", d.service.unpin, _str(b, "ref")),
@@ -60,24 +64,81 @@ class Api:
         return app
 
     # -- preload: single flight around the service --------------------------------------------------
-    async def preload(self, body: dict[str, Any]) -> dict[str, Any]:
+    async def _preload_route(self, request: web.Request) -> web.StreamResponse:
+        """POST /v1/preload: the report as one JSON document, or with ``"stream": true`` an NDJSON
+        stream: a ``{"progress": {...}}`` line every PROGRESS_EVERY_S (a heartbeat even while nothing
+        moves), then one ``{"result": report}`` or ``{"error", "exit_code", "hint", "retry"}`` line."""
+        body = await self._read_body(request) if request.can_read_body else {}
+        _log_request(request, body)
+        holder = _holder(request)
+        if body.get("stream") is not True:
+            return web.json_response(await self.preload(body, holder=holder))
+        return await self._stream(request, body, holder)
+
+    async def preload(self, body: dict[str, Any], *, holder: str | None = None,
+                      joined: Callable[[Progress], None] | None = None) -> dict[str, Any]:
+        """``joined(progress)``: called with the flight's progress once this request shares in one."""
         svc = self.d.service
         req = svc.preload_request(_str(body, "ref"), tier=body.get("tier", HOT), strict=body.get("strict", False),
                                   lease_s=body.get("lease_s", DEFAULT), timeout_s=body.get("timeout_s"),
-                                  wait=body.get("wait", False))
+                                  wait=body.get("wait", False), holder=holder)
         if svc.needs_resolving(req):  # resolve (and wait for publication) before joining a flight
             req = await self._unless_stopping(self.d.run_blocking("misc", svc.resolve, req))
         key = (req.name, req.version, req.tier)
         task = self.inflight.get(key)
         shared = task is not None
         if task is None:  # single flight: everyone asking for this version in this tier shares one
-            task = asyncio.get_running_loop().create_task(self._preload_task(req))
+            progress = self.transfers[key] = Progress(f"{req.name}@{req.version}")
+            task = asyncio.get_running_loop().create_task(self._preload_task(req, progress))
             self.inflight[key] = task
             task.add_done_callback(lambda _t, k=key: self._flight_done(k))
-        report = dict(await self._unless_stopping(asyncio.shield(task)))
+        progress = self.transfers[key]
+        if joined is not None:
+            joined(progress)
+        progress.waiters += 1
+        try:
+            report = dict(await self._unless_stopping(asyncio.shield(task)))
+        finally:
+            progress.waiters -= 1
         if shared and not report.get("already_present"):
             report["shared_transfer"] = True
         return report
+
+    async def _stream(self, request: web.Request, body: dict[str, Any], holder: str) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-store"})
+        await resp.prepare(request)
+        seen: list[Progress] = []
+        wait = body.get("wait") is True
+        ref = body.get("ref") if isinstance(body.get("ref"), str) else "?"
+        job = asyncio.ensure_future(self.preload(body, holder=holder, joined=seen.append))
+        try:
+            while True:
+                done, _ = await asyncio.wait({job}, timeout=PROGRESS_EVERY_S)
+                if done:
+                    break
+                snap = seen[0].snapshot() if seen else {
+                    "label": ref[:200], "phase": "resolve", "done": 0, "total": 0,
+                    "detail": f"waiting for {ref[:200]} to be published" if wait else "resolving"}
+                await resp.write(_line({"progress": snap}))
+            try:
+                last: dict[str, Any] = {"result": job.result()}
+            except (TieringError, WeightdError, OSError, ValueError) as exc:
+                last = {"error": str(exc), "exit_code": exit_code_for(exc), "hint": hint_for(exc)}
+                if isinstance(exc, DaemonStopping):
+                    last["retry"] = True
+            except Exception as exc:  # the daemon keeps serving
+                log.exception("internal error on a streamed preload")
+                last = {"error": f"internal error: {type(exc).__name__}: {exc}", "exit_code": 1}
+            await resp.write(_line(last))
+            await resp.write_eof()
+        except (ConnectionResetError, asyncio.CancelledError) as exc:
+            # the client went away: its wait ends here, the shared transfer goes on for the others
+            job.cancel()
+            job.add_done_callback(_consume)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            log.info("a streamed preload's client went away ref=%s", ref[:200])
+        return resp
 
     async def _unless_stopping(self, aw: Awaitable[Any]) -> Any:
         """``aw``'s result, unless the daemon starts stopping first: then DaemonStopping (503, retry),
@@ -94,16 +155,23 @@ class Api:
         fut.add_done_callback(_consume)  # (its outcome is nobody's now: never "exception never retrieved")
         raise DaemonStopping()
 
-    async def _preload_task(self, req: PreloadRequest) -> dict[str, Any]:
+    async def _preload_task(self, req: PreloadRequest, progress: Progress) -> dict[str, Any]:
         self.d.set_status(f"preloading {req.name}@{req.version} into {req.tier}")
         try:
-            return await self.d.run_blocking(req.tier, self.d.service.load, req)
+            return await self.d.run_blocking(req.tier, lambda: self.d.service.load(req, progress=progress))
         finally:
+            progress.set_phase("done")
             self.d.status_changed()
+
+    def transfer_rows(self) -> list[dict[str, Any]]:
+        """What each flight is doing (``status``'s transfer rows; the metrics' transfer gauges)."""
+        return [{"name": k[0], "version": k[1], "requested_tier": k[2], **p.snapshot()}
+                for k, p in list(self.transfers.items())]
 
     def _flight_done(self, key: tuple[str, str, str]) -> None:
         """A transfer ended: forget it, then say what is left (counting it would leave "1 in flight")."""
         self.inflight.pop(key, None)
+        self.transfers.pop(key, None)
         self.d.set_status(self.idle_status())
 
     def idle_status(self) -> str:
@@ -111,6 +179,12 @@ class Api:
         return f"serving ({n} transfer{'s' if n != 1 else ''} in flight)" if n else "serving, idle"
 
     # -- the other operations -----------------------------------------------------------------------
+    async def _status(self, b: dict[str, Any]) -> dict[str, Any]:
+        st = await self.d.run_blocking("misc", self.d.service.status)
+        st["transfers"] = self.transfer_rows()
+        st["answered_by"] = "daemon"
+        return st
+
     async def _publish(self, b: dict[str, Any], caller: Caller) -> dict[str, Any]:
         name, version, src = _str(b, "name"), _str(b, "version"), _str(b, "dir")
         if not os.path.isabs(src):
@@ -239,6 +313,10 @@ def _str(body: dict[str, Any], key: str) -> str:
     return v
 
 
+def _opt_str(body: dict[str, Any], key: str) -> str | None:
+    return None if body.get(key) is None else _str(body, key)
+
+
 def _depth(v: Any) -> int:
     """How deep containers nest in a parsed JSON value (iterative: a hostile body cannot recurse us)."""
     deepest, stack = 0, [(v, 1)]
@@ -255,6 +333,28 @@ def _depth(v: Any) -> int:
 def _consume(fut: "asyncio.Future[Any]") -> None:
     if not fut.cancelled():
         fut.exception()
+
+
+def _line(obj: dict[str, Any]) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
+
+
+def _holder(request: web.Request) -> str:
+    """Who asked, for a lease: ``pid 4242 (vllm) uid 1000`` (SO_PEERCRED and /proc/PID/comm)."""
+    from ..client import peer_credentials
+    sock = request.transport.get_extra_info("socket") if request.transport is not None else None
+    try:
+        pid, uid, _ = peer_credentials(sock) if sock is not None else (0, -1, -1)
+    except OSError:
+        return "unknown caller"
+    comm = ""
+    if pid > 0:
+        try:
+            with open(f"/proc/{pid}/comm") as fh:
+                comm = fh.read().strip()[:32]
+        except OSError:
+            pass
+    return f"pid {pid}" + (f" ({comm})" if comm else "") + f" uid {uid}"
 
 
 def _log_request(request: web.Request, body: dict[str, Any]) -> None:

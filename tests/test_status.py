@@ -1,0 +1,89 @@
+"""``status`` and ``ls`` as an operator reads them (issue #15): what holds each copy (pins, leases
+with their holder and time left, processes using it), wide output, --watch, the note when the answer
+came in-process, and published versions that are not local."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+import os
+from pathlib import Path
+
+from tiering.sample import make_checkpoint
+
+from .test_daemon import daemon  # noqa: F401 (the fixture)
+
+ROOT = Path(__file__).resolve().parent.parent
+MiB = 1 << 20
+
+
+def _publish(wd, tmp: Path, version: str) -> None:
+    src = make_checkpoint(tmp / f"src-{version}", total_bytes=2 * MiB, shards=1, layers=2, seed=version)
+    assert wd("publish", src, "--name", "acme/x", "--version", version).returncode == 0
+
+
+def test_status_shows_who_holds_each_copy(daemon, wd, node_env, tmp_path: Path) -> None:
+    from weightd.client import DaemonClient
+    _publish(wd, tmp_path, "v1")
+    _publish(wd, tmp_path, "v2")
+    DaemonClient(daemon.socket_path).preload("acme/x@v1", tier="hot", lease_s=600)
+    assert wd("pin", "acme/x@v1").returncode == 0
+    shard = next((node_env.hot / "acme/x/v1").glob("*.safetensors"))
+    with open(shard, "rb"):  # this process uses the copy
+        r = wd("status")
+        wide = wd("status", "-o", "wide")
+        js = json.loads(wd("status", "-o", "json").stdout)
+        in_use = daemon.metric('weightd_copies_in_use{tier="hot"}')
+    assert r.returncode == 0 and r.stderr == "", r.stderr  # through the daemon: no note
+    lines = r.stdout.splitlines()
+    row = next(line for line in lines if line.startswith("acme/x@v1 "))
+    assert row.split()[5:8] == ["yes", "1", "1"], row  # PIN, LEASES, IN USE
+    held = [line for line in lines[lines.index(next(x for x in lines if x.startswith("HELD"))) + 1:]]
+    me = f"pid {os.getpid()}"
+    assert any(h.startswith("acme/x@v1") and "pinned" in h for h in held), held
+    lease = next(h for h in held if "lease," in h)
+    assert f"lease, {me} (" in lease and f"uid {os.geteuid()}" in lease and lease.split()[-1] in ("9m59s", "10m00s")
+    assert any(f"in use, {me} (" in h for h in held), held
+    assert js["answered_by"] == "daemon" and js["transfers"] == [] and in_use == 1
+    t = js["checkpoints"][0]["tiers"]["hot"]
+    assert t["in_use"][0]["pid"] == os.getpid() and t["leases"][0]["holder"].startswith(me)
+    assert js["checkpoints"][0]["digest"] in wide.stdout and f"path {node_env.hot}/acme/x/v1" in wide.stdout
+    assert "HIGH/LOW" in wide.stdout and " 95%/" in wide.stdout
+
+    ls = wd("ls")
+    assert ls.returncode == 0, ls.stderr
+    rows = {line.split()[0]: line.split() for line in ls.stdout.splitlines()[1:]}
+    assert rows["acme/x@v1"][-2] == "hot" and rows["acme/x@v2"][-2] == "-"  # published, not local
+    assert [v["version"] for v in json.loads(wd("ls", "acme/x", "--json").stdout)["versions"]] == ["v1", "v2"]
+    assert json.loads(wd("ls", "acme/none", "--json").stdout)["versions"] == []
+    assert wd("ls", "../x").returncode == 2
+
+
+def test_in_process_status_says_so(wd, node_env) -> None:
+    r = wd("status")
+    assert r.returncode == 0
+    assert r.stderr.strip() == (f"(the daemon did not answer on {node_env.state / 'weightd.sock'}: this is what this "
+                                "process sees in the tiers; transfers the daemon runs are not shown)")
+    assert wd("--no-daemon", "status").stderr == ""  # asked for in-process: no note
+    assert wd("-q", "status").stderr == ""  # -q: only errors
+
+
+def test_status_watch_redraws_until_ctrl_c(wd, node_env, isolated_env) -> None:
+    p = subprocess.Popen([sys.executable, "-m", "weightd", "--config", str(node_env.config), "--no-daemon", "status",
+                          "--watch", "0.3"], env=isolated_env, cwd=ROOT, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(2.5)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=20)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 0, err
+    assert out.count("(Ctrl-C to stop)") >= 3 and out.count("TIER ") >= 3, out
+    assert "Traceback" not in err
+    assert wd("status", "--watch", "0").returncode == 2
