@@ -4,6 +4,7 @@ checked with its text through the real CLI, in-process and (where a daemon is in
 from __future__ import annotations
 
 import os
+import sys
 import socket
 from pathlib import Path
 
@@ -128,3 +129,129 @@ def test_config_ignored_because_the_daemon_answered(daemon, weightd, node_env, t
             f"{other} (--no-daemon to use yours in-process)") in r.stderr, r.stderr
     r = weightd("--config", node_env.config, "status")
     assert r.returncode == 0 and "applies, not --config" not in r.stderr, r.stderr
+
+
+def _as_nobody(args: list[str], env: dict[str, str]) -> tuple[int, str]:
+    """Run the CLI's main() in a forked child that dropped to uid/gid 65534 (its modules imported
+    first: the child may no longer read the interpreter's own directories). (exit code, stdout and
+    stderr together)."""
+    import importlib
+    for mod in ("weightd.cli.tiers", "weightd.local", "weightd.swarm", "weightd.tally", "weightd.config",
+                "weightd.service", "tiering.store.preload", "tiering.pagecache", "p2p.fetch", "rich.progress",
+                "weightd.progress", "tiering.progress", "weightd.cli.diagnose", "weightd.doctor", "weightd.doctor.node",
+                "weightd.diskbench", "tiering.content.signature", "tiering.store.catalog"):
+        importlib.import_module(mod)
+    from weightd.cli import main
+    from weightd.config import load_config
+    load_config(env["WEIGHTD_CONFIG"])  # (pydantic's lazy parts, before the fork)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 99
+        try:
+            os.close(r)
+            os.dup2(w, 1)
+            os.dup2(w, 2)
+            sys.stdout = os.fdopen(1, "w", buffering=1)  # (pytest's capture is not fd 1 or 2)
+            sys.stderr = os.fdopen(2, "w", buffering=1)
+            os.environ.update(env)
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            code = main(args)
+        except SystemExit as exc:  # (doctor's exit 7 is a sys.exit inside the command)
+            code = exc.code if isinstance(exc.code, int) else 1
+        except BaseException as exc:  # noqa: BLE001 (say it in the parent's assertion)
+            os.write(2, f"child failed: {exc!r}".encode())
+        finally:
+            os._exit(code)
+    os.close(w)
+    with os.fdopen(r) as fh:
+        err = fh.read()
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status), err
+
+
+def test_a_cold_version_this_user_cannot_read_is_named_never_skipped(tmp_path: Path) -> None:
+    """Cold storage holds v1 (readable) and v2 (mode 0700, another owner): as the daemon's user,
+    'preload NAME' must not quietly resolve to v1, and 'NAME@v2' is not "not published"."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to act as another uid")
+    import shutil
+    import tempfile
+    from tiering.sample import make_checkpoint
+    from .conftest import NodeEnv
+    base = Path(tempfile.mkdtemp(prefix="weightd-test-uid-", dir="/tmp"))
+    try:
+        os.chmod(base, 0o755)
+        env = NodeEnv(base)
+        node = env.node()
+        try:
+            for v in ("v1", "v2"):
+                node.publish(make_checkpoint(tmp_path / v, total_bytes=1 << 20, shards=1, layers=1, seed=v), "org/m", v)
+        finally:
+            node.close()
+        for d in (env.hot, env.warm, env.state):
+            d.mkdir(parents=True, exist_ok=True)
+            for p in [d, *d.rglob("*")]:
+                os.chown(p, 65534, 65534, follow_symlinks=False)
+        # a checkpoint's own directories are published 0755 (they were 0700: a daemon user could not read them)
+        assert os.stat(env.cold / "org/m/v1/original").st_mode & 0o777 == 0o755
+        os.chmod(env.cold / "org/m/v2", 0o700)  # root's, and private
+        cfg = {"WEIGHTD_CONFIG": str(env.config), "HOME": str(base)}
+        code, err = _as_nobody(["--no-daemon", "preload", "org/m", "--tier", "warm"], cfg)
+        assert code == 2, err
+        assert err.strip() == (f"weightd: org/m@v2 is published but this process (uid 65534) cannot read it: "
+                               f"Permission denied on {env.cold}/org/m/v2; make cold storage readable by the "
+                               f"daemon's user (e.g. chmod -R a+rX on the version's directory, or fix the export's "
+                               f"uid mapping)"), err
+        code, err2 = _as_nobody(["--no-daemon", "preload", "org/m@v2", "--tier", "warm"], cfg)
+        assert code == 2 and err2 == err, err2
+        assert not (env.warm / "org/m/v1").exists()  # nothing older was served instead
+        code, err = _as_nobody(["--no-daemon", "-q", "preload", "org/m@v1", "--tier", "warm"], cfg)
+        assert code == 0, err  # what it can read, it serves when asked by name
+        # the doctor, run as that user, finds it too (exit 7: critical)
+        code, err = _as_nobody(["--no-daemon", "doctor", "--sample-s", "0.1", "--no-probe", "--no-verify"], cfg)
+        assert code == 7, err
+        assert "[CRITICAL] this process (uid 65534) cannot read cold storage: org/m: org/m@v2 is published" in err, err
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_lease_refusal_names_its_holder_and_expiry(daemon, wd, node_env, published) -> None:
+    """The lease is taken through the daemon by this test process: the refusal names it (pid and
+    name from SO_PEERCRED) and says when it ends and what to do."""
+    from weightd.client import DaemonClient
+    DaemonClient(daemon.socket_path).preload("acme/llama-big@v1", tier="hot", lease_s=600)
+    r = wd("evict", "acme/llama-big@v1", "--tier", "hot")
+    assert_one_line_error(r, 1, f"acme/llama-big@v1: leased in hot by pid {os.getpid()} (", f") uid {os.geteuid()} until ",
+                          " UTC (", "s left): wait for the lease to expire, or --force")
+
+
+def test_a_full_tier_says_how_much_in_human_sizes_and_the_fix(weightd, tmp_path: Path) -> None:
+    from .conftest import NodeEnv
+    env = NodeEnv(tmp_path, hot_capacity="2MiB")
+    run = lambda *a: weightd("--config", env.config, *a)  # noqa: E731
+    src = make_checkpoint(tmp_path / "src", total_bytes=4 * MiB, shards=1, layers=2)
+    assert run("publish", src, "--name", "acme/m", "--version", "v1").returncode == 0
+    import json
+    from tiering import format_bytes
+    size = json.loads(run("ls", "--json").stdout)["versions"][0]["bytes"]
+    r = run("preload", "acme/m@v1", "--strict")
+    assert_one_line_error(r, 6, f"weightd: tier hot cannot hold {format_bytes(size)} (2.0 MiB available after eviction): "
+                          "capacity 2.0 MiB, 0 B used; raise [tiers.hot] capacity, or unpin or evict what is kept "
+                          "(weightd status shows what holds each copy) (or preload into another --tier)")
+
+
+def test_daemon_only_without_a_daemon_says_how_to_start_it(wd, node_env) -> None:
+    r = wd("--daemon-only", "status")
+    sock = node_env.state / "weightd.sock"
+    assert_one_line_error(r, 1, f"--daemon-only: the node daemon does not answer on {sock}: no socket there: the "
+                          "daemon is not running, or it uses another [api] socket (weightd config show)",
+                          "(start it: systemctl start weightd, or weightd serve)")
+    node_env.state.mkdir(parents=True, exist_ok=True)
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(str(sock))  # bound, never listening: what a crashed daemon leaves
+    s.close()
+    assert_one_line_error(wd("--daemon-only", "status"), 1, "nothing listens there (a stale socket: the daemon "
+                          "stopped or crashed; systemctl status weightd)")

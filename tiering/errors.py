@@ -65,6 +65,18 @@ class ManifestError(BadInput):
         super().__init__(f"{source}: bad manifest: {reason}")
 
 
+class ColdUnreadable(BadInput):
+    """A published version this process may not read (permissions, an NFS export's squashing): named
+    for what it is, never taken for "not published", and never skipped when resolving the latest."""
+
+    def __init__(self, ref: str, where: str, reason: str) -> None:
+        import os
+        self.ref, self.where = ref, where
+        super().__init__(f"{ref} is published but this process (uid {os.geteuid()}) cannot read it: {reason} "
+                         f"on {where}; make cold storage readable by the daemon's user (e.g. chmod -R a+rX "
+                         f"on the version's directory, or fix the export's uid mapping)")
+
+
 class CheckpointNotFound(TieringError, FileNotFoundError):
     exit_code = 3
 
@@ -94,9 +106,11 @@ class NoSpace(TieringError):
     exit_code = 6
 
     def __init__(self, tier: str, need: int, available: int, reason: str = "") -> None:
+        from .content.units import format_bytes
         self.tier, self.need, self.available = tier, need, available
         extra = f": {reason}" if reason else ""
-        super().__init__(f"tier {tier} cannot hold {need} bytes ({available} available after eviction){extra}")
+        super().__init__(f"tier {tier} cannot hold {format_bytes(need)} ({format_bytes(available)} available "
+                         f"after eviction){extra}")
 
 
 class TimedOut(TieringError, TimeoutError):

@@ -18,7 +18,7 @@ from typing import Iterator
 
 from .content.manifest import MANIFEST_RELPATH, MAX_MANIFEST_BYTES, Manifest, parse_manifest
 from .content.names import validate_name, validate_version
-from .errors import BadInput, CheckpointNotFound, ManifestError, UnsafePath
+from .errors import BadInput, CheckpointNotFound, ColdUnreadable, ManifestError, UnsafePath
 from .safefs import Dir, open_cold_root
 
 STAGING = ".staging"
@@ -118,6 +118,10 @@ def read_version(root: "Dir | Path | None", name: str, version: str, *, strict: 
             raw = d.read_bytes(f"{rel}/{MANIFEST_RELPATH}", MAX_MANIFEST_BYTES)
         except (CheckpointNotFound, FileNotFoundError, NotADirectoryError):
             return None
+        except PermissionError as exc:
+            if strict:
+                raise ColdUnreadable(f"{name}@{version}", str(d.path / rel), exc.strerror or "permission denied") from None
+            return None
         except UnsafePath as exc:
             if strict and d.is_dir(rel):
                 raise ManifestError(where, exc.reason) from None
@@ -171,22 +175,35 @@ def list_versions(root: "Dir | Path | None") -> list[VersionDir]:
     return out
 
 
-def published_versions(root: "Dir | Path | None", name: str) -> list[VersionDir]:
-    """Every complete version of NAME under ``root``."""
+def published_versions(root: "Dir | Path | None", name: str, *, strict: bool = False) -> list[VersionDir]:
+    """Every complete version of NAME under ``root``. ``strict`` (resolving the latest): a version
+    this process cannot read, or whose manifest is damaged, is an error (ColdUnreadable,
+    ManifestError), never skipped: skipping it would silently serve an older version."""
     validate_name(name)
     out = []
     with as_dir(root) as d:
         if d is None:
             return out
-        base = d.sub_if_exists(name) if d.is_dir(name) else None
-        if base is None:
+        try:
+            base = d.sub_if_exists(name) if d.is_dir(name) else None
+            if base is None:
+                return out
+            with base:
+                labels = base.subdirs()
+        except PermissionError as exc:
+            if strict:
+                raise ColdUnreadable(name, str(d.path / name), exc.strerror or "permission denied") from None
             return out
-        with base:
-            labels = base.subdirs()
         for label in labels:
             try:
-                v = read_version(d, name, label)
+                validate_version(label)
             except BadInput:
+                continue  # not a version label: not ours
+            try:
+                v = read_version(d, name, label, strict=strict)
+            except BadInput:
+                if strict:
+                    raise
                 continue
             if v is not None:
                 out.append(v)

@@ -157,7 +157,7 @@ def _rules() -> list[tuple[type[BaseException], ExitRule]]:
     from p2p import TransferStalled
     from tiering import CheckpointNotFound, IntegrityError, NoSpace, SignatureRefused, TimedOut
     return [
-        (DaemonUnavailable, ExitRule(EXIT_ERROR, "start it (systemctl start weightd) or drop --daemon-only")),
+        (DaemonUnavailable, ExitRule(EXIT_ERROR, "start it: systemctl start weightd, or weightd serve")),
         (UntrustedDaemon, ExitRule(EXIT_BAD_INPUT, "check who serves [api] socket and [api] daemon_user")),
         (ConfigError, ExitRule(EXIT_BAD_INPUT, "check it with: weightd config show")),
         (InvalidRequest, ExitRule(EXIT_BAD_INPUT, None)),
@@ -170,7 +170,7 @@ def _rules() -> list[tuple[type[BaseException], ExitRule]]:
         (TimedOut, ExitRule(EXIT_TIMEOUT, "retry later, or with a longer --timeout")),
         (SignatureRefused, ExitRule(EXIT_INTEGRITY, None)),   # (its message carries the next step, by reason)
         (IntegrityError, ExitRule(EXIT_INTEGRITY, None)),
-        (NoSpace, ExitRule(EXIT_NO_SPACE, "free space (weightd gc, weightd evict) or use another --tier")),
+        (NoSpace, ExitRule(EXIT_NO_SPACE, "or preload into another --tier")),
     ]
 
 

@@ -138,11 +138,13 @@ class Dir:
 
     def create(self, rel: str, mode: int = 0o600, *, exclusive: bool = True, parents: bool = True,
                flags: int = os.O_WRONLY) -> int:
-        """A new file (``O_EXCL``: never an existing one, never through a symlink)."""
+        """A new file (``O_EXCL``: never an existing one, never through a symlink). Missing parents are
+        made 0755 (less the umask), as a checkpoint's own directories are (``original/``): whoever may
+        read the file may reach it; what is private is gated above (a 0700 tier root or ``.staging``)."""
         parts = split_rel(rel)
         parent: Dir = self
         if parents and len(parts) > 1:
-            parent = self.sub("/".join(parts[:-1]), create=True)
+            parent = self.sub("/".join(parts[:-1]), create=True, mode=0o755)
         try:
             return parent.open(parts[-1], flags | os.O_CREAT | (os.O_EXCL if exclusive else 0), mode)
         finally:

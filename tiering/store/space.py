@@ -6,10 +6,12 @@ forced), and down to the low watermark (``gc``)."""
 from __future__ import annotations
 
 import logging
-from typing import Callable
+import time
+from typing import Any, Callable
 
+from ..content.units import format_bytes, format_duration
 from ..errors import Busy, CheckpointNotFound, NoSpace
-from ..inuse import processes_using
+from ..inuse import process_name, processes_using
 from ..layout import LOCAL_TIERS, list_versions, prune_empty_parents, read_version, remove_tree, version_rel
 from ..placement import Candidate, EvictionPlan, plan_eviction
 from ..state import State
@@ -69,7 +71,10 @@ class Space:
             if not plan.fits:
                 kept = ", ".join(f"{c.ref} {c.protected_by}" for c in plan.protected[:3])
                 raise NoSpace(tier, need, max(0, capacity - used),
-                              f"capacity {capacity} bytes, {used} used" + (f"; kept: {kept}" if kept else ""))
+                              f"capacity {format_bytes(capacity)}, {format_bytes(used)} used"
+                              + (f", kept: {kept}" if kept else "")
+                              + f"; raise [tiers.{tier}] capacity, or unpin or evict what is kept (weightd status "
+                                f"shows what holds each copy)")
             evicted = [f"{c.ref} ({tier})" for c in plan.evict
                        if self.evict_one(tier, c.name, c.version, reason="capacity")]
             if evicted:
@@ -79,7 +84,9 @@ class Space:
             st = root.statvfs()
             free = st.f_bavail * st.f_frsize
             if free < need:
-                raise NoSpace(tier, need, free, "the file system itself is full")
+                raise NoSpace(tier, need, free, f"the file system under {spec.path} is full (weightd's capacity "
+                                                f"is {format_bytes(capacity)}): free space there or lower "
+                                                f"[tiers.{tier}] capacity")
             return open_staging(root, name, version, need, now=self.now), evicted
         finally:
             tlock.release()
@@ -113,7 +120,10 @@ class Space:
             if not targets:
                 continue
             pinned = self.state.pinned()
-            leased = {(le.name, le.version) for le in self.state.leases() if le.tier == t}
+            leased: dict[tuple[str, str], Any] = {}
+            for le in self.state.leases():  # (ordered by expiry: the last one is the one that matters)
+                if le.tier == t:
+                    leased[(le.name, le.version)] = le
             using = processes_using([v.path for v in targets])
             for v in targets:
                 key = (v.name, v.version)
@@ -121,10 +131,15 @@ class Space:
                     if key in pinned:
                         raise Busy(v.ref, "pinned (weightd unpin it first, or --force)")
                     if key in leased:
-                        raise Busy(v.ref, f"leased in {t} (wait for the lease to expire, or --force)")
+                        le = leased[key]
+                        until = time.strftime("%H:%M:%S UTC", time.gmtime(le.expires_at))
+                        raise Busy(v.ref, f"leased in {t} by {le.holder or 'an unknown holder'} until {until} "
+                                          f"({format_duration(le.expires_at - time.time())} left): wait for the lease "
+                                          f"to expire, or --force")
                     if v.path in using:
-                        pids = ", ".join(map(str, sorted(using[v.path])[:5]))
-                        raise Busy(v.ref, f"in use in {t} by pid {pids} (or --force)")
+                        pids = ", ".join(f"{p} ({process_name(p) or '?'})" for p in sorted(using[v.path])[:5])
+                        raise Busy(v.ref, f"in use in {t} by pid {pids}: stop it first, or --force (its mappings "
+                                          f"keep the bytes until it exits)")
                 if self.evict_one(t, v.name, v.version, reason="admin"):
                     out.append(f"{v.ref} ({t})")
                 else:
@@ -154,3 +169,4 @@ class Space:
                         used -= c.bytes
                         evicted.append(f"{c.ref} ({t})")
         return evicted
+
