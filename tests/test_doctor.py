@@ -36,6 +36,8 @@ class Snap:
         self.meta: dict = {}
 
     def write(self) -> Path:
+        import shutil
+        shutil.rmtree(self.root, ignore_errors=True)  # (written again after a change)
         for t, scale in (("t0", 0), ("t1", 1)):
             d = self.root / t / "proc"
             (d / "net").mkdir(parents=True)
@@ -128,11 +130,17 @@ def test_overlayfs_tier(snap: Snap) -> None:
     assert "tier-on-overlayfs" in ids(r) and r.verdict == "healthy"
 
 
-def test_no_noatime(snap: Snap) -> None:
-    snap.mounts[0] = ("254:0", "/", "ext4", "rw,relatime", "/dev/vda")
-    r = run(snap)
-    f = next(f for f in r.findings if f.id == "no-noatime")
-    assert f.evidence["tier"] == "warm" and "remount" in f.recommendation
+def test_strictatime_warns_relatime_does_not_and_root_is_never_remounted_live(snap: Snap) -> None:
+    snap.mounts[0] = ("254:0", "/", "ext4", "rw,relatime", "/dev/vda")  # the kernel's default: fine
+    assert "strictatime" not in ids(run(snap))
+    snap.mounts[0] = ("254:0", "/", "ext4", "rw,strictatime", "/dev/vda")  # an access time on every read
+    f = next(f for f in run(snap).findings if f.id == "strictatime")
+    assert f.evidence["tier"] == "warm" and f.severity == "warning"
+    assert "next reboot" in f.recommendation and "do not remount the root file system" in f.recommendation
+    assert "mount -o remount" not in f.recommendation
+    snap.mounts.append(("254:32", "/var/lib/weightd", "ext4", "rw", "/dev/vdc"))  # a tier's own mount
+    f = next(f for f in run(snap).findings if f.id == "strictatime")
+    assert "mount -o remount,noatime /var/lib/weightd" in f.recommendation
 
 
 def test_shm_smaller_than_hot_capacity(snap: Snap) -> None:
@@ -220,3 +228,75 @@ def test_bench_disk_records_the_baseline_the_doctor_uses(wd, node_env, tmp_path:
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
     gone = wd("bench", "disk", str(tmp_path / "missing"))
     assert gone.returncode == 2 and "no such file" in gone.stderr
+
+
+# -- weightd itself (live runs) ---------------------------------------------------------------------------
+
+def _doc(wd, *args):
+    proc = wd("doctor", "--sample-s", "0.2", "--no-probe", "--json", *args)
+    assert proc.returncode in (0, 7), proc.stderr
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def _find(doc, fid):
+    return next((f for f in doc["findings"] if f["id"] == fid), None)
+
+
+def test_doctor_sees_the_daemon_down_and_a_tier_near_its_watermark(wd, node_env, tmp_path: Path) -> None:
+    from tiering.sample import make_checkpoint
+    src = make_checkpoint(tmp_path / "src", total_bytes=3 * MiB, shards=1, layers=2, seed="w")
+    assert wd("publish", src, "--name", "org/w", "--version", "v1").returncode == 0
+    size = json.loads(wd("ls", "--json").stdout)["versions"][0]["bytes"]
+    node_env.write_config(str(int(size * 1.03)), "512MiB")  # it fits, at 97% of capacity (high watermark 95%)
+    r = wd("--no-daemon", "preload", "org/w@v1", "--tier", "hot", "--lease", "0", "--strict")
+    assert r.returncode == 0, r.stderr
+    code, doc = _doc(wd)
+    f = _find(doc, "daemon-not-answering")
+    assert f and "no socket" in f["summary"] and "systemctl start weightd" in f["recommendation"]
+    f = _find(doc, "tier-near-watermark")
+    assert f and f["evidence"]["tier"] == "hot" and "raise [tiers.hot] capacity" in f["recommendation"]
+    w = doc["measurements"]["weightd"]
+    assert w["daemon"] == "down" and w["spot_checked"][0]["ok"] and w["spot_checked"][0]["bytes"] > 0
+    assert _find(doc, "copy-damaged") is None and code == 0
+    _, doc = _doc(wd, "--no-verify")
+    assert doc["measurements"]["weightd"]["spot_checked"] == []
+    doc = json.loads(wd("--no-daemon", "doctor", "--sample-s", "0.2", "--no-probe", "--json").stdout)
+    assert _find(doc, "daemon-not-answering") is None  # --no-daemon: not asked, so not reported
+
+
+def test_doctor_finds_a_damaged_copy(wd, node_env, tmp_path: Path) -> None:
+    from tiering.sample import make_checkpoint
+    src = make_checkpoint(tmp_path / "src", total_bytes=4 * MiB, shards=1, layers=2, seed="d")
+    assert wd("publish", src, "--name", "org/d", "--version", "v1").returncode == 0
+    assert wd("--no-daemon", "preload", "org/d@v1", "--tier", "warm").returncode == 0
+    shard = next((node_env.warm / "org/d/v1").glob("*.safetensors"))
+    with open(shard, "r+b") as fh:  # one flipped byte in the last tensor (bit rot)
+        fh.seek(-100, 2)
+        b = fh.read(1)
+        fh.seek(-100, 2)
+        fh.write(bytes([b[0] ^ 0xFF]))
+    code, doc = _doc(wd)
+    f = _find(doc, "copy-damaged")
+    assert code == 7 and f and f["severity"] == "critical" and f["evidence"]["ref"] == "org/d@v1"
+    assert "weightd evict org/d@v1 --tier warm --force" in f["recommendation"]
+
+
+def test_doctor_through_the_daemon_reports_recent_fallbacks(wd, node_env, isolated_env, tmp_path: Path) -> None:
+    """A hot tier too small for the model: the preload falls back to warm; the daemon remembers it and
+    the doctor, asking the daemon, says so."""
+    from tiering.sample import make_checkpoint
+    from .test_daemon import DaemonProc
+    node_env.write_config("1MiB", "512MiB")
+    src = make_checkpoint(tmp_path / "src", total_bytes=3 * MiB, shards=1, layers=2, seed="f")
+    assert wd("publish", src, "--name", "org/f", "--version", "v1").returncode == 0
+    d = DaemonProc(node_env, isolated_env, tmp_path)
+    try:
+        r = wd("preload", "org/f@v1", "--tier", "hot", "--json", "--timeout", "60")
+        assert r.returncode == 0 and json.loads(r.stdout)["tier"] == "warm", r.stderr
+        code, doc = _doc(wd)
+        w = doc["measurements"]["weightd"]
+        assert w["daemon"] == "up" and _find(doc, "daemon-not-answering") is None and w["cold_checked_versions"] == 1
+        f = _find(doc, "recent-fallbacks")
+        assert f and f["evidence"]["kinds"] == ["hot->warm"] and "org/f@v1" in f["summary"]
+    finally:
+        d.stop()

@@ -57,7 +57,29 @@ def _daemon_history(app: AppContext, sample_s: float):
         return None
 
 
-def _live_inputs(app: AppContext, sample_s: float, symptom: str | None, lock: bool, log_dir: str, no_probe: bool):
+def _node_facts(app: AppContext, verify: bool) -> dict:
+    """weightd itself: the daemon (unless --no-daemon), tier fill, recent fallbacks, cold access, spot checks."""
+    from ..doctor.node import gather_node
+    from ..local import tier_specs
+    opened: list = []
+
+    def in_process():
+        from ..local import open_service
+        from ..tally import Tally
+        svc = open_service(app.config, Tally(), reconcile=False)  # read-only: nothing is created or removed
+        opened.append(svc)
+        return svc
+    try:
+        return gather_node(client=None if app.no_daemon else app.daemon_client(),
+                           socket_path=app.config.settings.api.socket, in_process=in_process,
+                           tier_paths={n: s.path for n, s in tier_specs(app.config).items()}, verify=verify)
+    finally:
+        for svc in opened:
+            svc.node.close()
+
+
+def _live_inputs(app: AppContext, sample_s: float, symptom: str | None, lock: bool, log_dir: str, no_probe: bool,
+                 verify: bool = True):
     from ..doctor import gather_live
     tiers = _doctor_tiers(app)
     history = _daemon_history(app, sample_s)
@@ -71,6 +93,7 @@ def _live_inputs(app: AppContext, sample_s: float, symptom: str | None, lock: bo
                          lock_wanted=_largest_local(tiers) if lock else 0, probe=probe, symptom=symptom)
     source = (f"the daemon's history ({inputs.window_s:.0f} s)" if history else
               f"{inputs.window_s:.1f} s of sampling")
+    inputs.node = _node_facts(app, verify)
     return inputs, source
 
 
@@ -84,12 +107,15 @@ def _live_inputs(app: AppContext, sample_s: float, symptom: str | None, lock: bo
               "local checkpoint.")
 @click.option("--log-dir", default="/var/log", show_default=True, help="Where the node's logs are written.")
 @click.option("--no-probe", is_flag=True, help="Skip the 4 KiB O_DIRECT random-read probe of the warm tier.")
+@click.option("--no-verify", is_flag=True, help="Skip the spot check of local copies (random parts re-hashed, "
+              "256 MiB at most).")
 @click.option("--snapshot", metavar="DIR", type=click.Path(file_okay=False),
               help="Diagnose a recorded snapshot (DIR/t0, DIR/t1, DIR/static, DIR/meta.json) instead of this node.")
 @click.pass_obj
 def doctor_cmd(app: AppContext, as_json: bool, sample_s: float, symptom: str | None, lock: bool, log_dir: str,
-               no_probe: bool, snapshot: str | None) -> None:
-    """Why is model loading slow? A decision tree over disk, network and GPU, with evidence (exit 7: critical)."""
+               no_probe: bool, no_verify: bool, snapshot: str | None) -> None:
+    """Why is model loading slow? A decision tree over disk, network and GPU, with evidence, and weightd's
+    own health: the daemon, tier fill, recent fallbacks, cold access, spot checks (exit 7: critical)."""
     from ..doctor import diagnose, gather_snapshot
     if snapshot is not None:
         if not (Path(snapshot) / "t0").is_dir() or not (Path(snapshot) / "t1").is_dir():
@@ -97,7 +123,7 @@ def doctor_cmd(app: AppContext, as_json: bool, sample_s: float, symptom: str | N
         inputs = gather_snapshot(Path(snapshot), [], log_dir=log_dir, symptom=symptom)
         source = f"snapshot {snapshot}"
     else:
-        inputs, source = _live_inputs(app, sample_s, symptom, lock, log_dir, no_probe)
+        inputs, source = _live_inputs(app, sample_s, symptom, lock, log_dir, no_probe, not no_verify)
     report = diagnose(inputs)
     doc = {**report.to_dict(), "source": source, "window_s": round(inputs.window_s, 3)}
     output.emit_json(doc) if as_json else output.show_doctor(report, doc, source)

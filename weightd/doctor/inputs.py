@@ -22,7 +22,7 @@ SEVERITIES = ("critical", "warning", "info")
 class Finding:
     id: str
     severity: str
-    subsystem: str          # disk | network | memory | tier | gpu
+    subsystem: str          # disk | network | memory | tier | gpu | weightd
     summary: str
     evidence: dict[str, Any]
     recommendation: str
@@ -158,6 +158,7 @@ class Inputs:
     lock_wanted: int = 0              # bytes the config asks to mlock (0 = no)
     probe: dict[str, Any] | None = None       # {"tier", "p50_us", "p99_us", "baseline_p50_us"}
     symptom: str | None = None
+    node: dict[str, Any] | None = None        # weightd itself (weightd.doctor.node), live runs only
 
 
 def _static(root: Path) -> tuple[dict[str, int], dict[str, int], list[str]]:

@@ -39,6 +39,8 @@ def diagnose(i: Inputs) -> Report:
     for t in i.tiers:
         _tier_findings(i, r, t)
     _memlock_findings(i, r)
+    if i.node is not None:
+        _node_findings(i.node, r)
     _verdict(i, r, disk_bound, busy)
     return r
 
@@ -145,11 +147,16 @@ def _tier_findings(i: Inputs, r: Report, t: Tier) -> None:
         r.findings.append(Finding("tier-on-overlayfs", "warning", "tier",
                                   f"the {t.name} tier {t.path} is on overlayfs: every write is copied up (double writes)",
                                   ev, "mount a host path or volume (hostPath, emptyDir on a local disk) for the tier"))
-    if t.name != "hot" and m.fstype not in ("tmpfs", "overlay", "nfs", "nfs4", "fuse") and "noatime" not in m.options:
-        r.findings.append(Finding("no-noatime", "warning", "tier",
-                                  f"the {t.name} tier {t.path} ({m.mountpoint}) is mounted without noatime",
-                                  ev, f"remount with noatime (`mount -o remount,noatime {m.mountpoint}`, and in fstab): "
-                                      "reads then never write access times"))
+    if t.name != "hot" and m.fstype not in ("tmpfs", "overlay", "nfs", "nfs4", "fuse") \
+            and not {"noatime", "relatime"} & set(m.options):
+        # (relatime, the kernel's default, writes an access time at most once a day per file: not worth
+        # a warning; strictatime writes one on every read)
+        fix = ("set noatime (or relatime) for / in fstab and let it apply at the next reboot; do not remount the "
+               "root file system on a live node" if m.mountpoint == "/" else
+               f"remount with noatime (`mount -o remount,noatime {m.mountpoint}`, and in fstab)")
+        r.findings.append(Finding("strictatime", "warning", "tier",
+                                  f"the {t.name} tier {t.path} ({m.mountpoint}) writes an access time on every read "
+                                  "(neither noatime nor relatime)", ev, f"{fix}: reads then do not write"))
     if t.name == "hot" and m.fstype == "tmpfs" and t.capacity:
         size = tmpfs_size(m)
         if size is not None and size < t.capacity:
@@ -170,6 +177,81 @@ def _tier_findings(i: Inputs, r: Report, t: Tier) -> None:
                                   f"the {t.name} tier shares device {m.source} with the log directory {i.log_dir}",
                                   {**ev, "log_dir": i.log_dir, "device": m.devnum},
                                   "move logs (or the tier) to another device: log writes add latency to weight reads"))
+
+
+NEAR_WATERMARK = 0.05   # a tier within this share of capacity below its high watermark is "near" it
+
+
+def _node_findings(n: dict[str, Any], r: Report) -> None:
+    """weightd itself (:mod:`weightd.doctor.node`): daemon, watermarks, recent fallbacks, cold access,
+    spot checks of the local copies."""
+    d = n.get("daemon", {})
+    if d.get("state") in ("down", "stale", "denied", "untrusted"):
+        why = {"down": "there is no socket: it is not running, or uses another [api] socket",
+               "stale": "a socket is there but nothing listens (it stopped or crashed)",
+               "denied": d.get("reason", "this user may not connect"),
+               "untrusted": d.get("reason", "the socket is served by an unexpected uid")}[d["state"]]
+        r.findings.append(Finding("daemon-not-answering", "warning", "weightd",
+                                  f"the node daemon does not answer on {d['socket']}: {why}", d,
+                                  "systemctl start weightd (journalctl -u weightd -n 50 says why it stopped); without "
+                                  "it preloads run in each caller, with no single flight, seeding or metrics"))
+    for t, info in (n.get("tiers") or {}).items():
+        cap = info.get("capacity_bytes") or 0
+        if not cap:
+            continue
+        share, high = info["used_bytes"] / cap, info["high_watermark"]
+        if share >= high - NEAR_WATERMARK:
+            r.findings.append(Finding("tier-near-watermark", "warning", "tier",
+                                      f"the {t} tier is {share:.0%} full, its high watermark is {high:.0%}: the next "
+                                      "preload evicts (or falls back to warm, or fails with exit 6)",
+                                      {"tier": t, "used_bytes": info["used_bytes"], "capacity_bytes": cap,
+                                       "high_watermark": high},
+                                      f"raise [tiers.{t}] capacity, unpin what is no longer served, or weightd evict "
+                                      "NAME@VERSION (weightd status shows what holds each copy)"))
+    events = n.get("recent_events") or []
+    fallbacks = [e for e in events if e["kind"] in ("tier_fallback", "source_fallback")]
+    failures = [e for e in events if e["kind"] == "failure"]
+    if fallbacks:
+        kinds = sorted({f"{e['from']}->{e['to']}" for e in fallbacks})
+        r.findings.append(Finding("recent-fallbacks", "warning", "weightd",
+                                  f"{len(fallbacks)} preload(s) fell back in the last hour ({', '.join(kinds)}); the "
+                                  f"last: {fallbacks[-1]['ref']}: {fallbacks[-1]['reason']}"[:400],
+                                  {"count": len(fallbacks), "kinds": kinds},
+                                  "hot->warm: the hot tier is too small for the set being served; p2p->cold: check "
+                                  "weightd_p2p_peers and the [p2p] peers/trackers (and fleet TLS) on both ends"))
+    if failures:
+        r.findings.append(Finding("recent-failures", "warning", "weightd",
+                                  f"{len(failures)} preload(s) failed in the last hour; the last: "
+                                  f"{failures[-1]['ref']}: {failures[-1]['reason']}"[:400],
+                                  {"count": len(failures)}, "journalctl -u weightd | grep 'preload failed' shows each "
+                                  "one with its reason"))
+    cold = n.get("cold")
+    if cold and cold.get("problems"):
+        first = cold["problems"][0]
+        r.findings.append(Finding("cold-unreadable", "critical", "tier",
+                                  f"{cold['by']} (uid {cold['uid']}) cannot read cold storage: {first['where']}: "
+                                  f"{first['reason']}" + (f" (and {len(cold['problems']) - 1} more)"
+                                                          if len(cold["problems"]) > 1 else ""),
+                                  {"uid": cold["uid"], "checked_versions": cold["checked"],
+                                   "problems": len(cold["problems"])},
+                                  "make cold storage readable by the daemon's user (chmod -R a+rX, group ownership, "
+                                  "or the NFS export's uid mapping)"))
+    for row in n.get("verify") or []:
+        if row.get("problems"):
+            r.findings.append(Finding("copy-damaged", "critical", "tier",
+                                      f"{row['ref']} in {row['tier']} does not match its manifest: {row['problems'][0]}",
+                                      {"ref": row["ref"], "tier": row["tier"], "problems": len(row["problems"])},
+                                      f"weightd evict {row['ref']} --tier {row['tier']} --force, then preload it again "
+                                      "(weightd verify PATH reads every byte)"))
+    if "error" in n:
+        r.findings.append(Finding("node-unreadable", "warning", "weightd", n["error"], {}, "see the error"))
+    if n.get("verify") is not None or n.get("cold") is not None:
+        r.measurements["weightd"] = {
+            "daemon": d.get("state"),
+            "cold_checked_versions": (cold or {}).get("checked"),
+            "spot_checked": [{"ref": v["ref"], "tier": v["tier"], "bytes": v.get("bytes_checked", 0),
+                              "ok": not v.get("problems"), **({"skipped": v["skipped"]} if "skipped" in v else {})}
+                             for v in n.get("verify") or []]}
 
 
 def _memlock_findings(i: Inputs, r: Report) -> None:
