@@ -87,3 +87,19 @@ def test_status_watch_redraws_until_ctrl_c(wd, node_env, isolated_env) -> None:
     assert out.count("(Ctrl-C to stop)") >= 3 and out.count("TIER ") >= 3, out
     assert "Traceback" not in err
     assert wd("status", "--watch", "0").returncode == 2
+
+
+def test_a_hostile_process_name_carries_no_escape_sequence(daemon, wd, node_env, tmp_path: Path) -> None:
+    """Any process names itself (prctl PR_SET_NAME): a caller named with an ANSI escape takes a lease;
+    its name reaches status and the evict refusal as printable text only."""
+    _publish(wd, tmp_path, "v1")
+    code = (
+        "import ctypes, sys\n"
+        "ctypes.CDLL(None).prctl(15, b'\\x1b[2J\\x1b]0;pwn\\x07', 0, 0, 0)\n"  # PR_SET_NAME
+        "from weightd.client import DaemonClient\n"
+        f"DaemonClient(__import__('pathlib').Path({str(daemon.socket_path)!r})).preload('acme/x@v1', lease_s=600)\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    out = wd("status").stdout + wd("evict", "acme/x@v1").stderr
+    assert "\x1b" not in out and "\x07" not in out
+    assert "lease, pid " in out and "(?[2J?]0;pwn?)" in out, out

@@ -53,9 +53,12 @@ def processes_using(dirs: list[Path]) -> dict[Path, set[int]]:
 
 
 def process_name(pid: int) -> str:
-    """The process's name (``/proc/PID/comm``), or "" once it is gone."""
+    """The process's name (``/proc/PID/comm``), or "" once it is gone. Any process sets its own name
+    (``prctl(PR_SET_NAME)``, any bytes): what is not printable becomes ``?``, so a name shown in
+    ``status`` or an error can carry no terminal escape sequence."""
     try:
-        with open(f"/proc/{pid}/comm") as fh:
-            return fh.read().strip()
+        with open(f"/proc/{pid}/comm", "rb") as fh:
+            raw = fh.read(64).rstrip(b"\n").decode("utf-8", "replace")
     except OSError:
         return ""
+    return "".join(c if c.isprintable() and c != "\ufffd" else "?" for c in raw)[:32]

@@ -347,13 +347,8 @@ def _holder(request: web.Request) -> str:
         pid, uid, _ = peer_credentials(sock) if sock is not None else (0, -1, -1)
     except OSError:
         return "unknown caller"
-    comm = ""
-    if pid > 0:
-        try:
-            with open(f"/proc/{pid}/comm") as fh:
-                comm = fh.read().strip()[:32]
-        except OSError:
-            pass
+    from tiering import process_name
+    comm = process_name(pid) if pid > 0 else ""
     return f"pid {pid}" + (f" ({comm})" if comm else "") + f" uid {uid}"
 
 
