@@ -275,10 +275,11 @@ def test_doctor_finds_a_damaged_copy(wd, node_env, tmp_path: Path) -> None:
         b = fh.read(1)
         fh.seek(-100, 2)
         fh.write(bytes([b[0] ^ 0xFF]))
-    code, doc = _doc(wd)
-    f = _find(doc, "copy-damaged")
-    assert code == 7 and f and f["severity"] == "critical" and f["evidence"]["ref"] == "org/d@v1"
-    assert "weightd evict org/d@v1 --tier warm --force" in f["recommendation"]
+    for _ in range(3):  # a copy within the spot check's budget is read whole: caught every time, not by luck
+        code, doc = _doc(wd)
+        f = _find(doc, "copy-damaged")
+        assert code == 7 and f and f["severity"] == "critical" and f["evidence"]["ref"] == "org/d@v1"
+        assert "weightd evict org/d@v1 --tier warm --force" in f["recommendation"]
 
 
 def test_doctor_through_the_daemon_reports_recent_fallbacks(wd, node_env, isolated_env, tmp_path: Path) -> None:
@@ -300,3 +301,23 @@ def test_doctor_through_the_daemon_reports_recent_fallbacks(wd, node_env, isolat
         assert f and f["evidence"]["kinds"] == ["hot->warm"] and "org/f@v1" in f["summary"]
     finally:
         d.stop()
+
+
+def test_the_spot_check_keeps_to_its_budget_and_always_sees_a_truncation(tmp_path: Path) -> None:
+    import os
+    import random
+    from tiering import Dir, build_manifest, sample_verify
+    from tiering.sample import make_checkpoint
+    src = make_checkpoint(tmp_path / "c", total_bytes=8 * MiB, shards=2, layers=4, seed="s")
+    m = build_manifest(src)
+    fd = os.open(src, os.O_RDONLY | os.O_DIRECTORY)
+    with Dir(fd, src) as d:
+        lengths = [p.length for f in m.files for p in f.parts(m.chunk_size) if p.xxh3_128]
+        whole = sample_verify(d, m, budget_bytes=1 << 30)
+        assert not whole.problems and whole.bytes_checked == sum(lengths)  # within the budget: everything
+        part = sample_verify(d, m, budget_bytes=1 * MiB, rng=random.Random(1))
+        assert 0 < part.bytes_checked <= max(1 * MiB, max(lengths)) and not part.problems
+        shard = next(src.glob("*.safetensors"))
+        os.truncate(shard, shard.stat().st_size - 1)
+        cut = sample_verify(d, m, budget_bytes=1)  # no part re-hashed, yet the size check catches it
+        assert any(p.what == "size" for p in cut.problems)

@@ -131,12 +131,13 @@ def verify_checkpoint(root: "str | os.PathLike[str] | Dir", manifest: Manifest, 
     return report
 
 
-def sample_verify(root: Dir, manifest: Manifest, *, budget_bytes: int = 64 << 20, max_parts: int = 16,
+def sample_verify(root: Dir, manifest: Manifest, *, budget_bytes: int = 64 << 20, max_parts: int = 4096,
                   rng: random.Random | None = None) -> VerifyReport:
     """A spot check (``weightd doctor``): every file's presence and size, then random parts of the
     manifest (headers, tensors, chunks) re-hashed, up to ``budget_bytes`` and ``max_parts``. Cheap
-    enough for any node; a rotted copy is caught with a probability that grows with the damage (a
-    truncated one always); ``weightd verify`` reads everything."""
+    enough for any node; a copy within the budget is read whole (so its check is certain), a larger
+    one is caught with a probability that grows with the damage (a truncated one always);
+    ``weightd verify`` reads everything."""
     import xxhash
     rng = rng or random.Random()
     report = VerifyReport(str(root.path), manifest.digest, len(manifest.files))
