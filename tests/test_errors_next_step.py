@@ -255,3 +255,21 @@ def test_daemon_only_without_a_daemon_says_how_to_start_it(wd, node_env) -> None
     s.close()
     assert_one_line_error(wd("--daemon-only", "status"), 1, "nothing listens there (a stale socket: the daemon "
                           "stopped or crashed; systemctl status weightd)")
+
+
+def test_a_control_character_in_a_file_name_never_reaches_the_terminal(wd, tmp_path: Path) -> None:
+    """A file named with an escape sequence: refused by name (escaped) before anything is written, and
+    a manifest carrying one is refused when read; no raw control character is ever printed."""
+    src = make_checkpoint(tmp_path / "src", total_bytes=2 * MiB, shards=1, layers=2)
+    (src / "evil\x1b[2J\x07.json").write_text("{}")
+    for r in (wd("manifest", "build", src, "-o", "-"), wd("publish", src, "--name", "acme/e", "--version", "v1")):
+        assert_one_line_error(r, 2, "control character in a file name", "\\x1b[2J\\x07")
+        assert "\x1b" not in r.stderr + r.stdout and "\x07" not in r.stderr + r.stdout
+    import json
+    (src / "evil\x1b[2J\x07.json").unlink()
+    m = json.loads(wd("manifest", "build", src, "-o", "-").stdout)
+    m["files"][0]["path"] = "x\x1b]0;pwn\x07"
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(m))
+    r = wd("verify", src, "--manifest", bad)
+    assert r.returncode == 2 and "control character in path" in r.stderr and "\x1b" not in r.stderr, r.stderr

@@ -53,6 +53,8 @@ def validate_relpath(path: str, source: str = "manifest") -> str:
         raise UnsafePath(f"{source}: {path!r}", "NUL byte in path")
     if path.startswith("/"):
         raise UnsafePath(f"{source}: {path!r}", "absolute path")
+    if any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 for c in path):  # (an escape sequence in a name would
+        raise UnsafePath(f"{source}: {path!r}", "control character in path")  # reach an operator's terminal)
     for part in path.split("/"):
         if part in ("", ".", ".."):
             raise UnsafePath(f"{source}: {path!r}", "path must be relative without '.', '..' or empty parts")

@@ -39,6 +39,18 @@ def _inside(path: Path, roots: list[Path]) -> bool:
     return any(path == r or path.is_relative_to(r) for r in roots)
 
 
+def _check_name(where: Path, name: str) -> None:
+    """A name a manifest can carry: valid UTF-8 and no control character (an escape sequence in a file
+    name would otherwise reach an operator's terminal through every listing and error)."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UnsafePath(str(where / name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")),
+                         "file name is not valid UTF-8") from None
+    if any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 for c in name):
+        raise UnsafePath(f"{where}/{name!r}", "control character in a file name")
+
+
 def scan_dir(top: Dir) -> list[ScannedFile]:
     """Every regular file of a checkpoint inside a tier (a version in cold storage, a staging area),
     walked by descriptor. Nothing there may be a symlink or a special file: each is refused naming it
@@ -48,11 +60,7 @@ def scan_dir(top: Dir) -> list[ScannedFile]:
     def walk(d: Dir, rel: str) -> None:
         for name, st in d.entries():
             relpath = f"{rel}{name}"
-            try:
-                name.encode("utf-8")
-            except UnicodeEncodeError:
-                raise UnsafePath(str(d.path / name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")),
-                                 "file name is not valid UTF-8") from None
+            _check_name(d.path, name)
             if relpath in EXCLUDED_DIRS:
                 continue
             if stat.S_ISDIR(st.st_mode):
@@ -102,11 +110,7 @@ def scan_checkpoint(root: "str | os.PathLike[str] | Dir") -> list[ScannedFile]:
         for entry in entries:
             name = entry.name
             relpath = f"{rel}{name}"
-            try:
-                name.encode("utf-8")
-            except UnicodeEncodeError:
-                raise UnsafePath(str(dirpath / name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")),
-                                 "file name is not valid UTF-8") from None
+            _check_name(dirpath, name)
             if relpath in EXCLUDED_DIRS:
                 continue
             lst = entry.stat(follow_symlinks=False)

@@ -62,7 +62,10 @@ def error_line(exc: BaseException, hint: str | None) -> str:
         text = f"{where}{exc.strerror or exc}"
     else:
         text = str(exc)
-    return f"weightd: {text}" + (f" ({hint})" if hint and hint not in text else "")
+    line = f"weightd: {text}" + (f" ({hint})" if hint and hint not in text else "")
+    # whatever an error quotes (a file name from cold storage, a peer's message) reaches a terminal:
+    # control characters are shown escaped, never interpreted, and the error stays one line
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in line)
 
 
 # -- tiers ------------------------------------------------------------------------------------------
