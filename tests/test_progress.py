@@ -151,7 +151,10 @@ def test_progress_streams_from_a_real_daemon(slow_cold, node_env, isolated_env, 
         for t in threads:
             t.join(40)
         assert r["path"] == str(node_env.hot / "org/slow/v1") and r["bytes_by_source"]["cold"] == r["bytes"]
-        assert joined and joined[0]["path"] == r["path"]
+        assert joined and joined[0]["path"] == r["path"] and joined[0]["shared_transfer"] is True
+        # the caller who joined holds a lease of its own, not only the first caller's
+        leases = client.status()["checkpoints"][0]["tiers"]["hot"]["leases"]
+        assert len(leases) == 2 and joined[0]["lease_expires_at"] >= r["lease_expires_at"], leases
         assert took > 1.0, took  # (the slow server really was slow: otherwise this test proves nothing)
         copying = [s for s in snaps if s["phase"] == "copy"]
         assert copying, [s["phase"] for s in snaps]

@@ -243,6 +243,16 @@ class LocalNode:
         """Published versions (of NAME) and where each is local; local versions not in cold too."""
         return self.catalog.listing(name)
 
+    def add_lease(self, tier: str, name: str, version: str, seconds: float, holder: str | None = None) -> float:
+        """Lease a local copy for ``seconds`` more (a caller that shared another's transfer); returns
+        when it ends. The copy must be there (CheckpointNotFound otherwise)."""
+        validate_name(name)
+        validate_version(version)
+        if read_version(self.roots.dir(tier), name, version) is None:
+            raise CheckpointNotFound(f"{name}@{version}", f"not in the {tier} tier")
+        self.state.add_lease(tier, name, version, seconds, holder)
+        return self.now() + seconds
+
     def check_cold_readable(self, limit: int = 50) -> dict[str, Any]:
         """Whether this process can read cold storage: up to ``limit`` versions, every file opened."""
         return self.catalog.check_readable(limit)

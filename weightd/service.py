@@ -236,6 +236,14 @@ class NodeService:
         return {**self.node.status(), "transfers": [], "answered_by": "in-process",
                 "recent_events": [e for e in list(self.events) if e["at"] >= since]}
 
+    def join_lease(self, req: PreloadRequest, report: dict[str, Any]) -> dict[str, Any]:
+        """A caller that shared another caller's transfer gets its own lease, as its own holder (the
+        transfer's lease was the first caller's, for the first caller's time)."""
+        if req.lease_s > 0:
+            until = self.node.add_lease(report["tier"], req.name, report["version"], req.lease_s, req.holder)
+            report = {**report, "lease_expires_at": until}
+        return report
+
     def check_cold(self) -> dict[str, Any]:
         """Can this process (the daemon's user) read cold storage? ``weightd doctor`` asks."""
         return self.node.check_cold_readable()

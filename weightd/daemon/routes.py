@@ -100,8 +100,10 @@ class Api:
             report = dict(await self._unless_stopping(asyncio.shield(task)))
         finally:
             progress.waiters -= 1
-        if shared and not report.get("already_present"):
-            report["shared_transfer"] = True
+        if shared:
+            if not report.get("already_present"):
+                report["shared_transfer"] = True
+            report = await self.d.run_blocking("misc", svc.join_lease, req, report)
         return report
 
     async def _stream(self, request: web.Request, body: dict[str, Any], holder: str) -> web.StreamResponse:
