@@ -1,0 +1,461 @@
+"""Object storage as the cold tier (design §14): ``s3://BUCKET/PREFIX`` holding the same layout as a
+path cold tier (``NAME/VERSION/<files>``, ``NAME/VERSION/.weightd/manifest.json``).
+
+Library: ``obstore`` (the Rust ``object_store`` crate: S3 and S3-compatible stores, GCS and Azure
+through the same calls; ranged GETs, multipart puts and conditional puts; its calls release the GIL,
+so plain threads give real concurrency). It reads credentials from the environment (``AWS_*``) and
+from instance and web-identity roles; the shared credentials file (``~/.aws/credentials``,
+``AWS_PROFILE``) is read here, since object_store does not.
+
+Guarantees:
+
+- **Visibility.** A version exists when its manifest object exists; the manifest is written last, so
+  a half-uploaded version is never seen.
+- **One publisher wins.** Before any byte is uploaded, a publisher claims ``.weightd/publishing`` with
+  a conditional put (``If-None-Match: *``); a second publisher of the same NAME@VERSION is refused at
+  once instead of overwriting the first one's objects. The manifest is also put conditionally. A claim
+  older than ``CLAIM_STALE_S`` (a crashed publisher) is taken over with a conditional put on its ETag.
+  On a store without conditional puts these become plain puts: say so (``conditional=False``).
+- **Every byte checked as it arrives.** A download is split into ranges along the manifest's parts
+  (headers, tensors, chunks); each part is hashed from the bytes as they are written, so the copy is
+  verified without a second read; every ranged GET carries ``If-Match`` with the object's ETag, so an
+  object replaced mid-download is an error, never a mix of two versions.
+"""
+
+from __future__ import annotations
+
+import configparser
+import json
+import os
+import threading
+import time
+from datetime import timedelta
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+from urllib.parse import urlparse
+
+from .content.manifest import MANIFEST_RELPATH, MAX_MANIFEST_BYTES, FileEntry, Manifest, parse_manifest
+from .content.names import validate_name, validate_relpath, validate_version
+from .errors import BadInput, Busy, CheckpointNotFound, IntegrityError, TieringError, TimedOut, VersionConflict
+from .safefs import Dir
+from .sources import ProgressFn
+
+CLAIM_RELPATH = ".weightd/publishing"
+CLAIM_STALE_S = 6 * 3600
+DEFAULT_RANGE = 16 << 20       # bytes per ranged GET (tuned against the local S3 server, bench/objstore.py)
+DEFAULT_CONCURRENCY = 8
+DEFAULT_PART = 16 << 20        # multipart upload part size
+RETRIES = 4
+
+
+class ObjectStoreError(TieringError):
+    """The object store refused or failed (exit 2 for set-up problems, 1 otherwise); ``kind`` says
+    how (not_found, access_denied, no_credentials, exists, precondition, throttled, error)."""
+    kind = "error"
+
+
+class StoreSetupError(ObjectStoreError):
+    exit_code = 2
+
+
+class ShortRead(IntegrityError):
+    """The store returned fewer bytes than the range asked for."""
+
+
+class ObjectChanged(IntegrityError):
+    """An object was replaced while it was being downloaded (its ETag changed)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectLocation:
+    bucket: str
+    prefix: str
+
+    @classmethod
+    def parse(cls, url: str) -> "ObjectLocation":
+        u = urlparse(url)
+        if u.scheme != "s3" or not u.netloc:
+            raise BadInput(f"[tiers.cold] url: expected s3://BUCKET[/PREFIX], got {url!r}")
+        prefix = u.path.strip("/")
+        for part in prefix.split("/") if prefix else []:
+            if part in (".", ".."):
+                raise BadInput(f"[tiers.cold] url: {url!r}: '.' and '..' are not prefixes")
+        return cls(u.netloc, prefix)
+
+
+@dataclass
+class Stats:
+    """What the store was asked and what it served (metrics and benchmarks)."""
+    requests: dict[str, int] = field(default_factory=dict)
+    errors: dict[str, int] = field(default_factory=dict)
+    bytes_read: int = 0
+    bytes_written: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def count(self, kind: str, nbytes: int = 0, *, write: bool = False) -> None:
+        with self.lock:
+            self.requests[kind] = self.requests.get(kind, 0) + 1
+            if write:
+                self.bytes_written += nbytes
+            else:
+                self.bytes_read += nbytes
+
+    def error(self, kind: str) -> None:
+        with self.lock:
+            self.errors[kind] = self.errors.get(kind, 0) + 1
+
+
+def shared_credentials(env: dict[str, str] | None = None) -> dict[str, str]:
+    """Keys from the shared credentials file (``AWS_SHARED_CREDENTIALS_FILE`` or ~/.aws/credentials,
+    profile ``AWS_PROFILE`` or ``default``), unless the environment already has keys."""
+    env = dict(os.environ if env is None else env)
+    if env.get("AWS_ACCESS_KEY_ID"):
+        return {}
+    path = Path(env.get("AWS_SHARED_CREDENTIALS_FILE") or Path(env.get("HOME", "~")).expanduser() / ".aws/credentials")
+    if not path.is_file():
+        return {}
+    cp = configparser.ConfigParser()
+    try:
+        cp.read(path)
+    except configparser.Error as exc:
+        raise StoreSetupError(f"{path}: not a credentials file ({exc.__class__.__name__})") from None
+    profile = env.get("AWS_PROFILE", "default")
+    if not cp.has_section(profile):
+        return {}
+    sec = cp[profile]
+    out = {}
+    for key, arg in (("aws_access_key_id", "access_key_id"), ("aws_secret_access_key", "secret_access_key"),
+                     ("aws_session_token", "token")):
+        if sec.get(key):
+            out[arg] = sec[key]
+    return out
+
+
+def _classify(exc: BaseException) -> str:
+    import obstore.exceptions as oe
+    for cls, kind in ((oe.NotFoundError, "not_found"), (FileNotFoundError, "not_found"),
+                      (oe.PermissionDeniedError, "access_denied"), (PermissionError, "access_denied"),
+                      (oe.UnauthenticatedError, "no_credentials"), (oe.AlreadyExistsError, "exists"),
+                      (oe.PreconditionError, "precondition")):
+        if isinstance(exc, cls):
+            return kind
+    text = str(exc)
+    if "SlowDown" in text or "503" in text:
+        return "throttled"
+    return "error"
+
+
+class ObjectCold:
+    """A cold tier in object storage. Thread-safe; one per node."""
+
+    def __init__(self, url: str, *, endpoint: str | None = None, region: str | None = None,
+                 range_bytes: int = DEFAULT_RANGE, concurrency: int = DEFAULT_CONCURRENCY,
+                 part_bytes: int = DEFAULT_PART, bandwidth: int = 0, conditional: bool = True,
+                 allow_http: bool | None = None) -> None:
+        from obstore.store import S3Store
+        self.url, self.location = url, ObjectLocation.parse(url)
+        self.range_bytes, self.concurrency, self.part_bytes = range_bytes, max(1, concurrency), part_bytes
+        self.bandwidth, self.conditional = bandwidth, conditional
+        self.stats = Stats()
+        kw: dict[str, Any] = shared_credentials()
+        if endpoint:
+            kw["endpoint"] = endpoint
+        if region:
+            kw["region"] = region
+        http = allow_http if allow_http is not None else bool(endpoint and endpoint.startswith("http://"))
+        try:
+            self.store = S3Store(self.location.bucket, prefix=self.location.prefix or None,
+                                 client_options={"allow_http": http, "timeout": "120s", "connect_timeout": "10s"},
+                                 retry_config={"max_retries": 0, "backoff": {"init_backoff": timedelta(milliseconds=100),
+                                                                               "max_backoff": timedelta(seconds=1),
+                                                                               "base": 2},
+                                               "retry_timeout": timedelta(seconds=60)}, **kw)
+        except Exception as exc:  # (obstore's configuration errors)
+            raise StoreSetupError(f"[tiers.cold] url {url}: {exc}") from None
+        from .pagecache.throttle import TokenBucket
+        self.bucket = TokenBucket(bandwidth) if bandwidth else None
+
+    def __repr__(self) -> str:
+        return f"ObjectCold({self.url!r})"
+
+    # -- calls, each counted, classified and retried ------------------------------------------------
+    def _call(self, kind: str, fn: Callable[[], Any], what: str, *, deadline: float | None = None,
+              retry: bool = True) -> Any:
+        delay = 0.2
+        for attempt in range(RETRIES + 1):
+            try:
+                return fn()
+            except Exception as exc:  # noqa: BLE001 (classified below)
+                why = _classify(exc)
+                self.stats.error(why)
+                transient = why in ("throttled", "error") and retry
+                late = deadline is not None and time.monotonic() + delay > deadline
+                if not transient or attempt == RETRIES or late:
+                    raise self._error(why, what, exc) from None
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+        raise AssertionError("unreachable")
+
+    def _error(self, why: str, what: str, exc: BaseException) -> TieringError:
+        where = f"{self.url}: {what}"
+        if "NoSuchBucket" in str(exc):
+            return StoreSetupError(f"{self.url}: the bucket {self.location.bucket} does not exist (check [tiers.cold] "
+                                   f"url and endpoint)")
+        if why == "not_found":
+            return CheckpointNotFound(where, "not found (or the bucket does not exist)")
+        if why == "access_denied":
+            return StoreSetupError(f"{where}: access denied: give the daemon's credentials s3:GetObject, "
+                                   f"s3:ListBucket (and s3:PutObject to publish) on this bucket")
+        if why == "no_credentials":
+            return StoreSetupError(f"{where}: no usable credentials: set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, "
+                                   f"AWS_PROFILE with ~/.aws/credentials, or an instance/web-identity role")
+        if why == "throttled":
+            return ObjectStoreError(f"{where}: the store kept throttling (503 SlowDown) after {RETRIES} retries: "
+                                    f"lower [tiers.cold] concurrency or bandwidth")
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        err = ObjectStoreError(f"{where}: {first[:300]}")
+        err.kind = why
+        return err
+
+    # -- reading ------------------------------------------------------------------------------------
+    def read_manifest(self, name: str, version: str) -> Manifest | None:
+        """NAME@VERSION's manifest, or None when it is not published (no manifest object)."""
+        import obstore
+        validate_name(name)
+        validate_version(version)
+        key = f"{name}/{version}/{MANIFEST_RELPATH}"
+        try:
+            raw = self._call("get", lambda: bytes(obstore.get(self.store, key).bytes()), key)
+        except CheckpointNotFound:
+            return None
+        self.stats.count("get", len(raw))
+        if len(raw) > MAX_MANIFEST_BYTES:
+            raise BadInput(f"{self.url}/{key}: manifest larger than {MAX_MANIFEST_BYTES} bytes")
+        m = parse_manifest(raw, f"{self.url}/{key}")
+        if m.name != name or m.version != version:
+            raise BadInput(f"{self.url}/{key}: it describes {m.name}@{m.version}, not {name}@{version}")
+        return m
+
+    def versions(self, name: str) -> list[str]:
+        """The version labels under NAME/ whose manifest exists (listing, then one HEAD each)."""
+        import obstore
+        validate_name(name)
+        listing = self._call("list", lambda: obstore.list_with_delimiter(self.store, prefix=f"{name}/"), f"{name}/")
+        self.stats.count("list")
+        out = []
+        for p in listing["common_prefixes"]:
+            label = p.rstrip("/").rsplit("/", 1)[-1]
+            try:
+                validate_version(label)
+            except BadInput:
+                continue
+            key = f"{name}/{label}/{MANIFEST_RELPATH}"
+            try:
+                self._call("head", lambda k=key: obstore.head(self.store, k), key)
+                self.stats.count("head")
+                out.append(label)
+            except CheckpointNotFound:
+                continue  # a version being uploaded (no manifest yet), or leftovers: not published
+        return sorted(out)
+
+    def fetch(self, m: Manifest, dest: Dir, *, deadline: float | None = None, progress: ProgressFn | None = None,
+              skip: set[str] | None = None) -> int:
+        """Download every file of ``m`` (but ``skip``) into ``dest``, hashing each manifest part as its
+        bytes arrive (IntegrityError naming the part on a mismatch). Returns the bytes downloaded."""
+        import obstore
+        name, version = m.name, m.version
+        jobs: list[tuple[FileEntry, str, int, list[Any], str | None]] = []
+        for f in m.files:
+            if skip and f.path in skip:
+                continue
+            validate_relpath(f.path)
+            key = f"{name}/{version}/{f.path}"
+            meta = self._call("head", lambda k=key: obstore.head(self.store, k), key, deadline=deadline)
+            self.stats.count("head")
+            if meta["size"] != f.size:
+                raise IntegrityError(f"{self.url}/{key}: {meta['size']} bytes in the store, the manifest says {f.size}")
+            fd = dest.create(f.path, 0o600, flags=os.O_RDWR)
+            try:
+                if f.size:
+                    os.posix_fallocate(fd, 0, f.size)
+            except OSError:
+                os.close(fd)
+                raise
+            jobs.append((f, key, fd, _groups(f, m.chunk_size, self.range_bytes), meta["e_tag"]))
+        total = 0
+        try:
+            work = [(f, key, fd, g, tag) for f, key, fd, groups, tag in jobs for g in groups]
+            with ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="weightd-s3") as pool:
+                futures = [pool.submit(self._fetch_group, f, key, fd, g, tag, deadline, progress)
+                           for f, key, fd, g, tag in work]
+                for fut in futures:
+                    total += fut.result()
+            for job in jobs:
+                os.fsync(job[2])
+        finally:
+            for job in jobs:
+                os.close(job[2])
+        return total
+
+    def _fetch_group(self, f: FileEntry, key: str, fd: int, group: "_Group", etag: str | None,
+                     deadline: float | None, progress: ProgressFn | None) -> int:
+        """One worker's share: consecutive whole parts (or one large part in order), each hashed."""
+        import obstore
+        import xxhash
+        got = 0
+        for start, end, parts in group.ranges:
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimedOut(f"{self.url}/{key}: download not finished before the timeout")
+            if self.bucket is not None:
+                self.bucket.consume(end - start)
+            opts: dict[str, Any] = {"range": (start, end)}
+            if etag:
+                opts["if_match"] = etag  # replaced mid-download: 412, never a mix of two objects
+            try:
+                data = self._call("get", lambda o=opts: obstore.get(self.store, key, options=o).bytes(),
+                                  f"{key} bytes {start}-{end}", deadline=deadline)
+            except ObjectStoreError as exc:
+                if exc.kind == "precondition":
+                    raise ObjectChanged(f"{self.url}/{key}: the object changed during the download (its ETag is "
+                                        f"no longer {etag}): republished under the same name? preload again") from None
+                raise
+            view = memoryview(data)
+            if len(view) != end - start:
+                self.stats.error("short_read")
+                raise ShortRead(f"{self.url}/{key}: asked for bytes {start}-{end}, the store returned {len(view)}")
+            self.stats.count("get", len(view))
+            os.pwrite(fd, view, start)
+            for part, lo, hi in parts:  # (a part split over several ranges is fed in order by this worker)
+                h = group.hashers.setdefault(part.label, xxhash.xxh3_128())
+                h.update(view[lo - start:hi - start])
+                if hi == part.end and h.hexdigest() != part.xxh3_128:
+                    raise IntegrityError(f"{self.url}/{key}: {part.label} does not match the manifest "
+                                         f"(expected {part.xxh3_128}, got {h.hexdigest()})")
+            got += len(view)
+            if progress is not None:
+                progress(len(view))
+        return got
+
+    # -- writing ------------------------------------------------------------------------------------
+    def publish(self, src: Path, m: Manifest, files: list[tuple[str, Any]], *, progress: ProgressFn | None = None,
+                extra: dict[str, bytes] | None = None) -> bool:
+        """Upload ``files`` (relpath, local path) of NAME@VERSION, then ``extra`` objects (a signature),
+        then the manifest, last and conditionally. False when the same content is already published
+        (nothing uploaded); VersionConflict when other content is; a concurrent publisher of the
+        same version is refused before any byte is uploaded."""
+        import obstore
+        name, version = m.name, m.version
+        existing = self.read_manifest(name, version)
+        if existing is not None:
+            if existing.digest == m.digest:
+                return False
+            raise VersionConflict(f"{name}@{version}", existing.digest, m.digest)
+        claim = f"{name}/{version}/{CLAIM_RELPATH}"
+        self._claim(claim, name, version)
+        try:
+            for rel, path in files:
+                key = f"{name}/{version}/{rel}"
+                size = os.path.getsize(path)
+                self._call("put", lambda k=key, p=path: obstore.put(
+                    self.store, k, Path(p), chunk_size=self.part_bytes, max_concurrency=self.concurrency), key)
+                self.stats.count("put", size, write=True)
+                meta = self._call("head", lambda k=key: obstore.head(self.store, k), key)
+                if meta["size"] != size:  # (what was written, checked before the manifest makes it visible)
+                    raise IntegrityError(f"{self.url}/{key}: {meta['size']} bytes stored, {size} uploaded")
+                if progress is not None:
+                    progress(size)
+            for rel, data in (extra or {}).items():
+                key = f"{name}/{version}/{rel}"
+                self._call("put", lambda k=key, d=data: obstore.put(self.store, k, d), key)
+            raw = m.to_json().encode("utf-8")
+            mkey = f"{name}/{version}/{MANIFEST_RELPATH}"
+            try:
+                self._call("put", lambda: obstore.put(self.store, mkey, raw,
+                                                      mode="create" if self.conditional else "overwrite"),
+                           mkey, retry=False)
+            except ObjectStoreError as exc:
+                if exc.kind in ("exists", "precondition"):
+                    raise VersionConflict(f"{name}@{version}", "(published meanwhile)", m.digest) from None
+                raise
+            back = self.read_manifest(name, version)  # re-read: what readers will see
+            if back is None or back.digest != m.digest:
+                raise IntegrityError(f"{self.url}/{mkey}: the manifest read back is not the one written")
+            return True
+        finally:
+            try:
+                obstore.delete(self.store, claim)
+            except Exception:  # noqa: BLE001 (a claim left behind goes stale; never hide the real error)
+                pass
+
+    def _claim(self, key: str, name: str, version: str) -> None:
+        import obstore
+        body = json.dumps({"pid": os.getpid(), "host": os.uname().nodename, "at": time.time()}).encode()
+        if not self.conditional:
+            obstore.put(self.store, key, body)
+            return
+        try:
+            self._call("put", lambda: obstore.put(self.store, key, body, mode="create"), key, retry=False)
+            return
+        except ObjectStoreError as exc:
+            if exc.kind not in ("exists", "precondition"):
+                raise
+        held = self._call("get", lambda: obstore.get(self.store, key), key)
+        meta = held.meta
+        try:
+            info = json.loads(bytes(held.bytes()))
+            since = float(info.get("at", 0))
+        except (ValueError, TypeError, AttributeError):
+            info, since = {}, 0.0
+        if time.time() - since < CLAIM_STALE_S:
+            raise Busy(f"{name}@{version}", f"being published by {info.get('host', '?')} pid {info.get('pid', '?')} "
+                                            f"since {time.strftime('%H:%M:%S UTC', time.gmtime(since))}: wait for it "
+                                            f"(preload --wait), or publish another version")
+        # a stale claim (a crashed publisher): take it over only if nobody else did meanwhile
+        self._call("put", lambda: obstore.put(self.store, key, body, mode={"e_tag": meta["e_tag"]}), key, retry=False)
+
+
+@dataclass
+class _Group:
+    ranges: list[tuple[int, int, list[tuple[Any, int, int]]]]   # (start, end, [(part, lo, hi)])
+    hashers: dict[str, Any] = field(default_factory=dict)
+
+
+def _groups(f: FileEntry, chunk_size: int, range_bytes: int) -> list[_Group]:
+    """The file's parts as work: small consecutive parts packed into one range up to ``range_bytes``;
+    a part larger than that is one group of several ranges (fetched in order, so its hash is fed in
+    order)."""
+    parts = [p for p in f.parts(chunk_size)]
+    out: list[_Group] = []
+    cur: list[Any] = []
+    cur_start = cur_end = 0
+    for p in parts:
+        if p.length > range_bytes:
+            if cur:
+                out.append(_Group([(cur_start, cur_end, [(q, q.begin, q.end) for q in cur])]))
+                cur = []
+            ranges = []
+            for s in range(p.begin, p.end, range_bytes):
+                e = min(p.end, s + range_bytes)
+                ranges.append((s, e, [(p, s, e)]))
+            out.append(_Group(ranges))
+            continue
+        if cur and (p.begin != cur_end or p.end - cur_start > range_bytes):
+            out.append(_Group([(cur_start, cur_end, [(q, q.begin, q.end) for q in cur])]))
+            cur = []
+        if not cur:
+            cur_start = p.begin
+        cur.append(p)
+        cur_end = p.end
+    if cur:
+        out.append(_Group([(cur_start, cur_end, [(q, q.begin, q.end) for q in cur])]))
+    # bytes no part covers (padding, a trailer) are fetched too, unhashed, as a verify ignores them
+    covered = sorted((s, e) for g in out for s, e, _ in g.ranges)
+    pos = 0
+    for s, e in covered + [(f.size, f.size)]:
+        if s > pos:
+            for g0 in range(pos, s, range_bytes):
+                out.append(_Group([(g0, min(s, g0 + range_bytes), [])]))
+        pos = max(pos, e)
+    return [g for g in out if any(e > s for s, e, _ in g.ranges)]
