@@ -174,3 +174,73 @@ def test_shared_credentials_file(tmp_path: Path) -> None:
     assert shared_credentials({**env, "AWS_PROFILE": "ops"}) == {"access_key_id": "C", "secret_access_key": "D",
                                                                   "token": "T"}
     assert shared_credentials({**env, "AWS_ACCESS_KEY_ID": "env"}) == {}  # the environment wins
+
+
+# -- the whole CLI on an object-store cold tier -----------------------------------------------------------
+
+@pytest.fixture
+def s3_node(node_env, s3_endpoint, bucket, isolated_env):
+    """node_env with [tiers.cold] url on the moto server; the CLI's environment carries the keys."""
+    text = node_env.config.read_text().replace(f'[tiers.cold]\npath = "{node_env.cold}"\n',
+                                               f'[tiers.cold]\nurl = "s3://{bucket}/models"\nendpoint = "{s3_endpoint}"\n'
+                                               f'region = "us-east-1"\nrange_size = "1MiB"\nconcurrency = 4\n')
+    assert "url = " in text
+    node_env.config.write_text(text)
+    isolated_env.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing")
+    return node_env
+
+
+def test_publish_preload_ls_and_wait_from_s3_through_the_cli(s3_node, wd, isolated_env, tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+    src = make_checkpoint(tmp_path / "src", total_bytes=8 * MiB, shards=2, layers=4, seed="cli")
+    r = wd("publish", src, "--name", "acme/s3", "--version", "v1", "--json")
+    assert r.returncode == 0, r.stderr
+    pub = json.loads(r.stdout)
+    assert pub["path"].endswith("/models/acme/s3/v1") and pub["path"].startswith("s3://") and not pub["unchanged"]
+    assert json.loads(wd("publish", src, "--name", "acme/s3", "--version", "v1", "--json").stdout)["unchanged"]
+    other = make_checkpoint(tmp_path / "other", total_bytes=2 * MiB, shards=1, layers=2, seed="o")
+    r = wd("publish", other, "--name", "acme/s3", "--version", "v1")
+    assert r.returncode == 2 and "already published with different content" in r.stderr, r.stderr
+    r = wd("preload", "acme/s3", "--tier", "warm", "--json")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["version"] == "v1" and rep["bytes_by_source"]["cold"] == rep["bytes"] == pub["bytes"]
+    assert not verify_checkpoint(Path(rep["path"]), build_manifest(src)).problems
+    ls = json.loads(wd("ls", "--json").stdout)["versions"]
+    assert [(v["name"], v["version"], v["local"]) for v in ls] == [("acme/s3", "v1", ["warm"])]
+    assert wd("preload", "acme/none@v1").returncode == 3
+    # --wait polls for the manifest object: published by another process while it waits
+    waiter = subprocess.Popen([sys.executable, "-m", "weightd", "--config", str(s3_node.config), "preload",
+                               "acme/s3@v2", "--tier", "hot", "--wait", "--timeout", "60"],
+                              env=isolated_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        import time
+        time.sleep(1.5)
+        assert waiter.poll() is None
+        v2 = make_checkpoint(tmp_path / "v2", total_bytes=4 * MiB, shards=1, layers=2, seed="v2")
+        assert wd("publish", v2, "--name", "acme/s3", "--version", "v2").returncode == 0
+        out, err = waiter.communicate(timeout=60)
+    finally:
+        if waiter.poll() is None:
+            waiter.kill()
+            waiter.wait()
+    assert waiter.returncode == 0, err
+    assert out.strip().splitlines()[-1] == str(s3_node.hot / "acme/s3/v2")
+    doc = json.loads(wd("doctor", "--sample-s", "0.1", "--no-probe", "--json").stdout)
+    assert doc["measurements"]["weightd"]["cold_checked_versions"] == 2
+    assert not [f for f in doc["findings"] if f["id"] == "cold-unreadable"]
+
+
+def test_s3_config_errors_name_the_key(weightd, tmp_path: Path) -> None:
+    from .conftest import NodeEnv
+    env = NodeEnv(tmp_path)
+    base = env.config.read_text()
+    for cold, needle in (
+            (f'[tiers.cold]\npath = "{env.cold}"\nurl = "s3://b/p"\n', "give path (shared storage) or url"),
+            ('[tiers.cold]\nurl = "http://b/p"\n', "expected s3://BUCKET[/PREFIX]"),
+            ('[tiers.cold]\nurl = "s3://b/p"\npart_size = "1MiB"\n', "part_size must be from 5MiB to 5GiB")):
+        env.config.write_text(base.replace(f'[tiers.cold]\npath = "{env.cold}"\n', cold))
+        r = weightd("--config", env.config, "config", "show")
+        assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr, r.stderr

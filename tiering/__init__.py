@@ -48,7 +48,7 @@ _SURFACE: dict[str, str] = {
     "LocalNode": "node", "DEFAULT_LEASE_S": "node",
     "PreloadReport": "store.reports", "PublishReport": "store.reports",
     "FetchRequest": "sources", "FetchResult": "sources", "Fetcher": "sources", "SourceFallback": "sources",
-    "Progress": "progress", "set_phase": "progress", "process_name": "inuse", "ObjectCold": "objstore", "read_version": "layout",
+    "Progress": "progress", "set_phase": "progress", "process_name": "inuse", "ObjectCold": "objstore", "ObjectLocation": "objstore", "read_version": "layout",
     # page cache (tiering/pagecache/)
     "collect_files": "pagecache.files",
     "cool": "pagecache.resident", "residency": "pagecache.resident",

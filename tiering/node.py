@@ -13,7 +13,7 @@ import logging
 import math
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from .content.names import validate_name, validate_version
 from .content.signature import TrustPolicy
@@ -34,6 +34,9 @@ from .store.roots import TierRoots
 from .store.sources import Sources
 from .store.trust import Trust
 from .store.space import EvictFn, Space
+
+if TYPE_CHECKING:
+    from .objstore import ObjectCold
 
 log = logging.getLogger(__name__)
 DEFAULT_LEASE_S = 600.0
@@ -69,7 +72,7 @@ class LocalNode:
     when first needed; nothing is created for a query (``status``, ``path``), and cold storage is
     only ever written by ``publish``."""
 
-    def __init__(self, *, hot: TierSpec, warm: TierSpec, cold: Path, state_dir: Path,
+    def __init__(self, *, hot: TierSpec, warm: TierSpec, cold: "Path | ObjectCold", state_dir: Path,
                  now: Callable[[], float] = time.time, copy_threads: int = 2, reconcile: bool = True,
                  warm_options: WarmOptions = WarmOptions(), on_evict: EvictFn | None = None,
                  fetchers: list[Fetcher] | None = None, on_placed: PlacedFn | None = None,

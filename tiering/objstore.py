@@ -33,11 +33,14 @@ from datetime import timedelta
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 from urllib.parse import urlparse
 
 from .content.manifest import MANIFEST_RELPATH, MAX_MANIFEST_BYTES, FileEntry, Manifest, parse_manifest
 from .content.names import validate_name, validate_relpath, validate_version
+
+if TYPE_CHECKING:
+    from .layout import VersionDir
 from .errors import BadInput, Busy, CheckpointNotFound, IntegrityError, TieringError, TimedOut, VersionConflict
 from .safefs import Dir
 from .sources import ProgressFn
@@ -238,6 +241,44 @@ class ObjectCold:
             raise BadInput(f"{self.url}/{key}: it describes {m.name}@{m.version}, not {name}@{version}")
         return m
 
+    def version_dir(self, name: str, version: str) -> "VersionDir | None":
+        """NAME@VERSION as the tier code sees a published version; its ``path`` names the object
+        prefix and is never opened (nothing of an object store is on disk)."""
+        from .layout import VersionDir
+        m = self.read_manifest(name, version)
+        if m is None:
+            return None
+        return VersionDir(name, version, Path("/nonexistent-object-store") / self.location.bucket
+                          / self.location.prefix / name / version, m)
+
+    def head(self, key: str) -> dict[str, Any]:
+        import obstore
+        meta = self._call("head", lambda: obstore.head(self.store, key), key)
+        self.stats.count("head")
+        return meta
+
+    def names(self) -> list[str]:
+        """Every NAME with at least one published version (``NAME`` is ``a`` or ``a/b``)."""
+        import obstore
+        top = self._call("list", lambda: obstore.list_with_delimiter(self.store, prefix=""), "/")
+        self.stats.count("list")
+        out = []
+        for a in (p.rstrip("/").rsplit("/", 1)[-1] for p in top["common_prefixes"]):
+            if a.startswith("."):
+                continue
+            if self.versions(a):
+                out.append(a)
+                continue
+            sub = self._call("list", lambda a=a: obstore.list_with_delimiter(self.store, prefix=f"{a}/"), f"{a}/")
+            for b in (p.rstrip("/").rsplit("/", 1)[-1] for p in sub["common_prefixes"]):
+                try:
+                    validate_name(f"{a}/{b}")
+                except BadInput:
+                    continue
+                if self.versions(f"{a}/{b}"):
+                    out.append(f"{a}/{b}")
+        return sorted(out)
+
     def versions(self, name: str) -> list[str]:
         """The version labels under NAME/ whose manifest exists (listing, then one HEAD each)."""
         import obstore
@@ -340,7 +381,7 @@ class ObjectCold:
 
     # -- writing ------------------------------------------------------------------------------------
     def publish(self, src: Path, m: Manifest, files: list[tuple[str, Any]], *, progress: ProgressFn | None = None,
-                extra: dict[str, bytes] | None = None) -> bool:
+                extra: dict[str, bytes] | None = None, before_manifest: Callable[[], None] | None = None) -> bool:
         """Upload ``files`` (relpath, local path) of NAME@VERSION, then ``extra`` objects (a signature),
         then the manifest, last and conditionally. False when the same content is already published
         (nothing uploaded); VersionConflict when other content is; a concurrent publisher of the
@@ -369,6 +410,8 @@ class ObjectCold:
             for rel, data in (extra or {}).items():
                 key = f"{name}/{version}/{rel}"
                 self._call("put", lambda k=key, d=data: obstore.put(self.store, k, d), key)
+            if before_manifest is not None:
+                before_manifest()
             raw = m.to_json().encode("utf-8")
             mkey = f"{name}/{version}/{MANIFEST_RELPATH}"
             try:

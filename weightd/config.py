@@ -124,8 +124,38 @@ class TierSettings(_Model):
 
 
 class ColdSettings(_Model):
-    path: Path
+    """Shared storage (``path``) or object storage (``url = "s3://BUCKET/PREFIX"``), not both."""
+    path: Path | None = None
+    url: str | None = None
+    endpoint: str | None = None      # an S3-compatible store's address (MinIO, Ceph, R2...); default AWS
+    region: str | None = None        # else AWS_REGION / AWS_DEFAULT_REGION
+    range_size: int = 16 << 20       # bytes per ranged GET
+    concurrency: int = Field(default=8, ge=1, le=256)
+    part_size: int = 16 << 20        # multipart upload part size (S3: 5 MiB to 5 GiB)
+    bandwidth: int = 0               # bytes/s for downloads from cold (0: unlimited)
     _path = field_validator("path", mode="before")(_abs_path)
+
+    @field_validator("range_size", "part_size", "bandwidth", mode="before")
+    @classmethod
+    def _size(cls, v: Any) -> int:
+        return parse_size(v)
+
+    @model_validator(mode="after")
+    def _one(self) -> "ColdSettings":
+        if (self.path is None) == (self.url is None):
+            raise ValueError("give path (shared storage) or url (s3://BUCKET/PREFIX), not both and not neither")
+        if self.url is not None:
+            from tiering import ObjectLocation
+            ObjectLocation.parse(self.url)  # (BadInput, a ValueError: named with the key)
+            if not (5 << 20) <= self.part_size <= (5 << 30):
+                raise ValueError("part_size must be from 5MiB to 5GiB (S3's multipart limits)")
+            if self.range_size < (64 << 10):
+                raise ValueError("range_size must be at least 64KiB")
+        return self
+
+    @property
+    def where(self) -> str:
+        return self.url if self.url is not None else str(self.path)
 
 
 class Tiers(_Model):
@@ -440,7 +470,11 @@ def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, st
             raise ConfigError(source, f"invalid TOML: {exc}") from None
         except UnicodeDecodeError:
             raise ConfigError(source, "not UTF-8 text") from None
-    merged = _merge(embedded_defaults(env), data)
+    defaults = embedded_defaults(env)
+    cold = data.get("tiers", {}).get("cold") if isinstance(data.get("tiers"), Mapping) else None
+    if isinstance(cold, Mapping) and "url" in cold:  # an object-store cold tier replaces the default's path
+        defaults["tiers"]["cold"].pop("path", None)
+    merged = _merge(defaults, data)
     try:
         settings = Settings.model_validate(merged)
     except ValidationError as exc:

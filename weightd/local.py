@@ -30,9 +30,20 @@ def tier_specs(cfg: Config) -> dict[str, TierSpec]:
 def open_node(cfg: Config, *, reconcile: bool = True, **hooks: Any) -> LocalNode:
     """``hooks``: ``fetchers``, ``on_placed``, ``on_evict`` (see LocalNode)."""
     specs = tier_specs(cfg)
-    return LocalNode(hot=specs[HOT], warm=specs[WARM], cold=cfg.settings.tiers.cold.path,
+    return LocalNode(hot=specs[HOT], warm=specs[WARM], cold=cold_tier(cfg),
                      state_dir=cfg.settings.state_dir, reconcile=reconcile, warm_options=warm_options(cfg),
                      trust=trust_policy(cfg), **hooks)
+
+
+def cold_tier(cfg: Config) -> "Path | ObjectCold":
+    """The cold tier: a path, or an object store (``url``) built from the [tiers.cold] settings."""
+    c = cfg.settings.tiers.cold
+    if c.url is None:
+        assert c.path is not None
+        return c.path
+    from tiering import ObjectCold
+    return ObjectCold(c.url, endpoint=c.endpoint, region=c.region, range_bytes=c.range_size,
+                      concurrency=c.concurrency, part_bytes=c.part_size, bandwidth=c.bandwidth)
 
 
 def trust_policy(cfg: Config) -> "TrustPolicy | None":

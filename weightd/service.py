@@ -120,7 +120,8 @@ class NodeService:
         except SignatureRefused as exc:
             self.metrics.trust_refusals.labels(exc.reason).inc()
             raise
-        torrent = ensure_torrent(self.config, self.node.resolve(name, version))
+        # (an object-store cold tier has no torrent yet: its versions move from cold, not over P2P)
+        torrent = None if self.node.roots.object is not None else ensure_torrent(self.config, self.node.resolve(name, version))
         log.info("published name=%s version=%s bytes=%d unchanged=%s torrent=%s", name, version, r.bytes,
                  r.unchanged, bool(torrent))
         if self.on_published is not None:

@@ -33,6 +33,9 @@ class Catalog:
         return read_version(self.roots.dir(tier), name, version)
 
     def published_versions(self, name: str) -> list[VersionDir]:
+        obj = self.roots.object
+        if obj is not None:
+            return [v for v in (obj.version_dir(name, label) for label in obj.versions(name)) if v is not None]
         return published_versions(self.roots.dir(COLD), name)
 
     def resolve(self, name: str, version: str | None, *, suggest: bool = True) -> VersionDir:
@@ -42,6 +45,8 @@ class Catalog:
         if version is not None:
             validate_version(version)
             v = read_version(self.roots.dir(COLD), name, version, strict=True)
+            if v is None and self.roots.object is not None:
+                v = self.roots.object.version_dir(name, version)
             if v is not None:
                 return v
             for tier in LOCAL_TIERS:
@@ -52,6 +57,9 @@ class Catalog:
                                      + (self._near(name) if suggest else ""))
         # strict: a published version we cannot read is an error, never skipped (it may be the latest)
         candidates = published_versions(self.roots.dir(COLD), name, strict=True)
+        obj = self.roots.object
+        if obj is not None:  # every published label, each manifest read (none skipped: as strict as a path)
+            candidates += [v for v in (obj.version_dir(name, label) for label in obj.versions(name)) if v is not None]
         if not candidates:
             for tier in LOCAL_TIERS:
                 candidates += [v for v in list_versions(self.roots.dir(tier)) if v.name == name]
@@ -67,7 +75,12 @@ class Catalog:
         if name is not None:
             validate_name(name)
         cold = self.roots.dir(COLD)
-        published = published_versions(cold, name) if name is not None else list_versions(cold)
+        obj = self.roots.object
+        if obj is not None:
+            names = [name] if name is not None else obj.names()
+            published = [v for n in names for v in self.published_versions(n)]
+        else:
+            published = published_versions(cold, name) if name is not None else list_versions(cold)
         local: dict[tuple[str, str], dict[str, VersionDir]] = {}
         for t in LOCAL_TIERS:
             for v in list_versions(self.roots.dir(t)):
@@ -79,7 +92,7 @@ class Catalog:
             rows[(v.name, v.version)] = {
                 "name": v.name, "version": v.version, "bytes": v.size, "digest": v.manifest.digest,
                 "published_at": v.manifest.published_at, "published": True,
-                "signed": cold is not None and cold.is_file(f"{v.rel}/{SIGNATURE_RELPATH}"),
+                "signed": (cold is not None and cold.is_file(f"{v.rel}/{SIGNATURE_RELPATH}")) or None,
                 "local": [t for t, lv in here.items() if lv.manifest.digest == v.manifest.digest]}
         for key, here in local.items():
             if key not in rows:
@@ -98,6 +111,8 @@ class Catalog:
         from ..errors import ManifestError
         problems: list[dict[str, str]] = []
         checked = 0
+        if self.roots.object is not None:
+            return self._check_object(limit)
         try:
             cold = self.roots.dir(COLD)
         except (OSError, TieringError) as exc:
@@ -135,6 +150,29 @@ class Catalog:
                             break
         except PermissionError as exc:
             problems.append({"where": str(cold.path), "reason": exc.strerror or "permission denied"})
+        return {"uid": os.geteuid(), "checked": checked, "problems": problems}
+
+    def _check_object(self, limit: int) -> dict[str, Any]:
+        """The object-store cold tier: list names, read up to ``limit`` manifests, HEAD every file."""
+        import os
+        obj = self.roots.object
+        assert obj is not None
+        problems: list[dict[str, str]] = []
+        checked = 0
+        try:
+            for name in obj.names():
+                for label in obj.versions(name):
+                    if checked >= limit:
+                        break
+                    checked += 1
+                    try:
+                        m = obj.read_manifest(name, label)
+                        for f in (m.files if m is not None else ()):
+                            obj.head(f"{name}/{label}/{f.path}")
+                    except (TieringError, OSError) as exc:
+                        problems.append({"where": f"{name}@{label}", "reason": str(exc)})
+        except (TieringError, OSError) as exc:
+            problems.append({"where": obj.url, "reason": str(exc)})
         return {"uid": os.geteuid(), "checked": checked, "problems": problems}
 
     def _near(self, name: str, limit: int = 8) -> str:

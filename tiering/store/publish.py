@@ -47,6 +47,8 @@ class Publisher:
             raise BadInput(f"{src}: no files to publish (an empty directory, or only .weightd/?)")
         ref = f"{name}@{version}"
         rel = version_rel(name, version)
+        if self.roots.object is not None:
+            return self._publish_object(src, files, name, version, progress, sign_key, signature, t0)
         cold = self.roots.must(COLD)
         lock = self.roots.lock(COLD, name, version)
         lock.acquire(PUBLISH_LOCK_TIMEOUT_S)  # a lock held on a shared mount forever must not wedge us
@@ -71,6 +73,34 @@ class Publisher:
                      signed_by or "-")
             return PublishReport(name, version, str(cold.path / rel), digest, nbytes, False, self.monotonic() - t0,
                                  signed_by)
+
+    def _publish_object(self, src: Path, files: list[ScannedFile], name: str, version: str,
+                        progress: ProgressFn | None, sign_key: Path | None, signature: bytes | None,
+                        t0: float) -> PublishReport:
+        """Object storage: the manifest is built from the source (one read), the files uploaded, the
+        source checked unchanged, and the manifest written last (see tiering.objstore)."""
+        obj = self.roots.object
+        assert obj is not None
+        if sign_key is not None or signature is not None:
+            raise BadInput(f"{name}@{version}: signing a version in an object-store cold tier is not supported "
+                           f"yet; publish it unsigned, or to a path cold tier")
+        m = build_manifest(src, files=files).with_labels(
+            name=name, version=version, published_at=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"))
+
+        def unchanged() -> None:  # the source must not have changed while it was hashed and uploaded
+            for f in files:
+                st = os.stat(f.path)
+                if (st.st_size, st.st_mtime_ns) != (f.size, f.mtime_ns):
+                    raise FileChanged(str(f.path), "changed while it was being published; try again")
+        existing = obj.read_manifest(name, version)
+        if existing is not None and existing.digest == m.digest:
+            return PublishReport(name, version, f"{obj.url.rstrip('/')}/{name}/{version}", m.digest,
+                                 m.total_bytes, True, self.monotonic() - t0)
+        obj.publish(src, m, [(f.relpath, f.path) for f in files], progress=progress, before_manifest=unchanged)
+        log.info("published name=%s version=%s digest=%s bytes=%d to=%s", name, version, m.digest, m.total_bytes,
+                 obj.url)
+        return PublishReport(name, version, f"{obj.url.rstrip('/')}/{name}/{version}", m.digest, m.total_bytes,
+                             False, self.monotonic() - t0)
 
     def _stage(self, cold: Dir, staging: StagingArea, src: Path, files: list[ScannedFile], name: str,
                version: str, progress: ProgressFn | None, sign_key: Path | None,

@@ -6,16 +6,23 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..layout import COLD, LOCKS, TierSpec, lock_name
 from ..locks import FileLock
 from ..safefs import Dir, RootPolicy, open_cold_root, open_tier_root
 
+if TYPE_CHECKING:
+    from ..objstore import ObjectCold
+
 
 class TierRoots:
-    def __init__(self, tiers: dict[str, TierSpec], cold: Path) -> None:
+    def __init__(self, tiers: dict[str, TierSpec], cold: "Path | ObjectCold") -> None:
+        """``cold``: a path (shared storage), or an object store: then ``object`` is it, and the cold
+        tier has no directory (``dir(COLD)`` is None; what reads or writes cold asks ``object``)."""
         self.tiers = tiers
-        self.cold = cold
+        self.object: ObjectCold | None = None if isinstance(cold, (str, os.PathLike)) else cold
+        self.cold = Path(cold) if self.object is None else None
         self._dirs: dict[str, Dir] = {}
 
     def close(self) -> None:
@@ -35,6 +42,8 @@ class TierRoots:
             d.close()  # removed behind our back: open (and check) it again
             del self._dirs[tier]
         if tier == COLD:
+            if self.cold is None:
+                return None  # object storage: no directory
             d = open_cold_root(self.cold, create=create)
         else:
             spec = self.tiers[tier]

@@ -62,6 +62,14 @@ class Sources:
             # then the swarm, then a copy from cold
             if self._remote(fill, staging, m, cold, tier, name, version, deadline, progress):
                 return fill
+        obj = self.roots.object
+        if not labels and obj is not None:
+            # object storage: ranged GETs along the manifest's parts, each hashed as it arrives
+            staging.dir.clear()
+            set_phase(progress, "copy", source="cold", total=m.total_bytes)
+            fill.add("cold", obj.fetch(m, staging.dir, deadline=_wall(deadline, self.monotonic), progress=progress))
+            fill.verified = True
+            return fill
         if not labels:
             raise CheckpointNotFound(f"{name}@{version}", "no complete copy to read from")
         self._copy(fill, staging, m, labels, other, name, version, deadline, progress)
@@ -171,3 +179,8 @@ class Sources:
                 held.append(lk)
                 donors.append(Donor(f"{v.name}@{v.version}", v.path, v.manifest, d))
         return donors, held
+
+
+def _wall(deadline: float | None, clock: Callable[[], float]) -> float | None:
+    """A deadline on ``clock`` as one on time.monotonic (what the object store's workers read)."""
+    return None if deadline is None else time.monotonic() + (deadline - clock())

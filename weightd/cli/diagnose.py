@@ -22,7 +22,9 @@ def _doctor_tiers(app: AppContext):
         except OSError:
             cap = None
         out.append(Tier(name, str(spec.path), cap))
-    out.append(Tier("cold", str(app.config.settings.tiers.cold.path), None))
+    cold = app.config.settings.tiers.cold
+    if cold.path is not None:  # (an object-store cold tier has no mount to inspect)
+        out.append(Tier("cold", str(cold.path), None))
     return out
 
 
