@@ -70,9 +70,11 @@ def warm_cmd(app: AppContext, paths: tuple[str, ...], rate_opt: str | None, conc
                  await_threshold_ms=w.await_threshold_ms, progress=advance)
     r.skipped[:0] = skipped
     locked = None
+    stop = None
     if lock_:
         locked = LockedFiles()
         r.skipped += locked.lock(files)
+        stop = _release_on_signal()  # before the result is printed: whoever reads it may signal at once
     if as_json:
         d = r.to_dict()
         if locked is not None:
@@ -80,20 +82,25 @@ def warm_cmd(app: AppContext, paths: tuple[str, ...], rate_opt: str | None, conc
         output.emit_json(d, compact=True)
     else:
         output.show_warmed(r)
-    if locked is not None:
-        _hold_lock(locked)
+    if locked is not None and stop is not None:
+        _hold_lock(locked, stop)
     skip_exit(r.skipped)
 
 
-def _hold_lock(locked) -> None:
+def _release_on_signal():
+    """An event set by SIGTERM, SIGINT or SIGHUP (installed before anything is announced)."""
     import signal
     import threading
-    output.note(f"locked {locked.bytes} bytes in pid {os.getpid()}; the lock lasts while this process runs "
-                f"(SIGTERM or Ctrl-C releases it)")
-    sys.stdout.flush()
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: stop.set())
+    return stop
+
+
+def _hold_lock(locked, stop) -> None:
+    output.note(f"locked {locked.bytes} bytes in pid {os.getpid()}; the lock lasts while this process runs "
+                f"(SIGTERM or Ctrl-C releases it)")
+    sys.stdout.flush()
     while not stop.wait(3600):
         pass
     locked.release()

@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""Preload from an object-store cold tier against what a user would otherwise script, and against the
+server's own ceiling; all three on the same checkpoint, the same local S3 server (moto), interleaved.
+
+    .venv/bin/python bench/objstore.py [--size 1GiB] [--rounds 3] [--range 16MiB] [--concurrency 8]
+
+(a) weightd: `weightd preload NAME --tier warm` end to end (the real CLI: ranged GETs along the
+    manifest's parts, hashed as they arrive, fsync, rename), the copy evicted between rounds;
+(b) s3transfer with its defaults (boto3's download_file per file), then `weightd verify` of the
+    result (what a user would script);
+(c) the ceiling: ranged GETs over the same objects with the best range size and concurrency found
+    (a small sweep), writing nothing.
+
+moto is pure Python and is the bottleneck here, so (c) is the figure to compare (a) against. Prints
+JSON: medians and ranges, ratios (a)/(c) and (a)/(b), requests issued and bytes served by weightd,
+and the peak RSS of weightd's process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tiering.content.units import parse_size  # noqa: E402
+from tiering.sample import make_checkpoint  # noqa: E402
+
+
+def ceiling(store, keys: list[tuple[str, int]], range_bytes: int, concurrency: int) -> float:
+    import obstore
+    work = [(k, s, min(n, s + range_bytes)) for k, n in keys for s in range(0, n, range_bytes)]
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        for _ in pool.map(lambda w: len(obstore.get_range(store, w[0], start=w[1], end=w[2])), work):
+            pass
+    return time.perf_counter() - t0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--size", default="1GiB")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--range", dest="range_size", default="16MiB")
+    ap.add_argument("--concurrency", type=int, default=8)
+    a = ap.parse_args()
+    size = parse_size(a.size)
+    from moto.server import ThreadedMotoServer
+    import boto3
+    from boto3.s3.transfer import TransferConfig  # noqa: F401 (its defaults are the point)
+    from obstore.store import S3Store
+    srv = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    srv.start()
+    host, port = srv.get_host_and_port()
+    ep = f"http://{host}:{port}"
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench"}
+    os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench")
+    bucket = f"weightd-bench-{uuid.uuid4().hex[:8]}"
+    base = Path(tempfile.mkdtemp(prefix="weightd-bench-s3-"))
+    try:
+        s3 = boto3.client("s3", endpoint_url=ep, region_name="us-east-1")
+        s3.create_bucket(Bucket=bucket)
+        cfg = base / "weightd.toml"
+        cfg.write_text(f'state_dir = "{base}/state"\n[tiers.hot]\npath = "{base}/hot"\ncapacity = "{2 * size}"\n'
+                       f'[tiers.warm]\npath = "{base}/warm"\ncapacity = "{2 * size}"\n[tiers.cold]\n'
+                       f'url = "s3://{bucket}/models"\nendpoint = "{ep}"\nregion = "us-east-1"\n'
+                       f'range_size = "{a.range_size}"\nconcurrency = {a.concurrency}\n')
+        wd = [sys.executable, "-m", "weightd", "--config", str(cfg), "--no-daemon"]
+        src = make_checkpoint(base / "src", total_bytes=size, shards=8, layers=32, seed="s3bench")
+        subprocess.run([*wd, "-q", "publish", str(src), "--name", "bench/s3", "--version", "v1"], check=True,
+                       env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
+        objs = [(o["Key"], o["Size"]) for o in s3.list_objects_v2(Bucket=bucket, Prefix="models/bench/s3/v1/")["Contents"]
+                if "/.weightd/" not in o["Key"]]
+        total = sum(n for _, n in objs)
+        store = S3Store(bucket, endpoint=ep, region="us-east-1", client_options={"allow_http": True})
+        # (c): a small sweep for the server's best, then that setting in every round
+        sweep = {}
+        for rb in (8 << 20, 16 << 20, 64 << 20):
+            for cc in (2, 4, 8):
+                sweep[(rb, cc)] = ceiling(store, objs, rb, cc)
+        best = min(sweep, key=sweep.get)
+        times: dict[str, list[float]] = {"weightd": [], "s3transfer_verify": [], "ceiling": []}
+        stats = {}
+        for r in range(a.rounds):
+            order = ["weightd", "s3transfer_verify", "ceiling"]
+            for kind in order[r % 3:] + order[:r % 3]:
+                if kind == "weightd":
+                    subprocess.run([*wd, "-q", "evict", "bench/s3@v1", "--force"], env=env, cwd=ROOT,
+                                   capture_output=True)
+                    t0 = time.perf_counter()
+                    p = subprocess.run(["/usr/bin/time", "-f", "%M", *wd, "-q", "preload", "bench/s3@v1", "--tier",
+                                        "warm", "--json"], env=env, cwd=ROOT, capture_output=True, text=True,
+                                       check=True)
+                    times[kind].append(time.perf_counter() - t0)
+                    stats.setdefault("peak_rss_kib", []).append(int(p.stderr.strip().splitlines()[-1]))
+                    rep = json.loads(p.stdout)
+                    assert rep["bytes_by_source"]["cold"] == rep["bytes"] == total, rep
+                elif kind == "s3transfer_verify":
+                    dst = base / "s3t"
+                    shutil.rmtree(dst, ignore_errors=True)
+                    t0 = time.perf_counter()
+                    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="models/bench/s3/v1/")["Contents"]]
+                    for key in keys:
+                        out = dst / key.removeprefix("models/bench/s3/v1/")
+                        out.parent.mkdir(parents=True, exist_ok=True)
+                        s3.download_file(bucket, key, str(out))
+                    subprocess.run([*wd, "-q", "verify", str(dst)], env=env, cwd=ROOT, check=True,
+                                   stdout=subprocess.DEVNULL)
+                    times[kind].append(time.perf_counter() - t0)
+                else:
+                    times[kind].append(ceiling(store, objs, *best))
+        med = {k: statistics.median(v) for k, v in times.items()}
+        print(json.dumps({
+            "benchmark": "objstore", "bytes": total, "files": len(objs), "rounds": a.rounds,
+            "server": "moto (ThreadedMotoServer, 127.0.0.1)",
+            "weightd": {"range": a.range_size, "concurrency": a.concurrency},
+            "ceiling_setting": {"range_bytes": best[0], "concurrency": best[1]},
+            "ceiling_sweep_s": {f"{rb >> 20}MiB x{cc}": round(t, 3) for (rb, cc), t in sorted(sweep.items())},
+            "median_s": {k: round(v, 3) for k, v in med.items()},
+            "range_s": {k: [round(min(v), 3), round(max(v), 3)] for k, v in times.items()},
+            "mb_per_s": {k: round(total / v / 1e6, 1) for k, v in med.items()},
+            "ratio_weightd_over_ceiling": round(med["ceiling"] / med["weightd"], 3),
+            "ratio_weightd_over_s3transfer_verify": round(med["s3transfer_verify"] / med["weightd"], 3),
+            "weightd_peak_rss_mib": round(max(stats["peak_rss_kib"]) / 1024, 1),
+            "targets": {"vs_ceiling": 0.9, "vs_s3transfer_verify": 1.3, "peak_rss_mib": 200},
+        }, indent=2))
+        return 0
+    finally:
+        srv.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
