@@ -2,7 +2,7 @@
 """Preload from an object-store cold tier against what a user would otherwise script, and against the
 server's own ceiling; all three on the same checkpoint, the same local S3 server (moto), interleaved.
 
-    .venv/bin/python bench/objstore.py [--size 1GiB] [--rounds 3] [--range 16MiB] [--concurrency 8]
+    .venv/bin/python bench/objstore.py [--size 1GiB] [--rounds 3] [--range 64MiB] [--concurrency 4]
 
 (a) weightd: `weightd preload NAME --tier warm` end to end (the real CLI: ranged GETs along the
     manifest's parts, hashed as they arrive, fsync, rename), the copy evicted between rounds;
@@ -52,8 +52,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size", default="1GiB")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--range", dest="range_size", default="16MiB")
-    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--range", dest="range_size", default="64MiB")
+    ap.add_argument("--concurrency", type=int, default=4)
     a = ap.parse_args()
     size = parse_size(a.size)
     from moto.server import ThreadedMotoServer

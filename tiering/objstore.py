@@ -47,8 +47,9 @@ from .sources import ProgressFn
 
 CLAIM_RELPATH = ".weightd/publishing"
 CLAIM_STALE_S = 6 * 3600
-DEFAULT_RANGE = 16 << 20       # bytes per ranged GET (tuned against the local S3 server, bench/objstore.py)
-DEFAULT_CONCURRENCY = 8
+DEFAULT_RANGE = 64 << 20       # bytes per ranged GET (bench/objstore.py: fewer, larger requests win)
+STREAM_CHUNK = 4 << 20         # a range is read in pieces of about this size (memory per worker)
+DEFAULT_CONCURRENCY = 4
 DEFAULT_PART = 16 << 20        # multipart upload part size
 RETRIES = 4
 
@@ -342,42 +343,79 @@ class ObjectCold:
 
     def _fetch_group(self, f: FileEntry, key: str, fd: int, group: "_Group", etag: str | None,
                      deadline: float | None, progress: ProgressFn | None) -> int:
-        """One worker's share: consecutive whole parts (or one large part in order), each hashed."""
-        import obstore
-        import xxhash
+        """One worker's share: consecutive whole parts (or one large part in order). Each range is read
+        as a stream of STREAM_CHUNK pieces (memory per worker stays at one piece, whatever the range
+        size), written at its offset and fed to its parts' hashes; a range that fails midway is asked
+        again (the hashes restored to where the range began)."""
         got = 0
         for start, end, parts in group.ranges:
             if deadline is not None and time.monotonic() > deadline:
                 raise TimedOut(f"{self.url}/{key}: download not finished before the timeout")
-            if self.bucket is not None:
-                self.bucket.consume(end - start)
-            opts: dict[str, Any] = {"range": (start, end)}
-            if etag:
-                opts["if_match"] = etag  # replaced mid-download: 412, never a mix of two objects
-            try:
-                data = self._call("get", lambda o=opts: obstore.get(self.store, key, options=o).bytes(),
-                                  f"{key} bytes {start}-{end}", deadline=deadline)
-            except ObjectStoreError as exc:
-                if exc.kind == "precondition":
-                    raise ObjectChanged(f"{self.url}/{key}: the object changed during the download (its ETag is "
-                                        f"no longer {etag}): republished under the same name? preload again") from None
-                raise
-            view = memoryview(data)
-            if len(view) != end - start:
-                self.stats.error("short_read")
-                raise ShortRead(f"{self.url}/{key}: asked for bytes {start}-{end}, the store returned {len(view)}")
-            self.stats.count("get", len(view))
-            os.pwrite(fd, view, start)
-            for part, lo, hi in parts:  # (a part split over several ranges is fed in order by this worker)
-                h = group.hashers.setdefault(part.label, xxhash.xxh3_128())
-                h.update(view[lo - start:hi - start])
-                if hi == part.end and h.hexdigest() != part.xxh3_128:
-                    raise IntegrityError(f"{self.url}/{key}: {part.label} does not match the manifest "
-                                         f"(expected {part.xxh3_128}, got {h.hexdigest()})")
-            got += len(view)
-            if progress is not None:
-                progress(len(view))
+            saved = {p.label: group.hashers[p.label].copy() for p, _, _ in parts if p.label in group.hashers}
+            delay = 0.2
+            for attempt in range(RETRIES + 1):
+                try:
+                    self._fetch_range(key, fd, start, end, parts, group, etag, progress)
+                    break
+                except ObjectStoreError as exc:
+                    if exc.kind not in ("throttled", "error") or attempt == RETRIES or \
+                            (deadline is not None and time.monotonic() + delay > deadline):
+                        raise
+                    for p, _, _ in parts:  # start the range over: its parts' hashes as they were
+                        if p.label in saved:
+                            group.hashers[p.label] = saved[p.label].copy()
+                        else:
+                            group.hashers.pop(p.label, None)
+                    time.sleep(delay)
+                    delay = min(delay * 2, 5.0)
+            got += end - start
         return got
+
+    def _fetch_range(self, key: str, fd: int, start: int, end: int, parts: list[tuple[Any, int, int]],
+                     group: "_Group", etag: str | None, progress: ProgressFn | None) -> None:
+        import obstore
+        import xxhash
+        if self.bucket is not None:
+            self.bucket.consume(end - start)
+        opts: dict[str, Any] = {"range": (start, end)}
+        if etag:
+            opts["if_match"] = etag  # replaced mid-download: 412, never a mix of two objects
+        what = f"{key} bytes {start}-{end}"
+        try:
+            res = self._call("get", lambda: obstore.get(self.store, key, options=opts), what, retry=False)
+            pos = start
+            for chunk in res.stream(min_chunk_size=STREAM_CHUNK):
+                view = memoryview(chunk)
+                n = len(view)
+                if pos + n > end:
+                    raise ShortRead(f"{self.url}/{key}: the store sent more than bytes {start}-{end}")
+                os.pwrite(fd, view, pos)
+                for part, lo, hi in parts:
+                    a, b = max(lo, pos), min(hi, pos + n)
+                    if a >= b:
+                        continue
+                    h = group.hashers.setdefault(part.label, xxhash.xxh3_128())
+                    h.update(view[a - pos:b - pos])
+                    if b == part.end and h.hexdigest() != part.xxh3_128:
+                        raise IntegrityError(f"{self.url}/{key}: {part.label} does not match the manifest "
+                                             f"(expected {part.xxh3_128}, got {h.hexdigest()})")
+                pos += n
+                if progress is not None:
+                    progress(n)
+        except ObjectStoreError as exc:
+            if exc.kind == "precondition":
+                raise ObjectChanged(f"{self.url}/{key}: the object changed during the download (its ETag is "
+                                    f"no longer {etag}): republished under the same name? preload again") from None
+            raise
+        except (IntegrityError, TieringError):
+            raise
+        except Exception as exc:  # noqa: BLE001 (a stream that broke midway: obstore's errors, resets)
+            self.stats.error(_classify(exc))
+            raise self._error(_classify(exc), what, exc) from None
+        self.stats.count("get", pos - start)
+        if pos != end:
+            self.stats.error("short_read")
+            raise ShortRead(f"{self.url}/{key}: asked for bytes {start}-{end}, the store returned {pos - start}")
 
     # -- writing ------------------------------------------------------------------------------------
     def publish(self, src: Path, m: Manifest, files: list[tuple[str, Any]], *, progress: ProgressFn | None = None,

@@ -129,8 +129,8 @@ class ColdSettings(_Model):
     url: str | None = None
     endpoint: str | None = None      # an S3-compatible store's address (MinIO, Ceph, R2...); default AWS
     region: str | None = None        # else AWS_REGION / AWS_DEFAULT_REGION
-    range_size: int = 16 << 20       # bytes per ranged GET
-    concurrency: int = Field(default=8, ge=1, le=256)
+    range_size: int = 64 << 20       # bytes per ranged GET (read as a stream: memory stays small)
+    concurrency: int = Field(default=4, ge=1, le=256)
     part_size: int = 16 << 20        # multipart upload part size (S3: 5 MiB to 5 GiB)
     bandwidth: int = 0               # bytes/s for downloads from cold (0: unlimited)
     _path = field_validator("path", mode="before")(_abs_path)
