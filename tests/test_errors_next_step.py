@@ -273,3 +273,17 @@ def test_a_control_character_in_a_file_name_never_reaches_the_terminal(wd, tmp_p
     bad.write_text(json.dumps(m))
     r = wd("verify", src, "--manifest", bad)
     assert r.returncode == 2 and "control character in path" in r.stderr and "\x1b" not in r.stderr, r.stderr
+
+
+def test_a_renamed_copy_of_a_version_does_not_stop_resolving_the_latest(wd, node_env, tmp_path: Path) -> None:
+    """cp -a cold/NAME/v2 cold/NAME/v2-old: its manifest describes v2, so it is not a version of its
+    own; it is skipped (and logged), never an error that stops every `preload NAME`."""
+    import shutil
+    for v in ("v1", "v2"):
+        src = make_checkpoint(tmp_path / v, total_bytes=1 * MiB, shards=1, layers=1, seed=v)
+        assert wd("publish", src, "--name", "acme/r", "--version", v).returncode == 0
+    shutil.copytree(node_env.cold / "acme/r/v2", node_env.cold / "acme/r/v2-old")
+    r = wd("preload", "acme/r", "--tier", "warm", "--json")
+    assert r.returncode == 0, r.stderr
+    import json
+    assert json.loads(r.stdout)["version"] == "v2"

@@ -261,3 +261,25 @@ def test_a_client_that_goes_away_leaves_the_transfer_running(slow_cold, node_env
     finally:
         slow_cold.release()
         d.stop()
+
+
+def test_waits_abandoned_by_their_clients_free_the_daemon(daemon, wd) -> None:
+    """Six clients wait (no --timeout) for a version nobody publishes, then leave: their waits end
+    with them, so the daemon's pool for everything else (status, path, pin...) is not held forever."""
+    import socket as s_
+    socks = []
+    for i in range(6):
+        c = s_.socket(s_.AF_UNIX, s_.SOCK_STREAM)
+        c.connect(str(daemon.socket_path))
+        body = json.dumps({"ref": f"org/never{i}@v1", "wait": True, "stream": True}).encode()
+        c.sendall(b"POST /v1/preload HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "
+                  + str(len(body)).encode() + b"\r\n\r\n" + body)
+        socks.append(c)
+    time.sleep(1.5)  # (each is now waiting on the daemon's pool)
+    for c in socks:
+        c.close()
+    time.sleep(2.5)  # (a wait notices within a poll, 1 s)
+    t0 = time.monotonic()
+    r = wd("status", timeout=30)
+    assert r.returncode == 0 and time.monotonic() - t0 < 10, r.stderr
+    assert "abandoned" not in r.stderr

@@ -65,6 +65,10 @@ class ManifestError(BadInput):
         super().__init__(f"{source}: bad manifest: {reason}")
 
 
+class LabelMismatch(ManifestError):
+    """A manifest that describes another NAME@VERSION than the directory it is in (a renamed copy)."""
+
+
 class ColdUnreadable(BadInput):
     """A published version this process may not read (permissions, an NFS export's squashing): named
     for what it is, never taken for "not published", and never skipped when resolving the latest."""

@@ -9,6 +9,8 @@ for the call, as cold storage is: the configured path itself, nothing beneath it
 
 from __future__ import annotations
 
+import logging
+
 import os
 import uuid
 from contextlib import contextmanager
@@ -18,8 +20,10 @@ from typing import Iterator
 
 from .content.manifest import MANIFEST_RELPATH, MAX_MANIFEST_BYTES, Manifest, parse_manifest
 from .content.names import validate_name, validate_version
-from .errors import BadInput, CheckpointNotFound, ColdUnreadable, ManifestError, UnsafePath
+from .errors import BadInput, CheckpointNotFound, ColdUnreadable, LabelMismatch, ManifestError, UnsafePath
 from .safefs import Dir, open_cold_root
+
+log = logging.getLogger(__name__)
 
 STAGING = ".staging"
 TRASH = ".trash"
@@ -138,7 +142,7 @@ def read_version(root: "Dir | Path | None", name: str, version: str, *, strict: 
             return None
         if m.name != name or m.version != version:
             if strict:
-                raise ManifestError(where, f"it describes {m.name}@{m.version}, not {name}@{version}")
+                raise LabelMismatch(where, f"it describes {m.name}@{m.version}, not {name}@{version}")
             return None
         return VersionDir(name, version, d.path / name / version, m)
 
@@ -201,6 +205,9 @@ def published_versions(root: "Dir | Path | None", name: str, *, strict: bool = F
                 continue  # not a version label: not ours
             try:
                 v = read_version(d, name, label, strict=strict)
+            except LabelMismatch as exc:  # (a copied or renamed directory, "v2-old": not that version)
+                log.warning("skipping %s: %s", exc.source, exc.reason)
+                continue
             except BadInput:
                 if strict:
                     raise

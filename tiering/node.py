@@ -221,9 +221,10 @@ class LocalNode:
         return self.catalog.published_versions(name)
 
     def wait_published(self, name: str, version: str | None, deadline: float | None,
-                       poll_s: float = 1.0) -> VersionDir:
-        """Resolve, waiting for the version to be published (until ``deadline``, then TimedOut)."""
-        return self.catalog.wait_published(name, version, deadline, poll_s)
+                       poll_s: float = 1.0, cancel: Any = None) -> VersionDir:
+        """Resolve, waiting for the version to be published (until ``deadline``, then TimedOut; until
+        ``cancel``, a threading.Event, is set)."""
+        return self.catalog.wait_published(name, version, deadline, poll_s, cancel)
 
     def tier_used(self, tier: str, *, exclude: str | None = None) -> int:
         """Bytes of complete versions plus the expected size of every staging area in the tier but

@@ -82,7 +82,7 @@ class Progress:
             else:
                 rate = (self.done - d0) / max(now - t0, 1e-3)
             left = max(0, self.total - self.done)
-            eta = round(left / rate, 1) if rate > 0 and self.total and self.phase in ("copy", "verify", "warm") else None
+            eta = round(left / rate, 1) if rate >= 1 and self.total and self.phase in ("copy", "verify", "warm") else None
             snap: dict[str, Any] = {
                 "label": self.label, "tier": self.tier, "phase": self.phase, "source": self.source, "detail": self.detail,
                 "done": self.done, "total": self.total, "rate": round(rate), "eta_s": eta,

@@ -155,6 +155,16 @@ class DaemonClient:
         finally:
             conn.close()
 
+    def streams(self) -> bool:
+        """Does the daemon stream progress? (An older one answers once, at the end: a new CLI during a
+        rollout must not take its silence for a hung daemon.) Asked once, by ``health``."""
+        if self.health is None:
+            try:
+                self.health = self.call("GET", "health", timeout=5)
+            except (OSError, DaemonError, http.client.HTTPException, ValueError):
+                return True  # (no answer now: the stream's own reconnecting decides)
+        return isinstance(self.health, dict) and "stream" in (self.health.get("features") or ())
+
     @staticmethod
     def _answer(status: int, data: Any) -> Any:
         if status < 400:
@@ -181,9 +191,14 @@ class DaemonClient:
             b = dict(body)
             if left is not None:
                 b["timeout_s"] = left
+            def heard(snap: dict[str, Any]) -> None:  # a daemon answered: the next loss gets a fresh budget
+                nonlocal lost_at, delay
+                lost_at, delay = None, 0.2
+                if on_progress is not None:
+                    on_progress(snap)
             try:
-                if streamed:
-                    return self.stream(route, b, on_progress)
+                if streamed and self.streams():
+                    return self.stream(route, b, heard)
                 return self.call(method, route, b, timeout=None if left is None else left + 60)
             except DaemonError as exc:
                 if not exc.retry:

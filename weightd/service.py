@@ -141,8 +141,9 @@ class NodeService:
     def needs_resolving(self, req: PreloadRequest) -> bool:
         return req.version is None or req.wait
 
-    def resolve(self, req: PreloadRequest) -> PreloadRequest:
-        """The request with its version resolved (waiting for publication if it asks to)."""
+    def resolve(self, req: PreloadRequest, cancel: Any = None) -> PreloadRequest:
+        """The request with its version resolved (waiting for publication if it asks to; ``cancel``, a
+        threading.Event, ends the wait when its caller went away)."""
         t0 = self.monotonic()
         deadline = None if req.timeout_s is None else t0 + req.timeout_s
         what = f"resolving {req.ref}"
@@ -150,7 +151,8 @@ class NodeService:
             v = run_bounded(lambda: self.node.resolve(req.name, req.version), deadline=deadline, what=what,
                             clock=self.monotonic)
             return replace(req, version=v.version)
-        v = run_bounded(lambda: self.node.wait_published(req.name, req.version, deadline), deadline=deadline,
+        v = run_bounded(lambda: self.node.wait_published(req.name, req.version, deadline, cancel=cancel),
+                        deadline=deadline,
                         what=what, clock=self.monotonic)
         left = None if req.timeout_s is None else max(0.001, req.timeout_s - (self.monotonic() - t0))
         return replace(req, version=v.version, wait=False, timeout_s=left)  # one deadline for wait and load

@@ -3,6 +3,7 @@ lookups, and waiting for a version to be published. Reads only; through the chec
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any, Callable
 
@@ -123,10 +124,23 @@ class Catalog:
         def names() -> list[str]:
             out: list[str] = []
             for a in _subdirs(cold, "", problems):
+                try:
+                    validate_name(a)  # (lost+found and other entries that cannot be a name are not ours)
+                except TieringError:
+                    continue
                 for b in _subdirs(cold, a, problems):
-                    if cold.lstat(f"{a}/{b}/{MANIFEST.split('/')[0]}") is not None:
+                    try:
+                        is_version = cold.lstat(f"{a}/{b}/{MANIFEST.split('/')[0]}") is not None
+                    except OSError as exc:
+                        problems.append({"where": f"{a}/{b}", "reason": exc.strerror or str(exc)})
+                        continue
+                    if is_version:
                         out.append(a)  # a/b is a version of NAME a
                         break
+                    try:
+                        validate_name(f"{a}/{b}")
+                    except TieringError:
+                        continue
                     out.append(f"{a}/{b}")
             return out
 
@@ -197,16 +211,20 @@ class Catalog:
         return f" (did you mean {near[0]}? versions: {versions_of(near[0])})"
 
     def wait_published(self, name: str, version: str | None, deadline: float | None,
-                       poll_s: float = 1.0) -> VersionDir:
-        """Resolve, waiting for the version to be published (until ``deadline``, then TimedOut)."""
+                       poll_s: float = 1.0, cancel: "threading.Event | None" = None) -> VersionDir:
+        """Resolve, waiting for the version to be published (until ``deadline``, then TimedOut; or
+        until ``cancel`` is set: the caller went away, so the thread is not held by nobody's wait)."""
+        ref = f"{name}@{version}" if version else name
         while True:
             try:
                 return self.resolve(name, version, suggest=False)  # (no listing of cold on every poll)
             except CheckpointNotFound:
                 if deadline is not None and self.monotonic() + poll_s > deadline:
-                    ref = f"{name}@{version}" if version else name
                     raise TimedOut(f"{ref}: not published before the timeout") from None
-            self.sleep(poll_s)
+            if cancel is None:
+                self.sleep(poll_s)
+            elif cancel.wait(poll_s):
+                raise TimedOut(f"{ref}: the wait for its publication was abandoned")
 
 
 def _subdirs(d: Dir, rel: str, problems: list[dict[str, str]]) -> list[str]:

@@ -63,9 +63,13 @@ def error_line(exc: BaseException, hint: str | None) -> str:
     else:
         text = str(exc)
     line = f"weightd: {text}" + (f" ({hint})" if hint and hint not in text else "")
-    # whatever an error quotes (a file name from cold storage, a peer's message) reaches a terminal:
-    # control characters are shown escaped, never interpreted, and the error stays one line
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in line)
+    return printable(line)
+
+
+def printable(text: str) -> str:
+    """Text from outside (a file name in cold storage, a peer's or a store's message) on its way to a
+    terminal: control characters are shown escaped, never interpreted, and a line stays one line."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 # -- tiers ------------------------------------------------------------------------------------------
@@ -163,7 +167,7 @@ def show_status(st: dict[str, Any], *, wide: bool = False) -> None:
     if held:
         click.echo(f"\n{'HELD':<40} {'TIER':<5} {'BY':<44} LEFT")
         for ref, tier, by, time_left in held:
-            click.echo(f"{ref:<40} {tier:<5} {by:<44} {time_left}")
+            click.echo(printable(f"{ref:<40} {tier:<5} {by:<44} {time_left}"))
 
 
 def show_versions(rows: list[dict[str, Any]]) -> None:
@@ -283,10 +287,11 @@ _VERDICTS = {"disk": "the DISK is the bottleneck", "network": "the NETWORK is th
 def show_doctor(report: Any, doc: dict[str, Any], source: str) -> None:
     click.echo(f"verdict: {_VERDICTS[report.verdict]}  (from {source})")
     for f in doc["findings"]:
-        click.echo(f"\n[{f['severity'].upper()}] {f['summary']}")
+        click.echo()
+        click.echo(printable(f"[{f['severity'].upper()}] {f['summary']}"))
         ev = ", ".join(f"{k}={v}" for k, v in f["evidence"].items() if not isinstance(v, (dict, list)))
-        click.echo(f"  evidence: {ev}")
-        click.echo(f"  do: {f['recommendation']}")
+        click.echo(printable(f"  evidence: {ev}"))
+        click.echo(printable(f"  do: {f['recommendation']}"))
     disks = report.measurements.get("disks", {})
     if disks:
         click.echo("\ndisks: " + "; ".join(

@@ -14,6 +14,7 @@ import asyncio
 import json
 import logging
 import os
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
@@ -35,6 +36,7 @@ log = logging.getLogger(__name__)
 API_VERSION = "v1"
 MAX_JSON_DEPTH = 32            # request bodies are small flat objects; deeper nesting is an attack
 PROGRESS_EVERY_S = 0.5         # a streamed preload's progress lines (and heartbeat)
+FEATURES = ["stream"]          # what clients may ask of this daemon (health says so)
 
 
 class Api:
@@ -83,7 +85,11 @@ class Api:
                                   lease_s=body.get("lease_s", DEFAULT), timeout_s=body.get("timeout_s"),
                                   wait=body.get("wait", False), holder=holder)
         if svc.needs_resolving(req):  # resolve (and wait for publication) before joining a flight
-            req = await self._unless_stopping(self.d.run_blocking("misc", svc.resolve, req))
+            gone = threading.Event()  # set when this caller leaves or the daemon stops: the wait ends too
+            try:
+                req = await self._unless_stopping(self.d.run_blocking("misc", svc.resolve, req, gone))
+            finally:
+                gone.set()
         key = (req.name, req.version, req.tier)
         task = self.inflight.get(key)
         shared = task is not None
@@ -214,7 +220,7 @@ class Api:
     async def _health(self, request: web.Request) -> web.Response:
         d = self.d
         return web.json_response({"ok": True, "pid": os.getpid(), "role": d.role, "status": d.status_text,
-                                  "config": d.config.source})
+                                  "config": d.config.source, "features": FEATURES})
 
     async def _pressure(self, request: web.Request) -> web.Response:
         try:
