@@ -103,3 +103,15 @@ def test_a_hostile_process_name_carries_no_escape_sequence(daemon, wd, node_env,
     out = wd("status").stdout + wd("evict", "acme/x@v1").stderr
     assert "\x1b" not in out and "\x07" not in out
     assert "lease, pid " in out and "(?[2J?]0;pwn?)" in out, out
+
+
+def test_status_reuses_a_recent_proc_scan_but_eviction_never_does(tmp_path: Path) -> None:
+    from tiering.inuse import processes_using
+    d = tmp_path / "copy"
+    d.mkdir()
+    (d / "f").write_bytes(b"x")
+    assert processes_using([d], max_age_s=60) == {}  # a scan, remembered
+    with open(d / "f", "rb"):
+        assert processes_using([d], max_age_s=60) == {}  # status: the remembered scan (cheap, <= its age)
+        assert processes_using([d]) == {d: {os.getpid()}}  # eviction: always a fresh scan
+        assert processes_using([d], max_age_s=60) == {d: {os.getpid()}}  # (which is now the remembered one)

@@ -7,6 +7,8 @@ the serving processes (root or CAP_SYS_PTRACE in the hardened unit).
 from __future__ import annotations
 
 import os
+import threading
+import time
 from pathlib import Path
 
 
@@ -40,9 +42,24 @@ def _scan() -> dict[str, set[int]]:
     return holders
 
 
-def processes_using(dirs: list[Path]) -> dict[Path, set[int]]:
-    """For each directory, the pids that have a file under it open or mapped (empty sets omitted)."""
-    holders = _scan()
+_last: tuple[float, dict[str, set[int]]] | None = None
+_last_lock = threading.Lock()
+
+
+def processes_using(dirs: list[Path], *, max_age_s: float = 0.0) -> dict[Path, set[int]]:
+    """For each directory, the pids that have a file under it open or mapped (empty sets omitted).
+    ``max_age_s``: a scan of /proc at most this old may be reused (for ``status``, which any socket
+    user may ask for in a loop); 0, the default, always scans (eviction decides on a fresh one)."""
+    global _last
+    now = time.monotonic()
+    with _last_lock:
+        cached = _last if _last is not None and max_age_s > 0 and now - _last[0] <= max_age_s else None
+    if cached is not None:
+        holders = cached[1]
+    else:
+        holders = _scan()
+        with _last_lock:
+            _last = (now, holders)
     out: dict[Path, set[int]] = {}
     real = [(d, os.path.realpath(d).rstrip("/") + "/") for d in dirs]
     for path, pids in holders.items():

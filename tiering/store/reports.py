@@ -101,7 +101,8 @@ def status(roots: TierRoots, state: State) -> dict[str, Any]:
     tiers: dict[str, Any] = {}
     checkpoints: dict[tuple[str, str], dict[str, Any]] = {}
     by_tier = {t: _tier_status(roots, t) for t in LOCAL_TIERS}
-    using = processes_using([v.path for _, versions in by_tier.values() for v in versions])  # one /proc scan
+    # one /proc scan, reused for a second (any socket user may ask for status in a loop)
+    using = processes_using([v.path for _, versions in by_tier.values() for v in versions], max_age_s=1.0)
     for t in LOCAL_TIERS:
         tiers[t], versions = by_tier[t]
         for v in versions:
