@@ -265,13 +265,19 @@ def test_swarm_finishes_after_the_origin_dies(cluster, tmp_path: Path) -> None:
     w1.start()  # and seeds it
     late = [cluster(f"127.0.0.{i}", origin=origin.endpoint) for i in (4, 5)]
     procs = [w.popen("preload", "org/orphan@v1", "--tier", "warm", "--json") for w in late]
-    time.sleep(6)  # the late workers met w1 through the origin (PEX); the origin now dies
-    origin.proc.kill()
-    for p in procs:
-        out, err = p.communicate(timeout=150)
-        assert p.returncode == 0, err
-        r = json.loads(out.splitlines()[0])
-        assert r["bytes_by_source"]["cold"] == 0 and r["bytes_by_source"]["peer"] > r["bytes"] / 2, r
+    try:
+        time.sleep(6)  # the late workers met w1 through the origin (PEX); the origin now dies
+        origin.proc.kill()
+        for p in procs:
+            out, err = p.communicate(timeout=150)
+            assert p.returncode == 0, err
+            r = json.loads(out.splitlines()[0])
+            assert r["bytes_by_source"]["cold"] == 0 and r["bytes_by_source"]["peer"] > r["bytes"] / 2, r
+    finally:  # (a failure must not leave pipes for the next test's unraisable-warning check)
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.communicate(timeout=30)
 
 
 @pytest.mark.slow

@@ -92,15 +92,14 @@ class Publisher:
                 st = os.stat(f.path)
                 if (st.st_size, st.st_mtime_ns) != (f.size, f.mtime_ns):
                     raise FileChanged(str(f.path), "changed while it was being published; try again")
-        existing = obj.read_manifest(name, version)
-        if existing is not None and existing.digest == m.digest:
-            return PublishReport(name, version, f"{obj.url.rstrip('/')}/{name}/{version}", m.digest,
-                                 m.total_bytes, True, self.monotonic() - t0)
-        obj.publish(src, m, [(f.relpath, f.path) for f in files], progress=progress, before_manifest=unchanged)
-        log.info("published name=%s version=%s digest=%s bytes=%d to=%s", name, version, m.digest, m.total_bytes,
-                 obj.url)
+        # (ObjectCold.publish reads the existing manifest once: same content is a no-op, other is a conflict)
+        uploaded = obj.publish(src, m, [(f.relpath, f.path) for f in files], progress=progress,
+                               before_manifest=unchanged)
+        if uploaded:
+            log.info("published name=%s version=%s digest=%s bytes=%d to=%s", name, version, m.digest,
+                     m.total_bytes, obj.url)
         return PublishReport(name, version, f"{obj.url.rstrip('/')}/{name}/{version}", m.digest, m.total_bytes,
-                             False, self.monotonic() - t0)
+                             not uploaded, self.monotonic() - t0)
 
     def _stage(self, cold: Dir, staging: StagingArea, src: Path, files: list[ScannedFile], name: str,
                version: str, progress: ProgressFn | None, sign_key: Path | None,
