@@ -176,6 +176,66 @@ def test_shared_credentials_file(tmp_path: Path) -> None:
     assert shared_credentials({**env, "AWS_ACCESS_KEY_ID": "env"}) == {}  # the environment wins
 
 
+def _uploads(endpoint: str, bucket: str) -> list:
+    import boto3
+    s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    return s3.list_multipart_uploads(Bucket=bucket).get("Uploads", [])
+
+
+def _everything(c) -> dict[str, bytes]:
+    return {o["path"]: bytes(obstore.get(c.store, o["path"]).bytes()) for o in obstore.list(c.store).collect()}
+
+
+@pytest.mark.parametrize("size", [2 * MiB, 12 * MiB], ids=["single-put", "multipart"])
+@pytest.mark.parametrize("swap", ["symlink", "hardlink"])
+def test_a_file_swapped_after_the_scan_is_never_uploaded(s3_endpoint, bucket, tmp_path: Path, size: int,
+                                                         swap: str) -> None:
+    """The race a hostile writer of the source directory wins against a path-based upload: the scan
+    and the manifest see the real file, then it becomes a symlink (or a hard link) to a secret of
+    the publisher's."""
+    from tiering import scan_checkpoint
+    from tiering.errors import FileChanged, UnsafePath
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"TOP-SECRET-" * (size // 11 + 1))
+    src = make_checkpoint(tmp_path / "src", total_bytes=size, shards=1, layers=2, seed=f"swap{size}")
+    scanned = scan_checkpoint(src)
+    m = labelled(src, "acme/sw", "v1")
+    target = src / "model.safetensors"
+    target.unlink()
+    if swap == "symlink":
+        target.symlink_to(secret)
+    else:
+        os.link(secret, target)
+    c = cold(s3_endpoint, bucket, part_bytes=5 * MiB)
+    with pytest.raises((FileChanged, UnsafePath), match="replaced after it was scanned|is a symlink"):
+        c.publish(src, m, [(f.relpath, f.path) for f in scanned])
+    stored = _everything(c)
+    assert not any(b"TOP-SECRET" in v for v in stored.values()), sorted(stored)
+    assert c.read_manifest("acme/sw", "v1") is None and _uploads(s3_endpoint, bucket) == []
+
+
+def test_a_file_rewritten_in_place_during_the_upload_aborts_it(s3_endpoint, bucket, tmp_path: Path) -> None:
+    """Same file, new bytes (mtime put back): the hashes taken as the bytes go out catch it, the
+    multipart upload is aborted (nothing billed is left), and nothing becomes visible."""
+    from tiering import scan_checkpoint
+    from tiering.errors import FileChanged
+    src = make_checkpoint(tmp_path / "src", total_bytes=16 * MiB, shards=1, layers=2, seed="inplace")
+    scanned = scan_checkpoint(src)
+    m = labelled(src, "acme/ip", "v1")
+    f = src / "model.safetensors"
+    st = f.stat()
+    with open(f, "r+b") as fh:
+        fh.seek(st.st_size - 100)
+        fh.write(b"\xff" * 50)
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    c = cold(s3_endpoint, bucket, part_bytes=5 * MiB, concurrency=2)
+    with pytest.raises(FileChanged, match="changed after it was hashed"):
+        c.publish(src, m, [(x.relpath, x.path) for x in scanned])
+    assert c.read_manifest("acme/ip", "v1") is None and c.versions("acme/ip") == []
+    assert _uploads(s3_endpoint, bucket) == []
+    assert not [k for k in _everything(c) if k.startswith("acme/ip/v1/")]  # (the claim went too)
+
+
 # -- the whole CLI on an object-store cold tier -----------------------------------------------------------
 
 @pytest.fixture
@@ -244,3 +304,105 @@ def test_s3_config_errors_name_the_key(weightd, tmp_path: Path) -> None:
         env.config.write_text(base.replace(f'[tiers.cold]\npath = "{env.cold}"\n', cold))
         r = weightd("--config", env.config, "config", "show")
         assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def _two_versions(tmp_path: Path) -> tuple[Path, Path, int]:
+    import shutil
+    from tiering.sample import mutate_tensor
+    a = make_checkpoint(tmp_path / "a", total_bytes=24 * MiB, shards=3, layers=4, seed="s3delta")
+    b = tmp_path / "b"
+    shutil.copytree(a, b)
+    ma = build_manifest(a)
+    by_file = {t.name: f.path for f, t in ma.tensors()}
+    names = [t.name for _, t in ma.tensors() if t.nbytes > 64 << 10][::5][:3]
+    return a, b, sum(mutate_tensor(b / by_file[n], n) for n in names)
+
+
+def test_a_delta_update_from_s3_asks_only_for_the_changed_ranges(s3_node, wd, tmp_path: Path) -> None:
+    """v1 on the node, v2 with three tensors changed: only their bytes come from the store (the
+    report's cold bytes are what the server sent: counted as the response bodies arrive)."""
+    import json
+    a, b, changed = _two_versions(tmp_path)
+    assert wd("publish", a, "--name", "acme/d", "--version", "v1").returncode == 0
+    assert wd("publish", b, "--name", "acme/d", "--version", "v2").returncode == 0
+    assert wd("preload", "acme/d@v1", "--tier", "warm").returncode == 0
+    r = wd("preload", "acme/d@v2", "--tier", "hot", "--json")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    mb = build_manifest(b)
+    assert rep["bytes_by_source"]["cold"] == changed, rep
+    assert rep["bytes_by_source"]["local_reuse"] == mb.total_bytes - changed
+    assert rep["delta"]["donors"] == ["acme/d@v1"] and rep["delta"]["refetched"] == []
+    assert wd("verify", rep["path"]).returncode == 0
+    # a rotten donor: its part is fetched instead, never copied into v2
+    p1 = s3_node.warm / "acme/d/v1"
+    same = {t.xxh3_128 for _, t in mb.tensors()}
+    f, t = next((f, t) for f, t in build_manifest(a).tensors() if t.nbytes > 4096 and t.xxh3_128 in same)
+    with open(p1 / f.path, "r+b") as fh:
+        fh.seek(t.begin + 7)
+        fh.write(b"\xff\x00\xff")
+    assert wd("evict", "acme/d@v2", "--force").returncode == 0
+    rep = json.loads(wd("preload", "acme/d@v2", "--tier", "warm", "--json").stdout)
+    assert rep["delta"]["refetched"] and rep["bytes_by_source"]["cold"] >= changed + t.nbytes
+    assert wd("verify", rep["path"]).returncode == 0
+
+
+def _slow(node, bandwidth: str) -> None:
+    import re
+    text = re.sub(r'bandwidth = "[^"]*"\n', "", node.config.read_text())
+    node.config.write_text(text.replace('concurrency = 4\n', f'concurrency = 4\nbandwidth = "{bandwidth}"\n', 1))
+
+
+def test_a_preload_killed_midway_resumes_with_the_verified_parts(s3_node, wd, isolated_env, tmp_path: Path) -> None:
+    import json
+    import signal
+    import subprocess
+    import sys
+    import time
+    src = make_checkpoint(tmp_path / "src", total_bytes=24 * MiB, shards=2, layers=6, seed="resume")
+    assert wd("publish", src, "--name", "acme/k", "--version", "v1").returncode == 0
+    _slow(s3_node, "6MiB")
+    staging = s3_node.warm / ".staging" / "acme--k@v1.resumable"
+    proc = subprocess.Popen([sys.executable, "-m", "weightd", "--config", str(s3_node.config), "preload", "acme/k@v1",
+                             "--tier", "warm"], env=isolated_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and proc.poll() is None:
+            if staging.is_dir() and sum(1 for _ in staging.rglob("*.safetensors")) == 2:
+                break
+            time.sleep(0.05)
+        time.sleep(1.5)  # some ranges in, most not
+        assert proc.poll() is None, "finished before it could be killed: lower the bandwidth"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert staging.is_dir()
+    _slow(s3_node, "0")
+    r = wd("preload", "acme/k@v1", "--tier", "warm", "--json")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    total = build_manifest(src).total_bytes
+    assert 0 < rep["resumed_bytes"] < total, rep
+    assert rep["resumed_bytes"] + rep["bytes_by_source"]["cold"] == total
+    assert wd("verify", rep["path"]).returncode == 0 and not staging.exists()
+
+
+def test_a_timed_out_preload_keeps_its_parts_and_a_corrupted_one_is_fetched_again(s3_node, wd, tmp_path: Path) -> None:
+    import json
+    src = make_checkpoint(tmp_path / "src", total_bytes=16 * MiB, shards=1, layers=4, seed="tmo")
+    assert wd("publish", src, "--name", "acme/t", "--version", "v1").returncode == 0
+    _slow(s3_node, "4MiB")
+    r = wd("preload", "acme/t@v1", "--tier", "warm", "--timeout", "2")
+    assert r.returncode == 4 and "Traceback" not in r.stderr, (r.returncode, r.stderr)
+    staging = s3_node.warm / ".staging" / "acme--t@v1.resumable"
+    shard = staging / "model.safetensors"
+    assert shard.is_file()
+    with open(shard, "r+b") as fh:  # someone (or a disk) damaged what was kept: checked, fetched again
+        fh.seek(200)
+        fh.write(b"\x00" * 16)
+    _slow(s3_node, "0")
+    rep = json.loads(wd("preload", "acme/t@v1", "--tier", "warm", "--json").stdout)
+    assert 0 < rep["resumed_bytes"] < rep["bytes"] and wd("verify", rep["path"]).returncode == 0

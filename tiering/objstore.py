@@ -41,7 +41,8 @@ from .content.names import validate_name, validate_relpath, validate_version
 
 if TYPE_CHECKING:
     from .layout import VersionDir
-from .errors import BadInput, Busy, CheckpointNotFound, IntegrityError, TieringError, TimedOut, VersionConflict
+from .errors import (BadInput, Busy, CheckpointNotFound, FileChanged, IntegrityError, TieringError, TimedOut,
+                     VersionConflict)
 from .safefs import Dir
 from .sources import ProgressFn
 
@@ -191,6 +192,8 @@ class ObjectCold:
         for attempt in range(RETRIES + 1):
             try:
                 return fn()
+            except TieringError:
+                raise  # ours (a file that changed under an upload, a short read): never retried blindly
             except Exception as exc:  # noqa: BLE001 (classified below)
                 why = _classify(exc)
                 self.stats.error(why)
@@ -303,37 +306,52 @@ class ObjectCold:
         return sorted(out)
 
     def fetch(self, m: Manifest, dest: Dir, *, deadline: float | None = None, progress: ProgressFn | None = None,
-              skip: set[str] | None = None) -> int:
+              skip: set[str] | None = None, have: dict[str, set[str]] | None = None) -> int:
         """Download every file of ``m`` (but ``skip``) into ``dest``, hashing each manifest part as its
-        bytes arrive (IntegrityError naming the part on a mismatch). Returns the bytes downloaded."""
+        bytes arrive (IntegrityError naming the part on a mismatch). ``have``: parts (by label, per
+        file) already in ``dest`` and verified (a delta's donor bytes, what an interrupted transfer
+        left): only the other parts are asked for, and those files are written in place. Returns the
+        bytes downloaded."""
         import obstore
+        from .safefs import sanitize_mode
         name, version = m.name, m.version
+        have = have or {}
         jobs: list[tuple[FileEntry, str, int, list[Any], str | None]] = []
-        for f in m.files:
-            if skip and f.path in skip:
-                continue
-            validate_relpath(f.path)
-            key = f"{name}/{version}/{f.path}"
-            meta = self._call("head", lambda k=key: obstore.head(self.store, k), key, deadline=deadline)
-            self.stats.count("head")
-            if meta["size"] != f.size:
-                raise IntegrityError(f"{self.url}/{key}: {meta['size']} bytes in the store, the manifest says {f.size}")
-            fd = dest.create(f.path, 0o600, flags=os.O_RDWR)
-            try:
-                if f.size:
-                    os.posix_fallocate(fd, 0, f.size)
-            except OSError:
-                os.close(fd)
-                raise
-            jobs.append((f, key, fd, _groups(f, m.chunk_size, self.range_bytes), meta["e_tag"]))
-        total = 0
         try:
+            for f in m.files:
+                if skip and f.path in skip:
+                    continue
+                validate_relpath(f.path)
+                kept = have.get(f.path, set())
+                groups = _groups(f, m.chunk_size, self.range_bytes, kept)
+                if kept and not groups:
+                    continue  # every part of it is here already
+                key = f"{name}/{version}/{f.path}"
+                meta = self._call("head", lambda k=key: obstore.head(self.store, k), key, deadline=deadline)
+                self.stats.count("head")
+                if meta["size"] != f.size:
+                    raise IntegrityError(f"{self.url}/{key}: {meta['size']} bytes in the store, the manifest says "
+                                         f"{f.size}")
+                if kept and dest.lstat(f.path) is not None:
+                    fd = dest.open(f.path, os.O_RDWR)
+                else:
+                    fd = dest.create(f.path, 0o600, flags=os.O_RDWR, exclusive=False)
+                jobs.append((f, key, fd, groups, meta["e_tag"]))
+                if os.fstat(fd).st_size < f.size:
+                    os.posix_fallocate(fd, 0, f.size)
+                os.fchmod(fd, sanitize_mode(f.mode))
+            total = 0
             work = [(f, key, fd, g, tag) for f, key, fd, groups, tag in jobs for g in groups]
             with ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="weightd-s3") as pool:
                 futures = [pool.submit(self._fetch_group, f, key, fd, g, tag, deadline, progress)
                            for f, key, fd, g, tag in work]
-                for fut in futures:
-                    total += fut.result()
+                try:
+                    for fut in futures:
+                        total += fut.result()
+                except BaseException:
+                    for fut in futures:
+                        fut.cancel()
+                    raise
             for job in jobs:
                 os.fsync(job[2])
         finally:
@@ -420,10 +438,15 @@ class ObjectCold:
     # -- writing ------------------------------------------------------------------------------------
     def publish(self, src: Path, m: Manifest, files: list[tuple[str, Any]], *, progress: ProgressFn | None = None,
                 extra: dict[str, bytes] | None = None, before_manifest: Callable[[], None] | None = None) -> bool:
-        """Upload ``files`` (relpath, local path) of NAME@VERSION, then ``extra`` objects (a signature),
-        then the manifest, last and conditionally. False when the same content is already published
-        (nothing uploaded); VersionConflict when other content is; a concurrent publisher of the
-        same version is refused before any byte is uploaded."""
+        """Upload ``files`` (relpath, what to open: a scanned :class:`~tiering.safefs.PinnedFile`, a
+        FileRef or a path) of NAME@VERSION, then ``extra`` objects, then the manifest, last and
+        conditionally. Each file is read from one descriptor (never reopened by path: a file swapped
+        for a symlink after the scan is not read) and every manifest part is hashed as its bytes are
+        sent: bytes that differ from what the manifest was built from abort the upload (FileChanged).
+        False when the same content is already published (nothing uploaded); VersionConflict when
+        other content is; a concurrent publisher of the same version is refused before any byte is
+        uploaded. A failed multipart upload is aborted (obstore does, and a test lists the bucket's
+        uploads to prove it)."""
         import obstore
         name, version = m.name, m.version
         existing = self.read_manifest(name, version)
@@ -431,22 +454,17 @@ class ObjectCold:
             if existing.digest == m.digest:
                 return False
             raise VersionConflict(f"{name}@{version}", existing.digest, m.digest)
+        entries = {f.path: f for f in m.files}
         claim = f"{name}/{version}/{CLAIM_RELPATH}"
         self._claim(claim, name, version)
+        written: list[str] = []
         try:
-            for rel, path in files:
-                key = f"{name}/{version}/{rel}"
-                size = os.path.getsize(path)
-                self._call("put", lambda k=key, p=path: obstore.put(
-                    self.store, k, Path(p), chunk_size=self.part_bytes, max_concurrency=self.concurrency), key)
-                self.stats.count("put", size, write=True)
-                meta = self._call("head", lambda k=key: obstore.head(self.store, k), key)
-                if meta["size"] != size:  # (what was written, checked before the manifest makes it visible)
-                    raise IntegrityError(f"{self.url}/{key}: {meta['size']} bytes stored, {size} uploaded")
-                if progress is not None:
-                    progress(size)
+            for rel, source in files:
+                written.append(f"{name}/{version}/{rel}")
+                self._upload(written[-1], entries[rel], source, m.chunk_size, progress)
             for rel, data in (extra or {}).items():
                 key = f"{name}/{version}/{rel}"
+                written.append(key)
                 self._call("put", lambda k=key, d=data: obstore.put(self.store, k, d), key)
             if before_manifest is not None:
                 before_manifest()
@@ -460,15 +478,68 @@ class ObjectCold:
                 if exc.kind in ("exists", "precondition"):
                     raise VersionConflict(f"{name}@{version}", "(published meanwhile)", m.digest) from None
                 raise
+            written.clear()  # (published: what was uploaded is the version now)
             back = self.read_manifest(name, version)  # re-read: what readers will see
             if back is None or back.digest != m.digest:
                 raise IntegrityError(f"{self.url}/{mkey}: the manifest read back is not the one written")
             return True
+        except BaseException:
+            self._remove_unpublished(name, version, written)
+            raise
         finally:
             try:
                 obstore.delete(self.store, claim)
             except Exception:  # noqa: BLE001 (a claim left behind goes stale; never hide the real error)
                 pass
+
+    def _remove_unpublished(self, name: str, version: str, keys: list[str]) -> None:
+        """A publish that failed removes the objects it uploaded (invisible without a manifest, but
+        billed), unless a manifest exists by now: then they are someone else's version's."""
+        import obstore
+        if not keys:
+            return
+        try:
+            if self.read_manifest(name, version) is not None:
+                return
+            for key in keys:
+                obstore.delete(self.store, key)
+        except Exception as exc:  # noqa: BLE001 (best effort; never hide the real error)
+            import logging
+            logging.getLogger(__name__).warning("could not remove the objects of a failed publish of %s@%s: %s "
+                                                "(invisible without a manifest; the next publish replaces them)",
+                                                name, version, str(exc).splitlines()[0][:200] if str(exc) else exc)
+
+    def _upload(self, key: str, entry: FileEntry, source: Any, chunk_size: int,
+                progress: ProgressFn | None) -> None:
+        """One file from one descriptor: a single PUT up to ``part_bytes``, else a multipart upload of
+        ``part_bytes`` parts (``concurrency`` in flight); its size checked in the store afterwards."""
+        import obstore
+        from .safefs import open_source
+        where = os.fspath(source) if not hasattr(source, "rel") else f"{source.dir.path}/{source.rel}"
+        fd = open_source(source)
+        try:
+            if os.fstat(fd).st_size != entry.size:
+                raise FileChanged(where, "changed size after it was hashed; try again")
+            parts = [(p, p.begin, p.end) for p in entry.parts(chunk_size)]
+            if entry.size <= self.part_bytes:
+                def body() -> Any:
+                    data = _pread_all(fd, 0, entry.size)
+                    _check_sent({}, parts, 0, memoryview(data), where)
+                    return data
+                self._call("put", lambda: obstore.put(self.store, key, body(), use_multipart=False), key)
+            else:
+                self._call("put", lambda: obstore.put(self.store, key, _checked_stream(fd, entry, parts, self.part_bytes,
+                                                                                        where),
+                                                      chunk_size=self.part_bytes, max_concurrency=self.concurrency),
+                           key)
+        finally:
+            os.close(fd)
+        self.stats.count("put", entry.size, write=True)
+        meta = self._call("head", lambda: obstore.head(self.store, key), key)
+        if meta["size"] != entry.size:  # (what was written, checked before the manifest makes it visible)
+            raise IntegrityError(f"{self.url}/{key}: {meta['size']} bytes stored, {entry.size} uploaded")
+        if progress is not None:
+            progress(entry.size)
 
     def _claim(self, key: str, name: str, version: str) -> None:
         import obstore
@@ -503,40 +574,89 @@ class _Group:
     hashers: dict[str, Any] = field(default_factory=dict)
 
 
-def _groups(f: FileEntry, chunk_size: int, range_bytes: int) -> list[_Group]:
-    """The file's parts as work: small consecutive parts packed into one range up to ``range_bytes``;
-    a part larger than that is one group of several ranges (fetched in order, so its hash is fed in
-    order)."""
-    parts = [p for p in f.parts(chunk_size)]
+def _groups(f: FileEntry, chunk_size: int, range_bytes: int, have: set[str] | frozenset[str] = frozenset()
+            ) -> list[_Group]:
+    """The file's parts still wanted (all but the labels in ``have``) as work: small consecutive parts
+    packed into one range up to ``range_bytes``; a part larger than that is one group of several ranges
+    (fetched in order, so its hash is fed in order). Bytes no part covers (padding, a trailer) are
+    fetched too, unhashed, as a verify ignores them."""
+    parts = f.parts(chunk_size)
     out: list[_Group] = []
     cur: list[Any] = []
     cur_start = cur_end = 0
+
+    def flush() -> None:
+        if cur:
+            out.append(_Group([(cur_start, cur_end, [(q, q.begin, q.end) for q in cur])]))
+            cur.clear()
+
     for p in parts:
+        if p.label in have or p.length == 0:
+            flush()
+            continue
         if p.length > range_bytes:
-            if cur:
-                out.append(_Group([(cur_start, cur_end, [(q, q.begin, q.end) for q in cur])]))
-                cur = []
-            ranges = []
-            for s in range(p.begin, p.end, range_bytes):
-                e = min(p.end, s + range_bytes)
-                ranges.append((s, e, [(p, s, e)]))
-            out.append(_Group(ranges))
+            flush()
+            out.append(_Group([(s, min(p.end, s + range_bytes), [(p, s, min(p.end, s + range_bytes))])
+                               for s in range(p.begin, p.end, range_bytes)]))
             continue
         if cur and (p.begin != cur_end or p.end - cur_start > range_bytes):
-            out.append(_Group([(cur_start, cur_end, [(q, q.begin, q.end) for q in cur])]))
-            cur = []
+            flush()
         if not cur:
             cur_start = p.begin
         cur.append(p)
         cur_end = p.end
-    if cur:
-        out.append(_Group([(cur_start, cur_end, [(q, q.begin, q.end) for q in cur])]))
-    # bytes no part covers (padding, a trailer) are fetched too, unhashed, as a verify ignores them
-    covered = sorted((s, e) for g in out for s, e, _ in g.ranges)
+    flush()
     pos = 0
-    for s, e in covered + [(f.size, f.size)]:
+    for s, e in sorted((p.begin, p.end) for p in parts) + [(f.size, f.size)]:
         if s > pos:
             for g0 in range(pos, s, range_bytes):
                 out.append(_Group([(g0, min(s, g0 + range_bytes), [])]))
         pos = max(pos, e)
     return [g for g in out if any(e > s for s, e, _ in g.ranges)]
+
+
+def _pread_all(fd: int, offset: int, n: int) -> bytes:
+    out = bytearray()
+    while len(out) < n:
+        got = os.pread(fd, n - len(out), offset + len(out))
+        if not got:
+            break
+        out += got
+    return bytes(out)
+
+
+def _check_sent(hashers: dict[str, Any], parts: list[tuple[Any, int, int]], pos: int, view: memoryview,
+                where: str) -> None:
+    """Feed the bytes at ``pos`` to the hashes of the parts they fall in; a part whose last byte went
+    by and does not match the manifest means the file changed after it was hashed (FileChanged)."""
+    import xxhash
+    n = len(view)
+    for part, lo, hi in parts:
+        a, b = max(lo, pos), min(hi, pos + n)
+        if a >= b:
+            continue
+        h = hashers.setdefault(part.label, xxhash.xxh3_128())
+        h.update(view[a - pos:b - pos])
+        if b == part.end and h.hexdigest() != part.xxh3_128:
+            raise FileChanged(where, f"changed after it was hashed ({part.label} is not what the manifest "
+                                     f"says): nothing was published; try again")
+
+
+def _checked_stream(fd: int, entry: FileEntry, parts: list[tuple[Any, int, int]], block: int,
+                    where: str) -> Any:
+    """The file's bytes in ``block`` pieces, each hashed on the way out (see :func:`_check_sent`); a
+    file shorter than its entry ends the stream with FileChanged (the upload is aborted)."""
+    hashers: dict[str, Any] = {}
+    pos, i = 0, 0
+    while pos < entry.size:
+        data = _pread_all(fd, pos, min(block, entry.size - pos))
+        if not data:
+            raise FileChanged(where, f"shrank to {pos} bytes while it was being published; try again")
+        while i < len(parts) and parts[i][2] <= pos:
+            i += 1  # parts already finished
+        j = i
+        while j < len(parts) and parts[j][1] < pos + len(data):
+            j += 1
+        _check_sent(hashers, parts[i:j], pos, memoryview(data), where)
+        pos += len(data)
+        yield data

@@ -131,6 +131,35 @@ def verify_checkpoint(root: "str | os.PathLike[str] | Dir", manifest: Manifest, 
     return report
 
 
+def good_parts(root: Dir, manifest: Manifest, only: "dict[str, set[str]] | None" = None, *,
+               threads: int | None = None, progress: ProgressFn | None = None) -> dict[str, set[str]]:
+    """The parts (labels per file) of ``manifest`` that ``root`` holds intact: what a delta's donors
+    put there, or what an interrupted transfer left, so only the rest is fetched. ``only``: check just
+    these labels (else every part of every file present at its full size). Files not in the manifest
+    are removed (a resumed area must hold nothing else)."""
+    scanned = {f.relpath: f for f in scan_checkpoint(root)}
+    wanted = {e.path: e for e in manifest.files}
+    for extra in sorted(set(scanned) - set(wanted)):
+        root.unlink(extra)
+    jobs: list[HashJob] = []
+    checked: list[tuple[str, list[Any]]] = []
+    for entry in manifest.files:
+        f = scanned.get(entry.path)
+        if f is None or f.size != entry.size:
+            continue
+        parts = [p for p in entry.parts(manifest.chunk_size) if p.length
+                 and (only is None or p.label in only.get(entry.path, ()))]
+        if parts:
+            jobs.append(HashJob(f.path, [(p.begin, p.end) for p in parts], f.size, None))
+            checked.append((entry.path, parts))
+    out: dict[str, set[str]] = {}
+    for (path, parts), got in zip(checked, hash_files(jobs, threads=threads, progress=progress)):
+        ok = {p.label for p, actual in zip(parts, got) if p.xxh3_128 == actual}
+        if ok:
+            out[path] = ok
+    return out
+
+
 def sample_verify(root: Dir, manifest: Manifest, *, budget_bytes: int = 64 << 20, max_parts: int = 4096,
                   rng: random.Random | None = None) -> VerifyReport:
     """A spot check (``weightd doctor``): every file's presence and size, then random parts of the

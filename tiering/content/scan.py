@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import BadInput, CheckpointNotFound, UnsafePath
-from ..safefs import Dir, FileRef
+from ..safefs import Dir, FileRef, PinnedFile
 
 #: directories that belong to tools, not to the checkpoint (relative to the checkpoint root)
 EXCLUDED_DIRS = (".weightd", ".git", ".cache/huggingface")
@@ -18,8 +18,9 @@ METADATA_DIR = ".weightd"
 @dataclass(frozen=True, slots=True)
 class ScannedFile:
     relpath: str       # POSIX path relative to the checkpoint root
-    path: "str | FileRef"  # what to open (the symlink's resolved target for HF cache snapshots; a
-                           # FileRef beneath the directory for a checkpoint inside a tier)
+    path: "PinnedFile | FileRef"  # what to open: the file as scanned (for a symlink in an HF cache
+                                  # snapshot, its resolved target), or a FileRef beneath the directory
+                                  # for a checkpoint inside a tier
     size: int
     mode: int          # permission bits
     mtime_ns: int
@@ -119,7 +120,7 @@ def scan_checkpoint(root: "str | os.PathLike[str] | Dir") -> list[ScannedFile]:
             elif stat.S_ISDIR(lst.st_mode):
                 walk(Path(entry.path), relpath + "/")
             elif stat.S_ISREG(lst.st_mode):
-                out.append(ScannedFile(relpath, entry.path, lst.st_size, stat.S_IMODE(lst.st_mode),
+                out.append(ScannedFile(relpath, PinnedFile(entry.path, lst.st_dev, lst.st_ino), lst.st_size, stat.S_IMODE(lst.st_mode),
                                        lst.st_mtime_ns, lst.st_dev, lst.st_ino))
             else:
                 raise UnsafePath(str(dirpath / name), "special file (FIFO, socket or device) in a checkpoint")
@@ -141,5 +142,5 @@ def _followed_symlink(where: Path, link: str, relpath: str, allowed: list[Path])
         raise UnsafePath(str(where), "symlinked directories are not supported")
     if not stat.S_ISREG(tst.st_mode):
         raise UnsafePath(str(where), "symlink to a special file (FIFO, socket or device)")
-    return ScannedFile(relpath, str(target), tst.st_size, stat.S_IMODE(tst.st_mode),
+    return ScannedFile(relpath, PinnedFile(str(target), tst.st_dev, tst.st_ino), tst.st_size, stat.S_IMODE(tst.st_mode),
                        tst.st_mtime_ns, tst.st_dev, tst.st_ino)

@@ -31,10 +31,10 @@ from __future__ import annotations
 
 from .._syscalls import openat2_available
 from .dir import Dir, FileRef, open_source
-from .paths import MAX_SMALL_FILE, open_regular, regular_or_close, sanitize_mode, split_rel
+from .paths import MAX_SMALL_FILE, PinnedFile, open_regular, regular_or_close, sanitize_mode, split_rel
 from .roots import (RootPolicy, check_ancestors, check_root_stat, check_unchangeable, open_cold_root,
                     open_tier_root)
 
-__all__ = ["MAX_SMALL_FILE", "Dir", "FileRef", "RootPolicy", "check_ancestors", "check_root_stat",
+__all__ = ["MAX_SMALL_FILE", "Dir", "FileRef", "PinnedFile", "RootPolicy", "check_ancestors", "check_root_stat",
            "check_unchangeable", "open_cold_root", "open_regular", "open_source", "open_tier_root",
            "openat2_available", "regular_or_close", "sanitize_mode", "split_rel"]

@@ -14,7 +14,7 @@ from typing import Any, Iterator
 
 from .._syscalls import openat2, openat2_available, renameat2_noreplace
 from ..errors import BadInput, CheckpointNotFound, UnsafePath
-from .paths import MAX_SMALL_FILE, describe, open_regular, regular_or_close, split_rel, unsafe
+from .paths import MAX_SMALL_FILE, PinnedFile, describe, open_regular, regular_or_close, split_rel, unsafe
 from .remove import remove_at
 
 
@@ -342,9 +342,10 @@ class FileRef:
         return self.dir.open_read(self.rel)
 
 
-def open_source(src: "str | os.PathLike[str] | FileRef") -> int:
+def open_source(src: "str | os.PathLike[str] | FileRef | PinnedFile") -> int:
     """Open anything the copy and hash engines read: by descriptor beneath its tier when it is a
-    :class:`FileRef`, else as a regular file without following the last component."""
-    if isinstance(src, FileRef):
+    :class:`FileRef`, the very file that was scanned when it is a :class:`PinnedFile`, else as a
+    regular file without following the last component."""
+    if isinstance(src, (FileRef, PinnedFile)):
         return src.open_read()
     return open_regular(os.fspath(src))

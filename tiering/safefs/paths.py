@@ -7,7 +7,9 @@ import errno
 import os
 import stat
 
-from ..errors import BadInput, UnsafePath
+from dataclasses import dataclass
+
+from ..errors import BadInput, FileChanged, UnsafePath
 
 MAX_SMALL_FILE = 16 << 20   # JSON side files, manifests, torrents: more is not ours
 
@@ -60,6 +62,31 @@ def open_regular(path: str) -> int:
             raise UnsafePath(path, "is a symlink (refused; weightd never follows one here)") from None
         raise
     return regular_or_close(fd, path)
+
+
+@dataclass(frozen=True, slots=True)
+class PinnedFile:
+    """A file outside any tier (in a directory being published) as it was when it was scanned. It is
+    opened without following the last component and must still be the same file (device and inode):
+    a file swapped for a symlink, a hard link or another file between the scan and the read is never
+    read, so a publish cannot be turned into an upload or copy of someone else's file."""
+    path: str
+    dev: int
+    ino: int
+
+    def __fspath__(self) -> str:
+        return self.path
+
+    def __str__(self) -> str:
+        return self.path
+
+    def open_read(self) -> int:
+        fd = open_regular(self.path)
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) != (self.dev, self.ino):
+            os.close(fd)
+            raise FileChanged(self.path, "was replaced after it was scanned (another writer?): not read; try again")
+        return fd
 
 
 def sanitize_mode(mode: int) -> int:

@@ -113,6 +113,7 @@ class Preloader:
 def _record(report: PreloadReport, fill: Fill) -> None:
     """What the sources did, into the report (the one place it is written)."""
     report.source_fallbacks.extend(fill.source_fallbacks)
+    report.resumed_bytes += fill.resumed
     if fill.delta is not None:
         report.delta = fill.delta
     for label, n in fill.bytes_by_source.items():

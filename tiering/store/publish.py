@@ -92,7 +92,8 @@ class Publisher:
                 st = os.stat(f.path)
                 if (st.st_size, st.st_mtime_ns) != (f.size, f.mtime_ns):
                     raise FileChanged(str(f.path), "changed while it was being published; try again")
-        # (ObjectCold.publish reads the existing manifest once: same content is a no-op, other is a conflict)
+        # (ObjectCold.publish reads the existing manifest once: same content is a no-op, other is a
+        # conflict; each file is opened once, as scanned (PinnedFile), and hashed again as it is sent)
         uploaded = obj.publish(src, m, [(f.relpath, f.path) for f in files], progress=progress,
                                before_manifest=unchanged)
         if uploaded:

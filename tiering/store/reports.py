@@ -55,6 +55,7 @@ class PreloadReport:
     warm_seconds: float = 0.0
     delta: dict[str, Any] | None = None   # donors used, bytes planned and refetched (a delta update)
     signature: dict[str, Any] | None = None  # who signed it, checked against every byte (None: unsigned)
+    resumed_bytes: int = 0   # kept from an interrupted transfer of this version (checked, not moved again)
 
     @property
     def bytes_moved(self) -> int:
@@ -69,7 +70,8 @@ class PreloadReport:
                 "seconds": round(self.seconds, 4), "lease_expires_at": self.lease_expires_at,
                 "resident_bytes": self.resident_bytes,
                 "resident_percent": round(100 * self.resident_bytes / self.bytes, 2) if self.bytes else 100.0,
-                "warm_seconds": round(self.warm_seconds, 4), "delta": self.delta, "signature": self.signature}
+                "warm_seconds": round(self.warm_seconds, 4), "delta": self.delta, "signature": self.signature,
+                "resumed_bytes": self.resumed_bytes}
 
 
 def _tier_status(roots: TierRoots, tier: str) -> tuple[dict[str, Any], list[VersionDir]]:

@@ -8,11 +8,14 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
+from ..content.build import good_parts
 from ..content.manifest import MANIFEST_RELPATH, Manifest
 from ..copy import CopyJob, copy_files
 from ..delta import DeltaPlan, Donor, plan_delta
+from ..delta import build as build_delta_spans
 from ..delta import build_verified as build_delta
 from ..errors import CheckpointNotFound, TimedOut
 from ..layout import COLD, HOT, LOCAL_TIERS, WARM, VersionDir, list_versions, read_version, version_rel
@@ -34,6 +37,7 @@ class Fill:
     bytes_by_source: dict[str, int] = field(default_factory=dict)
     source_fallbacks: list[SourceFallback] = field(default_factory=list)
     delta: dict[str, Any] | None = None
+    resumed: int = 0       # bytes an interrupted transfer left that passed their check (not moved again)
 
     def add(self, label: str, n: int) -> None:
         self.bytes_by_source[label] = self.bytes_by_source.get(label, 0) + n
@@ -62,13 +66,8 @@ class Sources:
             # then the swarm, then a copy from cold
             if self._remote(fill, staging, m, cold, tier, name, version, deadline, progress):
                 return fill
-        obj = self.roots.object
-        if not labels and obj is not None:
-            # object storage: ranged GETs along the manifest's parts, each hashed as it arrives
-            staging.dir.clear()
-            set_phase(progress, "copy", source="cold", total=m.total_bytes)
-            fill.add("cold", obj.fetch(m, staging.dir, deadline=_wall(deadline, self.monotonic), progress=progress))
-            fill.verified = True
+        if not labels and self.roots.object is not None:
+            self._from_object(fill, staging, m, tier, name, version, deadline, progress)
             return fill
         if not labels:
             raise CheckpointNotFound(f"{name}@{version}", "no complete copy to read from")
@@ -78,8 +77,7 @@ class Sources:
     def _remote(self, fill: Fill, staging: StagingArea, m: Manifest, cold: VersionDir, tier: str, name: str,
                 version: str, deadline: float | None, progress: ProgressFn | None) -> bool:
         """Donors, then each fetcher, then a delta build from cold; False: copy from cold instead."""
-        donors, held = self._donors(tier, name, version)
-        try:
+        with self._lending(tier, name, version) as donors:
             plan = plan_delta(m, donors) if donors else None
             if plan is not None and plan.reuse_bytes == 0:
                 plan = None
@@ -98,13 +96,44 @@ class Sources:
             if plan is not None:
                 self._build_delta(staging, plan, fill, name, version, deadline, progress)
                 return True
-        finally:
-            for d in donors:
-                if d.dir is not None:
-                    d.dir.close()
-            for lk in held:
-                lk.release()
         return False
+
+    def _from_object(self, fill: Fill, staging: StagingArea, m: Manifest, tier: str, name: str, version: str,
+                     deadline: float | None, progress: ProgressFn | None) -> None:
+        """Object storage: ranged GETs along the manifest's parts, each hashed as it arrives, for the
+        parts not already here: what an interrupted transfer of this version left (checked part by
+        part), else what other local versions share with it (a delta: donor bytes copied, checked).
+        The staging area is kept on a failure (every part is checked again on the next try)."""
+        obj = self.roots.object
+        assert obj is not None
+        have: dict[str, set[str]] = {}
+        if staging.info.get("resumable") and staging.dir.entries():
+            set_phase(progress, "verify", total=m.total_bytes, detail="what an interrupted transfer left")
+            have = good_parts(staging.dir, m, progress=progress)
+            fill.resumed = _part_bytes(m, have)
+        else:
+            staging.dir.clear()
+            with self._lending(tier, name, version) as donors:
+                plan = plan_delta(m, donors) if donors else None
+                if plan is not None and plan.reuse_bytes:
+                    set_phase(progress, "copy", source="delta", total=plan.reuse_bytes)
+                    r = build_delta_spans(plan, staging.dir, None, threads=self.copy_threads, deadline=deadline,
+                                          progress=progress, clock=self.monotonic)
+                    lent = {fp.entry.path: {sp.label for sp in fp.spans if sp.donor is not None} for fp in plan.files}
+                    have = good_parts(staging.dir, m, only=lent)
+                    reused = _part_bytes(m, have)
+                    fill.add("local_reuse", reused)
+                    fill.delta = {"donors": [donors[i].ref for i in plan.donors_used()],
+                                  "planned_reuse_bytes": plan.reuse_bytes,
+                                  "refetched": r.donor_failures + ([f"{plan.reuse_bytes - reused} donor bytes did "
+                                                                    f"not match the manifest"]
+                                                                   if reused < plan.reuse_bytes else [])}
+        staging.mark_resumable()
+        staging.keep_on_error = True
+        set_phase(progress, "copy", source="cold", total=m.total_bytes - _part_bytes(m, have))
+        fill.add("cold", obj.fetch(m, staging.dir, deadline=_wall(deadline, self.monotonic), progress=progress,
+                                   have=have))
+        fill.verified = True
 
     def _build_delta(self, staging: StagingArea, plan: DeltaPlan, fill: Fill, name: str, version: str,
                      deadline: float | None, progress: ProgressFn | None) -> None:
@@ -154,6 +183,19 @@ class Sources:
         assert last_error is not None
         raise CheckpointNotFound(f"{name}@{version}", f"every source vanished during the copy ({last_error})")
 
+    @contextmanager
+    def _lending(self, tier: str, name: str, version: str) -> Iterator[list[Donor]]:
+        """The donors of :meth:`_donors`, held (locked, open) for the block and released after it."""
+        donors, held = self._donors(tier, name, version)
+        try:
+            yield donors
+        finally:
+            for d in donors:
+                if d.dir is not None:
+                    d.dir.close()
+            for lk in held:
+                lk.release()
+
     def _donors(self, tier: str, name: str, version: str) -> tuple[list[Donor], list[FileLock]]:
         """Every complete local version but the target, the staging tier's first (copy_file_range can
         share extents within a file system), each held with a shared lock so it cannot be evicted
@@ -179,6 +221,10 @@ class Sources:
                 held.append(lk)
                 donors.append(Donor(f"{v.name}@{v.version}", v.path, v.manifest, d))
         return donors, held
+
+
+def _part_bytes(m: Manifest, have: dict[str, set[str]]) -> int:
+    return sum(p.length for f in m.files for p in f.parts(m.chunk_size) if p.label in have.get(f.path, ()))
 
 
 def _wall(deadline: float | None, clock: Callable[[], float]) -> float | None:

@@ -11,6 +11,7 @@ Callers hold the version's lock throughout.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -44,6 +45,7 @@ class StagingArea:
     sid: str
     dir: Dir               # <root>/.staging/<sid>
     info: dict = field(default_factory=dict)
+    keep_on_error: bool = False   # a resumable filler (every part is checked again on the next try)
 
     @property
     def path(self) -> Path:
@@ -95,12 +97,20 @@ class StagingArea:
         return self
 
     def __exit__(self, exc_type: object, *exc: object) -> None:
+        keep = exc_type is not None and self.keep_on_error and self.info.get("resumable") \
+            and not _no_space(exc[0] if exc else None)
         try:
-            if exc_type is not None:
+            if exc_type is not None and not keep:
                 self.abort()
         finally:
-            self.area.unlink(f"{self.sid}.json")
+            if not keep:
+                self.area.unlink(f"{self.sid}.json")
             self.close()
+
+
+def _no_space(exc: object) -> bool:
+    from ..errors import NoSpace
+    return isinstance(exc, NoSpace) or (isinstance(exc, OSError) and exc.errno == errno.ENOSPC)
 
 
 def open_staging(root: Dir, name: str, version: str, expected_bytes: int, *, resume: bool = True,

@@ -102,6 +102,8 @@ def show_preloaded(r: dict[str, Any]) -> None:
         note(f"{who}: {moved} into {r['tier']} in {r['seconds']:.2f} s"
              + (f"; delta update from {', '.join(delta['donors'])}: {format_bytes(net)} moved of "
                 f"{format_bytes(r['bytes'])} ({100 * net / max(1, r['bytes']):.1f}%)" if delta else "")
+             + (f"; resumed: {format_bytes(r['resumed_bytes'])} kept from an interrupted transfer"
+                if r.get("resumed_bytes") else "")
              + (f"; evicted {', '.join(r['evicted'])}" if r["evicted"] else ""))
         for why in (delta or {}).get("refetched", []):
             warn(f"donor bytes failed their check and were fetched instead: {why}")
