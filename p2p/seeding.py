@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from tiering import DIR_MODE, LOCAL_TIERS, Dir, TieringError, VersionDir, check_unchangeable, open_cold_root, scan_dir
 
@@ -56,7 +56,12 @@ def ensure_torrent(config: P2PConfig, version: VersionDir) -> Path | None:
 
 
 def read_torrent(version: VersionDir) -> "lt.torrent_info | None":
-    """The torrent beside a version, read by descriptor (a symlink there reads as no torrent)."""
+    """The torrent beside a version, read by descriptor (a symlink there reads as no torrent); in an
+    object store, the object beside its manifest."""
+    if version.store is not None:
+        data = version.store.read_meta(version.name, version.version, TORRENT_RELPATH)
+        where = f"{version.store.url}/{version.rel}/{TORRENT_RELPATH}"
+        return None if data is None else load_torrent(data, version.manifest, where)
     path = version.path / TORRENT_RELPATH
     with _open_version(version) as d:
         if d is None or d.lstat(TORRENT_RELPATH) is None:
@@ -107,10 +112,74 @@ def check_seedable(version: VersionDir) -> None:
             scan_dir(vdir)  # refuses a symlink or a special file, naming it
 
 
+def ensure_object_torrent(config: P2PConfig, cold: VersionDir, local: VersionDir) -> "lt.torrent_info | None":
+    """The torrent of a version in object storage: the one beside its manifest, else made here from
+    ``local`` (this node's complete, verified copy in one of its own tiers: libtorrent hashes by path,
+    and a tier root is weightd's alone) and put beside the manifest unless another node's arrived
+    first (a conditional create: every node then uses the same one)."""
+    if cold.size < config.threshold:
+        return None
+    ti = read_torrent(cold)
+    if ti is not None:
+        return ti
+    with map_libtorrent_errors(f"{cold.ref}: cannot make its torrent"):
+        data = make_torrent(local.path, cold.manifest, piece_size=config.piece_size or None,
+                            root_cert=config.tls.ca_pem if config.tls is not None else None)
+    where = f"{cold.store.url}/{cold.rel}/{TORRENT_RELPATH}"
+    load_torrent(data, cold.manifest, where)  # what we publish must pass our own checks
+    if not cold.store.put_meta_if_absent(cold.name, cold.version, TORRENT_RELPATH, data):
+        return read_torrent(cold)  # another origin's: everyone uses that one
+    log.info("made the torrent of %s from the local copy in %s: %s", cold.ref, local.path, where)
+    return load_torrent(data, cold.manifest, where)
+
+
+def mirror_published(node: "LocalNode", config: P2PConfig, copy: "Callable[[VersionDir], object] | None" = None,
+                     tier: str = "warm") -> int:
+    """An origin whose cold tier is an object store seeds from local copies: bring every published
+    version at or above the P2P threshold into ``tier`` with ``copy`` (the daemon's preload, counted
+    like any other; default: the node's), evicting by policy like any preload; a version that does
+    not fit is logged and skipped. Returns how many were copied."""
+    n = 0
+    for v in node.published():
+        if v.size < config.threshold or any(node.version(t, v.name, v.version) for t in LOCAL_TIERS):
+            continue
+        try:
+            if copy is not None:
+                copy(v)
+            else:
+                node.preload(v.name, v.version, tier=tier, strict=True, lease_s=0)
+            n += 1
+        except TieringError as exc:
+            log.warning("origin: cannot keep a local copy of %s to seed it: %s", v.ref, exc)
+    return n
+
+
+def _seed_object_origin(node: "LocalNode", session: "P2PSession", config: P2PConfig) -> int:
+    """Origin, object-store cold tier: seed every published version it holds a local copy of (the
+    torrent made from that copy if the store has none yet)."""
+    n = 0
+    for t in LOCAL_TIERS:
+        for v in node.versions(t):
+            cold = node.published_version(v.name, v.version)
+            if cold is None or cold.manifest.digest != v.manifest.digest:
+                continue
+            try:
+                ti = ensure_object_torrent(config, cold, v)
+            except (TorrentRejected, P2PError, TieringError) as exc:
+                log.warning("not seeding %s: %s", v.ref, exc)
+                continue
+            if ti is not None:
+                n += session.seed(ti, v.path)
+    return n
+
+
 def seed_held(node: "LocalNode", session: "P2PSession", role: str, super_seed: bool = False) -> int:
     """Seed every complete version this node holds (workers: from its checked tier roots) or has
-    published (origin: only versions that pass check_seedable)."""
+    published (origin: only versions that pass check_seedable; with an object-store cold tier, from
+    its local copies: see :func:`mirror_published`)."""
     # super-seeding stays off: with v2-only torrents libtorrent 2.1.1 delivered nothing in it (0 bytes in 8 s)
+    if role == "origin" and node.roots.object is not None:
+        return _seed_object_origin(node, session, session.cfg)
     n = 0
     held = node.published() if role == "origin" else [v for t in LOCAL_TIERS for v in node.versions(t)]
     for v in held:

@@ -130,3 +130,33 @@ def wd(weightd: Weightd, node_env: NodeEnv):
     def run(*args: str, **kw):
         return weightd("--config", node_env.config, *args, **kw)
     return run
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint():
+    """A real S3-protocol server (moto, in this process, on 127.0.0.1) for the module's tests."""
+    moto_server = pytest.importorskip("moto.server", reason="moto[server] missing (pip install -e .[test])")
+    srv = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    srv.start()
+    host, port = srv.get_host_and_port()
+    old = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing")
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        srv.stop()
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.fixture
+def bucket(s3_endpoint) -> str:
+    import uuid
+
+    import boto3
+    name = f"weightd-{uuid.uuid4().hex[:10]}"
+    boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1").create_bucket(Bucket=name)
+    return name

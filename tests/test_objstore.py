@@ -18,32 +18,6 @@ moto_server = pytest.importorskip("moto.server", reason="moto[server] missing (p
 obstore = pytest.importorskip("obstore")
 
 
-@pytest.fixture(scope="module")
-def s3_endpoint():
-    srv = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    srv.start()
-    host, port = srv.get_host_and_port()
-    old = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
-    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing")
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        srv.stop()
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-@pytest.fixture
-def bucket(s3_endpoint) -> str:
-    import boto3
-    name = f"weightd-{uuid.uuid4().hex[:10]}"
-    boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1").create_bucket(Bucket=name)
-    return name
-
-
 def cold(endpoint: str, bucket: str, **kw):
     from tiering.objstore import ObjectCold
     return ObjectCold(f"s3://{bucket}/models", endpoint=endpoint, region="us-east-1", **kw)
@@ -406,3 +380,180 @@ def test_a_timed_out_preload_keeps_its_parts_and_a_corrupted_one_is_fetched_agai
     _slow(s3_node, "0")
     rep = json.loads(wd("preload", "acme/t@v1", "--tier", "warm", "--json").stdout)
     assert 0 < rep["resumed_bytes"] < rep["bytes"] and wd("verify", rep["path"]).returncode == 0
+
+
+# -- what the store can do wrong: refuse, cut a response short ------------------------------------------
+
+@pytest.fixture
+def s3_with_auth(tmp_path: Path):
+    """A second moto server, in a subprocess, that checks credentials and IAM policies (after the three
+    set-up calls): a user with no policy is denied, an unknown key refused."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    import boto3
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            env={**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "3"}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), 0.2).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline and proc.poll() is None, "moto did not start"
+                time.sleep(0.1)
+        endpoint = f"http://127.0.0.1:{port}"
+        kw = dict(endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="AKIAIOSFODNN7EXAMPLE",
+                  aws_secret_access_key="setup")
+        iam = boto3.client("iam", **kw)
+        iam.create_user(UserName="no-policy")
+        key = iam.create_access_key(UserName="no-policy")["AccessKey"]
+        boto3.client("s3", **kw).create_bucket(Bucket="locked")
+        yield endpoint, key["AccessKeyId"], key["SecretAccessKey"]
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def test_access_denied_and_refused_keys_are_one_line_with_the_fix(s3_with_auth, weightd, isolated_env,
+                                                                   tmp_path: Path) -> None:
+    from .conftest import NodeEnv
+    endpoint, key_id, secret = s3_with_auth
+    env = NodeEnv(tmp_path)
+    env.config.write_text(env.config.read_text().replace(
+        f'[tiers.cold]\npath = "{env.cold}"\n',
+        f'[tiers.cold]\nurl = "s3://locked/models"\nendpoint = "{endpoint}"\nregion = "us-east-1"\n'))
+    src = make_checkpoint(tmp_path / "src", total_bytes=1 * MiB, shards=1, layers=2, seed="deny")
+    for keys, needle in (((key_id, secret), "access denied: give the daemon's credentials s3:GetObject"),
+                         (("AKIANOTAKEY", "nope"), "the store refused the credentials")):
+        isolated_env.update(AWS_ACCESS_KEY_ID=keys[0], AWS_SECRET_ACCESS_KEY=keys[1])
+        for args in (("preload", "acme/x@v1"), ("ls",), ("publish", str(src), "--name", "acme/x", "--version", "v1")):
+            r = weightd("--config", env.config, *args)
+            assert r.returncode == 2, (args, r.returncode, r.stderr)
+            assert needle in r.stderr and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, (args, r.stderr)
+
+
+class TruncatingProxy:
+    """A TCP proxy in front of the S3 server that cuts the first ``cuts`` responses to a GET of a
+    ``.safetensors`` object short: headers and ``keep`` body bytes, then the connection closes (a
+    store, or a middlebox, that returns fewer bytes than the Content-Length promised)."""
+
+    def __init__(self, upstream: str, cuts: int, keep: int = 4096) -> None:
+        import socket
+        import threading
+        from urllib.parse import urlparse
+        u = urlparse(upstream)
+        self.upstream = (u.hostname, u.port)
+        self.cuts, self.keep, self.cut = cuts, keep, 0
+        self.lock = threading.Lock()
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.sock.settimeout(0.2)
+        self.endpoint = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+        while not self.stopping.is_set():
+            try:
+                client, _ = self.sock.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client) -> None:
+        import socket
+        import threading
+        up = socket.create_connection(self.upstream, timeout=30)
+        armed = threading.Event()
+
+        def client_to_up() -> None:
+            try:
+                while data := client.recv(65536):
+                    if data.startswith(b"GET ") and b".safetensors" in data.split(b"\r\n", 1)[0]:
+                        with self.lock:
+                            if self.cut < self.cuts:
+                                self.cut += 1
+                                armed.set()
+                    up.sendall(data)
+            except OSError:
+                pass
+            finally:
+                try:
+                    up.shutdown(socket.SHUT_WR)
+                except OSError:
+                    pass
+        t = threading.Thread(target=client_to_up, daemon=True)
+        t.start()
+        buf = b""
+        try:
+            while data := up.recv(65536):
+                if armed.is_set():
+                    buf += data
+                    head = buf.find(b"\r\n\r\n")
+                    if head < 0:
+                        continue
+                    import re
+                    length = re.search(rb"(?i)\r\ncontent-length: *(\d+)", buf[:head + 2])
+                    keep = min(self.keep, max(0, int(length.group(1)) - 1)) if length else self.keep
+                    if len(buf) >= head + 4 + keep:
+                        client.sendall(buf[:head + 4 + keep])
+                        break  # cut: close both
+                    continue
+                client.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (client, up):  # shutdown first: a close alone does not end a recv blocked in the other thread
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                s.close()
+
+    def close(self) -> None:
+        self.stopping.set()
+        self.sock.close()
+        self.thread.join(5)
+
+
+@pytest.mark.parametrize("cuts", [2, 1000], ids=["retried", "gives-up"])
+def test_a_response_cut_short_is_retried_then_a_one_line_error(s3_endpoint, bucket, tmp_path: Path, cuts: int) -> None:
+    from tiering.objstore import ObjectStoreError
+    src = make_checkpoint(tmp_path / "src", total_bytes=6 * MiB, shards=1, layers=2, seed="cut")
+    m = labelled(src, "acme/cut", "v1")
+    cold(s3_endpoint, bucket).publish(src, m, files_of(src, m))
+    proxy = TruncatingProxy(s3_endpoint, cuts)
+    try:
+        c = cold(proxy.endpoint, bucket, range_bytes=2 * MiB, concurrency=2)
+        with open_dir(tmp_path / "dst") as d:
+            if cuts < 5:
+                assert c.fetch(m, d) == m.total_bytes
+                assert sum(c.stats.errors.values()) >= cuts  # each cut seen, counted, and the range asked again
+                assert not verify_checkpoint(tmp_path / "dst", m).problems
+            else:
+                with pytest.raises(ObjectStoreError) as ei:
+                    c.fetch(m, d)
+                msg = str(ei.value)
+                assert "\n" not in msg and "acme/cut/v1/model.safetensors: asked for bytes 0-" in msg \
+                    and "the response broke after" in msg, msg
+                assert proxy.cut >= 5  # RETRIES + 1 tries of the first range
+    finally:
+        proxy.close()

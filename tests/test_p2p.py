@@ -36,7 +36,8 @@ class Node:
     """One weightd daemon on its own 127.0.0.x with its own tiers, state and socket; shared cold."""
 
     def __init__(self, base: Path, ip: str, cold: Path, *, role: str = "worker", origin: str | None = None,
-                 allow: str = "127.0.0.0/8", env: dict[str, str], limit: str = "40MB", p2p_extra: str = "") -> None:
+                 allow: str = "127.0.0.0/8", env: dict[str, str], limit: str = "40MB", p2p_extra: str = "",
+                 cold_toml: str | None = None) -> None:
         self.ip, self.dir = ip, base / f"node-{ip}"
         self.dir.mkdir(parents=True)
         self.hot = Path(f"/dev/shm/weightd-test-p2p-{uuid.uuid4().hex[:8]}")
@@ -50,7 +51,7 @@ class Node:
             f'state_dir = "{self.dir}/state"\n'
             f'[tiers.hot]\npath = "{self.hot}"\ncapacity = "256MiB"\n'
             f'[tiers.warm]\npath = "{self.dir}/warm"\ncapacity = "512MiB"\n'
-            f'[tiers.cold]\npath = "{cold}"\n'
+            + (cold_toml or f'[tiers.cold]\npath = "{cold}"\n') +
             f'[api]\nsocket = "{self.dir}/weightd.sock"\n'
             f'[metrics]\nlisten = "{ip}:{free_port(ip)}"\n'
             f'[p2p]\nthreshold = "1MiB"\nlisten = "{ip}:{self.port}"\nallow = ["{allow}"]\n'
@@ -176,6 +177,67 @@ def test_origin_and_four_workers_preload_at_once(cluster, tmp_path: Path) -> Non
     assert from_origin <= 1.5 * size, [r["bytes_by_source"] for r in reports]
     for w in workers:  # byte-identical, verified copies
         assert w.cli("verify", str(w.dir / "warm/org/swarm/v1")).returncode == 0
+
+
+def test_s3_cold_the_origin_seeds_from_its_local_copy(cluster, s3_endpoint, bucket, isolated_env,
+                                                      tmp_path: Path) -> None:
+    """Cold storage is a bucket: a publish through the origin's daemon makes it copy the version into
+    its warm tier, put the torrent beside the manifest, and seed; three workers then take it from the
+    swarm, nothing from the bucket."""
+    import obstore
+    from obstore.store import S3Store
+    isolated_env.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing")
+    cold = (f'[tiers.cold]\nurl = "s3://{bucket}/models"\nendpoint = "{s3_endpoint}"\nregion = "us-east-1"\n'
+            f'range_size = "4MiB"\n')
+    origin = cluster("127.0.0.2", role="origin", limit="20MB", p2p_extra='piece_size = "1MiB"\n', cold_toml=cold)
+    src = make_checkpoint(tmp_path / "src", total_bytes=16 * MiB, shards=2, layers=4, seed="s3p2p")
+    pub = origin.cli("publish", str(src), "--name", "org/s3swarm", "--version", "v1", "--json")
+    assert pub.returncode == 0, pub.stderr
+    store = S3Store(bucket, prefix="models", endpoint=s3_endpoint, region="us-east-1",
+                    client_options={"allow_http": True})
+    key = f"org/s3swarm/v1/{TORRENT_RELPATH}"
+    deadline = time.monotonic() + 60
+    while True:  # the origin's mirror loop: copy into warm, torrent into the bucket, seed
+        try:
+            obstore.head(store, key)
+            break
+        except FileNotFoundError:
+            assert time.monotonic() < deadline, (origin.dir / "daemon.log").read_text()[-3000:]
+            time.sleep(0.25)
+    assert (origin.dir / "warm/org/s3swarm/v1/.weightd/manifest.json").is_file()
+    workers = [cluster(f"127.0.0.{i}", origin=origin.endpoint, limit="20MB", cold_toml=cold) for i in (3, 4, 5)]
+    procs = [w.popen("preload", "org/s3swarm@v1", "--tier", "warm", "--json", "--timeout", "120") for w in workers]
+    reports = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=150)
+            assert p.returncode == 0, err
+            reports.append(json.loads(out.splitlines()[0]))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    size = reports[0]["bytes"]
+    for r in reports:
+        by = r["bytes_by_source"]
+        assert by["cold"] == 0 and by["origin"] + by["peer"] >= size and r["source_fallbacks"] == [], r
+    for w in workers:
+        assert w.cli("verify", str(w.dir / "warm/org/s3swarm/v1")).returncode == 0
+    # the origin's metrics: its local copy came from the bucket, counted by request and byte
+    import re
+    import urllib.request
+    listen = re.search(r'\[metrics\]\nlisten = "([^"]+)"', origin.config.read_text()).group(1)
+    text = urllib.request.urlopen(f"http://{listen}/metrics", timeout=10).read().decode()
+
+    def value(name: str) -> float:
+        m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+        assert m, name
+        return float(m.group(1))
+    assert value('weightd_objstore_bytes_total{direction="read"}') >= size
+    assert value('weightd_objstore_requests_total{op="get"}') >= 1
+    assert value('weightd_objstore_bytes_total{direction="written"}') >= size  # (the publish went through it)
+    assert value('weightd_bytes_transferred_total{source="cold"}') >= size
 
 
 def test_outsider_falls_back_to_cold(cluster, tmp_path: Path) -> None:

@@ -14,9 +14,9 @@ import logging
 import os
 import uuid
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from .content.manifest import MANIFEST_RELPATH, MAX_MANIFEST_BYTES, Manifest, parse_manifest
 from .content.names import validate_name, validate_version
@@ -69,6 +69,7 @@ class VersionDir:
     version: str
     path: Path          # for people and engines; never opened by weightd through this string
     manifest: Manifest
+    store: Any = field(default=None, compare=False)  # the ObjectCold holding it (object storage), else None
 
     @property
     def ref(self) -> str:

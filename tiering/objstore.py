@@ -65,8 +65,10 @@ class StoreSetupError(ObjectStoreError):
     exit_code = 2
 
 
-class ShortRead(IntegrityError):
-    """The store returned fewer bytes than the range asked for."""
+class ShortRead(ObjectStoreError):
+    """The store returned fewer (or more) bytes than the range asked for, or the response broke
+    midway: asked again (a range at a time), then this error (exit 1; resumable)."""
+    kind = "short_read"
 
 
 class ObjectChanged(IntegrityError):
@@ -149,6 +151,10 @@ def _classify(exc: BaseException) -> str:
     text = str(exc)
     if "SlowDown" in text or "503" in text:
         return "throttled"
+    if "403 Forbidden" in text or "<Code>AccessDenied</Code>" in text:
+        return "access_denied"  # (a list request's refusal arrives as a generic error)
+    if "169.254.169.254" in text or "/latest/api/token" in text or "credential" in text.lower():
+        return "no_credentials"  # (no keys anywhere: the instance metadata endpoint was asked, and refused)
     return "error"
 
 
@@ -213,6 +219,9 @@ class ObjectCold:
         if why == "not_found":
             return CheckpointNotFound(where, "not found (or the bucket does not exist)")
         if why == "access_denied":
+            if any(code in str(exc) for code in ("InvalidAccessKeyId", "SignatureDoesNotMatch")):
+                return StoreSetupError(f"{where}: the store refused the credentials (unknown access key or wrong "
+                                       f"secret): check AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or the profile")
             return StoreSetupError(f"{where}: access denied: give the daemon's credentials s3:GetObject, "
                                    f"s3:ListBucket (and s3:PutObject to publish) on this bucket")
         if why == "no_credentials":
@@ -247,13 +256,47 @@ class ObjectCold:
 
     def version_dir(self, name: str, version: str) -> "VersionDir | None":
         """NAME@VERSION as the tier code sees a published version; its ``path`` names the object
-        prefix and is never opened (nothing of an object store is on disk)."""
-        from .layout import VersionDir
+        prefix and is never opened (nothing of an object store is on disk); ``store`` is this."""
         m = self.read_manifest(name, version)
         if m is None:
             return None
-        return VersionDir(name, version, Path("/nonexistent-object-store") / self.location.bucket
-                          / self.location.prefix / name / version, m)
+        return self.as_version_dir(m)
+
+    def as_version_dir(self, m: Manifest) -> "VersionDir":
+        from .layout import VersionDir
+        return VersionDir(m.name, m.version, Path("/nonexistent-object-store") / self.location.bucket
+                          / self.location.prefix / m.name / m.version, m, store=self)
+
+    def read_meta(self, name: str, version: str, rel: str, limit: int = MAX_MANIFEST_BYTES) -> bytes | None:
+        """A small object beside a version (``.weightd/checkpoint.torrent``), or None when absent."""
+        import obstore
+        validate_name(name)
+        validate_version(version)
+        key = f"{name}/{version}/{rel}"
+        try:
+            meta = self._call("head", lambda: obstore.head(self.store, key), key)
+        except CheckpointNotFound:
+            return None
+        if meta["size"] > limit:
+            raise BadInput(f"{self.url}/{key}: {meta['size']} bytes, more than the {limit} allowed here")
+        raw = self._call("get", lambda: bytes(obstore.get(self.store, key).bytes()), key)
+        self.stats.count("get", len(raw))
+        return raw
+
+    def put_meta_if_absent(self, name: str, version: str, rel: str, data: bytes) -> bool:
+        """Put a small object beside a published version unless one is there (conditional create);
+        False when another writer's is. Never before the manifest: only the version's readers add it."""
+        import obstore
+        key = f"{name}/{version}/{rel}"
+        try:
+            self._call("put", lambda: obstore.put(self.store, key, data, mode="create" if self.conditional
+                                                  else "overwrite"), key, retry=False)
+        except ObjectStoreError as exc:
+            if exc.kind in ("exists", "precondition"):
+                return False
+            raise
+        self.stats.count("put", len(data), write=True)
+        return True
 
     def head(self, key: str) -> dict[str, Any]:
         import obstore
@@ -376,7 +419,7 @@ class ObjectCold:
                     self._fetch_range(key, fd, start, end, parts, group, etag, progress)
                     break
                 except ObjectStoreError as exc:
-                    if exc.kind not in ("throttled", "error") or attempt == RETRIES or \
+                    if exc.kind not in ("throttled", "error", "short_read") or attempt == RETRIES or \
                             (deadline is not None and time.monotonic() + delay > deadline):
                         raise
                     for p, _, _ in parts:  # start the range over: its parts' hashes as they were
@@ -428,8 +471,13 @@ class ObjectCold:
         except (IntegrityError, TieringError):
             raise
         except Exception as exc:  # noqa: BLE001 (a stream that broke midway: obstore's errors, resets)
-            self.stats.error(_classify(exc))
-            raise self._error(_classify(exc), what, exc) from None
+            why = _classify(exc)
+            if why == "error" and ("body error" in str(exc) or pos > start):
+                self.stats.error("short_read")
+                raise ShortRead(f"{self.url}/{key}: asked for bytes {start}-{end}, the response broke after "
+                                f"{pos - start} bytes") from None
+            self.stats.error(why)
+            raise self._error(why, what, exc) from None
         self.stats.count("get", pos - start)
         if pos != end:
             self.stats.error("short_read")

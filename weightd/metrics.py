@@ -25,7 +25,8 @@ LOAD_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1800)
 
 class Metrics:
     def __init__(self, registry: CollectorRegistry, status: Callable[[], dict[str, Any]],
-                 p2p: Callable[[], dict[str, int]] | None = None) -> None:
+                 p2p: Callable[[], dict[str, int]] | None = None,
+                 objstore: Callable[[], Any] | None = None) -> None:
         self.registry = registry
         self.loading = Histogram("weightd_weight_loading_seconds", "One preload that moved or promoted bytes, end "
                                  "to end (a version already in place is not counted); source: where most bytes came from",
@@ -64,6 +65,39 @@ class Metrics:
         registry.register(_StateCollector(status))
         registry.register(_PressureCollector())
         registry.register(_P2PCollector(p2p or (lambda: {})))
+        registry.register(_ObjectStoreCollector(objstore or (lambda: None)))
+
+
+class _ObjectStoreCollector(Collector):
+    """An object-store cold tier's requests, errors by kind and bytes (``tiering.objstore.Stats``);
+    nothing when the cold tier is a path."""
+
+    def __init__(self, stats: Callable[[], Any]) -> None:
+        self.stats = stats
+
+    def collect(self) -> Iterable[Any]:
+        st = self.stats()
+        if st is None:
+            return
+        with st.lock:
+            requests, errors = dict(st.requests), dict(st.errors)
+            read, written = st.bytes_read, st.bytes_written
+        req = CounterMetricFamily("weightd_objstore_requests", "Requests to the object-store cold tier, by operation "
+                                  "(get is one ranged GET)", labels=["op"])
+        for op in ("get", "head", "list", "put"):
+            req.add_metric([op], requests.get(op, 0))
+        yield req
+        err = CounterMetricFamily("weightd_objstore_errors", "Failed object-store requests, by kind (throttled: 503 "
+                                  "SlowDown; short_read; access_denied; not_found; precondition: changed object; ...)",
+                                  labels=["kind"])
+        for kind in sorted(set(errors) | {"throttled", "short_read", "access_denied", "error"}):
+            err.add_metric([kind], errors.get(kind, 0))
+        yield err
+        nbytes = CounterMetricFamily("weightd_objstore_bytes", "Bytes received from (read) and sent to (written) "
+                                     "the object store", labels=["direction"])
+        nbytes.add_metric(["read"], read)
+        nbytes.add_metric(["written"], written)
+        yield nbytes
 
 
 class _P2PCollector(Collector):

@@ -26,11 +26,17 @@ class Catalog:
         return self.roots.dir(tier)
 
     def versions(self, tier: str) -> list[VersionDir]:
-        """Every complete version in a tier."""
+        """Every complete version in a tier (an object-store cold tier: every published one)."""
+        obj = self.roots.object
+        if tier == COLD and obj is not None:
+            return [v for n in obj.names() for v in self.published_versions(n)]
         return list_versions(self.roots.dir(tier))
 
     def version(self, tier: str, name: str, version: str) -> VersionDir | None:
         """NAME@VERSION in ``tier`` (``cold`` included), or None."""
+        obj = self.roots.object
+        if tier == COLD and obj is not None:
+            return obj.version_dir(name, version)
         return read_version(self.roots.dir(tier), name, version)
 
     def published_versions(self, name: str) -> list[VersionDir]:

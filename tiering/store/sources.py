@@ -84,38 +84,55 @@ class Sources:
             if plan is not None:
                 fill.delta = {"donors": [donors[i].ref for i in plan.donors_used()],
                               "planned_reuse_bytes": plan.reuse_bytes, "refetched": []}
-            for fetcher in self.fetchers:
-                got = fetcher.fetch(FetchRequest(cold, staging, deadline, progress, plan, self.monotonic))
-                if got.fallback is not None:
-                    fill.source_fallbacks.append(got.fallback)
-                if got.filled:
-                    for label, n in got.bytes_by_source.items():
-                        fill.add(label, n)
-                    fill.verified = got.verified
-                    return True
+            if self._try_fetchers(fill, cold, staging, plan, deadline, progress):
+                return True
             if plan is not None:
                 self._build_delta(staging, plan, fill, name, version, deadline, progress)
                 return True
         return False
 
+    def _try_fetchers(self, fill: Fill, src: VersionDir, staging: StagingArea, plan: DeltaPlan | None,
+                      deadline: float | None, progress: ProgressFn | None) -> bool:
+        """Each fetcher (the swarm) in turn; True when one filled the staging area."""
+        for fetcher in self.fetchers:
+            got = fetcher.fetch(FetchRequest(src, staging, deadline, progress, plan, self.monotonic))
+            if got.fallback is not None:
+                fill.source_fallbacks.append(got.fallback)
+            if got.filled:
+                for label, n in got.bytes_by_source.items():
+                    fill.add(label, n)
+                fill.verified = got.verified
+                return True
+        return False
+
     def _from_object(self, fill: Fill, staging: StagingArea, m: Manifest, tier: str, name: str, version: str,
                      deadline: float | None, progress: ProgressFn | None) -> None:
-        """Object storage: ranged GETs along the manifest's parts, each hashed as it arrives, for the
-        parts not already here: what an interrupted transfer of this version left (checked part by
-        part), else what other local versions share with it (a delta: donor bytes copied, checked).
-        The staging area is kept on a failure (every part is checked again on the next try)."""
+        """Object storage: the swarm first (peers that hold it, the origin's local copy), else ranged
+        GETs along the manifest's parts, each hashed as it arrives, for the parts not already here:
+        what an interrupted transfer of this version left (checked part by part), else what other
+        local versions share with it (a delta: donor bytes copied, checked). The staging area is kept
+        on a failure (every part is checked again on the next try)."""
         obj = self.roots.object
         assert obj is not None
+        resumed = bool(staging.info.get("resumable") and staging.dir.entries())
         have: dict[str, set[str]] = {}
-        if staging.info.get("resumable") and staging.dir.entries():
-            set_phase(progress, "verify", total=m.total_bytes, detail="what an interrupted transfer left")
-            have = good_parts(staging.dir, m, progress=progress)
-            fill.resumed = _part_bytes(m, have)
-        else:
-            staging.dir.clear()
-            with self._lending(tier, name, version) as donors:
-                plan = plan_delta(m, donors) if donors else None
-                if plan is not None and plan.reuse_bytes:
+        with self._lending(tier, name, version) as donors:
+            plan = plan_delta(m, donors) if donors else None
+            if plan is not None and plan.reuse_bytes == 0:
+                plan = None
+            if self.fetchers and self._try_fetchers(fill, obj.as_version_dir(m), staging, plan, deadline, progress):
+                if plan is not None:
+                    fill.delta = {"donors": [donors[i].ref for i in plan.donors_used()],
+                                  "planned_reuse_bytes": plan.reuse_bytes, "refetched": []}
+                return
+            staging.dir.remove(version)  # (what a swarm transfer left inside: libtorrent's own layout)
+            if resumed:
+                set_phase(progress, "verify", total=m.total_bytes, detail="what an interrupted transfer left")
+                have = good_parts(staging.dir, m, progress=progress)
+                fill.resumed = _part_bytes(m, have)
+            else:
+                staging.dir.clear()
+                if plan is not None:
                     set_phase(progress, "copy", source="delta", total=plan.reuse_bytes)
                     r = build_delta_spans(plan, staging.dir, None, threads=self.copy_threads, deadline=deadline,
                                           progress=progress, clock=self.monotonic)

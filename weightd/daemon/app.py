@@ -50,7 +50,8 @@ class Daemon:
         self.registry = CollectorRegistry()
         disable_created_metrics()
         self.metrics = Metrics(self.registry, self._status_cached,
-                               lambda: self.session.stats() if self.session is not None else {})
+                               lambda: self.session.stats() if self.session is not None else {},
+                               lambda: self.node.roots.object.stats if self.node.roots.object is not None else None)
         self.session = None  # the P2P session, started in serve() once we own the state directory
         self.service: NodeService = self._open_service(self.config)
         self.old_services: list[NodeService] = []
@@ -59,6 +60,8 @@ class Daemon:
         self.api = Api(self)
         self.pressure: deque[tuple[float, dict[str, str]]] = deque(maxlen=PRESSURE_KEEP)
         self.stopping = asyncio.Event()
+        self.mirror_wanted = asyncio.Event()  # the origin of an object-store cold tier: copy what was published
+        self.loop: asyncio.AbstractEventLoop | None = None
         self.status_text = "starting"
         self._status_cache: tuple[float, dict[str, Any]] | None = None
         self._lock_fd: int | None = None
@@ -99,8 +102,14 @@ class Daemon:
                 self.session.seed(ti, version.path)
 
     def _published(self, name: str, version: str, torrent: Any) -> None:
-        """The origin seeds what it publishes (from a pool thread, inside the service's publish)."""
-        if torrent is not None and self.session is not None and self.role == "origin":
+        """The origin seeds what it publishes (from a pool thread, inside the service's publish); with
+        an object-store cold tier it first needs a local copy: its mirror loop is woken for that."""
+        if self.session is None or self.role != "origin":
+            return
+        if self.node.roots.object is not None:
+            if self.loop is not None:
+                self.loop.call_soon_threadsafe(self.mirror_wanted.set)
+        elif torrent is not None:
             seed_held(self.node, self.session, self.role)
 
     def _take_state_lock(self) -> None:
@@ -221,7 +230,10 @@ class Daemon:
         loop.add_signal_handler(signal.SIGTERM, self.stopping.set)
         loop.add_signal_handler(signal.SIGINT, self.stopping.set)
         loop.add_signal_handler(signal.SIGHUP, self.reload)
+        self.loop = loop
         tasks = [loop.create_task(loops.gc_loop(self)), loop.create_task(loops.pressure_loop(self))]
+        if self.role == "origin" and self.session is not None and self.node.roots.object is not None:
+            tasks.append(loop.create_task(loops.origin_mirror_loop(self)))
         if self.notifier.watchdog_s:
             tasks.append(loop.create_task(loops.watchdog_loop(self)))
         log.info("serving role=%s api=%s metrics=%s", self.role, sock_path, self.config.settings.metrics.listen)

@@ -8,9 +8,9 @@ import asyncio
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from ..swarm import seed_held
+from ..swarm import mirror_published, seed_held
 
 if TYPE_CHECKING:
     from .app import Daemon
@@ -50,6 +50,31 @@ async def gc_loop(d: "Daemon") -> None:
             d.status_changed()
         except Exception as exc:  # keep serving; say it once per round
             log.warning("background gc failed: %s", exc)
+
+
+async def origin_mirror_loop(d: "Daemon") -> None:
+    """The origin of an object-store cold tier seeds from local copies: after every publish (and every
+    GC_INTERVAL_S) it copies what is published and not held into warm, makes the torrent if the store
+    has none, and seeds it (p2p.seeding.mirror_published)."""
+    from tiering.layout import WARM
+    assert d.session is not None
+    session = d.session
+
+    def copy(v: Any) -> None:
+        d.service.preload(v.ref, tier=WARM, strict=True, lease_s=0)
+
+    while not d.stopping.is_set():
+        try:
+            if await d.run_blocking(WARM, mirror_published, d.node, session.cfg, copy):
+                await d.run_blocking("misc", seed_held, d.node, session, d.role)
+                d.status_changed()
+        except Exception as exc:  # keep serving; the next round tries again
+            log.warning("origin: keeping local copies of published versions failed: %s", exc)
+        try:
+            await asyncio.wait_for(d.mirror_wanted.wait(), GC_INTERVAL_S)
+        except asyncio.TimeoutError:
+            pass
+        d.mirror_wanted.clear()
 
 
 async def watchdog_loop(d: "Daemon") -> None:
