@@ -304,7 +304,8 @@ def test_a_delta_update_from_s3_asks_only_for_the_changed_ranges(s3_node, wd, tm
     assert r.returncode == 0, r.stderr
     rep = json.loads(r.stdout)
     mb = build_manifest(b)
-    assert rep["bytes_by_source"]["cold"] == changed, rep
+    assert rep["bytes_by_source"]["cold"] == changed == rep["store"]["bytes_read"], rep
+    assert rep["store"]["requests"]["get"] <= 3 + 1  # one ranged GET per changed region (+ the manifest's)
     assert rep["bytes_by_source"]["local_reuse"] == mb.total_bytes - changed
     assert rep["delta"]["donors"] == ["acme/d@v1"] and rep["delta"]["refetched"] == []
     assert wd("verify", rep["path"]).returncode == 0

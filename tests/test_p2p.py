@@ -86,6 +86,15 @@ class Node:
         return subprocess.Popen([sys.executable, "-m", "weightd", "--config", str(self.config), *args],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env, cwd=ROOT)
 
+    def metric(self, name: str) -> float:
+        """One sample of this daemon's /metrics, by its full name with labels (0 when absent)."""
+        import re
+        import urllib.request
+        listen = re.search(r'\[metrics\]\nlisten = "([^"]+)"', self.config.read_text()).group(1)
+        text = urllib.request.urlopen(f"http://{listen}/metrics", timeout=10).read().decode()
+        m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+        return float(m.group(1)) if m else 0.0
+
     def stop(self) -> None:
         stop_process(self.proc)
         self.log.close()
@@ -225,15 +234,7 @@ def test_s3_cold_the_origin_seeds_from_its_local_copy(cluster, s3_endpoint, buck
     for w in workers:
         assert w.cli("verify", str(w.dir / "warm/org/s3swarm/v1")).returncode == 0
     # the origin's metrics: its local copy came from the bucket, counted by request and byte
-    import re
-    import urllib.request
-    listen = re.search(r'\[metrics\]\nlisten = "([^"]+)"', origin.config.read_text()).group(1)
-    text = urllib.request.urlopen(f"http://{listen}/metrics", timeout=10).read().decode()
-
-    def value(name: str) -> float:
-        m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
-        assert m, name
-        return float(m.group(1))
+    value = origin.metric
     assert value('weightd_objstore_bytes_total{direction="read"}') >= size
     assert value('weightd_objstore_requests_total{op="get"}') >= 1
     assert value('weightd_objstore_bytes_total{direction="written"}') >= size  # (the publish went through it)
@@ -328,7 +329,12 @@ def test_swarm_finishes_after_the_origin_dies(cluster, tmp_path: Path) -> None:
     late = [cluster(f"127.0.0.{i}", origin=origin.endpoint) for i in (4, 5)]
     procs = [w.popen("preload", "org/orphan@v1", "--tier", "warm", "--json") for w in late]
     try:
-        time.sleep(6)  # the late workers met w1 through the origin (PEX); the origin now dies
+        # the late workers meet w1 through the origin (PEX): wait until each has two peers (the origin
+        # and w1; bounded: a loaded machine gets 45 s, then the test goes on and says what it saw)
+        deadline = time.monotonic() + 45
+        while time.monotonic() < deadline and not all(w.metric("weightd_p2p_peers") >= 2 for w in late):
+            time.sleep(0.5)
+        time.sleep(1)
         origin.proc.kill()
         for p in procs:
             out, err = p.communicate(timeout=150)

@@ -114,6 +114,8 @@ def _record(report: PreloadReport, fill: Fill) -> None:
     """What the sources did, into the report (the one place it is written)."""
     report.source_fallbacks.extend(fill.source_fallbacks)
     report.resumed_bytes += fill.resumed
+    if fill.store is not None:
+        report.store = fill.store
     if fill.delta is not None:
         report.delta = fill.delta
     for label, n in fill.bytes_by_source.items():

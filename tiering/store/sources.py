@@ -38,6 +38,7 @@ class Fill:
     source_fallbacks: list[SourceFallback] = field(default_factory=list)
     delta: dict[str, Any] | None = None
     resumed: int = 0       # bytes an interrupted transfer left that passed their check (not moved again)
+    store: dict[str, Any] | None = None   # an object store's requests and bytes for this fill
 
     def add(self, label: str, n: int) -> None:
         self.bytes_by_source[label] = self.bytes_by_source.get(label, 0) + n
@@ -148,8 +149,12 @@ class Sources:
         staging.mark_resumable()
         staging.keep_on_error = True
         set_phase(progress, "copy", source="cold", total=m.total_bytes - _part_bytes(m, have))
-        fill.add("cold", obj.fetch(m, staging.dir, deadline=_wall(deadline, self.monotonic), progress=progress,
-                                   have=have))
+        before = obj.stats.snapshot()
+        try:
+            fill.add("cold", obj.fetch(m, staging.dir, deadline=_wall(deadline, self.monotonic), progress=progress,
+                                       have=have))
+        finally:
+            fill.store = obj.stats.since(before)
         fill.verified = True
 
     def _build_delta(self, staging: StagingArea, plan: DeltaPlan, fill: Fill, name: str, version: str,
