@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tiering import WARM
+
 from ..swarm import mirror_published, seed_held
 
 if TYPE_CHECKING:
@@ -56,7 +58,6 @@ async def origin_mirror_loop(d: "Daemon") -> None:
     """The origin of an object-store cold tier seeds from local copies: after every publish (and every
     GC_INTERVAL_S) it copies what is published and not held into warm, makes the torrent if the store
     has none, and seeds it (p2p.seeding.mirror_published)."""
-    from tiering.layout import WARM
     assert d.session is not None
     session = d.session
 
