@@ -59,8 +59,11 @@ def read_torrent(version: VersionDir) -> "lt.torrent_info | None":
     """The torrent beside a version, read by descriptor (a symlink there reads as no torrent); in an
     object store, the object beside its manifest."""
     if version.store is not None:
-        data = version.store.read_meta(version.name, version.version, TORRENT_RELPATH)
         where = f"{version.store.url}/{version.rel}/{TORRENT_RELPATH}"
+        try:
+            data = version.store.read_meta(version.name, version.version, TORRENT_RELPATH, limit=16 << 20)
+        except TieringError as exc:  # (the store failing or an oversized object: no P2P, not a failed preload)
+            raise TorrentRejected(where, str(exc)) from None
         return None if data is None else load_torrent(data, version.manifest, where)
     path = version.path / TORRENT_RELPATH
     with _open_version(version) as d:
@@ -135,13 +138,36 @@ def ensure_object_torrent(config: P2PConfig, cold: VersionDir, local: VersionDir
 
 def mirror_published(node: "LocalNode", config: P2PConfig, copy: "Callable[[VersionDir], object] | None" = None,
                      tier: str = "warm") -> int:
-    """An origin whose cold tier is an object store seeds from local copies: bring every published
-    version at or above the P2P threshold into ``tier`` with ``copy`` (the daemon's preload, counted
-    like any other; default: the node's), evicting by policy like any preload; a version that does
-    not fit is logged and skipped. Returns how many were copied."""
+    """An origin whose cold tier is an object store seeds from local copies: bring the **latest**
+    published version of each name, at or above the P2P threshold, into ``tier`` with ``copy`` (the
+    daemon's preload, counted like any other; default: the node's). Older versions are not mirrored
+    (they would evict one another in a bucket larger than the tier); a copy is skipped when it would
+    not fit in the tier's free space without evicting; a name or manifest that cannot be read is
+    logged and skipped. Returns how many were copied."""
+    obj = node.roots.object
+    if obj is None:
+        return 0
     n = 0
-    for v in node.published():
+    try:
+        names = obj.names()
+    except TieringError as exc:
+        log.warning("origin: cannot list the bucket to keep local copies: %s", exc)
+        return 0
+    for name in names:
+        try:
+            versions = node.published_versions(name)
+        except TieringError as exc:
+            log.warning("origin: skipping %s: %s", name, exc)
+            continue
+        if not versions:
+            continue
+        v = max(versions, key=lambda x: (x.manifest.published_at or "", x.version))
         if v.size < config.threshold or any(node.version(t, v.name, v.version) for t in LOCAL_TIERS):
+            continue
+        free = _free_bytes(node, tier)
+        if free is not None and v.size > free:
+            log.info("origin: not copying %s (%d bytes) into %s: %d bytes free, and a mirror never evicts",
+                     v.ref, v.size, tier, free)
             continue
         try:
             if copy is not None:
@@ -154,16 +180,25 @@ def mirror_published(node: "LocalNode", config: P2PConfig, copy: "Callable[[Vers
     return n
 
 
+def _free_bytes(node: "LocalNode", tier: str) -> int | None:
+    try:
+        t = node.status()["tiers"][tier]
+        return max(0, int(t["capacity_bytes"] * t.get("high_watermark", 1.0)) - int(t["used_bytes"])
+                   - int(t.get("staging_bytes", 0)))
+    except (KeyError, TypeError, ValueError, TieringError):
+        return None
+
+
 def _seed_object_origin(node: "LocalNode", session: "P2PSession", config: P2PConfig) -> int:
     """Origin, object-store cold tier: seed every published version it holds a local copy of (the
     torrent made from that copy if the store has none yet)."""
     n = 0
     for t in LOCAL_TIERS:
         for v in node.versions(t):
-            cold = node.published_version(v.name, v.version)
-            if cold is None or cold.manifest.digest != v.manifest.digest:
-                continue
             try:
+                cold = node.published_version(v.name, v.version)
+                if cold is None or cold.manifest.digest != v.manifest.digest:
+                    continue
                 ti = ensure_object_torrent(config, cold, v)
             except (TorrentRejected, P2PError, TieringError) as exc:
                 log.warning("not seeding %s: %s", v.ref, exc)

@@ -558,3 +558,27 @@ def test_a_response_cut_short_is_retried_then_a_one_line_error(s3_endpoint, buck
                 assert proxy.cut >= 5  # RETRIES + 1 tries of the first range
     finally:
         proxy.close()
+
+
+def test_a_kept_staging_area_is_not_resumed_for_other_content(s3_node, wd, tmp_path: Path, bucket, s3_endpoint) -> None:
+    """NAME@VERSION deleted from the bucket and published again with other bytes while a kept staging
+    area waits: nothing of it is reused (its digest differs), no stale tail or stray file survives."""
+    import json
+    src = make_checkpoint(tmp_path / "src", total_bytes=16 * MiB, shards=1, layers=4, seed="old")
+    assert wd("publish", src, "--name", "acme/re", "--version", "v1").returncode == 0
+    _slow(s3_node, "4MiB")
+    assert wd("preload", "acme/re@v1", "--tier", "warm", "--timeout", "2").returncode == 4
+    staging = s3_node.warm / ".staging" / "acme--re@v1.resumable"
+    (staging / "stray").mkdir()
+    (staging / "config.json").write_bytes(b"x" * 100_000)  # longer than the new one
+    c = cold(s3_endpoint, bucket)
+    for o in obstore.list(c.store, prefix="acme/re/v1/").collect():
+        obstore.delete(c.store, o["path"])
+    other = make_checkpoint(tmp_path / "other", total_bytes=8 * MiB, shards=1, layers=2, seed="new")
+    assert wd("publish", other, "--name", "acme/re", "--version", "v1").returncode == 0
+    _slow(s3_node, "0")
+    r = wd("preload", "acme/re@v1", "--tier", "warm", "--json")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["resumed_bytes"] == 0 and rep["digest"] == build_manifest(other).digest
+    assert wd("verify", rep["path"]).returncode == 0 and not (Path(rep["path"]) / "stray").exists()

@@ -55,6 +55,11 @@ _sync_file_range = getattr(libc, "sync_file_range", None)
 if _sync_file_range is not None:
     _sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
 
+_fallocate = getattr(libc, "fallocate64", None) or getattr(libc, "fallocate", None)
+if _fallocate is not None:
+    _fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    _fallocate.restype = ctypes.c_int
+
 _features: dict[str, bool] = {}   # probe name -> result, each probed once
 
 
@@ -106,6 +111,20 @@ def renameat2_noreplace(src_fd: int, name: str, dst_fd: int, dst_name: str) -> i
     if _renameat2(src_fd, os.fsencode(name), dst_fd, os.fsencode(dst_name), _RENAME_NOREPLACE) == 0:
         return 0
     return ctypes.get_errno()
+
+
+def fallocate(fd: int, size: int) -> bool:
+    """``fallocate(2)`` of [0, size): False where the file system cannot (EOPNOTSUPP: NFSv3, many
+    FUSE mounts), ENOSPC raised. Never glibc's ``posix_fallocate`` emulation, which writes a zero
+    into every block and so races with writers of the same file."""
+    if _fallocate is None:
+        return False
+    if _fallocate(fd, 0, 0, size) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+        return False
+    raise OSError(err, os.strerror(err))
 
 
 def start_writeback(fd: int, off: int, n: int) -> None:

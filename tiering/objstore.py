@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from .layout import VersionDir
 from .errors import (BadInput, Busy, CheckpointNotFound, FileChanged, IntegrityError, TieringError, TimedOut,
                      VersionConflict)
-from ._syscalls import start_writeback
+from ._syscalls import fallocate, start_writeback
 from .safefs import Dir
 from .sources import ProgressFn
 
@@ -165,11 +165,11 @@ def _classify(exc: BaseException) -> str:
         if isinstance(exc, cls):
             return kind
     text = str(exc)
-    if "SlowDown" in text or "503" in text:
+    if "SlowDown" in text or "503 Service Unavailable" in text:
         return "throttled"
     if "403 Forbidden" in text or "<Code>AccessDenied</Code>" in text:
         return "access_denied"  # (a list request's refusal arrives as a generic error)
-    if "169.254.169.254" in text or "/latest/api/token" in text or "credential" in text.lower():
+    if "169.254.169.254" in text or "/latest/api/token" in text:
         return "no_credentials"  # (no keys anywhere: the instance metadata endpoint was asked, and refused)
     return "error"
 
@@ -394,7 +394,9 @@ class ObjectCold:
                 if kept and dest.lstat(f.path) is not None:
                     fd = dest.open(f.path, os.O_RDWR)
                 else:
-                    fd = dest.create(f.path, 0o600, flags=os.O_RDWR, exclusive=False)
+                    fd = dest.create(f.path, 0o600, flags=os.O_RDWR | os.O_TRUNC, exclusive=False)
+                if os.fstat(fd).st_size != f.size:
+                    os.ftruncate(fd, f.size)  # (never longer than the manifest says: no stale tail)
                 jobs.append((f, key, fd, groups, meta["e_tag"]))
                 os.fchmod(fd, sanitize_mode(f.mode))
             total = 0
@@ -682,8 +684,10 @@ def _groups(f: FileEntry, chunk_size: int, range_bytes: int, have: set[str] | fr
 
 
 def _preallocate(fd: int, size: int) -> int:
+    """Reserve the file's blocks (a full tier fails early); runs beside the downloads, so only the
+    real ``fallocate(2)``, which never touches written data (skipped where unsupported)."""
     if size and os.fstat(fd).st_blocks * 512 < size:
-        os.posix_fallocate(fd, 0, size)
+        fallocate(fd, size)
     return 0
 
 

@@ -135,10 +135,15 @@ def good_parts(root: Dir, manifest: Manifest, only: "dict[str, set[str]] | None"
                threads: int | None = None, progress: ProgressFn | None = None) -> dict[str, set[str]]:
     """The parts (labels per file) of ``manifest`` that ``root`` holds intact: what a delta's donors
     put there, or what an interrupted transfer left, so only the rest is fetched. ``only``: check just
-    these labels (else every part of every file present at its full size). Files not in the manifest
-    are removed (a resumed area must hold nothing else)."""
-    scanned = {f.relpath: f for f in scan_checkpoint(root)}
+    these labels (else every part of every file present at its full size). Files not in the manifest,
+    top-level entries no manifest file is under and ``.weightd/`` are removed (a resumed area must
+    hold nothing else)."""
     wanted = {e.path: e for e in manifest.files}
+    tops = {p.split("/", 1)[0] for p in wanted}
+    for name, _ in root.entries():  # a directory (or .weightd/) no manifest file is in: not ours
+        if name not in tops:
+            root.remove(name)
+    scanned = {f.relpath: f for f in scan_checkpoint(root)}
     for extra in sorted(set(scanned) - set(wanted)):
         root.unlink(extra)
     jobs: list[HashJob] = []

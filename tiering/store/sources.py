@@ -115,13 +115,17 @@ class Sources:
         on a failure (every part is checked again on the next try)."""
         obj = self.roots.object
         assert obj is not None
-        resumed = bool(staging.info.get("resumable") and staging.dir.entries())
+        # a kept area is resumed only for the very content it was filled for (NAME@VERSION can be
+        # deleted and published again with other bytes); anything else is cleared
+        resumed = bool(staging.info.get("resumable") and staging.info.get("digest") == m.digest
+                       and staging.dir.entries())
         have: dict[str, set[str]] = {}
         with self._lending(tier, name, version) as donors:
             plan = plan_delta(m, donors) if donors else None
             if plan is not None and plan.reuse_bytes == 0:
                 plan = None
-            if self.fetchers and self._try_fetchers(fill, obj.as_version_dir(m), staging, plan, deadline, progress):
+            if not resumed and self.fetchers and \
+                    self._try_fetchers(fill, obj.as_version_dir(m), staging, plan, deadline, progress):
                 if plan is not None:
                     fill.delta = {"donors": [donors[i].ref for i in plan.donors_used()],
                                   "planned_reuse_bytes": plan.reuse_bytes, "refetched": []}
@@ -146,6 +150,7 @@ class Sources:
                                   "refetched": r.donor_failures + ([f"{plan.reuse_bytes - reused} donor bytes did "
                                                                     f"not match the manifest"]
                                                                    if reused < plan.reuse_bytes else [])}
+        staging.info["digest"] = m.digest
         staging.mark_resumable()
         staging.keep_on_error = True
         set_phase(progress, "copy", source="cold", total=m.total_bytes - _part_bytes(m, have))

@@ -98,7 +98,7 @@ class StagingArea:
 
     def __exit__(self, exc_type: object, *exc: object) -> None:
         keep = exc_type is not None and self.keep_on_error and self.info.get("resumable") \
-            and not _no_space(exc[0] if exc else None)
+            and _worth_keeping(exc[0] if exc else None)
         try:
             if exc_type is not None and not keep:
                 self.abort()
@@ -108,9 +108,15 @@ class StagingArea:
             self.close()
 
 
-def _no_space(exc: object) -> bool:
-    from ..errors import NoSpace
-    return isinstance(exc, NoSpace) or (isinstance(exc, OSError) and exc.errno == errno.ENOSPC)
+def _worth_keeping(exc: object) -> bool:
+    """A failure a later try can build on (a timeout, the store giving up, an interruption); not a
+    full tier (the space is wanted back) nor bytes that failed their check (a hostile or rotten
+    object: nothing of it is kept)."""
+    from ..errors import IntegrityError, NoSpace
+    if isinstance(exc, (NoSpace, IntegrityError)) or (isinstance(exc, OSError) and exc.errno in (errno.ENOSPC,
+                                                                                                  errno.EDQUOT)):
+        return False
+    return True
 
 
 def open_staging(root: Dir, name: str, version: str, expected_bytes: int, *, resume: bool = True,
@@ -130,7 +136,8 @@ def open_staging(root: Dir, name: str, version: str, expected_bytes: int, *, res
     area.mkdir(sid, DIR_MODE)
     d = area.sub(sid)
     info = {"name": name, "version": version, "bytes": expected_bytes, "pid": os.getpid(),
-            "resumable": keep, "created": created}
+            "resumable": keep, "created": created,
+            "digest": old.get("digest") if keep else None}  # (what a kept area was filled for)
     area.write_atomic(f"{sid}.json", json.dumps(info).encode(), 0o600)
     return StagingArea(area, sid, d, info)
 

@@ -89,17 +89,25 @@ class Daemon:
             name, _, version = ref.partition("@")
             other = [t for t in LOCAL_TIERS if t != tier]
             if self.node.version(other[0], name, version) is None:
-                cold = self.node.published_version(name, version)
-                ti = read_torrent(cold) if cold is not None else None
+                ti = self._torrent_of(name, version)
                 if ti is not None:
                     self.session.stop_seeding(ti)
 
     def _placed(self, tier: str, version) -> None:
         if self.session is not None:
-            cold = self.node.published_version(version.name, version.version)
-            ti = read_torrent(cold) if cold is not None else None
+            ti = self._torrent_of(version.name, version.version)
             if ti is not None:
                 self.session.seed(ti, version.path)
+
+    def _torrent_of(self, name: str, version: str) -> Any:
+        """The published version's torrent, or None; a hook of a preload or an eviction must not fail
+        because cold storage (an object store, a network) cannot say it now: logged instead."""
+        try:
+            cold = self.node.published_version(name, version)
+            return read_torrent(cold) if cold is not None else None
+        except Exception as exc:  # noqa: BLE001 (TorrentRejected, the store's errors: seeding waits for gc)
+            log.warning("seeding of %s@%s not updated: %s", name, version, exc)
+            return None
 
     def _published(self, name: str, version: str, torrent: Any) -> None:
         """The origin seeds what it publishes (from a pool thread, inside the service's publish); with
