@@ -100,3 +100,51 @@ def test_missing_and_not_a_directory(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("x")
     with pytest.raises(BadInput, match="not a directory"):
         scan_checkpoint(tmp_path / "file")
+
+
+def test_a_directory_swapped_for_a_symlink_mid_scan_is_never_entered(tmp_path: Path) -> None:
+    """The scan walks by descriptor: a sub-directory replaced by a symlink to a secret directory
+    between the listing and the descent (raced in here from the scan's own check hook, called on
+    the top directory first) is refused, and nothing of the secret is listed or pinned."""
+    import os
+    import shutil
+
+    import pytest
+
+    from tiering import scan_checkpoint
+    from tiering.errors import UnsafePath
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "weights.bin").write_bytes(b"TOP-SECRET")
+    src = tmp_path / "ckpt"
+    (src / "sub").mkdir(parents=True)
+    (src / "sub" / "weights.bin").write_bytes(b"fine")
+    (src / "config.json").write_text("{}")
+    seen: list[str] = []
+
+    def check(path: str, st: os.stat_result) -> None:
+        seen.append(path)
+        if path == str(src / "config.json"):  # sub/ is listed, not yet entered: swap it for a symlink now
+            shutil.rmtree(src / "sub")
+            (src / "sub").symlink_to(secret)
+
+    with pytest.raises(UnsafePath, match="changed while it was scanned|escapes the checkpoint"):
+        scan_checkpoint(src, check=check)
+    assert not any("secret" in p or p.endswith("sub/weights.bin") for p in seen)
+
+
+def test_the_scan_check_sees_every_inode_it_pins(tmp_path: Path) -> None:
+    import os
+
+    from tiering import scan_checkpoint
+    src = tmp_path / "ckpt"
+    (src / "a").mkdir(parents=True)
+    (src / "a" / "x.bin").write_bytes(b"x")
+    (src / "y.bin").write_bytes(b"y")
+    (src / "link.bin").symlink_to(src / "y.bin")
+    got: dict[str, int] = {}
+    files = scan_checkpoint(src, check=lambda p, st: got.__setitem__(p, st.st_ino))
+    assert set(got) == {str(src), str(src / "a"), str(src / "a" / "x.bin"), str(src / "y.bin")}
+    by_rel = {f.relpath: f for f in files}
+    assert by_rel["link.bin"].ino == by_rel["y.bin"].ino == got[str(src / "y.bin")]
+    assert os.fspath(by_rel["a/x.bin"].path) == str(src / "a" / "x.bin")

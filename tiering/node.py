@@ -126,11 +126,14 @@ class LocalNode:
         return self.reconciler.reconcile()
 
     def publish(self, src: Path, name: str, version: str, *, progress: ProgressFn | None = None,
-                sign_key: Path | None = None, signature: bytes | None = None) -> PublishReport:
+                sign_key: Path | None = None, signature: bytes | None = None,
+                check: Any = None) -> PublishReport:
         """Copy a checkpoint directory (or HF cache snapshot) into cold storage, immutably; signed with
         ``sign_key`` (a PEM EC private key), or carrying ``signature`` (a model-signing bundle made
-        elsewhere, checked to cover exactly these bytes)."""
-        return self.publisher.publish(src, name, version, progress=progress, sign_key=sign_key, signature=signature)
+        elsewhere, checked to cover exactly these bytes). ``check(path, st)``: asked of every inode
+        the scan pins (see :func:`~tiering.content.scan.scan_checkpoint`)."""
+        return self.publisher.publish(src, name, version, progress=progress, sign_key=sign_key, signature=signature,
+                                      check=check)
 
     def preload(self, name: str, version: str | None = None, *, tier: str = HOT, strict: bool = False,
                 lease_s: float = DEFAULT_LEASE_S, timeout_s: float | None = None, wait: bool = False,

@@ -100,9 +100,10 @@ class NodeService:
 
     # -- publish ------------------------------------------------------------------------------------
     def publish(self, src: Path, name: str, version: str, *, progress: ProgressFn | None = None,
-                sign_key: Path | None = None, signature: Path | None = None) -> dict[str, Any]:
+                sign_key: Path | None = None, signature: Path | None = None, check: Any = None) -> dict[str, Any]:
         """``sign_key`` (else ``[publish] signing_key``) signs the version; ``signature`` attaches a
-        model-signing bundle made elsewhere (checked to cover exactly these bytes)."""
+        model-signing bundle made elsewhere (checked to cover exactly these bytes); ``check(path, st)``
+        is asked of every inode the scan pins (the daemon: could the caller read it?)."""
         from .swarm import ensure_torrent
         validate_name(name)
         validate_version(version)
@@ -116,7 +117,8 @@ class NodeService:
             except OSError as exc:
                 raise InvalidRequest("signature", f"cannot read {signature}: {exc.strerror}") from None
         try:
-            r = self.node.publish(Path(src), name, version, progress=progress, sign_key=key, signature=bundle)
+            r = self.node.publish(Path(src), name, version, progress=progress, sign_key=key, signature=bundle,
+                                  check=check)
         except SignatureRefused as exc:
             self.metrics.trust_refusals.labels(exc.reason).inc()
             raise

@@ -6,6 +6,7 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from ..errors import BadInput, CheckpointNotFound, UnsafePath
 from ..safefs import Dir, FileRef, PinnedFile
@@ -29,10 +30,12 @@ class ScannedFile:
 
 
 def _allowed_roots(root: Path) -> list[Path]:
-    """The checkpoint itself, plus ``blobs/`` when ``root`` is an HF hub cache snapshot."""
+    """The checkpoint itself, plus ``blobs/`` when ``root`` is an HF hub cache snapshot (a real
+    directory beside ``snapshots/``: a ``blobs`` symlink would let a snapshot's links lead anywhere)."""
     allowed = [root]
-    if root.parent.name == "snapshots" and (root.parent.parent / "blobs").is_dir():
-        allowed.append((root.parent.parent / "blobs").resolve())
+    blobs = root.parent.parent / "blobs"
+    if root.parent.name == "snapshots" and not blobs.is_symlink() and blobs.is_dir():
+        allowed.append(blobs)
     return allowed
 
 
@@ -80,67 +83,109 @@ def scan_dir(top: Dir) -> list[ScannedFile]:
     return out
 
 
-def scan_checkpoint(root: "str | os.PathLike[str] | Dir") -> list[ScannedFile]:
+#: ``check(path, st)``: called with the very inode the scan pinned (each directory, each file, each
+#: symlink's target); raises to refuse it (the daemon checks its caller's permissions here)
+CheckFn = Callable[[str, os.stat_result], None]
+
+
+def scan_checkpoint(root: "str | os.PathLike[str] | Dir", *, check: "CheckFn | None" = None) -> list[ScannedFile]:
     """Every regular file under ``root``, sorted by relative path.
 
-    Symlinks are followed only when they resolve inside the checkpoint (or, for a Hugging Face cache
-    snapshot, inside its ``blobs/``); FIFOs, sockets, devices, symlinked directories and non-UTF-8 names
-    are errors, so nothing outside the checkpoint is ever read or published. A :class:`Dir` (a
-    checkpoint inside a tier) is scanned by descriptor with :func:`scan_dir`: no symlinks at all.
+    Walked by directory descriptor (a directory is opened ``O_NOFOLLOW`` beneath its parent's
+    descriptor and must be the one listed), so a component swapped for a symlink mid-walk is refused,
+    never entered. Symlinks to files are followed only when they resolve inside the checkpoint (or,
+    for a Hugging Face cache snapshot, inside its ``blobs/``), judged by where the opened file really
+    is; FIFOs, sockets, devices, symlinked directories and non-UTF-8 names are errors, so nothing
+    outside the checkpoint is ever read or published. Each file is pinned (device, inode) for the
+    readers (:class:`~tiering.safefs.PinnedFile`). A :class:`Dir` (a checkpoint inside a tier) is
+    scanned by descriptor with :func:`scan_dir`: no symlinks at all.
     """
     if isinstance(root, Dir):
         return scan_dir(root)
     top = Path(root)
     try:
-        st = top.stat()
+        top_fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NONBLOCK)
     except FileNotFoundError:
         raise CheckpointNotFound(str(top), "no such directory") from None
+    except NotADirectoryError:
+        raise BadInput(f"{top}: not a directory") from None
     except OSError as exc:
         raise BadInput(f"{top}: {exc.strerror}") from None
-    if not stat.S_ISDIR(st.st_mode):
-        raise BadInput(f"{top}: not a directory")
-    real_root = top.resolve()
-    allowed = _allowed_roots(real_root)
     out: list[ScannedFile] = []
+    try:
+        real_root = Path(os.readlink(f"/proc/self/fd/{top_fd}"))  # where the opened directory really is
+        allowed = _allowed_roots(real_root)
+        if check is not None:
+            check(str(top), os.fstat(top_fd))
 
-    def walk(dirpath: Path, rel: str) -> None:
-        try:
-            entries = sorted(os.scandir(dirpath), key=lambda e: e.name)
-        except PermissionError:
-            raise BadInput(f"{dirpath}: permission denied") from None
-        for entry in entries:
-            name = entry.name
-            relpath = f"{rel}{name}"
-            _check_name(dirpath, name)
-            if relpath in EXCLUDED_DIRS:
-                continue
-            lst = entry.stat(follow_symlinks=False)
-            if stat.S_ISLNK(lst.st_mode):
-                out.append(_followed_symlink(dirpath / name, entry.path, relpath, allowed))
-            elif stat.S_ISDIR(lst.st_mode):
-                walk(Path(entry.path), relpath + "/")
-            elif stat.S_ISREG(lst.st_mode):
-                out.append(ScannedFile(relpath, PinnedFile(entry.path, lst.st_dev, lst.st_ino), lst.st_size, stat.S_IMODE(lst.st_mode),
-                                       lst.st_mtime_ns, lst.st_dev, lst.st_ino))
-            else:
-                raise UnsafePath(str(dirpath / name), "special file (FIFO, socket or device) in a checkpoint")
+        def walk(dfd: int, dirpath: Path, rel: str) -> None:
+            try:
+                entries = sorted(os.scandir(dfd), key=lambda e: e.name)
+            except PermissionError:
+                raise BadInput(f"{dirpath}: permission denied") from None
+            for entry in entries:
+                name = entry.name
+                relpath = f"{rel}{name}"
+                _check_name(dirpath, name)
+                if relpath in EXCLUDED_DIRS:
+                    continue
+                lst = entry.stat(follow_symlinks=False)
+                path = str(dirpath / name)
+                if stat.S_ISLNK(lst.st_mode):
+                    out.append(_followed_symlink(dirpath / name, path, relpath, allowed, check))
+                elif stat.S_ISDIR(lst.st_mode):
+                    try:
+                        sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
+                                      dir_fd=dfd)
+                    except OSError as exc:
+                        raise UnsafePath(path, f"changed while it was scanned ({exc.strerror}): refused") from None
+                    try:
+                        st = os.fstat(sub)
+                        if (st.st_dev, st.st_ino) != (lst.st_dev, lst.st_ino):
+                            raise UnsafePath(path, "was replaced while it was scanned: refused")
+                        if check is not None:
+                            check(path, st)
+                        walk(sub, dirpath / name, relpath + "/")
+                    finally:
+                        os.close(sub)
+                elif stat.S_ISREG(lst.st_mode):
+                    if check is not None:
+                        check(path, lst)
+                    out.append(ScannedFile(relpath, PinnedFile(path, lst.st_dev, lst.st_ino), lst.st_size,
+                                           stat.S_IMODE(lst.st_mode), lst.st_mtime_ns, lst.st_dev, lst.st_ino))
+                else:
+                    raise UnsafePath(path, "special file (FIFO, socket or device) in a checkpoint")
 
-    walk(top, "")
+        walk(top_fd, top, "")
+    finally:
+        os.close(top_fd)
     return out
 
 
-def _followed_symlink(where: Path, link: str, relpath: str, allowed: list[Path]) -> ScannedFile:
-    """A symlink in a checkpoint: only to a regular file inside the checkpoint (or its HF ``blobs/``)."""
-    target = Path(os.path.realpath(link))
-    if not _inside(target, allowed):
-        raise UnsafePath(str(where), f"symlink escapes the checkpoint (-> {target})")
+def _followed_symlink(where: Path, link: str, relpath: str, allowed: list[Path],
+                      check: "CheckFn | None" = None) -> ScannedFile:
+    """A symlink in a checkpoint: only to a regular file inside the checkpoint (or its HF ``blobs/``),
+    judged by where the file it leads to really is once opened (``O_PATH``, then its
+    ``/proc/self/fd`` name), so a component swapped between the judgement and the open cannot make
+    it pin a file elsewhere."""
     try:
-        tst = target.stat()
+        fd = os.open(link, os.O_PATH | os.O_CLOEXEC)
     except FileNotFoundError:
         raise UnsafePath(str(where), "dangling symlink") from None
+    except OSError as exc:
+        raise UnsafePath(str(where), f"cannot follow it ({exc.strerror})") from None
+    try:
+        target = Path(os.readlink(f"/proc/self/fd/{fd}"))
+        tst = os.fstat(fd)
+    finally:
+        os.close(fd)
+    if not _inside(target, allowed):
+        raise UnsafePath(str(where), f"symlink escapes the checkpoint (-> {target})")
     if stat.S_ISDIR(tst.st_mode):
         raise UnsafePath(str(where), "symlinked directories are not supported")
     if not stat.S_ISREG(tst.st_mode):
         raise UnsafePath(str(where), "symlink to a special file (FIFO, socket or device)")
+    if check is not None:
+        check(str(target), tst)
     return ScannedFile(relpath, PinnedFile(str(target), tst.st_dev, tst.st_ino), tst.st_size, stat.S_IMODE(tst.st_mode),
                        tst.st_mtime_ns, tst.st_dev, tst.st_ino)

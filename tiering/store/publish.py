@@ -17,7 +17,7 @@ from ..content.build import build_manifest, verify_checkpoint
 from ..content.manifest import Manifest
 from ..content.signature import HASHERS, SIGNATURE_RELPATH, TrustPolicy, load_private_key, read_unverified, sign
 from ..content.names import validate_name, validate_version
-from ..content.scan import ScannedFile, scan_checkpoint
+from ..content.scan import CheckFn, ScannedFile, scan_checkpoint
 from ..copy import CopyJob, copy_files
 from ..errors import BadInput, FileChanged, VersionConflict
 from ..layout import COLD, DIR_MODE, read_version, version_rel
@@ -38,11 +38,14 @@ class Publisher:
         self.trust = trust
 
     def publish(self, src: Path, name: str, version: str, *, progress: ProgressFn | None = None,
-                sign_key: Path | None = None, signature: bytes | None = None) -> PublishReport:
+                sign_key: Path | None = None, signature: bytes | None = None,
+                check: "CheckFn | None" = None) -> PublishReport:
+        """``check(path, st)``: asked of every directory and file the scan pins (the daemon refuses
+        what its caller could not read), so what is authorised is what is read."""
         validate_name(name)
         validate_version(version)
         t0 = self.monotonic()
-        files = scan_checkpoint(src)  # validates the source before anything is written
+        files = scan_checkpoint(src, check=check)  # validates the source before anything is written
         if not files:  # (nothing to serve, nothing to verify: almost surely the wrong directory)
             raise BadInput(f"{src}: no files to publish (an empty directory, or only .weightd/?)")
         ref = f"{name}@{version}"

@@ -13,7 +13,7 @@ import socket
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..client import peer_credentials, peer_groups
 from ..errors import ApiError, SocketInUse
@@ -40,6 +40,18 @@ def _mode_allows(st: os.stat_result, caller: Caller, want: int) -> bool:
     else:
         bits = st.st_mode
     return bits & want == want
+
+
+def caller_may_read(caller: Caller) -> Callable[[str, os.stat_result], None]:
+    """The scan's check for a publish through the daemon: every directory it enters must be readable
+    and searchable by ``caller``, every file (and symlink target) it pins readable, judged on the
+    inode the scan holds, so a tree swapped after :func:`check_caller_can_read` gains nothing."""
+    def check(path: str, st: os.stat_result) -> None:
+        want, what = (5, "read and search (r-x)") if stat.S_ISDIR(st.st_mode) else (4, "read (r)")
+        if not _mode_allows(st, caller, want):
+            raise ApiError(403, f"uid {caller.uid} may not read {path} (needs {what} permission): publish reads "
+                                "only what its caller could read")
+    return check
 
 
 def check_caller_can_read(top: str, caller: Caller) -> None:
