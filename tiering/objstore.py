@@ -505,7 +505,9 @@ class ObjectCold:
 
     # -- writing ------------------------------------------------------------------------------------
     def publish(self, src: Path, m: Manifest, files: list[tuple[str, Any]], *, progress: ProgressFn | None = None,
-                extra: dict[str, bytes] | None = None, before_manifest: Callable[[], None] | None = None) -> bool:
+                extra: dict[str, bytes] | None = None, before_manifest: Callable[[], None] | None = None,
+                crypto: Callable[[], Any] | None = None,
+                signed: "Callable[[dict[str, str]], dict[str, bytes]] | None" = None) -> bool:
         """Upload ``files`` (relpath, what to open: a scanned :class:`~tiering.safefs.PinnedFile`, a
         FileRef or a path) of NAME@VERSION, then ``extra`` objects, then the manifest, last and
         conditionally. Each file is read from one descriptor (never reopened by path: a file swapped
@@ -514,7 +516,11 @@ class ObjectCold:
         False when the same content is already published (nothing uploaded); VersionConflict when
         other content is; a concurrent publisher of the same version is refused before any byte is
         uploaded. A failed multipart upload is aborted (obstore does, and a test lists the bucket's
-        uploads to prove it)."""
+        uploads to prove it).
+
+        ``crypto`` (a hasher factory, e.g. hashlib.sha256) digests every file in the same read as the
+        upload; ``signed(digests)`` then returns more objects to put before the manifest (a signature
+        bundle over exactly the bytes sent), or raises to abort the publish."""
         import obstore
         name, version = m.name, m.version
         existing = self.read_manifest(name, version)
@@ -526,10 +532,15 @@ class ObjectCold:
         claim = f"{name}/{version}/{CLAIM_RELPATH}"
         self._claim(claim, name, version)
         written: list[str] = []
+        digests: dict[str, str] = {}
         try:
             for rel, source in files:
                 written.append(f"{name}/{version}/{rel}")
-                self._upload(written[-1], entries[rel], source, m.chunk_size, progress)
+                digest = self._upload(written[-1], entries[rel], source, m.chunk_size, progress, crypto)
+                if digest is not None:
+                    digests[rel] = digest
+            if signed is not None:
+                extra = {**(extra or {}), **signed(digests)}
             for rel, data in (extra or {}).items():
                 key = f"{name}/{version}/{rel}"
                 written.append(key)
@@ -578,28 +589,37 @@ class ObjectCold:
                                                 name, version, str(exc).splitlines()[0][:200] if str(exc) else exc)
 
     def _upload(self, key: str, entry: FileEntry, source: Any, chunk_size: int,
-                progress: ProgressFn | None) -> None:
+                progress: ProgressFn | None, crypto: Callable[[], Any] | None = None) -> str | None:
         """One file from one descriptor: a single PUT up to ``part_bytes``, else a multipart upload of
         ``part_bytes`` parts (``concurrency`` in flight); its size checked in the store afterwards."""
         import obstore
         from .safefs import open_source
         where = os.fspath(source) if not hasattr(source, "rel") else f"{source.dir.path}/{source.rel}"
+        sent: list[Any] = [None]   # the crypto hasher fed with exactly the bytes sent
         fd = open_source(source)
         try:
             if os.fstat(fd).st_size != entry.size:
                 raise FileChanged(where, "changed size after it was hashed; try again")
             parts = [(p, p.begin, p.end) for p in entry.parts(chunk_size)]
             if entry.size <= self.part_bytes:
-                def body() -> Any:
-                    data = _pread_all(fd, 0, entry.size)
-                    _check_sent({}, parts, 0, memoryview(data), where)
-                    return data
-                self._call("put", lambda: obstore.put(self.store, key, body(), use_multipart=False), key)
+                data = _pread_all(fd, 0, entry.size)
+                _check_sent({}, parts, 0, memoryview(data), where)
+                if crypto is not None:
+                    sent[0] = crypto()
+                    sent[0].update(data)
+                self._call("put", lambda: obstore.put(self.store, key, data, use_multipart=False), key)
             else:
-                self._call("put", lambda: obstore.put(self.store, key, _checked_stream(fd, entry, parts, self.part_bytes,
-                                                                                        where),
-                                                      chunk_size=self.part_bytes, max_concurrency=self.concurrency),
-                           key)
+                # (a retried upload reads the file again: its crypto digest starts over with it)
+                def stream() -> Any:
+                    h = crypto() if crypto is not None else None
+                    sent[0] = None
+                    for block in _checked_stream(fd, entry, parts, self.part_bytes, where):
+                        if h is not None:
+                            h.update(block)
+                        yield block
+                    sent[0] = h
+                self._call("put", lambda: obstore.put(self.store, key, stream(), chunk_size=self.part_bytes,
+                                                      max_concurrency=self.concurrency), key)
         finally:
             os.close(fd)
         self.stats.count("put", entry.size, write=True)
@@ -608,6 +628,11 @@ class ObjectCold:
             raise IntegrityError(f"{self.url}/{key}: {meta['size']} bytes stored, {entry.size} uploaded")
         if progress is not None:
             progress(entry.size)
+        if crypto is None:
+            return None
+        if sent[0] is None:
+            raise FileChanged(where, "was not read to its end while it was uploaded; try again")
+        return sent[0].hexdigest()
 
     def _claim(self, key: str, name: str, version: str) -> None:
         import obstore

@@ -11,7 +11,7 @@ import logging
 import os
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from ..content.build import build_manifest, verify_checkpoint
 from ..content.manifest import Manifest
@@ -84,9 +84,9 @@ class Publisher:
         source checked unchanged, and the manifest written last (see tiering.objstore)."""
         obj = self.roots.object
         assert obj is not None
-        if sign_key is not None or signature is not None:
-            raise BadInput(f"{name}@{version}: signing a version in an object-store cold tier is not supported "
-                           f"yet; publish it unsigned, or to a path cold tier")
+        ref = f"{name}@{version}"
+        if sign_key is not None:
+            load_private_key(sign_key)  # a bad key fails before anything is uploaded
         m = build_manifest(src, files=files).with_labels(
             name=name, version=version, published_at=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"))
 
@@ -97,13 +97,39 @@ class Publisher:
                     raise FileChanged(str(f.path), "changed while it was being published; try again")
         # (ObjectCold.publish reads the existing manifest once: same content is a no-op, other is a
         # conflict; each file is opened once, as scanned (PinnedFile), and hashed again as it is sent)
+        crypto, signed, who = self._object_signing(ref, m, sign_key, signature)
         uploaded = obj.publish(src, m, [(f.relpath, f.path) for f in files], progress=progress,
-                               before_manifest=unchanged)
+                               before_manifest=unchanged, crypto=crypto, signed=signed)
         if uploaded:
             log.info("published name=%s version=%s digest=%s bytes=%d to=%s", name, version, m.digest,
                      m.total_bytes, obj.url)
         return PublishReport(name, version, f"{obj.url.rstrip('/')}/{name}/{version}", m.digest, m.total_bytes,
-                             not uploaded, self.monotonic() - t0)
+                             not uploaded, self.monotonic() - t0, who)
+
+    def _object_signing(self, ref: str, m: Manifest, sign_key: Path | None, signature: bytes | None
+                        ) -> tuple[Callable[[], Any] | None, Callable[[dict[str, str]], dict[str, bytes]] | None,
+                                   str | None]:
+        """For an object store: the digest to take of every byte as it is sent, and what puts the
+        bundle beside the manifest once they are all sent (a new signature over exactly those
+        digests, or an attached one checked against them: a mismatch aborts the publish)."""
+        if sign_key is None and signature is None:
+            return None, None, None
+        if signature is not None:
+            st = self.trust.verify(ref, signature) if self.trust is not None and self.trust.keys \
+                else read_unverified(ref, signature)
+            st.check_files(ref, m)  # before a byte is sent
+            who = st.key_name if st.key_name != "unverified" else f"key {st.key_id[:16]}"
+
+            def attached(digests: dict[str, str]) -> dict[str, bytes]:
+                st.check_digests(ref, digests)
+                return {SIGNATURE_RELPATH: signature}
+            return HASHERS[st.algorithm], attached, who
+        assert sign_key is not None
+        key = sign_key
+
+        def new(digests: dict[str, str]) -> dict[str, bytes]:
+            return {SIGNATURE_RELPATH: sign(key, ref, digests, "sha256")}
+        return HASHERS["sha256"], new, key.name
 
     def _stage(self, cold: Dir, staging: StagingArea, src: Path, files: list[ScannedFile], name: str,
                version: str, progress: ProgressFn | None, sign_key: Path | None,
