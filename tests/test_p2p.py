@@ -37,7 +37,7 @@ class Node:
 
     def __init__(self, base: Path, ip: str, cold: Path, *, role: str = "worker", origin: str | None = None,
                  allow: str = "127.0.0.0/8", env: dict[str, str], limit: str = "40MB", p2p_extra: str = "",
-                 cold_toml: str | None = None) -> None:
+                 cold_toml: str | None = None, fallback_s: float = 4) -> None:
         self.ip, self.dir = ip, base / f"node-{ip}"
         self.dir.mkdir(parents=True)
         self.hot = Path(f"/dev/shm/weightd-test-p2p-{uuid.uuid4().hex[:8]}")
@@ -55,7 +55,7 @@ class Node:
             f'[api]\nsocket = "{self.dir}/weightd.sock"\n'
             f'[metrics]\nlisten = "{ip}:{free_port(ip)}"\n'
             f'[p2p]\nthreshold = "1MiB"\nlisten = "{ip}:{self.port}"\nallow = ["{allow}"]\n'
-            f'upload_limit = "{limit}"\ndownload_limit = "{limit}"\nfallback_after_s = 4\n'
+            f'upload_limit = "{limit}"\ndownload_limit = "{limit}"\nfallback_after_s = {fallback_s}\n'
             + (f'peers = ["{origin}"]\n' if origin else "") + tracker + p2p_extra)
         if role == "origin":
             tracker_of[self.endpoint] = self.tracker_port
