@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tiering.content.units import parse_size  # noqa: E402
-from tiering.sample import make_checkpoint  # noqa: E402
+from tiering.sample import local_s3, make_checkpoint  # noqa: E402
 
 
 def ceiling(store, keys: list[tuple[str, int]], range_bytes: int, concurrency: int) -> float:
@@ -111,21 +111,19 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=4)
     a = ap.parse_args()
     size = parse_size(a.size)
-    from moto.server import ThreadedMotoServer
+    bucket = f"weightd-bench-{uuid.uuid4().hex[:8]}"
+    with local_s3(bucket, key="bench") as ep:
+        return run(a, size, ep, bucket)
+
+
+def run(a: argparse.Namespace, size: int, ep: str, bucket: str) -> int:
     import boto3
     from boto3.s3.transfer import TransferConfig  # noqa: F401 (its defaults are the point)
     from obstore.store import S3Store
-    srv = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    srv.start()
-    host, port = srv.get_host_and_port()
-    ep = f"http://{host}:{port}"
-    env = {**os.environ, "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench"}
-    os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench")
-    bucket = f"weightd-bench-{uuid.uuid4().hex[:8]}"
+    env = dict(os.environ)  # (local_s3 set the keys)
     base = Path(tempfile.mkdtemp(prefix="weightd-bench-s3-"))
     try:
         s3 = boto3.client("s3", endpoint_url=ep, region_name="us-east-1")
-        s3.create_bucket(Bucket=bucket)
         cfg = base / "weightd.toml"
         cfg.write_text(f'state_dir = "{base}/state"\n[tiers.hot]\npath = "{base}/hot"\ncapacity = "{2 * size}"\n'
                        f'[tiers.warm]\npath = "{base}/warm"\ncapacity = "{2 * size}"\n[tiers.cold]\n'
@@ -211,7 +209,6 @@ def main() -> int:
         }, indent=2))
         return 0
     finally:
-        srv.stop()
         shutil.rmtree(base, ignore_errors=True)
 
 

@@ -135,21 +135,10 @@ def wd(weightd: Weightd, node_env: NodeEnv):
 @pytest.fixture(scope="module")
 def s3_endpoint():
     """A real S3-protocol server (moto, in this process, on 127.0.0.1) for the module's tests."""
-    moto_server = pytest.importorskip("moto.server", reason="moto[server] missing (pip install -e .[test])")
-    srv = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    srv.start()
-    host, port = srv.get_host_and_port()
-    old = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
-    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing")
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        srv.stop()
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    pytest.importorskip("moto.server", reason="moto[server] missing (pip install -e .[test])")
+    from tiering.sample import local_s3
+    with local_s3(key="testing") as endpoint:
+        yield endpoint
 
 
 @pytest.fixture

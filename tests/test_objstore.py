@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import os
-import uuid
 from pathlib import Path
 
 import pytest
@@ -13,8 +12,10 @@ from tiering import Dir, build_manifest, verify_checkpoint
 from tiering.errors import Busy, IntegrityError, VersionConflict
 from tiering.sample import make_checkpoint
 
+from .conftest import stop_process
+
 MiB = 1 << 20
-moto_server = pytest.importorskip("moto.server", reason="moto[server] missing (pip install -e .[test])")
+pytest.importorskip("moto.server", reason="moto[server] missing (pip install -e .[test])")
 obstore = pytest.importorskip("obstore")
 
 
@@ -257,9 +258,7 @@ def test_publish_preload_ls_and_wait_from_s3_through_the_cli(s3_node, wd, isolat
         assert wd("publish", v2, "--name", "acme/s3", "--version", "v2").returncode == 0
         out, err = waiter.communicate(timeout=60)
     finally:
-        if waiter.poll() is None:
-            waiter.kill()
-            waiter.wait()
+        stop_process(waiter)
     assert waiter.returncode == 0, err
     assert out.strip().splitlines()[-1] == str(s3_node.hot / "acme/s3/v2")
     doc = json.loads(wd("doctor", "--sample-s", "0.1", "--no-probe", "--json").stdout)
@@ -351,9 +350,7 @@ def test_a_preload_killed_midway_resumes_with_the_verified_parts(s3_node, wd, is
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
     assert staging.is_dir()
     _slow(s3_node, "0")
     r = wd("preload", "acme/k@v1", "--tier", "warm", "--json")
@@ -419,12 +416,7 @@ def s3_with_auth(tmp_path: Path):
         boto3.client("s3", **kw).create_bucket(Bucket="locked")
         yield endpoint, key["AccessKeyId"], key["SecretAccessKey"]
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
 
 
 def test_access_denied_and_refused_keys_are_one_line_with_the_fix(s3_with_auth, weightd, isolated_env,

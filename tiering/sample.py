@@ -10,10 +10,11 @@ from __future__ import annotations
 import json
 import os
 import random
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import xxhash
 
@@ -149,3 +150,34 @@ def mutate_tensor(path: str | os.PathLike[str], name: str, seed: str = "edit") -
         fh.seek(t.begin)
         fh.write(fill_bytes(f"{seed}/{name}", t.nbytes))
     return t.nbytes
+
+
+@contextmanager
+def local_s3(*buckets: str, key: str = "local") -> Iterator[str]:
+    """A real S3-protocol server on 127.0.0.1 for demos, benchmarks and tests (moto, from the test
+    extra; ImportError without it), holding ``buckets``; yields its endpoint. The AWS key variables
+    are set to ``key`` for the duration (subprocesses inherit them) and put back after."""
+    import logging
+
+    import boto3
+    from moto.server import ThreadedMotoServer
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # (the server's request log)
+    srv = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    srv.start()
+    names = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+    old = {k: os.environ.get(k) for k in names}
+    os.environ.update(dict.fromkeys(names, key))
+    try:
+        host, port = srv.get_host_and_port()
+        endpoint = f"http://{host}:{port}"
+        s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+        for b in buckets:
+            s3.create_bucket(Bucket=b)
+        yield endpoint
+    finally:
+        srv.stop()
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

@@ -337,41 +337,26 @@ def _demo_node(base: Path, hot: Path, v1: Path, v2: Path, victim: Path) -> Path:
 def _demo_object_store(base: Path, hot: Path, v1: Path) -> None:
     """Cold storage in a local S3 server (moto, from the test extra): publish there, preload from it."""
     try:
-        from moto.server import ThreadedMotoServer
-        import boto3
+        import moto.server  # noqa: F401 (the test extra)
     except ImportError:
         click.secho("# 11b. (skipped: an S3 cold tier needs moto[server], from pip install -e .[test])", bold=True)
         return
+    from tiering.sample import local_s3
     click.secho("# 11b. cold storage in object storage: a local S3 server (moto) as [tiers.cold] url", bold=True)
-    import logging
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # (the server's request log is not the demo)
-    srv = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    srv.start()
     saved = list(_CONFIG)
-    keys = {"AWS_ACCESS_KEY_ID": "demo", "AWS_SECRET_ACCESS_KEY": "demo"}
-    old = {k: os.environ.get(k) for k in keys}
-    os.environ.update(keys)
     try:
-        host, port = srv.get_host_and_port()
-        endpoint = f"http://{host}:{port}"
-        boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket="weightd-demo")
-        cfg = base / "weightd-s3.toml"
-        cfg.write_text(f'state_dir = "{base}/state-s3"\n[tiers.hot]\npath = "{hot}-s3"\ncapacity = "1GiB"\n'
-                       f'[tiers.warm]\npath = "{base}/warm-s3"\ncapacity = "2GiB"\n[tiers.cold]\n'
-                       f'url = "s3://weightd-demo/models"\nendpoint = "{endpoint}"\nregion = "us-east-1"\n')
-        _CONFIG[:] = ["--config", str(cfg)]
-        _run(["--no-daemon", "publish", str(v1), "--name", "acme/llama-s3", "--version", "v1"])
-        _run(["--no-daemon", "preload", "acme/llama-s3", "--tier", "warm"])
-        _run(["--no-daemon", "ls"])
+        with local_s3("weightd-demo", key="demo") as endpoint:
+            cfg = base / "weightd-s3.toml"
+            cfg.write_text(f'state_dir = "{base}/state-s3"\n[tiers.hot]\npath = "{hot}-s3"\ncapacity = "1GiB"\n'
+                           f'[tiers.warm]\npath = "{base}/warm-s3"\ncapacity = "2GiB"\n[tiers.cold]\n'
+                           f'url = "s3://weightd-demo/models"\nendpoint = "{endpoint}"\nregion = "us-east-1"\n')
+            _CONFIG[:] = ["--config", str(cfg)]
+            _run(["--no-daemon", "publish", str(v1), "--name", "acme/llama-s3", "--version", "v1"])
+            _run(["--no-daemon", "preload", "acme/llama-s3", "--tier", "warm"])
+            _run(["--no-daemon", "ls"])
     finally:
         _CONFIG[:] = saved
-        srv.stop()
         shutil.rmtree(f"{hot}-s3", ignore_errors=True)
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def run_demo(workdir: str | None, size: str = "64MiB") -> None:
