@@ -284,18 +284,19 @@ class ObjectCold:
                           / self.location.prefix / m.name / m.version, m, store=self)
 
     def read_meta(self, name: str, version: str, rel: str, limit: int = MAX_MANIFEST_BYTES) -> bytes | None:
-        """A small object beside a version (``.weightd/checkpoint.torrent``), or None when absent."""
+        """A small object beside a version (``.weightd/checkpoint.torrent``), or None when absent: one
+        GET, its size checked from the response before the body is read."""
         import obstore
         validate_name(name)
         validate_version(version)
         key = f"{name}/{version}/{rel}"
         try:
-            meta = self._call("head", lambda: obstore.head(self.store, key), key)
+            res = self._call("get", lambda: obstore.get(self.store, key), key)
         except CheckpointNotFound:
             return None
-        if meta["size"] > limit:
-            raise BadInput(f"{self.url}/{key}: {meta['size']} bytes, more than the {limit} allowed here")
-        raw = self._call("get", lambda: bytes(obstore.get(self.store, key).bytes()), key)
+        if res.meta["size"] > limit:
+            raise BadInput(f"{self.url}/{key}: {res.meta['size']} bytes, more than the {limit} allowed here")
+        raw = bytes(res.bytes())
         self.stats.count("get", len(raw))
         return raw
 

@@ -99,14 +99,11 @@ class Trust:
     def _bundle(self, src: VersionDir) -> bytes | None:
         """The bundle beside the version: cold storage first (an object beside the manifest in an
         object store), else a local copy of the same content."""
-        obj = self.roots.object
-        if obj is not None:
+        if src.store is not None:  # published in an object store: absent there means unsigned
             try:
-                data = obj.read_meta(src.name, src.version, SIGNATURE_RELPATH, limit=MAX_BUNDLE_BYTES)
+                return src.store.read_meta(src.name, src.version, SIGNATURE_RELPATH, limit=MAX_BUNDLE_BYTES)
             except TieringError as exc:
                 raise SignatureRefused(src.ref, "malformed", f"cannot read its signature: {exc}") from None
-            if data is not None or obj.read_manifest(src.name, src.version) is not None:
-                return data  # (published unsigned: a local copy cannot add a signature)
         for tier in (COLD, *LOCAL_TIERS):
             root = self.roots.dir(tier)
             v = read_version(root, src.name, src.version)
