@@ -643,3 +643,22 @@ def test_an_attached_signature_must_cover_the_bytes_sent_to_s3(s3_node, wd, tmp_
     r = wd("publish", src, "--name", "acme/att", "--version", "v1", "--signature", good, "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["signed_by"].startswith("key ")
+
+
+@pytest.mark.parametrize("torrent", [b"not bencode at all", b"d" + b"x" * (17 << 20)], ids=["garbage", "oversized"])
+def test_a_bad_torrent_object_in_the_bucket_means_no_p2p_not_a_failure(s3_node, wd, tmp_path: Path, bucket,
+                                                                       s3_endpoint, torrent: bytes) -> None:
+    """A bucket writer puts garbage (or 17 MiB) where the torrent belongs: the worker says why it
+    does not use the swarm and copies from the bucket; nothing of the object is trusted."""
+    import json
+    src = make_checkpoint(tmp_path / "src", total_bytes=4 * MiB, shards=1, layers=2, seed="badtorrent")
+    assert wd("publish", src, "--name", "acme/bt", "--version", "v1").returncode == 0
+    obstore.put(cold(s3_endpoint, bucket).store, "acme/bt/v1/.weightd/checkpoint.torrent", torrent)
+    s3_node.config.write_text(s3_node.config.read_text().replace(
+        '[p2p]\nlisten = "127.0.0.1:0"\n', '[p2p]\nlisten = "127.0.0.1:0"\nthreshold = "1MiB"\npeers = ["127.0.0.1:9"]\n'))
+    r = wd("preload", "acme/bt@v1", "--tier", "warm", "--json")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["bytes_by_source"]["cold"] == rep["bytes"]
+    assert [(f["from"], f["to"]) for f in rep["source_fallbacks"]] == [("p2p", "cold")], rep["source_fallbacks"]
+    assert wd("verify", rep["path"]).returncode == 0

@@ -341,7 +341,7 @@ def _demo_object_store(base: Path, hot: Path, v1: Path) -> None:
     except ImportError:
         click.secho("# 11b. (skipped: an S3 cold tier needs moto[server], from pip install -e .[test])", bold=True)
         return
-    from tiering.sample import local_s3
+    from tiering import local_s3
     click.secho("# 11b. cold storage in object storage: a local S3 server (moto) as [tiers.cold] url", bold=True)
     saved = list(_CONFIG)
     try:
