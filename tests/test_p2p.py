@@ -329,12 +329,16 @@ def test_swarm_finishes_after_the_origin_dies(cluster, tmp_path: Path) -> None:
     late = [cluster(f"127.0.0.{i}", origin=origin.endpoint) for i in (4, 5)]
     procs = [w.popen("preload", "org/orphan@v1", "--tier", "warm", "--json") for w in late]
     try:
-        # the late workers meet w1 through the origin (PEX): wait until each has two peers (the origin
-        # and w1; bounded: a loaded machine gets 45 s, then the test goes on and says what it saw)
-        deadline = time.monotonic() + 45
-        while time.monotonic() < deadline and not all(w.metric("weightd_p2p_peers") >= 2 for w in late):
+        # the late workers meet w1 through the origin's tracker. A late worker's own peer count can
+        # include the other late worker, so the test watches w1, the seeder that must survive: it is
+        # connected to both late workers (seeds drop each other, so the origin is not among them) and
+        # has sent them bytes, twice in a row (bounded: a loaded machine gets 45 s, then the test goes
+        # on and says what it saw)
+        deadline, seen, up0 = time.monotonic() + 45, 0, w1.metric("weightd_p2p_upload_bytes_total")
+        while time.monotonic() < deadline and seen < 2:
             time.sleep(0.5)
-        time.sleep(1)
+            sent = w1.metric("weightd_p2p_upload_bytes_total") > up0
+            seen = seen + 1 if sent and w1.metric("weightd_p2p_peers") >= 2 else 0
         origin.proc.kill()
         for p in procs:
             out, err = p.communicate(timeout=150)
