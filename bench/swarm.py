@@ -129,8 +129,37 @@ class Mode:
 PLAIN = Mode("plain")
 
 
-def run(base: Path, cold: Path, n: int, cap: str, storm: bool, size: int, mode: Mode = PLAIN) -> dict:
-    origin = Daemon(base, "127.0.0.2", cold, cap, "origin", None, '"127.0.0.0/8"', p2p_extra=mode.p2p("127.0.0.2"))
+def _cpu_ticks() -> tuple[int, int]:
+    """(busy, total) jiffies of the whole machine, from /proc/stat."""
+    f = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = f[3] + f[4]
+    return sum(f) - idle, sum(f)
+
+
+def _preload(w: Daemon, ref: str) -> dict:
+    """One worker's preload through its daemon's socket (a thread of the bench: starting 64 CLI
+    interpreters at once would cost the 2-core machine seconds of CPU inside the measured window)."""
+    from weightd.client import DaemonClient
+    return DaemonClient(w.dir / "weightd.sock").preload(ref, tier="warm", strict=False, timeout_s=1800, wait=False)
+
+
+def _swarm_sums(reports: list[dict]) -> dict:
+    """The piece plan's counters over all workers (``swarm`` in each preload report)."""
+    sw = [r.get("swarm") or {} for r in reports]
+    total = {k: sum(s.get(k) or 0 for s in sw) for k in ("origin_bytes", "origin_outside_slice_bytes",
+                                                         "duplicate_bytes", "redundant_bytes", "failed_bytes",
+                                                         "slice_changes")}
+    total["open_all_events"] = sum(1 for s in sw if s.get("open_all_after_s") is not None)
+    total["alone_s_max"] = max((s.get("alone_s") or 0 for s in sw), default=0)
+    total["workers_seen_min"] = min((s.get("workers_max") or 0 for s in sw), default=0)
+    return total
+
+
+def run(base: Path, cold: Path, n: int, cap: str, storm: bool, size: int, mode: Mode = PLAIN, *,
+        plan: bool = True, trace: bool = False) -> dict:
+    knobs = ("" if plan else "plan = false\n") + ("trace = true\n" if trace else "")
+    origin = Daemon(base, "127.0.0.2", cold, cap, "origin", None, '"127.0.0.0/8"',
+                    p2p_extra=mode.p2p("127.0.0.2") + knobs)
     scheme = "https" if mode.tls else "http"
     workers = []
     try:
@@ -139,7 +168,7 @@ def run(base: Path, cold: Path, n: int, cap: str, storm: bool, size: int, mode: 
             allow = '"127.0.0.2/32"' if storm else '"127.0.0.0/8"'  # storm: nobody but the origin
             workers.append(Daemon(base, ip, cold, cap, "worker", f"127.0.0.2:{origin.port}", allow,
                                   None if storm else f"{scheme}://127.0.0.2:{origin.tport}/announce",
-                                  p2p_extra=mode.p2p(ip), extra=mode.sections()))
+                                  p2p_extra=mode.p2p(ip) + knobs, extra=mode.sections()))
         up0 = origin.metric("weightd_p2p_upload_bytes_total")
         peak = [0.0]
         stop = threading.Event()
@@ -151,17 +180,14 @@ def run(base: Path, cold: Path, n: int, cap: str, storm: bool, size: int, mode: 
 
         sampler = threading.Thread(target=sample)
         sampler.start()
+        from concurrent.futures import ThreadPoolExecutor
+        cpu0 = _cpu_ticks()
         t0 = time.perf_counter()
-        procs = [subprocess.Popen([sys.executable, "-m", "weightd", "--config", str(w.config), "preload", mode.ref,
-                                   "--tier", "warm", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                  env=ENV) for w in workers]
-        reports = []
-        for p in procs:
-            out, err = p.communicate(timeout=1800)
-            if p.returncode:
-                raise SystemExit(f"preload failed: {err}")
-            reports.append(json.loads(out.splitlines()[0]))
+        with ThreadPoolExecutor(max_workers=n) as pool:
+            futures = [pool.submit(_preload, w, mode.ref) for w in workers]
+            reports = [f.result() for f in futures]
         wall = time.perf_counter() - t0
+        cpu1 = _cpu_ticks()
         stop.set()
         sampler.join()
         # libtorrent updates its byte counters once a second: read until two reads agree
@@ -171,10 +197,13 @@ def run(base: Path, cold: Path, n: int, cap: str, storm: bool, size: int, mode: 
             up, prev = origin.metric("weightd_p2p_upload_bytes_total"), up
         up -= up0
         return {"n": n, "seconds": round(wall, 2), "origin_upload_x": round(up / size, 2),
+                "cpu_busy": round((cpu1[0] - cpu0[0]) / max(1, cpu1[1] - cpu0[1]), 3),
                 "worker_peak_rss_mb": round(peak[0], 1),
+                "worker_seconds": sorted(round(r.get("seconds", 0), 1) for r in reports),
                 "from_peers_bytes": sum(r["bytes_by_source"]["peer"] for r in reports),
                 "origin_each": [round(r["bytes_by_source"]["origin"] / size, 2) for r in reports],
                 "from_cold_bytes": sum(r["bytes_by_source"]["cold"] for r in reports),
+                "plan": _swarm_sums(reports),
                 "signature_checked": all((r.get("signature") or {}).get("checked") for r in reports)}
     finally:
         for d in [*workers, origin]:
@@ -235,8 +264,20 @@ def main() -> int:
     ap.add_argument("--piece-size", default="1MiB",
                     help="as many pieces per worker as a 100 GB checkpoint (16 MiB pieces) has on a 100-node fleet")
     ap.add_argument("--compare", default="", help="modes to run side by side: plain,tls,signed,tls+signed")
-    ap.add_argument("--rounds", type=int, default=5, help="with --compare: rounds, every mode once per round")
+    ap.add_argument("--rounds", type=int, default=None,
+                    help="rounds, every contender once per round (default: 5 with --compare, else 1)")
+    ap.add_argument("--baseline", default="storm",
+                    help="contenders beside the plan: storm (every worker from the origin alone), stock "
+                         "(libtorrent's own piece picking: [p2p] plan = false), both (storm,stock) or none")
+    ap.add_argument("--storm-max", type=int, default=16, help="largest N for the storm baseline (N copies "
+                    "through the origin's cap: slow)")
+    ap.add_argument("--trace", action="store_true",
+                    help="[p2p] trace on every node: attribute every block (origin bytes outside a slice, duplicates)")
+    ap.add_argument("--verbose", action="store_true", help="every run's figures, not only medians")
     args = ap.parse_args()
+    args.baseline = "storm,stock" if args.baseline == "both" else args.baseline
+    if args.rounds is None:
+        args.rounds = 5 if args.compare else 1
     if args.compare and not set(args.compare.split(",")) <= {"plain", "tls", "signed", "tls+signed"}:
         ap.error("--compare: modes are plain, tls, signed, tls+signed")
     base = Path(tempfile.mkdtemp(prefix="weightd-bench-swarm-", dir=args.dir))
@@ -260,15 +301,39 @@ def main() -> int:
         if args.compare:
             print(json.dumps(compare(base, cold, src, cfg, args, ns, size), indent=2))
             return 0
-        swarm = [run(base, cold, n, args.cap, False, size) for n in ns]
-        storm = [run(base, cold, n, args.cap, True, size) for n in ns]
-        t1 = swarm[0]["seconds"]
-        print(json.dumps({
-            "benchmark": "swarm", "bytes": size, "cap_bytes_per_s": parse_size(args.cap),
-            "swarm": [{**r, "t_over_t1": round(r["seconds"] / t1, 2)} for r in swarm],
-            "storm_baseline": [{**r, "t_over_t1": round(r["seconds"] / storm[0]["seconds"], 2)} for r in storm],
-            "targets": {"t8_over_t1": 1.3, "origin_upload_x_at_8": 1.2, "worker_rss_mb": 200},
-        }, indent=2))
+        # every contender once per round, the order alternating (the VM's noise falls on all of them)
+        contenders = [("plan", False, True)] + [("stock", False, False)] * ("stock" in args.baseline) \
+            + [("storm", True, True)] * ("storm" in args.baseline)
+        runs: dict[tuple[str, int], list[dict]] = {}
+        for rnd in range(args.rounds):
+            for n in ns:
+                for name, storm, plan in contenders if rnd % 2 == 0 else contenders[::-1]:
+                    if name == "storm" and n > args.storm_max:
+                        continue
+                    r = run(base, cold, n, args.cap, storm, size, plan=plan, trace=args.trace)
+                    runs.setdefault((name, n), []).append(r)
+                    print(f"round {rnd + 1} n={n} {name}: {r['seconds']} s, origin {r['origin_upload_x']}x, "
+                          f"cpu {r['cpu_busy']:.0%}, plan {r['plan']}", file=sys.stderr)
+        out: dict = {"benchmark": "swarm", "bytes": size, "piece_size": args.piece_size,
+                     "cap_bytes_per_s": parse_size(args.cap), "rounds": args.rounds, "load_avg": os.getloadavg(),
+                     "results": []}
+        for name, _, _ in dict.fromkeys(contenders):
+            t1 = statistics.median(r["seconds"] for r in runs.get((name, ns[0]), [{"seconds": 0}]))
+            for n in ns:
+                rs = runs.get((name, n))
+                if not rs:
+                    continue
+                t = statistics.median(r["seconds"] for r in rs)
+                out["results"].append({
+                    "contender": name, "n": n, "seconds": _median_range([r["seconds"] for r in rs]),
+                    "t_over_t1": round(t / t1, 2) if t1 else None,
+                    "origin_upload_x": _median_range([r["origin_upload_x"] for r in rs]),
+                    "cpu_busy": _median_range([r["cpu_busy"] for r in rs]),
+                    "worker_peak_rss_mb": max(r["worker_peak_rss_mb"] for r in rs),
+                    "from_cold_bytes": sum(r["from_cold_bytes"] for r in rs),
+                    "plan": rs[len(rs) // 2]["plan"], "runs": rs if args.verbose else None})
+        out["targets"] = {"t_over_t1_up_to_32": 1.3, "origin_upload_x_up_to_32": 1.2, "worker_rss_mb": 200}
+        print(json.dumps(out, indent=2))
         return 0
     finally:
         shutil.rmtree(base, ignore_errors=True)

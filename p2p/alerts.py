@@ -49,9 +49,11 @@ class AlertEvent:
     kind: str                    # the alert's type name: "cache_flushed_alert", "torrent_error_alert", ...
     info_hash: str | None        # v2 info-hash of its torrent (None: a session alert, or a torrent gone)
     message: str
-    endpoint: str | None = None  # the peer, for peer alerts
+    endpoint: str | None = None  # the peer, for peer alerts ("IP:PORT")
     error: bool = False          # the transfer failed (torrent_error_alert, file_error_alert)
     operation: str | None = None  # what failed, for peer errors ("ssl_handshake", "sock_read", ...)
+    piece: int | None = None     # piece and block, for block_finished_alert (only with [p2p] trace)
+    block: int | None = None
 
 
 #: put in every transfer's queue after each batch of alerts (carries nothing; wakes the loop)
@@ -67,13 +69,22 @@ def _info_hash(a: lt.alert) -> str | None:
         return None
 
 
+def _endpoint(ep: object) -> str:
+    # the bindings hand out (ip, port) tuples
+    if isinstance(ep, tuple) and len(ep) == 2:
+        host, port = ep
+        return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+    return str(ep)
+
+
 def event_of(a: lt.alert) -> AlertEvent:
     endpoint = getattr(a, "endpoint", None) if isinstance(a, lt.peer_alert) else None
     op = getattr(a, "op", None) if isinstance(a, (lt.peer_error_alert, lt.peer_disconnected_alert)) else None
     return AlertEvent(type(a).__name__, _info_hash(a), a.message(),
-                      None if endpoint is None else str(endpoint),
+                      None if endpoint is None else _endpoint(endpoint),
                       isinstance(a, (lt.torrent_error_alert, lt.file_error_alert)),
-                      None if op is None else lt.operation_name(op))
+                      None if op is None else lt.operation_name(op),
+                      *((a.piece_index, a.block_index) if isinstance(a, lt.block_finished_alert) else ()))
 
 
 class AlertPump:

@@ -26,6 +26,8 @@ class P2PConfig:
     fallback_after_s: float = 60.0   # no bytes from the swarm for this long: give up (copy from cold)
     piece_size: int = 0              # torrent piece size at publish, bytes; 0 = by checkpoint size
     tls: "FleetTLS | None" = None    # fleet TLS: torrents carry the CA, peers must hold a certificate from it
+    plan: bool = True                # the piece plan (False: stock libtorrent piece picking, for comparison)
+    trace: bool = False              # attribute every 16 KiB block to its sender (diagnostics; costs CPU)
 
     def __post_init__(self) -> None:
         for key in ("upload_limit", "download_limit", "threshold", "piece_size"):

@@ -85,7 +85,8 @@ class P2PFetcher:
             return FetchResult(False, fallback=SourceFallback("p2p", "cold", str(exc)))
         request.staging.dir.remove(src.version)
         origin, peers = result.split({e.rpartition(":")[0] for e in cfg.peers})
-        return FetchResult(True, {"origin": origin, "peer": peers, "local_reuse": result.local_bytes})
+        return FetchResult(True, {"origin": origin, "peer": peers, "local_reuse": result.local_bytes},
+                           swarm={"seconds": round(result.seconds, 2), **result.trace.to_dict()})
 
     def _download(self, request: FetchRequest, ti: "lt.torrent_info") -> "DownloadResult":
         """Download into ``staging/<version>/`` and move the files up into the staging directory; the

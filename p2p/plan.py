@@ -45,6 +45,7 @@ class PiecePlan:
         self.origin_limit = 0   # what the session last set for the origin class (bytes/s, 0 = none)
         self.last_progress = 0.0
         self.own: range = range(num_pieces)   # this worker's slice, as of the last priorities() call
+        self.workers = 1                      # downloading workers in view (this one included), likewise
 
     def slice_of(self, self_ip: str, workers: Sequence[str]) -> range:
         ranked = sorted({*workers, self_ip}, key=_key)
@@ -57,6 +58,7 @@ class PiecePlan:
         downloading, by IP; ``seeds``: how many non-origin peers hold everything; ``progressed``:
         whether bytes arrived since the last call."""
         n = self.num_pieces
+        self.workers = 1 + len(peers)
         if self.open_all or not peers:
             # alone with the origin (or gave up planning): everything, own slice = everything
             return [ANY if have[p] or peers else OWN for p in range(n)]

@@ -83,8 +83,8 @@ def _settings(cfg: P2PConfig, host: str, port: int) -> dict[str, object]:
         "connections_limit": cfg.max_connections,
         "active_downloads": -1, "active_seeds": -1, "active_limit": -1, "active_checking": 4,
         "alert_mask": int(lt.alert_category.error | lt.alert_category.peer | lt.alert_category.status
-                          | lt.alert_category.storage),
-        "alert_queue_size": 10000,
+                          | lt.alert_category.storage | (lt.alert_category.block_progress if cfg.trace else 0)),
+        "alert_queue_size": 100_000 if cfg.trace else 10_000,
         "user_agent": "weightd/0.1", "peer_fingerprint": "-WD0100-",
         "aio_threads": 4, "hashing_threads": 2,
         # a worker waiting for a slice owner is briefly "finished" (upload only): keep its
@@ -292,7 +292,7 @@ class P2PSession:
                 self.active_downloads += 1
             try:
                 with map_libtorrent_errors(what):
-                    return Transfer(self, ti, h, events, peers, plan=plan, progress=progress).run(
+                    return Transfer(self, ti, h, events, peers, plan=plan and self.cfg.plan, progress=progress).run(
                         stall_s=stall_s, timeout_s=timeout_s, flush_timeout_s=flush_timeout_s)
             finally:
                 with self.lock:

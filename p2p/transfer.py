@@ -30,6 +30,32 @@ PLAN_EVERY_S = 0.25
 WAIT_S = 0.1
 
 
+BLOCK = 16 << 10  # libtorrent's request size: what one block_finished_alert stands for
+
+
+@dataclass(slots=True)
+class SwarmTrace:
+    """What the piece plan did in one download, for ``preload --json`` (``swarm``) and the bench.
+    The block figures need ``[p2p] trace`` (every 16 KiB block attributed to its sender)."""
+    workers_max: int = 0               # most downloading workers in view at once
+    slice_changes: int = 0             # times this worker's slice moved (its view of the swarm changed)
+    alone_s: float = 0.0               # time planned with no other worker in view (everything from the origin)
+    open_all_after_s: float | None = None   # the recovery rule asked for everything, this long after the start
+    redundant_bytes: int = 0           # libtorrent: received twice (end-game) or thrown away
+    failed_bytes: int = 0              # failed their hash check
+    traced: bool = False
+    origin_bytes: int = 0              # (traced) blocks from an origin ...
+    origin_outside_slice_bytes: int = 0   # ... of pieces outside this worker's slice at that moment
+    duplicate_bytes: int = 0           # (traced) blocks received more than once
+
+    def to_dict(self) -> dict[str, object]:
+        d = {k: getattr(self, k) for k in self.__slots__}
+        d["alone_s"] = round(self.alone_s, 2)
+        if self.open_all_after_s is not None:
+            d["open_all_after_s"] = round(self.open_all_after_s, 2)
+        return d
+
+
 @dataclass(slots=True)
 class DownloadResult:
     bytes_by_peer: dict[str, int] = field(default_factory=dict)
@@ -38,6 +64,7 @@ class DownloadResult:
     banned: list[str] = field(default_factory=list)
     local_bytes: int = -1    # bytes that passed libtorrent's check before any download (prefill, resume)
     flushed: bool = False    # libtorrent confirmed its cache was written out (cache_flushed_alert)
+    trace: SwarmTrace = field(default_factory=SwarmTrace)
 
     def split(self, origins: set[str]) -> tuple[int, int]:
         """(bytes from origins, bytes from other peers)."""
@@ -55,6 +82,8 @@ class Transfer:
         self.origin_ips = {endpoint(p)[0] for p in peers}
         self.planner = PiecePlan(ti.num_pieces()) if plan and self.origin_ips else None
         self.result = DownloadResult()
+        self.result.trace.traced = session.cfg.trace
+        self._blocks: set[int] = set()   # (traced) piece * 2**20 + block received so far
         self._reported = 0
 
     def run(self, *, stall_s: float, timeout_s: float | None, flush_timeout_s: float) -> DownloadResult:
@@ -72,6 +101,7 @@ class Transfer:
         if planner is not None:
             planner.last_progress = t0
         last_done, next_connect, next_plan, planned_done, current = 0, 0.0, 0.0, -1, None
+        last_plan: float | None = None
         while True:
             now = self.clock()
             if now >= next_connect:
@@ -90,14 +120,27 @@ class Transfer:
             if st.is_seeding or (not planner and st.is_finished):
                 return
             if plan_due and st.state in (lt.torrent_status.downloading, lt.torrent_status.finished):
+                own = planner.own
                 current = self.session.apply_plan(h, planner, st, self.origin_ips, now,
                                                   st.total_done > planned_done, current)
-                planned_done, next_plan = st.total_done, now + PLAN_EVERY_S
+                self._traced_plan(planner, own, now, t0, last_plan)
+                planned_done, next_plan, last_plan = st.total_done, now + PLAN_EVERY_S, now
             if now - last_progress > stall_s:
                 raise TransferStalled(f"no peer delivered for {stall_s:.0f} s "
                                       f"({st.total_done} of {self.ti.total_size()} bytes)")
             if timeout_s is not None and now - t0 > timeout_s:
                 raise TransferStalled(f"P2P download did not finish in {timeout_s:.0f} s")
+
+    def _traced_plan(self, planner: PiecePlan, own_before: range, now: float, t0: float,
+                     last_plan: float | None) -> None:
+        trace = self.result.trace
+        trace.workers_max = max(trace.workers_max, planner.workers)
+        if last_plan is not None:
+            trace.slice_changes += planner.own != own_before
+            if planner.workers == 1 and not planner.open_all:
+                trace.alone_s += now - last_plan
+        if planner.open_all and trace.open_all_after_s is None:
+            trace.open_all_after_s = now - t0
 
     def _connect(self) -> None:
         for p in self.peers:
@@ -123,10 +166,23 @@ class Transfer:
                 self.result.hash_failures += 1
             elif ev.kind == "cache_flushed_alert":
                 self.result.flushed = True
+            elif ev.kind == "block_finished_alert" and ev.piece is not None:
+                self._block(ev)
             failed = failed or (ev if ev.error else None)
         if failed is not None:
             raise TransferFailed(self.key, failed.message)
         return out
+
+    def _block(self, ev: AlertEvent) -> None:
+        trace, ip = self.result.trace, (ev.endpoint or "").rpartition(":")[0].strip("[]")
+        key = ev.piece * (1 << 20) + (ev.block or 0)
+        if key in self._blocks:
+            trace.duplicate_bytes += BLOCK
+        self._blocks.add(key)
+        if ip in self.origin_ips:
+            trace.origin_bytes += BLOCK
+            if self.planner is not None and not self.planner.open_all and ev.piece not in self.planner.own:
+                trace.origin_outside_slice_bytes += BLOCK
 
     def _report(self, total_done: int) -> None:
         if self.progress is not None:
@@ -167,5 +223,6 @@ class Transfer:
         elif total:  # finished between two samples: only the peers we were told about were seen
             others = set(result.bytes_by_peer) - self.origin_ips
             result.bytes_by_peer = {endpoint(self.peers[0])[0] if self.peers and not others else "unattributed": total}
+        result.trace.redundant_bytes, result.trace.failed_bytes = st.total_redundant_bytes, st.total_failed_bytes
         self.session.alerts.add("downloaded", total)
         self.session.alerts.add("uploaded_gone", st.all_time_upload)

@@ -50,6 +50,7 @@ class FetchResult:
     verified: bool = False                         # already checked against the manifest
     fallback: SourceFallback | None = None         # tried and gave up (filled is then False)
     notes: list[str] = field(default_factory=list)
+    swarm: dict[str, Any] | None = None            # what the swarm's piece plan did (a P2P source)
 
 
 class Fetcher(Protocol):

@@ -203,6 +203,8 @@ class P2PSettings(_Model):
     tracker_listen: str | None = None    # origin only: serve a BitTorrent announce endpoint on IP:PORT
     piece_size: int = 0                  # torrent piece size at publish; 0 = by checkpoint size
     tls: P2PTLSSettings | None = None    # fleet TLS: only peers with a certificate from the fleet CA exchange bytes
+    plan: bool = True                    # the piece plan; false: libtorrent's own piece picking (for comparison)
+    trace: bool = False                  # attribute every 16 KiB block to its sender in preload --json (costs CPU)
 
     @model_validator(mode="after")
     def _tls_trackers(self) -> "P2PSettings":

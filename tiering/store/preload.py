@@ -116,6 +116,8 @@ def _record(report: PreloadReport, fill: Fill) -> None:
     report.resumed_bytes += fill.resumed
     if fill.store is not None:
         report.store = fill.store
+    if fill.swarm is not None:
+        report.swarm = fill.swarm
     if fill.delta is not None:
         report.delta = fill.delta
     for label, n in fill.bytes_by_source.items():

@@ -57,6 +57,7 @@ class PreloadReport:
     signature: dict[str, Any] | None = None  # who signed it, checked against every byte (None: unsigned)
     resumed_bytes: int = 0   # kept from an interrupted transfer of this version (checked, not moved again)
     store: dict[str, Any] | None = None  # object-store cold tier: requests, errors and bytes of this transfer
+    swarm: dict[str, Any] | None = None  # P2P: what the piece plan did (slices, recovery, duplicates)
 
     @property
     def bytes_moved(self) -> int:
@@ -72,7 +73,7 @@ class PreloadReport:
                 "resident_bytes": self.resident_bytes,
                 "resident_percent": round(100 * self.resident_bytes / self.bytes, 2) if self.bytes else 100.0,
                 "warm_seconds": round(self.warm_seconds, 4), "delta": self.delta, "signature": self.signature,
-                "resumed_bytes": self.resumed_bytes, "store": self.store}
+                "resumed_bytes": self.resumed_bytes, "store": self.store, "swarm": self.swarm}
 
 
 def _tier_status(roots: TierRoots, tier: str) -> tuple[dict[str, Any], list[VersionDir]]:

@@ -39,6 +39,7 @@ class Fill:
     delta: dict[str, Any] | None = None
     resumed: int = 0       # bytes an interrupted transfer left that passed their check (not moved again)
     store: dict[str, Any] | None = None   # an object store's requests and bytes for this fill
+    swarm: dict[str, Any] | None = None   # the swarm's piece plan for this fill (P2P)
 
     def add(self, label: str, n: int) -> None:
         self.bytes_by_source[label] = self.bytes_by_source.get(label, 0) + n
@@ -102,7 +103,7 @@ class Sources:
             if got.filled:
                 for label, n in got.bytes_by_source.items():
                     fill.add(label, n)
-                fill.verified = got.verified
+                fill.verified, fill.swarm = got.verified, got.swarm
                 return True
         return False
 
