@@ -173,9 +173,13 @@ def run(base: Path, cold: Path, n: int, cap: str, storm: bool, size: int, mode: 
         peak = [0.0]
         stop = threading.Event()
 
+        origin_peers: list[float] = []
+
         def sample() -> None:
             while not stop.is_set():
                 peak[0] = max([peak[0], *(w.rss_mb() for w in workers)])
+                if os.environ.get("WEIGHTD_BENCH_ORIGIN_PEERS"):
+                    origin_peers.append(origin.metric("weightd_p2p_peers"))
                 time.sleep(0.2)
 
         sampler = threading.Thread(target=sample)
@@ -203,7 +207,7 @@ def run(base: Path, cold: Path, n: int, cap: str, storm: bool, size: int, mode: 
                 "from_peers_bytes": sum(r["bytes_by_source"]["peer"] for r in reports),
                 "origin_each": [round(r["bytes_by_source"]["origin"] / size, 2) for r in reports],
                 "from_cold_bytes": sum(r["bytes_by_source"]["cold"] for r in reports),
-                "plan": _swarm_sums(reports),
+                "origin_peers": origin_peers[::5], "plan": _swarm_sums(reports), "swarm_each": [r.get("swarm") for r in reports],
                 "signature_checked": all((r.get("signature") or {}).get("checked") for r in reports)}
     finally:
         for d in [*workers, origin]:

@@ -6,11 +6,15 @@ reads nothing else, no environment and no file.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .certs import FleetTLS
+
+
+RACK = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")   # a rack name ([p2p] rack, announces, member lists)
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +31,7 @@ class P2PConfig:
     piece_size: int = 0              # torrent piece size at publish, bytes; 0 = by checkpoint size
     tls: "FleetTLS | None" = None    # fleet TLS: torrents carry the CA, peers must hold a certificate from it
     plan: bool = True                # the piece plan (False: stock libtorrent piece picking, for comparison)
+    rack: str = ""                   # this node's rack: the tracker and the plan keep traffic inside racks
     trace: bool = False              # attribute every 16 KiB block to its sender (diagnostics; costs CPU)
 
     def __post_init__(self) -> None:
@@ -37,10 +42,20 @@ class P2PConfig:
             raise ValueError(f"p2p.max_connections: must be at least 1, got {self.max_connections}")
         if not self.fallback_after_s > 0:
             raise ValueError(f"p2p.fallback_after_s: must be positive, got {self.fallback_after_s}")
+        if self.rack and not RACK.fullmatch(self.rack):
+            raise ValueError(f"p2p.rack: letters, digits, '.', '_' and '-' (at most 63), got {self.rack!r}")
         for key, value in (("listen", self.listen), *(("peers", p) for p in self.peers)):
             host, sep, port = value.rpartition(":")
             if not sep or not host or not port.isdigit() or int(port) > 65535:
                 raise ValueError(f"p2p.{key}: expected 'IP:PORT', got {value!r}")
+
+
+def tracker_urls(cfg: P2PConfig) -> list[str]:
+    """The trackers libtorrent announces to: with ``rack``, each URL carries ``rack=NAME``."""
+    if not cfg.rack:
+        return list(cfg.trackers)
+    return [t + ("&" if "?" in t else "?") + "rack=" + cfg.rack if t.startswith(("http://", "https://")) else t
+            for t in cfg.trackers]
 
 
 def endpoint(s: str) -> tuple[str, int]:

@@ -1,83 +1,200 @@
-"""A piece plan: the origin sends every piece about once, workers fan the pieces out to each other.
+"""A piece plan: the origin sends every piece about once, workers fan the pieces out to each other,
+and with racks each rack pulls each piece across racks about once.
 
 Stock libtorrent, with N workers starting at once, makes the origin upload the same rare pieces to
 many workers (rarest-first sees near-identical availability everywhere), so the origin stays at its
 cap sending duplicates while the workers' upload capacity idles: 2.25x the checkpoint at N = 8 here
 (notes/libtorrent.md; super-seeding would fix it but delivers nothing with v2 torrents in 2.1.1).
 
-The plan, recomputed by every worker a few times a second from what it sees of the swarm:
+**Who owns a piece** (recomputed only when the set of workers changes):
 
-- the workers currently downloading (the connected non-seed peers that are not an origin, plus this
-  node) are ranked by address; worker k of M owns the k-th contiguous 1/M of the pieces;
-- a worker asks for its own slice first (the only pieces only the origin has), for any piece another
-  worker already holds next (it comes from that worker, or from the origin at lower priority), and
-  not at all, yet, for pieces that are another worker's slice and nobody but the origin holds;
-- when a worker has everything it may ask for and nothing arrives for ``grace_s`` (the owner of a
-  slice is slow, gone or unseen), it asks for everything: the plan can only delay, never strand.
+- the workers are the members of the swarm that are still downloading: the tracker's list (every
+  worker asks the origin's tracker for it, so every worker plans on the same list), plus any connected
+  downloading peer the list does not have yet;
+- with racks, each piece has a *home rack* (rendezvous hashing over the racks present) and, in every
+  rack, an *owner* (rendezvous hashing over that rack's workers); without racks there is one rack.
+  Rendezvous hashing, not ranks: a worker that one node does not see yet (or that left) moves only
+  its own pieces, where ranked slices would shift every boundary.
 
-Every worker runs the same rule on (nearly) the same view, so the origin's pieces go out in disjoint
-sets; views that differ for a moment cost a duplicate piece, not correctness: pieces are still
-verified by libtorrent, and the checkpoint by its manifest.
+**What a worker asks for** (libtorrent piece priorities, a few times a second):
+
+- ``OWN``: pieces it owns in its home rack: from the origin (the only holder at first);
+- ``XRACK``: pieces it owns for its rack whose home is another rack, once some worker holds them
+  (they cross racks once per rack, from that rack's owner);
+- ``HELD``: any other piece a worker of its own rack holds (without racks: any worker);
+- nothing yet for the rest: pieces only the origin has and another worker owns.
+
+**Recovery**: an owner whose pieces that only the origin holds do not get fewer for ``stall_s`` (it
+cannot reach the origin, died without leaving the list, or is too slow) is treated as absent for the
+rest of the download: its pieces move to the others by the same hashing. A worker that receives nothing at all for ``3 x grace_s`` while it waits asks for
+everything. The plan can delay, never strand: pieces are still verified by libtorrent, and the
+checkpoint by its manifest.
 """
 
 from __future__ import annotations
 
-import ipaddress
+import hashlib
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
-OWN, HELD, ANY = 7, 4, 1
+import numpy as np
+
+OWN, XRACK, HELD, ANY = 7, 6, 4, 1
+_M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 
 
-def _key(ip: str) -> tuple[int, int]:
-    try:
-        a = ipaddress.ip_address(ip)
-        return a.version, int(a)
-    except ValueError:
-        return 9, hash(ip)
+def _key(label: str) -> np.uint64:
+    return np.uint64(int.from_bytes(hashlib.blake2b(label.encode(), digest_size=8).digest(), "little"))
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser, vectorised (uint64 arithmetic wraps)."""
+    x = (x ^ (x >> np.uint64(30))) * _M1
+    x = (x ^ (x >> np.uint64(27))) * _M2
+    return x ^ (x >> np.uint64(31))
+
+
+def rendezvous(num_pieces: int, labels: Sequence[str]) -> np.ndarray:
+    """For every piece, the index in ``labels`` of the label with the highest score (highest random
+    weight hashing): the same answer on every node for the same labels, and removing one label moves
+    only the pieces it had."""
+    if not labels:
+        return np.zeros(num_pieces, dtype=np.int32)
+    pieces = _mix(np.arange(num_pieces, dtype=np.uint64) + np.uint64(0x9E3779B97F4A7C15))
+    best = np.zeros(num_pieces, dtype=np.uint64)
+    owner = np.zeros(num_pieces, dtype=np.int32)
+    with np.errstate(over="ignore"):
+        for i, label in enumerate(labels):
+            score = _mix(pieces ^ _key(label))
+            better = score > best
+            best[better] = score[better]
+            owner[better] = i
+    return owner
+
+
+@dataclass(slots=True)
+class Peer:
+    """What the plan needs of one connected worker."""
+    rack: str = ""
+    num_pieces: int = 0
+    seed: bool = False
+    pieces: Sequence[bool] | None = None   # its bitfield (asked for only for workers of this rack)
 
 
 class PiecePlan:
-    def __init__(self, num_pieces: int, *, grace_s: float = 2.0) -> None:
-        self.num_pieces = num_pieces
-        self.grace_s = grace_s
+    def __init__(self, num_pieces: int, self_ip: str = "", *, rack: str = "", grace_s: float = 3.0,
+                 stall_s: float = 6.0, gather_s: float = 0.0) -> None:
+        self.num_pieces, self.self_ip, self.rack = num_pieces, self_ip, rack
+        self.grace_s, self.stall_s, self.gather_s = grace_s, stall_s, gather_s
         self.open_all = False
-        self._idle_since: float | None = None
         self.origin_limit = 0   # what the session last set for the origin class (bytes/s, 0 = none)
         self.last_progress = 0.0
-        self.own: range = range(num_pieces)   # this worker's slice, as of the last priorities() call
-        self.workers = 1                      # downloading workers in view (this one included), likewise
+        self.started: float | None = None
+        self.own: frozenset[int] = frozenset(range(num_pieces))  # this worker's slice of its home rack's pieces
+        self.workers = 1        # downloading workers planned with (this one included)
+        self.stalled: set[str] = set()   # owners planned without (see _stale)
+        self._idle_since: float | None = None
+        self._counts: dict[str, tuple[int, float]] = {}   # ip -> (its pieces only the origin holds, since)
+        self._cache: dict[tuple, tuple[np.ndarray | None, np.ndarray, list[str], list[str]]] = {}
 
-    def slice_of(self, self_ip: str, workers: Sequence[str]) -> range:
-        ranked = sorted({*workers, self_ip}, key=_key)
-        m, k = len(ranked), ranked.index(self_ip)
-        return range(k * self.num_pieces // m, (k + 1) * self.num_pieces // m)
+    def _assign(self, members: Mapping[str, str]) -> tuple[np.ndarray | None, np.ndarray, list[str], list[str]]:
+        """(home rack per piece or None, owner per piece among this rack's workers, the racks, this
+        rack's workers) for ``members`` (ip -> rack); the last few answers are cached."""
+        key = tuple(sorted(members.items()))
+        hit = self._cache.get(key)
+        if hit is None:
+            racks = sorted(set(members.values()))
+            mine = sorted(ip for ip, r in members.items() if r == self.rack)
+            home = rendezvous(self.num_pieces, racks) if len(racks) > 1 else None
+            hit = (home, rendezvous(self.num_pieces, mine), racks, mine)
+            if len(self._cache) >= 4:
+                self._cache.pop(next(iter(self._cache)))
+            self._cache[key] = hit
+        return hit
 
-    def priorities(self, have: Sequence[bool], self_ip: str, peers: Mapping[str, Sequence[bool]],
-                   seeds: int, now: float, progressed: bool) -> list[int]:
-        """Piece priorities for libtorrent. ``peers``: bitfields of the non-origin workers still
-        downloading, by IP; ``seeds``: how many non-origin peers hold everything; ``progressed``:
-        whether bytes arrived since the last call."""
+    def _stale(self, owner: np.ndarray, mine: list[str], waiting: np.ndarray, peers: Mapping[str, Peer],
+               now: float) -> set[str]:
+        """This rack's owners whose pieces that only the origin holds have not got fewer for ``stall_s``
+        (a worker that cannot reach the origin, or is too slow for its slice): once found, planned
+        without for the rest of the download (their pieces go to the others)."""
+        counts = np.bincount(owner[waiting], minlength=len(mine))
+        for i, ip in enumerate(mine):
+            if ip == self.self_ip or ip in self.stalled:
+                continue
+            left = int(counts[i])
+            seen = self._counts.get(ip)
+            if left == 0 or seen is None or left != seen[0]:
+                self._counts[ip] = (left, now)
+            elif now - seen[1] >= self.stall_s and (ip not in peers or not peers[ip].seed):
+                self.stalled.add(ip)
+        return self.stalled
+
+    def priorities(self, have: Sequence[bool], peers: Mapping[str, Peer], held_any: Sequence[bool],
+                   members: Mapping[str, str] | None, seeds: int, rack_seeds: int, now: float,
+                   progressed: bool) -> list[int]:
+        """Piece priorities for libtorrent.
+
+        ``peers``: connected workers still downloading, by IP; ``held_any[p]``: some non-origin worker
+        holds piece p; ``members``: the tracker's list of downloading workers (ip -> rack; None when
+        there is no list); ``seeds`` / ``rack_seeds``: connected workers (of this rack) that hold
+        everything; ``progressed``: bytes arrived since the last call."""
         n = self.num_pieces
-        self.workers = 1 + len(peers)
-        if self.open_all or not peers:
-            # alone with the origin (or gave up planning): everything, own slice = everything
-            return [ANY if have[p] or peers else OWN for p in range(n)]
-        own = self.own = self.slice_of(self_ip, list(peers))
-        prio = [0] * n
-        for p in range(n):
-            if have[p]:
-                prio[p] = ANY  # (what we hold stays wanted: zero would let libtorrent park it aside)
-            elif p in own:
-                prio[p] = OWN
-            elif seeds or any(len(bf) > p and bf[p] for bf in peers.values()):
-                prio[p] = HELD
-        waiting = any(prio[p] == 0 for p in range(n))
-        if waiting and all(have[p] or prio[p] == 0 for p in range(n)) and not progressed:
+        if self.started is None:
+            self.started = now
+        if self.open_all:
+            return [ANY] * n
+        workers = dict(members or {})
+        for ip, p in peers.items():
+            workers.setdefault(ip, p.rack)
+        workers.pop(self.self_ip, None)
+        if members is None and now - self.started < self.gather_s:
+            self.workers = 1
+            return [0] * n   # the first moments, before anyone is known: ask for nothing yet
+        have_a = np.fromiter(have, dtype=bool, count=n)
+        if not workers:
+            self.workers, self.own = 1, frozenset(range(n))
+            return np.where(have_a, ANY, OWN).tolist()
+        held = np.fromiter(held_any, dtype=bool, count=n)
+        planned = {**workers, self.self_ip: self.rack}
+        # owners that hold up pieces only the origin has: planned without (see _stale)
+        _, owner, _, mine = self._assign({k: v for k, v in planned.items() if k not in self.stalled})
+        for ip in self._stale(owner, mine, ~held & ~have_a, peers, now):
+            planned.pop(ip, None)
+        self.workers = len(planned)
+        home, owner, racks, mine = self._assign(planned)
+        ours = owner == mine.index(self.self_ip)
+        want = ~have_a
+        if home is None:
+            own, xrack = ours & want, np.zeros(n, dtype=bool)
+            in_rack = held if not seeds else np.ones(n, dtype=bool)
+        else:
+            here = home == racks.index(self.rack)
+            own = ours & here & want
+            xrack = ours & ~here & want & (held if not seeds else True)
+            in_rack = self._held_in_rack(peers, rack_seeds)
+        prio = np.zeros(n, dtype=np.int8)
+        prio[want & ~ours & in_rack] = HELD
+        prio[xrack] = XRACK
+        prio[own] = OWN
+        prio[have_a] = ANY   # (what we hold stays wanted: zero would let libtorrent park it aside)
+        self.own = frozenset(np.flatnonzero(ours if home is None else ours & here).tolist())
+        waiting = bool(np.any(prio == 0))
+        if waiting and not np.any(want & (prio > 0)) and not progressed:
             if self._idle_since is None:
                 self._idle_since = now
-            elif now - self._idle_since >= self.grace_s:
+            elif now - self._idle_since >= 3 * self.grace_s:
                 self.open_all = True
                 return [ANY] * n
         else:
             self._idle_since = None
-        return prio
+        return prio.tolist()
+
+    def _held_in_rack(self, peers: Mapping[str, Peer], rack_seeds: int) -> np.ndarray:
+        n = self.num_pieces
+        if rack_seeds:
+            return np.ones(n, dtype=bool)
+        held = np.zeros(n, dtype=bool)
+        for p in peers.values():
+            if p.rack == self.rack and p.pieces is not None:
+                held |= np.fromiter(p.pieces, dtype=bool, count=n)
+        return held

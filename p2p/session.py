@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Callable
 import libtorrent as lt
 
 from .alerts import AlertEvent, AlertPump
-from .config import P2PConfig, endpoint
+from .config import P2PConfig, endpoint, tracker_urls
 from .errors import TorrentRejected, map_libtorrent_errors
-from .plan import PiecePlan
+from .plan import Peer, PiecePlan
 from .torrent import fleet_mismatch, save_path_for
 from .transfer import DownloadResult, Transfer
 
@@ -90,6 +90,10 @@ def _settings(cfg: P2PConfig, host: str, port: int) -> dict[str, object]:
         # a worker waiting for a slice owner is briefly "finished" (upload only): keep its
         # connections to seeds, the plan will want pieces from them again in a moment
         "close_redundant_connections": False,
+        # a fleet, not the internet: honour the tracker's short interval for downloading peers (the
+        # default floor is 300 s), and dial a peer that dropped a first attempt again after 2 s, not 60
+        # (at a restart storm many first handshakes fail while every node is busy)
+        "min_announce_interval": 5, "min_reconnect_time": 2,
     }
     if host not in ("0.0.0.0", "::"):
         settings["outgoing_interfaces"] = host
@@ -104,8 +108,8 @@ class P2PSession:
         params.disk_io_constructor = "posix_disk_io_constructor"
         with map_libtorrent_errors(f"cannot start the P2P session on {cfg.listen}"):
             self.ses = lt.session(params)
-            local = {"upload_limit": cfg.upload_limit, "download_limit": cfg.download_limit, "label": "local"}
-            self.ses.set_peer_class(lt.session.local_peer_class_id, local)
+            self.update_class(lt.session.local_peer_class_id, upload_limit=cfg.upload_limit,
+                              download_limit=cfg.download_limit)
             self.ses.set_ip_filter(_ip_filter(cfg.allow))
             # the origins get a class of their own, so a worker whose own slice of the piece plan is done
             # can slow its pulls from the origin and take the rest from the other workers
@@ -116,6 +120,15 @@ class P2PSession:
         self.lock = threading.Lock()
         self.seeding: dict[str, lt.torrent_handle] = {}
         self.alerts = AlertPump(self.ses)  # the only caller of pop_alerts from here on
+
+    def update_class(self, class_id: int, **changes: object) -> None:
+        """Change some settings of a peer class, keeping the others. ``set_peer_class`` replaces the
+        whole class: given only limits, it zeroes ``connection_limit_factor`` (the local class then
+        accepts only ``connections_slack``, 10, incoming connections: measured, an origin serving 16
+        workers on one LAN held 10 of them) and clears ``ignore_unchoke_slots``."""
+        c = self.ses.get_peer_class(class_id)
+        c.update(changes)
+        self.ses.set_peer_class(class_id, c)
 
     @property
     def port(self) -> int:
@@ -204,7 +217,7 @@ class P2PSession:
                          & ~lt.torrent_flags.auto_managed & ~lt.torrent_flags.paused)
             if super_seed:
                 atp.flags |= lt.torrent_flags.super_seeding
-            atp.trackers = list(self.cfg.trackers)  # seeds announce too, so late joiners learn of them
+            atp.trackers = tracker_urls(self.cfg)  # seeds announce too, so late joiners learn of them
             # (assign the list: the binding's ``atp.trackers`` is a copy, ``.append`` would be lost)
             self.seeding[key] = self._add(atp, f"cannot seed {ti.name()}")
         return True
@@ -235,26 +248,41 @@ class P2PSession:
                 "hash_failures": c["hash_failures"], "peer_bans": c["peer_bans"], "seeding": len(statuses)}
 
     def apply_plan(self, h: lt.torrent_handle, planner: PiecePlan, st: lt.torrent_status,
-                   origin_ips: set[str], now: float, progressed: bool, current: list[int] | None) -> list[int]:
-        workers: dict[str, list[bool]] = {}
-        seeds, self_ip = 0, endpoint(self.cfg.listen)[0]
+                   origin_ips: set[str], now: float, progressed: bool, current: list[int] | None,
+                   members: dict[str, str] | None = None) -> list[int]:
+        peers: dict[str, Peer] = {}
+        seeds = rack_seeds = origins = 0
+        racks = members or {}
+        racked = bool(self.cfg.rack) or any(racks.values())
         for pi in h.get_peer_info():
             ip = pi.ip[0]
+            if pi.flags & lt.peer_info.connecting or pi.flags & lt.peer_info.handshake:
+                continue   # (not a peer yet: counted in no availability)
             if ip in origin_ips:
+                origins += 1
                 continue
             local = pi.local_endpoint()
-            if local and local[0] not in ("0.0.0.0", "::"):
-                self_ip = local[0]
+            if local and local[0] not in ("0.0.0.0", "::") and not planner.self_ip:
+                planner.self_ip = local[0]
+            if ip == planner.self_ip:
+                continue
+            rack = racks.get(ip, "")
             if pi.flags & lt.peer_info.seed:
                 seeds += 1
-            else:
-                workers[ip] = list(pi.pieces)
+                rack_seeds += rack == planner.rack
+            elif ip not in peers:
+                # bitfields only where the plan reads them: this rack's workers, with racks
+                bits = list(pi.pieces) if racked and rack == planner.rack else None
+                peers[ip] = Peer(rack, pi.num_pieces, False, bits)
         have = list(st.pieces)
-        prio = planner.priorities(have, self_ip, workers, seeds, now, progressed)
+        avail = h.piece_availability()
+        # (the origins are seeds: every piece they count is not a worker's)
+        held = [a - origins > 0 for a in avail] if len(avail) == len(have) else [False] * len(have)
+        prio = planner.priorities(have, peers, held, members, seeds, rack_seeds, now, progressed)
         # own slice done, peers to take the rest from: pull from the origin only at a trickle (what is
         # already asked of it still arrives; the origin's upload goes to workers still on their slice)
         # (but not while nothing completes: then the peers are not delivering and the origin must)
-        own_done = bool(workers) and not planner.open_all and all(have[p] for p in planner.own)
+        own_done = planner.workers > 1 and not planner.open_all and all(have[p] for p in planner.own)
         if progressed:
             planner.last_progress = now
         starving = now - planner.last_progress > 5.0
@@ -263,7 +291,7 @@ class P2PSession:
         if alone:
             limit = max(self.cfg.download_limit // 256, 32 << 10) if own_done and not starving else 0
             if limit != planner.origin_limit:
-                self.ses.set_peer_class(self.origin_class, {"download_limit": limit})
+                self.update_class(self.origin_class, download_limit=limit)
                 planner.origin_limit = limit
         if prio != current:
             h.prioritize_pieces(prio)
@@ -283,7 +311,7 @@ class P2PSession:
         atp.ti = ti
         atp.save_path = str(save_path_for(ti, data_dir))
         atp.flags = atp.flags & ~lt.torrent_flags.auto_managed & ~lt.torrent_flags.paused
-        atp.trackers = list(self.cfg.trackers)
+        atp.trackers = tracker_urls(self.cfg)
         what = f"P2P download of {ti.name()} failed"
         with self.alerts.transfer(str(ti.info_hashes().v2)) as events:  # registered before the torrent exists
             with self.lock:  # (a certificate rotation sees this torrent, or this torrent sees the new one)
@@ -297,5 +325,5 @@ class P2PSession:
             finally:
                 with self.lock:
                     self.active_downloads -= 1
-                self.ses.set_peer_class(self.origin_class, {"download_limit": 0})
+                self.update_class(self.origin_class, download_limit=0)
                 self.ses.remove_torrent(h)

@@ -24,11 +24,24 @@ the fleet cannot even ask. ``allow`` applies in every mode.
 
 ``announce`` returns the bencoded answer and the reason of a refusal (None when served), which the
 daemon counts in ``weightd_trust_refusals_total{reason}``.
+
+Two things for the piece plan (``plan.py``), beyond BEP 3:
+
+- **racks**: a node's tracker URL carries ``rack=NAME`` (``[p2p] rack``); an answer lists peers of the
+  asker's rack first, then the others;
+- **the list of downloading workers** (``members``, served as ``GET /swarm?info_hash=...&rack=...``):
+  a worker asks for it about once a second while it downloads, and each request registers the asker
+  (with its rack) for ``MEMBER_TTL_S``; ``done=1`` removes it. The answer is every worker registered,
+  with its rack, as JSON. Every worker plans its slices on this one list, so they agree on who owns
+  what, and a worker that dies leaves it within seconds. (libtorrent's own announces cannot say this:
+  a worker waiting for a slice owner wants nothing for a moment and counts as finished.) Downloading
+  peers are also asked to announce every ``LEECH_INTERVAL_S``, so they learn of late joiners.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import json
 import random
 import socket
 import struct
@@ -38,6 +51,8 @@ from urllib.parse import parse_qs
 
 import libtorrent as lt
 
+from .config import RACK
+
 INTERVAL_S = 30
 PEER_TTL_S = 2 * INTERVAL_S     # two intervals without an announce: gone
 MAX_PEERS = 200                 # handed out per answer (libtorrent asks for 200)
@@ -45,6 +60,8 @@ PER_IP = 4                      # entries of one address in one swarm
 PER_SWARM = 10_000              # peers in one swarm
 MAX_SWARMS = 4_096              # swarms at once, whatever ``known`` says
 MAX_QUERY = 2_048               # bytes of query string parsed (an announce is ~300)
+LEECH_INTERVAL_S = 5            # re-announce interval asked of peers still downloading
+MEMBER_TTL_S = 4.0              # a worker that has not asked for the member list this long is not on it
 
 Peer = tuple[str, int]
 
@@ -52,16 +69,19 @@ Peer = tuple[str, int]
 class _Swarm:
     """The peers of one info-hash: in last-seen order (expiry pops from the front), in a list for O(k)
     random samples, and by address (the per-IP cap without a scan)."""
-    __slots__ = ("seen", "slots", "index", "by_ip")
+    __slots__ = ("seen", "slots", "index", "by_ip", "rack", "leeching", "members")
 
     def __init__(self) -> None:
         self.seen: dict[Peer, float] = {}
         self.slots: list[Peer] = []
         self.index: dict[Peer, int] = {}
         self.by_ip: dict[str, list[int]] = {}
+        self.rack: dict[Peer, str] = {}       # peers that said which rack they are in
+        self.leeching: set[Peer] = set()      # peers whose last announce had left > 0
+        self.members: dict[str, tuple[str, float]] = {}   # downloading workers: ip -> (rack, last asked)
 
     def __len__(self) -> int:
-        return len(self.slots)
+        return len(self.slots) + len(self.members)
 
     def touch(self, peer: Peer, now: float) -> None:
         if peer in self.seen:
@@ -75,6 +95,8 @@ class _Swarm:
     def remove(self, peer: Peer) -> None:
         if self.seen.pop(peer, None) is None:
             return
+        self.rack.pop(peer, None)
+        self.leeching.discard(peer)
         i, last = self.index.pop(peer), self.slots.pop()
         if last != peer:  # (swap the last one into the hole)
             self.slots[i], self.index[last] = last, i
@@ -84,16 +106,28 @@ class _Swarm:
             del self.by_ip[peer[0]]
 
     def expire(self, now: float, ttl: float) -> None:
+        for ip, (_, t) in list(self.members.items()):
+            if now - t > MEMBER_TTL_S:
+                del self.members[ip]
         while self.seen:
             peer, seen = next(iter(self.seen.items()))  # the least recently seen
             if now - seen <= ttl:
                 break
             self.remove(peer)
 
-    def sample(self, want: int, me: Peer) -> list[Peer]:
+    def sample(self, want: int, me: Peer, rack: str = "") -> list[Peer]:
+        """Up to ``want`` peers other than ``me``: of ``rack`` first (random among them), then random."""
+        first: list[Peer] = []
+        if rack:
+            first = [p for p, r in self.rack.items() if r == rack and p != me]
+            random.shuffle(first)
+            if len(first) >= want:
+                return first[:want]
         n = len(self.slots)
-        picks = random.sample(range(n), min(n, want + 1))  # (one more: ``me`` is skipped)
-        return [p for p in (self.slots[i] for i in picks) if p != me][:want]
+        picks = random.sample(range(n), min(n, want + 1 + len(first)))  # (more: ``me`` and ``first`` are skipped)
+        taken = set(first)
+        rest = [p for p in (self.slots[i] for i in picks) if p != me and p not in taken]
+        return (first + rest)[:want]
 
 
 class Tracker:
@@ -107,8 +141,16 @@ class Tracker:
         self.per_ip, self.per_swarm, self.max_swarms = per_ip, per_swarm, max_swarms
         self.swept = now()
 
+    def allowed(self, remote_ip: str) -> bool:
+        """An IPv4 address inside the allowlist (anything else, an unparsable address included: no)."""
+        try:
+            ip = ipaddress.ip_address(remote_ip)
+        except ValueError:
+            return False
+        return ip.version == 4 and any(ip in net for net in self.allow)
+
     def peers(self) -> int:
-        return sum(len(s) for s in list(self.swarms.values()))  # (a scrape thread may ask)
+        return sum(len(s.slots) for s in list(self.swarms.values()))  # (a scrape thread may ask)
 
     def announce(self, remote_ip: str, raw_query: str) -> tuple[bytes, str | None]:
         """The bencoded answer to one announce request, and why it was refused (None: served)."""
@@ -122,11 +164,7 @@ class Tracker:
             return _fail("info_hash and port are required"), "tracker_malformed"
         if len(info_hash) != 20 or not 0 < port < 65536:
             return _fail("malformed info_hash or port"), "tracker_malformed"
-        try:
-            ip = ipaddress.ip_address(remote_ip)
-        except ValueError:
-            return _fail("unknown address"), "tracker_not_allowed"
-        if ip.version != 4 or not any(ip in net for net in self.allow):
+        if not self.allowed(remote_ip):
             return _fail("not allowed"), "tracker_not_allowed"
         now = self.now()
         if now - self.swept > self.interval:  # (swarms nobody announces to any more are freed too)
@@ -159,13 +197,61 @@ class Tracker:
             elif len(swarm) >= self.per_swarm:
                 return _fail("swarm full"), "tracker_full"
         swarm.touch(me, now)
+        rack = q.get("rack", [""])[0]
+        if rack and RACK.fullmatch(rack):
+            swarm.rack[me] = rack
+        try:
+            left = int(q.get("left", ["0"])[0])
+        except ValueError:
+            left = 0
+        if left > 0 and q.get("event", [""])[0] != "completed":
+            swarm.leeching.add(me)
+        else:
+            swarm.leeching.discard(me)
         try:  # numwant (BEP 3 suggests 50 by default; libtorrent asks for 200), capped at MAX_PEERS
             want = max(0, min(MAX_PEERS, int(q.get("numwant", [str(MAX_PEERS)])[0])))
         except ValueError:
             want = MAX_PEERS
         # a random sample: in a large fleet, not everyone meets the same first few
-        compact = b"".join(socket.inet_aton(h) + struct.pack(">H", pt) for h, pt in swarm.sample(want, me))
-        return lt.bencode({b"interval": self.interval, b"min interval": 5, b"peers": compact}), None
+        compact = b"".join(socket.inet_aton(h) + struct.pack(">H", pt)
+                           for h, pt in swarm.sample(want, me, swarm.rack.get(me, "")))
+        interval = min(self.interval, LEECH_INTERVAL_S) if me in swarm.leeching else self.interval
+        return lt.bencode({b"interval": interval, b"min interval": min(5, interval), b"peers": compact}), None
+
+    def members(self, remote_ip: str, raw_query: str) -> tuple[bytes, str | None]:
+        """``GET /swarm?info_hash=...[&rack=NAME][&done=1]``: register the asker as a worker downloading
+        this swarm (``done=1``: no longer), and answer every registered worker as JSON
+        ``{"interval": s, "downloading": [[ip, rack], ...]}``. Same allowlist as announces; only for a
+        version this fleet publishes; at most ``per_swarm`` workers."""
+        if len(raw_query) > MAX_QUERY:
+            return _json_fail("query too long"), "tracker_malformed"
+        try:
+            q = parse_qs(raw_query, encoding="latin-1", keep_blank_values=True, max_num_fields=8)
+            info_hash = q["info_hash"][0].encode("latin-1")
+        except (KeyError, IndexError, ValueError):
+            return _json_fail("info_hash is required"), "tracker_malformed"
+        rack = q.get("rack", [""])[0]
+        if len(info_hash) != 20 or (rack and not RACK.fullmatch(rack)):
+            return _json_fail("malformed info_hash or rack"), "tracker_malformed"
+        if not self.allowed(remote_ip):
+            return _json_fail("not allowed"), "tracker_not_allowed"
+        swarm = self.swarms.get(info_hash)
+        if swarm is None:
+            if not self.known(info_hash):
+                return _json_fail("unknown info_hash: not a version this fleet publishes"), "tracker_unknown_torrent"
+            if len(self.swarms) >= self.max_swarms:
+                return _json_fail("too many swarms"), "tracker_full"
+            swarm = self.swarms[info_hash] = _Swarm()
+        now = self.now()
+        swarm.expire(now, self.ttl)
+        if q.get("done", [""])[0] == "1":
+            swarm.members.pop(remote_ip, None)
+        elif remote_ip in swarm.members or len(swarm.members) < self.per_swarm:
+            swarm.members[remote_ip] = (rack, now)
+        else:
+            return _json_fail("swarm full"), "tracker_full"
+        rows = sorted((m, r) for m, (r, _) in swarm.members.items())
+        return json.dumps({"interval": 1, "downloading": rows}).encode(), None
 
     def _expire_all(self, now: float) -> None:
         self.swept = now
@@ -183,6 +269,10 @@ def announced_hash(v2_hex: str) -> bytes:
     """The 20 bytes libtorrent sends as ``info_hash`` for a v2-only torrent: its SHA-256 info-hash
     truncated (BEP 52), given as the 64 hex digits of ``str(info_hashes().v2)``."""
     return bytes.fromhex(v2_hex)[:20]
+
+
+def _json_fail(reason: str) -> bytes:
+    return json.dumps({"failure": reason}).encode()
 
 
 def _fail(reason: str) -> bytes:

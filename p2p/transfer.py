@@ -18,6 +18,7 @@ import libtorrent as lt
 from .alerts import AlertEvent
 from .config import endpoint
 from .errors import TransferFailed, TransferStalled
+from .members import Membership
 from .plan import PiecePlan
 
 if TYPE_CHECKING:
@@ -28,6 +29,7 @@ log = logging.getLogger(__name__)
 CONNECT_EVERY_S = 2.0
 PLAN_EVERY_S = 0.25
 WAIT_S = 0.1
+GATHER_S = 2.5   # with a tracker: ask for nothing in the first moments, until the member list stops growing
 
 
 BLOCK = 16 << 10  # libtorrent's request size: what one block_finished_alert stands for
@@ -39,6 +41,8 @@ class SwarmTrace:
     The block figures need ``[p2p] trace`` (every 16 KiB block attributed to its sender)."""
     workers_max: int = 0               # most downloading workers in view at once
     slice_changes: int = 0             # times this worker's slice moved (its view of the swarm changed)
+    members_max: int = 0               # most downloading workers on the tracker's list at once
+    stalled_owners: int = 0            # owners planned without for a while (they received nothing)
     alone_s: float = 0.0               # time planned with no other worker in view (everything from the origin)
     open_all_after_s: float | None = None   # the recovery rule asked for everything, this long after the start
     redundant_bytes: int = 0           # libtorrent: received twice (end-game) or thrown away
@@ -80,15 +84,28 @@ class Transfer:
         self.progress, self.clock = progress, clock
         self.key = str(ti.info_hashes().v2)
         self.origin_ips = {endpoint(p)[0] for p in peers}
-        self.planner = PiecePlan(ti.num_pieces()) if plan and self.origin_ips else None
+        cfg = session.cfg
+        host = endpoint(cfg.listen)[0]
+        self.planner = PiecePlan(ti.num_pieces(), "" if host in ("0.0.0.0", "::") else host, rack=cfg.rack,
+                                 gather_s=GATHER_S if cfg.trackers else 0.0) if plan and self.origin_ips else None
+        self.membership = Membership(tuple(cfg.trackers), bytes.fromhex(self.key)[:20], cfg.tls, rack=cfg.rack,
+                                     source_ip=host) \
+            if self.planner is not None and cfg.trackers else None
         self.result = DownloadResult()
         self.result.trace.traced = session.cfg.trace
         self._blocks: set[int] = set()   # (traced) piece * 2**20 + block received so far
+        self._stalled: set[str] = set()
         self._reported = 0
 
     def run(self, *, stall_s: float, timeout_s: float | None, flush_timeout_s: float) -> DownloadResult:
         t0 = self.clock()
-        self._download(t0, stall_s, timeout_s)
+        if self.membership is not None:
+            self.membership.start()
+        try:
+            self._download(t0, stall_s, timeout_s)
+        finally:
+            if self.membership is not None:
+                self.membership.stop()
         self._flush(flush_timeout_s)
         self._attribute()
         self.result.seconds = self.clock() - t0
@@ -121,8 +138,11 @@ class Transfer:
                 return
             if plan_due and st.state in (lt.torrent_status.downloading, lt.torrent_status.finished):
                 own = planner.own
+                members = None
+                if self.membership is not None:  # (in the first moments, only a list that stopped growing)
+                    members = self.membership.members if now - t0 >= GATHER_S else self.membership.settled(1.0)
                 current = self.session.apply_plan(h, planner, st, self.origin_ips, now,
-                                                  st.total_done > planned_done, current)
+                                                  st.total_done > planned_done, current, members)
                 self._traced_plan(planner, own, now, t0, last_plan)
                 planned_done, next_plan, last_plan = st.total_done, now + PLAN_EVERY_S, now
             if now - last_progress > stall_s:
@@ -131,10 +151,14 @@ class Transfer:
             if timeout_s is not None and now - t0 > timeout_s:
                 raise TransferStalled(f"P2P download did not finish in {timeout_s:.0f} s")
 
-    def _traced_plan(self, planner: PiecePlan, own_before: range, now: float, t0: float,
+    def _traced_plan(self, planner: PiecePlan, own_before: frozenset[int], now: float, t0: float,
                      last_plan: float | None) -> None:
         trace = self.result.trace
         trace.workers_max = max(trace.workers_max, planner.workers)
+        members = self.membership.members if self.membership is not None else None
+        trace.members_max = max(trace.members_max, len(members or ()))
+        self._stalled |= planner.stalled
+        trace.stalled_owners = len(self._stalled)
         if last_plan is not None:
             trace.slice_changes += planner.own != own_before
             if planner.workers == 1 and not planner.open_all:

@@ -158,6 +158,37 @@ def test_two_sessions_transfer_and_allowlist(tmp_path: Path) -> None:
             s.close()
 
 
+def test_a_capped_node_accepts_every_worker_of_its_lan(tmp_path: Path) -> None:
+    """Limits on the local peer class must keep its other settings: libtorrent's ``set_peer_class``
+    with only the limits zeroed ``connection_limit_factor``, and an origin took 10 of 16 workers (the
+    other six waited in a handshake that never completed, and the swarm planned around them)."""
+    import libtorrent as lt
+    ckpt = make_checkpoint(tmp_path / "v1", total_bytes=4 * MiB, shards=1, layers=2)
+    m = build_manifest(ckpt)
+    ti = load_torrent(make_torrent(ckpt, m), m)
+    origin = P2PSession(P2PConfig(listen="127.0.0.2:0", upload_limit=10_000_000, download_limit=10_000_000))
+    workers = [P2PSession(P2PConfig(listen=f"127.0.0.{10 + i}:0", upload_limit=10_000_000,
+                                    download_limit=10_000_000)) for i in range(16)]
+    try:
+        local = origin.ses.get_peer_class(lt.session.local_peer_class_id)
+        assert local["connection_limit_factor"] > 0 and local["ignore_unchoke_slots"], local
+        assert local["upload_limit"] == 10_000_000
+        origin.seed(ti, ckpt)
+        for i, w in enumerate(workers):
+            atp = lt.add_torrent_params()
+            atp.ti, atp.save_path = ti, str(tmp_path / f"w{i}")
+            atp.flags = atp.flags & ~lt.torrent_flags.auto_managed & ~lt.torrent_flags.paused
+            w.ses.add_torrent(atp).connect_peer(("127.0.0.2", origin.port))
+        seed = next(iter(origin.seeding.values()))
+        deadline = time.monotonic() + 20
+        while seed.status().num_peers < 16 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert seed.status().num_peers == 16
+    finally:
+        for s in (origin, *workers):
+            s.close()
+
+
 @pytest.mark.slow
 def test_origin_and_four_workers_preload_at_once(cluster, tmp_path: Path) -> None:
     """Every node capped at 10 MB/s: the piece plan makes the workers fan the origin's pieces out to one

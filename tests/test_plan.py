@@ -1,71 +1,168 @@
-"""The piece plan: disjoint slices of the origin's pieces, never a stranded piece."""
+"""The piece plan: disjoint, stable ownership of the origin's pieces, racks, recovery, never a
+stranded piece."""
 
 from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from p2p.plan import ANY, HELD, OWN, PiecePlan
+from p2p.plan import ANY, HELD, OWN, XRACK, Peer, PiecePlan, rendezvous
 
 ips = st.lists(st.integers(1, 250).map(lambda i: f"127.0.0.{i}"), min_size=1, max_size=40, unique=True)
 
 
-@settings(max_examples=200, deadline=None)
-@given(workers=ips, n=st.integers(1, 5000))
-def test_slices_partition_the_pieces(workers: list[str], n: int) -> None:
-    """Every worker computing its slice from the same view: each piece belongs to exactly one."""
-    plan = PiecePlan(n)
-    owned = [p for ip in workers for p in plan.slice_of(ip, [w for w in workers if w != ip])]
-    assert sorted(owned) == list(range(n))
+def owners(n: int, workers: list[str]) -> list[str]:
+    """Who owns each piece, as each worker computes it from the same list."""
+    out: list[str | None] = [None] * n
+    for me in workers:
+        plan = PiecePlan(n, me)
+        members = {w: "" for w in workers}
+        plan.priorities([False] * n, {}, [False] * n, members, 0, 0, 0.0, True)
+        for p in plan.own:
+            assert out[p] is None, f"piece {p} owned twice"
+            out[p] = me
+    assert None not in out
+    return out  # type: ignore[return-value]
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
+@given(workers=ips, n=st.integers(1, 3000))
+def test_owners_partition_the_pieces(workers: list[str], n: int) -> None:
+    """Every worker planning on the same member list: each piece belongs to exactly one."""
+    owners(n, workers)
+
+
+@settings(max_examples=50, deadline=None)
+@given(workers=ips.filter(lambda w: len(w) >= 3), n=st.integers(50, 3000), data=st.data())
+def test_a_worker_missing_from_a_view_moves_only_its_own_pieces(workers: list[str], n: int,
+                                                                 data: st.DataObject) -> None:
+    """Rendezvous hashing, not ranks: without one worker, only the pieces it owned change owner (ranked
+    slices would shift every boundary, and every worker's slice with them)."""
+    gone = data.draw(st.sampled_from(workers))
+    before = rendezvous(n, sorted(workers))
+    rest = sorted(w for w in workers if w != gone)
+    after = rendezvous(n, rest)
+    names_before = [sorted(workers)[i] for i in before]
+    names_after = [rest[i] for i in after]
+    for p in range(n):
+        if names_before[p] != gone:
+            assert names_after[p] == names_before[p]
+
+
+def test_ownership_is_balanced() -> None:
+    counts: dict[int, int] = {}
+    for o in rendezvous(6000, [f"10.0.{i // 250}.{i % 250}" for i in range(32)]):
+        counts[int(o)] = counts.get(int(o), 0) + 1
+    assert len(counts) == 32 and max(counts.values()) < 2 * 6000 / 32 and min(counts.values()) > 6000 / 32 / 2
+
+
+@settings(max_examples=100, deadline=None)
 @given(workers=ips, n=st.integers(1, 400), data=st.data())
 def test_priorities(workers: list[str], n: int, data: st.DataObject) -> None:
     me, others = workers[0], workers[1:]
     have = data.draw(st.lists(st.booleans(), min_size=n, max_size=n))
-    peers = {ip: data.draw(st.lists(st.booleans(), min_size=n, max_size=n)) for ip in others}
-    plan = PiecePlan(n)
-    prio = plan.priorities(have, me, peers, 0, 0.0, True)
-    own = plan.slice_of(me, others) if others else range(n)
+    held = data.draw(st.lists(st.booleans(), min_size=n, max_size=n))
+    plan = PiecePlan(n, me)
+    members = {w: "" for w in workers}
+    prio = plan.priorities(have, {}, held, members, 0, 0, 0.0, True)
     for p in range(n):
-        held = any(bf[p] for bf in peers.values())
         if have[p]:
             assert prio[p] == ANY
-        elif p in own:
+        elif p in plan.own:
             assert prio[p] == OWN          # the own slice comes first, from the origin
-        elif held:
+        elif held[p]:
             assert prio[p] == HELD         # a piece another worker holds is always wanted
         else:
-            assert prio[p] == 0            # another worker's slice, only at the origin: not yet
+            assert prio[p] == 0            # another worker's piece, only at the origin: not yet
+    if not others:
+        assert plan.own == frozenset(range(n))
 
 
 def test_alone_with_the_origin_wants_everything() -> None:
-    assert PiecePlan(5).priorities([True, False, False, False, False], "127.0.0.5", {}, 0, 0.0, True) \
+    plan = PiecePlan(5, "127.0.0.5")
+    assert plan.priorities([True, False, False, False, False], {}, [False] * 5, None, 0, 0, 0.0, True) \
         == [ANY, OWN, OWN, OWN, OWN]
 
 
+def test_with_a_tracker_nothing_is_asked_before_the_member_list() -> None:
+    plan = PiecePlan(4, "127.0.0.5", gather_s=2.0)
+    assert plan.priorities([False] * 4, {}, [False] * 4, None, 0, 0, 0.0, True) == [0] * 4
+    assert plan.priorities([False] * 4, {}, [False] * 4, None, 0, 0, 2.5, True) == [OWN] * 4
+
+
 def test_a_seed_among_the_peers_makes_every_piece_held() -> None:
-    prio = PiecePlan(4).priorities([False] * 4, "127.0.0.5", {"127.0.0.6": [False] * 4}, 1, 0.0, True)
-    assert prio == [OWN, OWN, HELD, HELD]
+    plan = PiecePlan(64, "127.0.0.5")
+    prio = plan.priorities([False] * 64, {"127.0.0.6": Peer()}, [False] * 64, {"127.0.0.6": ""}, 1, 0, 0.0, True)
+    assert set(prio) == {OWN, HELD}
 
 
-def test_idle_waiting_on_a_slice_owner_opens_everything_after_the_grace() -> None:
-    """The owner of the second half is gone silent: after grace_s without progress, take it all."""
-    plan = PiecePlan(4, grace_s=2.0)
-    have, peers = [True, True, False, False], {"127.0.0.9": [False] * 4}
-    assert plan.priorities(have, "127.0.0.5", peers, 0, 0.0, False) == [ANY, ANY, 0, 0]
-    assert plan.priorities(have, "127.0.0.5", peers, 0, 1.0, False) == [ANY, ANY, 0, 0]
-    assert plan.priorities(have, "127.0.0.5", peers, 0, 2.5, False) == [ANY] * 4
-    assert plan.open_all
-    # and stays open: a plan can only delay a piece, never strand it
-    assert plan.priorities(have, "127.0.0.5", peers, 0, 3.0, True) == [ANY] * 4
+def test_an_owner_that_gets_nothing_from_the_origin_is_planned_without() -> None:
+    """127.0.0.9 owns about half the pieces and none of them arrives anywhere for ``stall_s``
+    (it cannot reach the origin, or died without leaving the list): they become this worker's."""
+    n, me, other = 200, "127.0.0.5", "127.0.0.9"
+    members = {me: "", other: ""}
+    plan = PiecePlan(n, me, stall_s=6.0)
+    have = [False] * n
+    prio = plan.priorities(have, {other: Peer(num_pieces=0)}, [False] * n, members, 0, 0, 0.0, True)
+    first = plan.own
+    assert 0 < len(first) < n and prio.count(0) == n - len(first)
+    have = [p in first for p in range(n)]   # this worker got its own; the other's stay at the origin only
+    plan.priorities(have, {other: Peer(num_pieces=0)}, [False] * n, members, 0, 0, 3.0, True)
+    assert plan.stalled == set()
+    prio = plan.priorities(have, {other: Peer(num_pieces=0)}, [False] * n, members, 0, 0, 6.5, True)
+    assert plan.stalled == {other} and plan.own == frozenset(range(n))
+    assert [prio[p] for p in range(n) if p not in first] == [OWN] * (n - len(first))
 
 
-def test_progress_resets_the_grace() -> None:
-    plan = PiecePlan(4, grace_s=2.0)
-    have, peers = [True, True, False, False], {"127.0.0.9": [False] * 4}
-    plan.priorities(have, "127.0.0.5", peers, 0, 0.0, False)
-    plan.priorities(have, "127.0.0.5", peers, 0, 1.5, True)   # bytes arrived: not idle
-    assert plan.priorities(have, "127.0.0.5", peers, 0, 2.5, False) == [ANY, ANY, 0, 0]
-    assert not plan.open_all
+def test_a_slow_owner_that_progresses_keeps_its_pieces() -> None:
+    n, me, other = 200, "127.0.0.5", "127.0.0.9"
+    members = {me: "", other: ""}
+    plan = PiecePlan(n, me, stall_s=6.0)
+    held = [False] * n
+    plan.priorities([False] * n, {}, held, members, 0, 0, 0.0, True)
+    theirs = [p for p in range(n) if p not in plan.own]
+    for t in range(1, 30):   # one of its pieces reaches the swarm every second
+        held[theirs[t]] = True
+        plan.priorities([p in plan.own for p in range(n)], {other: Peer()}, held, members, 0, 0, float(t), True)
+    assert plan.stalled == set()
+
+
+def test_idle_with_nothing_arriving_opens_everything_after_three_graces() -> None:
+    plan = PiecePlan(64, "127.0.0.5", grace_s=2.0, stall_s=1000)
+    members = {"127.0.0.5": "", "127.0.0.9": ""}
+    plan.priorities([False] * 64, {}, [False] * 64, members, 0, 0, 0.0, True)
+    have = [p in plan.own for p in range(64)]
+    peers = {"127.0.0.9": Peer()}
+    assert 0 in plan.priorities(have, peers, [False] * 64, members, 0, 0, 1.0, False)
+    assert 0 in plan.priorities(have, peers, [False] * 64, members, 0, 0, 5.0, False)
+    assert plan.priorities(have, peers, [False] * 64, members, 0, 0, 7.5, False) == [ANY] * 64
+    assert plan.open_all   # and stays open: a plan can only delay a piece, never strand it
+    assert plan.priorities(have, peers, [False] * 64, members, 0, 0, 8.0, True) == [ANY] * 64
+
+
+def test_racks_cross_once_per_rack_then_spread_inside() -> None:
+    """4 racks x 4 workers: every piece has one home rack (whose owner takes it from the origin), one
+    owner per rack (which takes it across racks once some worker holds it), and the other workers of a
+    rack take it only from their rack."""
+    n = 400
+    members = {f"127.0.{r}.{w}": f"r{r}" for r in range(4) for w in range(4)}
+    plans = {ip: PiecePlan(n, ip, rack=rack) for ip, rack in members.items()}
+    prio = {ip: p.priorities([False] * n, {}, [False] * n, members, 0, 0, 0.0, True) for ip, p in plans.items()}
+    for piece in range(n):
+        own = [ip for ip in members if prio[ip][piece] == OWN]
+        assert len(own) == 1                      # the origin sends each piece to one worker
+        assert all(prio[ip][piece] == 0 for ip in members if ip not in own)  # nobody holds it yet
+    # once some worker holds every piece: each rack's owner pulls across, the rest wait for their rack
+    held = [True] * n
+    prio = {ip: p.priorities([False] * n, {}, held, members, 0, 0, 1.0, True) for ip, p in plans.items()}
+    for piece in range(n):
+        for r in range(4):
+            rack_ips = [ip for ip in members if members[ip] == f"r{r}"]
+            takers = [ip for ip in rack_ips if prio[ip][piece] in (OWN, XRACK)]
+            assert len(takers) == 1, (piece, r)
+            assert all(prio[ip][piece] == 0 for ip in rack_ips if ip not in takers)
+    # a worker of the same rack holds it: then everyone of that rack wants it
+    me = "127.0.1.0"
+    peers = {"127.0.1.1": Peer(rack="r1", pieces=[True] * n)}
+    prio_me = plans[me].priorities([False] * n, peers, held, members, 0, 0, 2.0, True)
+    assert set(prio_me) <= {OWN, XRACK, HELD} and HELD in prio_me

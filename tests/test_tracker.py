@@ -255,3 +255,62 @@ def test_tls_tracker_requires_a_fleet_client_certificate(tls_origin) -> None:
             conn.getresponse().read()
     finally:
         conn.close()
+
+
+def members_of(answer: tuple[bytes, str | None]) -> list[list[str]]:
+    import json
+    body, refused = answer
+    assert refused is None, body
+    return json.loads(body)["downloading"]
+
+
+def test_member_list_registers_askers_with_racks_and_forgets_them() -> None:
+    """``GET /swarm``: every worker asking about once a second is on the list (with its rack) for
+    MEMBER_TTL_S; ``done=1`` takes it off at once; unknown hashes, outsiders and bad racks are refused
+    and create nothing."""
+    from p2p.tracker import MEMBER_TTL_S
+    clock = [0.0]
+    t = tracker(clock)
+    h = f"info_hash={quote_from_bytes(KNOWN)}"
+    assert members_of(t.members("127.0.0.3", h + "&rack=r1")) == [["127.0.0.3", "r1"]]
+    assert members_of(t.members("127.0.0.4", h)) == [["127.0.0.3", "r1"], ["127.0.0.4", ""]]
+    clock[0] = MEMBER_TTL_S - 1
+    assert members_of(t.members("127.0.0.4", h)) == [["127.0.0.3", "r1"], ["127.0.0.4", ""]]
+    clock[0] = MEMBER_TTL_S + 0.5   # 127.0.0.3 stopped asking (died): gone
+    assert members_of(t.members("127.0.0.4", h)) == [["127.0.0.4", ""]]
+    assert members_of(t.members("127.0.0.4", h + "&done=1")) == []
+    for ip, query, reason in (("10.1.2.3", h, "tracker_not_allowed"),
+                              ("127.0.0.5", f"info_hash={quote_from_bytes(bytes(20))}", "tracker_unknown_torrent"),
+                              ("127.0.0.5", h + "&rack=../x", "tracker_malformed"),
+                              ("127.0.0.5", h + "&rack=" + "a" * 80, "tracker_malformed"),
+                              ("127.0.0.5", "rack=r1", "tracker_malformed")):
+        assert t.members(ip, query)[1] == reason, query
+    assert len(t.swarms) == 1
+
+
+def test_member_list_is_bounded_per_swarm() -> None:
+    t = tracker(per_swarm=3)
+    h = f"info_hash={quote_from_bytes(KNOWN)}"
+    for i in range(3):
+        assert t.members(f"127.0.0.{10 + i}", h)[1] is None
+    assert t.members("127.0.0.20", h)[1] == "tracker_full"
+    assert t.members("127.0.0.10", h)[1] is None   # (one already on it keeps asking)
+
+
+def test_announces_hand_out_same_rack_peers_first() -> None:
+    t = tracker()
+    for i in range(40):
+        t.announce(f"127.0.{i % 4}.{10 + i}", q(port=7000, extra=f"&rack=r{i % 4}"))
+    got = peers_of(t.announce("127.0.1.200", q(port=7000, extra="&rack=r1&numwant=15")))
+    assert len(got) == 15
+    assert all(ip.startswith("127.0.1.") for ip, _ in got[:10])   # the ten of rack r1 first
+    assert len({ip for ip, _ in got}) == len(got)
+
+
+def test_downloading_peers_are_asked_to_announce_often() -> None:
+    from p2p.tracker import LEECH_INTERVAL_S
+    t = tracker()
+    body, _ = t.announce("127.0.0.3", q().replace("left=0", "left=100"))
+    assert lt.bdecode(body)[b"interval"] == LEECH_INTERVAL_S
+    body, _ = t.announce("127.0.0.4", q())
+    assert lt.bdecode(body)[b"interval"] == INTERVAL_S

@@ -204,6 +204,7 @@ class P2PSettings(_Model):
     piece_size: int = 0                  # torrent piece size at publish; 0 = by checkpoint size
     tls: P2PTLSSettings | None = None    # fleet TLS: only peers with a certificate from the fleet CA exchange bytes
     plan: bool = True                    # the piece plan; false: libtorrent's own piece picking (for comparison)
+    rack: str = ""                       # this node's rack (the tracker and the plan keep traffic inside racks)
     trace: bool = False                  # attribute every 16 KiB block to its sender in preload --json (costs CPU)
 
     @model_validator(mode="after")
@@ -213,6 +214,15 @@ class P2PSettings(_Model):
             if plain:  # an announce in the clear hands the swarm's addresses to anyone on the path
                 raise ValueError(f"trackers: with p2p.tls every tracker must be an https:// URL, got {plain[0]!r}")
         return self
+
+    @field_validator("rack", mode="before")
+    @classmethod
+    def _rack(cls, v: Any) -> str:
+        import re
+        if not isinstance(v, str) or (v and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", v)):
+            raise ValueError("expected a rack name: letters, digits, '.', '_' and '-', at most 63, "
+                             "starting with a letter or digit")
+        return v
 
     @field_validator("piece_size", mode="before")
     @classmethod

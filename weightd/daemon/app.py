@@ -347,8 +347,16 @@ class Daemon:
                     reseed["at"] = now
                     reseed["task"] = asyncio.get_running_loop().create_task(pick_up())
             return web.Response(body=body, content_type="text/plain")
+        async def members(request: web.Request) -> web.Response:
+            body, refused = tracker.members(request.remote or "", request.rel_url.raw_query_string)
+            if refused is not None:
+                self.metrics.trust_refusals.labels(refused).inc()
+            return web.Response(body=body, status=200 if refused is None else 404 if
+                                refused == "tracker_unknown_torrent" else 403 if refused == "tracker_not_allowed"
+                                else 400, content_type="application/json")
         tapp = web.Application(client_max_size=4096)
         tapp.router.add_get("/announce", announce)
+        tapp.router.add_get("/swarm", members)
         await self._start_tcp(tapp, tl, "p2p.tracker_listen", ssl_context=self._tracker_tls())
         self.tracker = tracker
         self.metrics.tracker_peers.set_function(tracker.peers)
