@@ -155,31 +155,40 @@ def _swarm_sums(reports: list[dict]) -> dict:
     return total
 
 
+def _cross_rack(reports: list[dict], racks: list[str], size: int) -> dict:
+    """Bytes each rack received from outside itself (the origin counts as outside), x checkpoint."""
+    per: dict[str, int] = {}
+    for r, rack in zip(reports, racks):
+        for sender, n in ((r.get("swarm") or {}).get("bytes_by_rack") or {}).items():
+            if sender != rack:
+                per[rack] = per.get(rack, 0) + n
+    xs = {k: round(v / size, 2) for k, v in sorted(per.items())}
+    return {"per_rack_x": xs, "max_x": max(xs.values(), default=0.0)}
+
+
 def run(base: Path, cold: Path, n: int, cap: str, storm: bool, size: int, mode: Mode = PLAIN, *,
-        plan: bool = True, trace: bool = False) -> dict:
+        plan: bool = True, trace: bool = False, racks: int = 0) -> dict:
     knobs = ("" if plan else "plan = false\n") + ("trace = true\n" if trace else "")
     origin = Daemon(base, "127.0.0.2", cold, cap, "origin", None, '"127.0.0.0/8"',
                     p2p_extra=mode.p2p("127.0.0.2") + knobs)
     scheme = "https" if mode.tls else "http"
     workers = []
+    rack_of = [f"r{i % racks}" if racks else "" for i in range(n)]
     try:
         for i in range(n):
             ip = f"127.0.0.{10 + i}"
             allow = '"127.0.0.2/32"' if storm else '"127.0.0.0/8"'  # storm: nobody but the origin
+            rack = f'rack = "{rack_of[i]}"\n' if racks else ""
             workers.append(Daemon(base, ip, cold, cap, "worker", f"127.0.0.2:{origin.port}", allow,
                                   None if storm else f"{scheme}://127.0.0.2:{origin.tport}/announce",
-                                  p2p_extra=mode.p2p(ip) + knobs, extra=mode.sections()))
+                                  p2p_extra=mode.p2p(ip) + knobs + rack, extra=mode.sections()))
         up0 = origin.metric("weightd_p2p_upload_bytes_total")
         peak = [0.0]
         stop = threading.Event()
 
-        origin_peers: list[float] = []
-
         def sample() -> None:
             while not stop.is_set():
                 peak[0] = max([peak[0], *(w.rss_mb() for w in workers)])
-                if os.environ.get("WEIGHTD_BENCH_ORIGIN_PEERS"):
-                    origin_peers.append(origin.metric("weightd_p2p_peers"))
                 time.sleep(0.2)
 
         sampler = threading.Thread(target=sample)
@@ -207,7 +216,8 @@ def run(base: Path, cold: Path, n: int, cap: str, storm: bool, size: int, mode: 
                 "from_peers_bytes": sum(r["bytes_by_source"]["peer"] for r in reports),
                 "origin_each": [round(r["bytes_by_source"]["origin"] / size, 2) for r in reports],
                 "from_cold_bytes": sum(r["bytes_by_source"]["cold"] for r in reports),
-                "origin_peers": origin_peers[::5], "plan": _swarm_sums(reports), "swarm_each": [r.get("swarm") for r in reports],
+                "cross_rack": _cross_rack(reports, rack_of, size) if racks else None,
+                "plan": _swarm_sums(reports), "swarm_each": [r.get("swarm") for r in reports],
                 "signature_checked": all((r.get("signature") or {}).get("checked") for r in reports)}
     finally:
         for d in [*workers, origin]:
@@ -278,6 +288,10 @@ def main() -> int:
     ap.add_argument("--trace", action="store_true",
                     help="[p2p] trace on every node: attribute every block (origin bytes outside a slice, duplicates)")
     ap.add_argument("--verbose", action="store_true", help="every run's figures, not only medians")
+    ap.add_argument("--racks", type=int, default=0,
+                    help="racks emulated on loopback: worker i in rack r{i %% R} ([p2p] rack); reported: "
+                         "bytes each rack received from outside it (x checkpoint). Add no-racks to "
+                         "--baseline for the plan without racks in the same run")
     args = ap.parse_args()
     args.baseline = "storm,stock" if args.baseline == "both" else args.baseline
     if args.rounds is None:
@@ -307,17 +321,19 @@ def main() -> int:
             return 0
         # every contender once per round, the order alternating (the VM's noise falls on all of them)
         contenders = [("plan", False, True)] + [("stock", False, False)] * ("stock" in args.baseline) \
-            + [("storm", True, True)] * ("storm" in args.baseline)
+            + [("storm", True, True)] * ("storm" in args.baseline) \
+            + [("plan-no-racks", False, True)] * bool(args.racks and "no-racks" in args.baseline)
         runs: dict[tuple[str, int], list[dict]] = {}
         for rnd in range(args.rounds):
             for n in ns:
                 for name, storm, plan in contenders if rnd % 2 == 0 else contenders[::-1]:
                     if name == "storm" and n > args.storm_max:
                         continue
-                    r = run(base, cold, n, args.cap, storm, size, plan=plan, trace=args.trace)
+                    r = run(base, cold, n, args.cap, storm, size, plan=plan, trace=args.trace or bool(args.racks),
+                            racks=0 if name in ("storm", "plan-no-racks") else args.racks)
                     runs.setdefault((name, n), []).append(r)
                     print(f"round {rnd + 1} n={n} {name}: {r['seconds']} s, origin {r['origin_upload_x']}x, "
-                          f"cpu {r['cpu_busy']:.0%}, plan {r['plan']}", file=sys.stderr)
+                          f"cpu {r['cpu_busy']:.0%}, cross-rack {r['cross_rack']}, plan {r['plan']}", file=sys.stderr)
         out: dict = {"benchmark": "swarm", "bytes": size, "piece_size": args.piece_size,
                      "cap_bytes_per_s": parse_size(args.cap), "rounds": args.rounds, "load_avg": os.getloadavg(),
                      "results": []}
@@ -335,6 +351,8 @@ def main() -> int:
                     "cpu_busy": _median_range([r["cpu_busy"] for r in rs]),
                     "worker_peak_rss_mb": max(r["worker_peak_rss_mb"] for r in rs),
                     "from_cold_bytes": sum(r["from_cold_bytes"] for r in rs),
+                    "cross_rack_max_x": _median_range([r["cross_rack"]["max_x"] for r in rs])
+                    if rs[0].get("cross_rack") else None,
                     "plan": rs[len(rs) // 2]["plan"], "runs": rs if args.verbose else None})
         out["targets"] = {"t_over_t1_up_to_32": 1.3, "origin_upload_x_up_to_32": 1.2, "worker_rss_mb": 200}
         print(json.dumps(out, indent=2))

@@ -51,9 +51,10 @@ class SwarmTrace:
     origin_bytes: int = 0              # (traced) blocks from an origin ...
     origin_outside_slice_bytes: int = 0   # ... of pieces outside this worker's slice at that moment
     duplicate_bytes: int = 0           # (traced) blocks received more than once
+    bytes_by_rack: dict[str, int] = field(default_factory=dict)   # received, by the sender's rack
 
     def to_dict(self) -> dict[str, object]:
-        d = {k: getattr(self, k) for k in self.__slots__}
+        d = {k: getattr(self, k) for k in self.__slots__ if not k.startswith("_")}
         d["alone_s"] = round(self.alone_s, 2)
         if self.open_all_after_s is not None:
             d["open_all_after_s"] = round(self.open_all_after_s, 2)
@@ -95,6 +96,7 @@ class Transfer:
         self.result.trace.traced = session.cfg.trace
         self._blocks: set[int] = set()   # (traced) piece * 2**20 + block received so far
         self._stalled: set[str] = set()
+        self._racks: dict[str, str] = {}   # ip -> rack, from the member lists seen
         self._reported = 0
 
     def run(self, *, stall_s: float, timeout_s: float | None, flush_timeout_s: float) -> DownloadResult:
@@ -157,6 +159,7 @@ class Transfer:
         trace.workers_max = max(trace.workers_max, planner.workers)
         members = self.membership.members if self.membership is not None else None
         trace.members_max = max(trace.members_max, len(members or ()))
+        self._racks.update(members or {})
         self._stalled |= planner.stalled
         trace.stalled_owners = len(self._stalled)
         if last_plan is not None:
@@ -248,5 +251,10 @@ class Transfer:
             others = set(result.bytes_by_peer) - self.origin_ips
             result.bytes_by_peer = {endpoint(self.peers[0])[0] if self.peers and not others else "unattributed": total}
         result.trace.redundant_bytes, result.trace.failed_bytes = st.total_redundant_bytes, st.total_failed_bytes
+        by_rack: dict[str, int] = {}
+        for ip, n in result.bytes_by_peer.items():
+            rack = "origin" if ip in self.origin_ips else self._racks.get(ip, "")
+            by_rack[rack] = by_rack.get(rack, 0) + n
+        result.trace.bytes_by_rack = by_rack
         self.session.alerts.add("downloaded", total)
         self.session.alerts.add("uploaded_gone", st.all_time_upload)
