@@ -19,8 +19,10 @@ cap sending duplicates while the workers' upload capacity idles: 2.25x the check
 **What a worker asks for** (libtorrent piece priorities, a few times a second):
 
 - ``OWN``: pieces it owns in its home rack: from the origin (the only holder at first);
-- ``XRACK``: pieces it owns for its rack whose home is another rack, once some worker holds them
-  (they cross racks once per rack, from that rack's owner);
+- ``XRACK``: pieces it owns for its rack that some worker of another rack holds and none of its own
+  rack (they cross racks once per rack, through that rack's owner); the session paces what arrives
+  from other racks (``P2PSession.apply_plan``): libtorrent picks the sender, so a piece wanted from
+  the rack may still come from outside it;
 - ``HELD``: any other piece a worker of its own rack holds (without racks: any worker);
 - nothing yet for the rest: pieces only the origin has and another worker owns.
 
@@ -83,16 +85,20 @@ class Peer:
 
 class PiecePlan:
     def __init__(self, num_pieces: int, self_ip: str = "", *, rack: str = "", grace_s: float = 3.0,
-                 stall_s: float = 6.0, gather_s: float = 0.0) -> None:
-        self.num_pieces, self.self_ip, self.rack = num_pieces, self_ip, rack
+                 stall_s: float = 6.0, gather_s: float = 0.0, piece_bytes: int = 1 << 20) -> None:
+        self.num_pieces, self.self_ip, self.rack, self.piece_bytes = num_pieces, self_ip, rack, piece_bytes
         self.grace_s, self.stall_s, self.gather_s = grace_s, stall_s, gather_s
         self.open_all = False
         self.origin_limit = 0   # what the session last set for the origin class (bytes/s, 0 = none)
+        self.rack_limit = 0     # ... and for the other racks' class
         self.last_progress = 0.0
         self.started: float | None = None
         self.own: frozenset[int] = frozenset(range(num_pieces))  # this worker's slice of its home rack's pieces
         self.workers = 1        # downloading workers planned with (this one included)
         self.stalled: set[str] = set()   # owners planned without (see _stale)
+        self.crossing = 0                # pieces this worker now takes across racks (XRACK), as of the last call
+        self.origin_left = num_pieces    # pieces it still takes from the origin (OWN), likewise
+        self.rack_size = 1               # workers of this rack planned with (this one included)
         self._idle_since: float | None = None
         self._counts: dict[str, tuple[int, float]] = {}   # ip -> (its pieces only the origin holds, since)
         self._cache: dict[tuple, tuple[np.ndarray | None, np.ndarray, list[str], list[str]]] = {}
@@ -162,18 +168,24 @@ class PiecePlan:
             planned.pop(ip, None)
         self.workers = len(planned)
         home, owner, racks, mine = self._assign(planned)
+        self.rack_size = len(mine)
         ours = owner == mine.index(self.self_ip)
         want = ~have_a
+        # OWN only while the origin is the only holder: an owned piece some worker already holds (a
+        # slice that moved to this worker) is taken like any held piece, not pulled from the origin
+        anywhere = held if not seeds else np.ones(n, dtype=bool)
         if home is None:
-            own, xrack = ours & want, np.zeros(n, dtype=bool)
-            in_rack = held if not seeds else np.ones(n, dtype=bool)
+            own, xrack = ours & want & ~anywhere, np.zeros(n, dtype=bool)
+            in_rack = anywhere
         else:
             here = home == racks.index(self.rack)
-            own = ours & here & want
-            xrack = ours & ~here & want & (held if not seeds else True)
+            own = ours & here & want & ~anywhere
             in_rack = self._held_in_rack(peers, rack_seeds)
+            xrack = ours & want & anywhere & ~in_rack
+        self.crossing = int(np.count_nonzero(xrack))
+        self.origin_left = int(np.count_nonzero(own))
         prio = np.zeros(n, dtype=np.int8)
-        prio[want & ~ours & in_rack] = HELD
+        prio[want & in_rack] = HELD
         prio[xrack] = XRACK
         prio[own] = OWN
         prio[have_a] = ANY   # (what we hold stays wanted: zero would let libtorrent park it aside)

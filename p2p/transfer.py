@@ -80,7 +80,8 @@ class DownloadResult:
 class Transfer:
     def __init__(self, session: "P2PSession", ti: lt.torrent_info, h: lt.torrent_handle,
                  events: "queue.SimpleQueue[AlertEvent]", peers: tuple[str, ...], *, plan: bool,
-                 progress: Callable[[int], None] | None, clock: Callable[[], float] = time.monotonic) -> None:
+                 progress: Callable[[int], None] | None, clock: Callable[[], float] = time.monotonic,
+                 held_back: bool = False) -> None:
         self.session, self.ti, self.h, self.events, self.peers = session, ti, h, events, peers
         self.progress, self.clock = progress, clock
         self.key = str(ti.info_hashes().v2)
@@ -88,7 +89,8 @@ class Transfer:
         cfg = session.cfg
         host = endpoint(cfg.listen)[0]
         self.planner = PiecePlan(ti.num_pieces(), "" if host in ("0.0.0.0", "::") else host, rack=cfg.rack,
-                                 gather_s=GATHER_S if cfg.trackers else 0.0) if plan and self.origin_ips else None
+                                 gather_s=GATHER_S if cfg.trackers else 0.0, piece_bytes=ti.piece_length()) \
+            if plan and self.origin_ips else None
         self.membership = Membership(tuple(cfg.trackers), bytes.fromhex(self.key)[:20], cfg.tls, rack=cfg.rack,
                                      source_ip=host) \
             if self.planner is not None and cfg.trackers else None
@@ -98,6 +100,7 @@ class Transfer:
         self._stalled: set[str] = set()
         self._racks: dict[str, str] = {}   # ip -> rack, from the member lists seen
         self._reported = 0
+        self.held_back = held_back   # added paused: resumed once the member list is in (racks)
 
     def run(self, *, stall_s: float, timeout_s: float | None, flush_timeout_s: float) -> DownloadResult:
         t0 = self.clock()
@@ -123,6 +126,16 @@ class Transfer:
         last_plan: float | None = None
         while True:
             now = self.clock()
+            if self.held_back:
+                members = self.membership.settled(1.0) if self.membership is not None else None
+                if members is None and now - t0 < GATHER_S:
+                    time.sleep(WAIT_S)
+                    continue
+                if members is None and self.membership is not None:
+                    members = self.membership.members
+                self.session.set_other_racks(members or {})
+                h.resume()
+                self.held_back = False
             if now >= next_connect:
                 self._connect()
                 next_connect = now + CONNECT_EVERY_S

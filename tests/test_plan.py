@@ -68,10 +68,13 @@ def test_priorities(workers: list[str], n: int, data: st.DataObject) -> None:
     for p in range(n):
         if have[p]:
             assert prio[p] == ANY
-        elif p in plan.own:
-            assert prio[p] == OWN          # the own slice comes first, from the origin
+        elif not others:
+            assert prio[p] == OWN          # alone with the origin: everything from it
         elif held[p]:
-            assert prio[p] == HELD         # a piece another worker holds is always wanted
+            assert prio[p] == HELD         # a piece another worker holds is always wanted (own or not:
+                                           # not pulled from the origin at the own slice's priority)
+        elif p in plan.own:
+            assert prio[p] == OWN          # the own slice, while only the origin has it, comes first
         else:
             assert prio[p] == 0            # another worker's piece, only at the origin: not yet
     if not others:
@@ -93,7 +96,7 @@ def test_with_a_tracker_nothing_is_asked_before_the_member_list() -> None:
 def test_a_seed_among_the_peers_makes_every_piece_held() -> None:
     plan = PiecePlan(64, "127.0.0.5")
     prio = plan.priorities([False] * 64, {"127.0.0.6": Peer()}, [False] * 64, {"127.0.0.6": ""}, 1, 0, 0.0, True)
-    assert set(prio) == {OWN, HELD}
+    assert set(prio) == {HELD} and plan.origin_left == 0   # nothing left that only the origin has
 
 
 def test_an_owner_that_gets_nothing_from_the_origin_is_planned_without() -> None:
