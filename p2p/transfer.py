@@ -19,7 +19,7 @@ from .alerts import AlertEvent
 from .config import endpoint
 from .errors import TransferFailed, TransferStalled
 from .members import Membership
-from .plan import PiecePlan
+from .plan import HELD, PiecePlan
 
 if TYPE_CHECKING:
     from .session import P2PSession
@@ -50,6 +50,7 @@ class SwarmTrace:
     traced: bool = False
     origin_bytes: int = 0              # (traced) blocks from an origin ...
     origin_outside_slice_bytes: int = 0   # ... of pieces outside this worker's slice at that moment
+    origin_held_bytes: int = 0         # ... of pieces some other worker held (asked as HELD) at that moment
     duplicate_bytes: int = 0           # (traced) blocks received more than once
     bytes_by_rack: dict[str, int] = field(default_factory=dict)   # received, by the sender's rack
 
@@ -98,6 +99,7 @@ class Transfer:
         self.result.trace.traced = session.cfg.trace
         self._blocks: set[int] = set()   # (traced) piece * 2**20 + block received so far
         self._stalled: set[str] = set()
+        self._prio: list[int] | None = None   # the priorities last given to libtorrent
         self._racks: dict[str, str] = {}   # ip -> rack, from the member lists seen
         self._reported = 0
         self.held_back = held_back   # added paused: resumed once the member list is in (racks)
@@ -159,6 +161,7 @@ class Transfer:
                 current = self.session.apply_plan(h, planner, st, self.origin_ips, now,
                                                   st.total_done > planned_done, current, members)
                 self._traced_plan(planner, own, now, t0, last_plan)
+                self._prio = current
                 planned_done, next_plan, last_plan = st.total_done, now + PLAN_EVERY_S, now
             if now - last_progress > stall_s:
                 raise TransferStalled(f"no peer delivered for {stall_s:.0f} s "
@@ -223,6 +226,8 @@ class Transfer:
             trace.origin_bytes += BLOCK
             if self.planner is not None and not self.planner.open_all and ev.piece not in self.planner.own:
                 trace.origin_outside_slice_bytes += BLOCK
+            if self._prio is not None and ev.piece < len(self._prio) and self._prio[ev.piece] == HELD:
+                trace.origin_held_bytes += BLOCK
 
     def _report(self, total_done: int) -> None:
         if self.progress is not None:
