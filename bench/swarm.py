@@ -43,6 +43,7 @@ from tiering.content.units import parse_size  # noqa: E402
 from tiering.sample import make_checkpoint  # noqa: E402
 
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
+WARM = {"capacity": "4GiB"}   # (main raises it for checkpoints larger than 3 GiB)
 
 
 def free_port(ip: str) -> int:
@@ -64,7 +65,7 @@ class Daemon:
         self.config = self.dir / "weightd.toml"
         self.config.write_text(
             f'state_dir = "{self.dir}/state"\n[tiers.hot]\npath = "{self.hot}"\ncapacity = "1GiB"\n'
-            f'[tiers.warm]\npath = "{self.dir}/warm"\ncapacity = "4GiB"\n[tiers.cold]\npath = "{cold}"\n'
+            f'[tiers.warm]\npath = "{self.dir}/warm"\ncapacity = "{WARM["capacity"]}"\n[tiers.cold]\npath = "{cold}"\n'
             f'[api]\nsocket = "{self.dir}/weightd.sock"\n[metrics]\nlisten = "{ip}:{self.mport}"\n'
             f'[p2p]\nthreshold = "1MiB"\nlisten = "{ip}:{self.port}"\nallow = [{allow}]\n'
             f'upload_limit = "{cap}"\ndownload_limit = "{cap}"\nfallback_after_s = 120\n'
@@ -316,6 +317,7 @@ def main() -> int:
                              + (["--sign", str(base / "signing.pem")] if args.compare else []),
                              capture_output=True, text=True, env=ENV, check=True)
         size = json.loads(pub.stdout)["bytes"]
+        WARM["capacity"] = str(max(4 << 30, size + (1 << 30)))
         ns = [int(x) for x in args.n.split(",")]
         if args.compare:
             print(json.dumps(compare(base, cold, src, cfg, args, ns, size), indent=2))
