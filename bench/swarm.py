@@ -44,6 +44,7 @@ from tiering.sample import make_checkpoint  # noqa: E402
 
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 WARM = {"capacity": "4GiB"}   # (main raises it for checkpoints larger than 3 GiB)
+MEMORY_TRACE = False          # --memory-trace: the first worker's resident memory by kind, once a second
 
 
 def free_port(ip: str) -> int:
@@ -95,6 +96,19 @@ class Daemon:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
         return 0.0
+
+    def memory(self) -> dict[str, float]:
+        """Resident memory by kind (MB), from /proc/PID/smaps_rollup."""
+        out: dict[str, float] = {}
+        try:
+            text = Path(f"/proc/{self.proc.pid}/smaps_rollup").read_text()
+        except OSError:
+            return out
+        for line in text.splitlines():
+            key, _, rest = line.partition(":")
+            if key in ("Rss", "Anonymous", "Shared_Clean", "Private_Clean", "Private_Dirty", "Shared_Dirty"):
+                out[key] = round(int(rest.split()[0]) / 1024, 1)
+        return out
 
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGTERM)
@@ -188,9 +202,14 @@ def run(base: Path, cold: Path, n: int, cap: str, storm: bool, size: int, mode: 
         peak = [0.0]
         stop = threading.Event()
 
+        timeline: list[dict] = []
+        t_start = time.perf_counter()
+
         def sample() -> None:
             while not stop.is_set():
                 peak[0] = max([peak[0], *(w.rss_mb() for w in workers)])
+                if MEMORY_TRACE and workers:
+                    timeline.append({"t": round(time.perf_counter() - t_start, 1), **workers[0].memory()})
                 time.sleep(0.2)
 
         sampler = threading.Thread(target=sample)
@@ -219,6 +238,7 @@ def run(base: Path, cold: Path, n: int, cap: str, storm: bool, size: int, mode: 
                 "origin_each": [round(r["bytes_by_source"]["origin"] / size, 2) for r in reports],
                 "from_cold_bytes": sum(r["bytes_by_source"]["cold"] for r in reports),
                 "cross_rack": _cross_rack(reports, rack_of, size) if racks else None,
+                "memory_timeline": timeline[::5] if MEMORY_TRACE else None,
                 "plan": _swarm_sums(reports), "swarm_each": [r.get("swarm") for r in reports],
                 "signature_checked": all((r.get("signature") or {}).get("checked") for r in reports)}
     finally:
@@ -294,7 +314,11 @@ def main() -> int:
                     help="racks emulated on loopback: worker i in rack r{i %% R} ([p2p] rack); reported: "
                          "bytes each rack received from outside it (x checkpoint). Add no-racks to "
                          "--baseline for the plan without racks in the same run")
+    ap.add_argument("--memory-trace", action="store_true",
+                    help="record the first worker's resident memory by kind (smaps_rollup) once a second")
     args = ap.parse_args()
+    global MEMORY_TRACE
+    MEMORY_TRACE = args.memory_trace
     args.baseline = "storm,stock" if args.baseline == "both" else args.baseline
     if args.rounds is None:
         args.rounds = 5 if args.compare else 1
