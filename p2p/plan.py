@@ -85,8 +85,10 @@ class Peer:
 
 class PiecePlan:
     def __init__(self, num_pieces: int, self_ip: str = "", *, rack: str = "", grace_s: float = 3.0,
-                 stall_s: float = 6.0, gather_s: float = 0.0, piece_bytes: int = 1 << 20) -> None:
+                 stall_s: float = 6.0, gather_s: float = 0.0, piece_bytes: int = 1 << 20, cap: int = 0) -> None:
         self.num_pieces, self.self_ip, self.rack, self.piece_bytes = num_pieces, self_ip, rack, piece_bytes
+        self.cap = cap                 # this node's download cap, bytes/s (0: none): scales stall_s
+        self.stall_floor_s = stall_s
         self.grace_s, self.stall_s, self.gather_s = grace_s, stall_s, gather_s
         self.open_all = False
         self.origin_limit = 0   # what the session last set for the origin class (bytes/s, 0 = none)
@@ -164,6 +166,10 @@ class PiecePlan:
         planned = {**workers, self.self_ip: self.rack}
         # owners that hold up pieces only the origin has: planned without (see _stale)
         _, owner, _, mine = self._assign({k: v for k, v in planned.items() if k not in self.stalled})
+        # (the time four pieces take at an owner's share of the origin, if this node's cap is the
+        # origin's: a big piece shared by many owners takes longer than the 6 s floor)
+        if self.cap:
+            self.stall_s = max(self.stall_floor_s, 4 * self.piece_bytes * len(planned) / self.cap)
         for ip in self._stale(owner, mine, ~held & ~have_a, peers, now):
             planned.pop(ip, None)
         self.workers = len(planned)

@@ -90,7 +90,8 @@ class Transfer:
         cfg = session.cfg
         host = endpoint(cfg.listen)[0]
         self.planner = PiecePlan(ti.num_pieces(), "" if host in ("0.0.0.0", "::") else host, rack=cfg.rack,
-                                 gather_s=GATHER_S if cfg.trackers else 0.0, piece_bytes=ti.piece_length()) \
+                                 gather_s=GATHER_S if cfg.trackers else 0.0, piece_bytes=ti.piece_length(),
+                                 cap=cfg.download_limit) \
             if plan and self.origin_ips else None
         self.membership = Membership(tuple(cfg.trackers), bytes.fromhex(self.key)[:20], cfg.tls, rack=cfg.rack,
                                      source_ip=host) \

@@ -169,3 +169,17 @@ def test_racks_cross_once_per_rack_then_spread_inside() -> None:
     peers = {"127.0.1.1": Peer(rack="r1", pieces=[True] * n)}
     prio_me = plans[me].priorities([False] * n, peers, held, members, 0, 0, 2.0, True)
     assert set(prio_me) <= {OWN, XRACK, HELD} and HELD in prio_me
+
+
+def test_big_pieces_shared_by_many_owners_get_more_time_before_an_owner_counts_as_stalled() -> None:
+    """4 MiB pieces, 4 owners, 4 MB/s caps: a piece at an owner's share of the origin takes ~4 s, so
+    an owner is not judged stalled after the 6 s floor but after four pieces' time (~17 s)."""
+    n, me, other = 8, "127.0.0.5", "127.0.0.9"
+    members = {me: "", other: "", "127.0.0.10": "", "127.0.0.11": ""}
+    plan = PiecePlan(n, me, piece_bytes=4 << 20, cap=4_000_000)
+    have = [False] * n
+    for t in (0.0, 7.0, 12.0):
+        plan.priorities(have, {other: Peer()}, [False] * n, members, 0, 0, t, True)
+    assert plan.stall_s > 16 and plan.stalled == set()
+    plan.priorities(have, {other: Peer()}, [False] * n, members, 0, 0, 18.0, True)
+    assert plan.stalled   # (whoever owns pieces only the origin has and got none of them)
