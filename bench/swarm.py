@@ -162,7 +162,7 @@ def _swarm_sums(reports: list[dict]) -> dict:
     """The piece plan's counters over all workers (``swarm`` in each preload report)."""
     sw = [r.get("swarm") or {} for r in reports]
     total = {k: sum(s.get(k) or 0 for s in sw) for k in ("origin_bytes", "origin_outside_slice_bytes",
-                                                         "origin_held_bytes",
+                                                         "origin_held_bytes", "origin_held_after_own_bytes",
                                                          "duplicate_bytes", "redundant_bytes", "failed_bytes",
                                                          "slice_changes")}
     total["open_all_events"] = sum(1 for s in sw if s.get("open_all_after_s") is not None)

@@ -36,13 +36,18 @@ log = logging.getLogger(__name__)
 __all__ = ["P2PConfig", "P2PSession", "DownloadResult"]
 
 
-def _ip_filter(allow: tuple[str, ...]) -> lt.ip_filter:
+def _ip_filter(allow: tuple[str, ...], blocked: set[str] = frozenset()) -> lt.ip_filter:
     f = lt.ip_filter()
     f.add_rule("0.0.0.0", "255.255.255.255", 1)        # everything blocked ...
     f.add_rule("::", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff", 1)
     for cidr in allow:                                   # ... but the allowed networks
         net = ipaddress.ip_network(cidr, strict=False)
         f.add_rule(str(net[0]), str(net[-1]), 0)
+    for ip in sorted(blocked):                           # ... but these (the origin, for a while)
+        try:
+            f.add_rule(ip, ip, 1)
+        except (RuntimeError, ValueError):
+            continue   # (a host name: not filtered)
     return f
 
 
@@ -96,6 +101,9 @@ def _settings(cfg: P2PConfig, host: str, port: int) -> dict[str, object]:
         # default floor is 300 s), and dial a peer that dropped a first attempt again after 2 s, not 60
         # (at a restart storm many first handshakes fail while every node is busy)
         "min_announce_interval": 5, "min_reconnect_time": 2,
+        # the filter is for peers (the origin is filtered for a while, see apply_plan); trackers are
+        # configured explicitly
+        "apply_ip_filter_to_trackers": False,
     }
     if host not in ("0.0.0.0", "::"):
         settings["outgoing_interfaces"] = host
@@ -120,6 +128,7 @@ class P2PSession:
             self.rack_class = self.ses.create_peer_class("other-rack")
             self.origin_ips = {endpoint(p)[0] for p in cfg.peers}
             self.other_rack: set[str] = set()
+            self.origin_blocked = False
             self.ses.set_peer_class_filter(_class_filter(self.origin_ips, self.origin_class))
         self.active_downloads = 0
         self.tls = cfg.tls  # replaced by set_tls (certificate rotation)
@@ -300,11 +309,20 @@ class P2PSession:
             if limit != planner.origin_limit:
                 self.update_class(self.origin_class, download_limit=limit)
                 planner.origin_limit = limit
+            # nothing left that only the origin has: disconnect from it (a trickle still let the
+            # origin's send buffers through: measured, half of its bytes of held pieces came after)
+            self.block_origin(own_done and not starving)
             if racked:
                 self._pace_other_racks(planner, racks, trickle, starving)
         if prio != current:
             h.prioritize_pieces(prio)
         return prio
+
+    def block_origin(self, blocked: bool) -> None:
+        """Filter the origins out of this session (disconnecting them) or let them back in."""
+        if blocked != self.origin_blocked:
+            self.origin_blocked = blocked
+            self.ses.set_ip_filter(_ip_filter(self.cfg.allow, self.origin_ips if blocked else set()))
 
     def set_other_racks(self, racks: dict[str, str]) -> None:
         """Workers of other racks than this node's (from a member list) into the other-rack class."""
@@ -366,4 +384,5 @@ class P2PSession:
                     self.active_downloads -= 1
                 self.update_class(self.origin_class, download_limit=0)
                 self.update_class(self.rack_class, download_limit=0)
+                self.block_origin(False)
                 self.ses.remove_torrent(h)

@@ -51,6 +51,7 @@ class SwarmTrace:
     origin_bytes: int = 0              # (traced) blocks from an origin ...
     origin_outside_slice_bytes: int = 0   # ... of pieces outside this worker's slice at that moment
     origin_held_bytes: int = 0         # ... of pieces some other worker held (asked as HELD) at that moment
+    origin_held_after_own_bytes: int = 0   # ... of those, once this worker had nothing left to take from the origin
     duplicate_bytes: int = 0           # (traced) blocks received more than once
     bytes_by_rack: dict[str, int] = field(default_factory=dict)   # received, by the sender's rack
 
@@ -229,6 +230,8 @@ class Transfer:
                 trace.origin_outside_slice_bytes += BLOCK
             if self._prio is not None and ev.piece < len(self._prio) and self._prio[ev.piece] == HELD:
                 trace.origin_held_bytes += BLOCK
+                if self.planner is not None and self.planner.origin_left == 0:
+                    trace.origin_held_after_own_bytes += BLOCK
 
     def _report(self, total_done: int) -> None:
         if self.progress is not None:
