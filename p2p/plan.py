@@ -76,10 +76,8 @@ def rendezvous(num_pieces: int, labels: Sequence[str]) -> np.ndarray:
 
 @dataclass(slots=True)
 class Peer:
-    """What the plan needs of one connected worker."""
+    """What the plan needs of one connected worker still downloading."""
     rack: str = ""
-    num_pieces: int = 0
-    seed: bool = False
     pieces: Sequence[bool] | None = None   # its bitfield (asked for only for workers of this rack)
 
 
@@ -91,8 +89,7 @@ class PiecePlan:
         self.stall_floor_s = stall_s
         self.grace_s, self.stall_s, self.gather_s = grace_s, stall_s, gather_s
         self.open_all = False
-        self.origin_limit = 0   # what the session last set for the origin class (bytes/s, 0 = none)
-        self.rack_limit = 0     # ... and for the other racks' class
+        self.rack_limit = 0     # what the session last set for the other racks' class (bytes/s, 0 = none)
         self.last_progress = 0.0
         self.started: float | None = None
         self.own: frozenset[int] = frozenset(range(num_pieces))  # this worker's slice of its home rack's pieces
@@ -120,8 +117,7 @@ class PiecePlan:
             self._cache[key] = hit
         return hit
 
-    def _stale(self, owner: np.ndarray, mine: list[str], waiting: np.ndarray, peers: Mapping[str, Peer],
-               now: float) -> set[str]:
+    def _stale(self, owner: np.ndarray, mine: list[str], waiting: np.ndarray, now: float) -> set[str]:
         """This rack's owners whose pieces that only the origin holds have not got fewer for ``stall_s``
         (a worker that cannot reach the origin, or is too slow for its slice): once found, planned
         without for the rest of the download (their pieces go to the others)."""
@@ -133,7 +129,7 @@ class PiecePlan:
             seen = self._counts.get(ip)
             if left == 0 or seen is None or left != seen[0]:
                 self._counts[ip] = (left, now)
-            elif now - seen[1] >= self.stall_s and (ip not in peers or not peers[ip].seed):
+            elif now - seen[1] >= self.stall_s:
                 self.stalled.add(ip)
         return self.stalled
 
@@ -170,7 +166,7 @@ class PiecePlan:
         # origin's: a big piece shared by many owners takes longer than the 6 s floor)
         if self.cap:
             self.stall_s = max(self.stall_floor_s, 4 * self.piece_bytes * len(planned) / self.cap)
-        for ip in self._stale(owner, mine, ~held & ~have_a, peers, now):
+        for ip in self._stale(owner, mine, ~held & ~have_a, now):
             planned.pop(ip, None)
         self.workers = len(planned)
         home, owner, racks, mine = self._assign(planned)

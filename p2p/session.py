@@ -55,10 +55,9 @@ _LOCAL_NETS = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16"
                "fe80::/10", "fc00::/7")
 
 
-def _class_filter(origin_ips: set[str], origin_class: int, other_rack: set[str] = frozenset(),
-                  rack_class: int = -1) -> lt.ip_filter:
+def _class_filter(other_rack: set[str] = frozenset(), rack_class: int = -1) -> lt.ip_filter:
     """libtorrent's default peer classes (global for everyone, local for LAN and loopback instead),
-    plus the origin class for the origin addresses and the cross-rack class for workers of other racks."""
+    plus the other-rack class for the workers of other racks."""
     f = lt.ip_filter()
     glob, local = 1 << lt.session.global_peer_class_id, 1 << lt.session.local_peer_class_id
     f.add_rule("0.0.0.0", "255.255.255.255", glob)
@@ -66,15 +65,14 @@ def _class_filter(origin_ips: set[str], origin_class: int, other_rack: set[str] 
     for cidr in _LOCAL_NETS:
         net = ipaddress.ip_network(cidr)
         f.add_rule(str(net[0]), str(net[-1]), local)
-    extra = [(ip, origin_class) for ip in sorted(origin_ips)] + [(ip, rack_class) for ip in sorted(other_rack)]
-    for ip, cls in extra:
+    for ip in sorted(other_rack):
         try:
             addr = ipaddress.ip_address(ip)
         except ValueError:
-            continue  # a host name: libtorrent resolves it, the origin then simply has no class of its own
+            continue
         base = local if any(addr in ipaddress.ip_network(c) for c in _LOCAL_NETS if
                             ipaddress.ip_network(c).version == addr.version) else glob
-        f.add_rule(str(addr), str(addr), base | (1 << cls))
+        f.add_rule(str(addr), str(addr), base | (1 << rack_class))
     return f
 
 
@@ -121,15 +119,13 @@ class P2PSession:
             self.update_class(lt.session.local_peer_class_id, upload_limit=cfg.upload_limit,
                               download_limit=cfg.download_limit)
             self.ses.set_ip_filter(_ip_filter(cfg.allow))
-            # the origins get a class of their own, so a worker whose own slice of the piece plan is done
-            # can slow its pulls from the origin and take the rest from the other workers
-            self.origin_class = self.ses.create_peer_class("origin")
-            # with racks, workers of other racks get a class too: what arrives from outside the rack is paced
+            # with racks, workers of other racks get a class of their own: what arrives from outside the
+            # rack is paced
             self.rack_class = self.ses.create_peer_class("other-rack")
             self.origin_ips = {endpoint(p)[0] for p in cfg.peers}
             self.other_rack: set[str] = set()
-            self.origin_blocked = False
-            self.ses.set_peer_class_filter(_class_filter(self.origin_ips, self.origin_class))
+            self.origin_blocked = False   # (a worker whose own pieces are in filters the origins out)
+            self.ses.set_peer_class_filter(_class_filter())
         self.active_downloads = 0
         self.tls = cfg.tls  # replaced by set_tls (certificate rotation)
         self.lock = threading.Lock()
@@ -288,32 +284,26 @@ class P2PSession:
             elif ip not in peers:
                 # bitfields only where the plan reads them: this rack's workers, with racks
                 bits = list(pi.pieces) if racked and rack == planner.rack else None
-                peers[ip] = Peer(rack, pi.num_pieces, False, bits)
+                peers[ip] = Peer(rack, bits)
         have = list(st.pieces)
         avail = h.piece_availability()
         # (the origins are seeds: every piece they count is not a worker's)
         held = [a - origins > 0 for a in avail] if len(avail) == len(have) else [False] * len(have)
         prio = planner.priorities(have, peers, held, members, seeds, rack_seeds, now, progressed)
-        # own slice done, peers to take the rest from: pull from the origin only at a trickle (what is
-        # already asked of it still arrives; the origin's upload goes to workers still on their slice)
-        # (but not while nothing completes: then the peers are not delivering and the origin must)
+        # own pieces in, peers to take the rest from: disconnect from the origin, so its upload goes to
+        # the workers still on their own pieces (a trickle limit let the origin's send buffers through:
+        # measured, half of its bytes of pieces other workers held came after); not while nothing
+        # arrives: then the peers are not delivering and the origin must
         own_done = planner.workers > 1 and not planner.open_all and planner.origin_left == 0
         if progressed:
             planner.last_progress = now
         starving = now - planner.last_progress > 5.0
         with self.lock:
-            alone = self.active_downloads == 1
+            alone = self.active_downloads == 1   # (the filters are the session's: one download at a time)
         if alone:
-            trickle = max(self.cfg.download_limit // 256, 32 << 10)
-            limit = trickle if own_done and not starving else 0
-            if limit != planner.origin_limit:
-                self.update_class(self.origin_class, download_limit=limit)
-                planner.origin_limit = limit
-            # nothing left that only the origin has: disconnect from it (a trickle still let the
-            # origin's send buffers through: measured, half of its bytes of held pieces came after)
             self.block_origin(own_done and not starving)
             if racked:
-                self._pace_other_racks(planner, racks, trickle, starving)
+                self._pace_other_racks(planner, racks, starving)
         if prio != current:
             h.prioritize_pieces(prio)
         return prio
@@ -329,9 +319,9 @@ class P2PSession:
         other = {ip for ip, r in racks.items() if r != self.cfg.rack}
         if other != self.other_rack:
             self.other_rack = other
-            self.ses.set_peer_class_filter(_class_filter(self.origin_ips, self.origin_class, other, self.rack_class))
+            self.ses.set_peer_class_filter(_class_filter(other, self.rack_class))
 
-    def _pace_other_racks(self, planner: PiecePlan, racks: dict[str, str], trickle: int, starving: bool) -> None:
+    def _pace_other_racks(self, planner: PiecePlan, racks: dict[str, str], starving: bool) -> None:
         """What arrives from other racks: about this worker's share of the rack's crossing while it has
         pieces to take across (XRACK), a trickle otherwise (libtorrent picks the sender of a piece, so
         a piece held in the rack may still be asked of a worker outside it); no limit while nothing
@@ -342,6 +332,7 @@ class P2PSession:
         # received from outside it from 2.4x to 1.8x the checkpoint, but the download took 19.7 s
         # instead of 14.3 s: the owners starved)
         share = 2 * self.cfg.download_limit // max(1, planner.rack_size)
+        trickle = max(self.cfg.download_limit // 256, 32 << 10)
         limit = 0 if starving or not self.cfg.download_limit else max(share, 256 << 10) \
             if planner.crossing else trickle
         if limit != planner.rack_limit:
@@ -382,7 +373,6 @@ class P2PSession:
             finally:
                 with self.lock:
                     self.active_downloads -= 1
-                self.update_class(self.origin_class, download_limit=0)
                 self.update_class(self.rack_class, download_limit=0)
                 self.block_origin(False)
                 self.ses.remove_torrent(h)

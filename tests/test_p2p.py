@@ -213,6 +213,8 @@ def test_origin_and_four_workers_preload_at_once(cluster, tmp_path: Path) -> Non
         # libtorrent's payload total includes redundant blocks (end-game duplicates)
         assert by["cold"] == 0 and size <= by["origin"] + by["peer"] <= 1.3 * size, r
         assert r["source_fallbacks"] == [] and r["tier_fallback"] is None
+        # every worker planned on the tracker's member list, which had the others on it
+        assert r["swarm"]["members_max"] >= 3 and r["swarm"]["open_all_after_s"] is None, r["swarm"]
     from_origin = sum(r["bytes_by_source"]["origin"] for r in reports)
     assert from_origin <= 1.5 * size, [r["bytes_by_source"] for r in reports]
     for w in workers:  # byte-identical, verified copies

@@ -292,6 +292,8 @@ def test_tls_fleet_and_the_nodes_outside_it(tls_cluster, fleet, tmp_path: Path) 
             by = r["bytes_by_source"]
             assert by["cold"] == 0 and by["origin"] + by["peer"] >= r["bytes"] and r["source_fallbacks"] == [], \
                 (by, r["source_fallbacks"])
+            # the plan read the member list over HTTPS, with this node's certificate
+            assert r["swarm"]["members_max"] >= 2, r["swarm"]
             assert w.cli("verify", str(w.dir / "warm/org/tls/v1")).returncode == 0
     finally:  # (a failure must not leave pipes for the next test's unraisable-warning check)
         for p in procs:

@@ -106,13 +106,13 @@ def test_an_owner_that_gets_nothing_from_the_origin_is_planned_without() -> None
     members = {me: "", other: ""}
     plan = PiecePlan(n, me, stall_s=6.0)
     have = [False] * n
-    prio = plan.priorities(have, {other: Peer(num_pieces=0)}, [False] * n, members, 0, 0, 0.0, True)
+    prio = plan.priorities(have, {other: Peer()}, [False] * n, members, 0, 0, 0.0, True)
     first = plan.own
     assert 0 < len(first) < n and prio.count(0) == n - len(first)
     have = [p in first for p in range(n)]   # this worker got its own; the other's stay at the origin only
-    plan.priorities(have, {other: Peer(num_pieces=0)}, [False] * n, members, 0, 0, 3.0, True)
+    plan.priorities(have, {other: Peer()}, [False] * n, members, 0, 0, 3.0, True)
     assert plan.stalled == set()
-    prio = plan.priorities(have, {other: Peer(num_pieces=0)}, [False] * n, members, 0, 0, 6.5, True)
+    prio = plan.priorities(have, {other: Peer()}, [False] * n, members, 0, 0, 6.5, True)
     assert plan.stalled == {other} and plan.own == frozenset(range(n))
     assert [prio[p] for p in range(n) if p not in first] == [OWN] * (n - len(first))
 

@@ -234,20 +234,23 @@ def test_tls_tracker_requires_a_fleet_client_certificate(tls_origin) -> None:
     origin, f, pki = tls_origin
     wait_listening("127.0.0.2", origin.tracker_port)
 
-    def ask(cert: tuple[Path, Path] | None) -> bytes:
+    def ask(cert: tuple[Path, Path] | None, path: str = "/announce?") -> bytes:
         ctx = ssl.create_default_context(cafile=str(f["ca"]))
         if cert:
             ctx.load_cert_chain(str(cert[0]), str(cert[1]))
         conn = http.client.HTTPSConnection("127.0.0.2", origin.tracker_port, timeout=10, context=ctx)
         try:
-            conn.request("GET", "/announce?" + q())
+            conn.request("GET", path + q())
             return conn.getresponse().read()
         finally:
             conn.close()
     assert b"not a version this fleet publishes" in ask((f["127.0.0.3"], f["127.0.0.3.key"]))  # served
+    # the member list (which registers the asker) sits behind the same client certificates
+    assert b"not a version this fleet publishes" in ask((f["127.0.0.3"], f["127.0.0.3.key"]), "/swarm?")
     for cert in (None, (pki / "intruder.pem", pki / "intruder.key")):
-        with pytest.raises((ssl.SSLError, ConnectionError, http.client.HTTPException)):
-            ask(cert)
+        for path in ("/announce?", "/swarm?"):
+            with pytest.raises((ssl.SSLError, ConnectionError, http.client.HTTPException)):
+                ask(cert, path)
     conn = http.client.HTTPConnection("127.0.0.2", origin.tracker_port, timeout=10)  # plain HTTP
     try:
         with pytest.raises((ConnectionError, http.client.HTTPException, OSError)):
@@ -314,3 +317,68 @@ def test_downloading_peers_are_asked_to_announce_often() -> None:
     assert lt.bdecode(body)[b"interval"] == LEECH_INTERVAL_S
     body, _ = t.announce("127.0.0.4", q())
     assert lt.bdecode(body)[b"interval"] == INTERVAL_S
+
+
+class _Tracker:
+    """A local HTTP server answering /swarm with whatever the test sets (a tracker that is not
+    weightd's, or a hostile one)."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+        self.status, self.body, self.hits = 200, b"", 0
+        outer = self
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                outer.hits += 1
+                self.send_response(outer.status)
+                self.send_header("Content-Length", str(len(outer.body)))
+                self.end_headers()
+                self.wfile.write(outer.body)
+
+            def log_message(self, *a) -> None:
+                pass
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/announce"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize("status, body, gives_up", [
+    (200, b"<html>not a tracker</html>", True),          # a tracker that is not weightd's
+    (404, b"<html>404</html>", True),
+    (200, b'{"downloading": "nope"}', True),
+    (200, b'{"downloading": [["127.0.0.9", "../x"], ["127.0.0.8"], [1, 2], "x"]}', False),
+    (404, b'{"failure": "no such swarm"}', False),        # not yet: asked again
+    (200, b'{"downloading": []}' + b" " * (5 << 20), False),   # too large: a failure, asked again
+])
+def test_member_list_from_a_tracker_that_is_not_weightds_or_lies(status: int, body: bytes, gives_up: bool) -> None:
+    """Whatever a tracker answers, the member list is None or only well-formed entries (bad racks
+    blanked), no thread dies with a traceback, and a tracker that is not weightd's is asked no more."""
+    from p2p.members import Membership
+    t = _Tracker()
+    t.status, t.body = status, body
+    m = Membership((t.url,), KNOWN, every_s=0.1, timeout_s=2).start()
+    try:
+        deadline = time.monotonic() + 10
+        while t.hits < 3 and time.monotonic() < deadline and not (gives_up and m._thread and not m._thread.is_alive()):
+            time.sleep(0.05)
+        if gives_up:
+            m._thread.join(timeout=5)
+            hits = t.hits
+            time.sleep(0.5)
+            assert not m._thread.is_alive() and t.hits == hits and m.members is None
+        else:
+            assert t.hits >= 3 and m._thread.is_alive()
+            if status == 200 and len(body) < 4096:
+                assert m.members == {"127.0.0.9": ""}
+            else:
+                assert m.members is None
+    finally:
+        m.stop()
+        t.close()
