@@ -147,7 +147,7 @@ class Membership:
             raise ValueError("answer too large")
         try:
             doc = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):   # (a deeply nested answer)
             raise _NotOurs(f"HTTP {status}, not JSON") from None
         if status != 200:  # weightd's tracker says why: "no such swarm" (yet) is worth asking again
             if not isinstance(doc, dict) or "failure" not in doc or status == 403:

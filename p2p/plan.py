@@ -117,13 +117,18 @@ class PiecePlan:
             self._cache[key] = hit
         return hit
 
-    def _stale(self, owner: np.ndarray, mine: list[str], waiting: np.ndarray, now: float) -> set[str]:
+    def _stale(self, owner: np.ndarray, mine: list[str], waiting: np.ndarray, peers: Mapping[str, Peer],
+               now: float) -> set[str]:
         """This rack's owners whose pieces that only the origin holds have not got fewer for ``stall_s``
         (a worker that cannot reach the origin, or is too slow for its slice): once found, planned
         without for the rest of the download (their pieces go to the others)."""
+        # (never this node: with listen = 0.0.0.0 it learns its own address late, and until then its
+        # address on the list looks like another owner's; only connected owners: one this node cannot
+        # see deliver might be delivering to others, and leaves the list within seconds if it died)
+        self.stalled.discard(self.self_ip)
         counts = np.bincount(owner[waiting], minlength=len(mine))
         for i, ip in enumerate(mine):
-            if ip == self.self_ip or ip in self.stalled:
+            if ip == self.self_ip or ip in self.stalled or ip not in peers:
                 continue
             left = int(counts[i])
             seen = self._counts.get(ip)
@@ -166,7 +171,7 @@ class PiecePlan:
         # origin's: a big piece shared by many owners takes longer than the 6 s floor)
         if self.cap:
             self.stall_s = max(self.stall_floor_s, 4 * self.piece_bytes * len(planned) / self.cap)
-        for ip in self._stale(owner, mine, ~held & ~have_a, now):
+        for ip in self._stale(owner, mine, ~held & ~have_a, peers, now):
             planned.pop(ip, None)
         self.workers = len(planned)
         home, owner, racks, mine = self._assign(planned)

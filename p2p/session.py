@@ -373,6 +373,8 @@ class P2PSession:
             finally:
                 with self.lock:
                     self.active_downloads -= 1
-                self.update_class(self.rack_class, download_limit=0)
-                self.block_origin(False)
-                self.ses.remove_torrent(h)
+                try:
+                    self.block_origin(False)   # (whatever happens below, the origin is let back in)
+                    self.update_class(self.rack_class, download_limit=0)
+                finally:
+                    self.ses.remove_torrent(h)

@@ -194,7 +194,7 @@ class Tracker:
             ports = swarm.by_ip.get(remote_ip, ())
             if len(ports) >= self.per_ip:  # a new port of the same address replaces its oldest entry
                 swarm.remove((remote_ip, ports[0]))
-            elif len(swarm) >= self.per_swarm:
+            elif len(swarm.slots) >= self.per_swarm:
                 return _fail("swarm full"), "tracker_full"
         swarm.touch(me, now)
         rack = q.get("rack", [""])[0]

@@ -183,3 +183,22 @@ def test_big_pieces_shared_by_many_owners_get_more_time_before_an_owner_counts_a
     assert plan.stall_s > 16 and plan.stalled == set()
     plan.priorities(have, {other: Peer()}, [False] * n, members, 0, 0, 18.0, True)
     assert plan.stalled   # (whoever owns pieces only the origin has and got none of them)
+
+
+def test_this_node_is_never_an_owner_it_plans_without() -> None:
+    """listen = 0.0.0.0: the node learns its own address from its first connection, and its address on
+    the member list looked like another owner's until then (the plan once dropped it and raised
+    ValueError); and an owner this node is not connected to is never judged stalled."""
+    n, me = 64, "127.0.0.2"
+    members = {me: "", "127.0.0.3": ""}
+    plan = PiecePlan(n, "", stall_s=1.0)
+    for t in (0.0, 2.0):
+        plan.priorities([False] * n, {me: Peer(), "127.0.0.3": Peer()}, [False] * n, members, 0, 0, t, True)
+    plan.self_ip = me   # (the session found it)
+    for t in (3.0, 5.0):
+        prio = plan.priorities([False] * n, {"127.0.0.3": Peer()}, [False] * n, members, 0, 0, t, True)
+    assert me not in plan.stalled and OWN in prio
+    lone = PiecePlan(n, me, stall_s=1.0)
+    for t in (0.0, 5.0):
+        lone.priorities([False] * n, {}, [False] * n, members, 0, 0, t, True)
+    assert lone.stalled == set()   # (127.0.0.3 is on the list but not connected: not judged)

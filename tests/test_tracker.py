@@ -291,6 +291,14 @@ def test_member_list_registers_askers_with_racks_and_forgets_them() -> None:
     assert len(t.swarms) == 1
 
 
+def test_registered_members_do_not_count_against_the_announce_cap() -> None:
+    t = tracker(per_swarm=3)
+    h = f"info_hash={quote_from_bytes(KNOWN)}"
+    for i in range(3):   # (workers are on both lists while they download)
+        assert t.members(f"127.0.0.{10 + i}", h)[1] is None
+        assert t.announce(f"127.0.0.{10 + i}", q())[1] is None
+
+
 def test_member_list_is_bounded_per_swarm() -> None:
     t = tracker(per_swarm=3)
     h = f"info_hash={quote_from_bytes(KNOWN)}"
@@ -356,6 +364,7 @@ class _Tracker:
     (200, b'{"downloading": [["127.0.0.9", "../x"], ["127.0.0.8"], [1, 2], "x"]}', False),
     (404, b'{"failure": "no such swarm"}', False),        # not yet: asked again
     (200, b'{"downloading": []}' + b" " * (5 << 20), False),   # too large: a failure, asked again
+    (200, b"[" * 100_000, True),                          # nested past the parser's recursion limit
 ])
 def test_member_list_from_a_tracker_that_is_not_weightds_or_lies(status: int, body: bytes, gives_up: bool) -> None:
     """Whatever a tracker answers, the member list is None or only well-formed entries (bad racks
