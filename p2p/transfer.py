@@ -79,6 +79,17 @@ class DownloadResult:
         return o, sum(self.bytes_by_peer.values()) - o
 
 
+def apportion(shares: dict[str, int], total: int) -> dict[str, int]:
+    """Scale ``shares`` to integers that add up to exactly ``total`` (largest remainder: rounding each
+    share on its own can leave the sum a byte short, and the report then claims a byte came from nowhere)."""
+    sampled = sum(shares.values())
+    parts = {k: divmod(v * total, sampled) for k, v in shares.items()}  # (integers: exact at any size)
+    out = {k: q for k, (q, _) in parts.items()}
+    for k in sorted(parts, key=lambda k: parts[k][1], reverse=True)[:total - sum(out.values())]:
+        out[k] += 1
+    return out
+
+
 class Transfer:
     def __init__(self, session: "P2PSession", ti: lt.torrent_info, h: lt.torrent_handle,
                  events: "queue.SimpleQueue[AlertEvent]", peers: tuple[str, ...], *, plan: bool,
@@ -268,7 +279,7 @@ class Transfer:
         total = st.total_payload_download
         sampled = sum(result.bytes_by_peer.values())
         if sampled and total:
-            result.bytes_by_peer = {k: round(v * total / sampled) for k, v in result.bytes_by_peer.items()}
+            result.bytes_by_peer = apportion(result.bytes_by_peer, total)
         elif total:  # finished between two samples: only the peers we were told about were seen
             others = set(result.bytes_by_peer) - self.origin_ips
             result.bytes_by_peer = {endpoint(self.peers[0])[0] if self.peers and not others else "unattributed": total}

@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from p2p.plan import ANY, HELD, OWN, XRACK, Peer, PiecePlan, rendezvous
+from p2p.transfer import apportion
 
 ips = st.lists(st.integers(1, 250).map(lambda i: f"127.0.0.{i}"), min_size=1, max_size=40, unique=True)
 
@@ -202,3 +203,17 @@ def test_this_node_is_never_an_owner_it_plans_without() -> None:
     for t in (0.0, 5.0):
         lone.priorities([False] * n, {}, [False] * n, members, 0, 0, t, True)
     assert lone.stalled == set()   # (127.0.0.3 is on the list but not connected: not judged)
+
+
+@settings(max_examples=200, deadline=None)
+@given(shares=st.dictionaries(st.text(min_size=1, max_size=4), st.integers(1, 10**12), min_size=1, max_size=40),
+       total=st.integers(0, 2 * 10**11))
+def test_apportioned_bytes_add_up_to_the_payload_total(shares: dict[str, int], total: int) -> None:
+    """Sampled per-peer counters scaled to libtorrent's exact total never lose or invent a byte (a
+    per-share round() once reported origin + peer one byte short of the checkpoint), and each share
+    is within one byte of its exact proportion."""
+    out = apportion(shares, total)
+    assert sum(out.values()) == total and out.keys() == shares.keys()
+    sampled = sum(shares.values())
+    for k, v in shares.items():
+        assert abs(out[k] * sampled - v * total) <= sampled
