@@ -7,6 +7,7 @@ one-line message, and that nothing outside the tiers changed (a victim tree hash
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -320,6 +321,36 @@ def test_stale_copy_staging_is_removed_at_once(wd, node_env, tmp_path: Path) -> 
     r = wd("gc", "--json")
     assert r.returncode == 0, r.stderr
     assert sorted(p.name for p in area.iterdir()) == ["org--y@v1.resumable", "org--y@v1.resumable.json"]
+
+
+def test_side_file_temporaries_a_kill_left_are_removed_unless_their_writer_lives(wd, node_env) -> None:
+    """A kill -9 inside the atomic write of a staging side file leaves ``.<id>.json.<hex>.incomplete``
+    (CI's crash test found one that nothing ever removed). Reconciliation removes those of every id whose
+    version lock is free, a kept resumable area's too; one whose version lock is held is a live write and
+    stays, and a dot-file that is no temporary of weightd's is not touched."""
+    area = node_env.warm / ".staging"
+    area.mkdir(parents=True)
+    os.chmod(node_env.warm, 0o700)
+    (area / ".org--x@v1.resumable.json.0123456789ab.incomplete").write_text("{")
+    (area / "org--y@v1.resumable").mkdir()  # resumable: kept for a day, its torn temporary is not
+    (area / "org--y@v1.resumable.json").write_text(json.dumps({"bytes": 10, "resumable": True,
+                                                                "created": time.time()}))
+    (area / ".org--y@v1.resumable.json.ba9876543210.incomplete").write_text("{")
+    (area / ".org--z@v1.resumable.json.00000000cafe.incomplete").write_text("{")  # its writer holds the lock
+    (area / ".not-ours").write_text("x")
+    locks = node_env.warm / ".locks"
+    locks.mkdir(mode=0o700, exist_ok=True)
+    fd = os.open(locks / "org--z@v1.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        r = wd("gc", "--json")
+    finally:
+        os.close(fd)
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in area.iterdir()) == [".not-ours", ".org--z@v1.resumable.json.00000000cafe.incomplete",
+                                                      "org--y@v1.resumable", "org--y@v1.resumable.json"]
+    assert wd("gc", "--json").returncode == 0  # the writer is gone: now it goes
+    assert ".org--z@v1.resumable.json.00000000cafe.incomplete" not in {p.name for p in area.iterdir()}
 
 
 def test_an_adopted_version_is_verified_before_it_is_served(wd, node_env, tmp_path: Path) -> None:

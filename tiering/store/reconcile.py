@@ -15,7 +15,7 @@ from ..locks import FileLock
 from ..safefs import Dir
 from ..state import State
 from .roots import TierRoots
-from .staging import staging_ids, staging_keep
+from .staging import staging_ids, staging_keep, staging_temporaries
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +64,8 @@ class Reconciler:
         if lock is not None and not lock.try_acquire():
             return 0, 0
         try:
+            for tmp in staging_temporaries(area, sid):  # (a kill -9 inside write_atomic; no writer holds it)
+                area.unlink(tmp)
             if lock is not None and staging_keep(area, sid, self.now()):
                 return 0, 1
             area.remove(sid)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import stat
 import time
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from ..sources import ProgressFn
 from .trust import Signed, check_bytes, write_record
 
 RESUMABLE_MAX_AGE_S = 24 * 3600
+_TEMPORARY = re.compile(r"\.(.+)\.json\.[0-9a-f]{12}\.incomplete")
 
 
 def staging_id(name: str, version: str) -> str:
@@ -164,9 +166,25 @@ def staging_ids(root: Dir | None) -> tuple[Dir | None, list[str]]:
     ids = set()
     for n, _ in area.entries():
         if n.startswith("."):
-            continue  # a temporary side file being written
+            sid = _temporary_of(n)
+            if sid is not None:  # a side file being written, or one a crash cut short: its id's owner decides
+                ids.add(sid)
+            continue
         ids.add(n.rsplit(".", 1)[0] if n.endswith((".json", ".lock")) else n)
     return area, sorted(ids)
+
+
+def _temporary_of(n: str) -> str | None:
+    """The staging id whose side file ``n`` is the temporary of (``Dir.write_atomic`` writes
+    ``.<id>.json.<hex>.incomplete`` and renames it), or None."""
+    m = _TEMPORARY.fullmatch(n)
+    return m.group(1) if m else None
+
+
+def staging_temporaries(area: Dir, sid: str) -> list[str]:
+    """Temporaries of ``sid``'s side file: only ever live while the version's lock is held, so one found
+    by a holder of that lock (or of no lock, for an id without one) is what a crash left."""
+    return [n for n, _ in area.entries() if n.startswith(".") and _temporary_of(n) == sid]
 
 
 def staging_expected_bytes(area: Dir, sid: str) -> int:
