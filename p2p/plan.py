@@ -27,8 +27,9 @@ cap sending duplicates while the workers' upload capacity idles: 2.25x the check
 - nothing yet for the rest: pieces only the origin has and another worker owns.
 
 **Recovery**: an owner whose pieces that only the origin holds do not get fewer for ``stall_s`` (it
-cannot reach the origin, died without leaving the list, or is too slow) is treated as absent for the
-rest of the download: its pieces move to the others by the same hashing. A worker that receives nothing at all for ``3 x grace_s`` while it waits asks for
+cannot reach the origin, or died without leaving the list), or that still has some ``stall_s`` after
+this worker's own slice was in (it is too slow for its slice), is treated as absent for the rest of
+the download: its pieces move to the others by the same hashing. A worker that receives nothing at all for ``3 x grace_s`` while it waits asks for
 everything. The plan can delay, never strand: pieces are still verified by libtorrent, and the
 checkpoint by its manifest.
 """
@@ -36,6 +37,7 @@ checkpoint by its manifest.
 from __future__ import annotations
 
 import hashlib
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -95,11 +97,16 @@ class PiecePlan:
         self.own: frozenset[int] = frozenset(range(num_pieces))  # this worker's slice of its home rack's pieces
         self.workers = 1        # downloading workers planned with (this one included)
         self.stalled: set[str] = set()   # owners planned without (see _stale)
+        self.why: dict[str, str] = {}    # ... and why, for the log
         self.crossing = 0                # pieces this worker now takes across racks (XRACK), as of the last call
         self.origin_left = num_pieces    # pieces it still takes from the origin (OWN), likewise
         self.rack_size = 1               # workers of this rack planned with (this one included)
         self._idle_since: float | None = None
         self._counts: dict[str, tuple[int, float]] = {}   # ip -> (its pieces only the origin holds, since)
+        self._first_seen: dict[str, float] = {}          # ip -> when this node first planned with it
+        self._history: dict[str, deque[tuple[float, int]]] = {}   # ip -> (when, its pieces only the origin holds)
+        self._own_done_at: float | None = None            # when this node's own slice was in (since slices last moved)
+        self._planned: frozenset[str] = frozenset()        # the workers last planned with
         self._cache: dict[tuple, tuple[np.ndarray | None, np.ndarray, list[str], list[str]]] = {}
 
     def _assign(self, members: Mapping[str, str]) -> tuple[np.ndarray | None, np.ndarray, list[str], list[str]]:
@@ -119,9 +126,17 @@ class PiecePlan:
 
     def _stale(self, owner: np.ndarray, mine: list[str], waiting: np.ndarray, peers: Mapping[str, Peer],
                now: float) -> set[str]:
-        """This rack's owners whose pieces that only the origin holds have not got fewer for ``stall_s``
-        (a worker that cannot reach the origin, or is too slow for its slice): once found, planned
-        without for the rest of the download (their pieces go to the others)."""
+        """This rack's owners that hold up pieces only the origin has: once found, planned without for
+        the rest of the download (their pieces go to the others by the same hashing). Two rules:
+
+        - *stalled*: its pieces that only the origin holds have not got fewer for ``stall_s`` (a worker
+          that cannot reach the origin, or died without leaving the list);
+        - *late*: it still has such pieces ``stall_s`` after this node's own slice was in (and after
+          this node first saw it), more than ``grace_s`` of them at its pace of the last ``stall_s``:
+          a worker too slow for its slice (a lower cap, a busy CPU, a slow disk) would otherwise
+          hold every other worker to its pace. Owners draw their slices from
+          the origin side by side, so a healthy one is never that far behind; the cost is at most the
+          late owner's remaining slice sent twice by the origin."""
         # (never this node: with listen = 0.0.0.0 it learns its own address late, and until then its
         # address on the list looks like another owner's; only connected owners: one this node cannot
         # see deliver might be delivering to others, and leaves the list within seconds if it died)
@@ -132,10 +147,24 @@ class PiecePlan:
                 continue
             left = int(counts[i])
             seen = self._counts.get(ip)
-            if left == 0 or seen is None or left != seen[0]:
+            first = self._first_seen.setdefault(ip, now)
+            hist = self._history.setdefault(ip, deque())
+            hist.append((now, left))
+            while len(hist) > 2 and now - hist[1][0] >= self.stall_s:
+                hist.popleft()
+            late = left > 0 and self._own_done_at is not None and now - max(self._own_done_at, first) >= self.stall_s
+            # (at the pace of the last stall_s: an owner about to finish keeps its last pieces)
+            t0, left0 = hist[0]
+            pace = (left0 - left) / (now - t0) if now > t0 else 0.0
+            if late and (pace <= 0 or left / pace > self.grace_s):
+                self.stalled.add(ip)
+                self.why[ip] = f"late: {left} of its pieces only the origin holds {self.stall_s:.0f} s after " \
+                               f"this node's own slice was in, at {pace:.1f} pieces/s"
+            elif left == 0 or seen is None or left != seen[0]:
                 self._counts[ip] = (left, now)
             elif now - seen[1] >= self.stall_s:
                 self.stalled.add(ip)
+                self.why[ip] = f"stalled: {left} of its pieces only the origin holds, none in {self.stall_s:.0f} s"
         return self.stalled
 
     def priorities(self, have: Sequence[bool], peers: Mapping[str, Peer], held_any: Sequence[bool],
@@ -175,6 +204,12 @@ class PiecePlan:
             planned.pop(ip, None)
         self.workers = len(planned)
         home, owner, racks, mine = self._assign(planned)
+        key = frozenset(planned)
+        if key != self._planned:
+            # slices moved: owners' counts jump and this node may own more; judge lateness afresh
+            # (else dropping one late owner would make the next look late, down to planning alone)
+            self._planned, self._own_done_at = key, None
+            self._history.clear()
         self.rack_size = len(mine)
         ours = owner == mine.index(self.self_ip)
         want = ~have_a
@@ -191,6 +226,8 @@ class PiecePlan:
             xrack = ours & want & anywhere & ~in_rack
         self.crossing = int(np.count_nonzero(xrack))
         self.origin_left = int(np.count_nonzero(own))
+        if self.origin_left == 0 and self._own_done_at is None:
+            self._own_done_at = now
         prio = np.zeros(n, dtype=np.int8)
         prio[want & in_rack] = HELD
         prio[xrack] = XRACK

@@ -112,6 +112,7 @@ class Transfer:
         self.result.trace.traced = session.cfg.trace
         self._blocks: set[int] = set()   # (traced) piece * 2**20 + block received so far
         self._stalled: set[str] = set()
+        self._debug_at: float | None = None
         self._prio: list[int] | None = None   # the priorities last given to libtorrent
         self._racks: dict[str, str] = {}   # ip -> rack, from the member lists seen
         self._reported = 0
@@ -189,8 +190,16 @@ class Transfer:
         members = self.membership.members if self.membership is not None else None
         trace.members_max = max(trace.members_max, len(members or ()))
         self._racks.update(members or {})
+        for ip in sorted(planner.stalled - self._stalled):
+            log.info("p2p: %s: planning without %s from now on (%s; its pieces go to the others)", self.ti.name(),
+                     ip, planner.why.get(ip, "stalled"))
         self._stalled |= planner.stalled
         trace.stalled_owners = len(self._stalled)
+        if log.isEnabledFor(logging.DEBUG) and (self._debug_at is None or now - self._debug_at >= 1.0):
+            self._debug_at = now
+            log.debug("p2p: %s t=%.1f workers=%d own=%d origin_left=%d crossing=%d origin_blocked=%s open_all=%s",
+                      self.ti.name(), now - t0, planner.workers, len(planner.own), planner.origin_left,
+                      planner.crossing, self.session.origin_blocked, planner.open_all)
         if last_plan is not None:
             trace.slice_changes += planner.own != own_before
             if planner.workers == 1 and not planner.open_all:

@@ -461,3 +461,28 @@ def test_a_worker_that_dies_mid_swarm_holds_nobody_up(cluster, tmp_path: Path) -
         assert r["swarm"]["open_all_after_s"] is None, r["swarm"]
     # 24 MiB at the origin's 4 MB/s is ~6 s; the recovery rule adds at most ~6 s; the fallback is 60 s
     assert took < 40, (took, [r["swarm"] for r in reports])
+
+
+@pytest.mark.slow
+def test_a_slow_worker_holds_nobody_up(cluster, tmp_path: Path) -> None:
+    """Four workers split the origin's pieces; one has a quarter of the others' caps (half would not
+    hold them up here: its slice is a quarter of the pieces). The fast three finish about when they
+    would without it: the slow one's slice reaches them through the plan's recovery rule (an owner
+    still short of its slice stall_s after a worker's own slice is in is planned without), never
+    through the last resort, and never from cold. The slow one finishes too."""
+    origin = cluster("127.0.0.2", role="origin", limit="4MB", p2p_extra='piece_size = "256KiB"\n')
+    src = make_checkpoint(tmp_path / "src", total_bytes=24 * MiB, shards=2, layers=3)
+    assert origin.cli("publish", str(src), "--name", "org/slow", "--version", "v1").returncode == 0
+    fast = [cluster(f"127.0.0.{i}", origin=origin.endpoint, limit="4MB", fallback_s=60) for i in (3, 4, 5)]
+    slow = cluster("127.0.0.6", origin=origin.endpoint, limit="1MB", fallback_s=60)
+    procs = [w.popen("preload", "org/slow@v1", "--tier", "warm", "--json") for w in (*fast, slow)]
+    reports = _reports(procs, timeout=150)
+    took = [r["swarm"]["seconds"] for r in reports]
+    for r in reports:
+        assert r["bytes_by_source"]["cold"] == 0 and r["source_fallbacks"] == [], r
+        assert r["swarm"]["open_all_after_s"] is None, r["swarm"]
+    # the slow one needs ~21 MB / 1 MB/s at least; the others ~5.3 s at the origin's cap alone, plus the
+    # 2.5 s gathering of the member list, plus at most the plan's stall_s (6 s) of waiting on the slow
+    # one's slice (without the rule: ~20 s, the slow one's pace)
+    assert took[3] >= reports[3]["bytes"] / 1e6 * 0.95, took
+    assert max(took[:3]) < 5.3 + 2.5 + 6 + 5, (took, [r["swarm"] for r in reports])

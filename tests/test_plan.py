@@ -118,17 +118,41 @@ def test_an_owner_that_gets_nothing_from_the_origin_is_planned_without() -> None
     assert [prio[p] for p in range(n) if p not in first] == [OWN] * (n - len(first))
 
 
-def test_a_slow_owner_that_progresses_keeps_its_pieces() -> None:
+def test_an_owner_that_progresses_keeps_its_pieces_while_this_node_is_on_its_own() -> None:
+    """Owners draw their slices side by side: one whose pieces reach the swarm steadily is never judged
+    while this node's own slice is still coming."""
     n, me, other = 200, "127.0.0.5", "127.0.0.9"
     members = {me: "", other: ""}
     plan = PiecePlan(n, me, stall_s=6.0)
     held = [False] * n
     plan.priorities([False] * n, {}, held, members, 0, 0, 0.0, True)
+    mine = sorted(plan.own)
     theirs = [p for p in range(n) if p not in plan.own]
-    for t in range(1, 30):   # one of its pieces reaches the swarm every second
+    for t in range(1, 30):   # one piece each reaches the swarm every second
         held[theirs[t]] = True
-        plan.priorities([p in plan.own for p in range(n)], {other: Peer()}, held, members, 0, 0, float(t), True)
-    assert plan.stalled == set()
+        plan.priorities([p in mine[:t] for p in range(n)], {other: Peer()}, held, members, 0, 0, float(t), True)
+    assert plan.stalled == set() and plan.origin_left > 0
+
+
+def test_an_owner_too_slow_for_its_slice_loses_it_stall_s_after_this_nodes_slice_is_in() -> None:
+    """A worker with a quarter of the others' cap still has most of its slice when this node's is in:
+    stall_s later (not before), the plan goes on without it, and its pieces that only the origin holds
+    are this node's share to take (a late owner is also judged from when this node first saw it)."""
+    n, me, other = 200, "127.0.0.5", "127.0.0.9"
+    members = {me: "", other: ""}
+    plan = PiecePlan(n, me, stall_s=6.0)
+    held = [False] * n
+    plan.priorities([False] * n, {}, held, members, 0, 0, 0.0, True)
+    mine = frozenset(plan.own)
+    theirs = [p for p in range(n) if p not in mine]
+    have = [p in mine for p in range(n)]   # this node's slice is in at t = 1
+    for t in range(1, 7):
+        held[theirs[t]] = True              # theirs trickle in: never "stalled" by the first rule
+        plan.priorities(have, {other: Peer()}, held, members, 0, 0, float(t), True)
+        assert plan.stalled == set(), t
+    prio = plan.priorities(have, {other: Peer()}, held, members, 0, 0, 7.0, True)
+    assert plan.stalled == {other}
+    assert all(prio[p] == OWN for p in theirs if not held[p]) and plan.origin_left == sum(not h for h in held) - len(mine)
 
 
 def test_idle_with_nothing_arriving_opens_everything_after_three_graces() -> None:
@@ -217,3 +241,26 @@ def test_apportioned_bytes_add_up_to_the_payload_total(shares: dict[str, int], t
     sampled = sum(shares.values())
     for k, v in shares.items():
         assert abs(out[k] * sampled - v * total) <= sampled
+
+
+def test_dropping_a_late_owner_never_cascades() -> None:
+    """The late owner's pieces move to the others, so their counts jump: lateness is judged afresh
+    from there (this node must take its new share first), never the next owner at once, down to a
+    node planning alone."""
+    n, me, fast, slow = 300, "127.0.0.5", "127.0.0.7", "127.0.0.9"
+    members = {me: "", fast: "", slow: ""}
+    peers = {fast: Peer(), slow: Peer()}
+    plan = PiecePlan(n, me, stall_s=6.0, grace_s=1.0)
+    plan.priorities([False] * n, {}, [False] * n, members, 0, 0, 0.0, True)
+    have = [p in plan.own for p in range(n)]
+    by = rendezvous(n, sorted(members))
+    theirs_fast = [p for p in range(n) if by[p] == sorted(members).index(fast)]
+    held = [p in theirs_fast[3:] for p in range(n)]   # the fast owner has all but three of its pieces out
+    for t in range(1, 8):   # ... and delivers those in the next three seconds; the slow one delivers none
+        if t <= 3:
+            held[theirs_fast[t - 1]] = True
+        plan.priorities(have, peers, held, members, 0, 0, float(t), True)
+    assert plan.stalled == {slow}
+    for t in range(8, 14):  # the slow one's pieces are now the fast one's and this node's to take
+        plan.priorities(have, peers, held, members, 0, 0, float(t), True)
+        assert plan.stalled == {slow} and plan.origin_left > 0, t
