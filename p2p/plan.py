@@ -73,8 +73,8 @@ def rendezvous(num_pieces: int, labels: Sequence[str], slack: float | None = 0.1
     missing or gone moves only (about) its own pieces.
 
     ``slack``: bounded loads (consistent hashing with bounded loads, Mirrokni et al.): no label owns
-    more than ``ceil((1 + slack) * pieces / labels)``; a piece past that goes to its best label with
-    room. Plain highest-score owners are uneven when each label has few pieces (4 workers and 90
+    more than about ``(1 + slack) * pieces / labels`` (at most 7% more, see ``step``); a piece past
+    that goes to its best label with room. Plain highest-score owners are uneven when each label has few pieces (4 workers and 90
     pieces gave slices of 17 to 28, and the swarm waits on the largest); the bound costs a few more
     pieces moved when a label comes or goes. ``None``: plain rendezvous."""
     k = len(labels)
@@ -90,7 +90,11 @@ def rendezvous(num_pieces: int, labels: Sequence[str], slack: float | None = 0.1
         owner[better] = i
     if slack is None or k == 1:
         return owner
-    cap = -(-num_pieces * (100 + round(slack * 100)) // (100 * k))   # (integers: the same on every node)
+    # (integers: the same on every node; k rounded down to a step of k/16, so one label coming or
+    # going mostly leaves the bound, and with it the others' slices, as it was: a bound that moved with
+    # every k moved ~480 of 10,000 pieces when one of 1,000 labels left, instead of its own ~10)
+    step = max(1, k // 16)
+    cap = -(-num_pieces * (100 + round(slack * 100)) // (100 * (k - k % step)))
     excluded: dict[int, set[int]] = {}   # piece -> labels it was turned away from
     for _ in range(64):   # (a few rounds in practice; any answer is a valid one, only less even)
         counts = np.bincount(owner, minlength=k)
@@ -149,6 +153,8 @@ class PiecePlan:
         self._history: dict[str, deque[tuple[float, int]]] = {}   # ip -> (when, its pieces only the origin holds)
         self._own_done_at: float | None = None            # when this node's own slice was in (since slices last moved)
         self._planned: frozenset[str] = frozenset()        # the workers last planned with
+        self._own_start: tuple[float, int] | None = None   # (when, own pieces only the origin held) at first
+        self._pace: float | None = None                    # pieces/s this node took its first slice at
         self._cache: dict[tuple, tuple[np.ndarray | None, np.ndarray, list[str], list[str]]] = {}
 
     def _assign(self, members: Mapping[str, str]) -> tuple[np.ndarray | None, np.ndarray, list[str], list[str]]:
@@ -174,16 +180,21 @@ class PiecePlan:
         - *stalled*: its pieces that only the origin holds have not got fewer for ``stall_s`` (a worker
           that cannot reach the origin, or died without leaving the list);
         - *late*: it still has such pieces ``stall_s`` after this node's own slice was in (and after
-          this node first saw it), more than ``grace_s`` of them at its pace of the last ``stall_s``:
-          a worker too slow for its slice (a lower cap, a busy CPU, a slow disk) would otherwise
-          hold every other worker to its pace. Owners draw their slices from
-          the origin side by side, so a healthy one is never that far behind; the cost is at most the
-          late owner's remaining slice sent twice by the origin."""
+          this node first saw it), at less than half the pace this node took its own slice, and more
+          than ``grace_s`` of them at that pace: a worker too slow for its slice (a lower cap, a busy
+          CPU, a slow disk) would otherwise hold every other worker to its pace. Healthy owners draw
+          their slices side by side at about the same pace (a larger slice only takes longer); at
+          most one owner is found late per call, the slowest, and its remaining slice is what the
+          origin may send twice.
+
+        ``waiting``: pieces only the origin holds that this node lacks, of this node's home rack."""
         # (never this node: with listen = 0.0.0.0 it learns its own address late, and until then its
         # address on the list looks like another owner's; only connected owners: one this node cannot
         # see deliver might be delivering to others, and leaves the list within seconds if it died)
         self.stalled.discard(self.self_ip)
         counts = np.bincount(owner[waiting], minlength=len(mine))
+        my_pace = self._pace or 0.0
+        worst: tuple[float, str, str] | None = None
         for i, ip in enumerate(mine):
             if ip == self.self_ip or ip in self.stalled or ip not in peers:
                 continue
@@ -194,19 +205,25 @@ class PiecePlan:
             hist.append((now, left))
             while len(hist) > 2 and now - hist[1][0] >= self.stall_s:
                 hist.popleft()
-            late = left > 0 and self._own_done_at is not None and now - max(self._own_done_at, first) >= self.stall_s
-            # (at the pace of the last stall_s: an owner about to finish keeps its last pieces)
             t0, left0 = hist[0]
-            pace = (left0 - left) / (now - t0) if now > t0 else 0.0
-            if late and (pace <= 0 or left / pace > self.grace_s):
-                self.stalled.add(ip)
-                self.why[ip] = f"late: {left} of its pieces only the origin holds {self.stall_s:.0f} s after " \
-                               f"this node's own slice was in, at {pace:.1f} pieces/s"
-            elif left == 0 or seen is None or left != seen[0]:
+            # (its pace over the last stall_s, once that much is seen: none yet, or a count that rose
+            # because slices moved or a holder left, says nothing; no progress at all is "stalled")
+            pace = (left0 - left) / (now - t0) if now - t0 >= self.stall_s / 2 else 0.0
+            if left > 0 and my_pace and pace > 0 and self._own_done_at is not None \
+                    and now - max(self._own_done_at, first) >= self.stall_s \
+                    and pace < my_pace / 2 and left / pace > self.grace_s:
+                if worst is None or left / pace > worst[0]:
+                    worst = (left / pace, ip, f"late: {left} of its pieces only the origin holds "
+                                              f"{self.stall_s:.0f} s after this node's own slice was in, at "
+                                              f"{pace:.1f} pieces/s against this node's {my_pace:.1f}")
+            if left == 0 or seen is None or left != seen[0]:
                 self._counts[ip] = (left, now)
             elif now - seen[1] >= self.stall_s:
                 self.stalled.add(ip)
                 self.why[ip] = f"stalled: {left} of its pieces only the origin holds, none in {self.stall_s:.0f} s"
+        if worst is not None and worst[1] not in self.stalled:
+            self.stalled.add(worst[1])
+            self.why[worst[1]] = worst[2]
         return self.stalled
 
     def priorities(self, have: Sequence[bool], peers: Mapping[str, Peer], held_any: Sequence[bool],
@@ -237,12 +254,15 @@ class PiecePlan:
         held = np.fromiter(held_any, dtype=bool, count=n)
         planned = {**workers, self.self_ip: self.rack}
         # owners that hold up pieces only the origin has: planned without (see _stale)
-        _, owner, _, mine = self._assign({k: v for k, v in planned.items() if k not in self.stalled})
+        home, owner, racks, mine = self._assign({k: v for k, v in planned.items() if k not in self.stalled})
+        waiting = ~held & ~have_a
+        if home is not None:   # (an owner answers only for its home rack's pieces)
+            waiting &= home == racks.index(self.rack)
         # (the time four pieces take at an owner's share of the origin, if this node's cap is the
         # origin's: a big piece shared by many owners takes longer than the 6 s floor)
         if self.cap:
             self.stall_s = max(self.stall_floor_s, 4 * self.piece_bytes * len(planned) / self.cap)
-        for ip in self._stale(owner, mine, ~held & ~have_a, peers, now):
+        for ip in self._stale(owner, mine, waiting, peers, now):
             planned.pop(ip, None)
         self.workers = len(planned)
         home, owner, racks, mine = self._assign(planned)
@@ -268,8 +288,13 @@ class PiecePlan:
             xrack = ours & want & anywhere & ~in_rack
         self.crossing = int(np.count_nonzero(xrack))
         self.origin_left = int(np.count_nonzero(own))
+        if self._own_start is None:
+            self._own_start = (now, self.origin_left)
         if self.origin_left == 0 and self._own_done_at is None:
             self._own_done_at = now
+            if self._pace is None:   # (this node's pace on its first slice: the yardstick, kept)
+                t0, n0 = self._own_start
+                self._pace = n0 / max(now - t0, self.grace_s)
         prio = np.zeros(n, dtype=np.int8)
         prio[want & in_rack] = HELD
         prio[xrack] = XRACK

@@ -47,7 +47,7 @@ def test_a_worker_missing_from_a_view_moves_only_its_own_pieces(workers: list[st
         before = [sorted(workers)[i] for i in rendezvous(n, sorted(workers), slack)]
         after = [rest[i] for i in rendezvous(n, rest, slack)]
         moved = sum(a != b for a, b in zip(before, after))
-        assert moved <= before.count(gone) * (1 + extra) + 2 * len(workers) * (extra > 0), (slack, moved)
+        assert moved <= before.count(gone) * (1 + extra) + 8 * (extra > 0), (slack, moved)
         if slack is None:
             assert all(a == b for a, b in zip(before, after) if a != gone)
 
@@ -55,11 +55,27 @@ def test_a_worker_missing_from_a_view_moves_only_its_own_pieces(workers: list[st
 @settings(max_examples=100, deadline=None)
 @given(workers=ips, n=st.integers(1, 5000))
 def test_no_owner_takes_more_than_its_bound(workers: list[str], n: int) -> None:
-    """Bounded loads: every owner has at most ceil(1.1 n / k) pieces, whatever the hashing gives (plain
+    """Bounded loads: every owner has at most about 1.1 n / k pieces, whatever the hashing gives (plain
     rendezvous gave 17 to 28 of 90 pieces to 4 workers, and the swarm waited on the 28)."""
     owner = rendezvous(n, workers)
     assert owner.min() >= 0 and owner.max() < len(workers)
-    assert max(np.bincount(owner, minlength=len(workers))) <= -(-n * 110 // (100 * len(workers)))
+    k = len(workers)
+    bound = -(-n * 110 // (100 * (k - k % max(1, k // 16))))   # (k rounded down by k/16: <= 1.1 x 16/15)
+    assert max(np.bincount(owner, minlength=k)) <= bound <= n * 1.1 * 16 / 15 / k + 1
+
+
+def test_one_of_a_thousand_leaving_moves_about_its_own_pieces() -> None:
+    """At fleet scale (1,000 workers, 10,000 pieces, ~10 each) a worker that leaves, or that one node
+    does not see yet, moves its own pieces and a few displaced ones: views that differ by one worker
+    disagree on ~0.2% of the pieces (a bound that moved with every k moved ~480)."""
+    labels = [f"10.{i // 62500}.{(i // 250) % 250}.{i % 250}" for i in range(1000)]
+    before = rendezvous(10000, labels)
+    assert np.bincount(before).max() <= 12
+    for gone in (0, 333, 999):
+        rest = labels[:gone] + labels[gone + 1:]
+        after = rendezvous(10000, rest)
+        moved = sum(labels[b] != rest[a] for b, a in zip(before.tolist(), after.tolist()))
+        assert moved <= 2 * int(np.count_nonzero(before == gone)) + 10, (gone, moved)
 
 
 def test_ownership_is_balanced() -> None:
@@ -274,3 +290,46 @@ def test_dropping_a_late_owner_never_cascades() -> None:
     for t in range(8, 14):  # the slow one's pieces are now the fast one's and this node's to take
         plan.priorities(have, peers, held, members, 0, 0, float(t), True)
         assert plan.stalled == {slow} and plan.origin_left > 0, t
+
+
+def test_healthy_owners_with_uneven_slices_are_never_late() -> None:
+    """Eight owners drain their slices at the same pace; this node's slice is the smallest, so it is
+    done first and the others still have pieces stall_s later: they are slower to finish, not slow,
+    and none is dropped (a rule on time left alone dropped most of them at once)."""
+    n, me = 2000, "127.0.0.5"
+    members = {f"127.0.0.{i}": "" for i in range(5, 13)}
+    names = sorted(members)
+    by = rendezvous(n, names)
+    slices = {ip: [p for p in range(n) if by[p] == names.index(ip)] for ip in names}
+    me = min(names, key=lambda ip: len(slices[ip]))
+    peers = {ip: Peer() for ip in names if ip != me}
+    plan = PiecePlan(n, me, stall_s=6.0, grace_s=3.0)
+    held, have = [False] * n, [False] * n
+    for step in range(0, 2 * max(len(v) for v in slices.values()) + 10):
+        t = step / 4          # every owner takes two pieces a second of its own slice from the origin
+        if step % 2 == 0:
+            for ip, mine in slices.items():
+                k = step // 2
+                if k < len(mine):
+                    (have if ip == me else held)[mine[k]] = True
+        plan.priorities(have, peers, held, members, 0, 0, t, True)
+        assert plan.stalled == set(), (t, plan.why)
+
+
+def test_a_rack_mate_answers_only_for_its_home_racks_pieces() -> None:
+    """2 racks x 2 workers: the rack-mate delivered its whole slice of this rack's home pieces; the
+    other rack's pieces (which it never takes from the origin) do not make it look stalled or late."""
+    n, me, mate = 400, "127.0.0.5", "127.0.0.6"
+    members = {me: "a", mate: "a", "127.0.0.7": "b", "127.0.0.8": "b"}
+    peers = {ip: Peer(r, [False] * n) for ip, r in members.items() if ip != me}
+    plan = PiecePlan(n, me, rack="a", stall_s=6.0)
+    plan.priorities([False] * n, peers, [False] * n, members, 0, 0, 0.0, True)
+    racks = sorted(set(members.values()))
+    home = rendezvous(n, racks)
+    in_a = sorted(ip for ip, r in members.items() if r == "a")
+    owner = rendezvous(n, in_a)
+    have = [bool(home[p] == 0 and in_a[owner[p]] == me) for p in range(n)]
+    held = [bool(home[p] == 0 and in_a[owner[p]] == mate) for p in range(n)]
+    for t in range(1, 30):
+        plan.priorities(have, peers, held, members, 0, 0, float(t), True)
+        assert mate not in plan.stalled, (t, plan.why)
