@@ -166,6 +166,8 @@ def _swarm_sums(reports: list[dict]) -> dict:
                                                          "duplicate_bytes", "redundant_bytes", "failed_bytes",
                                                          "slice_changes")}
     total["open_all_events"] = sum(1 for s in sw if s.get("open_all_after_s") is not None)
+    total["owners_planned_without"] = sum(s.get("stalled_owners") or 0 for s in sw)
+    total["late_owners"] = sum(s.get("late_owners") or 0 for s in sw)
     total["alone_s_max"] = max((s.get("alone_s") or 0 for s in sw), default=0)
     total["workers_seen_min"] = min((s.get("workers_max") or 0 for s in sw), default=0)
     return total

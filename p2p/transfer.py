@@ -42,7 +42,8 @@ class SwarmTrace:
     workers_max: int = 0               # most downloading workers in view at once
     slice_changes: int = 0             # times this worker's slice moved (its view of the swarm changed)
     members_max: int = 0               # most downloading workers on the tracker's list at once
-    stalled_owners: int = 0            # owners planned without for a while (they received nothing)
+    stalled_owners: int = 0            # owners planned without for the rest of the download ...
+    late_owners: int = 0               # ... of them, found late (too slow for their slice), not stalled
     alone_s: float = 0.0               # time planned with no other worker in view (everything from the origin)
     open_all_after_s: float | None = None   # the recovery rule asked for everything, this long after the start
     redundant_bytes: int = 0           # libtorrent: received twice (end-game) or thrown away
@@ -195,6 +196,7 @@ class Transfer:
                      ip, planner.why.get(ip, "stalled"))
         self._stalled |= planner.stalled
         trace.stalled_owners = len(self._stalled)
+        trace.late_owners = sum(planner.why.get(ip, "").startswith("late") for ip in self._stalled)
         if log.isEnabledFor(logging.DEBUG) and (self._debug_at is None or now - self._debug_at >= 1.0):
             self._debug_at = now
             log.debug("p2p: %s t=%.1f workers=%d own=%d origin_left=%d crossing=%d origin_blocked=%s open_all=%s",

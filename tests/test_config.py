@@ -66,6 +66,8 @@ def test_file_overrides_only_what_it_sets(no_system_config: Path, tmp_path: Path
     ('[p2p]\nlisten = "localhost"', "p2p.listen", "IP:PORT"),
     ('[p2p]\nallow = ["10.0.0.0/33"]', "p2p.allow", "CIDR"),
     ('[p2p]\ntrackers = ["ftp://x"]', "p2p.trackers", "URL"),
+    ('[p2p]\nrack = "row 3/rack 7"', "p2p.rack", "rack name"),
+    ('[p2p]\nrack = "-r"', "p2p.rack", "starting with a letter or digit"),
     ('[warm]\nconcurrency = 0', "warm.concurrency", "greater than"),
     ('[p2p]\npiece_size = "3MiB"', "p2p.piece_size", "power of two"),
     ('[p2p]\npiece_size = "1GiB"', "p2p.piece_size", "power of two"),

@@ -485,4 +485,5 @@ def test_a_slow_worker_holds_nobody_up(cluster, tmp_path: Path) -> None:
     # 2.5 s gathering of the member list, plus at most the plan's stall_s (6 s) of waiting on the slow
     # one's slice (without the rule: ~20 s, the slow one's pace)
     assert took[3] >= reports[3]["bytes"] / 1e6 * 0.95, took
+    assert sum(r["swarm"]["late_owners"] for r in reports[:3]) >= 1, [r["swarm"] for r in reports]
     assert max(took[:3]) < 5.3 + 2.5 + 6 + 5, (took, [r["swarm"] for r in reports])

@@ -218,8 +218,8 @@ class P2PSettings(_Model):
     @field_validator("rack", mode="before")
     @classmethod
     def _rack(cls, v: Any) -> str:
-        import re
-        if not isinstance(v, str) or (v and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", v)):
+        from p2p import RACK  # (one rule for config, announces and member lists; no libtorrent)
+        if not isinstance(v, str) or (v and not RACK.fullmatch(v)):
             raise ValueError("expected a rack name: letters, digits, '.', '_' and '-', at most 63, "
                              "starting with a letter or digit")
         return v
