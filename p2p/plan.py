@@ -13,8 +13,9 @@ cap sending duplicates while the workers' upload capacity idles: 2.25x the check
   downloading peer the list does not have yet;
 - with racks, each piece has a *home rack* (rendezvous hashing over the racks present) and, in every
   rack, an *owner* (rendezvous hashing over that rack's workers); without racks there is one rack.
-  Rendezvous hashing, not ranks: a worker that one node does not see yet (or that left) moves only
-  its own pieces, where ranked slices would shift every boundary.
+  Rendezvous hashing with bounded loads (no owner more than about 1.1x its share), not ranks: a
+  worker that one node does not see yet (or that left) moves its own pieces and a few displaced
+  ones, where ranked slices would shift every boundary.
 
 **What a worker asks for** (libtorrent piece priorities, a few times a second):
 
