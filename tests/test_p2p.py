@@ -465,7 +465,7 @@ def test_a_worker_that_dies_mid_swarm_holds_nobody_up(cluster, tmp_path: Path) -
 
 @pytest.mark.slow
 def test_a_slow_worker_holds_nobody_up(cluster, tmp_path: Path) -> None:
-    """Four workers split the origin's pieces; one has a quarter of the others' caps (half would not
+    """Four workers split the origin's pieces; one has an eighth of the others' caps (half would not
     hold them up here: its slice is a quarter of the pieces). The fast three finish about when they
     would without it: the slow one's slice reaches them through the plan's recovery rule (an owner
     still short of its slice stall_s after a worker's own slice is in is planned without), never
@@ -474,16 +474,18 @@ def test_a_slow_worker_holds_nobody_up(cluster, tmp_path: Path) -> None:
     src = make_checkpoint(tmp_path / "src", total_bytes=24 * MiB, shards=2, layers=3)
     assert origin.cli("publish", str(src), "--name", "org/slow", "--version", "v1").returncode == 0
     fast = [cluster(f"127.0.0.{i}", origin=origin.endpoint, limit="4MB", fallback_s=60) for i in (3, 4, 5)]
-    slow = cluster("127.0.0.6", origin=origin.endpoint, limit="1MB", fallback_s=60)
+    slow = cluster("127.0.0.6", origin=origin.endpoint, limit="500KB", fallback_s=90)
     procs = [w.popen("preload", "org/slow@v1", "--tier", "warm", "--json") for w in (*fast, slow)]
-    reports = _reports(procs, timeout=150)
+    reports = _reports(procs, timeout=180)
     took = [r["swarm"]["seconds"] for r in reports]
     for r in reports:
         assert r["bytes_by_source"]["cold"] == 0 and r["source_fallbacks"] == [], r
         assert r["swarm"]["open_all_after_s"] is None, r["swarm"]
-    # the slow one needs ~21 MB / 1 MB/s at least; the others ~5.3 s at the origin's cap alone, plus the
-    # 2.5 s gathering of the member list, plus at most the plan's stall_s (6 s) of waiting on the slow
-    # one's slice (without the rule: ~20 s, the slow one's pace)
-    assert took[3] >= reports[3]["bytes"] / 1e6 * 0.95, took
+    # the slow one needs ~21 MB / 0.5 MB/s at least; the others ~5.3 s at the origin's cap alone, plus the
+    # 2.5 s gathering of the member list, plus the late rule's stall_s (6 s) after their own slice, plus
+    # at most one more stall_s when the workers drop the slow one at different times (one that dropped
+    # it early waits on a share another has not taken yet, until that one is judged stalled: measured
+    # 15-25 s; without the rule ~27 s at a 1 MB/s slow worker, and the slow one's pace here)
+    assert took[3] >= reports[3]["bytes"] / 0.5e6 * 0.95, took
     assert sum(r["swarm"]["late_owners"] for r in reports[:3]) >= 1, [r["swarm"] for r in reports]
-    assert max(took[:3]) < 5.3 + 2.5 + 6 + 5, (took, [r["swarm"] for r in reports])
+    assert max(took[:3]) < 5.3 + 2.5 + 2 * 6 + 6, (took, [r["swarm"] for r in reports])
