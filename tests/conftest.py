@@ -87,6 +87,7 @@ class NodeEnv:
     def __init__(self, tmp_path: Path, hot_capacity: str = "256MiB", warm_capacity: str = "512MiB") -> None:
         self.tmp = tmp_path
         self.hot = Path(f"/dev/shm/weightd-test-{_uuid.uuid4().hex[:10]}")
+        _HOTS.append(self.hot)   # (removed after the test whoever made this env: see _hot_tiers_removed)
         self.warm, self.cold, self.state = tmp_path / "warm", tmp_path / "cold", tmp_path / "state"
         self.config = tmp_path / "weightd.toml"
         self.write_config(hot_capacity, warm_capacity)
@@ -113,6 +114,18 @@ class NodeEnv:
 
     def cleanup(self) -> None:
         _shutil.rmtree(self.hot, ignore_errors=True)
+
+
+_HOTS: list[Path] = []   # every NodeEnv's hot tier on the real /dev/shm, this test's
+
+
+@pytest.fixture(autouse=True)
+def _hot_tiers_removed():
+    """A test that makes a NodeEnv itself (not through ``node_env``) left its hot tier in /dev/shm,
+    two directories per CI run: every one is removed after its test, pass or fail."""
+    yield
+    while _HOTS:
+        _shutil.rmtree(_HOTS.pop(), ignore_errors=True)
 
 
 @pytest.fixture
