@@ -338,6 +338,13 @@ def test_side_file_temporaries_a_kill_left_are_removed_unless_their_writer_lives
     (area / ".org--y@v1.resumable.json.ba9876543210.incomplete").write_text("{")
     (area / ".org--z@v1.resumable.json.00000000cafe.incomplete").write_text("{")  # its writer holds the lock
     (area / ".not-ours").write_text("x")
+    # what else may sit under such a name: a directory, a FIFO, a symlink to a victim (the link goes)
+    (area / ".org--d@v1.resumable.json.aaaaaaaaaaaa.incomplete").mkdir()
+    (area / ".org--d@v1.resumable.json.aaaaaaaaaaaa.incomplete" / "f").write_text("x")
+    os.mkfifo(area / ".org--f@v1.resumable.json.bbbbbbbbbbbb.incomplete")
+    victim = node_env.warm.parent / "victim"
+    victim.write_text("keep")
+    (area / ".org--s@v1.resumable.json.cccccccccccc.incomplete").symlink_to(victim)
     locks = node_env.warm / ".locks"
     locks.mkdir(mode=0o700, exist_ok=True)
     fd = os.open(locks / "org--z@v1.lock", os.O_RDWR | os.O_CREAT, 0o600)
@@ -349,6 +356,7 @@ def test_side_file_temporaries_a_kill_left_are_removed_unless_their_writer_lives
     assert r.returncode == 0, r.stderr
     assert sorted(p.name for p in area.iterdir()) == [".not-ours", ".org--z@v1.resumable.json.00000000cafe.incomplete",
                                                       "org--y@v1.resumable", "org--y@v1.resumable.json"]
+    assert victim.read_text() == "keep"
     assert wd("gc", "--json").returncode == 0  # the writer is gone: now it goes
     assert ".org--z@v1.resumable.json.00000000cafe.incomplete" not in {p.name for p in area.iterdir()}
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import stat
 import uuid
 from dataclasses import dataclass
@@ -232,7 +233,7 @@ class Dir:
         split_rel(name)
         if "/" in name:
             raise UnsafePath(name, "write_atomic takes a name, not a path")
-        tmp = f".{name}.{uuid.uuid4().hex[:12]}.incomplete"
+        tmp = f".{name}.{uuid.uuid4().hex[:12]}{_INCOMPLETE}"
         fd = self.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
         try:
             try:
@@ -248,6 +249,13 @@ class Dir:
             self.unlink(tmp)
             raise
         self.fsync()
+
+    @staticmethod
+    def atomic_target(entry: str) -> str | None:
+        """The name ``entry`` would have been renamed to if it is a temporary of :meth:`write_atomic`
+        (one a crash cut short, or one being written), else None."""
+        m = _TEMPORARY.fullmatch(entry)
+        return m.group(1) if m else None
 
     def rename(self, name: str, dst: "Dir", dst_name: str, *, replace: bool = False) -> None:
         """Move one entry between directories by descriptor; refuses to replace unless ``replace``."""
@@ -325,6 +333,9 @@ class Dir:
     def statvfs(self) -> os.statvfs_result:
         return os.fstatvfs(self.fd)
 
+
+_INCOMPLETE = ".incomplete"
+_TEMPORARY = re.compile(r"\.(.+)\.[0-9a-f]{12}" + re.escape(_INCOMPLETE))   # write_atomic's temporaries
 
 @dataclass(frozen=True, slots=True)
 class FileRef:

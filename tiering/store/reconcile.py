@@ -6,7 +6,7 @@ before serving a copy state does not know (:meth:`Reconciler.known_good`), which
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from ..content.build import verify_checkpoint
 from ..errors import TieringError
@@ -34,8 +34,9 @@ class Reconciler:
             area, ids = staging_ids(root)
             if root is not None and area is not None:
                 with area:
+                    temporaries = staging_temporaries(area)
                     for sid in ids:
-                        removed_one, kept_one = self._reap_staging(tier, area, sid)
+                        removed_one, kept_one = self._reap_staging(tier, area, sid, temporaries.get(sid, ()))
                         removed += removed_one
                         kept += kept_one
             if root is not None and root.lstat(TRASH) is not None:
@@ -56,7 +57,7 @@ class Reconciler:
         self.state.expire_leases()
         return out
 
-    def _reap_staging(self, tier: str, area: Dir, sid: str) -> tuple[int, int]:
+    def _reap_staging(self, tier: str, area: Dir, sid: str, temporaries: Sequence[str] = ()) -> tuple[int, int]:
         """(removed, kept) for one staging id: live ones (their version's lock is held) are left alone,
         a P2P transfer that can resume is kept for a day, everything else goes."""
         base = sid[:-len(".resumable")] if sid.endswith(".resumable") else None
@@ -64,8 +65,8 @@ class Reconciler:
         if lock is not None and not lock.try_acquire():
             return 0, 0
         try:
-            for tmp in staging_temporaries(area, sid):  # (a kill -9 inside write_atomic; no writer holds it)
-                area.unlink(tmp)
+            for tmp in temporaries:  # (a kill -9 inside write_atomic; no writer holds it; whatever it is)
+                area.remove(tmp)
             if lock is not None and staging_keep(area, sid, self.now()):
                 return 0, 1
             area.remove(sid)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import re
 import stat
 import time
 from dataclasses import dataclass, field
@@ -30,7 +29,6 @@ from ..sources import ProgressFn
 from .trust import Signed, check_bytes, write_record
 
 RESUMABLE_MAX_AGE_S = 24 * 3600
-_TEMPORARY = re.compile(r"\.(.+)\.json\.[0-9a-f]{12}\.incomplete")
 
 
 def staging_id(name: str, version: str) -> str:
@@ -175,16 +173,20 @@ def staging_ids(root: Dir | None) -> tuple[Dir | None, list[str]]:
 
 
 def _temporary_of(n: str) -> str | None:
-    """The staging id whose side file ``n`` is the temporary of (``Dir.write_atomic`` writes
-    ``.<id>.json.<hex>.incomplete`` and renames it), or None."""
-    m = _TEMPORARY.fullmatch(n)
-    return m.group(1) if m else None
+    """The staging id whose side file ``n`` is a ``Dir.write_atomic`` temporary of, or None."""
+    target = Dir.atomic_target(n)
+    return target[:-len(".json")] if target is not None and target.endswith(".json") else None
 
 
-def staging_temporaries(area: Dir, sid: str) -> list[str]:
-    """Temporaries of ``sid``'s side file: only ever live while the version's lock is held, so one found
-    by a holder of that lock (or of no lock, for an id without one) is what a crash left."""
-    return [n for n, _ in area.entries() if n.startswith(".") and _temporary_of(n) == sid]
+def staging_temporaries(area: Dir) -> dict[str, list[str]]:
+    """Temporaries of side files, by staging id: only ever live while the version's lock is held, so
+    one found by a holder of that lock (or of no lock, for an id without one) is what a crash left."""
+    out: dict[str, list[str]] = {}
+    for n, _ in area.entries():
+        sid = _temporary_of(n) if n.startswith(".") else None
+        if sid is not None:
+            out.setdefault(sid, []).append(n)
+    return out
 
 
 def staging_expected_bytes(area: Dir, sid: str) -> int:
