@@ -144,14 +144,20 @@ def test_an_owner_that_gets_nothing_from_the_origin_is_planned_without() -> None
     assert [prio[p] for p in range(n) if p not in first] == [OWN] * (n - len(first))
 
 
+def _two_workers(n: int) -> tuple[str, dict[str, str], PiecePlan]:
+    """127.0.0.5's plan beside one other worker, after its first call (the slices are set)."""
+    me, other = "127.0.0.5", "127.0.0.9"
+    members = {me: "", other: ""}
+    plan = PiecePlan(n, me, stall_s=6.0)
+    plan.priorities([False] * n, {}, [False] * n, members, 0, 0, 0.0, True)
+    return other, members, plan
+
+
 def test_an_owner_that_progresses_keeps_its_pieces_while_this_node_is_on_its_own() -> None:
     """Owners draw their slices side by side: one whose pieces reach the swarm steadily is never judged
     while this node's own slice is still coming."""
-    n, me, other = 200, "127.0.0.5", "127.0.0.9"
-    members = {me: "", other: ""}
-    plan = PiecePlan(n, me, stall_s=6.0)
+    n, other, members, plan = 200, *_two_workers(200)
     held = [False] * n
-    plan.priorities([False] * n, {}, held, members, 0, 0, 0.0, True)
     mine = sorted(plan.own)
     theirs = [p for p in range(n) if p not in plan.own]
     for t in range(1, 30):   # one piece each reaches the swarm every second
@@ -164,11 +170,8 @@ def test_an_owner_too_slow_for_its_slice_loses_it_stall_s_after_this_nodes_slice
     """A worker with a quarter of the others' cap still has most of its slice when this node's is in:
     stall_s later (not before), the plan goes on without it, and its pieces that only the origin holds
     are this node's share to take (a late owner is also judged from when this node first saw it)."""
-    n, me, other = 200, "127.0.0.5", "127.0.0.9"
-    members = {me: "", other: ""}
-    plan = PiecePlan(n, me, stall_s=6.0)
+    n, other, members, plan = 200, *_two_workers(200)
     held = [False] * n
-    plan.priorities([False] * n, {}, held, members, 0, 0, 0.0, True)
     mine = frozenset(plan.own)
     theirs = [p for p in range(n) if p not in mine]
     have = [p in mine for p in range(n)]   # this node's slice is in at t = 1
