@@ -45,6 +45,7 @@ from tiering.sample import make_checkpoint  # noqa: E402
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 WARM = {"capacity": "4GiB"}   # (main raises it for checkpoints larger than 3 GiB)
 MEMORY_TRACE = False          # --memory-trace: the first worker's resident memory by kind, once a second
+KEEP_LOGS: Path | None = None  # --keep-logs DIR: daemons log at debug level, and each log is kept there
 
 
 def free_port(ip: str) -> int:
@@ -56,7 +57,7 @@ def free_port(ip: str) -> int:
 class Daemon:
     def __init__(self, base: Path, ip: str, cold: Path, cap: str, role: str, origin: str | None, allow: str,
                  tracker: str | None = None, p2p_extra: str = "", extra: str = "") -> None:
-        self.ip, self.dir = ip, base / f"{ip}-{uuid.uuid4().hex[:6]}"
+        self.ip, self.role, self.dir = ip, role, base / f"{ip}-{uuid.uuid4().hex[:6]}"
         self.dir.mkdir(parents=True)
         self.hot = Path(f"/dev/shm/weightd-bench-swarm-{uuid.uuid4().hex[:8]}")
         self.port, self.mport, self.tport = free_port(ip), free_port(ip), free_port(ip)
@@ -72,8 +73,8 @@ class Daemon:
             f'upload_limit = "{cap}"\ndownload_limit = "{cap}"\nfallback_after_s = 120\n'
             + (f'peers = ["{origin}"]\n' if origin else "") + extra + p2p_extra + extra_sections)
         self.log = open(self.dir / "log", "w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "weightd", "--config", str(self.config), "serve",
-                                      "--role", role], stdout=self.log, stderr=subprocess.STDOUT, env=ENV)
+        self.proc = subprocess.Popen([sys.executable, "-m", "weightd", "--config", str(self.config)]
+                                     + ["-vv"] * bool(KEEP_LOGS) + ["serve", "--role", role], stdout=self.log, stderr=subprocess.STDOUT, env=ENV)
         deadline = time.monotonic() + 60
         while not (self.dir / "weightd.sock").exists():
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -118,6 +119,9 @@ class Daemon:
             self.proc.kill()
         self.log.close()
         shutil.rmtree(self.hot, ignore_errors=True)
+        if KEEP_LOGS is not None:
+            KEEP_LOGS.mkdir(parents=True, exist_ok=True)
+            shutil.copy(self.dir / "log", KEEP_LOGS / f"{self.role}-{self.ip}-{self.dir.name[-6:]}.log")
 
 
 class Mode:
@@ -316,11 +320,13 @@ def main() -> int:
                     help="racks emulated on loopback: worker i in rack r{i %% R} ([p2p] rack); reported: "
                          "bytes each rack received from outside it (x checkpoint). Add no-racks to "
                          "--baseline for the plan without racks in the same run")
+    ap.add_argument("--keep-logs", type=Path, default=None, metavar="DIR",
+                    help="daemons log at debug level; every daemon's log is copied to DIR when it stops")
     ap.add_argument("--memory-trace", action="store_true",
                     help="record the first worker's resident memory by kind (smaps_rollup) once a second")
     args = ap.parse_args()
-    global MEMORY_TRACE
-    MEMORY_TRACE = args.memory_trace
+    global MEMORY_TRACE, KEEP_LOGS
+    MEMORY_TRACE, KEEP_LOGS = args.memory_trace, args.keep_logs
     args.baseline = "storm,stock" if args.baseline == "both" else args.baseline
     if args.rounds is None:
         args.rounds = 5 if args.compare else 1

@@ -12,7 +12,9 @@ cap sending duplicates while the workers' upload capacity idles: 2.25x the check
   worker asks the origin's tracker for it, so every worker plans on the same list), plus any connected
   downloading peer the list does not have yet;
 - with racks, each piece has a *home rack* (rendezvous hashing over the racks present) and, in every
-  rack, an *owner* (rendezvous hashing over that rack's workers); without racks there is one rack.
+  rack, an *owner* (rendezvous hashing over that rack's workers); without racks there is one rack;
+- with racks, each rack has one *gateway* (the same hashing over its workers): the only worker of the
+  rack that takes pieces from other racks' workers.
   Rendezvous hashing with bounded loads (no owner more than about 1.1x its share), not ranks: a
   worker that one node does not see yet (or that left) moves its own pieces and a few displaced
   ones, where ranked slices would shift every boundary.
@@ -20,17 +22,23 @@ cap sending duplicates while the workers' upload capacity idles: 2.25x the check
 **What a worker asks for** (libtorrent piece priorities, a few times a second):
 
 - ``OWN``: pieces it owns in its home rack: from the origin (the only holder at first);
-- ``XRACK``: pieces it owns for its rack that some worker of another rack holds and none of its own
-  rack (they cross racks once per rack, through that rack's owner); the session paces what arrives
-  from other racks (``P2PSession.apply_plan``): libtorrent picks the sender, so a piece wanted from
-  the rack may still come from outside it;
+- ``XRACK`` (the gateway only): pieces some worker of another rack holds and none of its own rack
+  (they cross racks once per rack, through the gateway). libtorrent picks the sender of a piece, so
+  a worker open to other racks may take from outside a piece its rack already holds: the session
+  (``P2PSession.apply_plan``) therefore opens the other racks' class only on the gateway, while it
+  has pieces to take across, and keeps it to a trickle on every other worker. What a rack receives
+  from outside is then at most the gateway's whole download plus its other workers' slices from
+  the origin (about 1.2x the checkpoint with 4 workers a rack), whatever libtorrent picks; with
+  one open worker per rack, per-worker pacing left 2.3-2.6x;
 - ``HELD``: any other piece a worker of its own rack holds (without racks: any worker);
 - nothing yet for the rest: pieces only the origin has and another worker owns.
 
 **Recovery**: an owner whose pieces that only the origin holds do not get fewer for ``stall_s`` (it
 cannot reach the origin, or died without leaving the list), or that still has some ``stall_s`` after
 this worker's own slice was in (it is too slow for its slice), is treated as absent for the rest of
-the download: its pieces move to the others by the same hashing. A worker that receives nothing at all for ``3 x grace_s`` while it waits asks for
+the download: its pieces move to the others by the same hashing. A gateway whose piece count does not grow for
+``stall_s`` while it lacks some is planned without likewise (the next worker by the hashing takes
+its place). A worker that receives nothing at all for ``3 x grace_s`` while it waits asks for
 everything. The plan can delay, never strand: pieces are still verified by libtorrent, and the
 checkpoint by its manifest.
 """
@@ -145,9 +153,11 @@ class PiecePlan:
         self.workers = 1        # downloading workers planned with (this one included)
         self.stalled: set[str] = set()   # owners planned without (see _stale)
         self.why: dict[str, str] = {}    # ... and why, for the log
-        self.crossing = 0                # pieces this worker now takes across racks (XRACK), as of the last call
+        self.crossing = 0                # pieces this worker (a gateway) now takes across racks (XRACK), as of the last call
         self.origin_left = num_pieces    # pieces it still takes from the origin (OWN), likewise
         self.rack_size = 1               # workers of this rack planned with (this one included)
+        self.gateway = ""                # this rack's gateway as of the last call (racks only)
+        self._gateway_counts: dict[str, tuple[int, float]] = {}   # gateway -> (its pieces, since)
         self._idle_since: float | None = None
         self._counts: dict[str, tuple[int, float]] = {}   # ip -> (its pieces only the origin holds, since)
         self._first_seen: dict[str, float] = {}          # ip -> when this node first planned with it
@@ -172,6 +182,27 @@ class PiecePlan:
                 self._cache.pop(next(iter(self._cache)))
             self._cache[key] = hit
         return hit
+
+    def _gateway_of(self, mine: Sequence[str]) -> str:
+        """The rack's gateway among its workers ``mine`` (rendezvous hashing: every worker of the rack
+        that plans on the same list names the same one, and one leaving moves only its own role)."""
+        return max(mine, key=lambda ip: (int(_key(f"gateway/{self.rack}/{ip}")), ip))
+
+    def _stale_gateway(self, mine: Sequence[str], peers: Mapping[str, Peer], now: float) -> None:
+        """The gateway is planned without when the pieces it holds do not grow for ``stall_s`` while it
+        lacks some (it cannot reach the other racks, or stopped): the next worker takes its place."""
+        gw = self._gateway_of(mine)
+        p = peers.get(gw)
+        if gw == self.self_ip or p is None or p.pieces is None:
+            return
+        count = sum(map(bool, p.pieces))
+        seen = self._gateway_counts.get(gw)
+        if count >= self.num_pieces or seen is None or count != seen[0]:
+            self._gateway_counts[gw] = (count, now)
+        elif now - seen[1] >= self.stall_s:
+            self.stalled.add(gw)
+            self.why[gw] = (f"stalled gateway: {count} of {self.num_pieces} pieces, none more in "
+                            f"{self.stall_s:.0f} s; the next worker of the rack takes across")
 
     def _stale(self, owner: np.ndarray, mine: list[str], waiting: np.ndarray, peers: Mapping[str, Peer],
                now: float) -> set[str]:
@@ -263,7 +294,10 @@ class PiecePlan:
         # origin's: a big piece shared by many owners takes longer than the 6 s floor)
         if self.cap:
             self.stall_s = max(self.stall_floor_s, 4 * self.piece_bytes * len(planned) / self.cap)
-        for ip in self._stale(owner, mine, waiting, peers, now):
+        stalled = self._stale(owner, mine, waiting, peers, now)
+        if home is not None:
+            self._stale_gateway([ip for ip in mine if ip not in stalled], peers, now)
+        for ip in self.stalled:
             planned.pop(ip, None)
         self.workers = len(planned)
         home, owner, racks, mine = self._assign(planned)
@@ -286,7 +320,8 @@ class PiecePlan:
             here = home == racks.index(self.rack)
             own = ours & here & want & ~anywhere
             in_rack = self._held_in_rack(peers, rack_seeds)
-            xrack = ours & want & anywhere & ~in_rack
+            self.gateway = self._gateway_of(mine)
+            xrack = want & anywhere & ~in_rack if self.gateway == self.self_ip else np.zeros(n, dtype=bool)
         self.crossing = int(np.count_nonzero(xrack))
         self.origin_left = int(np.count_nonzero(own))
         if self._own_start is None:

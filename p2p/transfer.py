@@ -43,6 +43,7 @@ class SwarmTrace:
     slice_changes: int = 0             # times this worker's slice moved (its view of the swarm changed)
     members_max: int = 0               # most downloading workers on the tracker's list at once
     stalled_owners: int = 0            # owners planned without for the rest of the download ...
+    gateways: int = 0                  # rack gateways this worker planned with, one after another (racks)
     late_owners: int = 0               # ... of them, found late (too slow for their slice), not stalled
     alone_s: float = 0.0               # time planned with no other worker in view (everything from the origin)
     open_all_after_s: float | None = None   # the recovery rule asked for everything, this long after the start
@@ -115,6 +116,7 @@ class Transfer:
         self._stalled: set[str] = set()
         self._debug_at: float | None = None
         self._prio: list[int] | None = None   # the priorities last given to libtorrent
+        self._gateway = ""                  # the rack's gateway as of the last plan (racks only)
         self._racks: dict[str, str] = {}   # ip -> rack, from the member lists seen
         self._reported = 0
         self.held_back = held_back   # added paused: resumed once the member list is in (racks)
@@ -195,13 +197,20 @@ class Transfer:
             log.info("p2p: %s: planning without %s from now on (%s; its pieces go to the others)", self.ti.name(),
                      ip, planner.why.get(ip, "stalled"))
         self._stalled |= planner.stalled
+        if planner.gateway != self._gateway:
+            self._gateway = planner.gateway
+            if planner.gateway == planner.self_ip:
+                log.info("p2p: %s: this node is rack %s's gateway: it takes pieces across racks for it",
+                         self.ti.name(), planner.rack)
+            trace.gateways += 1
         trace.stalled_owners = len(self._stalled)
         trace.late_owners = sum(planner.why.get(ip, "").startswith("late") for ip in self._stalled)
         if log.isEnabledFor(logging.DEBUG) and (self._debug_at is None or now - self._debug_at >= 1.0):
             self._debug_at = now
-            log.debug("p2p: %s t=%.1f workers=%d own=%d origin_left=%d crossing=%d origin_blocked=%s open_all=%s",
-                      self.ti.name(), now - t0, planner.workers, len(planner.own), planner.origin_left,
-                      planner.crossing, self.session.origin_blocked, planner.open_all)
+            log.debug("p2p: %s t=%.1f workers=%d own=%d origin_left=%d gateway=%s crossing=%d origin_blocked=%s "
+                      "open_all=%s", self.ti.name(), now - t0, planner.workers, len(planner.own),
+                      planner.origin_left, planner.gateway or "-", planner.crossing, self.session.origin_blocked,
+                      planner.open_all)
         if last_plan is not None:
             trace.slice_changes += planner.own != own_before
             if planner.workers == 1 and not planner.open_all:

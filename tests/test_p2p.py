@@ -429,6 +429,27 @@ def _reports(procs: list[subprocess.Popen[str]], timeout: float) -> list[dict]:
     return out
 
 
+def _preload_one_killed(origin: Node, workers: list[Node], victim: Node, ref: str) -> tuple[list[dict], float]:
+    """``workers`` and ``victim`` preload ``ref`` at once; the victim's daemon is killed (-9) once the
+    origin has sent 2 MiB more (download counters are added only when a download ends; the origin's
+    upload counter moves as it goes), or after 30 s. The workers' reports, and the seconds they took
+    after the kill."""
+    procs = [w.popen("preload", ref, "--tier", "warm", "--json") for w in workers]
+    doomed = victim.popen("preload", ref, "--tier", "warm", "--json")
+    try:
+        deadline = time.monotonic() + 30
+        up0 = origin.metric("weightd_p2p_upload_bytes_total")
+        while origin.metric("weightd_p2p_upload_bytes_total") < up0 + 2 * MiB and time.monotonic() < deadline:
+            time.sleep(0.2)
+        victim.proc.kill()
+        t0 = time.monotonic()
+        reports = _reports(procs, timeout=120)
+    finally:
+        doomed.kill()
+        doomed.communicate(timeout=30)
+    return reports, time.monotonic() - t0
+
+
 @pytest.mark.slow
 def test_a_worker_that_dies_mid_swarm_holds_nobody_up(cluster, tmp_path: Path) -> None:
     """Four workers split the origin's pieces; one is killed (-9) once bytes flow. The others take its
@@ -439,22 +460,7 @@ def test_a_worker_that_dies_mid_swarm_holds_nobody_up(cluster, tmp_path: Path) -
     src = make_checkpoint(tmp_path / "src", total_bytes=24 * MiB, shards=2, layers=3)
     assert origin.cli("publish", str(src), "--name", "org/dies", "--version", "v1").returncode == 0
     workers = [cluster(f"127.0.0.{i}", origin=origin.endpoint, limit="4MB", fallback_s=60) for i in (3, 4, 5, 6)]
-    procs = [w.popen("preload", "org/dies@v1", "--tier", "warm", "--json") for w in workers[:3]]
-    victim = workers[3].popen("preload", "org/dies@v1", "--tier", "warm", "--json")
-    try:
-        deadline = time.monotonic() + 30
-        while workers[3].metric("weightd_p2p_download_bytes_total") == 0 and time.monotonic() < deadline:
-            # (the counter is added when a download ends: watch the origin's upload instead)
-            if origin.metric("weightd_p2p_upload_bytes_total") > 2 * MiB:
-                break
-            time.sleep(0.2)
-        workers[3].proc.kill()
-        t0 = time.monotonic()
-        reports = _reports(procs, timeout=120)
-    finally:
-        victim.kill()
-        victim.communicate(timeout=30)
-    took = time.monotonic() - t0
+    reports, took = _preload_one_killed(origin, workers[:3], workers[3], "org/dies@v1")
     for r in reports:
         assert r["bytes_by_source"]["cold"] == 0 and r["source_fallbacks"] == [], r
         # its pieces moved by the plan's rule (member list or stalled owner), not by the last resort
@@ -489,3 +495,56 @@ def test_a_slow_worker_holds_nobody_up(cluster, tmp_path: Path) -> None:
     assert took[3] >= reports[3]["bytes"] / 0.5e6 * 0.95, took
     assert sum(r["swarm"]["late_owners"] for r in reports[:3]) >= 1, [r["swarm"] for r in reports]
     assert max(took[:3]) < 5.3 + 2.5 + 2 * 6 + 6, (took, [r["swarm"] for r in reports])
+
+
+def _outside_x(report: dict, rack: str) -> float:
+    """Bytes this worker received from outside its rack (the origin included), x the checkpoint."""
+    by = report["swarm"]["bytes_by_rack"]
+    return sum(n for sender, n in by.items() if sender != rack) / report["bytes"]
+
+
+@pytest.mark.slow
+def test_racks_cross_about_once_and_a_dead_gateway_is_replaced(cluster, tmp_path: Path) -> None:
+    """Two racks of three workers ([p2p] rack). Each rack has one gateway, the only worker open to the
+    other rack: what a rack receives from outside it (the origin included) stays near one copy of the
+    checkpoint whatever libtorrent picks. Then, in a second version, rack r0's gateway is killed
+    mid-swarm: its rack-mates name the next gateway (it leaves the member list, or stops growing) and
+    finish from the swarm, never from cold."""
+    from p2p.plan import PiecePlan
+
+    origin = cluster("127.0.0.2", role="origin", limit="4MB", p2p_extra='piece_size = "256KiB"\n')
+    src = make_checkpoint(tmp_path / "src", total_bytes=16 * MiB, shards=2, layers=3)
+    assert origin.cli("publish", str(src), "--name", "org/racks", "--version", "v1").returncode == 0
+    racks = {f"127.0.0.{3 + i}": f"r{i % 2}" for i in range(6)}
+    workers = {ip: cluster(ip, origin=origin.endpoint, limit="4MB", fallback_s=60,
+                           p2p_extra=f'rack = "{rack}"\n') for ip, rack in racks.items()}
+    reports = _reports([w.popen("preload", "org/racks@v1", "--tier", "warm", "--json")
+                        for w in workers.values()], timeout=120)
+    per_rack: dict[str, float] = {}
+    for (ip, rack), r in zip(racks.items(), reports):
+        assert r["bytes_by_source"]["cold"] == 0 and r["source_fallbacks"] == [], r
+        per_rack[rack] = per_rack.get(rack, 0.0) + _outside_x(r, rack)
+    # home pieces from the origin (half the checkpoint a rack) + the gateway's crossing (the other half)
+    assert all(x <= 1.3 for x in per_rack.values()), per_rack
+    for rack in ("r0", "r1"):   # one gateway a rack, named alike by every worker of it (the role moves
+        mine = [ip for ip, r in racks.items() if r == rack]   # on only when that one is done)
+        gw = PiecePlan(1, mine[0], rack=rack)._gateway_of(mine)
+        first = {ip: min((line[:24] for line in (workers[ip].dir / "daemon.log").read_text().splitlines()
+                          if f"this node is rack {rack}'s gateway" in line), default="~") for ip in mine}
+        assert min(first, key=first.get) == gw and first[gw] != "~", first
+
+    # v2: the gateway of r0 dies once bytes flow
+    src2 = make_checkpoint(tmp_path / "src2", total_bytes=16 * MiB, shards=2, layers=3, seed="v2")
+    assert origin.cli("publish", str(src2), "--name", "org/racks", "--version", "v2").returncode == 0
+    r0 = [ip for ip, r in racks.items() if r == "r0"]
+    gw = PiecePlan(1, r0[0], rack="r0")._gateway_of(r0)
+    others = [ip for ip in racks if ip != gw]
+    reports, took = _preload_one_killed(origin, [workers[ip] for ip in others], workers[gw], "org/racks@v2")
+    for ip, r in zip(others, reports):
+        assert r["bytes_by_source"]["cold"] == 0 and r["source_fallbacks"] == [], r
+    survivors = [r for ip, r in zip(others, reports) if racks[ip] == "r0"]
+    # the next gateway took over: it logged so, and its rack-mate did not wait for the fallback
+    assert sum(r["swarm"]["gateways"] >= 2 for r in survivors) == 2, [r["swarm"] for r in survivors]
+    assert any("v2: this node is rack r0's gateway" in (workers[ip].dir / "daemon.log").read_text()
+               for ip in r0 if ip != gw)
+    assert took < 40, (took, [r["swarm"] for r in reports])

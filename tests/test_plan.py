@@ -198,9 +198,9 @@ def test_idle_with_nothing_arriving_opens_everything_after_three_graces() -> Non
 
 
 def test_racks_cross_once_per_rack_then_spread_inside() -> None:
-    """4 racks x 4 workers: every piece has one home rack (whose owner takes it from the origin), one
-    owner per rack (which takes it across racks once some worker holds it), and the other workers of a
-    rack take it only from their rack."""
+    """4 racks x 4 workers: every piece has one home rack (whose owner takes it from the origin); each
+    rack has one gateway, the same on every worker of the rack, which takes a piece across racks once
+    some worker holds it; the other workers of a rack take it only from their rack."""
     n = 400
     members = {f"127.0.{r}.{w}": f"r{r}" for r in range(4) for w in range(4)}
     plans = {ip: PiecePlan(n, ip, rack=rack) for ip, rack in members.items()}
@@ -216,8 +216,12 @@ def test_racks_cross_once_per_rack_then_spread_inside() -> None:
         for r in range(4):
             rack_ips = [ip for ip in members if members[ip] == f"r{r}"]
             takers = [ip for ip in rack_ips if prio[ip][piece] in (OWN, XRACK)]
-            assert len(takers) == 1, (piece, r)
+            assert takers == [plans[rack_ips[0]].gateway], (piece, r)
             assert all(prio[ip][piece] == 0 for ip in rack_ips if ip not in takers)
+    for r in range(4):
+        rack_ips = [ip for ip in members if members[ip] == f"r{r}"]
+        assert len({plans[ip].gateway for ip in rack_ips}) == 1
+        assert [plans[ip].crossing > 0 for ip in rack_ips].count(True) == 1
     # a worker of the same rack holds it: then everyone of that rack wants it
     me = "127.0.1.0"
     peers = {"127.0.1.1": Peer(rack="r1", pieces=[True] * n)}
@@ -336,3 +340,28 @@ def test_a_rack_mate_answers_only_for_its_home_racks_pieces() -> None:
     for t in range(1, 30):
         plan.priorities(have, peers, held, members, 0, 0, float(t), True)
         assert mate not in plan.stalled, (t, plan.why)
+
+
+def test_a_gateway_that_stops_growing_is_replaced() -> None:
+    """The rack's gateway holds the same pieces for stall_s while it lacks some: its rack-mates plan
+    without it, and the next worker by the hashing takes across (and says why)."""
+    n = 64
+    members = {f"127.0.1.{w}": "r1" for w in range(3)} | {f"127.0.2.{w}": "r2" for w in range(3)}
+    rack = [ip for ip, r in members.items() if r == "r1"]
+    gw = PiecePlan(n, rack[0], rack="r1")._gateway_of(rack)
+    me = next(ip for ip in rack if ip != gw)
+    plan = PiecePlan(n, me, rack="r1")
+    stuck = [p < 10 for p in range(n)]
+    peers = {gw: Peer("r1", stuck)}
+    held = [True] * n   # (the other rack holds everything)
+    for t in (0.0, 3.0, 5.9):
+        plan.priorities([False] * n, peers, held, members, 0, 0, t, True)
+        assert plan.gateway == gw and gw not in plan.stalled
+    plan.priorities([False] * n, peers, held, members, 0, 0, 6.1, True)
+    assert gw in plan.stalled and plan.why[gw].startswith("stalled gateway: 10 of 64 pieces")
+    assert plan.gateway != gw
+    # a gateway that grows is never judged
+    plan2 = PiecePlan(n, me, rack="r1")
+    for i, t in enumerate((0.0, 3.0, 6.0, 9.0, 12.0)):
+        plan2.priorities([False] * n, {gw: Peer("r1", [p < 10 + i for p in range(n)])}, held, members, 0, 0, t, True)
+    assert plan2.gateway == gw and not plan2.stalled
