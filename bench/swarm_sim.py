@@ -3,37 +3,48 @@
 oversubscribed spine, and weightd's piece plan (or libtorrent's own picking), calibrated on the real
 runs of ``bench/swarm.py``.
 
-    .venv/bin/python bench/swarm_sim.py calibrate          # the model against the measured runs
-    .venv/bin/python bench/swarm_sim.py predict [--nodes 100,1000]   # 130 GB, 16 MiB pieces, 100 Gbit
+    .venv/bin/python bench/swarm_sim.py calibrate --seeds 1,2,3   # the model against the measured runs
+    .venv/bin/python bench/swarm_sim.py fit                       # the grid the calibration came from
+    .venv/bin/python bench/swarm_sim.py predict --nodes 100       # 130 GB, 16 MiB pieces, 100 Gbit
 
 **The model.** Time advances in ticks of a quarter of a piece's time at a node's rate. Every transfer
 moves one piece from one node to another; each tick a transfer gets the smaller of its sender's and
-its receiver's capacity divided by their transfers in flight (and, across racks, the share of the
-racks' spine links). A node runs at most ``slots`` downloads at once; when one ends, it picks the
-next piece the way its mode does:
+its receiver's capacity divided by their transfers in flight (and, across racks, its share of the
+racks' spine links). A worker has at most ``slots`` transfers in flight, ``per_peer`` of them from
+one source (libtorrent keeps a few requests per connection), and picks by its mode:
 
-- ``plan`` (weightd): owners by the same rendezvous hashing the daemon uses (``p2p.plan``), home racks
-  and rack owners with racks; a worker takes the pieces it owns from the origin while nobody else
-  holds them, a piece its rack (without racks: any worker) holds from the least busy holder, and
-  with racks the pieces it owns for its rack from outside once some worker holds them. Measured on
-  the real runs (``swarm.origin_held_bytes``): libtorrent asks the origin for some of the pieces the
-  plan marks "from a worker"; the model sends a held piece from the origin with probability
-  ``held_from_origin`` when the origin has a free slot.
-- ``stock``: the rarest piece this worker lacks, from the least busy node that has it (the origin
-  has everything).
+- ``plan`` (weightd): owners and home racks by the same rendezvous hashing the daemon uses
+  (``p2p.plan``); a worker takes the pieces it owns from the origin while nobody holds them, and any
+  piece its rack holds from the least busy holder in the rack; with racks, one gateway a rack takes
+  from other racks what its rack does not hold. When the last of its own slice is on the way,
+  libtorrent fills its queue to the origin with pieces other workers hold (``origin_tail_s`` x its
+  cap, at most libtorrent's 500 outstanding blocks): that is where the plan's extra origin bytes
+  came from in the traces (``origin_held_bytes``, 0.3-1 MB a worker). ``plan-flat``: the plan without
+  racks on a network with racks.
+- ``stock``: the rarest piece this worker lacks, from the least busy node that has it.
 
-**Calibration** (``CALIBRATION``, from the runs on 2026-12-04): a node moves payload at
-``efficiency`` x its cap (the rest is protocol, hashing and rate-limiter slack: T(1) at 5 and 10 MB/s
-gives both this and ``start_s``, the fixed time of a preload: the member list, the torrent check,
-flushing and verifying). ``queue`` (pieces asked of one peer at once) and ``lag_s`` (how late a
-picker learns who holds what) make stock libtorrent's duplicates at the origin; ``held_from_origin``
-the plan's.
+**This machine** (``Net.cores``: 33 daemons share 2 cores): every daemon costs ``cpu_per_node`` of a
+core while it transfers (measured: 24-26% busy at N = 8, 89-93% at N = 32); as the cores fill, the
+daemons learn late what their peers hold (plan ticks and alerts wait), ``lag_s x (1 + cpu_lag x
+u/(1-u))``. A rack's gateway takes pieces across at ``gateway_rate`` of its cap: measured in the
+debug logs (about 3.5 of 10 MB/s, the senders idle), not explained yet.
 
-**Status: not calibrated yet.** With the best values tried (``calibrate`` prints the table), the
-model is off by up to 47% (T(16)/T(1) of the plan 1.66 against 1.46 measured; stock's origin upload
-1.38-2.25x against 2.54-2.99x). It does not model libtorrent's block-level requests, end-game, or the
-CPU of 33 daemons on 2 cores (80% busy at N = 32). ``predict`` runs, but its figures mean nothing
-until ``calibrate`` is within 15% at every measured N.
+**Calibration** (``CALIBRATION``): ``efficiency`` and ``start_s`` from T(1) at 2.5, 5 and 10 MB/s
+(22.71 and 43.03 s for 99.5 MB, 7.82 s for 53.5 MB: the caps hold exactly, ~2.7 s fixed);
+``cpu_per_node`` from the CPU figures; ``gateway_rate`` from the logs; ``origin_tail_s`` and
+``cpu_lag`` from ``fit``'s grid (worst error 0.132-0.136 over its first points; ``late``, owners
+dropped as late, fitted to 0). Against the 6 measured runs of ``MEASURED`` (N = 8, 16, 32 at 5 MB/s,
+N = 32 at 2.5 MB/s, N = 16 at 10 MB/s with and without 4 racks) the worst error is 0.135, the same
+for seeds 1, 2 and 3: T(N)/T(1) within 8% flat and 14% with racks, origin upload within 6%. The
+model is fitted and checked on the same runs; held out, N = 64 at 5 MB/s (the machine 99% busy, 218
+owners dropped) is off by 49% (1.67 against 3.3): it is valid up to a machine about 90% busy.
+The checkpoint is simulated in at most ``SIM_PIECES_MAX`` pieces (the 6,400 real ones would cost
+6x the time).
+
+**Prediction** (``predict``): the calibrated model without this machine's CPU, on the issue's fleet.
+At 1,000 nodes it needs a checkpoint in thousands of pieces (more pieces than workers, or slices are
+empty), which this pure-Python model does not finish in useful time: the 1,000-node figure is not
+produced.
 """
 
 from __future__ import annotations
@@ -53,21 +64,21 @@ sys.path.insert(0, str(REPO))
 from p2p.plan import rendezvous  # noqa: E402
 
 #: fitted on the real runs (see the module docstring and ``calibrate``)
-CALIBRATION = {"efficiency": 0.857, "start_s": 1.67, "held_from_origin": 0.10, "slots": 16, "peers": 16,
-               "queue": 2, "lag_s": 0.5}   # (the best of the values tried: worst error 0.47, see the docstring)
+CALIBRATION = {"efficiency": 1.0, "start_s": 2.7, "slots": 16, "per_peer": 2, "lag_s": 0.25, "cpu_per_node": 0.055,
+               "cpu_lag": 1.0, "cpu_slow": 0.0, "origin_tail_s": 0.1, "late": 0.0, "stall_s": 6.0,
+               "gateway_rate": 0.35}
 
-#: what bench/swarm.py measured (64 MiB checkpoint = 53.66 MB payload, 256 pieces), one run each
+#: what bench/swarm.py measured on this 2-core machine (the README's tables; medians of 3 interleaved
+#: rounds): (cap bytes/s, mode, racks, N, T(N) s, origin upload x, payload bytes, real pieces)
 MEASURED = [
-    # (cap bytes/s, mode, racks, N, T(N) s, origin upload x)
-    (10e6, "plan", 0, 1, 7.92, 1.00), (10e6, "plan", 0, 8, 10.42, 1.31), (10e6, "plan", 0, 16, 11.54, 1.37),
-    (10e6, "plan", 0, 32, 15.91, 1.98),
-    (10e6, "stock", 0, 1, 7.74, 1.00), (10e6, "stock", 0, 8, 16.63, 2.58), (10e6, "stock", 0, 16, 17.03, 2.54),
-    (10e6, "stock", 0, 32, 20.45, 2.99),
-    (5e6, "plan", 0, 1, 14.18, 1.00), (5e6, "plan", 0, 8, 16.85, 1.21), (5e6, "plan", 0, 16, 20.24, 1.42),
-    (5e6, "plan", 0, 32, 22.19, 1.44),
-    (10e6, "plan", 4, 16, 14.25, 1.44),
+    (5e6, "plan", 0, 1, 22.71, 1.00, 99_537_572, 6400), (5e6, "plan", 0, 8, 26.36, 1.08, 99_537_572, 6400),
+    (5e6, "plan", 0, 16, 28.80, 1.11, 99_537_572, 6400), (5e6, "plan", 0, 32, 30.97, 1.27, 99_537_572, 6400),
+    (2.5e6, "plan", 0, 1, 43.03, 1.00, 99_537_572, 6400), (2.5e6, "plan", 0, 32, 51.58, 1.10, 99_537_572, 6400),
+    (10e6, "plan", 0, 1, 7.82, 1.00, 53_524_708, 256), (10e6, "plan", 0, 16, 11.03, 1.24, 53_524_708, 256),
+    (10e6, "plan", 4, 16, 18.93, 1.25, 53_524_708, 256),
 ]
-BENCH_BYTES, BENCH_PIECES = 53_657_600, 256
+SIM_PIECES_MAX = 1024   # the checkpoint is simulated in at most this many equal pieces (6,400 cost 6x the time)
+CROSS_RACK_MEASURED = 1.21   # the racks run: the most any rack received from outside it, x checkpoint
 
 
 @dataclass
@@ -77,112 +88,156 @@ class Net:
     node_cap: float = 10e6         # bytes/s, up and down, every worker
     origin_cap: float = 10e6
     spine_oversub: float = 0.0     # 4.0: a rack's uplink carries a quarter of its nodes' caps (0: none)
+    cores: float = 0.0             # CPUs all the daemons share (this machine: 2); 0: every node has its own
 
 
 def simulate(net: Net, size: float, pieces: int, mode: str = "plan", *, seed: int = 1,
              cal: dict | None = None, write_bps: float = 0.0) -> dict:
-    """Time until every worker holds every piece (plus the calibrated fixed time), and the origin's
-    upload as a multiple of ``size``. ``write_bps``: a local write ceiling (NVMe) per worker."""
+    """Time until every worker holds every piece (plus the calibrated fixed time), the origin's upload
+    and the most any rack received from outside it, as multiples of ``size``. ``write_bps``: a local
+    write ceiling (NVMe) per worker."""
     cal = {**CALIBRATION, **(cal or {})}
-    rng = random.Random(seed)
-    n, P, slots, peers, queue = net.nodes, pieces, int(cal["slots"]), int(cal["peers"]), int(cal["queue"])
+    gen = np.random.default_rng(seed)
+    n, P, slots, per_peer = net.nodes, pieces, int(cal["slots"]), int(cal["per_peer"])
     piece = size / P
     eff = cal["efficiency"]
-    down = net.node_cap * eff if not write_bps else min(net.node_cap, write_bps) * eff
+    down = (min(net.node_cap, write_bps) if write_bps else net.node_cap) * eff
     up = np.full(n + 1, net.node_cap * eff)
     up[n] = net.origin_cap * eff                          # node n is the origin
-    rack = np.array([i % net.racks if net.racks else 0 for i in range(n)] + [-1])
     R = max(1, net.racks)
+    rack = np.array([i % R for i in range(n)] + [-1])
     rack_link = (np.bincount(rack[:n], minlength=R) * net.node_cap * eff / net.spine_oversub) \
         if net.spine_oversub else None
+    # this machine: every daemon costs cpu_per_node of a core while it transfers; as the shared cores
+    # fill up, the daemons learn late what their peers hold (plan ticks and alerts wait for CPU) and
+    # move bytes more slowly
+    u = min(0.97, (n + 1) * cal["cpu_per_node"] / net.cores) if net.cores else 0.0
+    load = u / (1 - u)
+    lag = cal["lag_s"] * (1 + cal["cpu_lag"] * load)
+    slow = 1 / (1 + cal["cpu_slow"] * load)
     have = np.zeros((n + 1, P), dtype=bool)
     have[n, :] = True
-    inflight = np.zeros((n + 1, P), dtype=bool)
+    inflight = np.zeros((n, P), dtype=bool)
     ips = [f"10.{i // 65536}.{i // 256 % 256}.{i % 256}" for i in range(n)]
-    # the plan's owners, as the daemons compute them (rendezvous hashing over the member list)
-    if net.racks:
-        racks = [f"r{r}" for r in range(R)]
-        home = rendezvous(P, racks)
-        owner_in_rack = np.zeros((R, P), dtype=np.int64)
-        for r in range(R):
-            members = [i for i in range(n) if rack[i] == r]
-            idx = rendezvous(P, sorted(ips[i] for i in members))
-            by_ip = sorted(members, key=lambda i: ips[i])
-            owner_in_rack[r] = [by_ip[k] for k in idx]
-    else:
-        home = np.zeros(P, dtype=np.int64)
-        by_ip = sorted(range(n), key=lambda i: ips[i])
-        owner_in_rack = np.array([[by_ip[k] for k in rendezvous(P, [ips[i] for i in by_ip])]])
-    flows: list[list] = []   # [src, dst, piece, remaining bytes]
-    workers_hold = np.zeros(P, dtype=np.int64)        # workers holding each piece
-    rack_hold = np.zeros((R, P), dtype=np.int64)      # ... by rack
+    # the plan's owners and gateways, as the daemons compute them (rendezvous hashing)
+    # (``plan-flat``: the plan without racks on a network with racks; ``prack`` is the rack the plan sees)
+    racked = bool(net.racks) and mode == "plan"
+    PR = R if racked else 1
+    prack = rack if racked else np.array([0] * n + [-1])
+    home = rendezvous(P, [f"r{r}" for r in range(R)]) if racked else np.zeros(P, dtype=np.int64)
+    owner = np.zeros(P, dtype=np.int64)   # the worker of the piece's home rack that takes it from the origin
+    gateway = np.zeros(PR, dtype=np.int64)
+    for r in range(PR):
+        members = sorted((i for i in range(n) if prack[i] == r), key=lambda i: ips[i])
+        if not members:
+            continue
+        idx = rendezvous(P, [ips[i] for i in members])
+        here = home == r
+        owner[here] = np.array(members)[idx[here]]
+        gateway[r] = members[0]
+    flows_src: list[int] = []
+    flows_dst: list[int] = []
+    flows_piece: list[int] = []
+    flows_left: list[float] = []
+    rack_hold = np.zeros((PR, P), dtype=np.int64)     # workers holding each piece, by the plan's rack
     n_up = np.zeros(n + 1, dtype=np.int64)
     n_down = np.zeros(n + 1, dtype=np.int64)
-    origin_sent = 0.0
+    origin_sent, from_outside = 0.0, np.zeros(R)
     done_at = np.full(n, np.nan)
+    own_done = np.zeros(n, dtype=bool)
+    tail_used = np.zeros(n)
+    # (at most what libtorrent keeps asked of one peer: max_out_request_queue, 500 blocks of 16 KiB)
+    tail_max = min(cal["origin_tail_s"] * net.node_cap, 500 * 16384)
     dt = piece / down / 4
     t = 0.0
-    held_origin = cal["held_from_origin"] if mode == "plan" else 0.0
-
-    sending: list[dict[int, int]] = [{} for _ in range(n)]   # dst -> {source: transfers in flight}
-    seen = workers_hold.copy()   # availability as the pickers know it (HAVE messages arrive late)
+    seen = rack_hold.copy()   # availability as the pickers know it (HAVE messages and plan ticks arrive late)
+    seen_any = seen.sum(axis=0)
     next_seen = 0.0
 
-    def piece_from(v: int, s: int, want: np.ndarray) -> int | None:
-        """What worker ``v`` asks of source ``s`` (one transfer per source at a time, as libtorrent
-        keeps requests per peer connection): by its mode's rules, rarest first."""
-        if s == n:   # the origin holds everything
-            if mode == "stock":
-                cand = np.flatnonzero(want)
-            else:
-                r = rack[v]
-                mine = (owner_in_rack[r if net.racks else 0] == v) & (home == r if net.racks else True)
-                cand = np.flatnonzero(want & mine & (seen == 0))
-                if not cand.size and held_origin and rng.random() < held_origin:
-                    cand = np.flatnonzero(want & (seen > 0))
-        else:
-            cand = want & have[s]
-            if mode == "plan" and net.racks and rack[s] != rack[v]:
-                r = rack[v]
-                cand &= (owner_in_rack[r] == v) & (rack_hold[r] == 0)   # only what it takes across
-            cand = np.flatnonzero(cand)
-        if not cand.size:
-            return None
-        return int(cand[np.argmin(seen[cand] + gen.random(cand.size) * 0.5)])   # (ties: at random)
+    pair: dict[tuple[int, int], int] = {}   # (worker, source) -> transfers in flight
 
-    gen = np.random.default_rng(seed)
-
-    def start(v: int) -> None:
+    def pick(v: int) -> tuple[int, int] | None:
+        """The next (piece, source) worker ``v`` asks for, by its mode's rules; rarest first, from the
+        least busy holder it asks fewer than ``per_peer`` pieces of (libtorrent keeps a few requests
+        per connection)."""
         want = ~have[v] & ~inflight[v]
         if not want.any():
-            return
-        pool = range(n) if n <= peers + 1 else rng.sample(range(n), peers + 1)
-        for s in [n, *(w for w in pool if w != v)]:
-            while sending[v].get(s, 0) < queue and sum(sending[v].values()) < slots:
-                p = piece_from(v, s, want)
-                if p is None:
+            return None
+        r = prack[v]
+        if mode == "stock":
+            cand = np.flatnonzero(want)
+            p = int(cand[np.argmin(seen_any[cand] + gen.random(cand.size) * 0.5)])
+            holders = np.flatnonzero(have[:, p])
+        else:
+            mine = want & (owner == v) & (seen_any == 0)
+            if mine.any() and pair.get((v, n), 0) < per_peer:   # its own slice, from the origin, while nobody holds it
+                cand = np.flatnonzero(mine)
+                return int(cand[gen.integers(cand.size)]), n
+            # the last of its own slice on the way: libtorrent fills its queue to the origin with pieces
+            # other workers hold (measured: 0.3-1 MB a worker, more at a higher cap)
+            tail = not mine.any() and not own_done[v] and tail_used[v] < tail_max
+            inside = want & (seen[r] > 0)
+            cross = want & (seen_any > 0) & (seen[r] == 0) if (racked and v == gateway[r]) else None
+            if cross is not None and cross.any():
+                cand = np.flatnonzero(cross)
+                p = int(cand[np.argmin(seen_any[cand] + gen.random(cand.size) * 0.5)])
+                holders = np.flatnonzero(have[:n, p])
+            elif inside.any():
+                cand = np.flatnonzero(inside)
+                p = int(cand[np.argmin(seen[r][cand] + gen.random(cand.size) * 0.5)])
+                if tail:
+                    tail_used[v] += piece
+                    return p, n
+                holders = np.flatnonzero(have[:n, p] & (prack[:n] == r))
+            else:
+                return None
+        holders = np.array([h for h in holders.tolist() if h != v and pair.get((v, h), 0) < per_peer], dtype=np.int64)
+        if not holders.size:   # (held, but by no holder it may ask more of now: wait)
+            return None
+        s = int(holders[np.argmin(n_up[holders] + gen.random(holders.size) * 0.5)])
+        return p, s
+
+    # owners the plan drops as late (on this machine: CPU-starved ones, 6-10 a run at N = 32): each with
+    # probability late x load, stall_s after the first worker's own slice is in; what it still lacks of
+    # its slice moves to the others (the origin sends it twice)
+    late = [i for i in range(n) if n > 1 and gen.random() < cal["late"] * load]
+    late_at: float | None = None
+    while np.isnan(done_at).any():
+        if late and late_at is None and own_done.any():
+            late_at = t + cal["stall_s"]
+        if late and late_at is not None and t >= late_at:
+            keep_owners = np.array([i for i in range(n) if i not in late])
+            for d in late:
+                moved = np.flatnonzero((owner == d) & (seen_any == 0) & ~have[d])
+                if keep_owners.size:
+                    owner[moved] = gen.choice(keep_owners, moved.size)
+            own_done[:] = [bool(have[v][owner == v].all()) for v in range(n)]
+            late = []
+        for v in range(n):
+            while np.isnan(done_at[v]) and n_down[v] < slots:
+                got = pick(v)
+                if got is None:
                     break
-                want[p] = False
+                p, s = got
                 inflight[v, p] = True
-                sending[v][s] = sending[v].get(s, 0) + 1
+                pair[(v, s)] = pair.get((v, s), 0) + 1
                 n_up[s] += 1
                 n_down[v] += 1
-                flows.append([s, v, p, piece])
-
-    while np.isnan(done_at).any():
-        # start transfers where a worker has a free connection
-        for v in range(n):
-            if np.isnan(done_at[v]) and sum(sending[v].values()) < slots:
-                start(v)
-        if not flows:
-            if t > 3600:
+                flows_src.append(s), flows_dst.append(v), flows_piece.append(p), flows_left.append(piece)
+        t += dt
+        if t >= next_seen:
+            seen[:] = rack_hold
+            seen_any = seen.sum(axis=0)
+            next_seen = t + lag
+        if not flows_src:
+            if t > 36000:
                 raise RuntimeError("stuck: no transfer can start")
-            t += dt
             continue
-        # each transfer's share of its sender, its receiver, and the spine
-        src = np.array([f[0] for f in flows])
-        dst = np.array([f[1] for f in flows])
-        rate = np.minimum(up[src] / n_up[src], down / n_down[dst])
+        src, dst = np.array(flows_src), np.array(flows_dst)
+        rate = np.minimum(up[src] / n_up[src], down / n_down[dst]) * slow
+        if racked:   # (measured: a gateway took pieces across at ~35% of its cap, the senders idle)
+            into_gw = (rack[src] != rack[dst]) & (src != n) & (gateway[rack[dst]] == dst)
+            rate = np.where(into_gw, rate * cal["gateway_rate"], rate)
         if rack_link is not None:
             cross = (rack[src] != rack[dst]) & (src != n)
             if cross.any():
@@ -191,80 +246,114 @@ def simulate(net: Net, size: float, pieces: int, mode: str = "plan", *, seed: in
                 cap = np.minimum(rack_link[rack[src]] / np.maximum(1, out_cnt[rack[src]]),
                                  rack_link[rack[dst]] / np.maximum(1, in_cnt[rack[dst]]))
                 rate = np.where(cross, np.minimum(rate, cap), rate)
-        t += dt
-        if t >= next_seen:
-            seen[:] = workers_hold
-            next_seen = t + cal["lag_s"]
-        keep = []
-        for f, r_ in zip(flows, rate):
-            moved = min(f[3], r_ * dt)
-            f[3] -= moved
-            if f[0] == n:
-                origin_sent += moved
-            if f[3] <= 1e-9:
-                s, v, p = f[0], f[1], f[2]
-                have[v, p], inflight[v, p] = True, False
-                workers_hold[p] += 1
-                rack_hold[rack[v], p] += 1
-                n_up[s] -= 1
-                n_down[v] -= 1
-                sending[v][s] -= 1
-                if have[v].all():
-                    done_at[v] = t
-            else:
-                keep.append(f)
-        flows = keep
-    return {"nodes": n, "mode": mode, "racks": net.racks, "seconds": round(float(done_at.max()) + cal["start_s"], 2),
-            "origin_upload_x": round(origin_sent / size, 2)}
+        left = np.array(flows_left) - rate * dt
+        moved = np.minimum(rate * dt, np.array(flows_left))
+        origin_sent += float(moved[src == n].sum())
+        outside = (rack[src] != rack[dst]) | (src == n)
+        np.add.at(from_outside, rack[dst][outside], moved[outside])
+        finished = left <= 1e-9
+        for k in np.flatnonzero(finished):
+            s, v, p = int(src[k]), int(dst[k]), flows_piece[k]
+            have[v, p], inflight[v, p] = True, False
+            rack_hold[prack[v], p] += 1
+            pair[(v, s)] -= 1
+            n_up[s] -= 1
+            n_down[v] -= 1
+            if have[v].all():
+                done_at[v] = t
+        for v in set(dst[finished].tolist()):
+            own_done[v] = bool(have[v][owner == v].all())
+        keep = np.flatnonzero(~finished)
+        flows_src = src[keep].tolist()
+        flows_dst = dst[keep].tolist()
+        flows_piece = [flows_piece[k] for k in keep]
+        flows_left = left[keep].tolist()
+    return {"nodes": n, "mode": mode, "racks": net.racks,
+            "seconds": round(float(done_at.max()) + cal["start_s"], 2),
+            "origin_upload_x": round(origin_sent / size, 2),
+            "cross_rack_max_x": round(float(from_outside.max()) / size, 2) if net.racks else None}
 
 
-def calibrate(cal: dict | None = None) -> dict:
+def calibrate(cal: dict | None = None, *, quiet: bool = False, seed: int = 1) -> dict:
+    """The model against every measured run: T(N)/T(1) (T(1) from the same cap and checkpoint) and the
+    origin's upload, and with racks the most any rack received from outside it."""
     rows, worst = [], 0.0
-    t1: dict[tuple, float] = {}
-    for cap, mode, racks, n, t_meas, o_meas in MEASURED:
-        r = simulate(Net(n, racks, cap, cap), BENCH_BYTES, BENCH_PIECES, mode, cal=cal)
-        print(f"{mode} racks={racks} n={n} cap={cap / 1e6:.0f}MB/s: {r}", file=sys.stderr)
+    t1: dict[tuple, tuple[float, float]] = {}
+    for cap, mode, racks, n, t_meas, o_meas, size, real_pieces in MEASURED:
+        r = simulate(Net(n, racks, cap, cap, cores=2), size, min(real_pieces, SIM_PIECES_MAX), mode, cal=cal,
+                     seed=seed)
+        if not quiet:
+            print(f"{mode} racks={racks} n={n} cap={cap / 1e6:g}MB/s: {r}", file=sys.stderr)
         if n == 1:
-            t1[(cap, mode)] = (r["seconds"], t_meas)
-        s1, m1 = t1[(cap, "plan" if racks else mode)]
+            t1[(cap, size)] = (r["seconds"], t_meas)
+            continue
+        s1, m1 = t1[(cap, size)]
         ratio_sim, ratio_meas = r["seconds"] / s1, t_meas / m1
-        err_t = abs(ratio_sim / ratio_meas - 1)
-        err_o = abs(r["origin_upload_x"] / o_meas - 1)
+        err_t, err_o = abs(ratio_sim / ratio_meas - 1), abs(r["origin_upload_x"] / o_meas - 1)
+        row = {"cap_MBps": cap / 1e6, "mode": mode, "racks": racks, "n": n,
+               "t_over_t1": {"measured": round(ratio_meas, 2), "model": round(ratio_sim, 2)},
+               "origin_x": {"measured": o_meas, "model": r["origin_upload_x"]},
+               "error": {"t_over_t1": round(err_t, 3), "origin_x": round(err_o, 3)}}
+        if racks:
+            row["cross_rack_max_x"] = {"measured": CROSS_RACK_MEASURED, "model": r["cross_rack_max_x"]}
         worst = max(worst, err_t, err_o)
-        rows.append({"cap_MBps": cap / 1e6, "mode": mode, "racks": racks, "n": n,
-                     "t_over_t1": {"measured": round(ratio_meas, 2), "model": round(ratio_sim, 2)},
-                     "origin_x": {"measured": o_meas, "model": r["origin_upload_x"]},
-                     "error": {"t_over_t1": round(err_t, 3), "origin_x": round(err_o, 3)}})
-    return {"benchmark": "swarm-sim-calibration", "calibration": {**CALIBRATION, **(cal or {})},
+        rows.append(row)
+    return {"benchmark": "swarm-sim-calibration", "seed": seed, "calibration": {**CALIBRATION, **(cal or {})},
             "rows": rows, "worst_error": round(worst, 3), "target_error": 0.15}
 
 
+def fit() -> dict:
+    """A grid over the parameters the runs cannot give directly; the best by worst error."""
+    best: tuple[float, dict] | None = None
+    for late in (0.0, 0.02, 0.05):
+        for tail in (0.08, 0.1, 0.12):
+            for cpu_lag in (1.0, 2.0):
+                cal = {"late": late, "origin_tail_s": tail, "cpu_lag": cpu_lag}
+                out = calibrate(cal, quiet=True)
+                print(json.dumps({**cal, "worst": out["worst_error"]}), file=sys.stderr)
+                if best is None or out["worst_error"] < best[0]:
+                    best = (out["worst_error"], out)
+    assert best is not None
+    return best[1]
+
+
 def predict(nodes: list[int], pieces: int) -> dict:
-    """130 GB, 16 MiB pieces (simulated as ``pieces`` equal parts), 100 Gbit NICs at 80%, 25 nodes per
-    rack behind a 4:1 spine, origin on the same NIC; against the lower bound."""
-    size, nic = 130e9, 100e9 / 8 * 0.8
+    """130 GB, 16 MiB pieces (simulated as ``pieces`` equal parts), 100 Gbit NICs at 80%, NVMe writes
+    at 7 GB/s, 25 nodes per rack behind a 4:1 spine, the origin on the same NIC; every node its own
+    CPU. Against the lower bound max(S/c_origin, S/c, N*S/(c_origin + N*c)), c = min(NIC, NVMe)."""
+    size, nic, nvme = 130e9, 100e9 / 8 * 0.8, 7e9
+    contenders = [("plan", "plan", {}), ("plan, gateway at full rate", "plan", {"gateway_rate": 1.0}),
+                  ("plan without racks", "plan-flat", {})]
     out = []
     for n in nodes:
-        racks = max(1, n // 25)
-        net = Net(n, racks, nic, nic, 4.0)
-        r = simulate(net, size, pieces, "plan", cal={"start_s": 0.0}, write_bps=7e9)
-        c = min(nic, 7e9)
+        c = min(nic, nvme)
         bound = max(size / nic, size / c, n * size / (nic + n * c))
-        out.append({**r, "lower_bound_s": round(bound, 2), "over_bound": round(r["seconds"] / bound, 2)})
+        for name, mode, extra in contenders:
+            net = Net(n, max(1, n // 25), nic, nic, 4.0)
+            r = simulate(net, size, pieces, mode, cal={"start_s": 0.0, **extra}, write_bps=nvme)
+            print(f"{name} n={n}: {r}", file=sys.stderr)
+            out.append({**r, "contender": name, "lower_bound_s": round(bound, 2),
+                        "over_bound": round(r["seconds"] / bound, 2)})
     return {"benchmark": "swarm-sim-predict", "bytes": size, "piece_bytes": 16 << 20,
-            "simulated_pieces": pieces, "nic_bytes_per_s": nic, "nodes_per_rack": 25, "spine_oversub": 4,
-            "results": out,
-            "published": {"dragonfly": "10 GB to 990 nodes in 6m28s", "kraken": "3 GB to 2,600 hosts, p99 18 s at 300 MB/s caps"}}
+            "simulated_pieces": pieces, "nic_bytes_per_s": nic, "nvme_bytes_per_s": nvme, "nodes_per_rack": 25,
+            "spine_oversub": 4, "results": out,
+            "published": {"dragonfly": "10 GB to 990 nodes in 6m28s",
+                          "kraken": "3 GB to 2,600 hosts, p99 18 s at 300 MB/s caps"}}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["calibrate", "predict"])
+    ap.add_argument("what", choices=["calibrate", "fit", "predict"])
     ap.add_argument("--nodes", default="100,1000")
-    ap.add_argument("--pieces", type=int, default=256, help="equal parts the checkpoint is simulated as")
+    ap.add_argument("--pieces", type=int, default=1024, help="equal parts the checkpoint is simulated as (predict)")
+    ap.add_argument("--seeds", default="1", help="calibrate: the model's random seeds, each reported")
     args = ap.parse_args()
     if args.what == "calibrate":
-        print(json.dumps(calibrate(), indent=2))
+        runs = [calibrate(seed=int(x)) for x in args.seeds.split(",")]
+        print(json.dumps(runs[0] if len(runs) == 1 else
+                         {"runs": runs, "worst_error": max(r["worst_error"] for r in runs)}, indent=2))
+    elif args.what == "fit":
+        print(json.dumps(fit(), indent=2))
     else:
         print(json.dumps(predict([int(x) for x in args.nodes.split(",")], args.pieces), indent=2))
     return 0

@@ -1,0 +1,49 @@
+"""bench/swarm_sim.py: the model keeps the properties the calibration and the predictions rest on
+(small runs, deterministic for a seed)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def sim():
+    spec = importlib.util.spec_from_file_location("swarm_sim", ROOT / "bench" / "swarm_sim.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["swarm_sim"] = mod
+    spec.loader.exec_module(mod)
+    yield mod
+    sys.modules.pop("swarm_sim", None)
+
+
+def test_the_plan_sends_each_piece_from_the_origin_once_and_stock_does_not(sim) -> None:
+    net = sim.Net(8, 0, 10e6, 10e6)
+    plan = sim.simulate(net, 20e6, 64, "plan", cal={"origin_tail_s": 0.0})
+    stock = sim.simulate(net, 20e6, 64, "stock")
+    assert plan["origin_upload_x"] == 1.0
+    assert stock["origin_upload_x"] > 1.3
+    # never faster than the bound: every worker takes the checkpoint at its cap, plus the fixed time
+    assert plan["seconds"] >= 20e6 / 10e6 + sim.CALIBRATION["start_s"]
+    assert plan == sim.simulate(net, 20e6, 64, "plan", cal={"origin_tail_s": 0.0})   # (a seed, one answer)
+
+
+def test_with_racks_each_rack_takes_about_one_copy_from_outside(sim) -> None:
+    net = sim.Net(16, 4, 10e6, 10e6)
+    racked = sim.simulate(net, 20e6, 64, "plan", cal={"origin_tail_s": 0.0})
+    flat = sim.simulate(net, 20e6, 64, "plan-flat", cal={"origin_tail_s": 0.0})
+    assert racked["cross_rack_max_x"] <= 1.05          # the home slices from the origin + the gateway's
+    assert flat["cross_rack_max_x"] > 2 * racked["cross_rack_max_x"]
+
+
+def test_the_origin_tail_is_bounded_by_libtorrents_request_queue(sim) -> None:
+    """However high the cap, a worker asks the origin for at most 500 blocks of held pieces (and the
+    piece that crosses that line): 10 s at 10 GB/s would otherwise be 25x the checkpoint."""
+    net = sim.Net(4, 0, 10e9, 10e9)
+    r = sim.simulate(net, 4e9, 64, "plan", cal={"origin_tail_s": 10.0})
+    assert r["origin_upload_x"] <= 1 + 4 * (500 * 16384 / 4e9 + 1 / 64)
