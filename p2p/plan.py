@@ -28,8 +28,8 @@ cap sending duplicates while the workers' upload capacity idles: 2.25x the check
   (``P2PSession.apply_plan``) therefore opens the other racks' class only on the gateway, while it
   has pieces to take across, and keeps it to a trickle on every other worker. What a rack receives
   from outside is then at most the gateway's whole download plus its other workers' slices from
-  the origin (about 1.2x the checkpoint with 4 workers a rack), whatever libtorrent picks; with
-  one open worker per rack, per-worker pacing left 2.3-2.6x;
+  the origin (1.15-1.23x the checkpoint with 4 racks x 4 workers), whatever libtorrent picks; with
+  every worker open to other racks for the pieces it owned for its rack, 2.3-2.6x;
 - ``HELD``: any other piece a worker of its own rack holds (without racks: any worker);
 - nothing yet for the rest: pieces only the origin has and another worker owns.
 
@@ -131,6 +131,12 @@ def rendezvous(num_pieces: int, labels: Sequence[str], slack: float | None = 0.1
     return owner
 
 
+def gateway_of(rack: str, workers: Sequence[str]) -> str:
+    """The gateway of ``rack`` among its ``workers`` (rendezvous hashing: every node that plans on the
+    same list names the same one, and one leaving moves only its own role)."""
+    return max(workers, key=lambda ip: (int(_key(f"gateway/{rack}/{ip}")), ip))
+
+
 @dataclass(slots=True)
 class Peer:
     """What the plan needs of one connected worker still downloading."""
@@ -184,9 +190,7 @@ class PiecePlan:
         return hit
 
     def _gateway_of(self, mine: Sequence[str]) -> str:
-        """The rack's gateway among its workers ``mine`` (rendezvous hashing: every worker of the rack
-        that plans on the same list names the same one, and one leaving moves only its own role)."""
-        return max(mine, key=lambda ip: (int(_key(f"gateway/{self.rack}/{ip}")), ip))
+        return gateway_of(self.rack, mine)
 
     def _stale_gateway(self, mine: Sequence[str], peers: Mapping[str, Peer], now: float) -> None:
         """The gateway is planned without when the pieces it holds do not grow for ``stall_s`` while it

@@ -47,3 +47,14 @@ def test_the_origin_tail_is_bounded_by_libtorrents_request_queue(sim) -> None:
     net = sim.Net(4, 0, 10e9, 10e9)
     r = sim.simulate(net, 4e9, 64, "plan", cal={"origin_tail_s": 10.0})
     assert r["origin_upload_x"] <= 1 + 4 * (500 * 16384 / 4e9 + 1 / 64)
+
+
+def test_one_rack_by_symmetry_agrees_with_the_whole_fleet(sim) -> None:
+    """The 1,000-node prediction simulates one rack and the others by symmetry: on a fleet small
+    enough for both, the two agree on time and cross-rack bytes (4 racks of 8 behind a 4:1 spine)."""
+    net = sim.Net(32, 4, 10e6, 10e6, 4.0)
+    full = sim.simulate(net, 50e6, 128, "plan", cal={"start_s": 0.0, "origin_tail_s": 0.0})
+    sym = sim.simulate_by_symmetry(net, 50e6, 128, cal={"start_s": 0.0, "origin_tail_s": 0.0})
+    assert abs(sym["seconds"] / full["seconds"] - 1) < 0.1, (full, sym)
+    assert abs(sym["cross_rack_max_x"] - full["cross_rack_max_x"]) < 0.1, (full, sym)
+    assert sym["origin_upload_x"] == full["origin_upload_x"] == 1.0
