@@ -63,7 +63,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from p2p.plan import gateway_of, rendezvous  # noqa: E402
+from p2p.plan import _key as _gateway_key, gateway_of, rendezvous  # noqa: E402
 
 #: fitted on the real runs (see the module docstring and ``calibrate``)
 CALIBRATION = {"efficiency": 1.0, "start_s": 2.7, "slots": 16, "per_peer": 2, "lag_s": 0.25, "cpu_per_node": 0.055,
@@ -81,6 +81,11 @@ MEASURED = [
 ]
 SIM_PIECES_MAX = 1024   # the checkpoint is simulated in at most this many equal pieces (6,400 cost 6x the time)
 CROSS_RACK_MEASURED = 1.21   # the racks run: the most any rack received from outside it, x checkpoint
+
+
+def _gateway_score(rack: str, ip: str) -> int:
+    """``p2p.plan.gateway_of``'s score (the first of the ranking is that gateway)."""
+    return int(_gateway_key(f"gateway/{rack}/{ip}"))
 
 
 def _tail_pieces(workers: int, most: float, piece: float, gen: np.random.Generator) -> np.ndarray:
@@ -311,8 +316,11 @@ def simulate_by_symmetry(net: Net, size: float, pieces: int, *, seed: int = 1, c
     ips = [f"10.0.0.{i}" for i in range(K)]
     owner = np.full(P, -1)
     owner[ours] = np.array(sorted(range(K), key=lambda i: ips[i]))[rendezvous(P, sorted(ips))[ours]]
-    gw = gateway_of("r0", ips)
-    gw = ips.index(gw)
+    # ``gateways``: how many workers of the rack take pieces across, each its share of the pieces by
+    # the same hashing (the daemon has one; more is what the predictions ask of a larger rack)
+    k = max(1, min(K, int(cal.get("gateways", 1))))
+    gws = sorted(range(K), key=lambda i: int(_gateway_score("r0", ips[i])), reverse=True)[:k]
+    gw_of_piece = np.array(gws)[rendezvous(P, [ips[i] for i in gws])] if k > 1 else np.full(P, gws[0])
     per_home = max(1, int(ours.sum()))
     have = np.zeros((K, P), dtype=bool)
     inflight = np.zeros((K, P), dtype=bool)
@@ -339,7 +347,8 @@ def simulate_by_symmetry(net: Net, size: float, pieces: int, *, seed: int = 1, c
                     pick = (int(cand[gen.integers(cand.size)]), K, False)
                 else:
                     held_home = int(np.count_nonzero(seen[ours] > 0))
-                    cross = want & ~ours & (seen == 0) if v == gw and crossed < held_home * (R - 1) else None
+                    cross = want & ~ours & (seen == 0) & (gw_of_piece == v) \
+                        if v in gws and crossed < held_home * (R - 1) else None
                     if cross is not None and cross.any():
                         holders = np.flatnonzero(have[:, ours].any(axis=1))
                         holders = [h for h in holders.tolist() if h != v]

@@ -37,8 +37,9 @@ cap sending duplicates while the workers' upload capacity idles: 2.25x the check
 cannot reach the origin, or died without leaving the list), or that still has some ``stall_s`` after
 this worker's own slice was in (it is too slow for its slice), is treated as absent for the rest of
 the download: its pieces move to the others by the same hashing. A gateway whose piece count does not grow for
-``stall_s`` while it lacks some is planned without likewise (the next worker by the hashing takes
-its place). A worker that receives nothing at all for ``3 x grace_s`` while it waits asks for
+``stall_s`` while other racks hold pieces it lacks, or that is on the list but not connected for
+``stall_s``, is skipped as gateway (the next worker by the hashing takes its place; it keeps its
+slice, and is taken back once it grows again). A worker that receives nothing at all for ``3 x grace_s`` while it waits asks for
 everything. The plan can delay, never strand: pieces are still verified by libtorrent, and the
 checkpoint by its manifest.
 """
@@ -163,7 +164,9 @@ class PiecePlan:
         self.origin_left = num_pieces    # pieces it still takes from the origin (OWN), likewise
         self.rack_size = 1               # workers of this rack planned with (this one included)
         self.gateway = ""                # this rack's gateway as of the last call (racks only)
+        self.skipped_gateways: set[str] = set()   # gateways this node plans past (see _skip_gateways)
         self._gateway_counts: dict[str, tuple[int, float]] = {}   # gateway -> (its pieces, since)
+        self._gateway_missing: dict[str, float] = {}   # gateway on the list, not connected -> since
         self._idle_since: float | None = None
         self._counts: dict[str, tuple[int, float]] = {}   # ip -> (its pieces only the origin holds, since)
         self._first_seen: dict[str, float] = {}          # ip -> when this node first planned with it
@@ -192,19 +195,48 @@ class PiecePlan:
     def _gateway_of(self, mine: Sequence[str]) -> str:
         return gateway_of(self.rack, mine)
 
-    def _stale_gateway(self, mine: Sequence[str], peers: Mapping[str, Peer], now: float) -> None:
-        """The gateway is planned without when the pieces it holds do not grow for ``stall_s`` while it
-        lacks some (it cannot reach the other racks, or stopped): the next worker takes its place."""
-        gw = self._gateway_of(mine)
-        p = peers.get(gw)
-        if gw == self.self_ip or p is None or p.pieces is None:
+    def _gateway_among(self, mine: Sequence[str]) -> str:
+        """The rack's gateway: by the hashing, over the rack's workers this node has not skipped."""
+        rest = [ip for ip in mine if ip not in self.skipped_gateways]
+        return self._gateway_of(rest or mine)
+
+    def _skip_gateways(self, mine: Sequence[str], peers: Mapping[str, Peer], held: np.ndarray,
+                       now: float) -> None:
+        """Skip the gateway (the next worker by the hashing takes across for this node's plan) when:
+
+        - *stalled*: the pieces it holds have not grown for ``stall_s`` while other racks held some
+          it lacked (it cannot reach them, or stopped); a gateway with nothing to take is never
+          judged;
+        - *missing*: it has been on the list but not connected to this node for ``stall_s`` (a
+          blocked port, a node that registers but never takes part).
+
+        A skipped gateway is still an owner of its slice (the rule for owners is ``_stale``), and it
+        is taken back as soon as it is seen growing again."""
+        for ip in list(self.skipped_gateways):   # (one that grows again is back)
+            p = peers.get(ip)
+            if p is not None and p.pieces is not None and ip in self._gateway_counts \
+                    and sum(map(bool, p.pieces)) > self._gateway_counts[ip][0]:
+                self.skipped_gateways.discard(ip)
+                self._gateway_counts.pop(ip, None)
+        gw = self._gateway_among(mine)
+        if gw == self.self_ip:
             return
-        count = sum(map(bool, p.pieces))
+        p = peers.get(gw)
+        if p is None or p.pieces is None:
+            since = self._gateway_missing.setdefault(gw, now)
+            if now - since >= self.stall_s:
+                self.skipped_gateways.add(gw)
+                self.why[gw] = f"gateway not connected to this node for {self.stall_s:.0f} s; the next worker takes across"
+            return
+        self._gateway_missing.pop(gw, None)
+        bits = np.fromiter(p.pieces, dtype=bool, count=self.num_pieces)
+        count = int(np.count_nonzero(bits))
+        # (pieces some worker holds that the gateway lacks: something for it to take; none, no clock)
         seen = self._gateway_counts.get(gw)
-        if count >= self.num_pieces or seen is None or count != seen[0]:
+        if count >= self.num_pieces or not np.any(held & ~bits) or seen is None or count != seen[0]:
             self._gateway_counts[gw] = (count, now)
         elif now - seen[1] >= self.stall_s:
-            self.stalled.add(gw)
+            self.skipped_gateways.add(gw)
             self.why[gw] = (f"stalled gateway: {count} of {self.num_pieces} pieces, none more in "
                             f"{self.stall_s:.0f} s; the next worker of the rack takes across")
 
@@ -299,8 +331,8 @@ class PiecePlan:
         if self.cap:
             self.stall_s = max(self.stall_floor_s, 4 * self.piece_bytes * len(planned) / self.cap)
         stalled = self._stale(owner, mine, waiting, peers, now)
-        if home is not None:
-            self._stale_gateway([ip for ip in mine if ip not in stalled], peers, now)
+        if home is not None and self.self_ip:
+            self._skip_gateways([ip for ip in mine if ip not in stalled], peers, held, now)
         for ip in self.stalled:
             planned.pop(ip, None)
         self.workers = len(planned)
@@ -324,8 +356,11 @@ class PiecePlan:
             here = home == racks.index(self.rack)
             own = ours & here & want & ~anywhere
             in_rack = self._held_in_rack(peers, rack_seeds)
-            self.gateway = self._gateway_of(mine)
-            xrack = want & anywhere & ~in_rack if self.gateway == self.self_ip else np.zeros(n, dtype=bool)
+            # (no gateway until this node knows its own address: with listen = 0.0.0.0 it learns it from
+            # its first connection, and until then its own entry on the list looks like another worker's)
+            self.gateway = self._gateway_among(mine) if self.self_ip else ""
+            xrack = want & anywhere & ~in_rack if self.gateway and self.gateway == self.self_ip \
+                else np.zeros(n, dtype=bool)
         self.crossing = int(np.count_nonzero(xrack))
         self.origin_left = int(np.count_nonzero(own))
         if self._own_start is None:

@@ -124,6 +124,7 @@ class P2PSession:
             self.rack_class = self.ses.create_peer_class("other-rack")
             self.origin_ips = {endpoint(p)[0] for p in cfg.peers}
             self.other_rack: set[str] = set()
+            self.racks_seen: dict[str, str] = {}   # ip -> rack, every member list of this download
             self.origin_blocked = False   # (a worker whose own pieces are in filters the origins out)
             self.ses.set_peer_class_filter(_class_filter())
         self.active_downloads = 0
@@ -264,6 +265,9 @@ class P2PSession:
         peers: dict[str, Peer] = {}
         seeds = rack_seeds = origins = 0
         racks = members or {}
+        # (the other-rack class keeps every worker ever listed: one that finished and left the list
+        # still sends, and must still count as another rack's)
+        self.racks_seen.update(racks)
         racked = bool(self.cfg.rack) or any(racks.values())
         for pi in h.get_peer_info():
             ip = pi.ip[0]
@@ -303,7 +307,7 @@ class P2PSession:
         if alone:
             self.block_origin(own_done and not starving)
             if racked:
-                self._pace_other_racks(planner, racks, starving)
+                self._pace_other_racks(planner, self.racks_seen, starving)
         if prio != current:
             h.prioritize_pieces(prio)
         return prio
@@ -363,6 +367,8 @@ class P2PSession:
                 h = self._add(atp, what)
             with self.lock:
                 self.active_downloads += 1
+                if self.active_downloads == 1:
+                    self.racks_seen = {}
             try:
                 with map_libtorrent_errors(what):
                     return Transfer(self, ti, h, events, peers, plan=plan and self.cfg.plan, progress=progress,

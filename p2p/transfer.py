@@ -117,6 +117,7 @@ class Transfer:
         self._debug_at: float | None = None
         self._prio: list[int] | None = None   # the priorities last given to libtorrent
         self._gateway = ""                  # the rack's gateway as of the last plan (racks only)
+        self._skipped: set[str] = set()     # gateways the plan skipped, as of the last plan
         self._racks: dict[str, str] = {}   # ip -> rack, from the member lists seen
         self._reported = 0
         self.held_back = held_back   # added paused: resumed once the member list is in (racks)
@@ -197,7 +198,11 @@ class Transfer:
             log.info("p2p: %s: planning without %s from now on (%s; its pieces go to the others)", self.ti.name(),
                      ip, planner.why.get(ip, "stalled"))
         self._stalled |= planner.stalled
-        if planner.gateway != self._gateway:
+        for ip in sorted(planner.skipped_gateways - self._skipped):
+            log.info("p2p: %s: %s is no longer the gateway for this node's plan (%s)", self.ti.name(), ip,
+                     planner.why.get(ip, "skipped"))
+        self._skipped = set(planner.skipped_gateways)
+        if planner.gateway and planner.gateway != self._gateway:
             self._gateway = planner.gateway
             if planner.gateway == planner.self_ip:
                 log.info("p2p: %s: this node is rack %s's gateway: it takes pieces across racks for it",

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 import numpy as np
 
-from p2p.plan import ANY, HELD, OWN, XRACK, Peer, PiecePlan, rendezvous
+from p2p.plan import ANY, HELD, OWN, XRACK, Peer, PiecePlan, gateway_of, rendezvous
 from p2p.transfer import apportion
 
 ips = st.lists(st.integers(1, 250).map(lambda i: f"127.0.0.{i}"), min_size=1, max_size=40, unique=True)
@@ -342,26 +342,66 @@ def test_a_rack_mate_answers_only_for_its_home_racks_pieces() -> None:
         assert mate not in plan.stalled, (t, plan.why)
 
 
-def test_a_gateway_that_stops_growing_is_replaced() -> None:
-    """The rack's gateway holds the same pieces for stall_s while it lacks some: its rack-mates plan
-    without it, and the next worker by the hashing takes across (and says why)."""
-    n = 64
+def _rack_with_gateway(n: int) -> tuple[dict[str, str], str, str]:
+    """Two racks of three; (members, r1's gateway, another worker of r1)."""
     members = {f"127.0.1.{w}": "r1" for w in range(3)} | {f"127.0.2.{w}": "r2" for w in range(3)}
     rack = [ip for ip, r in members.items() if r == "r1"]
-    gw = PiecePlan(n, rack[0], rack="r1")._gateway_of(rack)
-    me = next(ip for ip in rack if ip != gw)
+    gw = gateway_of("r1", rack)
+    return members, gw, next(ip for ip in rack if ip != gw)
+
+
+def test_a_gateway_that_stops_growing_is_skipped_and_taken_back_when_it_grows() -> None:
+    """The rack's gateway holds the same pieces for stall_s while other racks hold pieces it lacks:
+    its rack-mates plan past it (the next worker by the hashing takes across, and the log says why);
+    it keeps its slice; once it grows again it is the gateway again."""
+    n = 64
+    members, gw, me = _rack_with_gateway(n)
     plan = PiecePlan(n, me, rack="r1")
     stuck = [p < 10 for p in range(n)]
-    peers = {gw: Peer("r1", stuck)}
     held = [True] * n   # (the other rack holds everything)
     for t in (0.0, 3.0, 5.9):
-        plan.priorities([False] * n, peers, held, members, 0, 0, t, True)
-        assert plan.gateway == gw and gw not in plan.stalled
-    plan.priorities([False] * n, peers, held, members, 0, 0, 6.1, True)
-    assert gw in plan.stalled and plan.why[gw].startswith("stalled gateway: 10 of 64 pieces")
-    assert plan.gateway != gw
-    # a gateway that grows is never judged
-    plan2 = PiecePlan(n, me, rack="r1")
+        plan.priorities([False] * n, {gw: Peer("r1", stuck)}, held, members, 0, 0, t, True)
+        assert plan.gateway == gw and not plan.skipped_gateways
+    plan.priorities([False] * n, {gw: Peer("r1", stuck)}, held, members, 0, 0, 6.1, True)
+    assert gw in plan.skipped_gateways and plan.why[gw].startswith("stalled gateway: 10 of 64 pieces")
+    assert plan.gateway != gw and gw not in plan.stalled   # (still an owner of its slice)
+    plan.priorities([False] * n, {gw: Peer("r1", [p < 11 for p in range(n)])}, held, members, 0, 0, 7.0, True)
+    assert plan.gateway == gw and not plan.skipped_gateways
+
+
+def test_a_gateway_with_nothing_to_take_or_that_grows_is_never_skipped() -> None:
+    n = 64
+    members, gw, me = _rack_with_gateway(n)
+    idle = PiecePlan(n, me, rack="r1")   # it holds all that any other worker holds: nothing to take across
+    bits = [p < 10 for p in range(n)]
+    for t in (0.0, 5.0, 10.0, 20.0):
+        idle.priorities([True] * n, {gw: Peer("r1", bits)}, bits, members, 0, 0, t, True)
+    assert idle.gateway == gw and not idle.skipped_gateways
+    growing = PiecePlan(n, me, rack="r1")
     for i, t in enumerate((0.0, 3.0, 6.0, 9.0, 12.0)):
-        plan2.priorities([False] * n, {gw: Peer("r1", [p < 10 + i for p in range(n)])}, held, members, 0, 0, t, True)
-    assert plan2.gateway == gw and not plan2.stalled
+        growing.priorities([False] * n, {gw: Peer("r1", [p < 10 + i for p in range(n)])}, [True] * n, members,
+                           0, 0, t, True)
+    assert growing.gateway == gw and not growing.skipped_gateways
+
+
+def test_a_gateway_that_never_connects_is_skipped() -> None:
+    """On the tracker's list, never connected to its rack-mates (a blocked port): after stall_s the
+    next worker takes across."""
+    n = 64
+    members, gw, me = _rack_with_gateway(n)
+    plan = PiecePlan(n, me, rack="r1")
+    plan.priorities([False] * n, {}, [True] * n, members, 0, 0, 0.0, True)
+    assert plan.gateway == gw
+    plan.priorities([False] * n, {}, [True] * n, members, 0, 0, 6.5, True)
+    assert gw in plan.skipped_gateways and plan.why[gw].startswith("gateway not connected")
+    assert plan.gateway != gw
+
+
+def test_no_gateway_until_this_node_knows_its_own_address() -> None:
+    """With listen = 0.0.0.0 a node learns its address from its first connection; until then its own
+    entry on the list looks like another worker's, so it names no gateway and takes nothing across."""
+    n = 64
+    members, gw, _ = _rack_with_gateway(n)
+    plan = PiecePlan(n, "", rack="r1")
+    prio = plan.priorities([False] * n, {}, [True] * n, members, 0, 0, 0.0, True)
+    assert plan.gateway == "" and XRACK not in prio and plan.crossing == 0

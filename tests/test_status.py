@@ -8,6 +8,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 import os
 from pathlib import Path
@@ -75,14 +76,23 @@ def test_status_watch_redraws_until_ctrl_c(wd, node_env, isolated_env) -> None:
     p = subprocess.Popen([sys.executable, "-m", "weightd", "--config", str(node_env.config), "--no-daemon", "status",
                           "--watch", "0.3"], env=isolated_env, cwd=ROOT, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(p.stdout.readline, "")), daemon=True)
+    reader.start()
     try:
-        time.sleep(2.5)
+        # three frames drawn, then Ctrl-C (a fixed sleep raced the start-up on a loaded machine)
+        deadline = time.monotonic() + 60
+        while sum("(Ctrl-C to stop)" in line for line in list(lines)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
         p.send_signal(signal.SIGINT)
-        out, err = p.communicate(timeout=20)
+        p.wait(timeout=30)
+        reader.join(timeout=10)
+        err = p.stderr.read()
     finally:
         if p.poll() is None:
             p.kill()
-            p.wait()
+        p.communicate(timeout=30)   # (closes the pipes even when the test fails)
+    out = "".join(lines)
     assert p.returncode == 0, err
     assert out.count("(Ctrl-C to stop)") >= 3 and out.count("TIER ") >= 3, out
     assert "Traceback" not in err
