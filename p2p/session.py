@@ -281,7 +281,7 @@ class P2PSession:
                 planner.self_ip = local[0]
             if ip == planner.self_ip:
                 continue
-            rack = racks.get(ip, "")
+            rack = self.racks_seen.get(ip, "")   # (a rack-mate that finished left the list, and is still one)
             if pi.flags & lt.peer_info.seed:
                 seeds += 1
                 rack_seeds += rack == planner.rack
