@@ -28,7 +28,7 @@ cap sending duplicates while the workers' upload capacity idles: 2.25x the check
   (``P2PSession.apply_plan``) therefore opens the other racks' class only on the gateway, while it
   has pieces to take across, and keeps it to a trickle on every other worker. What a rack receives
   from outside is then at most the gateway's whole download plus its other workers' slices from
-  the origin (1.15-1.23x the checkpoint with 4 racks x 4 workers), whatever libtorrent picks; with
+  the origin (a median 1.20x the checkpoint for the worst rack, 4 racks x 4 workers), whatever libtorrent picks; with
   every worker open to other racks for the pieces it owned for its rack, 2.3-2.6x;
 - ``HELD``: any other piece a worker of its own rack holds (without racks: any worker);
 - nothing yet for the rest: pieces only the origin has and another worker owns.
