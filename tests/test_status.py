@@ -74,25 +74,37 @@ def test_in_process_status_says_so(wd, node_env) -> None:
 
 def test_status_watch_redraws_until_ctrl_c(wd, node_env, isolated_env) -> None:
     p = subprocess.Popen([sys.executable, "-m", "weightd", "--config", str(node_env.config), "--no-daemon", "status",
-                          "--watch", "0.3"], env=isolated_env, cwd=ROOT, stdout=subprocess.PIPE,
+                          "--watch", "0.3"], env={**isolated_env, "PYTHONFAULTHANDLER": "1"}, cwd=ROOT, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
+    # both pipes drained as the child writes (a child blocked on a full stderr pipe cannot act on
+    # Ctrl-C: the test, not weightd, would hang), three frames drawn, then Ctrl-C (a fixed sleep raced
+    # the start-up on a loaded machine)
     lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(iter(p.stdout.readline, "")), daemon=True)
-    reader.start()
+    errs: list[str] = []
+    readers = [threading.Thread(target=lambda f=f, into=into: into.extend(iter(f.readline, "")), daemon=True)
+               for f, into in ((p.stdout, lines), (p.stderr, errs))]
+    for r in readers:
+        r.start()
     try:
-        # three frames drawn, then Ctrl-C (a fixed sleep raced the start-up on a loaded machine)
         deadline = time.monotonic() + 60
         while sum("(Ctrl-C to stop)" in line for line in list(lines)) < 3 and time.monotonic() < deadline:
             time.sleep(0.1)
         p.send_signal(signal.SIGINT)
-        p.wait(timeout=30)
-        reader.join(timeout=10)
-        err = p.stderr.read()
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:   # (every thread's stack, by faulthandler, for the report)
+            p.send_signal(signal.SIGABRT)
+            time.sleep(2)
+            raise AssertionError(f"no exit 30 s after Ctrl-C; stderr: {''.join(errs)[-6000:]}") from None
+        for r in readers:
+            r.join(timeout=10)
     finally:
         if p.poll() is None:
             p.kill()
-        p.communicate(timeout=30)   # (closes the pipes even when the test fails)
-    out = "".join(lines)
+            p.wait(timeout=30)
+        for f in (p.stdout, p.stderr):   # (closed even when the test fails)
+            f.close()
+    out, err = "".join(lines), "".join(errs)
     assert p.returncode == 0, err
     assert out.count("(Ctrl-C to stop)") >= 3 and out.count("TIER ") >= 3, out
     assert "Traceback" not in err
