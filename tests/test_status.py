@@ -72,9 +72,19 @@ def test_in_process_status_says_so(wd, node_env) -> None:
     assert wd("-q", "status").stderr == ""  # -q: only errors
 
 
+def _ctrl_c_as_in_a_terminal() -> None:
+    """In the child, before exec: SIGINT at its default and not blocked, as a shell gives it. A child
+    inherits an ignored SIGINT (and Python then never raises KeyboardInterrupt), and in the full suite
+    something leaves the test process's SIGINT ignored: the CI runs hung in ``time.sleep`` of the watch
+    loop 30 s after Ctrl-C (faulthandler's dump)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def test_status_watch_redraws_until_ctrl_c(wd, node_env, isolated_env) -> None:
     p = subprocess.Popen([sys.executable, "-m", "weightd", "--config", str(node_env.config), "--no-daemon", "status",
-                          "--watch", "0.3"], env={**isolated_env, "PYTHONFAULTHANDLER": "1"}, cwd=ROOT, stdout=subprocess.PIPE,
+                          "--watch", "0.3"], env={**isolated_env, "PYTHONFAULTHANDLER": "1"}, cwd=ROOT,
+                         preexec_fn=_ctrl_c_as_in_a_terminal, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
     # both pipes drained as the child writes (a child blocked on a full stderr pipe cannot act on
     # Ctrl-C: the test, not weightd, would hang), three frames drawn, then Ctrl-C (a fixed sleep raced
