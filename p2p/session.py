@@ -124,7 +124,6 @@ class P2PSession:
             self.rack_class = self.ses.create_peer_class("other-rack")
             self.origin_ips = {endpoint(p)[0] for p in cfg.peers}
             self.other_rack: set[str] = set()
-            self.racks_seen: dict[str, str] = {}   # ip -> rack, every member list of this download
             self.origin_blocked = False   # (a worker whose own pieces are in filters the origins out)
             self.ses.set_peer_class_filter(_class_filter())
         self.active_downloads = 0
@@ -261,13 +260,14 @@ class P2PSession:
 
     def apply_plan(self, h: lt.torrent_handle, planner: PiecePlan, st: lt.torrent_status,
                    origin_ips: set[str], now: float, progressed: bool, current: list[int] | None,
-                   members: dict[str, str] | None = None) -> list[int]:
+                   members: dict[str, str] | None = None, racks_seen: dict[str, str] | None = None) -> list[int]:
+        """Piece priorities from ``planner``; ``members``: the tracker's list of downloading workers now
+        (ip -> rack); ``racks_seen``: every worker listed during this download (a rack-mate that
+        finished left the list, and is still one: its pieces are the rack's, and it still sends)."""
         peers: dict[str, Peer] = {}
         seeds = rack_seeds = origins = 0
         racks = members or {}
-        # (the other-rack class keeps every worker ever listed: one that finished and left the list
-        # still sends, and must still count as another rack's)
-        self.racks_seen.update(racks)
+        seen = racks_seen if racks_seen is not None else racks
         racked = bool(self.cfg.rack) or any(racks.values())
         for pi in h.get_peer_info():
             ip = pi.ip[0]
@@ -281,7 +281,7 @@ class P2PSession:
                 planner.self_ip = local[0]
             if ip == planner.self_ip:
                 continue
-            rack = self.racks_seen.get(ip, "")   # (a rack-mate that finished left the list, and is still one)
+            rack = seen.get(ip, "")
             if pi.flags & lt.peer_info.seed:
                 seeds += 1
                 rack_seeds += rack == planner.rack
@@ -307,7 +307,7 @@ class P2PSession:
         if alone:
             self.block_origin(own_done and not starving)
             if racked:
-                self._pace_other_racks(planner, self.racks_seen, starving)
+                self._pace_other_racks(planner, seen, starving)
         if prio != current:
             h.prioritize_pieces(prio)
         return prio
@@ -367,8 +367,6 @@ class P2PSession:
                 h = self._add(atp, what)
             with self.lock:
                 self.active_downloads += 1
-                if self.active_downloads == 1:
-                    self.racks_seen = {}
             try:
                 with map_libtorrent_errors(what):
                     return Transfer(self, ti, h, events, peers, plan=plan and self.cfg.plan, progress=progress,

@@ -109,7 +109,7 @@ class Transfer:
             if plan and self.origin_ips else None
         self.membership = Membership(tuple(cfg.trackers), bytes.fromhex(self.key)[:20], cfg.tls, rack=cfg.rack,
                                      source_ip=host) \
-            if self.planner is not None and cfg.trackers else None
+            if cfg.trackers and (self.planner is not None or cfg.rack) else None   # (racks: to say whose bytes)
         self.result = DownloadResult()
         self.result.trace.traced = session.cfg.trace
         self._blocks: set[int] = set()   # (traced) piece * 2**20 + block received so far
@@ -118,7 +118,8 @@ class Transfer:
         self._prio: list[int] | None = None   # the priorities last given to libtorrent
         self._gateway = ""                  # the rack's gateway as of the last plan (racks only)
         self._skipped: set[str] = set()     # gateways the plan skipped, as of the last plan
-        self._racks: dict[str, str] = {}   # ip -> rack, from the member lists seen
+        self._racks: dict[str, str] = {}   # ip -> rack, every member list of this download (one that
+        # finished and left the list is still its rack's: for the plan, the other-rack class, and bytes)
         self._reported = 0
         self.held_back = held_back   # added paused: resumed once the member list is in (racks)
 
@@ -142,7 +143,7 @@ class Transfer:
         last_progress = t0
         if planner is not None:
             planner.last_progress = t0
-        last_done, next_connect, next_plan, planned_done, current = 0, 0.0, 0.0, -1, None
+        last_done, next_connect, next_plan, next_racks, planned_done, current = 0, 0.0, 0.0, 0.0, -1, None
         last_plan: float | None = None
         while True:
             now = self.clock()
@@ -161,6 +162,9 @@ class Transfer:
                 next_connect = now + CONNECT_EVERY_S
             self._take_events(WAIT_S)
             self._sample_peers()
+            if self.membership is not None and now >= next_racks:   # (who is in which rack, as listed)
+                self._racks.update(self.membership.members or {})
+                next_racks = now + PLAN_EVERY_S
             plan_due = planner is not None and now >= next_plan
             st = h.status(lt.torrent_handle.query_pieces if plan_due else 0)  # (the bitfield only when used)
             if result.local_bytes < 0 and st.state in (lt.torrent_status.downloading, lt.torrent_status.finished,
@@ -177,7 +181,7 @@ class Transfer:
                 if self.membership is not None:  # (in the first moments, only a list that stopped growing)
                     members = self.membership.members if now - t0 >= GATHER_S else self.membership.settled(1.0)
                 current = self.session.apply_plan(h, planner, st, self.origin_ips, now,
-                                                  st.total_done > planned_done, current, members)
+                                                  st.total_done > planned_done, current, members, self._racks)
                 self._traced_plan(planner, own, now, t0, last_plan)
                 self._prio = current
                 planned_done, next_plan, last_plan = st.total_done, now + PLAN_EVERY_S, now
@@ -193,7 +197,6 @@ class Transfer:
         trace.workers_max = max(trace.workers_max, planner.workers)
         members = self.membership.members if self.membership is not None else None
         trace.members_max = max(trace.members_max, len(members or ()))
-        self._racks.update(members or {})
         for ip in sorted(planner.stalled - self._stalled):
             log.info("p2p: %s: planning without %s from now on (%s; its pieces go to the others)", self.ti.name(),
                      ip, planner.why.get(ip, "stalled"))
