@@ -68,7 +68,7 @@ from p2p.plan import _key as _gateway_key, gateway_of, rendezvous  # noqa: E402
 
 #: fitted on the real runs (see the module docstring and ``calibrate``)
 CALIBRATION = {"efficiency": 1.0, "start_s": 2.7, "slots": 16, "per_peer": 2, "lag_s": 0.25, "cpu_per_node": 0.055,
-               "cpu_lag": 1.0, "cpu_slow": 0.0, "origin_tail_s": 0.1, "late": 0.0, "stall_s": 6.0,
+               "cpu_lag": 1.0, "origin_tail_s": 0.1, "late": 0.0, "stall_s": 6.0,
                "gateway_rate": 0.35}
 
 #: what bench/swarm.py measured on this 2-core machine (the README's tables; medians of 3 interleaved
@@ -125,12 +125,10 @@ def simulate(net: Net, size: float, pieces: int, mode: str = "plan", *, seed: in
     rack_link = (np.bincount(rack[:n], minlength=R) * net.node_cap * eff / net.spine_oversub) \
         if net.spine_oversub else None
     # this machine: every daemon costs cpu_per_node of a core while it transfers; as the shared cores
-    # fill up, the daemons learn late what their peers hold (plan ticks and alerts wait for CPU) and
-    # move bytes more slowly
+    # fill up, the daemons learn late what their peers hold (plan ticks and alerts wait for CPU)
     u = min(0.97, (n + 1) * cal["cpu_per_node"] / net.cores) if net.cores else 0.0
     load = u / (1 - u)
     lag = cal["lag_s"] * (1 + cal["cpu_lag"] * load)
-    slow = 1 / (1 + cal["cpu_slow"] * load)
     have = np.zeros((n + 1, P), dtype=bool)
     have[n, :] = True
     inflight = np.zeros((n, P), dtype=bool)
@@ -250,7 +248,7 @@ def simulate(net: Net, size: float, pieces: int, mode: str = "plan", *, seed: in
                 raise RuntimeError("stuck: no transfer can start")
             continue
         src, dst = np.array(flows_src), np.array(flows_dst)
-        rate = np.minimum(up[src] / n_up[src], down / n_down[dst]) * slow
+        rate = np.minimum(up[src] / n_up[src], down / n_down[dst])
         if racked:   # (measured: a gateway took pieces across at ~35% of its cap, the senders idle)
             into_gw = (rack[src] != rack[dst]) & (src != n) & (gateway[rack[dst]] == dst)
             rate = np.where(into_gw, rate * cal["gateway_rate"], rate)
@@ -498,21 +496,33 @@ def predict(nodes: list[int], pieces: int) -> dict:
                           "kraken": "3 GB to 2,600 hosts, p99 18 s at 300 MB/s caps"}}
 
 
+def _positive_ints(text: str) -> list[int]:
+    """A comma-separated list of positive integers, for argparse (a bad one: a usage error, exit 2)."""
+    try:
+        out = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers separated by commas, got {text!r}") from None
+    if not out or min(out) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("what", choices=["calibrate", "fit", "predict"])
-    ap.add_argument("--nodes", default="100,1000")
-    ap.add_argument("--pieces", type=int, default=1024, help="equal parts the checkpoint is simulated as (predict)")
-    ap.add_argument("--seeds", default="1", help="calibrate: the model's random seeds, each reported")
+    ap.add_argument("--nodes", type=_positive_ints, default=[100, 1000])
+    ap.add_argument("--pieces", type=lambda t: _positive_ints(t)[0], default=1024,
+                    help="equal parts the checkpoint is simulated as (predict)")
+    ap.add_argument("--seeds", type=_positive_ints, default=[1], help="calibrate: the model's random seeds, each reported")
     args = ap.parse_args()
     if args.what == "calibrate":
-        runs = [calibrate(seed=int(x)) for x in args.seeds.split(",")]
+        runs = [calibrate(seed=x) for x in args.seeds]
         print(json.dumps(runs[0] if len(runs) == 1 else
                          {"runs": runs, "worst_error": max(r["worst_error"] for r in runs)}, indent=2))
     elif args.what == "fit":
         print(json.dumps(fit(), indent=2))
     else:
-        print(json.dumps(predict([int(x) for x in args.nodes.split(",")], args.pieces), indent=2))
+        print(json.dumps(predict(args.nodes, args.pieces), indent=2))
     return 0
 
 

@@ -28,8 +28,8 @@ def test_the_plan_sends_each_piece_from_the_origin_once_and_stock_does_not(sim) 
     stock = sim.simulate(net, 20e6, 64, "stock")
     assert plan["origin_upload_x"] == 1.0
     assert stock["origin_upload_x"] > 1.3
-    # never faster than the bound: every worker takes the checkpoint at its cap, plus the fixed time
-    assert plan["seconds"] >= 20e6 / 10e6 + sim.CALIBRATION["start_s"]
+    # the origin's duplicates cost stock time: the plan is done sooner
+    assert plan["seconds"] < stock["seconds"]
     assert plan == sim.simulate(net, 20e6, 64, "plan", cal={"origin_tail_s": 0.0})   # (a seed, one answer)
 
 
