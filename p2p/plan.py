@@ -192,13 +192,10 @@ class PiecePlan:
             self._cache[key] = hit
         return hit
 
-    def _gateway_of(self, mine: Sequence[str]) -> str:
-        return gateway_of(self.rack, mine)
-
     def _gateway_among(self, mine: Sequence[str]) -> str:
         """The rack's gateway: by the hashing, over the rack's workers this node has not skipped."""
         rest = [ip for ip in mine if ip not in self.skipped_gateways]
-        return self._gateway_of(rest or mine)
+        return gateway_of(self.rack, rest or mine)
 
     def _skip_gateways(self, mine: Sequence[str], peers: Mapping[str, Peer], held: np.ndarray,
                        now: float) -> None:
@@ -214,10 +211,15 @@ class PiecePlan:
         is taken back as soon as it is seen growing again."""
         for ip in list(self.skipped_gateways):   # (one that grows again is back)
             p = peers.get(ip)
-            if p is not None and p.pieces is not None and ip in self._gateway_counts \
-                    and sum(map(bool, p.pieces)) > self._gateway_counts[ip][0]:
+            if p is None or p.pieces is None:
+                continue
+            count = sum(map(bool, p.pieces))
+            if ip not in self._gateway_counts:   # (skipped while not connected: now it is, count from here)
+                self._gateway_counts[ip] = (count, now)
+            elif count > self._gateway_counts[ip][0]:
                 self.skipped_gateways.discard(ip)
                 self._gateway_counts.pop(ip, None)
+                self._gateway_missing.pop(ip, None)
         gw = self._gateway_among(mine)
         if gw == self.self_ip:
             return

@@ -395,6 +395,11 @@ def test_a_gateway_that_never_connects_is_skipped() -> None:
     plan.priorities([False] * n, {}, [True] * n, members, 0, 0, 6.5, True)
     assert gw in plan.skipped_gateways and plan.why[gw].startswith("gateway not connected")
     assert plan.gateway != gw
+    # it connects at last, and grows: it is the gateway again
+    plan.priorities([False] * n, {gw: Peer("r1", [p < 3 for p in range(n)])}, [True] * n, members, 0, 0, 7.0, True)
+    assert gw in plan.skipped_gateways
+    plan.priorities([False] * n, {gw: Peer("r1", [p < 5 for p in range(n)])}, [True] * n, members, 0, 0, 8.0, True)
+    assert plan.gateway == gw and not plan.skipped_gateways
 
 
 def test_no_gateway_until_this_node_knows_its_own_address() -> None:
