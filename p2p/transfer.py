@@ -125,6 +125,9 @@ class Transfer:
 
     def run(self, *, stall_s: float, timeout_s: float | None, flush_timeout_s: float) -> DownloadResult:
         t0 = self.clock()
+        cap = int(getattr(self.progress, "rate_bytes_per_s", 0) or 0)
+        if cap:  # a cap on this transfer (an intent entry's bandwidth) is the torrent's own limit
+            self.h.set_download_limit(cap)
         if self.membership is not None:
             self.membership.start()
         try:
@@ -274,7 +277,10 @@ class Transfer:
 
     def _report(self, total_done: int) -> None:
         if self.progress is not None:
-            self.progress(total_done - self._reported)
+            if getattr(self.progress, "rate_bytes_per_s", 0):  # (libtorrent paces it: see run())
+                self.progress(total_done - self._reported, paced=False)
+            else:
+                self.progress(total_done - self._reported)
             self._reported = total_done
 
     def _sample_peers(self) -> None:

@@ -346,7 +346,7 @@ def test_kubernetes_manifests_validate() -> None:
     files = [str(kdir / f) for f in kust["resources"]]  # (every resource the kustomization names exists)
     assert sorted(files) == sorted(str(f) for f in kdir.glob("*.yaml") if f.name != "kustomization.yaml")
     proc = subprocess.run([str(exe), "--strict", "-k", "1.37.0", *files], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0 and proc.stdout.count("passed") == 9, proc.stdout + proc.stderr
+    assert proc.returncode == 0 and proc.stdout.count("passed") == 10, proc.stdout + proc.stderr
     docs = {(d["kind"], d["metadata"]["name"]): d for f in files for d in yaml.safe_load_all(Path(f).read_text()) if d}
     assert {("Namespace", "weightd"), ("Namespace", "inference")} <= set(docs)
     namespaces = {d["metadata"].get("namespace") for d in docs.values() if d["kind"] != "Namespace"}
@@ -392,7 +392,7 @@ def test_kubernetes_manifests_validate() -> None:
     assert pm["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
     if shutil.which("kubectl"):  # (not on a fresh machine: the check above stands without it)
         out = subprocess.run(["kubectl", "kustomize", str(kdir)], capture_output=True, text=True, timeout=60)
-        assert out.returncode == 0 and out.stdout.count("\nkind: ") + out.stdout.startswith("kind: ") >= 9, out.stderr
+        assert out.returncode == 0 and out.stdout.count("\nkind: ") + out.stdout.startswith("kind: ") >= 10, out.stderr
 
 
 def test_dockerfile_builds_the_image_the_manifests_name() -> None:

@@ -260,6 +260,15 @@ class LocalNode:
         self.state.add_lease(tier, name, version, seconds, holder)
         return self.now() + seconds
 
+    def hold(self, tier: str, name: str, version: str, seconds: float, holder: str) -> bool:
+        """Renew ``holder``'s one lease on a local copy for ``seconds`` (False: the copy is not there)."""
+        validate_name(name)
+        validate_version(version)
+        if read_version(self.roots.dir(tier), name, version) is None:
+            return False
+        self.state.hold(tier, name, version, seconds, holder)
+        return True
+
     def check_cold_readable(self, limit: int = 50) -> dict[str, Any]:
         """Whether this process can read cold storage: up to ``limit`` versions, every file opened."""
         return self.catalog.check_readable(limit)

@@ -26,8 +26,17 @@ _SAMPLE_EVERY_S = 0.2
 class Progress:
     """A transfer's progress; thread-safe. Call it with a byte count to advance the current phase."""
 
-    def __init__(self, label: str, total: int = 0, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, label: str, total: int = 0, *, clock: Callable[[], float] = time.monotonic,
+                 rate_bytes_per_s: int = 0) -> None:
         self.label, self.clock = label, clock
+        # a cap on the transfer (an intent entry's bandwidth): every source reports its bytes here from
+        # the thread that moves them, so waiting here paces copies and object-store reads; a swarm
+        # download reads the figure and sets it as the torrent's own download limit instead
+        self.rate_bytes_per_s = max(0, int(rate_bytes_per_s))
+        self._bucket = None
+        if self.rate_bytes_per_s:
+            from .pagecache.throttle import TokenBucket
+            self._bucket = TokenBucket(self.rate_bytes_per_s, clock=clock)
         self._lock = threading.Lock()
         self.phase, self.source, self.detail, self.tier = "queued", None, "", None
         self.total, self.done = max(0, int(total)), 0
@@ -36,7 +45,10 @@ class Progress:
         self._throttle: Callable[[], tuple[int, int]] | None = None
         self.waiters = 0
 
-    def __call__(self, n: int) -> None:
+    def __call__(self, n: int, *, paced: bool = True) -> None:
+        """``paced=False``: bytes that were paced elsewhere (by libtorrent's own limit)."""
+        if self._bucket is not None and paced and n > 0 and self.phase == "copy":
+            self._bucket.consume(n)
         with self._lock:
             self.done += n
             now = self.clock()

@@ -362,6 +362,74 @@ class PublishSettings(_Model):
         return None if v is None else _key_file(v)
 
 
+class PrewarmSettings(_Model):
+    """Prediction-driven prewarming (design §15): in ``window``, the top ``top`` models the forecaster
+    expects in the next ``horizon_s`` are placed in ``tier`` (or warmed into the page cache when a warm
+    copy is there), never evicting what intent wants or what is pinned, leased or in use."""
+    window: str = "00:00-23:59"
+    window_minutes: int | None = None
+    tier: str = "warm"
+    top: int = Field(default=3, ge=1, le=64)
+    min_score: float = Field(default=0.5, ge=0)
+    horizon_s: float = Field(default=3600.0, ge=60, le=7 * 86400)
+
+    @field_validator("window")
+    @classmethod
+    def _window(cls, v: Any) -> str:
+        from .intent.spec import parse_window
+        parse_window(v)
+        return v
+
+    @field_validator("tier")
+    @classmethod
+    def _tier(cls, v: Any) -> str:
+        if v not in ("hot", "warm"):
+            raise ValueError("expected hot or warm")
+        return v
+
+
+class IntentSettings(_Model):
+    """Fleet intent (design §15): ``dir`` holds ``*.toml`` files of ``[[keep]]`` entries; none: off."""
+    dir: Path | None = None
+    labels: dict[str, str] = {}            # this node's labels, for the entries' node selectors
+    labels_file: Path | None = None        # key=value lines overlaid on ``labels`` (read every round)
+    node_name: str = ""                    # how the origin's fleet view names this node (default: hostname)
+    reconcile_s: float = Field(default=30.0, ge=1, le=3600)
+    poll_s: float = Field(default=2.0, gt=0, le=60)     # how often the directory is checked for changes
+    jitter_s: float = Field(default=30.0, ge=0, le=86400)  # a rollout starts within this long of a new version
+    max_movers: int = Field(default=0, ge=0)            # origin: nodes rolling forward at once, fleet-wide (0: any)
+    origin: str | None = None              # the origin's base URL (default: from the first p2p tracker)
+    report_s: float = Field(default=30.0, ge=1, le=3600)  # how often holdings are sent to the origin
+    nfd_dir: Path | None = None            # Node Feature Discovery's features.d: labels weightd.io/<model>=tier
+    prewarm: PrewarmSettings | None = None
+
+    _paths = field_validator("dir", "labels_file", "nfd_dir", mode="before")(
+        lambda v: None if v is None else _abs_path(v))
+
+    @field_validator("labels", mode="before")
+    @classmethod
+    def _labels(cls, v: Any) -> dict[str, str]:
+        from .intent.spec import _check_key, _check_value
+        if not isinstance(v, Mapping) or not all(isinstance(x, str) for x in v.values()):
+            raise ValueError("expected a table of label = \"value\"")
+        return {_check_key(str(k)): _check_value(x) for k, x in v.items()}
+
+    @field_validator("origin", mode="before")
+    @classmethod
+    def _origin(cls, v: Any) -> str | None:
+        if v is not None and (not isinstance(v, str) or not v.startswith(("http://", "https://"))):
+            raise ValueError("expected the origin's tracker base URL, like 'https://10.0.0.1:6969'")
+        return v.rstrip("/") if v else None
+
+    @field_validator("node_name", mode="before")
+    @classmethod
+    def _node(cls, v: Any) -> str:
+        import re
+        if not isinstance(v, str) or (v and not re.fullmatch(r"[A-Za-z0-9][-A-Za-z0-9_.]{0,252}", v)):
+            raise ValueError("expected a host name (letters, digits, '-', '_', '.')")
+        return v
+
+
 class Settings(_Model):
     state_dir: Path
     tiers: Tiers
@@ -371,6 +439,7 @@ class Settings(_Model):
     metrics: MetricsSettings = MetricsSettings()
     trust: TrustSettings = TrustSettings()
     publish: PublishSettings = PublishSettings()
+    intent: IntentSettings = IntentSettings()
 
     _path = field_validator("state_dir", mode="before")(_abs_path)
 

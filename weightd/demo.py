@@ -49,7 +49,11 @@ def _demo_daemon(base: Path, config: Path) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     config.write_text(config.read_text() + f'[api]\nsocket = "{base}/weightd.sock"\n'
-                      f'[metrics]\nlisten = "127.0.0.1:{port}"\n')
+                      f'[metrics]\nlisten = "127.0.0.1:{port}"\n'
+                      f'[intent]\ndir = "{base}/intent.d"\nreconcile_s = 2\npoll_s = 0.5\n'
+                      f'nfd_dir = "{base}/features.d"\nlabels = {{pool = "chat"}}\n')
+    (base / "intent.d").mkdir(exist_ok=True)
+    (base / "features.d").mkdir(exist_ok=True)
     click.secho("# 10. the node daemon: systemd runs `weightd serve`; commands now go through its socket", bold=True)
     click.secho(f"$ weightd serve &   (admin API on {base}/weightd.sock, metrics on 127.0.0.1:{port})",
                 fg="cyan", bold=True)
@@ -65,10 +69,11 @@ def _demo_daemon(base: Path, config: Path) -> None:
         _run(["evict", "demo/tiny-llama@v2", "--force"])
         _run(["preload", "demo/tiny-llama@v2", "--tier", "hot"])
         _run(["status"])
+        _demo_intent(base)
         click.secho(f"$ curl -s 127.0.0.1:{port}/metrics | grep ...", fg="cyan", bold=True)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
             for line in r.read().decode().splitlines():
-                if line.startswith(("weightd_bytes_transferred_total", "weightd_tier_used_bytes",
+                if line.startswith(("weightd_bytes_transferred_total", "weightd_tier_used_bytes", "weightd_model_ready",
                                     "weightd_weight_loading_seconds_count", "weightd_checkpoints")):
                     click.echo(line)
         click.echo()
@@ -357,6 +362,34 @@ def _demo_object_store(base: Path, hot: Path, v1: Path) -> None:
     finally:
         _CONFIG[:] = saved
         shutil.rmtree(f"{hot}-s3", ignore_errors=True)
+
+
+def _demo_intent(base: Path) -> None:
+    """Declare what the node should hold; the daemon converges and says so (intent status, NFD labels)."""
+    import json
+    import time
+    click.secho("# 10b. fleet intent: an intent file (a ConfigMap in Kubernetes) declares what nodes labelled "
+                "pool=chat keep;\n#      the daemon converges on its own, and publishes what it holds for schedulers",
+                bold=True)
+    text = ('[[keep]]\nmodel = "demo/tiny-llama@v1"\ntier = "warm"\npin = true\nnodes = "pool=chat"\n\n'
+            '[[keep]]\nmodel = "demo/tiny-llama@latest"\ntier = "hot"\nnodes = "pool=chat"\npriority = 10\n')
+    (base / "intent.d" / "chat.toml").write_text(text)
+    click.secho(f"$ cat {base}/intent.d/chat.toml", fg="cyan", bold=True)
+    click.echo(text)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        p = subprocess.run([sys.executable, "-m", "weightd", *_CONFIG, "intent", "status", "--json"],
+                           capture_output=True, text=True, timeout=30)
+        if p.returncode == 0 and (rows := json.loads(p.stdout)["entries"]) and all(r["state"] == "ready" for r in rows):
+            break
+        time.sleep(0.5)
+    _run(["intent", "status"])
+    click.secho(f"$ cat {base}/features.d/weightd   (Node Feature Discovery turns these into node labels)",
+                fg="cyan", bold=True)
+    try:
+        click.echo((base / "features.d" / "weightd").read_text())
+    except OSError as exc:
+        click.echo(f"(not written: {exc})\n")
 
 
 def run_demo(workdir: str | None, size: str = "64MiB") -> None:

@@ -5,6 +5,9 @@ Hierarchy::
 
     WeightdError                   exit 1 unless a subclass says otherwise
     ├── ConfigError                broken config file or value; exit 2
+    │   └── IntentError            a bad intent file, entry or key (fleet intent); exit 2
+    ├── OriginUnavailable          the origin's fleet endpoints do not answer (fleet status); exit 1
+    ├── FeatureFileError           the NFD feature file cannot be written ([intent] nfd_dir); exit 1
     ├── UsageError                 bad command-line input; exit 2
     │   └── InvalidRequest         an operation's arguments out of bounds (CLI and daemon alike); exit 2
     ├── ApiError                   the daemon refuses a request (HTTP status, exit code; 403: exit 2)
@@ -51,6 +54,23 @@ class ConfigError(WeightdError):
         self.source, self.reason, self.key = source, reason, key
         where = f"{source}: {key}" if key else source
         super().__init__(f"config {where}: {reason}")
+
+
+class IntentError(ConfigError):
+    """A bad intent file, entry or key (exit 2); a daemon keeps the intent it runs."""
+
+    def __init__(self, source: str, reason: str, where: str | None = None) -> None:
+        self.source, self.reason, self.key = source, reason, where
+        Exception.__init__(self, f"intent {source}" + (f": {where}" if where else "") + f": {reason}")
+
+
+class OriginUnavailable(WeightdError):
+    """The origin's fleet endpoints (``weightd fleet status``, a worker's report or rollout slot) did
+    not answer, or answered something else than weightd's JSON; exit 1."""
+
+
+class FeatureFileError(WeightdError):
+    """The Node Feature Discovery file cannot be written where ``[intent] nfd_dir`` says; exit 1."""
 
 
 class UsageError(WeightdError):
@@ -159,6 +179,7 @@ def _rules() -> list[tuple[type[BaseException], ExitRule]]:
     return [
         (DaemonUnavailable, ExitRule(EXIT_ERROR, "start it: systemctl start weightd, or weightd serve")),
         (UntrustedDaemon, ExitRule(EXIT_BAD_INPUT, "check who serves [api] socket and [api] daemon_user")),
+        (IntentError, ExitRule(EXIT_BAD_INPUT, None)),
         (ConfigError, ExitRule(EXIT_BAD_INPUT, "check it with: weightd config show")),
         (InvalidRequest, ExitRule(EXIT_BAD_INPUT, None)),
         (UsageError, ExitRule(EXIT_BAD_INPUT, None)),

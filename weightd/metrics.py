@@ -58,14 +58,37 @@ class Metrics:
                                    "elsewhere)", registry=registry)
         self.state_recoveries = Counter("weightd_state_recoveries", "Corrupt state databases moved aside and "
                                         "rebuilt from the tier directories", registry=registry)
+        self.intent_errors = Counter("weightd_intent_errors", "Intent files refused (the previous intent kept "
+                                     "running)", registry=registry)
+        self.intent_failures = Counter("weightd_intent_fetch_failures", "Transfers fleet intent started that "
+                                       "failed (retried after a back-off)", ["model"], registry=registry)
+        self.intent_prewarms = Counter("weightd_intent_prewarms", "Models prewarmed because the forecaster "
+                                       "expected them", ["tier"], registry=registry)
+        self.model_ready = Gauge("weightd_model_ready", "A complete copy of the version is in the tier (1)",
+                                 ["model", "version", "tier"], registry=registry)
+        self.intent_serving = Gauge("weightd_intent_serving", "The version fleet intent has this node serve, per "
+                                    "entry's model (1): during a rollout, the old one until the new one is here",
+                                    ["model", "version", "tier"], registry=registry)
         info = Gauge("weightd_build_info", "weightd version", ["version"], registry=registry)
         info.labels(__version__).set(1)
         self.start_time = Gauge("weightd_start_time_seconds", "When the daemon started", registry=registry)
         self.start_time.set(time.time())
         registry.register(_StateCollector(status))
+        self._ready_labels: dict[str, set[tuple[str, str, str]]] = {}
         registry.register(_PressureCollector())
         registry.register(_P2PCollector(p2p or (lambda: {})))
         registry.register(_ObjectStoreCollector(objstore or (lambda: None)))
+
+    def set_model_ready(self, holdings: list[dict[str, Any]]) -> None:
+        """``weightd_model_ready`` and ``weightd_intent_serving`` from what the node holds now (the
+        series of copies that went away vanish)."""
+        for gauge, rows in ((self.model_ready, holdings), (self.intent_serving, [h for h in holdings if h["serving"]])):
+            now = {(h["model"], h["version"], h["tier"]) for h in rows}
+            for gone in self._ready_labels.get(gauge._name, set()) - now:
+                gauge.remove(*gone)
+            for labels in now:
+                gauge.labels(*labels).set(1)
+            self._ready_labels[gauge._name] = now
 
 
 class _ObjectStoreCollector(Collector):

@@ -95,6 +95,7 @@ class NodeService:
                  on_published: PublishedHook | None = None, monotonic: Callable[[], float] = time.monotonic) -> None:
         self.config, self.node, self.metrics = config, node, metrics
         self.on_published = on_published
+        self.on_loaded: Callable[[str, str, str], None] | None = None   # (name, version, tier) after a preload
         self.monotonic = monotonic
         self.events: deque[dict[str, Any]] = deque(maxlen=EVENTS_KEPT)  # fallbacks and failures, for doctor
 
@@ -181,6 +182,8 @@ class NodeService:
             m.in_flight.labels("local").dec()
         d = r.to_dict()
         self._count_success(r, d, self.monotonic() - t0)
+        if self.on_loaded is not None:
+            self.on_loaded(req.name, r.version, r.tier)
         by = d["bytes_by_source"]
         log.info("preloaded name=%s version=%s tier=%s bytes=%d bytes_moved=%d cold=%d origin=%d peer=%d "
                  "local_reuse=%d already_present=%s seconds=%.3f", req.name, r.version, r.tier, d["bytes"],

@@ -222,6 +222,17 @@ class State:
         return int(cur.lastrowid or 0)
 
     @_locked
+    def hold(self, tier: str, name: str, version: str, seconds: float, holder: str) -> None:
+        """One lease per (copy, holder), renewed: a holder that renews every round (fleet intent)
+        keeps one row, not one per round. ``seconds`` <= 0 drops the holder's lease."""
+        with self._write_txn():
+            self.db.execute("DELETE FROM leases WHERE tier=? AND name=? AND version=? AND holder=?",
+                            (tier, name, version, holder))
+            if seconds > 0:
+                    self.db.execute("INSERT INTO leases (tier, name, version, holder, expires_at) VALUES (?,?,?,?,?)",
+                                (tier, name, version, holder, self.now() + seconds))
+
+    @_locked
     def leases(self, *, active_only: bool = True) -> list[Lease]:
         q = "SELECT * FROM leases" + (" WHERE expires_at > ?" if active_only else "") + " ORDER BY expires_at"
         return [Lease(*r) for r in self.db.execute(q, (self.now(),) if active_only else ())]

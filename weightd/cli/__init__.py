@@ -2,7 +2,7 @@
 the operator where there is one, and the exit code of its type (:mod:`weightd.errors`).
 
 Commands by group: :mod:`.tiers` (publish, preload, path, status, pin, unpin, evict, gc),
-:mod:`.content` (manifest, verify), :mod:`.pagecache` (warm, residency, cool), :mod:`.diagnose`
+:mod:`.content` (manifest, verify), :mod:`.intent` (intent check/status/explain, fleet status), :mod:`.pagecache` (warm, residency, cool), :mod:`.diagnose`
 (doctor, bench), :mod:`.system` (config, serve, demo); how results are shown: :mod:`.output`.
 """
 
@@ -13,7 +13,7 @@ import sys
 import click
 
 from ..errors import EXIT_ERROR, UsageError, rule_for
-from . import content, diagnose, pagecache, system, tiers  # noqa: F401 (each registers its commands)
+from . import content, diagnose, intent, pagecache, system, tiers  # noqa: F401 (each registers its commands)
 from .app import cli
 from .output import error_line
 
@@ -43,6 +43,8 @@ EXAMPLES = {
     "gc": "weightd gc",
     "completion": "weightd completion bash > /etc/bash_completion.d/weightd",
     "sample": "weightd sample /tmp/sample --size 1GiB",
+    "intent": "weightd intent status",
+    "fleet": "weightd fleet status",
 }
 #: help for options that have none, by parameter name
 OPTION_HELP = {

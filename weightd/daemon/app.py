@@ -33,6 +33,8 @@ from ..service import NodeService
 from ..swarm import P2PFetcher, p2p_config, read_torrent, seed_held
 from . import loops
 from .authz import claim_socket
+from .intent import IntentRunner
+from .origin import fleet_routes
 from .routes import Api
 
 log = logging.getLogger(__name__)
@@ -58,6 +60,10 @@ class Daemon:
         self.pools = {HOT: ThreadPoolExecutor(2, "weightd-hot"), WARM: ThreadPoolExecutor(2, "weightd-warm"),
                       "misc": ThreadPoolExecutor(4, "weightd-misc")}
         self.api = Api(self)
+        self.intent = IntentRunner(self)
+        self.service.on_loaded = self.intent.loaded
+        self.fleet = None    # the origin's FleetView and MoverSlots (with tracker_listen)
+        self.movers = None
         self.pressure: deque[tuple[float, dict[str, str]]] = deque(maxlen=PRESSURE_KEEP)
         self.stopping = asyncio.Event()
         self.mirror_wanted = asyncio.Event()  # the origin of an object-store cold tier: copy what was published
@@ -186,6 +192,8 @@ class Daemon:
                         "the next restart")
         self.old_services.append(self.service)
         self.service, self.config = service, cfg
+        service.on_loaded = self.intent.loaded
+        self.intent.wake.set()
         self._rotate_tls()
         self.status_changed()
         log.info("config reloaded from %s", cfg.source)
@@ -242,6 +250,8 @@ class Daemon:
         tasks = [loop.create_task(loops.gc_loop(self)), loop.create_task(loops.pressure_loop(self))]
         if self.role == "origin" and self.session is not None and self.node.roots.object is not None:
             tasks.append(loop.create_task(loops.origin_mirror_loop(self)))
+        if self._intent_wanted():
+            tasks.append(loop.create_task(self.intent.run()))
         if self.notifier.watchdog_s:
             tasks.append(loop.create_task(loops.watchdog_loop(self)))
         log.info("serving role=%s api=%s metrics=%s", self.role, sock_path, self.config.settings.metrics.listen)
@@ -262,6 +272,12 @@ class Daemon:
             sock_path.unlink()
         except FileNotFoundError:
             pass
+
+    def _intent_wanted(self) -> bool:
+        """The intent loop runs for intent files, prewarming, the NFD file, or reports to an origin."""
+        i = self.config.settings.intent
+        return i.dir is not None or i.prewarm is not None or i.nfd_dir is not None or \
+            (i.origin is not None and self.role != "origin")
 
     async def _start_p2p(self) -> None:
         p = self.config.settings.p2p
@@ -354,9 +370,10 @@ class Daemon:
             return web.Response(body=body, status=200 if refused is None else 404 if
                                 refused == "tracker_unknown_torrent" else 403 if refused == "tracker_not_allowed"
                                 else 400, content_type="application/json")
-        tapp = web.Application(client_max_size=4096)
+        tapp = web.Application(client_max_size=1 << 20)
         tapp.router.add_get("/announce", announce)
         tapp.router.add_get("/swarm", members)
+        fleet_routes(self, tapp, tracker)
         await self._start_tcp(tapp, tl, "p2p.tracker_listen", ssl_context=self._tracker_tls())
         self.tracker = tracker
         self.metrics.tracker_peers.set_function(tracker.peers)

@@ -63,6 +63,8 @@ class Api:
                                          admin="unpin"))
         r.add_post(f"{v}/evict", self._h(self._evict, admin="evict"))
         r.add_post(f"{v}/gc", self._h(lambda b, c: d.run_blocking("misc", d.service.gc), admin="gc"))
+        r.add_get(f"{v}/intent", self._h(self._intent))
+        r.add_get(f"{v}/intent/explain", self._h(self._intent_explain))
         return app
 
     # -- preload: single flight around the service --------------------------------------------------
@@ -78,8 +80,9 @@ class Api:
         return await self._stream(request, body, holder)
 
     async def preload(self, body: dict[str, Any], *, holder: str | None = None,
-                      joined: Callable[[Progress], None] | None = None) -> dict[str, Any]:
-        """``joined(progress)``: called with the flight's progress once this request shares in one."""
+                      joined: Callable[[Progress], None] | None = None, rate_bytes_per_s: int = 0) -> dict[str, Any]:
+        """``joined(progress)``: called with the flight's progress once this request shares in one;
+        ``rate_bytes_per_s``: a cap on the transfer this request starts (fleet intent's bandwidth)."""
         svc = self.d.service
         req = svc.preload_request(_str(body, "ref"), tier=body.get("tier", HOT), strict=body.get("strict", False),
                                   lease_s=body.get("lease_s", DEFAULT), timeout_s=body.get("timeout_s"),
@@ -94,7 +97,7 @@ class Api:
         task = self.inflight.get(key)
         shared = task is not None
         if task is None:  # single flight: everyone asking for this version in this tier shares one
-            progress = self.transfers[key] = Progress(f"{req.name}@{req.version}")
+            progress = self.transfers[key] = Progress(f"{req.name}@{req.version}", rate_bytes_per_s=rate_bytes_per_s)
             task = asyncio.get_running_loop().create_task(self._preload_task(req, progress))
             self.inflight[key] = task
             task.add_done_callback(lambda _t, k=key: self._flight_done(k))
@@ -192,6 +195,12 @@ class Api:
         st["transfers"] = self.transfer_rows()
         st["answered_by"] = "daemon"
         return st
+
+    async def _intent(self, b: dict[str, Any]) -> dict[str, Any]:
+        return self.d.intent.status()
+
+    async def _intent_explain(self, b: dict[str, Any]) -> dict[str, Any]:
+        return await self.d.run_blocking("misc", self.d.intent.explain)
 
     async def _publish(self, b: dict[str, Any], caller: Caller) -> dict[str, Any]:
         name, version, src = _str(b, "name"), _str(b, "version"), _str(b, "dir")

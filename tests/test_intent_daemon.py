@@ -1,0 +1,193 @@
+"""Fleet intent through real daemons: one node converging to a changed intent file (leases, pins, the
+NFD feature file, metrics, a bad file that keeps the previous intent), and a rollout across an origin
+and three workers on loopback where v2 is published mid-run."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tiering import read_header
+from tiering.sample import make_checkpoint, mutate_tensor
+
+from .conftest import assert_one_line_error, stop_process
+from .test_daemon import DaemonProc, publish
+from .test_p2p import cluster  # noqa: F401 (fixture)
+
+MiB = 1 << 20
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def until(what: str, fn, timeout: float = 40.0, every: float = 0.3):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = fn()
+        if last:
+            return last
+        time.sleep(every)
+    raise AssertionError(f"{what}: not within {timeout} s (last: {last})")
+
+
+def intent_status(wd) -> dict:
+    p = wd("intent", "status", "--json", timeout=30)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+def rows(st: dict) -> dict[str, dict]:
+    return {r["model"]: r for r in st["entries"]}
+
+
+def test_a_daemon_converges_to_a_changed_intent_file(node_env, isolated_env, wd, tmp_path: Path) -> None:
+    publish(wd, tmp_path, "acme/chat", "v1", size=4 * MiB)
+    publish(wd, tmp_path, "acme/embed", "v1", size=2 * MiB)
+    idir, nfd = tmp_path / "intent.d", tmp_path / "features.d"
+    idir.mkdir()
+    nfd.mkdir()
+    node_env.config.write_text(node_env.config.read_text() + (
+        f'[intent]\ndir = "{idir}"\nreconcile_s = 2\npoll_s = 0.2\nnfd_dir = "{nfd}"\n'
+        'labels = {pool = "chat"}\n'))
+    (idir / "chat.toml").write_text('[[keep]]\nmodel = "acme/chat@latest"\nnodes = "pool=chat"\n'
+                                    '[[keep]]\nmodel = "acme/embed@v1"\nnodes = "pool=batch"\n')
+    d = DaemonProc(node_env, isolated_env, tmp_path)
+    try:
+        st = until("acme/chat ready", lambda: (s := intent_status(wd)) and
+                   rows(s).get("acme/chat@latest", {}).get("state") == "ready" and s)
+        assert list(rows(st)) == ["acme/chat@latest"]          # embed selects pool=batch only
+        assert (node_env.warm / "acme/chat/v1").is_dir()
+        status = json.loads(wd("status", "--json").stdout)
+        leases = [le["holder"] for c in status["checkpoints"] for le in c["tiers"]["warm"]["leases"]]
+        assert leases == ["intent chat.toml keep #1"]
+        text = until("the NFD file", lambda: (nfd / "weightd").is_file() and (nfd / "weightd").read_text())
+        assert re.search(r"^weightd\.io/acme\.chat=(warm|ready)$", text, re.M), text
+        assert d.metric('weightd_model_ready{model="acme/chat",tier="warm",version="v1"}') == 1
+        assert d.metric('weightd_intent_serving{model="acme/chat",tier="warm",version="v1"}') == 1
+
+        # the file changes: chat is no longer wanted, embed is pinned in hot
+        (idir / "chat.toml").write_text('[[keep]]\nmodel = "acme/embed@v1"\ntier = "hot"\npin = true\n')
+        until("acme/embed pinned in hot", lambda: (s := intent_status(wd)) and
+              rows(s).get("acme/embed@v1", {}).get("state") == "ready", timeout=30)
+        status = json.loads(wd("status", "--json").stdout)
+        by = {c["name"]: c for c in status["checkpoints"]}
+        assert by["acme/embed"]["pinned"] and "hot" in by["acme/embed"]["tiers"]
+        assert by["acme/chat"]["tiers"]["warm"]["leases"] == []      # evictable now (still there)
+        until("NFD follows", lambda: "weightd.io/acme.embed=hot" in (nfd / "weightd").read_text()
+              and "acme.chat=" in (nfd / "weightd").read_text())   # (chat is still held, just not wanted)
+
+        # a bad file: one line naming file, entry and key; the previous intent keeps running
+        (idir / "chat.toml").write_text('[[keep]]\nmodel = "acme/embed@v1"\ntier = "nvme"\n')
+        st = until("the error shows", lambda: (s := intent_status(wd)) and s["error"] and s)
+        assert st["error"]["error"] == "intent chat.toml: keep #1.tier: expected one of hot, warm, got 'nvme'"
+        assert rows(st)["acme/embed@v1"]["state"] == "ready"
+        p = wd("intent", "check", str(idir))
+        assert_one_line_error(p, 2, "intent chat.toml: keep #1.tier: expected one of hot, warm, got 'nvme'")
+        assert d.metric("weightd_intent_errors_total") >= 1
+
+        # the pin intent made goes when no entry wants it
+        (idir / "chat.toml").write_text("")
+        until("unpinned", lambda: not {c["name"]: c for c in json.loads(wd("status", "--json").stdout)
+                                       ["checkpoints"]}["acme/embed"]["pinned"], timeout=30)
+    finally:
+        d.stop()
+
+
+def test_intent_check_and_status_without_a_daemon(wd, tmp_path: Path) -> None:
+    idir = tmp_path / "i"
+    idir.mkdir()
+    (idir / "a.toml").write_text('[[keep]]\nmodel = "acme/x@latest"\nnodes = "pool=chat"\n')
+    p = wd("intent", "check", str(idir), "--label", "pool=chat", "--json")
+    assert p.returncode == 0, p.stderr
+    assert [e["model"] for e in json.loads(p.stdout)["entries"]] == ["acme/x@latest"]
+    assert_one_line_error(wd("intent", "status"), 1, "intent status is the daemon's view")
+
+
+def _log_times(log: Path, pattern: str) -> list[float]:
+    import calendar
+    out = []
+    for line in log.read_text().splitlines():
+        if re.search(pattern, line):
+            ts = line.split(" ", 1)[0]     # 2026-12-04T10:00:00.123Z
+            out.append(calendar.timegm(time.strptime(ts[:19], "%Y-%m-%dT%H:%M:%S")) + int(ts[20:23]) / 1000)
+    return out
+
+
+def test_a_rollout_across_an_origin_and_three_workers(cluster, tmp_path: Path) -> None:  # noqa: F811
+    """v2 is published while the workers serve v1: every worker moves to v2 as a delta, one at a time
+    (max_movers = 1 at the origin), keeps v1 (versions = 2), and the v1 a server holds open stays."""
+    idir = tmp_path / "intent.d"
+    idir.mkdir()
+    (idir / "fleet.toml").write_text('[[keep]]\nmodel = "org/roll@latest"\nversions = 2\n')
+    intent = (f'\n[intent]\ndir = "{idir}"\nreconcile_s = 1\npoll_s = 0.2\njitter_s = 2\nreport_s = 1\n'
+              'max_movers = 1\n')
+    origin = cluster("127.0.0.2", role="origin", p2p_extra="\n[intent]\nmax_movers = 1\n")
+    src = make_checkpoint(tmp_path / "src", total_bytes=24 * MiB, shards=3, layers=3, seed="v1")
+    assert origin.cli("publish", str(src), "--name", "org/roll", "--version", "v1").returncode == 0
+    workers = [cluster(f"127.0.0.{i}", origin=origin.endpoint, p2p_extra=intent + f'node_name = "w{i}"\n')
+               for i in (3, 4, 5)]
+    for w in workers:
+        until(f"{w.ip} on v1", lambda w=w: (w.dir / "warm/org/roll/v1").is_dir(), timeout=60)
+    # a server on worker 3 opens a file of v1 and keeps it open
+    shard = sorted((workers[0].dir / "warm/org/roll/v1").glob("*.safetensors"))[0]
+    server = subprocess.Popen([sys.executable, "-c", "import sys,time; f=open(sys.argv[1],'rb'); f.read(1); "
+                               "print('open', flush=True); time.sleep(600)", str(shard)], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert server.stdout.readline().strip() == "open"
+        src2 = tmp_path / "src2"
+        shutil.copytree(src, src2, ignore=shutil.ignore_patterns(".weightd"))
+        shard2 = sorted(src2.glob("*.safetensors"))[0]
+        changed = mutate_tensor(shard2, read_header(shard2).tensors[1].name, "v2")
+        assert origin.cli("publish", str(src2), "--name", "org/roll", "--version", "v2").returncode == 0
+        for w in workers:
+            until(f"{w.ip} on v2", lambda w=w: (w.dir / "warm/org/roll/v2").is_dir(), timeout=90)
+        for w in workers:
+            st = json.loads(w.cli("intent", "status", "--json").stdout)
+            r = st["entries"][0]
+            assert (r["state"], r["want"], sorted(r["kept"])) == ("ready", "v2", ["v1", "v2"]), r
+            assert st["serving"]["org/roll@latest"] == {"version": "v2", "tier": "warm"}
+            assert (w.dir / "warm/org/roll/v1").is_dir()                     # kept for rollback
+            assert w.metric('weightd_model_ready{model="org/roll",tier="warm",version="v2"}') == 1
+        # moved as a delta: far fewer bytes than the checkpoint from outside the node
+        for w in workers:
+            text = (w.dir / "daemon.log").read_text()
+            m = re.search(r"preloaded name=org/roll version=v2 .*? cold=(\d+) origin=(\d+) peer=(\d+) local_reuse=(\d+)",
+                          text)
+            assert m and sum(map(int, m.groups()[:3])) < 24 * MiB / 3 and int(m.group(4)) > 24 * MiB / 2, m and m.group(0)
+        assert changed > 0
+        # one mover at a time, fleet-wide: the rollouts' [start, end] intervals do not overlap
+        spans = []
+        for w in workers:
+            log = w.dir / "daemon.log"
+            start = _log_times(log, r"intent: fetching org/roll@v2 .*\(rollout\)")
+            end = _log_times(log, r"preloaded name=org/roll version=v2")
+            assert start and end, log.read_text()[-3000:]
+            spans.append((start[-1], end[-1]))
+        spans.sort()
+        assert all(a[1] <= b[0] + 0.05 for a, b in zip(spans, spans[1:])), spans
+        # gc under no pressure and an admin's plain evict cannot take the open v1 on worker 3
+        assert workers[0].cli("gc").returncode == 0
+        p = workers[0].cli("evict", "org/roll@v1")
+        assert p.returncode != 0 and ("leased" in p.stderr or "in use" in p.stderr), p.stderr
+        assert (workers[0].dir / "warm/org/roll/v1").is_dir() and shard.is_file()
+        # the origin's fleet view: three workers, each serving v2 and holding v1
+        def fleet_ok():
+            p = origin.cli("fleet", "status", "--origin", f"http://127.0.0.2:{origin.tracker_port}", "--json")
+            if p.returncode != 0:
+                return None
+            doc = json.loads(p.stdout)
+            serving = {n["node"]: sorted(h["version"] for h in n["holdings"] if h["serving"]) for n in doc["nodes"]}
+            return serving == {"w3": ["v2"], "w4": ["v2"], "w5": ["v2"]} and doc
+        doc = until("the fleet view", fleet_ok, timeout=20)
+        for n in doc["nodes"]:
+            assert sorted(h["version"] for h in n["holdings"]) == ["v1", "v2"]
+        p = origin.cli("fleet", "status", "--origin", f"http://127.0.0.2:{origin.tracker_port}")
+        assert p.returncode == 0 and "w3" in p.stdout and "org/roll@v2" in p.stdout, p.stdout
+    finally:
+        stop_process(server)
+        server.stdout.close()

@@ -1,0 +1,158 @@
+"""Fleet intent: ``intent check`` (the files, in-process), ``intent status`` and ``intent explain``
+(the daemon's reconcile and prewarm decisions), ``fleet status`` (the origin's view of its workers)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ..errors import DaemonUnavailable
+from . import output
+from .app import AppContext, cli
+
+
+@cli.group("intent")
+def intent_group() -> None:
+    """Fleet intent: desired state in [intent] dir, reconciled by the daemon."""
+
+
+def _daemon(app: AppContext, what: str) -> Any:
+    client = app.daemon_client()
+    if not client.available():
+        raise DaemonUnavailable(f"{what} is the daemon's view, and no daemon answers on "
+                                f"{app.config.settings.api.socket}: start it (weightd serve), or check the files "
+                                "with 'weightd intent check'")
+    return client
+
+
+@intent_group.command("check")
+@click.argument("directory", required=False, type=click.Path(path_type=Path))
+@click.option("--label", "labels", multiple=True, metavar="KEY=VALUE", help="A node label to select with "
+              "(repeatable; default: [intent] labels and labels_file).")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def check(app: AppContext, directory: Path | None, labels: tuple[str, ...], as_json: bool) -> None:
+    """Read the intent files as the daemon would and show the entries that select this node.
+
+    Example: weightd intent check /etc/weightd/intent.d --label pool=chat"""
+    from ..errors import UsageError
+    from ..intent.spec import load_intent, read_labels
+    cfg = app.config.settings.intent
+    d = directory or cfg.dir
+    if d is None:
+        raise UsageError("no intent directory: give one, or set [intent] dir")
+    have = read_labels(cfg.labels_file, cfg.labels)
+    for kv in labels:
+        k, sep, v = kv.partition("=")
+        if not sep:
+            raise UsageError(f"--label {kv!r}: expected KEY=VALUE")
+        have[k] = v
+    intent = load_intent(d.absolute())
+    entries = intent.for_node(have)
+    doc = {"dir": str(d), "labels": have, "entries_in_files": len(intent.entries),
+           "entries": [e.to_dict() for e in entries]}
+    if as_json:
+        return output.emit_json(doc)
+    click.echo(f"{d}: {len(intent.entries)} entr{'y' if len(intent.entries) == 1 else 'ies'}, "
+               f"{len(entries)} for this node (labels: {', '.join(f'{k}={v}' for k, v in sorted(have.items())) or 'none'})")
+    for e in entries:
+        extra = [f"pin" if e.pin else "", f"window {e.window}" if e.window else "",
+                 f"cap {e.bandwidth} B/s" if e.bandwidth else "", f"versions {e.versions}" if e.versions > 1 else ""]
+        click.echo(f"  {e.where:<24} {e.model:<40} {e.tier:<5} priority {e.priority:<6} "
+                   + " ".join(x for x in extra if x))
+
+
+@intent_group.command("status")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def status(app: AppContext, as_json: bool) -> None:
+    """Desired against actual, per entry, with the reason for every difference.
+
+    Example: weightd intent status --json | jq '.entries[] | select(.state != "ready")'"""
+    st = _daemon(app, "intent status").call("GET", "intent", timeout=30)
+    if as_json:
+        return output.emit_json(st)
+    if st.get("error"):
+        output.warn(f"{st['error']['error']} (since {_t(st['error']['at'])}; the previous intent runs)")
+    if st.get("dir") is None:
+        click.echo("no [intent] dir configured")
+    else:
+        click.echo(f"intent {st['dir']} on {st['node']} (labels: "
+                   f"{', '.join(f'{k}={v}' for k, v in sorted(st['labels'].items())) or 'none'})")
+    rows = st.get("entries") or []
+    if not rows and st.get("dir") is not None:
+        click.echo("  no entry selects this node")
+    for r in rows:
+        kept = f" kept {','.join(r['kept'])}" if r.get("kept") else ""
+        click.echo(f"  {r['entry']:<22} {r['model']:<34} {r['tier']:<5} {r['state'].upper():<12} "
+                   f"want {r.get('want') or '-'}{kept}")
+        if r.get("reason"):
+            click.echo(f"      {output.printable(r['reason'])}")
+    if st.get("report_error"):
+        output.warn(f"holdings not reported to the origin: {st['report_error']}")
+
+
+@intent_group.command("explain")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def explain(app: AppContext, as_json: bool) -> None:
+    """Why each prewarm happened, and what the forecaster expects next.
+
+    Example: weightd intent explain"""
+    doc = _daemon(app, "intent explain").call("GET", "intent/explain", timeout=30)
+    if as_json:
+        return output.emit_json(doc)
+    pw = doc.get("prewarm")
+    click.echo("prewarming: off ([intent.prewarm] not set)" if pw is None else
+               f"prewarming: window {pw['window']}, top {pw['top']} into {pw['tier']}, min score {pw['min_score']}")
+    click.echo("forecast for the next period:" if doc["forecast"] else "forecast: no loads recorded yet")
+    for f in doc["forecast"]:
+        click.echo(f"  {f['model']:<34} {f['score']:>7.2f}  {output.printable(f['reason'])}")
+    if doc["prewarms"]:
+        click.echo("prewarms:")
+    for p in doc["prewarms"]:
+        click.echo(f"  {_t(p['at'])} {p['model']} -> {p['tier']}: {p['outcome']}")
+        click.echo(f"      because {output.printable(p['reason'])}")
+
+
+@cli.group("fleet")
+def fleet_group() -> None:
+    """What the origin knows of its workers."""
+
+
+@fleet_group.command("status")
+@click.option("--origin", metavar="URL", help="The origin's tracker URL (default: [intent] origin, else the first "
+              "[p2p] trackers URL).")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def fleet_status(app: AppContext, origin: str | None, as_json: bool) -> None:
+    """Per node and version: tier, residency and age of the report (from GET /v1/fleet on the origin).
+
+    Example: weightd fleet status --origin https://10.0.0.1:6969"""
+    from ..errors import UsageError
+    from ..origin_client import OriginClient, origin_url
+    base = origin or origin_url(app.config)
+    if base is None:
+        raise UsageError("no origin: pass --origin URL, or set [intent] origin or [p2p] trackers")
+    doc = OriginClient(base, app.config, timeout_s=15).call("GET", "/v1/fleet")
+    if as_json:
+        return output.emit_json(doc)
+    nodes = doc.get("nodes") or []
+    click.echo(f"{len(nodes)} node(s) reporting to {base}" + (f"; rollout movers {len(doc.get('movers') or [])}"
+                                                              f" of {doc.get('max_movers') or 'any'}"))
+    click.echo(f"  {'NODE':<24} {'RACK':<8} {'MODEL@VERSION':<40} {'TIER':<5} {'RESIDENT':>8} {'SERVING':<7} AGE")
+    for n in nodes:
+        for h in n.get("holdings") or [{}]:
+            if not h:
+                click.echo(f"  {n['node']:<24} {n.get('rack') or '-':<8} (holds nothing)")
+                continue
+            click.echo(f"  {n['node']:<24} {n.get('rack') or '-':<8} {h['model'] + '@' + h['version']:<40} "
+                       f"{h['tier']:<5} {100 * h['resident']:>7.0f}% {'yes' if h.get('serving') else '':<7} "
+                       f"{n.get('age_s', 0):.0f}s")
+
+
+def _t(ts: float) -> str:
+    return time.strftime("%H:%M:%S UTC", time.gmtime(ts))

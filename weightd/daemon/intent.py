@@ -1,0 +1,428 @@
+"""The daemon's side of fleet intent (design §15): one task on the daemon's loop owns the intent it
+runs, the plan of the last round, failures, rollout clocks, the load history and the prewarm log.
+
+Each round (every ``[intent] reconcile_s``, at once when an intent file changes, after a transfer
+ends): read the files and this node's labels (a bad file keeps the previous intent, and says so),
+gather what is published and what is here, plan (:mod:`weightd.intent.reconcile`), renew the entries'
+leases and pins, start the next fetch (one at a time, highest priority first, through the daemon's
+single-flight preload), then publish what the node holds: the NFD feature file, metrics, a report to
+the origin. Prewarming runs in its window when no intent fetch is waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+import time
+from collections import deque
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from ..intent.forecast import Forecaster, choose_prewarm
+from ..intent.reconcile import Failure, Fetch, Plan, plan
+from ..intent.spec import IntentError, KeepEntry, load_intent, parse_window, read_labels, fingerprint
+
+if TYPE_CHECKING:
+    from .app import Daemon
+
+log = logging.getLogger(__name__)
+HISTORY_FILE = "intent-loads.json"
+PINS_FILE = "intent-pins.json"
+LISTING_TIMEOUT_S = 30.0
+PREWARM_KEPT = 100
+USE_SAMPLE_S = 3600.0      # a model found in use is recorded at most once an hour
+
+
+class IntentRunner:
+    def __init__(self, d: "Daemon", *, clock: Callable[[], float] = time.time) -> None:
+        self.d, self.clock = d, clock
+        self.entries: list[KeepEntry] = []
+        self.source: str | None = None          # the directory the running intent came from
+        self.loaded_at: float | None = None
+        self.error: dict[str, Any] | None = None
+        self.labels: dict[str, str] = {}
+        self.plan = Plan()
+        self.fingerprint: tuple[Any, ...] | None = None
+        self.first_seen: dict[tuple[str, str], float] = {}
+        self.failures: dict[tuple[str, str, str], Failure] = {}
+        self.fetching: dict[tuple[str, str, str], asyncio.Task[None]] = {}
+        self.slot_waiting: dict[tuple[str, str, str], str] = {}
+        self.prewarms: deque[dict[str, Any]] = deque(maxlen=PREWARM_KEPT)
+        self.prewarm_task: asyncio.Task[None] | None = None
+        self.wake = asyncio.Event()
+        self.last_report = 0.0
+        self.report_error: str | None = None
+        self.last_use: dict[str, float] = {}
+        self.rounds = 0
+        state = d.config.settings.state_dir
+        self.history_path = state / HISTORY_FILE
+        self.pins_path = state / PINS_FILE
+        self.forecaster = self._load_history()
+        self.pins_made: set[tuple[str, str]] = self._load_pins()
+        self._history_dirty = False
+
+    # -- what the daemon tells us --------------------------------------------------------------------
+    @property
+    def cfg(self) -> Any:
+        return self.d.config.settings.intent
+
+    @property
+    def node_name(self) -> str:
+        return self.cfg.node_name or socket.gethostname()
+
+    def loaded(self, name: str, version: str, tier: str) -> None:
+        """A preload placed or found a version (from a pool thread): one load, for the forecaster."""
+        if self.d.loop is not None:
+            self.d.loop.call_soon_threadsafe(self._record, name, self.clock(), "preload")
+
+    def _record(self, name: str, at: float, kind: str) -> None:
+        self.forecaster.record(name, at, kind)
+        self._history_dirty = True
+
+    # -- the loop ------------------------------------------------------------------------------------
+    async def run(self) -> None:
+        next_round = 0.0
+        while not self.d.stopping.is_set():
+            d = self.cfg.dir
+            fp = await self.d.run_blocking("misc", fingerprint, d) if d is not None else None
+            if self.wake.is_set() or fp != self.fingerprint or time.monotonic() >= next_round:
+                self.wake.clear()
+                try:
+                    await self.round(fp)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # keep serving; the next round tries again
+                    log.exception("intent: a reconcile round failed: %s", exc)
+                next_round = time.monotonic() + self.cfg.reconcile_s
+            try:
+                await asyncio.wait_for(self.wake.wait(), self.cfg.poll_s)
+            except asyncio.TimeoutError:
+                pass
+            if self.d.stopping.is_set():
+                break
+
+    async def round(self, fp: tuple[Any, ...] | None = None) -> None:
+        d, cfg = self.d, self.cfg
+        now = self.clock()
+        self.rounds += 1
+        if cfg.dir is not None:
+            await self._read_intent(cfg.dir, fp)
+        entries = self.entries
+        status = await d.run_blocking("misc", d.node.status)
+        held: dict[tuple[str, str], set[str]] = {}
+        for c in status["checkpoints"]:
+            held.setdefault((c["name"], c["version"]), set()).update(c["tiers"])
+            if any(t.get("in_use") for t in c["tiers"].values()):
+                if now - self.last_use.get(c["name"], 0.0) >= USE_SAMPLE_S:
+                    self.last_use[c["name"]] = now
+                    self._record(c["name"], now, "in_use")
+        published, publish_errors = await self._published({e.name for e in entries})
+        for name, versions in published.items():
+            for v in versions:
+                self.first_seen.setdefault((name, v), now)
+        inflight = set(self.fetching) | {(k[0], k[1], k[2]) for k in d.api.inflight}
+        self.plan = plan(entries, published=published, held=held, now=now, first_seen=self.first_seen,
+                         node=self.node_name, spread_s=cfg.jitter_s, failures=self.failures, inflight=inflight,
+                         publish_errors=publish_errors)
+        for row in self.plan.rows:
+            key = (row["model"].partition("@")[0], row.get("want"), row["tier"])
+            if row["state"] == "pending" and key in self.slot_waiting:
+                row.update(state="waiting", reason=self.slot_waiting[key])
+        await d.run_blocking("misc", self._hold, self.plan)
+        self._start_fetches(self.plan.fetches)
+        await self._publish_holdings(status, now)
+        if cfg.prewarm is not None:
+            self._maybe_prewarm(status, published, now)
+        if self._history_dirty:
+            self._history_dirty = False
+            await d.run_blocking("misc", self._save_history)
+
+    async def _read_intent(self, directory: Path, fp: tuple[Any, ...] | None) -> None:
+        try:
+            intent = await self.d.run_blocking("misc", load_intent, directory, trusted_uids=self._trusted())
+            labels = await self.d.run_blocking("misc", read_labels, self.cfg.labels_file, self.cfg.labels)
+            entries = intent.for_node(labels)
+        except IntentError as exc:
+            msg = str(exc)
+            if self.error is None or self.error["error"] != msg:
+                self.d.metrics.intent_errors.inc()
+                log.error("%s; %s", msg, "keeping the previous intent" if self.source else "no intent runs yet")
+            self.error = {"at": self.clock(), "error": msg}
+            self.fingerprint = fp
+            return
+        changed = [e.to_dict() for e in entries] != [e.to_dict() for e in self.entries] or labels != self.labels
+        if changed or self.error is not None or self.source is None:
+            log.info("intent: %d entr%s for this node (of %d in %s; labels %s)", len(entries),
+                     "y" if len(entries) == 1 else "ies", len(intent.entries), directory,
+                     ",".join(f"{k}={v}" for k, v in sorted(labels.items())) or "none")
+        self.entries, self.labels, self.source, self.error = entries, labels, str(directory), None
+        self.loaded_at = self.clock() if changed or self.loaded_at is None else self.loaded_at
+        self.fingerprint = fp
+
+    def _trusted(self) -> tuple[int, ...]:
+        uids = {0, os.geteuid()}
+        return tuple(sorted(uids))
+
+    async def _published(self, names: set[str]) -> tuple[dict[str, list[str]], dict[str, str]]:
+        """Published versions of each name, newest first; a name cold storage cannot list now keeps
+        what the last round saw (and its row says why)."""
+        out: dict[str, list[str]] = {}
+        errors: dict[str, str] = {}
+        for name in sorted(names):
+            try:
+                rows = await asyncio.wait_for(self.d.run_blocking("misc", self.d.node.listing, name),
+                                              LISTING_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                errors[name] = f"cold storage did not list {name} within {LISTING_TIMEOUT_S:g} s"
+                continue
+            except Exception as exc:  # noqa: BLE001 (the row says it; the next round asks again)
+                errors[name] = f"cannot list {name} in cold storage: {exc}"
+                continue
+            pub = [r for r in rows if r.get("published")]
+            out[name] = [r["version"] for r in sorted(pub, key=lambda r: (r.get("published_at") or 0, r["version"]),
+                                                      reverse=True)]
+        return out, errors
+
+    # -- acting on the plan --------------------------------------------------------------------------
+    def _hold(self, p: Plan) -> None:
+        """(pool thread) Renew every wanted copy's lease (one row per entry and copy); drop the leases
+        of intent holders that no longer want a copy; pin and unpin what intent pinned."""
+        node = self.d.node
+        lease_s = 3 * self.cfg.reconcile_s + 30
+        wanted = {(h.tier, h.entry.name, h.version, h.entry.holder) for h in p.holds}
+        for tier, name, version, holder in wanted:
+            node.hold(tier, name, version, lease_s, holder)
+        for le in node.state.leases():
+            if le.holder.startswith("intent ") and (le.tier, le.name, le.version, le.holder) not in wanted:
+                node.state.hold(le.tier, le.name, le.version, 0, le.holder)   # (0: dropped)
+        pins = {(h.entry.name, h.version) for h in p.holds if h.entry.pin}
+        changed = False
+        for name, version in sorted(pins - self.pins_made):
+            node.pin(name, version)
+            self.pins_made.add((name, version))
+            changed = True
+            log.info("intent: pinned %s@%s", name, version)
+        for name, version in sorted(self.pins_made - pins):
+            node.unpin(name, version)
+            self.pins_made.discard((name, version))
+            changed = True
+            log.info("intent: unpinned %s@%s (no entry pins it now)", name, version)
+        if changed:
+            self._save_pins()
+
+    def _start_fetches(self, fetches: list[Fetch]) -> None:
+        """One intent fetch at a time (priority order): the node's disk and NIC serve the first
+        entry first; a fetch that ends wakes the loop for the next."""
+        if self.fetching or not fetches:
+            return
+        f = fetches[0]
+        key = (f.entry.name, f.version, f.entry.tier)
+        self.fetching[key] = asyncio.get_running_loop().create_task(self._fetch(f))
+
+    async def _fetch(self, f: Fetch) -> None:
+        e, key = f.entry, (f.entry.name, f.version, f.entry.tier)
+        slot = False
+        try:
+            if f.rollout and self._origin() is not None:
+                slot = await self._ask_slot(f)
+                if not slot:
+                    return
+            self.slot_waiting.pop(key, None)
+            log.info("intent: fetching %s@%s into %s for %s%s", e.name, f.version, e.tier, e.where,
+                     " (rollout)" if f.rollout else "")
+            body = {"ref": f"{e.name}@{f.version}", "tier": e.tier, "strict": True,
+                    "lease_s": 3 * self.cfg.reconcile_s + 30}
+            renew = asyncio.get_running_loop().create_task(self._renew_slot(f)) if slot else None
+            try:
+                await self.d.api.preload(body, holder=e.holder, rate_bytes_per_s=e.bandwidth)
+            finally:
+                if renew is not None:
+                    renew.cancel()
+            self.failures.pop(key, None)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 (the row says it; retried after a back-off)
+            old = self.failures.get(key)
+            self.failures[key] = Failure(self.clock(), str(exc).splitlines()[0][:300] if str(exc) else
+                                         type(exc).__name__, (old.count + 1) if old else 1)
+            self.d.metrics.intent_failures.labels(e.name).inc()
+            log.warning("intent: fetching %s@%s into %s for %s failed: %s", e.name, f.version, e.tier, e.where, exc)
+        finally:
+            if slot:
+                await self._release_slot()
+            self.fetching.pop(key, None)
+            self.wake.set()
+
+    # -- the origin: mover slots and holdings reports -------------------------------------------------
+    def _origin(self) -> Any:
+        from ..origin_client import OriginClient, origin_url
+        base = origin_url(self.d.config)
+        return None if base is None or self.d.role == "origin" else OriginClient(base, self.d.config)
+
+    async def _ask_slot(self, f: Fetch) -> bool:
+        from ..origin_client import OriginUnavailable
+        key = (f.entry.name, f.version, f.entry.tier)
+        client = self._origin()
+        try:
+            got = await self.d.run_blocking("misc", client.call, "POST", "/v1/rollout/slot",
+                                            {"node": self.node_name, "moving": f"{f.entry.name}@{f.version}"})
+        except OriginUnavailable as exc:
+            self.slot_waiting[key] = f"waiting for a rollout slot: {exc}"
+            return False
+        if got.get("granted") is True:
+            return True
+        self.slot_waiting[key] = (f"waiting for a rollout slot ({got.get('movers')} of {got.get('cap')} nodes are "
+                                  "moving fleet-wide)")
+        return False
+
+    async def _renew_slot(self, f: Fetch) -> None:
+        while True:
+            await asyncio.sleep(30)
+            try:
+                await self._ask_slot(f)
+            except Exception:  # noqa: BLE001 (the slot expires at the origin; the move goes on)
+                pass
+
+    async def _release_slot(self) -> None:
+        client = self._origin()
+        if client is None:
+            return
+        try:
+            await self.d.run_blocking("misc", client.call, "POST", "/v1/rollout/release", {"node": self.node_name})
+        except Exception as exc:  # noqa: BLE001 (it expires at the origin)
+            log.info("intent: releasing the rollout slot: %s", exc)
+
+    async def _publish_holdings(self, status: dict[str, Any], now: float) -> None:
+        """The NFD feature file, the model-ready gauges, and (every report_s) the origin's report."""
+        holdings = holdings_of(status, self.plan)
+        self.d.metrics.set_model_ready(holdings)
+        if self.cfg.nfd_dir is not None:
+            try:
+                await self.d.run_blocking("misc", self._write_nfd, holdings)
+            except Exception as exc:  # noqa: BLE001 (said once per round at most; the next round retries)
+                log.warning("intent: node feature file not written: %s", exc)
+        client = self._origin()
+        if client is not None and now - self.last_report >= self.cfg.report_s:
+            self.last_report = now
+            body = {"node": self.node_name, "rack": self.d.config.settings.p2p.rack or None,
+                    "labels": dict(list(self.labels.items())[:64]), "holdings": holdings[:1024],
+                    "intent": {m: v for m, (v, _t) in list(self.plan.serving.items())[:1024]}}
+            try:
+                await self.d.run_blocking("misc", client.call, "POST", "/v1/fleet/report", body)
+                self.report_error = None
+            except Exception as exc:  # noqa: BLE001
+                if self.report_error != str(exc):
+                    log.warning("intent: holdings not reported to the origin: %s", exc)
+                self.report_error = str(exc)
+
+    def _write_nfd(self, holdings: list[dict[str, Any]]) -> None:
+        from ..intent import nfd
+        best = nfd.best_values([(h["model"], nfd.label_value(h["tier"], h["resident"])) for h in holdings])
+        expiry = max(600.0, 4 * self.cfg.reconcile_s)
+        nfd.write_features(self.cfg.nfd_dir, "weightd", nfd.render(best, expiry_s=expiry), refresh_s=expiry / 2)
+
+    # -- prediction -----------------------------------------------------------------------------------
+    def _maybe_prewarm(self, status: dict[str, Any], published: dict[str, list[str]], now: float) -> None:
+        pw = self.cfg.prewarm
+        window = parse_window(pw.window, pw.window_minutes)
+        if not window.is_open(now) or self.fetching or self.plan.fetches or \
+                (self.prewarm_task is not None and not self.prewarm_task.done()):
+            return
+        ranked = self.forecaster.rank(now, pw.horizon_s)
+        held = {c["name"] for c in status["checkpoints"] if pw.tier in c["tiers"]}
+        chosen = choose_prewarm(ranked, held, pw.top, min_score=pw.min_score)
+        if chosen:
+            self.prewarm_task = asyncio.get_running_loop().create_task(self._prewarm(chosen, now))
+
+    async def _prewarm(self, chosen: list[Any], now: float) -> None:
+        pw = self.cfg.prewarm
+        for fc in chosen:
+            rec = {"at": now, "model": fc.model, "tier": pw.tier, "score": round(fc.score, 3), "reason": fc.reason,
+                   "outcome": ""}
+            try:
+                # lease 0: a prewarmed copy is evictable like any cached one (LRU), never ahead of what
+                # intent wants or what is pinned, leased or in use (those are protected from eviction)
+                r = await self.d.api.preload({"ref": fc.model, "tier": pw.tier, "strict": True, "lease_s": 0},
+                                             holder="intent prewarm")
+                rec["outcome"] = f"placed {fc.model}@{r.get('version')} in {r.get('tier')}"
+                self.d.metrics.intent_prewarms.labels(pw.tier).inc()
+            except Exception as exc:  # noqa: BLE001
+                rec["outcome"] = f"not placed: {str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}"
+            log.info("intent: prewarm %s: %s (%s)", fc.model, rec["outcome"], fc.reason)
+            self.prewarms.append(rec)
+
+    # -- persistence ----------------------------------------------------------------------------------
+    def _load_history(self) -> Forecaster:
+        try:
+            raw = self.history_path.read_bytes()
+        except FileNotFoundError:
+            return Forecaster()
+        except OSError as exc:
+            log.warning("intent: load history %s not read (%s); starting a new one", self.history_path, exc.strerror)
+            return Forecaster()
+        try:
+            return Forecaster.from_json(json.loads(raw))
+        except (ValueError, RecursionError) as exc:
+            log.warning("intent: load history %s is damaged (%s); starting a new one", self.history_path, exc)
+            return Forecaster()
+
+    def _save_history(self) -> None:
+        _write_json(self.history_path, self.forecaster.to_json())
+
+    def _load_pins(self) -> set[tuple[str, str]]:
+        try:
+            data = json.loads(self.pins_path.read_bytes())
+            return {(str(n), str(v)) for n, v in data["pins"]}
+        except FileNotFoundError:
+            return set()
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("intent: %s is damaged (%s): pins intent made are left as they are", self.pins_path, exc)
+            return set()
+
+    def _save_pins(self) -> None:
+        _write_json(self.pins_path, {"pins": sorted(self.pins_made)})
+
+    # -- what `weightd intent status|explain` shows ----------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        return {"dir": str(self.cfg.dir) if self.cfg.dir else None, "node": self.node_name, "labels": self.labels,
+                "loaded_at": self.loaded_at, "error": self.error, "rounds": self.rounds,
+                "entries": self.plan.rows,
+                "serving": {m: {"version": v, "tier": t} for m, (v, t) in sorted(self.plan.serving.items())},
+                "report_error": self.report_error}
+
+    def explain(self) -> dict[str, Any]:
+        now = self.clock()
+        pw = self.cfg.prewarm
+        horizon = pw.horizon_s if pw is not None else 3600.0
+        return {"prewarm": None if pw is None else {"window": pw.window, "tier": pw.tier, "top": pw.top,
+                                                    "min_score": pw.min_score, "horizon_s": pw.horizon_s},
+                "forecast": [{"model": f.model, "score": round(f.score, 3), "reason": f.reason}
+                             for f in self.forecaster.rank(now, horizon, top=20)],
+                "prewarms": list(self.prewarms)}
+
+
+def holdings_of(status: dict[str, Any], p: Plan) -> list[dict[str, Any]]:
+    """What this node holds, one row per copy: tier, residency, since, and whether intent serves it."""
+    serving = {(m.partition("@")[0], v, t) for m, (v, t) in p.serving.items()}
+    out = []
+    for c in status["checkpoints"]:
+        for tier, t in sorted(c["tiers"].items()):
+            out.append({"model": c["name"], "version": c["version"], "tier": tier,
+                        "resident": min(1.0, max(0.0, (t.get("resident_percent") or 0.0) / 100.0)),
+                        "bytes": int(c["bytes"]), "since": float(t.get("last_access") or 0.0),
+                        "serving": (c["name"], c["version"], tier) in serving})
+    return out
+
+
+def _write_json(path: Path, doc: Any) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, json.dumps(doc, separators=(",", ":")).encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
