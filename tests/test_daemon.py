@@ -385,6 +385,25 @@ def test_kubernetes_manifests_validate() -> None:
             assert cfg.p2p.peers and cfg.p2p.trackers
         else:
             assert cfg.p2p.tracker_listen.endswith(f":{ports['tracker']}")
+    # the intent ConfigMap parses and is mounted where the config says; the example Deployment's node
+    # affinity names the labels weightd writes for its model
+    from weightd.intent import nfd
+    from weightd.intent.spec import parse_text
+    ds = docs[("DaemonSet", "weightd")]["spec"]["template"]["spec"]
+    for name, text in docs[("ConfigMap", "weightd-intent")]["data"].items():
+        assert parse_text(name, text)
+    mounts = {m["name"]: m["mountPath"] for m in ds["containers"][0]["volumeMounts"]}
+    tmp = Path(f"/tmp/weightd-test-k8s-{os.getpid()}.toml")
+    try:
+        tmp.write_text(docs[("ConfigMap", "weightd-config")]["data"]["weightd.toml"])
+        icfg = load_config(tmp).settings.intent
+    finally:
+        tmp.unlink()
+    assert str(icfg.dir) == mounts["intent"] and str(icfg.nfd_dir) == mounts["nfd-features"]
+    terms = dep["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    keys = {e["key"] for t in terms for e in t["preference"]["matchExpressions"]}
+    assert keys == {nfd.label_name("meta/llama-3-8b")}
+    assert {v for t in terms for e in t["preference"]["matchExpressions"] for v in e["values"]} == {"hot", "warm", "ready"}
     # the PodMonitor selects the pods and port the Service does
     pm = yaml.safe_load((kdir / "monitoring/podmonitor.yaml").read_text())
     svc = docs[("Service", "weightd-metrics")]

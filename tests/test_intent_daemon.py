@@ -191,3 +191,43 @@ def test_a_rollout_across_an_origin_and_three_workers(cluster, tmp_path: Path) -
     finally:
         stop_process(server)
         server.stdout.close()
+
+
+def test_prewarm_places_what_the_forecaster_expects_and_explains_it(node_env, isolated_env, wd,
+                                                                      tmp_path: Path) -> None:
+    """A load history where acme/daily is loaded at this hour every day for two weeks: in its window
+    the daemon places it in warm before anyone asks, `intent explain` says why, and a model loaded
+    only at other hours is left alone. Loads the daemon serves are added to the history file."""
+    import json as _json
+    publish(wd, tmp_path, "acme/daily", "v1", size=2 * MiB)
+    publish(wd, tmp_path, "acme/night", "v1", size=2 * MiB)
+    now = time.time()
+    hour = 3600.0
+    events = {"acme/daily": [now - d * 86400 + 600 for d in range(1, 15)],
+              "acme/night": [now - d * 86400 + 8 * hour for d in range(1, 15)]}
+    node_env.state.mkdir(parents=True, exist_ok=True)
+    (node_env.state / "intent-loads.json").write_text(_json.dumps({"format": 1, "half_life_s": 14 * 86400.0,
+                                                                   "weekly_weight": 0.6, "events": events}))
+    node_env.config.write_text(node_env.config.read_text() + (
+        '[intent]\nreconcile_s = 1\npoll_s = 0.2\n[intent.prewarm]\nwindow = "00:00-23:59"\ntier = "warm"\n'
+        'top = 2\nmin_score = 0.5\n'))
+    d = DaemonProc(node_env, isolated_env, tmp_path)
+    try:
+        until("acme/daily prewarmed", lambda: (node_env.warm / "acme/daily/v1").is_dir(), timeout=30)
+        p = wd("intent", "explain", "--json")
+        assert p.returncode == 0, p.stderr
+        doc = _json.loads(p.stdout)
+        pre = [x for x in doc["prewarms"] if x["model"] == "acme/daily"]
+        assert pre and pre[0]["outcome"] == "placed acme/daily@v1 in warm", doc
+        assert "14 load(s)" in pre[0]["reason"] or "load(s)" in pre[0]["reason"], pre[0]["reason"]
+        assert not (node_env.warm / "acme/night").exists()
+        assert [f["model"] for f in doc["forecast"]][:1] == ["acme/daily"]
+        text = wd("intent", "explain").stdout
+        assert "acme/daily -> warm: placed acme/daily@v1 in warm" in text and "because expected" in text
+        assert d.metric('weightd_intent_prewarms_total{tier="warm"}') >= 1
+        # a load through the daemon is recorded in the history
+        assert wd("preload", "acme/night@v1", "--tier", "hot").returncode == 0
+        until("the history has the new load", lambda: len(_json.loads(
+            (node_env.state / "intent-loads.json").read_text())["events"]["acme/night"]) == 15, timeout=20)
+    finally:
+        d.stop()

@@ -52,6 +52,7 @@ class IntentRunner:
         self.slot_waiting: dict[tuple[str, str, str], str] = {}
         self.prewarms: deque[dict[str, Any]] = deque(maxlen=PREWARM_KEPT)
         self.prewarm_task: asyncio.Task[None] | None = None
+        self._prewarmed: dict[str, int] = {}    # model -> the period it was last prewarmed (or refreshed) in
         self.wake = asyncio.Event()
         self.last_report = 0.0
         self.report_error: str | None = None
@@ -334,7 +335,11 @@ class IntentRunner:
         ranked = self.forecaster.rank(now, pw.horizon_s)
         held = {c["name"] for c in status["checkpoints"] if pw.tier in c["tiers"]}
         chosen = choose_prewarm(ranked, held, pw.top, min_score=pw.min_score)
+        hour = int(now // pw.horizon_s)
+        chosen = [f for f in chosen if self._prewarmed.get(f.model) != hour]   # (once per model and period)
         if chosen:
+            for f in chosen:
+                self._prewarmed[f.model] = hour
             self.prewarm_task = asyncio.get_running_loop().create_task(self._prewarm(chosen, now))
 
     async def _prewarm(self, chosen: list[Any], now: float) -> None:
@@ -347,8 +352,11 @@ class IntentRunner:
                 # intent wants or what is pinned, leased or in use (those are protected from eviction)
                 r = await self.d.api.preload({"ref": fc.model, "tier": pw.tier, "strict": True, "lease_s": 0},
                                              holder="intent prewarm")
-                rec["outcome"] = f"placed {fc.model}@{r.get('version')} in {r.get('tier')}"
-                self.d.metrics.intent_prewarms.labels(pw.tier).inc()
+                if r.get("already_present"):   # (recency refreshed and the page cache warmed)
+                    rec["outcome"] = f"refreshed {fc.model}@{r.get('version')} in {r.get('tier')} (already there)"
+                else:
+                    rec["outcome"] = f"placed {fc.model}@{r.get('version')} in {r.get('tier')}"
+                    self.d.metrics.intent_prewarms.labels(pw.tier).inc()
             except Exception as exc:  # noqa: BLE001
                 rec["outcome"] = f"not placed: {str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}"
             log.info("intent: prewarm %s: %s (%s)", fc.model, rec["outcome"], fc.reason)

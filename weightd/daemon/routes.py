@@ -113,6 +113,7 @@ class Api:
             if not report.get("already_present"):
                 report["shared_transfer"] = True
             report = await self.d.run_blocking("misc", svc.join_lease, req, report)
+            self.d.intent.loaded(req.name, report["version"], report["tier"])   # (a lease taken: a load)
         return report
 
     async def _stream(self, request: web.Request, body: dict[str, Any], holder: str) -> web.StreamResponse:

@@ -41,8 +41,10 @@ def _how(t: float) -> int:
 
 class Forecaster:
     def __init__(self, *, half_life_s: float = 14 * 86400.0, weekly_weight: float = 0.6,
-                 max_events: int = 100_000) -> None:
+                 max_events: int = 100_000, smooth: float = 0.25) -> None:
         self.half_life_s, self.weekly_weight, self.max_events = half_life_s, weekly_weight, max_events
+        # the hour itself and its neighbours, weighted (smooth 0: the hour alone)
+        self.kernel = ((-1, smooth), (0, 1 - 2 * smooth), (1, smooth)) if smooth else ((0, 1.0),)
         self.events: dict[str, list[float]] = {}    # model -> load times (ascending)
         self.first: float | None = None             # the oldest time the history covers
         self._n = 0
@@ -69,8 +71,9 @@ class Forecaster:
         for m in list(self.events):
             self.events[m] = [t for t in self.events[m] if t >= horizon]
         allt = sorted(t for ev in self.events.values() for t in ev)
-        if len(allt) > self.max_events:
-            cut = allt[len(allt) - self.max_events]
+        keep = self.max_events * 9 // 10   # (down to 90%: a full history is not sorted again at every load)
+        if len(allt) > keep:
+            cut = allt[len(allt) - keep]
             for m in list(self.events):
                 self.events[m] = [t for t in self.events[m] if t >= cut]
         self.events = {m: ev for m, ev in self.events.items() if ev}
@@ -94,28 +97,46 @@ class Forecaster:
         return total
 
     def explain(self, model: str, at: float, horizon_s: float = HOUR) -> Forecast:
-        ev = [t for t in self.events.get(model, ()) if t < at]   # (only the past: no peeking)
+        week = [0.0] * WEEK          # decayed loads per hour of the week, and per hour of the day
+        day = [0.0] * 24
+        week_n = [0] * WEEK
+        day_n = [0] * 24
+        for t in self.events.get(model, ()):
+            if t >= at:              # (only the past: no peeking)
+                break
+            x, how = self._decay(at - t), _how(t)
+            week[how] += x
+            day[how % 24] += x
+            week_n[how] += 1
+            day_n[how % 24] += 1
+
+        def rate(h: float) -> float:
+            """Expected loads in the hour starting at ``h``: this hour and its neighbours (a load at
+            09:58 says as much about 10:00 as one at 09:02), weekly and daily blended."""
+            total = 0.0
+            for k, kw in self.kernel:
+                hk = h + k * HOUR
+                how = _how(hk)
+                ow, od = self._occurrences(at, hk, WEEK), self._occurrences(at, hk, 24)
+                rw = week[how] / ow if ow > 0 else 0.0
+                rd = day[how % 24] / od if od > 0 else 0.0
+                ww = self.weekly_weight if ow >= 0.5 else 0.0   # (less than a week of history: daily only)
+                total += kw * (ww * rw + (1 - ww) * rd)
+            return total
+
         score = weekly_sum = daily_sum = 0.0
         weekly_n = daily_n = 0
-        weeks_seen = days_seen = 0.0
         hour0 = math.floor(at / HOUR) * HOUR
         end = at + horizon_s
         h = hour0
         while h < end:
             frac = (min(end, h + HOUR) - max(at, h)) / HOUR
-            how, hod = _how(h), int(h // HOUR) % 24
-            w = sum(self._decay(at - t) for t in ev if _how(t) == how)
-            d = sum(self._decay(at - t) for t in ev if int(t // HOUR) % 24 == hod)
-            ow, od = self._occurrences(at, h, WEEK), self._occurrences(at, h, 24)
-            rate_w = w / ow if ow > 0 else 0.0
-            rate_d = d / od if od > 0 else 0.0
-            ww = self.weekly_weight if ow >= 0.5 else 0.0     # (less than a week of history: daily only)
-            score += frac * (ww * rate_w + (1 - ww) * rate_d)
-            weekly_sum += w
-            daily_sum += d
-            weekly_n += sum(1 for t in ev if _how(t) == how)
-            daily_n += sum(1 for t in ev if int(t // HOUR) % 24 == hod)
-            weeks_seen, days_seen = max(weeks_seen, ow), max(days_seen, od)
+            score += frac * rate(h)
+            how = _how(h)
+            weekly_sum += week[how]
+            daily_sum += day[how % 24]
+            weekly_n += week_n[how]
+            daily_n += day_n[how % 24]
             h += HOUR
         start = hour0 if horizon_s <= HOUR else at
         when = (f"{_hhmm(start)}-{_hhmm(start + max(horizon_s, HOUR))} UTC {_DAYS[_how(start) // 24]}")
@@ -170,7 +191,11 @@ def _hhmm(t: float) -> str:
     return f"{s // 3600:02d}:{s % 3600 // 60:02d}"
 
 
-def choose_prewarm(ranked: list[Forecast], held: set[str], room: int, *, min_score: float = 0.5) -> list[Forecast]:
-    """The models to prewarm: the best ``room`` forecasts at or above ``min_score`` not already held
-    (the daemon's policy, and the one bench/predict.py measures)."""
-    return [f for f in ranked if f.score >= min_score and f.model not in held][:max(0, room)]
+def choose_prewarm(ranked: list[Forecast], held: set[str], top: int, *, min_score: float = 0.5) -> list[Forecast]:
+    """What to prewarm, in order: of the ``top`` best forecasts at or above ``min_score``, first those
+    already held (preloading a held copy is a no-op that refreshes its recency and page cache, so the
+    fetches that follow evict something the forecaster does not expect), then the others, best first.
+    Never one ranked below the top: it would only push out a better one. The daemon's policy, and the
+    one bench/predict.py measures."""
+    chosen = [f for f in ranked[:max(0, top)] if f.score >= min_score]
+    return [f for f in chosen if f.model in held] + [f for f in chosen if f.model not in held]

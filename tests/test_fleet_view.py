@@ -1,0 +1,235 @@
+"""weightd.fleet.FleetView: the origin's view of its workers' reports, with an injected clock and
+hostile report bodies (each refused with a message that names the problem)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+
+from weightd.fleet import FleetView, check_report
+
+IP_A, IP_B = "10.0.0.1", "10.0.0.2"
+
+
+class Clock:
+    def __init__(self, t: float = 1_700_000_000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def holding(model: str = "acme/llama-70b", version: str = "v3", tier: str = "warm", **kw: Any) -> dict[str, Any]:
+    return {"model": model, "version": version, "tier": tier, "resident": 0.5, "bytes": 140_000_000_000,
+            "since": 1_699_990_000.0, "serving": False, **kw}
+
+
+def report(node: str = "gpu-1", *holdings: dict[str, Any], **kw: Any) -> dict[str, Any]:
+    return {"node": node, "rack": "r1", "labels": {"pool": "chat", "example.com/gpu": "h100"},
+            "holdings": list(holdings) or [holding()], "intent": {"acme/llama-70b@latest": "v3"}, **kw}
+
+
+def test_good_report_then_view() -> None:
+    clock = Clock()
+    fv = FleetView(clock=clock)
+    fv.report(IP_A, report("gpu-1", holding(tier="hot", resident=1.0, serving=True), holding(resident=0.25),
+                           holding(model="acme/embed", version="2024-05-01", resident=1.0)))
+    fv.report(IP_B, report("gpu-0", holding(resident=0.75), rack=None))
+    clock.t += 12.34
+    view = fv.view()
+    assert view["generated_at"] == clock.t
+    assert [(n["node"], n["ip"], n["rack"], n["age_s"]) for n in view["nodes"]] == [
+        ("gpu-0", IP_B, None, 12.3), ("gpu-1", IP_A, "r1", 12.3)]
+    gpu1 = view["nodes"][1]
+    assert [(h["model"], h["version"], h["tier"]) for h in gpu1["holdings"]] == [
+        ("acme/embed", "2024-05-01", "warm"), ("acme/llama-70b", "v3", "hot"), ("acme/llama-70b", "v3", "warm")]
+    assert gpu1["holdings"][1] == {"model": "acme/llama-70b", "version": "v3", "tier": "hot", "resident": 1.0,
+                                   "bytes": 140_000_000_000, "since": 1_699_990_000.0, "serving": True}
+    assert gpu1["labels"] == {"pool": "chat", "example.com/gpu": "h100"}
+    assert gpu1["intent"] == {"acme/llama-70b@latest": "v3"}
+    assert view["versions"] == [
+        {"model": "acme/embed", "version": "2024-05-01", "nodes": {"hot": 0, "warm": 1, "total": 1},
+         "serving": 0, "resident_avg": 1.0},
+        {"model": "acme/llama-70b", "version": "v3", "nodes": {"hot": 1, "warm": 2, "total": 2},
+         "serving": 1, "resident_avg": 0.875},   # (gpu-1 by its most resident copy: 1.0; gpu-0: 0.75)
+    ]
+    json.dumps(view)   # what GET /v1/fleet answers
+
+
+def test_rows_one_per_node_model_version() -> None:
+    clock = Clock()
+    fv = FleetView(clock=clock)
+    fv.report(IP_A, report("gpu-1", holding(tier="hot", resident=1.0, serving=True), holding(resident=0.25),
+                           holding(version="v2", resident=0.123)))
+    clock.t += 5
+    assert fv.rows() == [
+        {"node": "gpu-1", "ip": IP_A, "rack": "r1", "model": "acme/llama-70b", "version": "v2", "tier": "warm",
+         "tiers": ["warm"], "resident_percent": 12.3, "bytes": 140_000_000_000, "serving": False,
+         "intended": False, "age_s": 5.0},
+        {"node": "gpu-1", "ip": IP_A, "rack": "r1", "model": "acme/llama-70b", "version": "v3", "tier": "hot",
+         "tiers": ["hot", "warm"], "resident_percent": 100.0, "bytes": 140_000_000_000, "serving": True,
+         "intended": True, "age_s": 5.0},
+    ]
+
+
+def test_a_report_replaces_that_nodes_last_one() -> None:
+    clock = Clock()
+    fv = FleetView(clock=clock)
+    fv.report(IP_A, report("gpu-1", holding(version="v2")))
+    clock.t += 60
+    fv.report(IP_A, report("gpu-1", holding(version="v3")))
+    fv.report(IP_B, report("gpu-1", holding(version="v1")))   # same name, another address: another node
+    view = fv.view()
+    assert [(n["ip"], n["age_s"], [h["version"] for h in n["holdings"]]) for n in view["nodes"]] == [
+        (IP_A, 0.0, ["v3"]), (IP_B, 0.0, ["v1"])]
+    assert [v["version"] for v in view["versions"]] == ["v1", "v3"]
+
+
+def test_the_report_is_copied_not_referenced() -> None:
+    fv = FleetView(clock=Clock())
+    body = report()
+    fv.report(IP_A, body)
+    body["holdings"][0]["tier"] = "cold"
+    body["labels"]["pool"] = "evil"
+    assert fv.view()["nodes"][0]["holdings"][0]["tier"] == "warm"
+    assert fv.view()["nodes"][0]["labels"]["pool"] == "chat"
+    fv.view()["nodes"][0]["holdings"][0]["tier"] = "cold"   # nor is the view a reference to the state
+    assert fv.rows()[0]["tier"] == "warm"
+
+
+def test_nodes_expire_after_ttl() -> None:
+    clock = Clock()
+    fv = FleetView(ttl_s=300, clock=clock)
+    fv.report(IP_A, report("gpu-1"))
+    clock.t += 200
+    fv.report(IP_B, report("gpu-2"))
+    clock.t += 100            # gpu-1 exactly ttl_s old: still there
+    assert [n["node"] for n in fv.view()["nodes"]] == ["gpu-1", "gpu-2"]
+    clock.t += 0.5
+    assert [(n["node"], n["age_s"]) for n in fv.view()["nodes"]] == [("gpu-2", 100.5)]
+    assert len(fv) == 1       # forgotten, not only hidden
+    assert [r["node"] for r in fv.rows()] == ["gpu-2"]
+    clock.t += 1000
+    assert fv.view() == {"nodes": [], "versions": [], "generated_at": clock.t}
+    assert len(fv) == 0
+
+
+def test_max_nodes() -> None:
+    clock = Clock()
+    fv = FleetView(ttl_s=300, max_nodes=2, clock=clock)
+    fv.report(IP_A, report("gpu-1"))
+    fv.report(IP_A, report("gpu-2"))
+    with pytest.raises(ValueError, match=r"^fleet view full: 2 nodes reported within 300 s$"):
+        fv.report(IP_B, report("gpu-1"))
+    fv.report(IP_A, report("gpu-2", holding(version="v9")))    # a known node still reports
+    clock.t += 301
+    fv.report(IP_B, report("gpu-3"))                           # room again once the others expired
+    assert [n["node"] for n in fv.view()["nodes"]] == ["gpu-3"]
+
+
+def test_ipv6_address_is_normalised_and_junk_refused() -> None:
+    fv = FleetView(clock=Clock())
+    fv.report("fd00:0:0::1", report())
+    assert fv.view()["nodes"][0]["ip"] == "fd00::1"
+    for bad in ("", "gpu-1", "10.0.0.1:6969"):
+        with pytest.raises(ValueError, match="is not an IP address"):
+            fv.report(bad, report())
+
+
+def test_optional_parts_may_be_left_out() -> None:
+    fv = FleetView(clock=Clock())
+    fv.report(IP_A, {"node": "gpu-1"})
+    [n] = fv.view()["nodes"]
+    assert (n["rack"], n["labels"], n["holdings"], n["intent"]) == (None, {}, [], {})
+    assert fv.rows() == []
+
+
+def _h(**kw: Any) -> dict[str, Any]:
+    return report("gpu-1", holding(**kw))
+
+
+HOSTILE: list[tuple[str, Any, str]] = [
+    ("not a dict", [report()], "report: expected a JSON object, got a list"),
+    ("a string", "gpu-1", "report: expected a JSON object, got a string"),
+    ("unknown key", {**report(), "admin": True}, "report: unknown key 'admin'"),
+    ("no node", {"holdings": []}, "report: missing 'node'"),
+    ("node not a string", report(node=7), "node: expected a host name (a string), got an integer"),
+    ("node with a slash", report(node="../etc"), "node: expected a host name"),
+    ("node too long", report(node="a" * 254), "node: expected a host name"),
+    ("node with a newline", report(node="gpu-1\nFAKE"), "node: expected a host name"),
+    ("rack not a string", {**report(), "rack": ["r1"]}, "rack: expected null or a rack name"),
+    ("labels a list", {**report(), "labels": ["pool=chat"]}, "labels: expected an object of label -> value, got a list"),
+    ("too many labels", {**report(), "labels": {f"k{i}": "v" for i in range(65)}}, "labels: 65 entries; at most 64"),
+    ("label value a number", {**report(), "labels": {"pool": 3}}, "labels['pool']: 3 is not a label value"),
+    ("huge label value", {**report(), "labels": {"pool": "x" * 100_000}}, "labels['pool']: 'xxxxxxxxx"),
+    ("bad label key", {**report(), "labels": {"a b": "c"}}, "labels: 'a b' is not a label key"),
+    ("holdings an object", {**report(), "holdings": {"model": "acme/x"}}, "holdings: expected a list, got an object"),
+    ("2000 holdings", {**report(), "holdings": [holding(version=f"v{i}") for i in range(2000)]},
+     "holdings: 2000 entries; at most 1024"),
+    ("holding a string", {**report(), "holdings": ["acme/x"]}, "holdings[0]: expected an object, got a string"),
+    ("holding without bytes", report("gpu-1", {k: v for k, v in holding().items() if k != "bytes"}),
+     "holdings[0]: missing 'bytes'"),
+    ("holding with an extra key", _h(path="/etc/shadow"), "holdings[0]: unknown key 'path'"),
+    ("model ../etc", _h(model="../etc"), "holdings[0].model: invalid model name '../etc': '.' and '..' are not names"),
+    ("model with two slashes", _h(model="a/b/c"), "holdings[0].model: invalid model name 'a/b/c': expected"),
+    ("model not a string", _h(model=["acme/x"]), "holdings[0].model: expected a model name (a string), got a list"),
+    ("huge model name", _h(model="a" * 1_000_000), "holdings[0].model: model name longer than 511 characters"),
+    ("long component", _h(model="a" * 300), "holdings[0].model: invalid model name 'aaaaaaaa"),
+    ("version with a slash", _h(version="v1/../../x"), "holdings[0].version: invalid version 'v1/../../x'"),
+    ("version a number", _h(version=3), "holdings[0].version: expected a version (a string), got an integer"),
+    ("tier cold", _h(tier="cold"), "holdings[0].tier: expected 'hot' or 'warm', got 'cold'"),
+    ("tier a list", _h(tier=["hot"]), "holdings[0].tier: expected 'hot' or 'warm', got ['hot']"),
+    ("NaN resident", _h(resident=float("nan")), "holdings[0].resident: expected a fraction from 0 to 1, got nan"),
+    ("infinite resident", _h(resident=float("inf")), "holdings[0].resident: expected a fraction from 0 to 1, got inf"),
+    ("resident above 1", _h(resident=1.5), "holdings[0].resident: expected a fraction from 0 to 1, got 1.5"),
+    ("resident as a boolean", _h(resident=True), "holdings[0].resident: expected a fraction from 0 to 1, got a boolean"),
+    ("resident as a string", _h(resident="1"), "holdings[0].resident: expected a fraction from 0 to 1, got a string"),
+    ("negative bytes", _h(bytes=-1), "holdings[0].bytes: expected a whole number of bytes from 0 to 2^63-1, got -1"),
+    ("bytes as a boolean", _h(bytes=True), "holdings[0].bytes: expected a whole number of bytes, got a boolean"),
+    ("bytes as a float", _h(bytes=1.5), "holdings[0].bytes: expected a whole number of bytes, got a number"),
+    ("bytes past 2^63", _h(bytes=1 << 63), "holdings[0].bytes: expected a whole number of bytes from 0 to 2^63-1"),
+    ("since as a boolean", _h(since=False), "holdings[0].since: expected a unix time, got a boolean"),
+    ("negative since", _h(since=-5.0), "holdings[0].since: expected a unix time, got -5.0"),
+    ("serving as an int", _h(serving=1), "holdings[0].serving: expected true or false, got 1"),
+    ("the same copy twice", report("gpu-1", holding(), holding()),
+     "holdings[1]: acme/llama-70b@v3 in warm is listed twice"),
+    ("intent a list", {**report(), "intent": ["acme/x"]}, "intent: expected an object of model -> version, got a list"),
+    ("intent too long", {**report(), "intent": {f"acme/m{i}": "v1" for i in range(1025)}},
+     "intent: 1025 entries; at most 1024"),
+    ("intent bad model", {**report(), "intent": {"../x": "v1"}}, "intent: invalid model name '../x'"),
+    ("intent bad ref", {**report(), "intent": {"acme/x@../v": "v1"}}, "intent['acme/x@../v']: invalid version '../v'"),
+    ("intent bad version", {**report(), "intent": {"acme/x": None}},
+     "intent['acme/x']: expected a version (a string), got null"),
+]
+
+
+@pytest.mark.parametrize("body, message", [(b, m) for _, b, m in HOSTILE], ids=[i for i, _, _ in HOSTILE])
+def test_hostile_reports_are_refused(body: Any, message: str) -> None:
+    clock = Clock()
+    fv = FleetView(clock=clock)
+    fv.report(IP_A, report("gpu-1", holding(version="v1")))
+    before = copy.deepcopy(fv.view())
+    with pytest.raises(ValueError) as exc:
+        fv.report(IP_A, body)
+    text = str(exc.value)
+    assert text.startswith(message), text
+    assert "\n" not in text and len(text) < 300, text   # one line, whatever the body held
+    assert fv.view() == before                            # nothing of it kept, the last report stands
+
+
+def test_check_report_alone() -> None:
+    r = check_report(json.loads(json.dumps(report())))
+    assert r["node"] == "gpu-1" and r["holdings"][0]["resident"] == 0.5
+    with pytest.raises(ValueError, match="NaN|nan"):
+        check_report(json.loads('{"node": "gpu-1", "holdings": [{"model": "a/b", "version": "v1", "tier": "hot",'
+                                ' "resident": NaN, "bytes": 1, "since": 0, "serving": true}]}'))
+
+
+@pytest.mark.parametrize("kw, message", [({"ttl_s": 0}, "ttl_s: expected a positive number"),
+                                         ({"max_nodes": 0}, "max_nodes: expected a positive integer")])
+def test_bad_construction(kw: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        FleetView(**kw)
