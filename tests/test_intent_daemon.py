@@ -231,3 +231,21 @@ def test_prewarm_places_what_the_forecaster_expects_and_explains_it(node_env, is
             (node_env.state / "intent-loads.json").read_text())["events"]["acme/night"]) == 15, timeout=20)
     finally:
         d.stop()
+
+
+def test_intent_configured_by_a_reload_starts_without_a_restart(node_env, isolated_env, wd, tmp_path: Path) -> None:
+    import signal
+    publish(wd, tmp_path, "acme/late", "v1", size=2 * MiB)
+    d = DaemonProc(node_env, isolated_env, tmp_path)
+    try:
+        assert intent_status(wd)["dir"] is None
+        idir = tmp_path / "intent.d"
+        idir.mkdir()
+        (idir / "a.toml").write_text('[[keep]]\nmodel = "acme/late@latest"\n')
+        node_env.config.write_text(node_env.config.read_text() + f'[intent]\ndir = "{idir}"\npoll_s = 0.2\n')
+        d.proc.send_signal(signal.SIGHUP)
+        until("converged after the reload", lambda: (s := intent_status(wd)) and s["entries"]
+              and s["entries"][0]["state"] == "ready", timeout=30)
+        assert (node_env.warm / "acme/late/v1").is_dir()
+    finally:
+        d.stop()

@@ -62,6 +62,8 @@ class Daemon:
         self.api = Api(self)
         self.intent = IntentRunner(self)
         self.service.on_loaded = self.intent.loaded
+        self.tasks: list[asyncio.Task[None]] = []   # the background duties (loops.py, intent), cancelled at stop
+        self._intent_task: asyncio.Task[None] | None = None
         self.fleet = None    # the origin's FleetView and MoverSlots (with tracker_listen)
         self.movers = None
         self.pressure: deque[tuple[float, dict[str, str]]] = deque(maxlen=PRESSURE_KEEP)
@@ -194,6 +196,7 @@ class Daemon:
         self.service, self.config = service, cfg
         service.on_loaded = self.intent.loaded
         self.intent.wake.set()
+        self._start_intent()
         self._rotate_tls()
         self.status_changed()
         log.info("config reloaded from %s", cfg.source)
@@ -250,8 +253,8 @@ class Daemon:
         tasks = [loop.create_task(loops.gc_loop(self)), loop.create_task(loops.pressure_loop(self))]
         if self.role == "origin" and self.session is not None and self.node.roots.object is not None:
             tasks.append(loop.create_task(loops.origin_mirror_loop(self)))
-        if self._intent_wanted():
-            tasks.append(loop.create_task(self.intent.run()))
+        self.tasks = tasks
+        self._start_intent()
         if self.notifier.watchdog_s:
             tasks.append(loop.create_task(loops.watchdog_loop(self)))
         log.info("serving role=%s api=%s metrics=%s", self.role, sock_path, self.config.settings.metrics.listen)
@@ -262,7 +265,7 @@ class Daemon:
         await self.stopping.wait()
         self.notifier.notify(STOPPING=1, STATUS="stopping")
         log.info("stopping: %d transfer(s) in flight", len(self.api.inflight))
-        for t in tasks:
+        for t in self.tasks:
             t.cancel()
         if self.api.inflight:  # let transfers finish briefly; what is left resumes from staging next start
             await asyncio.wait(list(self.api.inflight.values()), timeout=SHUTDOWN_GRACE_S)
@@ -272,6 +275,14 @@ class Daemon:
             sock_path.unlink()
         except FileNotFoundError:
             pass
+
+    def _start_intent(self) -> None:
+        """The intent loop, once it is wanted (at start, or after a reload that configures it)."""
+        if self.loop is None or not self._intent_wanted():
+            return
+        if self._intent_task is None or self._intent_task.done():
+            self._intent_task = self.loop.create_task(self.intent.run())
+            self.tasks.append(self._intent_task)
 
     def _intent_wanted(self) -> bool:
         """The intent loop runs for intent files, prewarming, the NFD file, or reports to an origin."""
