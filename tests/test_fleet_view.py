@@ -233,3 +233,15 @@ def test_check_report_alone() -> None:
 def test_bad_construction(kw: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         FleetView(**kw)
+
+
+def test_one_address_cannot_fill_the_view_with_invented_nodes() -> None:
+    from weightd.fleet import MAX_NODES_PER_IP
+    f = FleetView()
+    body = {"node": "n0", "holdings": []}
+    for i in range(MAX_NODES_PER_IP):
+        f.report("10.0.0.9", {**body, "node": f"n{i}"})
+    with pytest.raises(ValueError, match=f"{MAX_NODES_PER_IP} node names already report from 10.0.0.9"):
+        f.report("10.0.0.9", {**body, "node": "n-extra"})
+    f.report("10.0.0.9", {**body, "node": "n0"})          # (a known one reports again)
+    f.report("10.0.0.10", {**body, "node": "n-extra"})    # (another address is another node)

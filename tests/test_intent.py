@@ -250,3 +250,19 @@ def test_unpublished_and_in_flight_say_so() -> None:
     assert [(r["state"], r["reason"]) for r in p.rows] == [
         ("waiting", "a/x@v9 is not published yet"), ("waiting", "no version of a/y is published yet"),
         ("transferring", "fetching a/z@v1 into warm")]
+
+
+def test_mover_slots_cap_renew_expire_release() -> None:
+    from weightd.rollout import MoverSlots
+    now = [0.0]
+    s = MoverSlots(2, ttl_s=120, clock=lambda: now[0])
+    assert s.ask("10.0.0.1", "w1: a/x@v2")["granted"] and s.ask("10.0.0.2", "w2: a/x@v2")["granted"]
+    assert s.ask("10.0.0.3", "w3: a/x@v2") == {"granted": False, "movers": 2, "cap": 2}
+    assert s.ask("10.0.0.1", "w1: a/x@v2")["granted"]            # a holder renews
+    now[0] = 100
+    s.ask("10.0.0.1", "w1: a/x@v2")
+    now[0] = 130                                                   # 10.0.0.2 went quiet for 130 s
+    assert s.ask("10.0.0.3", "w3: a/x@v2")["granted"]
+    s.release("10.0.0.1")
+    assert [m["node"] for m in s.movers()] == ["10.0.0.3"]
+    assert MoverSlots(0).ask("x", "y")["granted"]                  # no cap

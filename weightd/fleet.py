@@ -37,6 +37,7 @@ _HOST = re.compile(r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,251}[A-Za-z0-9])?")
 _RACK = re.compile(r"[A-Za-z0-9._-]{1,63}")   # (as [p2p] rack)
 _LABEL_KEY = re.compile(r"(?:[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
 _LABEL_VALUE = re.compile(r"(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
+MAX_NODES_PER_IP = 4              # node names one address may report as, within ttl_s
 
 
 def _show(v: Any) -> str:
@@ -214,8 +215,13 @@ class FleetView:
         now = self._clock()
         self._expire(now)
         key = (ip, r["node"])
-        if key not in self._nodes and len(self._nodes) >= self.max_nodes:
-            raise ValueError(f"fleet view full: {self.max_nodes} nodes reported within {self.ttl_s:g} s")
+        if key not in self._nodes:
+            if len(self._nodes) >= self.max_nodes:
+                raise ValueError(f"fleet view full: {self.max_nodes} nodes reported within {self.ttl_s:g} s")
+            # a node is an address (hostNetwork, one daemon each); a few names per address allow a
+            # rename, not one peer filling the view with invented nodes
+            if sum(1 for k in self._nodes if k[0] == ip) >= MAX_NODES_PER_IP:
+                raise ValueError(f"{MAX_NODES_PER_IP} node names already report from {ip}")
         self._nodes[key] = {**r, "ip": ip, "received_at": now}
 
     def _sorted(self) -> list[dict[str, Any]]:

@@ -73,8 +73,10 @@ def fleet_routes(d: "Daemon", app: web.Application, tracker: Any) -> None:
             node, moving = _short(b, "node"), _short(b, "moving")
         except ValueError as exc:
             return web.json_response({"error": str(exc)[:300]}, status=400)
-        key = f"{request.remote} {node}"   # (one node name cannot take another address's slot)
-        got = d.movers.ask(key, moving)
+        # one slot per address: a peer cannot take the fleet's slots by inventing node names, nor
+        # renew or release another address's
+        key = request.remote or "?"
+        got = d.movers.ask(key, f"{node}: {moving}")
         if got["granted"]:
             log.debug("rollout slot for %s (%s): %d of %d", key, moving, got["movers"], got["cap"])
         return web.json_response(got)
@@ -86,7 +88,7 @@ def fleet_routes(d: "Daemon", app: web.Application, tracker: Any) -> None:
             node = _short(await body(request), "node")
         except ValueError as exc:
             return web.json_response({"error": str(exc)[:300]}, status=400)
-        d.movers.release(f"{request.remote} {node}")
+        d.movers.release(request.remote or "?")
         return web.json_response({"ok": True})
 
     app.router.add_post("/v1/fleet/report", report)
