@@ -89,10 +89,17 @@ def test_a_daemon_converges_to_a_changed_intent_file(node_env, isolated_env, wd,
         assert_one_line_error(p, 2, "intent chat.toml: keep #1.tier: expected one of hot, warm, got 'nvme'")
         assert d.metric("weightd_intent_errors_total") >= 1
 
-        # the pin intent made goes when no entry wants it
+        # the pin intent made goes when no entry wants it; a pin an admin made stays
+        assert wd("pin", "acme/chat@v1").returncode == 0
+        (idir / "chat.toml").write_text('[[keep]]\nmodel = "acme/chat@v1"\npin = true\n')
+        until("chat wanted", lambda: (s := intent_status(wd)) and
+              rows(s).get("acme/chat@v1", {}).get("state") == "ready", timeout=30)
         (idir / "chat.toml").write_text("")
-        until("unpinned", lambda: not {c["name"]: c for c in json.loads(wd("status", "--json").stdout)
-                                       ["checkpoints"]}["acme/embed"]["pinned"], timeout=30)
+
+        def pins() -> dict[str, bool]:
+            return {c["name"]: c["pinned"] for c in json.loads(wd("status", "--json").stdout)["checkpoints"]}
+        until("unpinned", lambda: pins()["acme/embed"] is False, timeout=30)
+        assert pins()["acme/chat"] is True
     finally:
         d.stop()
 

@@ -202,7 +202,8 @@ class IntentRunner:
         pins = {(h.entry.name, h.version) for h in p.holds if h.entry.pin}
         changed = False
         for name, version in sorted(pins - self.pins_made):
-            node.pin(name, version)
+            if not node.pin(name, version)[1]:
+                continue   # (pinned already, by an admin: theirs to unpin, never intent's)
             self.pins_made.add((name, version))
             changed = True
             log.info("intent: pinned %s@%s", name, version)
