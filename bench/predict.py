@@ -7,7 +7,9 @@ The trace (seeded): each model has a popularity (Zipf-like), a peak hour of the 
 weekend factor, and day-to-day noise (log-normal); requests per hour are Poisson around that rate,
 at uniform times within the hour. Models overlap, so many hours have more than 5 active models.
 ``--trace background`` adds, for every model, demand at every hour (3% of its peak) and wider peaks:
-much of what is asked for then cannot be told from the clock.
+much of what is asked for then cannot be told from the clock. ``--trace office`` (a helper's design,
+kept as written): two thirds of the models peak in office hours, so they overlap heavily, with quiet
+weekends, and each day's peaks move by about half an hour.
 
 Every mode replays the same trace on a simulated clock against the real node code: a
 ``tiering.LocalNode`` over real directories, with 20 tiny published versions, whose warm tier's
@@ -44,13 +46,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 HOUR = 3600.0
-START = 1_796_860_800.0   # Monday 2026-12-07 00:00 UTC
+START = 1_796_601_600.0   # Monday 2026-12-07 00:00 UTC
 
 
 TRACES = {  # (background: demand off-peak as a share of the peak; peak widths in hours)
     "diurnal": (0.0, 1.0, 2.5),   # each model busy around its own hours, idle otherwise
     "background": (0.03, 1.5, 4.0),   # wider peaks and a constant trickle at every hour
-}
+    "office": (0.0, 1.0, 3.0),    # two thirds of the models peak in office hours (08-18), quiet weekends,
+}                                 # and each day's peak moves by ~30 min (a helper's trace, kept as written)
 
 
 def trace(seed: int, days: int, models: int, kind: str = "diurnal"
@@ -59,25 +62,36 @@ def trace(seed: int, days: int, models: int, kind: str = "diurnal"
     background, wlo, whi = TRACES[kind]
     rnd = random.Random(seed)
     names = [f"bench/model-{i:02d}" for i in range(models)]
-    popularity = [1.0 / (i + 1) ** 0.8 for i in range(models)]
+    popularity = [1.0 / (i + 1) ** (0.9 if kind == "office" else 0.8) for i in range(models)]
     rnd.shuffle(popularity)
-    peak = [rnd.uniform(0, 24) for _ in range(models)]
-    width = [rnd.uniform(wlo, whi) for _ in range(models)]
-    weekend = [rnd.choice((0.2, 0.5, 1.0, 1.5)) for _ in range(models)]
+    if kind == "office":
+        peak, width, weekend = [], [], []
+        for _ in range(models):
+            office = rnd.random() < 2 / 3
+            peak.append(rnd.uniform(8, 18) if office else rnd.uniform(0, 24))
+            weekend.append(rnd.uniform(0.1, 0.4) if office else rnd.uniform(0.6, 1.2))
+            width.append(rnd.uniform(wlo, whi))
+    else:
+        peak = [rnd.uniform(0, 24) for _ in range(models)]
+        width = [rnd.uniform(wlo, whi) for _ in range(models)]
+        weekend = [rnd.choice((0.2, 0.5, 1.0, 1.5)) for _ in range(models)]
     total_rate = 6.0      # requests per hour over all models at their peaks, before noise
     out: list[tuple[float, str]] = []
     rates: dict[tuple[float, str], float] = {}
     for day in range(days):
         noise = [math.exp(rnd.gauss(0, 0.3)) for _ in range(models)]
+        shift = [rnd.gauss(0, 0.5) if kind == "office" else 0.0 for _ in range(models)]
         for hour in range(24):
             t0 = START + day * 86400 + hour * HOUR
             is_weekend = (day % 7) >= 5
             for i, name in enumerate(names):
-                d = min(abs(hour + 0.5 - peak[i]), 24 - abs(hour + 0.5 - peak[i]))
-                rate = total_rate * popularity[i] * (background + math.exp(-d * d / (2 * width[i] ** 2)))
-                rate *= weekend[i] if is_weekend else 1.0
-                rates[(t0, name)] = rate
-                for _ in range(_poisson(rnd, rate * noise[i])):
+                def at(p: float) -> float:
+                    d = abs(hour + 0.5 - p) % 24
+                    d = min(d, 24 - d)
+                    r = total_rate * popularity[i] * (background + math.exp(-d * d / (2 * width[i] ** 2)))
+                    return r * (weekend[i] if is_weekend else 1.0)
+                rates[(t0, name)] = at(peak[i])          # (the profile; not the day's noise and shift)
+                for _ in range(_poisson(rnd, at(peak[i] + shift[i]) * noise[i])):
                     out.append((t0 + rnd.uniform(0, HOUR), name))
     out.sort()
     return out, rates
@@ -162,7 +176,8 @@ def replay(mode: str, base: Path, cold: Path, size: int, slots: int, reqs: list[
                     hour = h if hour is None else hour + HOUR
                     clock.t = hour
                     held = _resident(node)
-                    for f in choose_prewarm(forecaster.rank(hour, HOUR), held, top):
+                    for k, f in enumerate(choose_prewarm(forecaster.rank(hour, HOUR), held, top)):
+                        clock.t = hour + k        # (one after the other, a second apart, as a daemon does)
                         node.preload(f.model, "v1", tier="warm", lease_s=0)   # (held: a refresh)
                         prewarms += f.model not in held
             clock.t = t

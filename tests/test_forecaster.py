@@ -72,7 +72,7 @@ def test_history_round_trips_and_damage_is_refused_with_a_reason() -> None:
                      ({"format": 1, "events": {"a/x": "t"}}, "expected a list of times"),
                      ({"format": 1, "events": {"a/x": [float("nan")]}}, "is not a unix time"),
                      ({"format": 1, "events": {"a/x": [True]}}, "is not a unix time"),
-                     ({"format": 1, "events": {"x" * 400: [1.0]}}, "not a short string"),
+                     ({"format": 1, "events": {"x" * 600: [1.0]}}, "not a short string"),
                      ({"format": 1, "events": {"a/x": [1.0] * 500_000}}, "more than 400000 events")]:
         with pytest.raises(ValueError, match=msg):
             Forecaster.from_json(bad)
@@ -86,12 +86,12 @@ def test_the_history_is_bounded() -> None:
     assert min(min(v) for v in f.events.values()) >= 1_700_000_000.0 + 3999 * 60   # the oldest went first
 
 
-def test_choose_prewarm_skips_what_is_held_and_what_is_unlikely() -> None:
+def test_choose_prewarm_orders_least_expected_first_and_skips_the_unlikely() -> None:
     ranked = [Forecast("a/1", 3.0, ""), Forecast("a/2", 2.0, ""), Forecast("a/3", 0.6, ""), Forecast("a/4", 0.2, "")]
-    # held ones first (a refresh), then the rest best first; never a/3 when only the top 2 count
+    # least expected first (held or not: a held one is refreshed); never a/3 when only the top 2 count
     assert [f.model for f in choose_prewarm(ranked, {"a/2"}, 2)] == ["a/2", "a/1"]
-    assert [f.model for f in choose_prewarm(ranked, {"a/1"}, 3)] == ["a/1", "a/2", "a/3"]
-    assert [f.model for f in choose_prewarm(ranked, set(), 10)] == ["a/1", "a/2", "a/3"]   # (a/4: unlikely)
+    assert [f.model for f in choose_prewarm(ranked, {"a/1"}, 3)] == ["a/3", "a/2", "a/1"]
+    assert [f.model for f in choose_prewarm(ranked, set(), 10)] == ["a/3", "a/2", "a/1"]   # (a/4: unlikely)
     assert choose_prewarm(ranked, set(), 0) == []
 
 
