@@ -121,11 +121,12 @@ class Transfer:
         self._racks: dict[str, str] = {}   # ip -> rack, every member list of this download (one that
         # finished and left the list is still its rack's: for the plan, the other-rack class, and bytes)
         self._reported = 0
+        self._cap = 0                       # the download limit this transfer set (its progress's cap)
         self.held_back = held_back   # added paused: resumed once the member list is in (racks)
 
     def run(self, *, stall_s: float, timeout_s: float | None, flush_timeout_s: float) -> DownloadResult:
         t0 = self.clock()
-        cap = int(getattr(self.progress, "rate_bytes_per_s", 0) or 0)
+        cap = self._cap = int(getattr(self.progress, "rate_bytes_per_s", 0) or 0)
         if cap:  # a cap on this transfer (an intent entry's bandwidth) is the torrent's own limit
             self.h.set_download_limit(cap)
         if self.membership is not None:
@@ -277,6 +278,10 @@ class Transfer:
 
     def _report(self, total_done: int) -> None:
         if self.progress is not None:
+            cap = int(getattr(self.progress, "rate_bytes_per_s", 0) or 0)
+            if cap != self._cap:   # (lifted: a caller without a cap joined)
+                self.h.set_download_limit(cap or -1)
+                self._cap = cap
             if getattr(self.progress, "rate_bytes_per_s", 0):  # (libtorrent paces it: see run())
                 self.progress(total_done - self._reported, paced=False)
             else:

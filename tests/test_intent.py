@@ -266,3 +266,21 @@ def test_mover_slots_cap_renew_expire_release() -> None:
     s.release("10.0.0.1")
     assert [m["node"] for m in s.movers()] == ["10.0.0.3"]
     assert MoverSlots(0).ask("x", "y")["granted"]                  # no cap
+
+
+def test_the_labels_file_gets_the_intent_files_checks(tmp_path: Path) -> None:
+    p = tmp_path / "labels"
+    p.write_text("pool=chat\n")
+    os.chmod(p, 0o666)
+    with pytest.raises(IntentError, match="writable by every user: refused"):
+        read_labels(p, {})
+    os.chmod(p, 0o644)
+    with pytest.raises(IntentError, match="owned by uid"):
+        read_labels(p, {}, trusted_uids=(12345,))
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(IntentError, match="not a regular file"):
+        read_labels(fifo, {})                      # (and never blocks on it)
+    p.write_text("a=b\n" * 20000)
+    with pytest.raises(IntentError, match="larger than 65536 bytes"):
+        read_labels(p, {})

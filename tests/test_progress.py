@@ -306,3 +306,14 @@ def test_a_capped_transfer_is_paced_where_its_bytes_move(node_env, tmp_path: Pat
     t0 = time.monotonic()
     p(10_000, paced=False)
     assert time.monotonic() - t0 < 0.1 and p.done == 10_000
+
+
+def test_a_cap_lifted_mid_transfer_stops_pacing() -> None:
+    """A server joining an intent's capped transfer lifts the cap (it must not wait for it)."""
+    p = Progress("x", rate_bytes_per_s=1_000_000)
+    p.set_phase("copy")
+    p(1_000_000)                      # (the first second's worth goes at once; the bucket is now ahead)
+    p.lift_cap()
+    t0 = time.monotonic()
+    p(5_000_000)
+    assert time.monotonic() - t0 < 0.2 and p.rate_bytes_per_s == 0

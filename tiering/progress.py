@@ -45,10 +45,17 @@ class Progress:
         self._throttle: Callable[[], tuple[int, int]] | None = None
         self.waiters = 0
 
+    def lift_cap(self) -> None:
+        """No cap from now on (a caller without one joined the transfer: it must not wait for the
+        cap of the caller that started it)."""
+        with self._lock:
+            self.rate_bytes_per_s, self._bucket = 0, None
+
     def __call__(self, n: int, *, paced: bool = True) -> None:
         """``paced=False``: bytes that were paced elsewhere (by libtorrent's own limit)."""
-        if self._bucket is not None and paced and n > 0 and self.phase == "copy":
-            self._bucket.consume(n)
+        bucket = self._bucket
+        if bucket is not None and paced and n > 0 and self.phase == "copy":
+            bucket.consume(n)
         with self._lock:
             self.done += n
             now = self.clock()

@@ -393,6 +393,7 @@ class Daemon:
     def close(self) -> bool:
         """Release everything; True if worker threads were still busy (the caller exits hard)."""
         busy = self._active > 0
+        busy = self.intent.close() or busy
         for pool in self.pools.values():
             pool.shutdown(wait=False, cancel_futures=True)
         for s in [self.service, *self.old_services]:

@@ -15,6 +15,7 @@ import asyncio
 import json
 import logging
 import os
+import random
 import socket
 import time
 from collections import deque
@@ -34,6 +35,7 @@ PINS_FILE = "intent-pins.json"
 LISTING_TIMEOUT_S = 30.0
 PREWARM_KEPT = 100
 USE_SAMPLE_S = 3600.0      # a model found in use is recorded at most once an hour
+SLOT_RETRY_S = 30.0        # a refused rollout slot is asked for again after about this long
 
 
 class IntentRunner:
@@ -50,6 +52,12 @@ class IntentRunner:
         self.failures: dict[tuple[str, str, str], Failure] = {}
         self.fetching: dict[tuple[str, str, str], asyncio.Task[None]] = {}
         self.slot_waiting: dict[tuple[str, str, str], str] = {}
+        self.slot_retry_at: dict[tuple[str, str, str], float] = {}   # (monotonic) a refused slot is asked again then
+        self._listing: dict[str, Any] = {}        # name -> a cold listing still running (one per name)
+        self._published_seen: dict[str, list[str]] = {}
+        from concurrent.futures import ThreadPoolExecutor
+        # listings have a thread of their own: a hung cold server holds it, never the daemon's pools
+        self._lister = ThreadPoolExecutor(1, "weightd-intent-list")
         self.prewarms: deque[dict[str, Any]] = deque(maxlen=PREWARM_KEPT)
         self.prewarm_task: asyncio.Task[None] | None = None
         self._prewarmed: dict[str, int] = {}    # model -> the period it was last prewarmed (or refreshed) in
@@ -111,6 +119,10 @@ class IntentRunner:
         self.rounds += 1
         if cfg.dir is not None:
             await self._read_intent(cfg.dir, fp)
+        elif self.source is not None:   # [intent] dir taken out by a reload: no entry is wanted any more
+            log.info("intent: [intent] dir removed from the config; dropping the %d entries of %s",
+                     len(self.entries), self.source)
+            self.entries, self.source, self.error, self.loaded_at = [], None, None, None
         entries = self.entries
         status = await d.run_blocking("misc", d.node.status)
         held: dict[tuple[str, str], set[str]] = {}
@@ -120,6 +132,9 @@ class IntentRunner:
                 if now - self.last_use.get(c["name"], 0.0) >= USE_SAMPLE_S:
                     self.last_use[c["name"]] = now
                     self._record(c["name"], now, "in_use")
+        # what the last round wanted stays leased while cold storage is asked (it may hang)
+        if self.rounds > 1:
+            await d.run_blocking("misc", self._hold, self.plan)
         published, publish_errors = await self._published({e.name for e in entries})
         for name, versions in published.items():
             for v in versions:
@@ -143,6 +158,10 @@ class IntentRunner:
 
     async def _read_intent(self, directory: Path, fp: tuple[Any, ...] | None) -> None:
         try:
+            if fp == ("missing",) and self.source is not None:
+                # (a typo in a reload, or a volume not mounted yet: not "keep nothing")
+                raise IntentError(str(directory), "no such directory; fix [intent] dir (or create it empty to "
+                                  "keep nothing)")
             intent = await self.d.run_blocking("misc", load_intent, directory, trusted_uids=self._trusted())
             labels = await self.d.run_blocking("misc", read_labels, self.cfg.labels_file, self.cfg.labels)
             entries = intent.for_node(labels)
@@ -172,19 +191,30 @@ class IntentRunner:
         what the last round saw (and its row says why)."""
         out: dict[str, list[str]] = {}
         errors: dict[str, str] = {}
+        loop = asyncio.get_running_loop()
         for name in sorted(names):
+            fut = self._listing.get(name)
+            if fut is None:   # (one listing per name at a time: a hung one is waited for, not repeated)
+                fut = self._listing[name] = loop.run_in_executor(self._lister, self.d.node.listing, name)
             try:
-                rows = await asyncio.wait_for(self.d.run_blocking("misc", self.d.node.listing, name),
-                                              LISTING_TIMEOUT_S)
+                rows = await asyncio.wait_for(asyncio.shield(fut), LISTING_TIMEOUT_S)
             except asyncio.TimeoutError:
-                errors[name] = f"cold storage did not list {name} within {LISTING_TIMEOUT_S:g} s"
+                errors[name] = f"cold storage did not list {name} within {LISTING_TIMEOUT_S:g} s (still waiting)"
+                if name in self._published_seen:
+                    out[name] = self._published_seen[name]
                 continue
             except Exception as exc:  # noqa: BLE001 (the row says it; the next round asks again)
+                self._listing.pop(name, None)
                 errors[name] = f"cannot list {name} in cold storage: {exc}"
+                if name in self._published_seen:
+                    out[name] = self._published_seen[name]
                 continue
+            self._listing.pop(name, None)
             pub = [r for r in rows if r.get("published")]
-            out[name] = [r["version"] for r in sorted(pub, key=lambda r: (r.get("published_at") or 0, r["version"]),
-                                                      reverse=True)]
+            # (a manifest may lack published_at: "" sorts first, as the catalog itself does)
+            out[name] = self._published_seen[name] = [
+                r["version"] for r in sorted(pub, key=lambda r: (str(r.get("published_at") or ""), r["version"]),
+                                             reverse=True)]
         return out, errors
 
     # -- acting on the plan --------------------------------------------------------------------------
@@ -217,12 +247,19 @@ class IntentRunner:
 
     def _start_fetches(self, fetches: list[Fetch]) -> None:
         """One intent fetch at a time (priority order): the node's disk and NIC serve the first
-        entry first; a fetch that ends wakes the loop for the next."""
-        if self.fetching or not fetches:
+        entry first; a fetch that ends wakes the loop for the next. A rollout waiting for a slot the
+        origin refused is asked again only after SLOT_RETRY_S, and does not hold up the entries after it."""
+        for key in [k for k, t in self.fetching.items() if t.done()]:
+            del self.fetching[key]   # (a task that ended without its bookkeeping: never blocks the rest)
+        if self.fetching:
             return
-        f = fetches[0]
-        key = (f.entry.name, f.version, f.entry.tier)
-        self.fetching[key] = asyncio.get_running_loop().create_task(self._fetch(f))
+        now = time.monotonic()
+        for f in fetches:
+            key = (f.entry.name, f.version, f.entry.tier)
+            if f.rollout and self.slot_retry_at.get(key, 0.0) > now:
+                continue
+            self.fetching[key] = asyncio.get_running_loop().create_task(self._fetch(f))
+            return
 
     async def _fetch(self, f: Fetch) -> None:
         e, key = f.entry, (f.entry.name, f.version, f.entry.tier)
@@ -231,8 +268,10 @@ class IntentRunner:
             if f.rollout and self._origin() is not None:
                 slot = await self._ask_slot(f)
                 if not slot:
+                    self.slot_retry_at[key] = time.monotonic() + SLOT_RETRY_S * (0.75 + 0.5 * random.random())
                     return
             self.slot_waiting.pop(key, None)
+            self.slot_retry_at.pop(key, None)
             log.info("intent: fetching %s@%s into %s for %s%s", e.name, f.version, e.tier, e.where,
                      " (rollout)" if f.rollout else "")
             body = {"ref": f"{e.name}@{f.version}", "tier": e.tier, "strict": True,
@@ -253,9 +292,11 @@ class IntentRunner:
             self.d.metrics.intent_failures.labels(e.name).inc()
             log.warning("intent: fetching %s@%s into %s for %s failed: %s", e.name, f.version, e.tier, e.where, exc)
         finally:
+            self.fetching.pop(key, None)
             if slot:
                 await self._release_slot()
-            self.fetching.pop(key, None)
+            # the next entry's turn (a refused slot is not asked again before its retry time, so this
+            # wakes one round, not a loop)
             self.wake.set()
 
     # -- the origin: mover slots and holdings reports -------------------------------------------------
@@ -289,10 +330,10 @@ class IntentRunner:
                 pass
 
     async def _release_slot(self) -> None:
-        client = self._origin()
-        if client is None:
-            return
         try:
+            client = self._origin()   # (a certificate being rotated can fail here: the slot expires)
+            if client is None:
+                return
             await self.d.run_blocking("misc", client.call, "POST", "/v1/rollout/release", {"node": self.node_name})
         except Exception as exc:  # noqa: BLE001 (it expires at the origin)
             log.info("intent: releasing the rollout slot: %s", exc)
@@ -394,6 +435,13 @@ class IntentRunner:
     def _save_pins(self) -> None:
         _write_json(self.pins_path, {"pins": sorted(self.pins_made)})
 
+    def close(self) -> bool:
+        """At exit: True if a cold listing is still running (the daemon then exits hard, as it does
+        for a copy still running: a hung cold server must not hold the exit)."""
+        busy = any(not f.done() for f in self._listing.values())
+        self._lister.shutdown(wait=False, cancel_futures=True)
+        return busy
+
     # -- what `weightd intent status|explain` shows ----------------------------------------------------
     def status(self) -> dict[str, Any]:
         return {"dir": str(self.cfg.dir) if self.cfg.dir else None, "node": self.node_name, "labels": self.labels,
@@ -427,8 +475,10 @@ def holdings_of(status: dict[str, Any], p: Plan) -> list[dict[str, Any]]:
 
 
 def _write_json(path: Path, doc: Any) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    """Atomically, under a name nobody can plant in advance (O_EXCL, random), mode 0600."""
+    import secrets
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         os.write(fd, json.dumps(doc, separators=(",", ":")).encode())
         os.fsync(fd)

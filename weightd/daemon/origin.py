@@ -36,12 +36,12 @@ def fleet_routes(d: "Daemon", app: web.Application, tracker: Any) -> None:
     async def body(request: web.Request) -> Any:
         if request.content_length is not None and request.content_length > MAX_REPORT_BYTES:
             raise ValueError(f"body larger than {MAX_REPORT_BYTES} bytes")
-        try:
-            raw = await asyncio.wait_for(request.content.read(MAX_REPORT_BYTES + 1), BODY_TIMEOUT_S)
+        try:   # (the whole body, however many segments it came in; client_max_size bounds it)
+            raw = await asyncio.wait_for(request.read(), BODY_TIMEOUT_S)
         except asyncio.TimeoutError:
             raise ValueError(f"body not received within {BODY_TIMEOUT_S:g} s") from None
-        if len(raw) > MAX_REPORT_BYTES:
-            raise ValueError(f"body larger than {MAX_REPORT_BYTES} bytes")
+        except web.HTTPRequestEntityTooLarge:
+            raise ValueError(f"body larger than {MAX_REPORT_BYTES} bytes") from None
         try:
             return json.loads(raw)
         except (ValueError, RecursionError):

@@ -102,6 +102,8 @@ class Api:
             self.inflight[key] = task
             task.add_done_callback(lambda _t, k=key: self._flight_done(k))
         progress = self.transfers[key]
+        if shared and not rate_bytes_per_s:
+            progress.lift_cap()   # (a server joining an intent's capped transfer does not wait for the cap)
         if joined is not None:
             joined(progress)
         progress.waiters += 1

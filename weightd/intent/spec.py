@@ -431,19 +431,39 @@ def load_intent(directory: Path, *, trusted_uids: tuple[int, ...] | None = None)
     return Intent(str(directory), tuple(entries), fp)
 
 
-def read_labels(path: Path | None, fixed: Mapping[str, str]) -> dict[str, str]:
+MAX_LABELS_BYTES = 64 << 10
+
+
+def read_labels(path: Path | None, fixed: Mapping[str, str], *,
+                trusted_uids: tuple[int, ...] | None = None) -> dict[str, str]:
     """This node's labels: ``[intent] labels`` from the config, overlaid by ``key=value`` lines of
-    ``labels_file`` if set (a file an init container or the provisioner writes). IntentError names a
-    bad line."""
+    ``labels_file`` if set (a file an init container or the provisioner writes). Labels choose the
+    entries a node runs, so the file gets the intent files' checks (a regular file, owned by root or
+    the daemon's user, not writable by others, at most 64 KiB). IntentError names a bad line."""
     labels = dict(fixed)
     if path is None:
         return labels
+    trusted = trusted_uids if trusted_uids is not None else tuple({0, os.geteuid()})
     try:
-        text = path.read_text()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         return labels
-    except (OSError, UnicodeDecodeError) as exc:
-        raise IntentError(str(path), f"cannot read node labels: {getattr(exc, 'strerror', None) or exc}") from None
+    except OSError as exc:
+        raise IntentError(str(path), f"cannot read node labels: {exc.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise IntentError(str(path), "node labels: not a regular file")
+        _check_owner(path, st, trusted)
+        raw = os.read(fd, MAX_LABELS_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(raw) > MAX_LABELS_BYTES:
+        raise IntentError(str(path), f"node labels: larger than {MAX_LABELS_BYTES} bytes")
+    try:
+        text = raw.decode()
+    except UnicodeDecodeError:
+        raise IntentError(str(path), "node labels: not UTF-8 text") from None
     for i, line in enumerate(text.splitlines(), 1):
         line = line.strip()
         if not line or line.startswith("#"):
