@@ -100,6 +100,14 @@ def test_a_daemon_converges_to_a_changed_intent_file(node_env, isolated_env, wd,
             return {c["name"]: c["pinned"] for c in json.loads(wd("status", "--json").stdout)["checkpoints"]}
         until("unpinned", lambda: pins()["acme/embed"] is False, timeout=30)
         assert pins()["acme/chat"] is True
+        # an admin who pins what intent had pinned makes it theirs: intent no longer unpins it
+        (idir / "chat.toml").write_text('[[keep]]\nmodel = "acme/embed@v1"\ntier = "hot"\npin = true\n')
+        until("embed pinned by intent", lambda: pins()["acme/embed"] is True, timeout=30)
+        assert wd("pin", "acme/embed@v1").returncode == 0
+        (idir / "chat.toml").write_text("")
+        until("no entry", lambda: intent_status(wd)["entries"] == [], timeout=30)
+        time.sleep(1.0)
+        assert pins()["acme/embed"] is True
     finally:
         d.stop()
 

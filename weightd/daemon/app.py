@@ -194,6 +194,8 @@ class Daemon:
                         "the next restart")
         self.old_services.append(self.service)
         self.service, self.config = service, cfg
+        if self.movers is not None:
+            self.movers.cap = cfg.settings.intent.max_movers
         service.on_loaded = self.intent.loaded
         self.intent.wake.set()
         self._start_intent()

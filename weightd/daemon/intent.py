@@ -435,6 +435,13 @@ class IntentRunner:
     def _save_pins(self) -> None:
         _write_json(self.pins_path, {"pins": sorted(self.pins_made)})
 
+    def admin_pinned(self, name: str, version: str) -> None:
+        """An admin pinned or unpinned NAME@VERSION: intent never unpins it (nor re-pins it) by its
+        ledger; an entry that still pins it pins it again at the next round if it is unpinned."""
+        if (name, version) in self.pins_made:
+            self.pins_made.discard((name, version))
+            self._save_pins()
+
     def close(self) -> bool:
         """At exit: True if a cold listing is still running (the daemon then exits hard, as it does
         for a copy still running: a hung cold server must not hold the exit)."""

@@ -58,9 +58,8 @@ class Api:
         r.add_get(f"{v}/check-cold", self._h(lambda b: d.run_blocking("misc", d.service.check_cold)))
         r.add_post(f"{v}/versions", self._h(lambda b: d.run_blocking("misc", d.service.versions, _opt_str(b, "name"))))
         r.add_post(f"{v}/path", self._h(lambda b: d.run_blocking("misc", d.service.path, _str(b, "ref"))))
-        r.add_post(f"{v}/pin", self._h(lambda b, c: d.run_blocking("misc", d.service.pin, _str(b, "ref")), admin="pin"))
-        r.add_post(f"{v}/unpin", self._h(lambda b, c: d.run_blocking("misc", d.service.unpin, _str(b, "ref")),
-                                         admin="unpin"))
+        r.add_post(f"{v}/pin", self._h(lambda b, c: self._pin(b, True), admin="pin"))
+        r.add_post(f"{v}/unpin", self._h(lambda b, c: self._pin(b, False), admin="unpin"))
         r.add_post(f"{v}/evict", self._h(self._evict, admin="evict"))
         r.add_post(f"{v}/gc", self._h(lambda b, c: d.run_blocking("misc", d.service.gc), admin="gc"))
         r.add_get(f"{v}/intent", self._h(self._intent))
@@ -198,6 +197,13 @@ class Api:
         st["transfers"] = self.transfer_rows()
         st["answered_by"] = "daemon"
         return st
+
+    async def _pin(self, b: dict[str, Any], pin: bool) -> dict[str, Any]:
+        """An admin's pin or unpin is the admin's from now on: fleet intent forgets it made it."""
+        svc = self.d.service
+        out = await self.d.run_blocking("misc", svc.pin if pin else svc.unpin, _str(b, "ref"))
+        self.d.intent.admin_pinned(out["name"], out["version"])
+        return out
 
     async def _intent(self, b: dict[str, Any]) -> dict[str, Any]:
         return self.d.intent.status()
