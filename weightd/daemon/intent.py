@@ -35,7 +35,7 @@ PINS_FILE = "intent-pins.json"
 LISTING_TIMEOUT_S = 30.0
 PREWARM_KEPT = 100
 USE_SAMPLE_S = 3600.0      # a model found in use is recorded at most once an hour
-SLOT_RETRY_S = 30.0        # a refused rollout slot is asked for again after about this long
+SLOT_RETRY_S = 30.0        # a refused rollout slot is asked for again after reconcile_s, at most about this long
 
 
 class IntentRunner:
@@ -268,7 +268,10 @@ class IntentRunner:
             if f.rollout and self._origin() is not None:
                 slot = await self._ask_slot(f)
                 if not slot:
-                    self.slot_retry_at[key] = time.monotonic() + SLOT_RETRY_S * (0.75 + 0.5 * random.random())
+                    # asked again at about the next full round (jittered: refused nodes do not come back
+                    # together), never sooner than a second
+                    retry = max(1.0, min(SLOT_RETRY_S, self.cfg.reconcile_s))
+                    self.slot_retry_at[key] = time.monotonic() + retry * (0.75 + 0.5 * random.random())
                     return
             self.slot_waiting.pop(key, None)
             self.slot_retry_at.pop(key, None)
