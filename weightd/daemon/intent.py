@@ -485,13 +485,12 @@ def holdings_of(status: dict[str, Any], p: Plan) -> list[dict[str, Any]]:
 
 
 def _write_json(path: Path, doc: Any) -> None:
-    """Atomically, under a name nobody can plant in advance (O_EXCL, random), mode 0600."""
-    import secrets
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    """Atomically (``tiering.Dir.write_atomic``: a unique O_EXCL temporary, fsync, rename), mode 0600,
+    in the state directory opened without following a symlink."""
+    from tiering import Dir
+    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    d = Dir(fd, path.parent)
     try:
-        os.write(fd, json.dumps(doc, separators=(",", ":")).encode())
-        os.fsync(fd)
+        d.write_atomic(path.name, json.dumps(doc, separators=(",", ":")).encode(), 0o600)
     finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        d.close()
