@@ -64,6 +64,8 @@ class P2PFetcher:
         src, cfg = request.source, self.config
         if src.size < cfg.threshold or not cfg.peers:
             return FetchResult(False)
+        if request.files is not None:  # (a partial copy: not from the swarm yet)
+            return FetchResult(False)
         try:
             ti = read_torrent(src)
         except TorrentRejected as exc:

@@ -26,7 +26,10 @@ _SURFACE: dict[str, str] = {
     "read_header": "content.safetensors_header",
     "ScannedFile": "content.scan", "scan_checkpoint": "content.scan", "scan_dir": "content.scan",
     "parse_ref": "content.names", "validate_name": "content.names", "validate_relpath": "content.names",
-    "validate_version": "content.names",
+    "validate_version": "content.names", "validate_label": "content.names", "split_label": "content.names",
+    "LABEL_SEP": "content.names",
+    "Selection": "content.select", "Choice": "content.select", "choose": "content.select",
+    "selection_from": "content.select", "selection_from_dict": "content.select",
     "MAX_SECONDS": "content.units", "format_bytes": "content.units", "format_duration": "content.units", "parse_fraction": "content.units", "parse_size": "content.units",
     "SignatureRefused": "content.signature", "SignedStatement": "content.signature",
     "TrustPolicy": "content.signature", "SIGNATURE_RELPATH": "content.signature", "HASHERS": "content.signature",
@@ -42,6 +45,7 @@ _SURFACE: dict[str, str] = {
     # tiers on disk
     "COLD": "layout", "DIR_MODE": "layout", "HOT": "layout", "LOCAL_TIERS": "layout", "WARM": "layout",
     "TierSpec": "layout", "VersionDir": "layout", "existing_ancestor": "layout", "list_versions": "layout",
+    "is_whole": "layout", "part_of": "layout",
     "Dir": "safefs", "check_unchangeable": "safefs", "open_cold_root": "safefs", "open_tier_root": "safefs",
     "StagingArea": "store.staging",
     # the node (a facade over tiering/store/) and the seam to transfer sources

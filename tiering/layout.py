@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from .content.manifest import MANIFEST_RELPATH, MAX_MANIFEST_BYTES, Manifest, parse_manifest
-from .content.names import validate_name, validate_version
+from .content.names import LABEL_SEP, split_label, validate_label, validate_name, validate_version
 from .errors import BadInput, CheckpointNotFound, ColdUnreadable, LabelMismatch, ManifestError, UnsafePath
 from .safefs import Dir, open_cold_root
 
@@ -100,9 +100,20 @@ def as_dir(root: "Dir | Path | None") -> Iterator[Dir | None]:
 
 
 def version_rel(name: str, version: str) -> str:
+    """``NAME/VERSION``; VERSION may be a local object's label (``V~p<hex>``, ``V~<kind>~<key>``)."""
     validate_name(name)
-    validate_version(version)
+    validate_label(version)
     return f"{name}/{version}"
+
+
+def is_whole(v: "VersionDir") -> bool:
+    """A whole published version (not a partial copy or a companion artefact)."""
+    return LABEL_SEP not in v.version
+
+
+def part_of(v: "VersionDir") -> str | None:
+    """The version a partial copy or companion belongs to (None for a whole version)."""
+    return split_label(v.version)[0] if LABEL_SEP in v.version else None
 
 
 def lock_name(name: str, version: str | None = None) -> str:

@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from .content.names import validate_name, validate_version
+from .content.names import LABEL_SEP, validate_label, validate_name, validate_version
+from .content.select import PARTIAL_TAG, Selection, choose
 from .content.signature import TrustPolicy
 from .content.units import MAX_SECONDS
 from .copy import run_bounded
@@ -135,13 +136,31 @@ class LocalNode:
         return self.publisher.publish(src, name, version, progress=progress, sign_key=sign_key, signature=signature,
                                       check=check)
 
+    def publish_companion(self, src: Path, name: str, version: str, kind: str, key: str, *,
+                          progress: ProgressFn | None = None, check: Any = None) -> PublishReport:
+        """Publish a directory (a compile cache, ...) tied to NAME@VERSION, which must be published,
+        and to a ``key`` saying what makes it valid (engine version, GPU, TP size): as
+        ``NAME/V~<kind>~<key>`` beside the version, immutable like it."""
+        if kind == PARTIAL_TAG:
+            raise BadInput(f"--kind: {kind!r} is reserved (partial copies)")
+        label = validate_label(f"{validate_version(version)}{LABEL_SEP}{kind}{LABEL_SEP}{key}")
+        whole = self.catalog.version(COLD, name, version)
+        if whole is None:
+            raise CheckpointNotFound(f"{name}@{version}", "not published; a companion belongs to a published version")
+        of = {"version": version, "digest": whole.manifest.digest, "kind": kind, "key": key}
+        return self.publisher.publish(src, name, label, progress=progress, check=check, of=of)
+
     def preload(self, name: str, version: str | None = None, *, tier: str = HOT, strict: bool = False,
                 lease_s: float = DEFAULT_LEASE_S, timeout_s: float | None = None, wait: bool = False,
-                progress: ProgressFn | None = None, holder: str | None = None) -> PreloadReport:
+                progress: ProgressFn | None = None, holder: str | None = None,
+                selection: Selection | None = None, companion: tuple[str, str] | None = None) -> PreloadReport:
         """Make NAME@VERSION complete and verified in ``tier`` (hot falls back to warm unless strict).
 
         ``wait``: if it is not published yet, wait for it (until ``timeout_s``). ``holder``: who the
-        lease is for (shown in ``status`` and in a refusal; default: this process).
+        lease is for (shown in ``status`` and in a refusal; default: this process). ``selection``:
+        only the files it chooses, as a partial copy of its own (``NAME/V~p<hex>``; the version
+        itself when it chooses every file). ``companion``: (kind, key) of an artefact published with
+        :meth:`publish` ``of=`` for this version (``NAME/V~<kind>~<key>``), instead of the version.
         """
         if tier not in LOCAL_TIERS:
             raise BadInput(f"tier must be one of {', '.join(LOCAL_TIERS)}")
@@ -150,32 +169,73 @@ class LocalNode:
         t0 = self.monotonic()
         deadline = None if timeout_s is None else t0 + timeout_s
         return run_bounded(lambda: self._preload(name, version, tier, strict, lease_s, deadline, wait, progress, t0,
-                                                 holder),
+                                                 holder, selection, companion),
                            deadline=deadline, clock=self.monotonic, what=f"preload of {name}@{version or 'latest'}")
 
     def _preload(self, name: str, version: str | None, tier: str, strict: bool, lease_s: float,
                  deadline: float | None, wait: bool, progress: ProgressFn | None, t0: float,
-                 holder: str | None = None) -> PreloadReport:
+                 holder: str | None = None, selection: Selection | None = None,
+                 companion: tuple[str, str] | None = None) -> PreloadReport:
         src = self.wait_published(name, version, deadline) if wait else self.resolve(name, version)
+        obj, origin, part = self.object_of(src, selection, companion)
         try:
-            report = self.preloader.preload_into(src, tier, deadline, progress, lease_s, holder)
+            report = self.preloader.preload_into(obj, tier, deadline, progress, lease_s, holder, origin)
         except NoSpace as exc:
             if tier != HOT or strict:
                 raise
-            log.info("hot tier cannot hold name=%s version=%s, falling back to warm: %s", src.name,
-                     src.version, exc)
-            report = self.preloader.preload_into(src, WARM, deadline, progress, lease_s, holder)
+            log.info("hot tier cannot hold name=%s version=%s, falling back to warm: %s", obj.name,
+                     obj.version, exc)
+            report = self.preloader.preload_into(obj, WARM, deadline, progress, lease_s, holder, origin)
             report.tier_fallback = {"from": HOT, "to": WARM, "reason": str(exc)}
+        report.part_of = part
         report.requested_tier = tier
         self.preloader.warm(report, progress)
         report.seconds = self.monotonic() - t0
         return report
 
-    def path(self, name: str, version: str | None = None) -> tuple[str, Path]:
-        """The best complete local copy (hot before warm) of NAME@VERSION (latest published if None)."""
-        if version is None:
-            version = self.resolve(name, None).version
-        validate_version(version)
+    def object_of(self, src: VersionDir, selection: Selection | None = None,
+                  companion: tuple[str, str] | None = None) -> tuple[VersionDir, VersionDir | None, dict[str, Any] | None]:
+        """The local object a request names: (the object, the published version its bytes come from
+        when that is another, what it is part of). A selection that keeps every file is the version."""
+        if companion is not None:
+            kind, key = companion
+            label = validate_label(f"{src.version}{LABEL_SEP}{kind}{LABEL_SEP}{key}")
+            if kind == PARTIAL_TAG:
+                raise BadInput(f"--with: {kind!r} is not a companion kind")
+            comp = self.catalog.version(COLD, src.name, label)
+            if comp is None:
+                raise CheckpointNotFound(f"{src.ref} {kind} {key}", f"no {kind} with key {key!r} is published for "
+                                         f"{src.ref} (weightd publish DIR --companion-of {src.ref} --kind {kind} "
+                                         f"--key {key})")
+            of = comp.manifest.of or {}
+            if of.get("digest") != src.manifest.digest:
+                raise CheckpointNotFound(f"{src.ref} {kind} {key}", f"the {kind} with key {key!r} was published for "
+                                         f"other content of {src.ref} (digest {str(of.get('digest'))[:12]}); "
+                                         f"publish it again for this one")
+            return comp, None, {"kind": kind, "key": key, "version": src.version, "files": len(comp.manifest.files)}
+        if selection is None or selection.whole:
+            return src, None, None
+        choice = choose(src.manifest, selection)
+        if choice.whole:
+            return src, None, None
+        label = choice.label(src.version)
+        of = {"version": src.version, "digest": src.manifest.digest, "kind": "partial",
+              "selection": selection.to_dict()}
+        pm = src.manifest.restrict(choice.paths, label=label, of=of)
+        root = self.roots.dir(HOT) or self.roots.dir(WARM)
+        obj = VersionDir(src.name, label, (root.path if root is not None else Path(".")) / src.name / label, pm)
+        return obj, src, {**of, **choice.to_dict(), "label": label}
+
+    def path(self, name: str, version: str | None = None, *, selection: Selection | None = None,
+             companion: tuple[str, str] | None = None) -> tuple[str, Path]:
+        """The best complete local copy (hot before warm) of NAME@VERSION (latest published if None);
+        with ``selection`` or ``companion``, of that object (never the version for a part of it, and
+        never a part for the version). VERSION may be an object's own label (``V~p<hex>``)."""
+        if version is None or selection is not None or companion is not None:
+            src = self.resolve(name, version)
+            version = src.version if selection is None and companion is None \
+                else self.object_of(src, selection, companion)[0].version
+        validate_label(version)
         for tier in LOCAL_TIERS:
             root = self.roots.dir(tier)
             v = read_version(root, name, version)
@@ -195,19 +255,19 @@ class LocalNode:
     def pin(self, name: str, version: str | None) -> tuple[str, bool]:
         version = version or self.resolve(name, None).version
         validate_name(name)
-        validate_version(version)
+        validate_label(version)
         return version, self.state.pin(name, version)
 
     def unpin(self, name: str, version: str | None) -> tuple[str, bool]:
         version = version or self.resolve(name, None).version
-        validate_version(version)
+        validate_label(version)
         return version, self.state.unpin(name, version)
 
     def evict(self, name: str, version: str | None, tier: str | None = None, *, force: bool = False) -> list[str]:
         """Remove NAME@VERSION (every local version of NAME if VERSION is None) from a tier or all."""
         validate_name(name)
         if version is not None:
-            validate_version(version)
+            validate_label(version)
         return self.space.evict(name, version, tier, force=force)
 
     def gc(self) -> dict[str, Any]:
@@ -254,7 +314,7 @@ class LocalNode:
         """Lease a local copy for ``seconds`` more (a caller that shared another's transfer); returns
         when it ends. The copy must be there (CheckpointNotFound otherwise)."""
         validate_name(name)
-        validate_version(version)
+        validate_label(version)
         if read_version(self.roots.dir(tier), name, version) is None:
             raise CheckpointNotFound(f"{name}@{version}", f"not in the {tier} tier")
         self.state.add_lease(tier, name, version, seconds, holder)
@@ -263,7 +323,7 @@ class LocalNode:
     def hold(self, tier: str, name: str, version: str, seconds: float, holder: str) -> bool:
         """Renew ``holder``'s one lease on a local copy for ``seconds`` (False: the copy is not there)."""
         validate_name(name)
-        validate_version(version)
+        validate_label(version)
         if read_version(self.roots.dir(tier), name, version) is None:
             return False
         self.state.hold(tier, name, version, seconds, holder)

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from urllib.parse import urlparse
 
 from .content.manifest import MANIFEST_RELPATH, MAX_MANIFEST_BYTES, FileEntry, Manifest, parse_manifest
-from .content.names import validate_name, validate_relpath, validate_version
+from .content.names import validate_label, validate_name, validate_relpath, validate_version
 
 if TYPE_CHECKING:
     from .layout import VersionDir
@@ -256,7 +256,7 @@ class ObjectCold:
         """NAME@VERSION's manifest, or None when it is not published (no manifest object)."""
         import obstore
         validate_name(name)
-        validate_version(version)
+        validate_label(version)  # (a companion's label too)
         key = f"{name}/{version}/{MANIFEST_RELPATH}"
         try:
             raw = self._call("get", lambda: bytes(obstore.get(self.store, key).bytes()), key)
@@ -288,7 +288,7 @@ class ObjectCold:
         GET, its size checked from the response before the body is read."""
         import obstore
         validate_name(name)
-        validate_version(version)
+        validate_label(version)
         key = f"{name}/{version}/{rel}"
         try:
             res = self._call("get", lambda: obstore.get(self.store, key), key)

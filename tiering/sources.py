@@ -30,6 +30,7 @@ class FetchRequest:
     progress: ProgressFn | None = None
     delta: "DeltaPlan | None" = None  # local donor bytes to reuse, if any
     clock: Callable[[], float] = time.monotonic  # the clock ``deadline`` is on (LocalNode's monotonic)
+    files: "frozenset[str] | None" = None  # only these files of ``source`` (a partial copy), else all
 
 
 @dataclass(frozen=True, slots=True)

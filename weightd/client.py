@@ -224,8 +224,10 @@ class DaemonClient:
 
     # -- the operations, named as on weightd.service.NodeService -------------------------------------
     def publish(self, src: str | Path, name: str, version: str, *, sign_key: str | None = None,
-                signature: str | None = None, **_: Any) -> Any:
+                signature: str | None = None, companion: dict[str, str] | None = None, **_: Any) -> Any:
         body: dict[str, Any] = {"dir": os.path.abspath(src), "name": name, "version": version}
+        if companion is not None:
+            body["companion"] = companion
         if sign_key:
             body["sign_key"] = sign_key
         if signature:
@@ -241,8 +243,16 @@ class DaemonClient:
         return self.call_retrying("POST", "preload", {"ref": ref, **kw}, timeout_s=budget, what=f"preload {ref}",
                                   on_progress=on_progress, streamed=True)
 
-    def path(self, ref: str) -> Any:
-        return self.call("POST", "path", {"ref": ref})
+    def preload_set(self, refs: list[str], **kw: Any) -> Any:
+        """Every model of a set as one request (``kw`` as for preload); one summary back."""
+        t = kw.get("timeout_s")
+        budget = t if isinstance(t, (int, float)) and not isinstance(t, bool) and 0 <= t < float("inf") else None
+        return self.call_retrying("POST", "preload-set", {"refs": refs, **kw}, timeout_s=budget,
+                                  what=f"preload of a set of {len(refs)}")
+
+    def path(self, ref: str, **kw: Any) -> Any:
+        """``kw``: selection, whole, companion (as for preload)."""
+        return self.call("POST", "path", {"ref": ref, **{k: v for k, v in kw.items() if v not in (None, False)}})
 
     def status(self) -> Any:
         return self.call("GET", "status")

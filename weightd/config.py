@@ -430,6 +430,29 @@ class IntentSettings(_Model):
         return v
 
 
+class ModelDefaults(_Model):
+    """``[models."NAME"]`` (NAME may be a glob, ``"meta-llama/*"``): the files a preload of NAME moves
+    when its caller names none (``--all`` moves every file): huggingface_hub's allow/ignore patterns."""
+    include: list[str] = []
+    exclude: list[str] = []
+
+    @model_validator(mode="after")
+    def _patterns(self) -> "ModelDefaults":
+        from tiering import selection_from
+        try:
+            selection_from(self.include, self.exclude)
+        except Exception as exc:  # BadInput: named by the key it came from
+            raise ValueError(str(exc).replace("--", "")) from None
+        return self
+
+
+def _model_key(k: str) -> str:
+    import re
+    if not re.fullmatch(r"[A-Za-z0-9._*?\[\]-]+(?:/[A-Za-z0-9._*?\[\]-]+)?", k):
+        raise ValueError(f"models.{k!r}: expected a checkpoint NAME or a glob of names ('org/*')")
+    return k
+
+
 class Settings(_Model):
     state_dir: Path
     tiers: Tiers
@@ -440,8 +463,29 @@ class Settings(_Model):
     trust: TrustSettings = TrustSettings()
     publish: PublishSettings = PublishSettings()
     intent: IntentSettings = IntentSettings()
+    models: dict[str, ModelDefaults] = {}
 
     _path = field_validator("state_dir", mode="before")(_abs_path)
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _models(cls, v: Any) -> Any:
+        if isinstance(v, Mapping):
+            for k in v:
+                _model_key(str(k))
+        return v
+
+    def default_selection(self, name: str) -> Any:
+        """The configured default patterns of NAME (a ``tiering.Selection``): its own table, else the
+        longest glob that matches it, else none."""
+        from fnmatch import fnmatchcase
+
+        from tiering import Selection, selection_from
+        d = self.models.get(name)
+        if d is None:
+            globs = sorted((k for k in self.models if fnmatchcase(name, k)), key=len, reverse=True)
+            d = self.models[globs[0]] if globs else None
+        return Selection() if d is None else selection_from(d.include, d.exclude)
 
 
 @dataclass(frozen=True)

@@ -64,9 +64,26 @@ def check_tier(tier: Any, *, optional: bool = False) -> str | None:
     return tier
 
 
-def split_ref(ref: str) -> tuple[str, str | None]:
-    """NAME[@VERSION], validated (InvalidName, exit 2)."""
-    return parse_ref(ref)
+def split_ref(ref: str, *, local: bool = False) -> tuple[str, str | None]:
+    """NAME[@VERSION], validated (InvalidName, exit 2); ``local``: VERSION may be a local object's label
+    (a partial copy ``V~p<hex>``, a companion ``V~<kind>~<key>``), as ``status`` shows them."""
+    return parse_ref(ref, local=local)
+
+
+def check_companion(v: Any) -> tuple[str, str] | None:
+    """``{"kind": K, "key": KEY}`` (a companion artefact of the version), checked; None: the version."""
+    if v is None:
+        return None
+    from tiering import LABEL_SEP, validate_label
+    if not isinstance(v, dict) or set(v) != {"kind", "key"} or not all(isinstance(x, str) for x in v.values()):
+        raise InvalidRequest("companion", "'companion' must be {\"kind\": KIND, \"key\": KEY}")
+    try:
+        validate_label(f"v{LABEL_SEP}{v['kind']}{LABEL_SEP}{v['key']}")
+    except ValueError as exc:
+        raise InvalidRequest("companion", f"companion kind {v['kind'][:40]!r} / key {v['key'][:80]!r}: {exc}") from None
+    if v["kind"] == "p":
+        raise InvalidRequest("companion", "companion kind 'p' is reserved (partial copies)")
+    return v["kind"], v["key"]
 
 
 @dataclass(frozen=True)
@@ -80,10 +97,22 @@ class PreloadRequest:
     timeout_s: float | None = None
     wait: bool = False
     holder: str | None = None     # who the lease is for ("pid 4242 (vllm) uid 1000"); default: this process
+    selection: Any = None         # a tiering.Selection: only these files, as a partial copy (None: all)
+    companion: tuple[str, str] | None = None   # (kind, key): the version's companion artefact instead
 
     @property
     def ref(self) -> str:
         return f"{self.name}@{self.version}" if self.version else self.name
+
+    @property
+    def what(self) -> tuple[str, ...]:
+        """Which object of the version (the single-flight key's last part): whole, a selection, a companion."""
+        if self.companion is not None:
+            return ("companion", *self.companion)
+        if self.selection is not None and not self.selection.whole:
+            import json
+            return ("selection", json.dumps(self.selection.to_dict(), sort_keys=True))
+        return ()
 
 
 class NodeService:
@@ -133,13 +162,34 @@ class NodeService:
 
     # -- preload: validate, resolve, load ----------------------------------------------------------
     def preload_request(self, ref: str, *, tier: Any = HOT, strict: bool = False, lease_s: Any = DEFAULT,
-                        timeout_s: Any = None, wait: bool = False, holder: str | None = None) -> PreloadRequest:
-        """Validated alike for the CLI and the daemon (InvalidRequest naming the key, exit 2)."""
+                        timeout_s: Any = None, wait: bool = False, holder: str | None = None,
+                        selection: Any = None, whole: Any = False, companion: Any = None) -> PreloadRequest:
+        """Validated alike for the CLI and the daemon (InvalidRequest naming the key, exit 2).
+        ``selection``: ``{include, exclude, layers, tp_rank}`` (a partial copy); without one, the
+        model's configured default patterns apply unless ``whole``. ``companion``: ``{kind, key}``."""
         name, version = split_ref(ref)
         tier = check_tier(tier)
         lease = DEFAULT_LEASE_S if lease_s is DEFAULT else check_seconds("lease_s", lease_s)
         timeout = None if timeout_s is None else check_seconds("timeout_s", timeout_s)
-        return PreloadRequest(name, version, tier, bool(strict), lease, timeout, bool(wait), holder)
+        return PreloadRequest(name, version, tier, bool(strict), lease, timeout, bool(wait), holder,
+                              self.selection_for(name, selection, whole), check_companion(companion))
+
+    def selection_for(self, name: str, selection: Any = None, whole: Any = False) -> Any:
+        """The files a request for NAME means: its own selection over the model's configured default
+        patterns (``[models."NAME"]``), none of them with ``whole``."""
+        from tiering import BadInput, selection_from_dict
+        if not isinstance(whole, bool):
+            raise InvalidRequest("whole", "'whole' must be true or false")
+        try:
+            sel = selection_from_dict(selection)
+        except BadInput as exc:
+            raise InvalidRequest("selection", str(exc)) from None
+        if whole:
+            if not sel.whole:
+                raise InvalidRequest("whole", "give file patterns, layers or a rank, or ask for every file, not both")
+            return None
+        sel = sel.merged_with(self.config.settings.default_selection(name))
+        return None if sel.whole else sel
 
     def needs_resolving(self, req: PreloadRequest) -> bool:
         return req.version is None or req.wait
@@ -174,7 +224,8 @@ class NodeService:
         t0 = self.monotonic()
         try:
             r = self.node.preload(req.name, req.version, tier=req.tier, strict=req.strict, lease_s=req.lease_s,
-                                  timeout_s=req.timeout_s, progress=progress, holder=req.holder)
+                                  timeout_s=req.timeout_s, progress=progress, holder=req.holder,
+                                  selection=req.selection, companion=req.companion)
         except BaseException as exc:
             self._count_failure(req, exc)
             raise
@@ -196,6 +247,28 @@ class NodeService:
         if req.wait:
             req = self.resolve(req)
         return self.load(req, progress=progress)
+
+    def preload_set(self, refs: Any, *, threads: int = 4, **kw: Any) -> dict[str, Any]:
+        """Every model of a set (LoRA adapters) as one operation: each its own preload, ``threads`` at
+        once, one summary (``weightd.sets.summarize``); a failure of one does not stop the others."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        from .sets import check_refs, summarize
+        refs = check_refs(refs)
+        reqs = [self.preload_request(r, **kw) for r in refs]   # every one checked before anything moves
+        t0 = self.monotonic()
+
+        def one(req: PreloadRequest) -> Any:
+            try:
+                return self.load(self.resolve(req) if self.needs_resolving(req) else req)
+            except Exception as exc:  # (reported in the summary, with its exit code)
+                return exc
+        with ThreadPoolExecutor(max(1, min(threads, len(reqs))), "weightd-set") as pool:
+            outcomes = list(pool.map(one, reqs))
+        r = summarize(refs, outcomes, self.monotonic() - t0, reqs[0].tier)
+        log.info("preloaded a set models=%d ready=%d failed=%d bytes=%d seconds=%.3f", r["models"], r["ready"],
+                 len(r["failed"]), r["bytes"], r["seconds"])
+        return r
 
     def _count_failure(self, req: PreloadRequest, exc: BaseException) -> None:
         reason = ("integrity" if isinstance(exc, IntegrityError) else "no_space" if isinstance(exc, NoSpace)
@@ -235,9 +308,28 @@ class NodeService:
                 m.bytes.labels(src).inc(n)
 
     # -- queries and admin --------------------------------------------------------------------------
-    def path(self, ref: str) -> dict[str, Any]:
-        tier, p = self.node.path(*split_ref(ref))
+    def path(self, ref: str, *, selection: Any = None, whole: Any = False, companion: Any = None) -> dict[str, Any]:
+        """The best local copy of what a preload of the same arguments made (a partial copy when
+        NAME has default patterns; the whole version only with ``whole``, and only when complete)."""
+        name, version = split_ref(ref, local=True)
+        sel, comp = self.selection_for(name, selection, whole), check_companion(companion)
+        if version is not None and "~" in version and (sel is not None or comp is not None):
+            sel = comp = None   # (an object named by its own label is that object)
+        tier, p = self.node.path(name, version, selection=sel, companion=comp)
         return {"tier": tier, "path": str(p)}
+
+    def publish_companion(self, src: Path, ref: str, kind: str, key: str, *, progress: ProgressFn | None = None,
+                          check: Any = None) -> dict[str, Any]:
+        """Publish a directory (a compile cache, ...) as NAME@VERSION's companion of ``kind`` for ``key``."""
+        name, version = split_ref(ref)
+        if version is None:
+            raise InvalidRequest("companion_of", f"--companion-of {ref}: name the version (NAME@VERSION)")
+        comp = check_companion({"kind": kind, "key": key})
+        assert comp is not None
+        r = self.node.publish_companion(Path(src), name, version, *comp, progress=progress, check=check)
+        log.info("published companion name=%s version=%s kind=%s key=%s bytes=%d unchanged=%s", name, version,
+                 kind, key, r.bytes, r.unchanged)
+        return {**r.to_dict(), "torrent": None, "companion_of": f"{name}@{version}", "kind": kind, "key": key}
 
     def status(self) -> dict[str, Any]:
         since = time.time() - EVENTS_WINDOW_S
@@ -267,15 +359,20 @@ class NodeService:
         return self._pin(ref, False)
 
     def _pin(self, ref: str, pin: bool) -> dict[str, Any]:
-        name, version = split_ref(ref)
+        name, version = split_ref(ref, local=True)
         if pin and version is not None:
-            self.node.resolve(name, version)  # pin only what exists (published or here): CheckpointNotFound
+            if "~" in version:  # a partial copy or companion: pinned only when it is here (or published)
+                if not any(self.node.version(t, name, version) is not None for t in (*LOCAL_TIERS, "cold")):
+                    from tiering import CheckpointNotFound
+                    raise CheckpointNotFound(f"{name}@{version}", "not on this node (see weightd status)")
+            else:
+                self.node.resolve(name, version)  # pin only what exists (published or here): CheckpointNotFound
         version, changed = (self.node.pin if pin else self.node.unpin)(name, version)
         log.info("%s name=%s version=%s changed=%s", "pin" if pin else "unpin", name, version, changed)
         return {"name": name, "version": version, "changed": changed}
 
     def evict(self, ref: str, tier: Any = None, force: bool = False, all_versions: bool = False) -> dict[str, Any]:
-        name, version = split_ref(ref)
+        name, version = split_ref(ref, local=True)
         if version is None and not all_versions:  # (a slip of the keyboard must not empty a node of a model)
             raise InvalidRequest("ref", f"evict {name}: name a version ({name}@VERSION), or pass --all to evict "
                                  f"every local version of {name}")

@@ -27,7 +27,7 @@ from typing import Any, Iterator
 import xxhash
 
 from ..errors import ManifestError
-from .names import validate_name, validate_relpath, validate_version
+from .names import TAG_RE, VERSION_RE, split_label, validate_label, validate_name, validate_relpath, validate_version
 from .safetensors_header import DTYPE_BITS
 
 FORMAT = 1
@@ -114,6 +114,9 @@ class Manifest:
     version: str | None = None
     published_at: str | None = None
     piece_size: int | None = None
+    # what this object belongs to, when it is not a whole published version (a label, outside the
+    # digest): {"version", "digest", "kind": "partial"|<companion kind>, "key"?, "selection"?}
+    of: dict[str, Any] | None = field(default=None, compare=False)
     digest: str = field(default="")
 
     def __post_init__(self) -> None:
@@ -134,8 +137,15 @@ class Manifest:
                     yield f, t
 
     def with_labels(self, *, name: str | None = None, version: str | None = None,
-                    published_at: str | None = None, piece_size: int | None = None) -> Manifest:
-        return replace(self, name=name, version=version, published_at=published_at, piece_size=piece_size)
+                    published_at: str | None = None, piece_size: int | None = None,
+                    of: dict[str, Any] | None = None) -> Manifest:
+        return replace(self, name=name, version=version, published_at=published_at, piece_size=piece_size, of=of)
+
+    def restrict(self, paths: "set[str] | frozenset[str]", *, label: str, of: dict[str, Any]) -> Manifest:
+        """The manifest of a partial copy: only the entries of ``paths`` (each verified as in the whole
+        version), under its own ``label``, saying what it is part of."""
+        files = tuple(f for f in self.files if f.path in paths)
+        return Manifest(files, self.chunk_size, self.format, self.name, label, self.published_at, None, dict(of))
 
     # -- JSON -------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -146,6 +156,7 @@ class Manifest:
             "published_at": self.published_at,
             "digest": self.digest,
             "piece_size": self.piece_size,
+            **({"of": self.of} if self.of is not None else {}),
             "total_bytes": self.total_bytes,
             **_body(self),
         }
@@ -237,7 +248,7 @@ class _Reader:
 def manifest_from_dict(data: Any, source: str = "manifest") -> Manifest:
     r = _Reader(source)
     top = r.obj(data, "", {"format", "name", "version", "published_at", "digest", "piece_size",
-                           "total_bytes", "chunk_size", "files"}, {"format", "digest", "chunk_size", "files"})
+                           "total_bytes", "chunk_size", "files", "of"}, {"format", "digest", "chunk_size", "files"})
     if top["format"] != FORMAT:
         raise r.fail("format", f"unsupported format {top['format']!r} (this weightd reads format {FORMAT})")
     chunk_size = r.int(top["chunk_size"], "chunk_size", 1)
@@ -245,8 +256,12 @@ def manifest_from_dict(data: Any, source: str = "manifest") -> Manifest:
     version = r.opt_str(top.get("version"), "version")
     if name is not None:
         validate_name(name)
+    of = _read_of(r, top["of"]) if top.get("of") is not None else None
     if version is not None:
-        validate_version(version)
+        # a local object's label (V~p<hex>, V~<kind>~<key>) only with "of" saying what it belongs to
+        (validate_label if of is not None else validate_version)(version)
+        if of is not None and split_label(version)[0] != of["version"]:
+            raise r.fail("of", f"version {of['version']!r} is not the one in the label {version!r}")
     piece_size = top.get("piece_size")
     if piece_size is not None:
         r.int(piece_size, "piece_size", 1)
@@ -265,10 +280,32 @@ def manifest_from_dict(data: Any, source: str = "manifest") -> Manifest:
             parent = parent.rpartition("/")[0]
 
     m = Manifest(tuple(sorted(files, key=lambda f: f.path)), chunk_size, FORMAT, name, version,
-                 r.opt_str(top.get("published_at"), "published_at"), piece_size)
+                 r.opt_str(top.get("published_at"), "published_at"), piece_size, of)
     if m.digest != r.hex(top["digest"], "digest"):
         raise r.fail("digest", f"does not match the content (expected {m.digest}): the manifest was edited or is corrupt")
     return m
+
+
+_OF_KEYS = {"version", "digest", "kind", "key", "selection"}
+MAX_OF_BYTES = 64 << 10
+
+
+def _read_of(r: _Reader, v: Any) -> dict[str, Any]:
+    """``of``: what a partial copy or a companion belongs to (checked; a selection is kept as written,
+    bounded, for people to read: what the object holds is its file list)."""
+    v = r.obj(v, "of", _OF_KEYS, {"version", "digest", "kind"})
+    if not isinstance(v["version"], str):
+        raise r.fail("of.version", "expected a string")
+    validate_version(v["version"])
+    r.hex(v["digest"], "of.digest")
+    if not isinstance(v["kind"], str) or not TAG_RE.fullmatch(v["kind"]):
+        raise r.fail("of.kind", "expected [a-z0-9-], at most 40 characters")
+    if "key" in v and (not isinstance(v["key"], str) or not VERSION_RE.fullmatch(v["key"])):
+        raise r.fail("of.key", "expected [A-Za-z0-9._-]+")
+    if "selection" in v:
+        if not isinstance(v["selection"], dict) or len(json.dumps(v["selection"])) > MAX_OF_BYTES:
+            raise r.fail("of.selection", f"expected an object of at most {MAX_OF_BYTES} bytes")
+    return dict(v)
 
 
 def _read_file_entry(r: _Reader, i: int, fd: Any, source: str, chunk_size: int, seen: set[str]) -> FileEntry:

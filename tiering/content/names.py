@@ -35,12 +35,44 @@ def validate_version(version: str) -> str:
     return version
 
 
-def parse_ref(ref: str) -> tuple[str, str | None]:
-    """Split ``NAME[@VERSION]`` and validate both parts."""
+LABEL_SEP = "~"   # a local object's label: VERSION~TAG (never a published version: "~" is outside VERSION)
+TAG_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,39}")
+
+
+def validate_label(label: str) -> str:
+    """A local object's label: a VERSION, or ``VERSION~TAG[~KEY]`` for what belongs to a version but is
+    not the whole of it (a partial copy ``V~p<hex>``, a companion ``V~<kind>~<key>``). The ``~`` never
+    occurs in a published version, so such an object can never be taken for one."""
+    if not isinstance(label, str):
+        raise InvalidName("version", str(label), "expected [A-Za-z0-9._-]+")
+    version, sep, rest = label.partition(LABEL_SEP)
+    validate_version(version)
+    if sep:
+        tag, sep2, key = rest.partition(LABEL_SEP)
+        if not TAG_RE.fullmatch(tag) or (sep2 and (not VERSION_RE.fullmatch(key) or set(key) == {"."})):
+            raise InvalidName("version", label, "expected VERSION, VERSION~TAG or VERSION~KIND~KEY "
+                              "(TAG, KIND: [a-z0-9-]; KEY: [A-Za-z0-9._-]+)")
+        if len(label.encode()) > MAX_COMPONENT_LEN:
+            raise InvalidName("version", label, f"longer than {MAX_COMPONENT_LEN} bytes")
+    return label
+
+
+def split_label(label: str) -> tuple[str, str | None, str | None]:
+    """``V~tag~key`` -> (V, tag, key); a plain version -> (V, None, None)."""
+    version, _, rest = label.partition(LABEL_SEP)
+    if not rest:
+        return version, None, None
+    tag, _, key = rest.partition(LABEL_SEP)
+    return version, tag, key or None
+
+
+def parse_ref(ref: str, *, local: bool = False) -> tuple[str, str | None]:
+    """Split ``NAME[@VERSION]`` and validate both parts (``local``: VERSION may be a local object's
+    label, ``V~p<hex>`` or ``V~<kind>~<key>``)."""
     name, sep, version = ref.partition("@")
     validate_name(name)
     if sep:
-        validate_version(version)
+        (validate_label if local else validate_version)(version)
         return name, version
     return name, None
 

@@ -93,8 +93,11 @@ class SignedStatement:
                                                            if extra else "")
             raise SignatureRefused(ref, "files_differ", f"the signature does not cover the manifest's files ({what})")
 
-    def check_digests(self, ref: str, actual: dict[str, str]) -> None:
+    def check_digests(self, ref: str, actual: dict[str, str], only: "set[str] | None" = None) -> None:
+        """Every signed file's digest (``only``: of these files, a partial copy's)."""
         for path, want in sorted(self.digests.items()):
+            if only is not None and path not in only:
+                continue
             got = actual.get(path)
             if got != want:
                 raise SignatureRefused(ref, "digest_mismatch",

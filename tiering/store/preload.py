@@ -39,12 +39,17 @@ class Preloader:
         self.warm_options, self.on_placed = warm_options, on_placed
 
     def preload_into(self, src: VersionDir, tier: str, deadline: float | None,
-                     progress: ProgressFn | None, lease_s: float, holder: str | None = None) -> PreloadReport:
+                     progress: ProgressFn | None, lease_s: float, holder: str | None = None,
+                     origin: VersionDir | None = None) -> PreloadReport:
+        """``src``: the local object to make (a version, a partial copy of one, a companion);
+        ``origin``: the published version its bytes come from, when that is another (a partial copy's
+        whole version: its signature is checked, and its files are the partial copy's sources)."""
         name, version, m = src.name, src.version, src.manifest
         root = self.roots.must(tier)
         rel = version_rel(name, version)
         report = PreloadReport(name, version, tier, str(root.path / rel), m.digest, m.total_bytes)
-        signed = self.trust.check_source(src)  # refused before anything is reserved or written
+        # refused before anything is reserved or written
+        signed = self.trust.check_source(origin if origin is not None else src)
         if signed is not None:
             report.signature = {"key_name": signed.statement.key_name, "key_id": signed.statement.key_id,
                                 "algorithm": signed.statement.algorithm, "checked": True}
@@ -68,7 +73,7 @@ class Preloader:
             staging, report.evicted = self.space.reserve(tier, name, version, m.total_bytes, deadline)
             with staging:  # aborted on any exception
                 try:
-                    fill = self.sources.fill(staging, m, tier, name, version, deadline, progress)
+                    fill = self.sources.fill(staging, m, tier, name, version, deadline, progress, origin=origin)
                     _record(report, fill)
                     staging.commit(root, name, version, m, verified=fill.verified, signed=signed,
                                    checked_at=self.now(), progress=progress)

@@ -16,7 +16,7 @@ from typing import Any, Callable
 from ..content.build import build_manifest, verify_checkpoint
 from ..content.manifest import Manifest
 from ..content.signature import HASHERS, SIGNATURE_RELPATH, TrustPolicy, load_private_key, read_unverified, sign
-from ..content.names import validate_name, validate_version
+from ..content.names import validate_label, validate_name, validate_version
 from ..content.scan import CheckFn, ScannedFile, scan_checkpoint
 from ..copy import CopyJob, copy_files
 from ..errors import BadInput, FileChanged, VersionConflict
@@ -39,11 +39,12 @@ class Publisher:
 
     def publish(self, src: Path, name: str, version: str, *, progress: ProgressFn | None = None,
                 sign_key: Path | None = None, signature: bytes | None = None,
-                check: "CheckFn | None" = None) -> PublishReport:
+                check: "CheckFn | None" = None, of: dict[str, Any] | None = None) -> PublishReport:
         """``check(path, st)``: asked of every directory and file the scan pins (the daemon refuses
-        what its caller could not read), so what is authorised is what is read."""
+        what its caller could not read), so what is authorised is what is read. ``of``: a companion
+        artefact's tie to its version (VERSION is then its label ``V~<kind>~<key>``)."""
         validate_name(name)
-        validate_version(version)
+        (validate_label if of is not None else validate_version)(version)
         t0 = self.monotonic()
         files = scan_checkpoint(src, check=check)  # validates the source before anything is written
         if not files:  # (nothing to serve, nothing to verify: almost surely the wrong directory)
@@ -51,7 +52,7 @@ class Publisher:
         ref = f"{name}@{version}"
         rel = version_rel(name, version)
         if self.roots.object is not None:
-            return self._publish_object(src, files, name, version, progress, sign_key, signature, t0)
+            return self._publish_object(src, files, name, version, progress, sign_key, signature, t0, of)
         cold = self.roots.must(COLD)
         lock = self.roots.lock(COLD, name, version)
         lock.acquire(PUBLISH_LOCK_TIMEOUT_S)  # a lock held on a shared mount forever must not wedge us
@@ -71,7 +72,7 @@ class Publisher:
                 load_private_key(sign_key)  # a bad key fails before anything is copied
             with open_staging(cold, name, version, total, resume=False, now=self.now) as staging:
                 digest, nbytes, signed_by = self._stage(cold, staging, src, files, name, version, progress,
-                                                        sign_key, signature)
+                                                        sign_key, signature, of)
             log.info("published name=%s version=%s digest=%s bytes=%d signed_by=%s", name, version, digest, nbytes,
                      signed_by or "-")
             return PublishReport(name, version, str(cold.path / rel), digest, nbytes, False, self.monotonic() - t0,
@@ -79,7 +80,7 @@ class Publisher:
 
     def _publish_object(self, src: Path, files: list[ScannedFile], name: str, version: str,
                         progress: ProgressFn | None, sign_key: Path | None, signature: bytes | None,
-                        t0: float) -> PublishReport:
+                        t0: float, of: dict[str, Any] | None = None) -> PublishReport:
         """Object storage: the manifest is built from the source (one read), the files uploaded, the
         source checked unchanged, and the manifest written last (see tiering.objstore)."""
         obj = self.roots.object
@@ -88,7 +89,8 @@ class Publisher:
         if sign_key is not None:
             load_private_key(sign_key)  # a bad key fails before anything is uploaded
         m = build_manifest(src, files=files).with_labels(
-            name=name, version=version, published_at=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"))
+            name=name, version=version, published_at=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            of=of)
 
         def unchanged() -> None:  # the source must not have changed while it was hashed and uploaded
             for f in files:
@@ -133,7 +135,7 @@ class Publisher:
 
     def _stage(self, cold: Dir, staging: StagingArea, src: Path, files: list[ScannedFile], name: str,
                version: str, progress: ProgressFn | None, sign_key: Path | None,
-               signature: bytes | None) -> tuple[str, int, str | None]:
+               signature: bytes | None, of: dict[str, Any] | None = None) -> tuple[str, int, str | None]:
         """Copy, check nothing changed or was added, build the manifest from staging and commit."""
         jobs = [CopyJob(f.path, FileRef(staging.dir, f.relpath), f.size, f.mode) for f in files]
         copy_files(jobs, threads=self.copy_threads, preallocate=False, progress=progress)
@@ -148,7 +150,7 @@ class Publisher:
                                                  f"{', '.join(extra)} (another writer?)")
         m = build_manifest(staging.dir, files=staged)
         m = m.with_labels(name=name, version=version,
-                          published_at=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"))
+                          published_at=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"), of=of)
         signed_by = self._sign(staging, m, f"{name}@{version}", sign_key, signature)
         staging.commit(cold, name, version, m, verified=True)  # (the manifest was just built from it)
         return m.digest, m.total_bytes, signed_by

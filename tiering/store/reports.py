@@ -58,6 +58,7 @@ class PreloadReport:
     resumed_bytes: int = 0   # kept from an interrupted transfer of this version (checked, not moved again)
     store: dict[str, Any] | None = None  # object-store cold tier: requests, errors and bytes of this transfer
     swarm: dict[str, Any] | None = None  # P2P: what the piece plan did (slices, recovery, duplicates)
+    part_of: dict[str, Any] | None = None  # a partial copy or a companion: of which version, what it holds
 
     @property
     def bytes_moved(self) -> int:
@@ -73,7 +74,8 @@ class PreloadReport:
                 "resident_bytes": self.resident_bytes,
                 "resident_percent": round(100 * self.resident_bytes / self.bytes, 2) if self.bytes else 100.0,
                 "warm_seconds": round(self.warm_seconds, 4), "delta": self.delta, "signature": self.signature,
-                "resumed_bytes": self.resumed_bytes, "store": self.store, "swarm": self.swarm}
+                "resumed_bytes": self.resumed_bytes, "store": self.store, "swarm": self.swarm,
+                "part_of": self.part_of}
 
 
 def _tier_status(roots: TierRoots, tier: str) -> tuple[dict[str, Any], list[VersionDir]]:
@@ -112,7 +114,8 @@ def status(roots: TierRoots, state: State) -> dict[str, Any]:
         for v in versions:
             c = checkpoints.setdefault((v.name, v.version), {
                 "name": v.name, "version": v.version, "digest": v.manifest.digest, "bytes": v.size,
-                "pinned": (v.name, v.version) in pinned, "tiers": {}})
+                "pinned": (v.name, v.version) in pinned, "tiers": {},
+                **({"part_of": v.manifest.of, "files": len(v.manifest.files)} if v.manifest.of is not None else {})})
             row = rows.get((t, v.name, v.version))
             res = residency([v.path]).resident_bytes
             rec = read_trust(roots.dir(t), v.rel)

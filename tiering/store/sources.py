@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
@@ -51,25 +51,28 @@ class Sources:
         self.roots, self.fetchers, self.copy_threads, self.monotonic = roots, fetchers, copy_threads, monotonic
 
     def fill(self, staging: StagingArea, m: Manifest, tier: str, name: str, version: str,
-             deadline: float | None, progress: ProgressFn | None) -> Fill:
+             deadline: float | None, progress: ProgressFn | None, *, origin: VersionDir | None = None) -> Fill:
         """Fill staging from the nearest complete copy: the other local tier, else local donors plus
-        the swarm or cold."""
+        the swarm or cold. ``origin``: the published version whose files these are, when ``version``
+        is another object's label (a partial copy: only the files of ``m`` are read from it)."""
         fill = Fill()
         other = WARM if tier == HOT else HOT
-        labels: list[tuple[str, str]] = []
+        src_version = origin.version if origin is not None else version
+        src_digest = origin.manifest.digest if origin is not None else m.digest
+        labels: list[tuple[str, str, str]] = []
         local = read_version(self.roots.dir(other), name, version)
         if local is not None and local.manifest.digest == m.digest:
-            labels.append(("local_reuse", other))
-        cold = read_version(self.roots.dir(COLD), name, version)
-        if cold is not None and cold.manifest.digest == m.digest:
-            labels.append(("cold", COLD))
-        if cold is not None and not any(label == "local_reuse" for label, _ in labels):
+            labels.append(("local_reuse", other, version))
+        cold = read_version(self.roots.dir(COLD), name, src_version)
+        if cold is not None and cold.manifest.digest == src_digest:
+            labels.append(("cold", COLD, src_version))
+        if cold is not None and not any(label == "local_reuse" for label, _, _ in labels):
             # no local copy: other local versions lend what they share with this one (a delta update),
             # then the swarm, then a copy from cold
             if self._remote(fill, staging, m, cold, tier, name, version, deadline, progress):
                 return fill
         if not labels and self.roots.object is not None:
-            self._from_object(fill, staging, m, tier, name, version, deadline, progress)
+            self._from_object(fill, staging, m, tier, name, version, deadline, progress, origin)
             return fill
         if not labels:
             raise CheckpointNotFound(f"{name}@{version}", "no complete copy to read from")
@@ -86,18 +89,20 @@ class Sources:
             if plan is not None:
                 fill.delta = {"donors": [donors[i].ref for i in plan.donors_used()],
                               "planned_reuse_bytes": plan.reuse_bytes, "refetched": []}
-            if self._try_fetchers(fill, cold, staging, plan, deadline, progress):
+            if self._try_fetchers(fill, cold, staging, plan, deadline, progress, _subset(m, cold)):
                 return True
             if plan is not None:
-                self._build_delta(staging, plan, fill, name, version, deadline, progress)
+                self._build_delta(staging, plan, fill, name, cold.version, deadline, progress)
                 return True
         return False
 
     def _try_fetchers(self, fill: Fill, src: VersionDir, staging: StagingArea, plan: DeltaPlan | None,
-                      deadline: float | None, progress: ProgressFn | None) -> bool:
-        """Each fetcher (the swarm) in turn; True when one filled the staging area."""
+                      deadline: float | None, progress: ProgressFn | None,
+                      files: frozenset[str] | None = None) -> bool:
+        """Each fetcher (the swarm) in turn; True when one filled the staging area (``files``: only
+        these files of ``src``, for a partial copy)."""
         for fetcher in self.fetchers:
-            got = fetcher.fetch(FetchRequest(src, staging, deadline, progress, plan, self.monotonic))
+            got = fetcher.fetch(FetchRequest(src, staging, deadline, progress, plan, self.monotonic, files))
             if got.fallback is not None:
                 fill.source_fallbacks.append(got.fallback)
             if got.filled:
@@ -108,7 +113,7 @@ class Sources:
         return False
 
     def _from_object(self, fill: Fill, staging: StagingArea, m: Manifest, tier: str, name: str, version: str,
-                     deadline: float | None, progress: ProgressFn | None) -> None:
+                     deadline: float | None, progress: ProgressFn | None, origin: VersionDir | None = None) -> None:
         """Object storage: the swarm first (peers that hold it, the origin's local copy), else ranged
         GETs along the manifest's parts, each hashed as it arrives, for the parts not already here:
         what an interrupted transfer of this version left (checked part by part), else what other
@@ -116,6 +121,9 @@ class Sources:
         on a failure (every part is checked again on the next try)."""
         obj = self.roots.object
         assert obj is not None
+        whole = origin.manifest if origin is not None else m   # what is published (its torrent, its keys)
+        # (a partial copy's files are read under the whole version's keys)
+        src_m = m if origin is None else replace(m, version=origin.version, of=None)
         # a kept area is resumed only for the very content it was filled for (NAME@VERSION can be
         # deleted and published again with other bytes); anything else is cleared
         resumed = bool(staging.info.get("resumable") and staging.info.get("digest") == m.digest
@@ -126,7 +134,8 @@ class Sources:
             if plan is not None and plan.reuse_bytes == 0:
                 plan = None
             if not resumed and self.fetchers and \
-                    self._try_fetchers(fill, obj.as_version_dir(m), staging, plan, deadline, progress):
+                    self._try_fetchers(fill, obj.as_version_dir(whole), staging, plan, deadline, progress,
+                                       _subset(m, obj.as_version_dir(whole))):
                 if plan is not None:
                     fill.delta = {"donors": [donors[i].ref for i in plan.donors_used()],
                                   "planned_reuse_bytes": plan.reuse_bytes, "refetched": []}
@@ -157,7 +166,7 @@ class Sources:
         set_phase(progress, "copy", source="cold", total=m.total_bytes - _part_bytes(m, have))
         before = obj.stats.snapshot()
         try:
-            fill.add("cold", obj.fetch(m, staging.dir, deadline=_wall(deadline, self.monotonic), progress=progress,
+            fill.add("cold", obj.fetch(src_m, staging.dir, deadline=_wall(deadline, self.monotonic), progress=progress,
                                        have=have))
         finally:
             fill.store = obj.stats.since(before)
@@ -179,12 +188,13 @@ class Sources:
             log.warning("donor bytes rejected, fetched instead name=%s version=%s: %s", name, version, why)
         fill.verified = True
 
-    def _copy(self, fill: Fill, staging: StagingArea, m: Manifest, labels: list[tuple[str, str]], other: str,
+    def _copy(self, fill: Fill, staging: StagingArea, m: Manifest, labels: list[tuple[str, str, str]], other: str,
               name: str, version: str, deadline: float | None, progress: ProgressFn | None) -> None:
-        """A plain copy of every file from the first source that is still there (not verified here)."""
-        rel = version_rel(name, version)
+        """A plain copy of every file of ``m`` from the first source that is still there (not verified
+        here); each source is (label, tier, the version label it is read under)."""
         last_error: Exception | None = None
-        for label, src_tier in labels:
+        for label, src_tier, src_label in labels:
+            rel = version_rel(name, src_label)
             shared = self.roots.lock(other, name, version) if label == "local_reuse" else None
             if shared is not None:
                 try:  # hold the donor tier's lock shared so it is not evicted under us
@@ -249,6 +259,12 @@ class Sources:
                 held.append(lk)
                 donors.append(Donor(f"{v.name}@{v.version}", v.path, v.manifest, d))
         return donors, held
+
+
+def _subset(m: Manifest, src: VersionDir) -> frozenset[str] | None:
+    """The files of ``src`` that ``m`` holds, when it holds fewer (a partial copy), else None."""
+    paths = frozenset(f.path for f in m.files)
+    return paths if len(paths) < len(src.manifest.files) else None
 
 
 def _part_bytes(m: Manifest, have: dict[str, set[str]]) -> int:

@@ -328,3 +328,27 @@ def show_bench(r: dict[str, Any], target: Any, recorded: bool) -> None:
     click.echo(f"  16M sequential read  {r['seqread_16m']['bytes_per_s'] / 1e9:.2f} GB/s")
     if recorded:
         click.echo(f"recorded as the baseline in {r['baseline_file']}")
+
+
+def show_set(r: dict[str, Any], what: str) -> None:
+    """A set's summary on stderr, then ``NAME@VERSION PATH`` per model on stdout; failures as warnings."""
+    moved = r["bytes_moved"]
+    note(f"{what}: {r['ready']} of {r['models']} ready in {r['tier']} ({r['already_present']} already there), "
+         f"{format_bytes(moved)} moved of {format_bytes(r['bytes'])} in {r['seconds']:.2f} s"
+         + (f" ({rate(moved, r['seconds'])})" if moved else "")
+         + (f"; {len(r['failed'])} failed" if r["failed"] else ""))
+    for f in r["failed"][:20]:
+        warn(f"{f['ref']}: {f['error']}")
+    if len(r["failed"]) > 20:
+        warn(f"... and {len(r['failed']) - 20} more (--json lists them all)")
+    for i in r["items"]:
+        click.echo(f"{i['name']}@{i['version']} {i['path']}")
+
+
+def companion_line(c: dict[str, Any]) -> str:
+    part = c.get("part_of") or {}
+    where = c.get("installed")
+    return (f"{c['name']}@{part.get('version', '?')}: {part.get('kind', 'companion')} {part.get('key', '')} "
+            f"({part.get('files', '?')} files, {format_bytes(c['bytes'])}) in {c['tier']}"
+            + ("" if not c.get("bytes_moved") or c.get("already_present") else f", {c['seconds']:.2f} s")
+            + (f"; copied into {where['dir']} ({where['copied']} new, {where['unchanged']} unchanged)" if where else ""))

@@ -96,9 +96,13 @@ class Backend:
         return r
 
     def publish(self, directory: str, name: str, version: str, sign_key: str | None = None,
-                signature: str | None = None) -> dict[str, Any]:
+                signature: str | None = None, companion: dict[str, str] | None = None) -> dict[str, Any]:
         if self.client:
-            return self.client.publish(directory, name, version, sign_key=sign_key, signature=signature)
+            return self.client.publish(directory, name, version, sign_key=sign_key, signature=signature,
+                                       companion=companion)
+        if companion is not None:
+            return self.service.publish_companion(Path(directory), f"{name}@{version}", companion["kind"],
+                                                  companion["key"])
         from tiering import plan_size, scan_checkpoint
         files = scan_checkpoint(directory)
         with output.progress_bar(f"publishing {name}@{version}", plan_size(files)) as advance:
@@ -120,42 +124,125 @@ class Backend:
         with follow(progress):
             return svc.load(req, progress=progress)
 
-    def path(self, ref: str) -> dict[str, Any]:
-        r = self.ops.path(ref)
+    def path(self, ref: str, **kw: Any) -> dict[str, Any]:
+        r = self.ops.path(ref, **kw)
         return self.checked_path(r) if self.client else r
+
+    def preload_set(self, refs: list[str], **kw: Any) -> dict[str, Any]:
+        """Every model of a set as one operation: one request to the daemon (or one thread pool here)."""
+        if self.client:
+            r = self.client.preload_set(refs, **kw)
+            for item in r.get("items", []):
+                self.checked_path(item)
+            return r
+        kw.setdefault("holder", f"pid {os.getpid()} (weightd) uid {os.geteuid()}")
+        return self.service.preload_set(refs, **kw)
+
+
+def selection_options(f: Any) -> Any:
+    """--include/--exclude/--layers/--tp-rank/--all: which files of the version (a partial copy)."""
+    for opt in reversed([
+        click.option("--include", multiple=True, metavar="GLOB",
+                     help="Only files matching GLOB (repeatable; huggingface_hub allow_patterns: fnmatch on the "
+                          "path, '*' crosses '/', 'dir/' is everything beneath). A partial copy of its own."),
+        click.option("--exclude", multiple=True, metavar="GLOB",
+                     help="Not files matching GLOB (repeatable; huggingface_hub ignore_patterns)."),
+        click.option("--layers", metavar="A-B", help="A pipeline stage: the shards holding model.layers.A-B "
+                     "(with the embeddings for the first stage, the final norm and head for the last)."),
+        click.option("--tp-rank", "tp_rank", metavar="R/N", help="Rank R of N of a checkpoint laid out per rank "
+                     "(vLLM sharded_state: model-rank-R-part-K.safetensors)."),
+        click.option("--all", "whole", is_flag=True, help="Every file, ignoring the model's default patterns "
+                     "([models.\"NAME\"] in the config)."),
+        click.option("--with", "with_kind", metavar="KIND", help="Also bring the version's companion artefact of "
+                     "KIND (e.g. compile-cache) for --key."),
+        click.option("--key", "companion_key", metavar="KEY", help="The companion's key (engine, GPU, TP size...)."),
+    ]):
+        f = opt(f)
+    return f
+
+
+def selection_body(include: tuple[str, ...], exclude: tuple[str, ...], layers: str | None, tp_rank: str | None,
+                   whole: bool) -> dict[str, Any]:
+    """The request's ``selection`` / ``whole`` from the flags, checked here (exit 2 before anything runs)."""
+    from tiering import selection_from
+    sel = selection_from(list(include) or None, list(exclude) or None, layers, tp_rank)
+    if whole and not sel.whole:
+        raise click.UsageError("--all moves every file: not with --include, --exclude, --layers or --tp-rank")
+    out: dict[str, Any] = {}
+    if not sel.whole:
+        out["selection"] = {k: v for k, v in {"include": list(include), "exclude": list(exclude), "layers": layers,
+                                              "tp_rank": tp_rank}.items() if v}
+    if whole:
+        out["whole"] = True
+    return out
+
+
+def companion_of(with_kind: str | None, key: str | None) -> dict[str, str] | None:
+    if (with_kind is None) != (key is None):
+        raise click.UsageError("--with KIND and --key KEY go together")
+    if with_kind is None:
+        return None
+    from ..service import check_companion
+    check_companion({"kind": with_kind, "key": key})
+    return {"kind": with_kind, "key": key or ""}
 
 
 @cli.command()
 @click.argument("directory", type=click.Path(file_okay=False))
-@click.option("--name", required=True, help="Checkpoint NAME ([A-Za-z0-9._-]+, at most one '/').")
-@click.option("--version", "version_label", required=True, metavar="VERSION", help="Immutable VERSION label.")
+@click.option("--name", help="Checkpoint NAME ([A-Za-z0-9._-]+, at most one '/').")
+@click.option("--version", "version_label", metavar="VERSION", help="Immutable VERSION label.")
 @click.option("--sign", "sign_key", type=click.Path(dir_okay=False, exists=True), default=None, metavar="KEY",
               help="Sign it with this PEM elliptic-curve private key (model-signing format; default: "
                    "[publish] signing_key).")
 @click.option("--signature", type=click.Path(dir_okay=False, exists=True), default=None, metavar="FILE",
               help="Attach a signature made elsewhere (e.g. 'model_signing sign key DIR'); it must cover exactly "
                    "these files.")
+@click.option("--companion-of", "companion_of_ref", metavar="NAME@VERSION",
+              help="Publish DIR as a companion artefact of this published version (a compile cache...), with "
+                   "--kind and --key instead of --name and --version.")
+@click.option("--kind", "kind", metavar="KIND", help="The companion's kind, e.g. compile-cache ([a-z0-9-]).")
+@click.option("--key", "key", metavar="KEY", help="What makes the companion valid: engine version, GPU type, TP "
+              "size... ([A-Za-z0-9._-]+, e.g. vllm-0.8.4-h100-tp8).")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
-def publish(app: AppContext, directory: str, name: str, version_label: str, sign_key: str | None,
-            signature: str | None, as_json: bool) -> None:
+def publish(app: AppContext, directory: str, name: str | None, version_label: str | None, sign_key: str | None,
+            signature: str | None, companion_of_ref: str | None, kind: str | None, key: str | None,
+            as_json: bool) -> None:
     """Copy a checkpoint (or an HF cache snapshot) into cold storage as NAME@VERSION, with its manifest.
 
     Example: weightd publish ./llama-8b --name acme/llama-8b --version v1 --sign /etc/weightd/signing-key.pem
+
+    A companion artefact (a vLLM / torch.compile / Triton cache) is tied to a version and a key:
+    weightd publish ~/.cache/vllm/torch_compile_cache --companion-of acme/llama-8b@v1 --kind compile-cache
+    --key vllm-0.8.4-h100-tp1
     """
     from tiering import validate_name, validate_version
+    companion = None
+    if companion_of_ref is not None:
+        if name or version_label or sign_key or signature:
+            raise click.UsageError("--companion-of takes --kind and --key, not --name, --version, --sign or --signature")
+        if not kind or not key:
+            raise click.UsageError("--companion-of needs --kind KIND and --key KEY")
+        name, version_label = split_ref(companion_of_ref)
+        if version_label is None:
+            raise click.UsageError(f"--companion-of {companion_of_ref}: name the version (NAME@VERSION)")
+        companion = companion_of(kind, key)
+    elif kind or key:
+        raise click.UsageError("--kind and --key go with --companion-of NAME@VERSION")
+    if not name or not version_label:
+        raise click.UsageError("give --name and --version (or --companion-of NAME@VERSION --kind K --key KEY)")
     validate_name(name)
     validate_version(version_label)
     if sign_key and signature:
         raise click.UsageError("give --sign or --signature, not both")
     with Backend(app) as b:
         r = b.publish(directory, name, version_label, sign_key=os.path.abspath(sign_key) if sign_key else None,
-                      signature=os.path.abspath(signature) if signature else None)
-    output.emit_json(r) if as_json else output.show_published(r, name, version_label)
+                      signature=os.path.abspath(signature) if signature else None, companion=companion)
+    output.emit_json(r) if as_json else output.show_published(r, name, r.get("version", version_label))
 
 
 @cli.command()
-@click.argument("ref", metavar="NAME[@VERSION]")
+@click.argument("ref", metavar="NAME[@VERSION]", required=False)
 @click.option("--tier", type=click.Choice(["hot", "warm"]), default="hot", show_default=True)
 @click.option("--strict", is_flag=True, help="Fail (exit 6) instead of falling back to warm when hot is full.")
 @click.option("--lease", "lease_s", cls=LeaseOption, type=Seconds(), metavar="S",
@@ -165,29 +252,84 @@ def publish(app: AppContext, directory: str, name: str, version_label: str, sign
 @click.option("--wait", is_flag=True, help="If the version is not published yet, wait for it (until --timeout).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON document (its 'path' is "
               "where the checkpoint is).")
+@selection_options
+@click.option("--companion-dir", "companion_dir", type=click.Path(file_okay=False), metavar="DIR",
+              help="With --with: copy the companion into DIR (the path the engine expects, e.g. "
+                   "~/.cache/vllm/torch_compile_cache), as this user.")
+@click.option("--set", "set_file", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Preload every model FILE lists (one NAME[@VERSION] a line, or TOML models = [...]) as one "
+                   "operation: fanned out at once, one summary (LoRA adapters; hot by default).")
 @click.pass_obj
-def preload(app: AppContext, ref: str, tier: str, strict: bool, lease_s: float | None, timeout_s: float | None,
-            wait: bool, as_json: bool) -> None:
-    """Make a checkpoint local, verified and ready; the last stdout line is its path (without --json)."""
-    split_ref(ref)
+def preload(app: AppContext, ref: str | None, tier: str, strict: bool, lease_s: float | None, timeout_s: float | None,
+            wait: bool, as_json: bool, include: tuple[str, ...], exclude: tuple[str, ...], layers: str | None,
+            tp_rank: str | None, whole: bool, with_kind: str | None, companion_key: str | None,
+            companion_dir: str | None, set_file: str | None) -> None:
+    """Make a checkpoint local, verified and ready; the last stdout line is its path (without --json).
+
+    A partial copy: --include/--exclude GLOB, --layers A-B, --tp-rank R/N (its own object, NAME/V~p<hex>).
+    A companion: --with compile-cache --key K [--companion-dir DIR]. A set: --set FILE.
+    """
     kw: dict[str, Any] = {"tier": tier, "strict": strict, "timeout_s": timeout_s, "wait": wait}
     if lease_s is not None:  # else the service's default, tiering.DEFAULT_LEASE_S
         kw["lease_s"] = lease_s
+    if set_file is not None:
+        if ref is not None or with_kind or companion_dir:
+            raise click.UsageError("--set FILE preloads what FILE lists: no NAME, --with or --companion-dir with it")
+        from ..sets import read_set_file
+        refs = read_set_file(set_file)
+        kw.update(selection_body(include, exclude, layers, tp_rank, whole))
+        kw.pop("wait")
+        with Backend(app) as b:
+            r = b.preload_set(refs, **kw)
+        output.emit_json(r) if as_json else output.show_set(r, set_file)
+        failed = r.get("failed") or []
+        if failed:
+            raise SystemExit(failed[0].get("exit_code") or 1)
+        return
+    if ref is None:
+        raise click.UsageError("give NAME[@VERSION] (or --set FILE)")
+    split_ref(ref)
+    comp = companion_of(with_kind, companion_key)
+    if companion_dir is not None and comp is None:
+        raise click.UsageError("--companion-dir goes with --with KIND --key KEY")
+    kw.update(selection_body(include, exclude, layers, tp_rank, whole))
     with Backend(app) as b:
         r = b.preload(ref, **kw)
+        if comp is not None:  # the same version, now resolved: its companion into the same tier
+            ckw = {k: v for k, v in kw.items() if k not in ("selection", "whole", "wait")}
+            c = b.preload(f"{r['name']}@{r['part_of']['version'] if r.get('part_of') else r['version']}",
+                          companion=comp, **ckw)
+            if companion_dir is not None:
+                from ..companion import install
+                c["installed"] = install(c["path"], companion_dir)
+            r["companions"] = [c]
     output.warn_fallbacks(r)
-    output.emit_json(r, compact=True) if as_json else output.show_preloaded(r)
+    if as_json:
+        output.emit_json(r, compact=True)
+        return
+    for c in r.get("companions", []):
+        output.note(output.companion_line(c))
+    output.show_preloaded(r)
 
 
 @cli.command("path")
 @click.argument("ref", metavar="NAME[@VERSION]")
 @click.option("--json", "as_json", is_flag=True, help="Print {tier, path} as JSON.")
+@selection_options
 @click.pass_obj
-def path_cmd(app: AppContext, ref: str, as_json: bool) -> None:
-    """Print the local path of the best complete copy (hot before warm); exit 3 if none."""
-    split_ref(ref)
+def path_cmd(app: AppContext, ref: str, as_json: bool, include: tuple[str, ...], exclude: tuple[str, ...],
+             layers: str | None, tp_rank: str | None, whole: bool, with_kind: str | None,
+             companion_key: str | None) -> None:
+    """Print the local path of the best complete copy (hot before warm); exit 3 if none.
+
+    With the flags a preload was given (--include, --layers, --with ...), the path of that partial copy
+    or companion; a partial copy is never printed for the whole version. NAME@V~p<hex> (from status)
+    names one directly."""
+    from tiering import parse_ref
+    parse_ref(ref, local=True)
+    kw = {**selection_body(include, exclude, layers, tp_rank, whole), "companion": companion_of(with_kind, companion_key)}
     with Backend(app, query=True) as b:
-        r = b.path(ref)
+        r = b.path(ref, **{k: v for k, v in kw.items() if v})
     output.emit_json(r) if as_json else output.emit_path(r["path"])
 
 

@@ -26,7 +26,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from tiering import HOT, Progress, TieringError
 
 from ..errors import ApiError, DaemonStopping, WeightdError, exit_code_for, hint_for, http_status_for
-from ..service import DEFAULT, PreloadRequest
+from ..service import DEFAULT, PreloadRequest, check_companion
 from .authz import Caller, authorize, caller_may_read, check_caller_can_read
 
 if TYPE_CHECKING:
@@ -42,8 +42,9 @@ FEATURES = ["stream"]          # what clients may ask of this daemon (health say
 class Api:
     def __init__(self, daemon: "Daemon") -> None:
         self.d = daemon
-        self.inflight: dict[tuple[str, str, str], asyncio.Task[dict[str, Any]]] = {}
-        self.transfers: dict[tuple[str, str, str], Progress] = {}   # the same keys: what each flight is doing
+        # (NAME, VERSION, tier, *what): what="" for the version, else its partial copy's or companion's
+        self.inflight: dict[tuple[str, ...], asyncio.Task[dict[str, Any]]] = {}
+        self.transfers: dict[tuple[str, ...], Progress] = {}   # the same keys: what each flight is doing
 
     def app(self) -> web.Application:
         d = self.d
@@ -54,10 +55,13 @@ class Api:
         r.add_get(f"{v}/pressure", self._pressure)
         r.add_get(f"{v}/status", self._h(self._status))
         r.add_post(f"{v}/preload", self._preload_route)
+        r.add_post(f"{v}/preload-set", self._preload_set_route)
         r.add_post(f"{v}/publish", self._h(self._publish, admin="publish"))
         r.add_get(f"{v}/check-cold", self._h(lambda b: d.run_blocking("misc", d.service.check_cold)))
         r.add_post(f"{v}/versions", self._h(lambda b: d.run_blocking("misc", d.service.versions, _opt_str(b, "name"))))
-        r.add_post(f"{v}/path", self._h(lambda b: d.run_blocking("misc", d.service.path, _str(b, "ref"))))
+        r.add_post(f"{v}/path", self._h(lambda b: d.run_blocking(
+            "misc", lambda: d.service.path(_str(b, "ref"), selection=b.get("selection"), whole=b.get("whole", False),
+                                           companion=b.get("companion")))))
         r.add_post(f"{v}/pin", self._h(lambda b, c: self._pin(b, True), admin="pin"))
         r.add_post(f"{v}/unpin", self._h(lambda b, c: self._pin(b, False), admin="unpin"))
         r.add_post(f"{v}/evict", self._h(self._evict, admin="evict"))
@@ -85,14 +89,15 @@ class Api:
         svc = self.d.service
         req = svc.preload_request(_str(body, "ref"), tier=body.get("tier", HOT), strict=body.get("strict", False),
                                   lease_s=body.get("lease_s", DEFAULT), timeout_s=body.get("timeout_s"),
-                                  wait=body.get("wait", False), holder=holder)
+                                  wait=body.get("wait", False), holder=holder, selection=body.get("selection"),
+                                  whole=body.get("whole", False), companion=body.get("companion"))
         if svc.needs_resolving(req):  # resolve (and wait for publication) before joining a flight
             gone = threading.Event()  # set when this caller leaves or the daemon stops: the wait ends too
             try:
                 req = await self._unless_stopping(self.d.run_blocking("misc", svc.resolve, req, gone))
             finally:
                 gone.set()
-        key = (req.name, req.version, req.tier)
+        key = (req.name, req.version, req.tier, *req.what)   # (a partial copy or a companion: its own flight)
         task = self.inflight.get(key)
         shared = task is not None
         if task is None:  # single flight: everyone asking for this version in this tier shares one
@@ -116,6 +121,29 @@ class Api:
             report = await self.d.run_blocking("misc", svc.join_lease, req, report)
             self.d.intent.loaded(req.name, report["version"], report["tier"])   # (a lease taken: a load)
         return report
+
+    async def _preload_set_route(self, request: web.Request) -> web.Response:
+        """POST /v1/preload-set ``{"refs": [...], tier, lease_s, timeout_s, strict, selection, whole}``:
+        each model through the single flight, all at once (the tier's threads bound them), one summary."""
+        from ..sets import check_refs, summarize
+        body = await self._read_body(request) if request.can_read_body else {}
+        _log_request(request, {k: v for k, v in body.items() if k != "refs"})
+        holder = _holder(request)
+        refs = check_refs(body.get("refs"))
+        common = {k: v for k, v in body.items() if k in ("tier", "strict", "lease_s", "timeout_s", "selection", "whole")}
+        svc = self.d.service
+        for r in refs:  # every one checked before anything moves (InvalidRequest: 400, exit 2)
+            svc.preload_request(r, **common, holder=holder)
+        t0 = time.monotonic()
+        outcomes = await asyncio.gather(*(self.preload({**common, "ref": r}, holder=holder) for r in refs),
+                                        return_exceptions=True)
+        for o in outcomes:
+            if isinstance(o, BaseException) and not isinstance(o, (TieringError, WeightdError, OSError, ValueError)):
+                raise o
+        summary = summarize(refs, list(outcomes), time.monotonic() - t0, common.get("tier", HOT))
+        log.info("preloaded a set models=%d ready=%d failed=%d bytes=%d seconds=%.3f caller=%s", summary["models"],
+                 summary["ready"], len(summary["failed"]), summary["bytes"], summary["seconds"], holder)
+        return web.json_response(summary)
 
     async def _stream(self, request: web.Request, body: dict[str, Any], holder: str) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-store"})
@@ -178,10 +206,11 @@ class Api:
 
     def transfer_rows(self) -> list[dict[str, Any]]:
         """What each flight is doing (``status``'s transfer rows; the metrics' transfer gauges)."""
-        return [{"name": k[0], "version": k[1], "requested_tier": k[2], **p.snapshot()}
+        return [{"name": k[0], "version": k[1], "requested_tier": k[2], **p.snapshot(),
+                 **({"part": ":".join(k[3:])[:200]} if len(k) > 3 else {})}
                 for k, p in list(self.transfers.items())]
 
-    def _flight_done(self, key: tuple[str, str, str]) -> None:
+    def _flight_done(self, key: tuple[str, ...]) -> None:
         """A transfer ended: forget it, then say what is left (counting it would leave "1 in flight")."""
         self.inflight.pop(key, None)
         self.transfers.pop(key, None)
@@ -228,6 +257,14 @@ class Api:
             files[key] = Path(value)
         # (and again on every inode the scan pins: a tree swapped after the check above gains nothing)
         check = caller_may_read(caller) if caller.uid != 0 else None
+        companion = b.get("companion")
+        if companion is not None:  # a companion artefact of NAME@VERSION: {"kind", "key"}
+            comp = check_companion(companion)
+            assert comp is not None
+            if files["sign_key"] is not None or files["signature"] is not None:
+                raise ApiError(400, "a companion artefact is not signed on its own (it is tied to its version's digest)")
+            return await self.d.run_blocking("misc", lambda: self.d.service.publish_companion(
+                Path(src), f"{name}@{version}", *comp, check=check))
         return await self.d.run_blocking("misc", lambda: self.d.service.publish(Path(src), name, version, check=check,
                                                                                 **files))
 
