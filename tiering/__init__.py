@@ -35,7 +35,7 @@ _SURFACE: dict[str, str] = {
     "TrustPolicy": "content.signature", "SIGNATURE_RELPATH": "content.signature", "HASHERS": "content.signature",
     "generate_keypair": "content.signature", "load_public_key": "content.signature",
     "read_unverified_signature": "content.signature",
-    "make_checkpoint": "sample", "mutate_tensor": "sample", "local_s3": "sample",
+    "make_checkpoint": "sample", "make_ranked_checkpoint": "sample", "mutate_tensor": "sample", "local_s3": "sample",
     # errors
     "BadInput": "errors", "Busy": "errors", "CheckpointNotFound": "errors", "ColdUnreadable": "errors",
     "ChecksumMismatch": "errors",

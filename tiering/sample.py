@@ -140,6 +140,25 @@ def make_checkpoint(root: str | os.PathLike[str], *, total_bytes: int = 64 << 20
     return root
 
 
+def make_ranked_checkpoint(root: str | os.PathLike[str], *, ranks: int = 2, parts: int = 2, layers: int = 4,
+                           total_bytes: int = 16 << 20, dtype: str = "BF16", seed: str = "v1") -> Path:
+    """A checkpoint laid out per tensor-parallel rank as vLLM's ``sharded_state`` loader writes it:
+    ``model-rank-R-part-K.safetensors`` (each rank's slice of every tensor, split into ``parts``)."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    tensors = model_tensors(total_bytes // ranks, layers, dtype)
+    per_part = max(1, -(-len(tensors) // parts))
+    for r in range(ranks):
+        for k in range(parts):
+            group = tensors[k * per_part:(k + 1) * per_part]
+            if group:
+                write_safetensors(root / f"model-rank-{r}-part-{k}.safetensors", group,
+                                  lambda t, r=r: fill_bytes(f"{seed}/rank{r}/{t.name}", t.nbytes))
+    (root / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": layers,
+                                                  "tensor_parallel_size": ranks}) + "\n")
+    return root
+
+
 def mutate_tensor(path: str | os.PathLike[str], name: str, seed: str = "edit") -> int:
     """Overwrite one tensor's bytes in place with new content; returns how many bytes changed."""
     hdr = read_header(path)

@@ -82,9 +82,12 @@ class SignedStatement:
     key_name: str                    # the trusted key's file name, for people
 
     def check_files(self, ref: str, m: "Manifest") -> None:
-        """The statement must cover exactly the manifest's files (no more, no less)."""
+        """The statement must cover exactly the manifest's files (no more, no less); a partial copy's
+        (``m.of``): every one of its files, each signed."""
         want = {f.path for f in m.files}
         have = set(self.digests)
+        if m.of is not None and m.of.get("kind") == "partial" and want <= have:
+            return
         if want != have:
             missing = sorted(want - have)[:2]
             extra = sorted(have - want)[:2]
@@ -94,7 +97,9 @@ class SignedStatement:
             raise SignatureRefused(ref, "files_differ", f"the signature does not cover the manifest's files ({what})")
 
     def check_digests(self, ref: str, actual: dict[str, str], only: "set[str] | None" = None) -> None:
-        """Every signed file's digest (``only``: of these files, a partial copy's)."""
+        """Every signed file's digest (``only``: of these files, a partial copy's; each must be signed)."""
+        if only is not None and not only <= set(self.digests):
+            raise SignatureRefused(ref, "files_differ", f"not signed: {', '.join(sorted(only - set(self.digests))[:2])}")
         for path, want in sorted(self.digests.items()):
             if only is not None and path not in only:
                 continue

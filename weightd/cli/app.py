@@ -88,6 +88,7 @@ class LeaseOption(click.Option):
         return None if record is None else (record[0], f"{record[1]}  [default: {DEFAULT_LEASE_S:g}]")
 
 
-def split_ref(ref: str) -> tuple[str, str | None]:
+def split_ref(ref: str, *, local: bool = False) -> tuple[str, str | None]:
+    """NAME[@VERSION] (``local``: VERSION may be a partial copy's or companion's label, V~...)."""
     from tiering import parse_ref
-    return parse_ref(ref)
+    return parse_ref(ref, local=local)

@@ -155,7 +155,8 @@ def verify(app: Any, target: str, manifest_path: str | None, as_json: bool, thre
     sig_error = None
     if statement is not None and report.ok:
         try:
-            statement.check_digests(f"{root}", report.crypto_digests)
+            statement.check_digests(f"{root}", report.crypto_digests,   # (a partial copy: its own files)
+                                    only={f.path for f in m.files} if m.of is not None else None)
             sig_note = {"signed_by": statement.key_name, "key_id": statement.key_id, "algorithm": statement.algorithm,
                         "checked": True}
         except Exception as exc:  # SignatureRefused: reported below, after the report is shown

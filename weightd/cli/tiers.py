@@ -219,7 +219,7 @@ def publish(app: AppContext, directory: str, name: str | None, version_label: st
     from tiering import validate_name, validate_version
     companion = None
     if companion_of_ref is not None:
-        if name or version_label or sign_key or signature:
+        if name is not None or version_label is not None or sign_key or signature:
             raise click.UsageError("--companion-of takes --kind and --key, not --name, --version, --sign or --signature")
         if not kind or not key:
             raise click.UsageError("--companion-of needs --kind KIND and --key KEY")
@@ -229,7 +229,7 @@ def publish(app: AppContext, directory: str, name: str | None, version_label: st
         companion = companion_of(kind, key)
     elif kind or key:
         raise click.UsageError("--kind and --key go with --companion-of NAME@VERSION")
-    if not name or not version_label:
+    if name is None or version_label is None:
         raise click.UsageError("give --name and --version (or --companion-of NAME@VERSION --kind K --key KEY)")
     validate_name(name)
     validate_version(version_label)
@@ -393,7 +393,7 @@ def ls(app: AppContext, name: str | None, as_json: bool) -> None:
 
 
 def _pin(app: AppContext, ref: str, as_json: bool, pin: bool) -> None:
-    split_ref(ref)
+    split_ref(ref, local=True)
     with Backend(app) as b:
         r = b.ops.pin(ref) if pin else b.ops.unpin(ref)
     if as_json:
@@ -427,7 +427,7 @@ def evict(app: AppContext, ref: str, tier: str | None, force: bool, all_versions
     """Remove NAME@VERSION from the local tiers (every local version of NAME with --all).
 
     Example: weightd evict acme/llama-8b@v1 --tier hot"""
-    split_ref(ref)
+    split_ref(ref, local=True)
     with Backend(app) as b:
         r = b.ops.evict(ref, tier, force, all_versions)
     if as_json:

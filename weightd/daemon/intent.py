@@ -19,6 +19,7 @@ import random
 import socket
 import time
 from collections import deque
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -61,6 +62,7 @@ class IntentRunner:
         self.prewarms: deque[dict[str, Any]] = deque(maxlen=PREWARM_KEPT)
         self.prewarm_task: asyncio.Task[None] | None = None
         self._prewarmed: dict[str, int] = {}    # model -> the period it was last prewarmed (or refreshed) in
+        self._labels: dict[tuple[str, str, str], str] = {}   # (name, version, selection) -> partial copy's label
         self.wake = asyncio.Event()
         self.last_report = 0.0
         self.report_error: str | None = None
@@ -123,7 +125,9 @@ class IntentRunner:
             log.info("intent: [intent] dir removed from the config; dropping the %d entries of %s",
                      len(self.entries), self.source)
             self.entries, self.source, self.error, self.loaded_at = [], None, None, None
-        entries = self.entries
+        # an entry without patterns keeps what a preload of the model keeps: its default patterns, if any
+        entries = [e if e.selection is not None else replace(e, selection=d.service.selection_for(e.name))
+                   for e in self.entries]
         status = await d.run_blocking("misc", d.node.status)
         held: dict[tuple[str, str], set[str]] = {}
         for c in status["checkpoints"]:
@@ -140,9 +144,15 @@ class IntentRunner:
             for v in versions:
                 self.first_seen.setdefault((name, v), now)
         inflight = set(self.fetching) | {(k[0], k[1], k[2]) for k in d.api.inflight}
+        if any(e.selection is not None for e in entries):
+            await d.run_blocking("misc", self._find_labels, entries, published)
+
+        def held_for(e: Any) -> dict[tuple[str, str], set[str]]:
+            """A partial-copy entry holds a version when its object of that version is here."""
+            return {(e.name, v): held.get((e.name, self._label(e, v)), set()) for v in published.get(e.name, [])}
         self.plan = plan(entries, published=published, held=held, now=now, first_seen=self.first_seen,
                          node=self.node_name, spread_s=cfg.jitter_s, failures=self.failures, inflight=inflight,
-                         publish_errors=publish_errors)
+                         publish_errors=publish_errors, held_for=held_for)
         for row in self.plan.rows:
             key = (row["model"].partition("@")[0], row.get("want"), row["tier"])
             if row["state"] == "pending" and key in self.slot_waiting:
@@ -181,6 +191,32 @@ class IntentRunner:
         self.entries, self.labels, self.source, self.error = entries, labels, str(directory), None
         self.loaded_at = self.clock() if changed or self.loaded_at is None else self.loaded_at
         self.fingerprint = fp
+
+    def _label(self, e: Any, version: str) -> str:
+        """The local object an entry keeps of a version: the version, or its partial copy's label."""
+        if e.selection is None:
+            return version
+        return self._labels.get((e.name, version, e.selection.describe()), f"{version}~p?")
+
+    def _find_labels(self, entries: list[Any], published: dict[str, list[str]]) -> None:
+        """(pool thread) The partial copy's label of each version a partial-copy entry may want (a
+        manifest read once: a published version never changes)."""
+        for e in entries:
+            if e.selection is None:
+                continue
+            versions = [e.version] if e.version else published.get(e.name, [])[:e.versions + 1]
+            for v in versions:
+                k = (e.name, v, e.selection.describe())
+                if k in self._labels:
+                    continue
+                try:
+                    obj = self.d.node.object_of(self.d.node.resolve(e.name, v), e.selection)[0]
+                except Exception as exc:  # noqa: BLE001 (the fetch says it; asked again next round)
+                    log.debug("intent: no partial-copy label for %s@%s yet: %s", e.name, v, exc)
+                    continue
+                if len(self._labels) > 10_000:
+                    self._labels.clear()
+                self._labels[k] = obj.version
 
     def _trusted(self) -> tuple[int, ...]:
         uids = {0, os.geteuid()}
@@ -223,13 +259,13 @@ class IntentRunner:
         of intent holders that no longer want a copy; pin and unpin what intent pinned."""
         node = self.d.node
         lease_s = 3 * self.cfg.reconcile_s + 30
-        wanted = {(h.tier, h.entry.name, h.version, h.entry.holder) for h in p.holds}
+        wanted = {(h.tier, h.entry.name, self._label(h.entry, h.version), h.entry.holder) for h in p.holds}
         for tier, name, version, holder in wanted:
             node.hold(tier, name, version, lease_s, holder)
         for le in node.state.leases():
             if le.holder.startswith("intent ") and (le.tier, le.name, le.version, le.holder) not in wanted:
                 node.state.hold(le.tier, le.name, le.version, 0, le.holder)   # (0: dropped)
-        pins = {(h.entry.name, h.version) for h in p.holds if h.entry.pin}
+        pins = {(h.entry.name, self._label(h.entry, h.version)) for h in p.holds if h.entry.pin}
         changed = False
         for name, version in sorted(pins - self.pins_made):
             if not node.pin(name, version)[1]:
@@ -279,6 +315,8 @@ class IntentRunner:
                      " (rollout)" if f.rollout else "")
             body = {"ref": f"{e.name}@{f.version}", "tier": e.tier, "strict": True,
                     "lease_s": 3 * self.cfg.reconcile_s + 30}
+            if e.selection is not None:   # (a partial copy of the version)
+                body["selection"] = e.selection.to_dict()
             renew = asyncio.get_running_loop().create_task(self._renew_slot(f)) if slot else None
             try:
                 await self.d.api.preload(body, holder=e.holder, rate_bytes_per_s=e.bandwidth)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Callable, Any, Mapping
 
 from .spec import KeepEntry
 
@@ -79,12 +79,17 @@ def _dur(s: float) -> str:
 def plan(entries: list[KeepEntry], *, published: Mapping[str, list[str]], held: Mapping[tuple[str, str], set[str]],
          now: float, first_seen: Mapping[tuple[str, str], float], node: str, spread_s: float,
          failures: Mapping[tuple[str, str, str], Failure], inflight: set[tuple[str, str, str]],
-         publish_errors: Mapping[str, str] | None = None) -> Plan:
+         publish_errors: Mapping[str, str] | None = None,
+         held_for: "Callable[[KeepEntry], Mapping[tuple[str, str], set[str]]] | None" = None) -> Plan:
     """``published``: name -> versions, newest first (from cold); ``held``: (name, version) -> the
-    tiers with a complete copy; ``first_seen``: when this daemon first saw a published version."""
+    tiers with a complete copy; ``first_seen``: when this daemon first saw a published version.
+    ``held_for(entry)``: what counts as held for an entry that keeps a partial copy (its object of
+    each version, ``V~p<hex>``, under the version's name), instead of ``held``."""
     out = Plan()
     publish_errors = publish_errors or {}
+    all_held = held
     for e in entries:
+        held = held_for(e) if held_for is not None and e.selection is not None else all_held
         row: dict[str, Any] = {**e.to_dict(), "want": None, "kept": [], "state": "ready", "reason": ""}
         out.rows.append(row)
         versions = published.get(e.name, [])

@@ -30,7 +30,7 @@ import os
 import re
 import stat
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Mapping
@@ -41,7 +41,9 @@ MAX_FILES = 256
 MAX_FILE_BYTES = 1 << 20
 MAX_ENTRIES = 4096
 MAX_VERSIONS = 16
-KEYS = ("model", "tier", "pin", "nodes", "priority", "versions", "window", "window_minutes", "bandwidth")
+KEYS = ("model", "models", "tier", "pin", "nodes", "priority", "versions", "window", "window_minutes", "bandwidth",
+        "include", "exclude", "layers", "tp_rank")
+MAX_SET_MODELS = 10_000
 LATEST = "latest"
 _LABEL_KEY = re.compile(r"([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
 _LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
@@ -216,10 +218,12 @@ class KeepEntry:
     versions: int = 1
     window: Window | None = None
     bandwidth: int = 0            # bytes/s while transferring; 0 = no cap
+    selection: Any = None         # a tiering.Selection: a partial copy of each version (None: every file)
+    member: int | None = None     # its place in the entry's ``models`` list (a set: LoRA adapters)
 
     @property
     def where(self) -> str:
-        return f"{self.file} keep #{self.index}"
+        return f"{self.file} keep #{self.index}" + (f" models[{self.member}]" if self.member is not None else "")
 
     @property
     def model(self) -> str:
@@ -232,15 +236,38 @@ class KeepEntry:
 
     def settings(self) -> tuple[Any, ...]:
         """What two entries for one model must agree on (or differ in priority)."""
-        return (self.tier, self.pin, self.versions, str(self.window) if self.window else None, self.bandwidth)
+        return (self.tier, self.pin, self.versions, str(self.window) if self.window else None, self.bandwidth,
+                self.selection.describe() if self.selection is not None else None)
 
     def to_dict(self) -> dict[str, Any]:
         return {"entry": self.where, "model": self.model, "tier": self.tier, "pin": self.pin,
                 "nodes": str(self.nodes), "priority": self.priority, "versions": self.versions,
-                "window": str(self.window) if self.window else None, "bandwidth": self.bandwidth}
+                "window": str(self.window) if self.window else None, "bandwidth": self.bandwidth,
+                **({"selection": self.selection.to_dict()} if self.selection is not None else {})}
 
 
-def _entry(file: str, index: int, raw: Any) -> KeepEntry:
+def _entries(file: str, index: int, raw: Any) -> list[KeepEntry]:
+    """One entry, or one per model of its ``models`` list (a set, e.g. LoRA adapters: each kept alike)."""
+    where = f"keep #{index}"
+    if isinstance(raw, Mapping) and "models" in raw:
+        models = raw["models"]
+        if "model" in raw:
+            raise IntentError(file, "give model or models, not both", f"{where}.models")
+        if not isinstance(models, list) or not models or len(models) > MAX_SET_MODELS:
+            raise IntentError(file, f"expected a list of 1 to {MAX_SET_MODELS} NAME@VERSION (or NAME@latest)",
+                              f"{where}.models")
+        if len(set(map(str, models))) != len(models):
+            raise IntentError(file, "a model is listed twice", f"{where}.models")
+        out = []
+        for j, m in enumerate(models):
+            e = _entry(file, index, {**{k: v for k, v in raw.items() if k != "models"}, "model": m},
+                       f"{where}.models[{j}]")
+            out.append(replace(e, member=j))
+        return out
+    return [_entry(file, index, raw)]
+
+
+def _entry(file: str, index: int, raw: Any, model_key: str | None = None) -> KeepEntry:
     from tiering import InvalidName, LOCAL_TIERS, parse_ref, parse_size
 
     where = f"keep #{index}"
@@ -253,14 +280,15 @@ def _entry(file: str, index: int, raw: Any) -> KeepEntry:
         raise IntentError(file, "unknown key" + (f" (did you mean {near[0]}?)" if near else ""),
                           f"{where}.{unknown[0]}")
     model = raw.get("model")
+    model_key = model_key or f"{where}.model"
     if model is None:
-        raise IntentError(file, "missing key (NAME@VERSION or NAME@latest)", f"{where}.model")
+        raise IntentError(file, "missing key (NAME@VERSION or NAME@latest; or models = [...])", model_key)
     if not isinstance(model, str) or "@" not in model:
-        raise IntentError(file, f"expected NAME@VERSION or NAME@latest, got {str(model)[:80]!r}", f"{where}.model")
+        raise IntentError(file, f"expected NAME@VERSION or NAME@latest, got {str(model)[:80]!r}", model_key)
     try:
         name, version = parse_ref(model)
     except InvalidName as exc:
-        raise IntentError(file, str(exc), f"{where}.model") from None
+        raise IntentError(file, str(exc), model_key) from None
     if version == LATEST:
         version = None
     kw: dict[str, Any] = {}
@@ -307,6 +335,16 @@ def _entry(file: str, index: int, raw: Any) -> KeepEntry:
             kw["bandwidth"] = parse_size(b)
             if kw["bandwidth"] < 0:
                 raise ValueError("expected bytes per second like '200MB'")
+        from tiering import BadInput, selection_from
+        for key in ("include", "exclude", "layers", "tp_rank"):   # (each checked alone: the error names it)
+            if key in raw:
+                try:
+                    selection_from(**{key: raw[key]})
+                except BadInput as exc:
+                    raise ValueError(str(exc).split(": ", 1)[-1]) from None
+        if any(k in raw for k in ("include", "exclude", "layers", "tp_rank")):
+            sel = selection_from(raw.get("include"), raw.get("exclude"), raw.get("layers"), raw.get("tp_rank"))
+            kw["selection"] = None if sel.whole else sel
     except (ValueError, TypeError) as exc:
         raise IntentError(file, str(exc) or "bad value", f"{where}.{key}") from None
     return KeepEntry(file, index, name, version, **kw)
@@ -323,7 +361,7 @@ def parse_text(file: str, text: str) -> list[KeepEntry]:
     keep = data.get("keep", [])
     if not isinstance(keep, list):
         raise IntentError(file, "expected [[keep]] entries (an array of tables)", "keep")
-    return [_entry(file, i, raw) for i, raw in enumerate(keep, 1)]
+    return [e for i, raw in enumerate(keep, 1) for e in _entries(file, i, raw)]
 
 
 # -- the directory ----------------------------------------------------------------------------------
