@@ -63,7 +63,7 @@ def test_a_good_file_and_what_selects_this_node(tmp_path: Path) -> None:
 @pytest.mark.parametrize("text, message", [
     ('[[keep]]\nmodel = "acme/x"\n',
      "intent f.toml: keep #1.model: expected NAME@VERSION or NAME@latest, got 'acme/x'"),
-    ('[[keep]]\ntier = "hot"\n', "intent f.toml: keep #1.model: missing key (NAME@VERSION or NAME@latest)"),
+    ('[[keep]]\ntier = "hot"\n', "intent f.toml: keep #1.model: missing key (NAME@VERSION or NAME@latest; or models = [...])"),
     ('[[keep]]\nmodel = "a/b@latest"\ntier = "cold"\n',
      "intent f.toml: keep #1.tier: expected one of hot, warm, got 'cold'"),
     ('[[keep]]\nmodel = "a/b@latest"\nprio = 3\n',
@@ -87,6 +87,13 @@ def test_a_good_file_and_what_selects_this_node(tmp_path: Path) -> None:
     ('[model]\nx = 1\n', "intent f.toml: model: unknown table (an intent file holds [[keep]] entries)"),
     ('keep = 3\n', "intent f.toml: keep: expected [[keep]] entries (an array of tables)"),
     ('[[keep]\n', None),
+    ('[[keep]]\nmodel = "a/b@v1"\nlayers = "9-1"\n', "intent f.toml: keep #1.layers: expected A-B with 0 <= A <= B, got 9-1"),
+    ('[[keep]]\nmodel = "a/b@v1"\ntp_rank = "2/2"\n', "intent f.toml: keep #1.tp_rank: expected R/N with 0 <= R < N, got 2/2"),
+    ('[[keep]]\nmodel = "a/b@v1"\nexclude = ["/etc"]\n', None),
+    ('[[keep]]\nmodels = ["a/b@v1", "a/b@v1"]\n', "intent f.toml: keep #1.models: a model is listed twice"),
+    ('[[keep]]\nmodels = []\n', None),
+    ('[[keep]]\nmodels = ["a/b@v1"]\nmodel = "a/c@v1"\n', "intent f.toml: keep #1.models: give model or models, not both"),
+    ('[[keep]]\nmodels = ["a/b@v1", "a/c"]\n', "intent f.toml: keep #1.models[1]: expected NAME@VERSION or NAME@latest, got 'a/c'"),
 ])
 def test_bad_entries_name_file_entry_and_key(text: str, message: str | None) -> None:
     with pytest.raises(IntentError) as ei:

@@ -267,3 +267,39 @@ def test_intent_configured_by_a_reload_starts_without_a_restart(node_env, isolat
         assert (node_env.warm / "acme/late/v1").is_dir()
     finally:
         d.stop()
+
+
+def test_intent_keeps_partial_copies_and_sets(node_env, isolated_env, wd, tmp_path: Path) -> None:
+    """An entry with patterns keeps a partial copy of each version (its own object, leased by the
+    entry); a models list keeps each adapter; a model's default patterns apply to a plain entry."""
+    publish(wd, tmp_path, "acme/chat", "v1", size=4 * MiB)
+    for i in range(3):
+        publish(wd, tmp_path, f"lora/a{i}", "v1", size=1 * MiB)
+    idir = tmp_path / "intent.d"
+    idir.mkdir()
+    node_env.config.write_text(node_env.config.read_text() + (
+        f'[intent]\ndir = "{idir}"\nreconcile_s = 2\npoll_s = 0.2\n[models."lora/*"]\nexclude = ["*.md"]\n'))
+    (idir / "chat.toml").write_text('[[keep]]\nmodel = "acme/chat@latest"\nexclude = ["original/"]\n'
+                                    '[[keep]]\nmodels = ["lora/a0@v1", "lora/a1@latest", "lora/a2@v1"]\ntier = "hot"\n')
+    d = DaemonProc(node_env, isolated_env, tmp_path)
+    try:
+        st = until("every entry ready", lambda: (s := intent_status(wd)) and
+                   all(r["state"] == "ready" for r in s["entries"]) and len(s["entries"]) == 4 and s)
+        assert {r["entry"] for r in st["entries"]} == {"chat.toml keep #1"} | {
+            f"chat.toml keep #2 models[{i}]" for i in range(3)}
+        status = json.loads(wd("status", "--json").stdout)
+        by = {(c["name"], c["version"]): c for c in status["checkpoints"]}
+        chat = [c for (n, v), c in by.items() if n == "acme/chat"]
+        assert len(chat) == 1 and chat[0]["version"].startswith("v1~p")          # the partial copy, not v1
+        assert chat[0]["part_of"]["selection"] == {"exclude": ["original/*"]}
+        assert [le["holder"] for le in chat[0]["tiers"]["warm"]["leases"]] == ["intent chat.toml keep #1"]
+        assert not (node_env.warm / "acme/chat/v1").exists()
+        for i in range(3):   # (no .md in these checkpoints: the default patterns keep every file, the version)
+            c = by[(f"lora/a{i}", "v1")]
+            assert [le["holder"] for le in c["tiers"]["hot"]["leases"]] == [f"intent chat.toml keep #2 models[{i}]"]
+        # a second round changes nothing (the partial copy counts as held: no refetch)
+        before = d.log_path.read_text().count("intent: fetching")
+        time.sleep(5)
+        assert d.log_path.read_text().count("intent: fetching") == before
+    finally:
+        d.stop()

@@ -80,7 +80,8 @@ def make(tmp: Path, intent_text: str, *, held, published, origin=None):
            node=_Node(held, published),
            metrics=NS(intent_errors=_Counter(), intent_failures=_Counter(), intent_prewarms=_Counter(),
                       set_model_ready=lambda h: None),
-           pools={"misc": ThreadPoolExecutor(2, "misc")}, preloads=[])
+           pools={"misc": ThreadPoolExecutor(2, "misc")}, preloads=[],
+           service=NS(selection_for=lambda name, selection=None, whole=False: None))   # (no default patterns)
 
     async def preload(body, *, holder=None, rate_bytes_per_s=0, joined=None):
         d.preloads.append(body["ref"])
