@@ -270,3 +270,18 @@ def read_diskstats(path: str = "/proc/diskstats") -> dict[tuple[int, int], tuple
     except OSError:
         pass
     return out
+
+
+TMPFS_MAGIC = 0x01021994
+
+
+def is_tmpfs(fd: int) -> bool:
+    """Whether ``fd`` is on tmpfs (``fstatfs``'s f_type, the first field of struct statfs on Linux).
+    There, preallocating a file zero-fills its pages only for the copy to write them again."""
+    buf = ctypes.create_string_buffer(256)
+    try:
+        if libc.fstatfs(fd, buf) != 0:
+            return False
+    except AttributeError:
+        return False
+    return int.from_bytes(buf.raw[:ctypes.sizeof(ctypes.c_long)], "little", signed=True) == TMPFS_MAGIC

@@ -12,7 +12,10 @@ from __future__ import annotations
 import logging
 
 import os
+import threading
+import time
 import uuid
+from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -121,6 +124,51 @@ def lock_name(name: str, version: str | None = None) -> str:
     return f"{base}@{version}.lock" if version else f"{base}.lock"
 
 
+_PARSED: "OrderedDict[tuple[int, ...], Manifest]" = OrderedDict()
+_PARSED_LOCK = threading.Lock()
+PARSED_KEPT = 4096
+RACY_NS = 200_000_000   # a file or directory changed this close to its reading is read again (racy-git's rule)
+
+
+def _manifest_at(d: Dir, rel: str, where: str) -> Manifest:
+    """The manifest file at ``rel`` under ``d``, parsed once per file: a manifest in a tier is written
+    once and never changed in place, so its parse is kept by the file's identity (device, inode, size,
+    mtime and ctime: a replaced or rewritten file is parsed again; one written within RACY_NS of the
+    read is not kept, as timestamps are coarse). Listing a tier of hundreds of
+    versions (space accounting, delta donors) then costs an open and an fstat per version."""
+    fd = d.open_read(rel)
+    try:
+        st = os.fstat(fd)
+        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        with _PARSED_LOCK:
+            m = _PARSED.get(key)
+            if m is not None:
+                _PARSED.move_to_end(key)
+                return m
+        if st.st_size > MAX_MANIFEST_BYTES:
+            raise BadInput(f"{where}: larger than {MAX_MANIFEST_BYTES} bytes")
+        chunks, n = [], 0
+        while n <= MAX_MANIFEST_BYTES:
+            c = os.read(fd, min(1 << 20, MAX_MANIFEST_BYTES + 1 - n))
+            if not c:
+                break
+            chunks.append(c)
+            n += len(c)
+    finally:
+        os.close(fd)
+    raw = b"".join(chunks)
+    if len(raw) > MAX_MANIFEST_BYTES:
+        raise BadInput(f"{where}: larger than {MAX_MANIFEST_BYTES} bytes")
+    m = parse_manifest(raw, where)
+    # (read whole, as fstat saw it, and not written within the racy window: else not kept)
+    if len(raw) == st.st_size and time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) > RACY_NS:
+        with _PARSED_LOCK:
+            _PARSED[key] = m
+            while len(_PARSED) > PARSED_KEPT:
+                _PARSED.popitem(last=False)
+    return m
+
+
 def read_version(root: "Dir | Path | None", name: str, version: str, *, strict: bool = False) -> VersionDir | None:
     """The complete version at ``root/NAME/VERSION``, or None. A symlink anywhere on the way reads as
     absent. A broken manifest reads as absent too, unless ``strict`` (cold storage, asked for by name:
@@ -131,7 +179,11 @@ def read_version(root: "Dir | Path | None", name: str, version: str, *, strict: 
             return None
         where = str(d.path / rel / MANIFEST_RELPATH)
         try:
-            raw = d.read_bytes(f"{rel}/{MANIFEST_RELPATH}", MAX_MANIFEST_BYTES)
+            m = _manifest_at(d, f"{rel}/{MANIFEST_RELPATH}", where)
+        except ManifestError:
+            if strict:
+                raise
+            return None
         except (CheckpointNotFound, FileNotFoundError, NotADirectoryError):
             return None
         except PermissionError as exc:
@@ -146,12 +198,6 @@ def read_version(root: "Dir | Path | None", name: str, version: str, *, strict: 
             if strict:
                 raise ManifestError(where, str(exc)) from None
             return None
-        try:
-            m = parse_manifest(raw, where)
-        except ManifestError:
-            if strict:
-                raise
-            return None
         if m.name != name or m.version != version:
             if strict:
                 raise LabelMismatch(where, f"it describes {m.name}@{m.version}, not {name}@{version}")
@@ -159,35 +205,63 @@ def read_version(root: "Dir | Path | None", name: str, version: str, *, strict: 
         return VersionDir(name, version, d.path / name / version, m)
 
 
+_LISTED: "OrderedDict[tuple[str, int, int], tuple[int, list[VersionDir], list[str]]]" = OrderedDict()
+LISTED_KEPT = 8192
+
+
+def _children(d: Dir, parts: list[str]) -> tuple[list[VersionDir], list[str]]:
+    """The complete versions directly under ``d`` (a NAME directory, ``parts`` its path in the tier)
+    and its other subdirectories. Kept by the directory's identity and mtime: a version appears or
+    goes only by a rename in this directory, which changes its mtime; a listing taken within
+    RACY_NS of the directory's last change is not kept (timestamps are coarse)."""
+    st = os.fstat(d.fd)
+    key = (str(d.path), st.st_dev, st.st_ino)
+    with _PARSED_LOCK:
+        hit = _LISTED.get(key)
+        if hit is not None and hit[0] == st.st_mtime_ns:
+            _LISTED.move_to_end(key)
+            return list(hit[1]), list(hit[2])
+    versions: list[VersionDir] = []
+    others: list[str] = []
+    name = "/".join(parts)
+    for b in d.subdirs():
+        with d.sub(b) as db:
+            if not db.is_file(MANIFEST_RELPATH):
+                others.append(b)
+                continue
+            try:
+                validate_name(name)
+                validate_label(b)
+                m = _manifest_at(db, MANIFEST_RELPATH, str(db.path / MANIFEST_RELPATH))
+            except (BadInput, OSError):  # names outside the patterns are not ours; a damaged one is absent
+                continue
+        if m.name == name and m.version == b:
+            versions.append(VersionDir(name, b, d.path / b, m))
+    if time.time_ns() - st.st_mtime_ns > RACY_NS:
+        with _PARSED_LOCK:
+            _LISTED[key] = (st.st_mtime_ns, list(versions), list(others))
+            while len(_LISTED) > LISTED_KEPT:
+                _LISTED.popitem(last=False)
+    return versions, others
+
+
 def list_versions(root: "Dir | Path | None") -> list[VersionDir]:
-    """Every complete version under a tier root (``NAME`` may be ``org/model``); symlinks are skipped."""
+    """Every complete version under a tier root (``NAME`` may be ``org/model``); symlinks are skipped.
+    Each NAME directory's listing is kept while its mtime stays (see :func:`_children`): a tier of
+    hundreds of versions is listed in an fstat per directory."""
     out: list[VersionDir] = []
     with as_dir(root) as d:
         if d is None:
             return out
-
-        def consider(parts: list[str], sub: Dir) -> bool:
-            if not sub.is_file(MANIFEST_RELPATH):
-                return False
-            try:
-                v = read_version(d, "/".join(parts[:-1]), parts[-1])
-            except BadInput:  # names outside the patterns are not ours
-                v = None
-            if v is not None:
-                out.append(v)
-            return True
-
         for a in d.subdirs():
             if a.startswith("."):
                 continue
             with d.sub(a) as da:
-                for b in da.subdirs():
+                found, models = _children(da, [a])
+                out += found
+                for b in models:
                     with da.sub(b) as db:
-                        if consider([a, b], db):
-                            continue
-                        for c in db.subdirs():
-                            with db.sub(c) as dc:
-                                consider([a, b, c], dc)
+                        out += _children(db, [a, b])[0]
     return out
 
 

@@ -236,6 +236,24 @@ def _hash_whole(s: _SharedFd, fd: int, crypto: Callable[[], Any], progress: Prog
     return [h.hexdigest() for h in parts], whole.hexdigest()
 
 
+GROUP_BYTES = 4 << 20
+
+
+def _groups(ranges: Sequence[tuple[int, int]]) -> list[range]:
+    """The ranges of one file as tasks: consecutive ones together up to GROUP_BYTES (a LoRA adapter's
+    hundreds of small tensors, a compile cache's small files), a large one alone."""
+    out: list[range] = []
+    start, acc = 0, 0
+    for i, (b, e) in enumerate(ranges):
+        if i > start and acc + (e - b) > GROUP_BYTES:
+            out.append(range(start, i))
+            start, acc = i, 0
+        acc += e - b
+    if ranges:
+        out.append(range(start, len(ranges)))
+    return out
+
+
 def hash_files(jobs: Sequence[HashJob], *, threads: int | None = None, progress: ProgressFn | None = None,
                crypto: Callable[[], Any] | None = None, crypto_out: list[str] | None = None) -> list[list[str]]:
     """Hex digests of every range of every job, in the same order. Parts run in file order.
@@ -249,28 +267,29 @@ def hash_files(jobs: Sequence[HashJob], *, threads: int | None = None, progress:
         crypto_out[:] = [""] * len(jobs)
         tasks = [(ji, -1) for ji in range(len(jobs))]
     else:
-        tasks = [(ji, ri) for ji, j in enumerate(jobs) for ri in range(len(j.ranges))]
+        tasks = [(ji, ri) for ji, j in enumerate(jobs) for ri in _groups(j.ranges)]
     results: list[list[str]] = [[""] * len(j.ranges) for j in jobs]
 
-    def run(task: tuple[int, int]) -> None:
+    def run(task: tuple[int, Any]) -> None:
         ji, ri = task
         s = shared[ji]
-        if ri < 0:  # the whole file, crypto digest included
+        if ri == -1:  # the whole file, crypto digest included
             s.remaining = 1
             try:
                 results[ji], crypto_out[ji] = _hash_whole(s, s.acquire(), crypto, progress)  # type: ignore[index,arg-type]
             finally:
                 s.release()
             return
-        begin, end = s.job.ranges[ri]
-        try:
-            if end > begin:
-                results[ji][ri] = _hash_range(s, s.acquire(), begin, end, progress)
-            else:
-                results[ji][ri] = xxhash.xxh3_128(b"").hexdigest()
-                s.acquire()  # the file must still exist and be readable
-        finally:
-            s.release()
+        for r in ri:   # (consecutive small parts of one file are one task: a future each would cost more)
+            begin, end = s.job.ranges[r]
+            try:
+                if end > begin:
+                    results[ji][r] = _hash_range(s, s.acquire(), begin, end, progress)
+                else:
+                    results[ji][r] = xxhash.xxh3_128(b"").hexdigest()
+                    s.acquire()  # the file must still exist and be readable
+            finally:
+                s.release()
 
     n = threads or default_threads()
     if n == 1 or len(tasks) <= 1:

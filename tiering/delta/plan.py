@@ -3,6 +3,8 @@ the same bytes (at whatever offset, in whatever file) or nothing (fetch it)."""
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -110,17 +112,46 @@ class DeltaPlan:
         }
 
 
+_INDEXES: "OrderedDict[str, dict[tuple[str, int], tuple[str, int]]]" = OrderedDict()
+_INDEXES_LOCK = threading.Lock()
+INDEXES_KEPT = 2048
+
+
+def part_index(m: Manifest) -> dict[tuple[str, int], tuple[str, int]]:
+    """(xxh3-128, length) of every non-empty part of ``m`` -> (its file, its offset): the first one.
+    Kept by the manifest's digest (the same content has the same parts), so a node with hundreds of
+    versions (a set of LoRA adapters) does not rebuild every donor's index for every preload."""
+    with _INDEXES_LOCK:
+        idx = _INDEXES.get(m.digest)
+        if idx is not None:
+            _INDEXES.move_to_end(m.digest)
+            return idx
+    idx = {}
+    for f in m.files:
+        for p in f.parts(m.chunk_size):
+            if p.end > p.begin:
+                idx.setdefault((p.xxh3_128, p.end - p.begin), (f.path, p.begin))
+    with _INDEXES_LOCK:
+        _INDEXES[m.digest] = idx
+        while len(_INDEXES) > INDEXES_KEPT:
+            _INDEXES.popitem(last=False)
+    return idx
+
+
 def plan_delta(target: Manifest, donors: Sequence[Donor]) -> DeltaPlan:
     """For every part of every file of ``target``: a donor holding the same bytes, or fetch.
 
     Donors earlier in the list win (put the ones on the staging file system first: copy_file_range
-    can then share extents)."""
+    can then share extents). A donor that shares no part is passed over at the cost of one set
+    intersection."""
+    wanted = part_index(target).keys()
     index: dict[tuple[str, int], tuple[int, str, int]] = {}
     for di, d in enumerate(donors):
-        for f in d.manifest.files:
-            for p in f.parts(d.manifest.chunk_size):
-                if p.end > p.begin:
-                    index.setdefault((p.xxh3_128, p.end - p.begin), (di, f.path, p.begin))
+        didx = part_index(d.manifest)
+        for key in wanted & didx.keys():
+            if key not in index:
+                path, begin = didx[key]
+                index[key] = (di, path, begin)
     plan = DeltaPlan(target, list(donors))
     for f in target.files:
         spans = []

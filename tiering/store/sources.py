@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterator
 
 from ..content.build import good_parts
 from ..content.manifest import MANIFEST_RELPATH, Manifest
+from .._syscalls import is_tmpfs
 from ..copy import CopyJob, copy_files
 from ..delta import DeltaPlan, Donor, plan_delta
 from ..delta import build as build_delta_spans
@@ -84,7 +85,7 @@ class Sources:
         """Donors, then each fetcher, then a delta build from cold; False: copy from cold instead."""
         with self._lending(tier, name, version) as donors:
             plan = plan_delta(m, donors) if donors else None
-            if plan is not None and plan.reuse_bytes == 0:
+            if plan is not None and not worth_a_delta(plan):
                 plan = None
             if plan is not None:
                 fill.delta = {"donors": [donors[i].ref for i in plan.donors_used()],
@@ -131,7 +132,7 @@ class Sources:
         have: dict[str, set[str]] = {}
         with self._lending(tier, name, version) as donors:
             plan = plan_delta(m, donors) if donors else None
-            if plan is not None and plan.reuse_bytes == 0:
+            if plan is not None and not worth_a_delta(plan):
                 plan = None
             if not resumed and self.fetchers and \
                     self._try_fetchers(fill, obj.as_version_dir(whole), staging, plan, deadline, progress,
@@ -207,8 +208,10 @@ class Sources:
                 with self.roots.must(src_tier).sub(rel) as base:
                     jobs = [CopyJob(FileRef(base, f.path), FileRef(staging.dir, f.path), f.size, f.mode)
                             for f in m.files]
+                    # (on tmpfs a preallocation zero-fills every page for the copy to write it again:
+                    # the reservation has already checked the room)
                     copy_files(jobs, threads=self.copy_threads, progress=progress, deadline=deadline,
-                               clock=self.monotonic)
+                               clock=self.monotonic, preallocate=not is_tmpfs(staging.dir.fd))
                 fill.add(label, m.total_bytes)
                 fill.verified = False
                 return
@@ -259,6 +262,15 @@ class Sources:
                 held.append(lk)
                 donors.append(Donor(f"{v.name}@{v.version}", v.path, v.manifest, d))
         return donors, held
+
+
+MIN_DELTA_REUSE = 1 << 20
+
+
+def worth_a_delta(plan: DeltaPlan) -> bool:
+    """A delta pays for its donor reads and checks when it reuses at least 1 MiB, or half of a small
+    version; sharing only a safetensors header (every LoRA adapter of one shape does) is not one."""
+    return plan.reuse_bytes > 0 and plan.reuse_bytes >= min(MIN_DELTA_REUSE, plan.total_bytes // 2)
 
 
 def _subset(m: Manifest, src: VersionDir) -> frozenset[str] | None:

@@ -1,0 +1,74 @@
+"""Interleaved rounds for the benchmarks: every contender once per round, in a rotating order, so the
+noise of this shared VM falls on all of them alike; medians with their min-max, and ratios of medians
+with the spread of the per-round ratios. The machine's state (load average, other I/O on the disks)
+is recorded beside the figures."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from typing import Any, Callable
+
+
+def machine_state() -> dict[str, Any]:
+    """Load average and the block devices' completed I/O so far (``/proc/diskstats``)."""
+    out: dict[str, Any] = {"loadavg": os.getloadavg(), "cpus": os.cpu_count()}
+    try:
+        with open("/proc/diskstats") as fh:
+            out["diskstats"] = {p[2]: {"reads": int(p[3]), "read_sectors": int(p[5]), "writes": int(p[7])}
+                                for p in (line.split() for line in fh) if not p[2].startswith(("loop", "ram"))}
+    except OSError:
+        pass
+    return out
+
+
+def io_between(a: dict[str, Any], b: dict[str, Any]) -> dict[str, int]:
+    """Sectors read per device between two machine states (what else the disks did in a run)."""
+    da, db = a.get("diskstats", {}), b.get("diskstats", {})
+    return {k: db[k]["read_sectors"] - da[k]["read_sectors"] for k in db if k in da
+            and db[k]["read_sectors"] != da[k]["read_sectors"]}
+
+
+def rounds(contenders: dict[str, Callable[[], float]], n: int, *, before: Callable[[str], None] | None = None,
+           log: Callable[[str], None] | None = None) -> dict[str, list[float]]:
+    """Each contender returns the seconds it took (measured by itself, so set-up is not counted);
+    ``before(name)`` runs before each one (untimed: clean the target, drop caches)."""
+    names = list(contenders)
+    out: dict[str, list[float]] = {k: [] for k in names}
+    for r in range(n):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for k in order:
+            if before is not None:
+                before(k)
+            s = contenders[k]()
+            out[k].append(s)
+            if log is not None:
+                log(f"round {r + 1}/{n} {k}: {s:.3f} s")
+    return out
+
+
+def summary(times: list[float]) -> dict[str, float]:
+    return {"median_s": round(statistics.median(times), 4), "min_s": round(min(times), 4),
+            "max_s": round(max(times), 4), "spread": round((max(times) - min(times)) / statistics.median(times), 3)}
+
+
+def speedup(times: dict[str, list[float]], fast: str, slow: str, *, max_spread: float = 0.5) -> dict[str, Any]:
+    """How many times faster ``fast`` is than ``slow``: the ratio of medians, with the min-max of the
+    per-round ratios. No ratio (None) when a contender's spread exceeds ``max_spread`` (its median
+    would say too little): the reason is given instead."""
+    a, b = times[fast], times[slow]
+    per_round = [y / x for x, y in zip(a, b) if x > 0]
+    wide = [k for k in (fast, slow) if summary(times[k])["spread"] > max_spread]
+    out: dict[str, Any] = {"of": fast, "vs": slow, "rounds": len(per_round),
+                           "per_round_min": round(min(per_round), 3), "per_round_max": round(max(per_round), 3)}
+    if wide:
+        out["ratio"] = None
+        out["refused"] = f"spread of {', '.join(wide)} above {max_spread} (max-min over median): rerun"
+    else:
+        out["ratio"] = round(statistics.median(b) / statistics.median(a), 3)
+    return out
+
+
+def stamp() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
