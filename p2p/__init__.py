@@ -15,8 +15,9 @@ By concern::
     plan.py      PiecePlan: each worker's slice of the origin's pieces
     fetch.py     P2PFetcher: the swarm as tiering's Fetcher (staging in, FetchResult out)
     seeding.py   torrents beside published versions (ensure_torrent, read_torrent, check_seedable)
-                 and what a node seeds (seed_held)
-    torrent.py   v2 torrents made from and checked against manifests (with fleet TLS: carrying the CA)
+                 and what a node seeds (seed_held; seed_copy: one copy, whole or partial)
+    torrent.py   v2 torrents made from and checked against manifests (with fleet TLS: carrying the CA);
+                 the files and pieces of a partial copy (subset_of, placement)
     certs.py     fleet TLS: FleetTLS checked from the CA/cert/key files; a throwaway fleet for tests and demos
     tracker.py   the origin's minimal announce endpoint
 """
@@ -42,7 +43,7 @@ _SURFACE: dict[str, str] = {
     # the swarm as a preload source, and seeding
     "P2PFetcher": "fetch",
     "check_seedable": "seeding", "ensure_torrent": "seeding", "read_torrent": "seeding", "seed_held": "seeding",
-    "ensure_object_torrent": "seeding", "mirror_published": "seeding",
+    "ensure_object_torrent": "seeding", "mirror_published": "seeding", "seed_copy": "seeding",
     "Tracker": "tracker",
 }
 

@@ -17,6 +17,12 @@ Staging, step by step (every step by directory descriptor, never by a path that 
    libtorrent's check and only the rest moves);
 4. ``fsync_tree(files=True)``: durable before anything leaves the inner directory (libtorrent does not
    fsync), then every file is renamed up into the staging directory itself, the ``.pad`` files dropped.
+
+A partial copy (``FetchRequest.files``: some files of the published version ``source``) is the same
+download of the whole version's torrent with the other files at priority 0: only its files' pieces are
+asked for, counted (progress, bytes by source) and waited for; every file starts at a piece boundary
+(``subset_of`` checks it), so none of their pieces carries another file's bytes; only its files are
+renamed up. The threshold applies to the bytes it wants.
 """
 
 from __future__ import annotations
@@ -25,12 +31,13 @@ import logging
 import time
 from typing import TYPE_CHECKING, Callable
 
-from tiering import DIR_MODE, Dir, FetchRequest, FetchResult, SourceFallback, prefill_delta, set_phase
+from tiering import (DIR_MODE, DeltaPlan, Dir, FetchRequest, FetchResult, SourceFallback, is_whole, prefill_delta,
+                     set_phase)
 
 from .config import P2PConfig
 from .errors import P2PError, TorrentRejected
 from .seeding import read_torrent
-from .torrent import fleet_mismatch
+from .torrent import Subset, fleet_mismatch, subset_of
 
 if TYPE_CHECKING:
     import libtorrent as lt
@@ -62,9 +69,11 @@ class P2PFetcher:
 
     def fetch(self, request: FetchRequest) -> FetchResult:
         src, cfg = request.source, self.config
-        if src.size < cfg.threshold or not cfg.peers:
+        if not is_whole(src):   # (a companion artefact: an object of its own, never a torrent)
             return FetchResult(False)
-        if request.files is not None:  # (a partial copy: not from the swarm yet)
+        wanted = src.size if request.files is None else \
+            sum(f.size for f in src.manifest.files if f.path in request.files)
+        if wanted < cfg.threshold or not cfg.peers:
             return FetchResult(False)
         try:
             ti = read_torrent(src)
@@ -74,13 +83,19 @@ class P2PFetcher:
         if ti is None:
             return FetchResult(False)
         problem = fleet_mismatch(ti, cfg.tls)  # with fleet TLS: only torrents made with the fleet CA
+        subset = None
+        if problem is None and request.files is not None:
+            try:
+                subset = subset_of(ti, request.files)
+            except TorrentRejected as exc:
+                problem = str(exc)
         if problem is not None:
             log.warning("not using P2P for %s, copying from cold instead: %s", src.ref, problem)
             return FetchResult(False, fallback=SourceFallback("p2p", "cold", problem))
         request.staging.mark_resumable()
-        set_phase(request.progress, "copy", source="p2p", total=src.size)
+        set_phase(request.progress, "copy", source="p2p", total=wanted)
         try:
-            result = self._download(request, ti)
+            result = self._download(request, ti, subset)
         except P2PError as exc:  # (TransferStalled, TransferFailed, LibtorrentError, ...)
             log.warning("P2P download of %s failed, copying from cold instead: %s", src.ref, exc)
             request.staging.dir.remove(src.version)
@@ -90,28 +105,44 @@ class P2PFetcher:
         return FetchResult(True, {"origin": origin, "peer": peers, "local_reuse": result.local_bytes},
                            swarm={"seconds": round(result.seconds, 2), **result.trace.to_dict()})
 
-    def _download(self, request: FetchRequest, ti: "lt.torrent_info") -> "DownloadResult":
+    def _download(self, request: FetchRequest, ti: "lt.torrent_info", subset: Subset | None) -> "DownloadResult":
         """Download into ``staging/<version>/`` and move the files up into the staging directory; the
         inner directory is closed (not removed) on the way out, whatever happens."""
         src, staging, deadline, cfg = request.source, request.staging, request.deadline, self.config
         with staging.dir.sub(src.version, create=True, mode=DIR_MODE) as inner:
-            if request.delta is not None:
+            delta = request.delta
+            if delta is not None and subset is not None:   # (donor bytes for the files it wants only)
+                delta = DeltaPlan(delta.target, delta.donors,
+                                  [fp for fp in delta.files if fp.entry.path in subset.files])
+            if delta is not None:
                 # donor bytes at their new offsets: libtorrent's check passes their pieces, only the rest
                 # moves (a donor that rotted just fails its pieces, which are then downloaded)
-                prefill_delta(request.delta, inner, deadline=deadline)
+                prefill_delta(delta, inner, deadline=deadline)
             timeout_s = None if deadline is None else max(1.0, deadline - self.clock())
             result = self.session.download(ti, staging.path / src.version, peers=cfg.peers,
                                            stall_s=cfg.fallback_after_s, timeout_s=timeout_s,
-                                           progress=request.progress)
-            _move_up(inner, staging.dir)
+                                           progress=request.progress,
+                                           files=subset.files if subset is not None else None)
+            _move_up(inner, staging.dir, subset.files if subset is not None else None)
         return result
 
 
-def _move_up(inner: Dir, staging: Dir) -> None:
+def _move_up(inner: Dir, staging: Dir, files: frozenset[str] | None = None) -> None:
+    """Durable, then every file renamed up into the staging directory, the ``.pad`` files dropped;
+    with ``files`` (a partial copy), anything else is dropped too (libtorrent writes no file at
+    priority 0: none is expected)."""
     # durable before it is renamed into place, as copies are: libtorrent does not fsync
     inner.fsync_tree(files=True)
+    if files is not None:
+        stray = [rel for rel, _ in inner.walk_files() if rel not in files and not rel.startswith(".pad/")]
+        for rel in stray:
+            inner.unlink(rel)
+        if stray:
+            log.warning("p2p: %d file(s) not in the partial copy were written, dropped (first: %s)", len(stray),
+                        stray[0])
+        tops = {f.split("/", 1)[0] for f in files}
     for child, _ in inner.entries():  # move the files up into the staging directory itself
-        if child == ".pad":
+        if child == ".pad" or (files is not None and child not in tops):
             inner.remove(child)
             continue
         inner.rename(child, staging, child)

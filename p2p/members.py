@@ -33,24 +33,25 @@ log = logging.getLogger(__name__)
 MAX_ANSWER = 4 << 20   # bytes read of an answer (10,000 workers are ~300 KB)
 
 
-def swarm_url(tracker: str, info_hash: bytes, rack: str = "") -> str | None:
-    """``http(s)://host:port/swarm?info_hash=...[&rack=NAME]`` beside an ``.../announce`` URL (None:
-    not one). Each request registers this node as downloading for a few seconds."""
+def swarm_url(tracker: str, info_hash: bytes, rack: str = "", want: str = "") -> str | None:
+    """``http(s)://host:port/swarm?info_hash=...[&rack=NAME][&want=TAG]`` beside an ``.../announce``
+    URL (None: not one). Each request registers this node as downloading for a few seconds (``want``:
+    a partial copy's files, see ``Subset.tag``)."""
     base = tracker.split("?", 1)[0]
     if not base.startswith(("http://", "https://")) or not base.endswith("/announce"):
         return None
     return (base[: -len("announce")] + "swarm?info_hash=" + urllib.parse.quote_from_bytes(info_hash)
-            + (f"&rack={rack}" if rack else ""))
+            + (f"&rack={rack}" if rack else "") + (f"&want={want}" if want else ""))
 
 
 class Membership:
     def __init__(self, trackers: tuple[str, ...], info_hash: bytes, tls: "FleetTLS | None" = None, *,
-                 rack: str = "", source_ip: str = "", every_s: float = 1.0, timeout_s: float = 2.0,
+                 rack: str = "", source_ip: str = "", want: str = "", every_s: float = 1.0, timeout_s: float = 2.0,
                  stale_s: float = 10.0) -> None:
         # (the tracker lists the address a request comes from: from the node's own address, the one
         # its peers know it by, as libtorrent's connections do with ``outgoing_interfaces``)
         self.source = (source_ip, 0) if source_ip and source_ip not in ("0.0.0.0", "::") else None
-        self.urls = [u for u in (swarm_url(t, info_hash, rack) for t in trackers) if u]
+        self.urls = [u for u in (swarm_url(t, info_hash, rack, want) for t in trackers) if u]
         self.every_s, self.timeout_s, self.stale_s = every_s, timeout_s, stale_s
         self._ctx = None
         if tls is not None:
@@ -60,6 +61,7 @@ class Membership:
                 ctx.load_cert_chain(tls.cert_path, tls.key_path)
             self._ctx = ctx
         self._members: dict[str, str] | None = None
+        self._others: dict[str, str] = {}   # workers downloading other files of the torrent: ip -> rack
         self._at = 0.0
         self.changed_at = 0.0   # when the list last changed (a list still growing is not settled)
         self._lock = threading.Lock()
@@ -74,6 +76,16 @@ class Membership:
             if self._members is None or time.monotonic() - self._at > self.stale_s:
                 return None
             return self._members
+
+    @property
+    def others(self) -> dict[str, str]:
+        """ip -> rack of the workers downloading other files of this torrent (a partial copy's, or the
+        whole when this node wants a part), as of the last good answer: none of them owns a piece of
+        this node's plan."""
+        with self._lock:
+            if self._members is None or time.monotonic() - self._at > self.stale_s:
+                return {}
+            return self._others
 
     def settled(self, quiet_s: float) -> dict[str, str] | None:
         """The list, once it has not changed for ``quiet_s`` (workers still joining move slices)."""
@@ -114,10 +126,11 @@ class Membership:
                     self.failures += 1
                     log.debug("p2p: member list from %s: %s", url, exc)
                     continue
+                got, others = got
                 with self._lock:
                     if got != self._members:
                         self.changed_at = time.monotonic()
-                    self._members, self._at = got, time.monotonic()
+                    self._members, self._others, self._at = got, others, time.monotonic()
                 break
             if len(gone) == len(self.urls):
                 return
@@ -138,7 +151,7 @@ class Membership:
         finally:
             conn.close()
 
-    def _get(self, url: str) -> dict[str, str]:
+    def _get(self, url: str) -> tuple[dict[str, str], dict[str, str]]:
         try:
             status, body = self._request(url, self.timeout_s)
         except http.client.HTTPException as exc:
@@ -156,11 +169,16 @@ class Membership:
         rows = doc.get("downloading") if isinstance(doc, dict) else None
         if not isinstance(rows, list):
             raise _NotOurs("not a member list")
-        out: dict[str, str] = {}
-        for row in rows:
-            if isinstance(row, list) and len(row) == 2 and isinstance(row[0], str) and isinstance(row[1], str):
-                out[row[0]] = row[1] if RACK.fullmatch(row[1]) else ""
-        return out
+        others = doc.get("others")
+        return _rows(rows), _rows(others if isinstance(others, list) else [])   # (a tracker before "others": none)
+
+
+def _rows(rows: list) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for row in rows:
+        if isinstance(row, list) and len(row) == 2 and isinstance(row[0], str) and isinstance(row[1], str):
+            out[row[0]] = row[1] if RACK.fullmatch(row[1]) else ""
+    return out
 
 
 class _NotOurs(Exception):

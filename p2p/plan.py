@@ -42,6 +42,13 @@ the download: its pieces move to the others by the same hashing. A gateway whose
 slice, and is taken back once it grows again). A worker that receives nothing at all for ``3 x grace_s`` while it waits asks for
 everything. The plan can delay, never strand: pieces are still verified by libtorrent, and the
 checkpoint by its manifest.
+
+**Partial copies** (some files of the version, ``wanted``): a worker plans only its files' pieces (the
+others count as held: nothing to take or wait for there, and none is ever asked for), and with the
+workers that want the same files only: the tracker lists downloading workers by what they want
+(``want=TAG``), so a worker never owns a slice of pieces it will not fetch. Workers that want other
+files, and peers seeding a partial copy (upload only, on no list), own nothing of its plan; what they
+hold counts as held.
 """
 
 from __future__ import annotations
@@ -147,8 +154,11 @@ class Peer:
 
 class PiecePlan:
     def __init__(self, num_pieces: int, self_ip: str = "", *, rack: str = "", grace_s: float = 3.0,
-                 stall_s: float = 6.0, gather_s: float = 0.0, piece_bytes: int = 1 << 20, cap: int = 0) -> None:
+                 stall_s: float = 6.0, gather_s: float = 0.0, piece_bytes: int = 1 << 20, cap: int = 0,
+                 wanted: Sequence[bool] | None = None) -> None:
         self.num_pieces, self.self_ip, self.rack, self.piece_bytes = num_pieces, self_ip, rack, piece_bytes
+        # a partial copy: the pieces of its files (None: every piece)
+        self.wanted = None if wanted is None else np.fromiter(wanted, dtype=bool, count=num_pieces)
         self.cap = cap                 # this node's download cap, bytes/s (0: none): scales stall_s
         self.stall_floor_s = stall_s
         self.grace_s, self.stall_s, self.gather_s = grace_s, stall_s, gather_s
@@ -161,7 +171,8 @@ class PiecePlan:
         self.stalled: set[str] = set()   # owners planned without (see _stale)
         self.why: dict[str, str] = {}    # ... and why, for the log
         self.crossing = 0                # pieces this worker (a gateway) now takes across racks (XRACK), as of the last call
-        self.origin_left = num_pieces    # pieces it still takes from the origin (OWN), likewise
+        # pieces it still takes from the origin (OWN), likewise
+        self.origin_left = num_pieces if self.wanted is None else int(np.count_nonzero(self.wanted))
         self.rack_size = 1               # workers of this rack planned with (this one included)
         self.gateway = ""                # this rack's gateway as of the last call (racks only)
         self.skipped_gateways: set[str] = set()   # gateways this node plans past (see _skip_gateways)
@@ -304,7 +315,22 @@ class PiecePlan:
         ``peers``: connected workers still downloading, by IP; ``held_any[p]``: some non-origin worker
         holds piece p; ``members``: the tracker's list of downloading workers (ip -> rack; None when
         there is no list); ``seeds`` / ``rack_seeds``: connected workers (of this rack) that hold
-        everything; ``progressed``: bytes arrived since the last call."""
+        everything; ``progressed``: bytes arrived since the last call.
+
+        A partial copy (``wanted``) plans as if it held every piece it does not want (nothing to take
+        there, nothing to wait for: its slice, its pace and its idle time are of its own pieces), and
+        asks for none of them, whatever the plan says (open-all included)."""
+        if self.wanted is None:
+            return self._priorities(have, peers, held_any, members, seeds, rack_seeds, now, progressed)
+        have_a = np.fromiter(have, dtype=bool, count=self.num_pieces) | ~self.wanted
+        prio = np.asarray(self._priorities(have_a, peers, held_any, members, seeds, rack_seeds, now, progressed),
+                          dtype=np.int8)
+        prio[~self.wanted] = 0
+        return prio.tolist()
+
+    def _priorities(self, have: Sequence[bool], peers: Mapping[str, Peer], held_any: Sequence[bool],
+                    members: Mapping[str, str] | None, seeds: int, rack_seeds: int, now: float,
+                    progressed: bool) -> list[int]:
         n = self.num_pieces
         if self.started is None:
             self.started = now

@@ -5,7 +5,9 @@
   by path) and checked against the manifest; with fleet TLS it carries the fleet CA.
 - ``read_torrent``: that torrent, read by descriptor and checked.
 - ``seed_held``: a worker seeds every complete version it holds; the origin every published one that
-  passes ``check_seedable``.
+  passes ``check_seedable``. A partial copy (``NAME/VERSION~p<hex>``) is seeded with the whole version's
+  torrent, for the files it holds (``P2PSession.seed(files=...)``), unless the node holds the whole
+  version; a companion artefact (``VERSION~<kind>~<key>``) is never seeded (no torrent is made for it).
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
-from tiering import DIR_MODE, LOCAL_TIERS, Dir, TieringError, VersionDir, check_unchangeable, open_cold_root, scan_dir
+from tiering import (DIR_MODE, LOCAL_TIERS, MANIFEST_RELPATH, Dir, TieringError, VersionDir, check_unchangeable,
+                     is_whole, open_cold_root, scan_dir, split_label)
 
 from .config import P2PConfig
 from .errors import P2PError, TorrentRejected, map_libtorrent_errors
@@ -35,7 +38,7 @@ def ensure_torrent(config: P2PConfig, version: VersionDir) -> Path | None:
     """Make the torrent of a published version at or above the threshold (idempotent). Written by
     descriptor beneath cold storage (publish is the one writer of cold); the version must be plain
     files (no symlink in it is ever handed to libtorrent, which would follow it)."""
-    if version.size < config.threshold:
+    if version.size < config.threshold or not is_whole(version):   # (a companion: its own small object)
         return None
     path = version.path / TORRENT_RELPATH
     meta, _, fname = TORRENT_RELPATH.rpartition("/")
@@ -120,7 +123,7 @@ def ensure_object_torrent(config: P2PConfig, cold: VersionDir, local: VersionDir
     ``local`` (this node's complete, verified copy in one of its own tiers: libtorrent hashes by path,
     and a tier root is weightd's alone) and put beside the manifest unless another node's arrived
     first (a conditional create: every node then uses the same one)."""
-    if cold.size < config.threshold:
+    if cold.size < config.threshold or not is_whole(cold):
         return None
     ti = read_torrent(cold)
     if ti is not None:
@@ -154,8 +157,8 @@ def mirror_published(node: "LocalNode", config: P2PConfig, copy: "Callable[[Vers
         log.warning("origin: cannot list the bucket to keep local copies: %s", exc)
         return 0
     for name in names:
-        try:
-            versions = node.published_versions(name)
+        try:   # (whole versions: a companion published after its version is not the latest)
+            versions = [v for v in node.published_versions(name) if is_whole(v)]
         except TieringError as exc:
             log.warning("origin: skipping %s: %s", name, exc)
             continue
@@ -195,6 +198,8 @@ def _seed_object_origin(node: "LocalNode", session: "P2PSession", config: P2PCon
     n = 0
     for t in LOCAL_TIERS:
         for v in node.versions(t):
+            if not is_whole(v):   # (an origin mirrors whole versions; a companion has no torrent)
+                continue
             try:
                 cold = node.published_version(v.name, v.version)
                 if cold is None or cold.manifest.digest != v.manifest.digest:
@@ -211,28 +216,84 @@ def _seed_object_origin(node: "LocalNode", session: "P2PSession", config: P2PCon
 def seed_held(node: "LocalNode", session: "P2PSession", role: str, super_seed: bool = False) -> int:
     """Seed every complete version this node holds (workers: from its checked tier roots) or has
     published (origin: only versions that pass check_seedable; with an object-store cold tier, from
-    its local copies: see :func:`mirror_published`)."""
+    its local copies: see :func:`mirror_published`). A worker also seeds its partial copies (see
+    :func:`seed_copy`), and stops seeding those it no longer holds."""
     # super-seeding stays off: with v2-only torrents libtorrent 2.1.1 delivered nothing in it (0 bytes in 8 s)
     if role == "origin" and node.roots.object is not None:
         return _seed_object_origin(node, session, session.cfg)
     n = 0
-    held = node.published() if role == "origin" else [v for t in LOCAL_TIERS for v in node.versions(t)]
-    for v in held:
-        cold = v if role == "origin" else node.published_version(v.name, v.version)
-        if cold is None:
-            continue
-        if role == "origin":
+    if role == "origin":
+        for v in node.published():
+            if not is_whole(v):   # (a companion artefact: never a torrent)
+                continue
             try:
                 check_seedable(v)
             except TieringError as exc:
                 log.warning("not seeding %s: %s", v.ref, exc)
                 continue
-        try:
-            ti = read_torrent(cold)
-        except TorrentRejected as exc:
-            log.warning("not seeding %s: %s", v.ref, exc)
-            continue
-        if ti is not None and cold.manifest.digest == v.manifest.digest:
-            # (False: a torrent this node's TLS setting refuses, logged by seed)
-            n += session.seed(ti, v.path, super_seed=role == "origin" and super_seed)
+            n += _seed_whole(session, v, v, super_seed)
+        return n
+    _forget_evicted(session)
+    held = [v for t in LOCAL_TIERS for v in node.versions(t)]
+    # whole versions first, then partial copies, the larger first (one torrent per info-hash: a partial
+    # copy of a version seeded whole, or of which a larger part is seeded, adds nothing)
+    held.sort(key=lambda v: (not is_whole(v), -v.size))
+    for v in held:
+        n += seed_copy(node, session, v)
     return n
+
+
+def seed_copy(node: "LocalNode", session: "P2PSession", v: VersionDir) -> bool:
+    """Seed one complete local copy: a whole version with its torrent; a partial copy with the whole
+    version's torrent (the same swarm), for the files it holds, if that version is still published
+    with the content it was taken from; a companion artefact, or anything without a torrent, not at
+    all (False). Never raises for a torrent or a copy it cannot use: logged, False."""
+    base = v.version if is_whole(v) else _partial_of(v)
+    if base is None:   # (a companion artefact)
+        return False
+    try:
+        cold = node.published_version(v.name, base)
+        if is_whole(v):
+            return cold is not None and _seed_whole(session, cold, v)
+        if cold is None or cold.manifest.digest != (v.manifest.of or {}).get("digest"):
+            return False   # (its version is gone, or was published again with other content)
+        ti = read_torrent(cold)
+        if ti is None:
+            return False
+        return session.seed(ti, v.path, files=frozenset(f.path for f in v.manifest.files))
+    except (P2PError, TieringError) as exc:
+        log.warning("not seeding %s: %s", v.ref, exc)
+        return False
+
+
+def _seed_whole(session: "P2PSession", cold: VersionDir, v: VersionDir, super_seed: bool = False) -> bool:
+    """Seed the whole version ``v`` (a copy of ``cold``, the published one) with its torrent."""
+    try:
+        ti = read_torrent(cold)
+    except TorrentRejected as exc:
+        log.warning("not seeding %s: %s", v.ref, exc)
+        return False
+    if ti is None or cold.manifest.digest != v.manifest.digest:
+        return False
+    # (False: a torrent this node's TLS setting refuses, logged by seed)
+    return session.seed(ti, v.path, super_seed=super_seed)
+
+
+def _partial_of(v: VersionDir) -> str | None:
+    """The version a partial copy (``VERSION~p<hex>``, its manifest saying ``of.kind = partial``) is
+    part of; None for anything else."""
+    base, tag, key = split_label(v.version)
+    of = v.manifest.of or {}
+    if tag is None or key is not None or not tag.startswith("p") or of.get("kind") != "partial" \
+            or of.get("version") != base:
+        return None
+    return base
+
+
+def _forget_evicted(session: "P2PSession") -> None:
+    """Stop seeding the partial copies that are gone (evicted: the daemon's eviction hook looks for a
+    published version under the copy's own label, and finds none)."""
+    for key, d in session.partial_seeds().items():
+        if not (d / MANIFEST_RELPATH).is_file():
+            log.info("p2p: %s is gone, no longer seeding it", d)
+            session.stop_seeding(key)

@@ -17,15 +17,15 @@ import ipaddress
 import logging
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Collection
 
 import libtorrent as lt
 
 from .alerts import AlertEvent, AlertPump
 from .config import P2PConfig, endpoint, tracker_urls
-from .errors import TorrentRejected, map_libtorrent_errors
+from .errors import P2PError, TorrentRejected, map_libtorrent_errors
 from .plan import Peer, PiecePlan
-from .torrent import fleet_mismatch, save_path_for
+from .torrent import fleet_mismatch, placement, save_path_for, subset_of
 from .transfer import DownloadResult, Transfer
 
 if TYPE_CHECKING:
@@ -130,6 +130,8 @@ class P2PSession:
         self.tls = cfg.tls  # replaced by set_tls (certificate rotation)
         self.lock = threading.Lock()
         self.seeding: dict[str, lt.torrent_handle] = {}
+        # what each seeded torrent is read from: info-hash -> (directory, the files of a partial copy or None, bytes)
+        self.sources: dict[str, tuple[Path, "frozenset[str] | None", int]] = {}
         self.alerts = AlertPump(self.ses)  # the only caller of pop_alerts from here on
 
     def update_class(self, class_id: int, **changes: object) -> None:
@@ -201,37 +203,72 @@ class P2PSession:
             for h in list(self.seeding.values()):
                 self.ses.remove_torrent(h)
             self.seeding.clear()
+            self.sources.clear()
         del self.ses
 
     # -- seeding ------------------------------------------------------------------------------------
-    def seed(self, ti: lt.torrent_info, data_dir: Path, *, super_seed: bool = False) -> bool:
+    def seed(self, ti: lt.torrent_info, data_dir: Path, *, super_seed: bool = False,
+             files: "frozenset[str] | None" = None) -> bool:
         """Seed verified data in ``data_dir`` (seed mode: pieces are hashed on first upload, so a copy
         corrupted on disk is noticed and dropped out of seeding rather than served). ``super_seed``
         (the origin): hand each peer pieces nobody else has yet, so the swarm fans them out instead of
         the origin uploading the same rare pieces to everyone. False (and a warning) for a torrent this
-        node must not use under its TLS setting (``fleet_mismatch``)."""
+        node must not use under its TLS setting (``fleet_mismatch``).
+
+        ``files``: ``data_dir`` is a partial copy holding only these files of the torrent. Never in seed
+        mode (it would claim every piece): the other files at priority 0, upload mode, and libtorrent
+        checks the files it holds, so its bitfield tells peers which pieces it has (a file changed after
+        placement fails its pieces and is not served). One torrent per info-hash: a partial copy gives way
+        to the whole version, or to a partial copy holding more."""
         key = str(ti.info_hashes().v2)
         problem = fleet_mismatch(ti, self.tls)
         if problem is not None:
             log.warning("not seeding %s: %s", ti.name(), problem)
             return False
+        subset = subset_of(ti, files) if files is not None else None   # (TorrentRejected: not seeded)
+        save_path, renamed = placement(ti, data_dir)
+        if renamed and subset is None:   # (seed mode would claim every piece for a partial copy)
+            raise TorrentRejected(str(data_dir), "a partial copy is seeded only for the files it holds")
         with self.lock:
             if key in self.seeding:
-                return True
+                d, held, nbytes = self.sources[key]
+                if held is None or d == data_dir or (subset is not None and subset.bytes <= nbytes):
+                    return True   # (the whole version, this copy, or a partial copy holding as much)
+                self._drop(key)   # a partial copy seeded so far: the whole version or a larger part replaces it
             atp = lt.add_torrent_params()
             atp.ti = ti
-            atp.save_path = str(save_path_for(ti, data_dir))
-            # seed mode: hash each piece on first upload; upload mode: never download, so a seed whose copy
-            # rotted never rewrites the published tier copy under a server reading it (it just stops
-            # serving the bad pieces; `weightd verify` finds the copy and a re-preload replaces it)
-            atp.flags = ((atp.flags | lt.torrent_flags.seed_mode | lt.torrent_flags.upload_mode)
-                         & ~lt.torrent_flags.auto_managed & ~lt.torrent_flags.paused)
-            if super_seed:
+            atp.save_path = str(save_path)
+            if renamed:
+                atp.renamed_files = renamed
+            # upload mode: never download, so a seed whose copy rotted never rewrites the tier copy under
+            # a server reading it (it just stops serving the bad pieces; `weightd verify` finds the copy and
+            # a re-preload replaces it); seed mode (whole copies): hash each piece on first upload
+            atp.flags = (atp.flags | lt.torrent_flags.upload_mode) & ~lt.torrent_flags.auto_managed \
+                & ~lt.torrent_flags.paused
+            if subset is None:
+                atp.flags |= lt.torrent_flags.seed_mode
+            else:
+                atp.file_priorities = subset.priorities
+            if super_seed and subset is None:
                 atp.flags |= lt.torrent_flags.super_seeding
             atp.trackers = tracker_urls(self.cfg)  # seeds announce too, so late joiners learn of them
             # (assign the list: the binding's ``atp.trackers`` is a copy, ``.append`` would be lost)
             self.seeding[key] = self._add(atp, f"cannot seed {ti.name()}")
+            self.sources[key] = (data_dir, files, subset.bytes if subset is not None else ti.total_size())
         return True
+
+    def partial_seeds(self) -> dict[str, Path]:
+        """v2 info-hash -> the partial copy seeded for it."""
+        with self.lock:
+            return {k: d for k, (d, files, _) in self.sources.items() if files is not None}
+
+    def _drop(self, key: str) -> None:
+        """Stop seeding ``key`` (with the lock held)."""
+        h = self.seeding.pop(key, None)
+        self.sources.pop(key, None)
+        if h is not None:
+            self.alerts.add("uploaded_gone", h.status().all_time_upload)
+            self.ses.remove_torrent(h)
 
     def seeds_announced(self, info_hash: bytes) -> bool:
         """Whether this session seeds the torrent a tracker announce names (the 20 bytes a v2 torrent
@@ -240,12 +277,10 @@ class P2PSession:
         with self.lock:
             return len(prefix) == 40 and any(k.startswith(prefix) for k in self.seeding)
 
-    def stop_seeding(self, ti: lt.torrent_info) -> None:
+    def stop_seeding(self, ti: "lt.torrent_info | str") -> None:
+        """Stop seeding a torrent (or its v2 info-hash, as ``partial_seeds`` names it)."""
         with self.lock:
-            h = self.seeding.pop(str(ti.info_hashes().v2), None)
-            if h is not None:
-                self.alerts.add("uploaded_gone", h.status().all_time_upload)
-                self.ses.remove_torrent(h)
+            self._drop(ti if isinstance(ti, str) else str(ti.info_hashes().v2))
 
     def stats(self) -> dict[str, int]:
         """Totals for metrics: payload uploaded and downloaded, connected peers, corrupt pieces seen.
@@ -260,10 +295,14 @@ class P2PSession:
 
     def apply_plan(self, h: lt.torrent_handle, planner: PiecePlan, st: lt.torrent_status,
                    origin_ips: set[str], now: float, progressed: bool, current: list[int] | None,
-                   members: dict[str, str] | None = None, racks_seen: dict[str, str] | None = None) -> list[int]:
+                   members: dict[str, str] | None = None, racks_seen: dict[str, str] | None = None, *,
+                   others: "Collection[str]" = ()) -> list[int]:
         """Piece priorities from ``planner``; ``members``: the tracker's list of downloading workers now
         (ip -> rack); ``racks_seen``: every worker listed during this download (a rack-mate that
-        finished left the list, and is still one: its pieces are the rack's, and it still sends)."""
+        finished left the list, and is still one: its pieces are the rack's, and it still sends);
+        ``others``: workers downloading other files of the torrent (partial copies). Neither they nor a
+        peer seeding a partial copy (upload only, off the list) own a piece of the plan: what they
+        hold counts as held."""
         peers: dict[str, Peer] = {}
         seeds = rack_seeds = origins = 0
         racks = members or {}
@@ -276,6 +315,8 @@ class P2PSession:
             if ip in origin_ips:
                 origins += 1
                 continue
+            if ip in others:
+                continue
             local = pi.local_endpoint()
             if local and local[0] not in ("0.0.0.0", "::") and not planner.self_ip:
                 planner.self_ip = local[0]
@@ -285,6 +326,8 @@ class P2PSession:
             if pi.flags & lt.peer_info.seed:
                 seeds += 1
                 rack_seeds += rack == planner.rack
+            elif members is not None and ip not in racks and pi.flags & lt.peer_info.upload_only:
+                continue   # a partial copy seeding (off the list of downloading workers): it holds, owns nothing
             elif ip not in peers:
                 # bitfields only where the plan reads them: this rack's workers, with racks
                 bits = list(pi.pieces) if racked and rack == planner.rack else None
@@ -344,17 +387,26 @@ class P2PSession:
     # -- downloading ----------------------------------------------------------------------------------
     def download(self, ti: lt.torrent_info, data_dir: Path, *, peers: tuple[str, ...] = (),
                  stall_s: float = 60.0, timeout_s: float | None = None, plan: bool = True,
-                 progress: Callable[[int], None] | None = None, flush_timeout_s: float = 60.0) -> DownloadResult:
+                 progress: Callable[[int], None] | None = None, flush_timeout_s: float = 60.0,
+                 files: "frozenset[str] | None" = None) -> DownloadResult:
         """Download into ``data_dir`` from the swarm (starting at ``peers``, the origins); pieces are
         checked by libtorrent. With ``plan`` the pieces are requested by a PiecePlan (each worker
         takes its own slice from the origin, the rest from other workers). Raises TransferStalled if
         nothing arrives for ``stall_s``, TransferFailed as soon as libtorrent fails the torrent. Safe
-        to call from several threads at once (each download reads only its own torrent's events)."""
+        to call from several threads at once (each download reads only its own torrent's events).
+
+        ``files``: only these files (a partial copy): the others at priority 0, and only their pieces
+        are planned, counted and waited for. A torrent this session seeds from a partial copy (the same
+        info-hash: one torrent per info-hash in a session) stops seeding for the download, and is seeded
+        again after it."""
+        subset = subset_of(ti, files) if files is not None else None
         data_dir.mkdir(parents=True, exist_ok=True)
         atp = lt.add_torrent_params()
         atp.ti = ti
         atp.save_path = str(save_path_for(ti, data_dir))
         atp.flags = atp.flags & ~lt.torrent_flags.auto_managed & ~lt.torrent_flags.paused
+        if subset is not None:
+            atp.file_priorities = subset.priorities
         # with racks, the torrent waits (paused) for the member list: libtorrent gives a connection its
         # peer classes when it is made, so the other racks' class must be in place before the first one
         hold = bool(plan and self.cfg.plan and self.cfg.rack and self.cfg.trackers and peers)
@@ -362,15 +414,17 @@ class P2PSession:
             atp.flags |= lt.torrent_flags.paused
         atp.trackers = tracker_urls(self.cfg)
         what = f"P2P download of {ti.name()} failed"
-        with self.alerts.transfer(str(ti.info_hashes().v2)) as events:  # registered before the torrent exists
+        key = str(ti.info_hashes().v2)
+        with self.alerts.transfer(key) as events:  # registered before the torrent exists
             with self.lock:  # (a certificate rotation sees this torrent, or this torrent sees the new one)
+                displaced = self._displace(key)
                 h = self._add(atp, what)
             with self.lock:
                 self.active_downloads += 1
             try:
                 with map_libtorrent_errors(what):
                     return Transfer(self, ti, h, events, peers, plan=plan and self.cfg.plan, progress=progress,
-                                    held_back=hold).run(
+                                    held_back=hold, subset=subset).run(
                         stall_s=stall_s, timeout_s=timeout_s, flush_timeout_s=flush_timeout_s)
             finally:
                 with self.lock:
@@ -380,3 +434,23 @@ class P2PSession:
                     self.update_class(self.rack_class, download_limit=0)
                 finally:
                     self.ses.remove_torrent(h)
+                    if displaced is not None:
+                        self._reseed(ti, displaced)
+
+    def _displace(self, key: str) -> "tuple[Path, frozenset[str] | None] | None":
+        """Stop seeding ``key`` for a download of the same torrent (with the lock held), and say what
+        to seed again after it: (directory, files of a partial copy or None)."""
+        if key not in self.seeding:
+            return None
+        data_dir, files, _ = self.sources[key]
+        self._drop(key)
+        return data_dir, files
+
+    def _reseed(self, ti: lt.torrent_info, displaced: "tuple[Path, frozenset[str] | None]") -> None:
+        data_dir, files = displaced
+        if not data_dir.is_dir():
+            return
+        try:
+            self.seed(ti, data_dir, files=files)
+        except P2PError as exc:   # (the next seed_held round tries again)
+            log.warning("p2p: cannot seed %s again after a download: %s", data_dir, exc)

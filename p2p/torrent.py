@@ -9,18 +9,23 @@ does not need.
 The torrent's root directory is the VERSION label, so a version directory ``<tier>/NAME/VERSION`` seeds
 with ``save_path = <tier>/NAME``. Files are exactly the manifest's, in its order; ``.weightd/`` is
 never part of it.
+
+A partial copy (``<tier>/NAME/VERSION~p<hex>``, some of the version's files) uses the whole version's
+torrent (the same info-hash, so the same swarm): ``Subset`` says which files and pieces it holds or
+wants, ``placement`` renames the torrent's files into its directory.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 import libtorrent as lt
 
-from tiering import Manifest
-from tiering import validate_relpath
+from tiering import LABEL_SEP, Manifest, split_label, validate_relpath
 
 from .errors import TorrentRejected
 
@@ -60,16 +65,19 @@ def _is_pad(fs: lt.file_storage, i: int) -> bool:
     return bool(int(fs.file_flags(i)) & int(lt.file_storage.flag_pad_file))
 
 
-def files_of(ti: lt.torrent_info) -> list[tuple[str, int]]:
-    """(path relative to the checkpoint, size) of every real (non-pad) file."""
+def _real_files(ti: lt.torrent_info) -> Iterator[tuple[int, str, int]]:
+    """(index, path relative to the checkpoint, size) of every real (non-pad) file."""
     fs = ti.layout()
-    out = []
     for i in range(fs.num_files()):
         if _is_pad(fs, i):
             continue
         path = fs.file_path(i).replace(os.sep, "/")
-        out.append((path.split("/", 1)[1] if "/" in path else path, fs.file_size(i)))
-    return out
+        yield i, (path.split("/", 1)[1] if "/" in path else path), fs.file_size(i)
+
+
+def files_of(ti: lt.torrent_info) -> list[tuple[str, int]]:
+    """(path relative to the checkpoint, size) of every real (non-pad) file."""
+    return [(path, size) for _, path, size in _real_files(ti)]
 
 
 def load_torrent(data: bytes, manifest: Manifest, source: str = "torrent") -> lt.torrent_info:
@@ -122,3 +130,61 @@ def save_path_for(ti: lt.torrent_info, data_dir: Path) -> Path:
     if multi and ti.name() != data_dir.name:
         raise TorrentRejected(str(data_dir), f"torrent root {ti.name()!r} does not match {data_dir.name!r}")
     return data_dir.parent if multi else data_dir
+
+
+@dataclass(frozen=True, slots=True)
+class Subset:
+    """The files of a torrent that a partial copy holds or wants, as libtorrent takes them."""
+    files: frozenset[str]
+    priorities: list[int]     # per file of the layout: 4 for these files, 0 for the others and the pads
+    pieces: list[bool]        # per piece: one of these files' pieces
+    bytes: int                # these files' bytes
+
+    @property
+    def num_pieces(self) -> int:
+        return sum(self.pieces)
+
+    @property
+    def tag(self) -> str:
+        """The same for every node wanting exactly these files (the tracker's member lists group
+        downloading workers by it: a piece plan is shared by workers that want the same pieces)."""
+        return "p" + hashlib.blake2b("\n".join(sorted(self.files)).encode(), digest_size=8).hexdigest()
+
+
+def subset_of(ti: lt.torrent_info, files: "frozenset[str] | set[str]") -> Subset:
+    """Which files and pieces of ``ti`` are ``files`` (paths relative to the checkpoint). Only for a
+    torrent whose every file starts at a piece boundary (v2: weightd's all do, padded), so that no
+    piece of these files carries a byte of another: TorrentRejected otherwise, or for a path the
+    torrent does not have."""
+    fs, plen = ti.layout(), ti.piece_length()
+    prio = [0] * fs.num_files()
+    pieces = [False] * ti.num_pieces()
+    found: set[str] = set()
+    nbytes = 0
+    for i, path, size in _real_files(ti):
+        off = fs.file_offset(i)
+        if size and off % plen:
+            raise TorrentRejected(ti.name(), f"file {path!r} does not start at a piece boundary (offset {off}): "
+                                  "a partial copy could not be fetched or seeded by itself")
+        if path not in files:
+            continue
+        found.add(path)
+        prio[i] = 4
+        nbytes += size
+        for p in range(off // plen, (off + size + plen - 1) // plen):
+            pieces[p] = True
+    missing = sorted(set(files) - found)
+    if missing:
+        raise TorrentRejected(ti.name(), f"no file {missing[0]!r} in the torrent (a partial copy names "
+                              f"{len(missing)} file(s) the version does not have)")
+    return Subset(frozenset(files), prio, pieces, nbytes)
+
+
+def placement(ti: lt.torrent_info, data_dir: Path) -> tuple[Path, dict[int, str]]:
+    """``save_path`` and the files to rename so that libtorrent reads (or writes) the torrent's files
+    in ``data_dir``: a version directory is named as the torrent's root (``save_path_for``); a partial
+    copy's, ``VERSION~p<hex>``, is not, and every file is renamed into it."""
+    base, tag, _ = split_label(data_dir.name)
+    if LABEL_SEP not in data_dir.name or tag is None or base != ti.name():
+        return save_path_for(ti, data_dir), {}
+    return data_dir.parent, {i: f"{data_dir.name}/{path}" for i, path, _ in _real_files(ti)}

@@ -36,6 +36,9 @@ Two things for the piece plan (``plan.py``), beyond BEP 3:
   what, and a worker that dies leaves it within seconds. (libtorrent's own announces cannot say this:
   a worker waiting for a slice owner wants nothing for a moment and counts as finished.) Downloading
   peers are also asked to announce every ``LEECH_INTERVAL_S``, so they learn of late joiners.
+  A worker fetching a partial copy says which files it wants (``want=TAG``, the same tag for the same
+  files): the list it gets has only the workers that want the same, and ``others`` the rest (they
+  own no piece of its plan: a worker never takes a slice of pieces it does not want).
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import random
+import re
 import socket
 import struct
 import time
@@ -62,6 +66,7 @@ MAX_SWARMS = 4_096              # swarms at once, whatever ``known`` says
 MAX_QUERY = 2_048               # bytes of query string parsed (an announce is ~300)
 LEECH_INTERVAL_S = 5            # re-announce interval asked of peers still downloading
 MEMBER_TTL_S = 4.0              # a worker that has not asked for the member list this long is not on it
+WANT = re.compile(r"[a-z0-9][a-z0-9-]{0,39}")   # what a worker wants of a swarm (a partial copy's tag)
 
 Peer = tuple[str, int]
 
@@ -77,8 +82,8 @@ class _Swarm:
         self.index: dict[Peer, int] = {}
         self.by_ip: dict[str, list[int]] = {}
         self.rack: dict[Peer, str] = {}       # peers that said which rack they are in
-        self.leeching: set[Peer] = set()      # peers whose last announce had left > 0
-        self.members: dict[str, tuple[str, float]] = {}   # downloading workers: ip -> (rack, last asked)
+        self.leeching: set[Peer] = set()      # peers whose last announce had left > 0 (not a partial seed's)
+        self.members: dict[str, tuple[str, str, float]] = {}   # downloading workers: ip -> (rack, want, last asked)
 
     def __len__(self) -> int:
         return len(self.slots) + len(self.members)
@@ -106,7 +111,7 @@ class _Swarm:
             del self.by_ip[peer[0]]
 
     def expire(self, now: float, ttl: float) -> None:
-        for ip, (_, t) in list(self.members.items()):
+        for ip, (_, _, t) in list(self.members.items()):
             if now - t > MEMBER_TTL_S:
                 del self.members[ip]
         while self.seen:
@@ -204,7 +209,9 @@ class Tracker:
             left = int(q.get("left", ["0"])[0])
         except ValueError:
             left = 0
-        if left > 0 and q.get("event", [""])[0] != "completed":
+        # (event=paused: a partial seed, BEP 21, as a node seeding a partial copy announces: it has
+        # ``left`` but downloads nothing, and re-announces at the seeds' interval)
+        if left > 0 and q.get("event", [""])[0] not in ("completed", "paused"):
             swarm.leeching.add(me)
         else:
             swarm.leeching.discard(me)
@@ -219,10 +226,12 @@ class Tracker:
         return lt.bencode({b"interval": interval, b"min interval": min(5, interval), b"peers": compact}), None
 
     def members(self, remote_ip: str, raw_query: str) -> tuple[bytes, str | None]:
-        """``GET /swarm?info_hash=...[&rack=NAME][&done=1]``: register the asker as a worker downloading
-        this swarm (``done=1``: no longer), and answer every registered worker as JSON
-        ``{"interval": s, "downloading": [[ip, rack], ...]}``. Same allowlist as announces; only for a
-        version this fleet publishes; at most ``per_swarm`` workers."""
+        """``GET /swarm?info_hash=...[&rack=NAME][&want=TAG][&done=1]``: register the asker as a worker
+        downloading this swarm (``done=1``: no longer), and answer the registered workers that want
+        what it wants (``TAG``: a partial copy's files; none: every file) as JSON
+        ``{"interval": s, "downloading": [[ip, rack], ...], "others": [[ip, rack], ...]}``, ``others``
+        being the workers that want other files. Same allowlist as announces; only for a version this
+        fleet publishes; at most ``per_swarm`` workers."""
         if len(raw_query) > MAX_QUERY:
             return _json_fail("query too long"), "tracker_malformed"
         try:
@@ -231,8 +240,9 @@ class Tracker:
         except (KeyError, IndexError, ValueError):
             return _json_fail("info_hash is required"), "tracker_malformed"
         rack = q.get("rack", [""])[0]
-        if len(info_hash) != 20 or (rack and not RACK.fullmatch(rack)):
-            return _json_fail("malformed info_hash or rack"), "tracker_malformed"
+        want = q.get("want", [""])[0]
+        if len(info_hash) != 20 or (rack and not RACK.fullmatch(rack)) or (want and not WANT.fullmatch(want)):
+            return _json_fail("malformed info_hash, rack or want"), "tracker_malformed"
         if not self.allowed(remote_ip):
             return _json_fail("not allowed"), "tracker_not_allowed"
         swarm = self.swarms.get(info_hash)
@@ -247,11 +257,12 @@ class Tracker:
         if q.get("done", [""])[0] == "1":
             swarm.members.pop(remote_ip, None)
         elif remote_ip in swarm.members or len(swarm.members) < self.per_swarm:
-            swarm.members[remote_ip] = (rack, now)
+            swarm.members[remote_ip] = (rack, want, now)
         else:
             return _json_fail("swarm full"), "tracker_full"
-        rows = sorted((m, r) for m, (r, _) in swarm.members.items())
-        return json.dumps({"interval": 1, "downloading": rows}).encode(), None
+        rows = sorted((m, r) for m, (r, w, _) in swarm.members.items() if w == want)
+        others = sorted((m, r) for m, (r, w, _) in swarm.members.items() if w != want)
+        return json.dumps({"interval": 1, "downloading": rows, "others": others}).encode(), None
 
     def _expire_all(self, now: float) -> None:
         self.swept = now

@@ -23,6 +23,7 @@ from .plan import HELD, PiecePlan
 
 if TYPE_CHECKING:
     from .session import P2PSession
+    from .torrent import Subset
 
 log = logging.getLogger(__name__)
 
@@ -96,8 +97,11 @@ class Transfer:
     def __init__(self, session: "P2PSession", ti: lt.torrent_info, h: lt.torrent_handle,
                  events: "queue.SimpleQueue[AlertEvent]", peers: tuple[str, ...], *, plan: bool,
                  progress: Callable[[int], None] | None, clock: Callable[[], float] = time.monotonic,
-                 held_back: bool = False) -> None:
+                 held_back: bool = False, subset: "Subset | None" = None) -> None:
         self.session, self.ti, self.h, self.events, self.peers = session, ti, h, events, peers
+        # the pieces wanted (a partial copy: its files' pieces), None: every piece
+        self.wanted = None if subset is None else subset.pieces
+        self.wanted_bytes = ti.total_size() if subset is None else subset.bytes
         self.progress, self.clock = progress, clock
         self.key = str(ti.info_hashes().v2)
         self.origin_ips = {endpoint(p)[0] for p in peers}
@@ -105,10 +109,11 @@ class Transfer:
         host = endpoint(cfg.listen)[0]
         self.planner = PiecePlan(ti.num_pieces(), "" if host in ("0.0.0.0", "::") else host, rack=cfg.rack,
                                  gather_s=GATHER_S if cfg.trackers else 0.0, piece_bytes=ti.piece_length(),
-                                 cap=cfg.download_limit) \
+                                 cap=cfg.download_limit, wanted=self.wanted) \
             if plan and self.origin_ips else None
+        # (a partial copy registers with its files' tag: it plans with the workers that want the same)
         self.membership = Membership(tuple(cfg.trackers), bytes.fromhex(self.key)[:20], cfg.tls, rack=cfg.rack,
-                                     source_ip=host) \
+                                     source_ip=host, want=subset.tag if subset is not None else "") \
             if cfg.trackers and (self.planner is not None or cfg.rack) else None   # (racks: to say whose bytes)
         self.result = DownloadResult()
         self.result.trace.traced = session.cfg.trace
@@ -158,7 +163,8 @@ class Transfer:
                     continue
                 if members is None and self.membership is not None:
                     members = self.membership.members
-                self.session.set_other_racks(members or {})
+                others = self.membership.others if self.membership is not None else {}
+                self.session.set_other_racks({**others, **(members or {})})
                 h.resume()
                 self.held_back = False
             if now >= next_connect:
@@ -167,33 +173,46 @@ class Transfer:
             self._take_events(WAIT_S)
             self._sample_peers()
             if self.membership is not None and now >= next_racks:   # (who is in which rack, as listed)
+                self._racks.update(self.membership.others)
                 self._racks.update(self.membership.members or {})
                 next_racks = now + PLAN_EVERY_S
             plan_due = planner is not None and now >= next_plan
-            st = h.status(lt.torrent_handle.query_pieces if plan_due else 0)  # (the bitfield only when used)
+            # (the bitfield only when used: by the plan, or to see that every wanted piece is in)
+            st = h.status(lt.torrent_handle.query_pieces if plan_due or self.wanted is not None else 0)
             if result.local_bytes < 0 and st.state in (lt.torrent_status.downloading, lt.torrent_status.finished,
                                                        lt.torrent_status.seeding):
                 result.local_bytes = st.total_done - st.total_payload_download
             if st.total_done > last_done:
                 last_done, last_progress = st.total_done, now
                 self._report(st.total_done)
-            if st.is_seeding or (not planner and st.is_finished):
+            if self._complete(st, planner is not None):
                 return
             if plan_due and st.state in (lt.torrent_status.downloading, lt.torrent_status.finished):
                 own = planner.own
-                members = None
+                members, others = None, {}
                 if self.membership is not None:  # (in the first moments, only a list that stopped growing)
                     members = self.membership.members if now - t0 >= GATHER_S else self.membership.settled(1.0)
+                    others = self.membership.others
                 current = self.session.apply_plan(h, planner, st, self.origin_ips, now,
-                                                  st.total_done > planned_done, current, members, self._racks)
+                                                  st.total_done > planned_done, current, members, self._racks,
+                                                  others=others)
                 self._traced_plan(planner, own, now, t0, last_plan)
                 self._prio = current
                 planned_done, next_plan, last_plan = st.total_done, now + PLAN_EVERY_S, now
             if now - last_progress > stall_s:
                 raise TransferStalled(f"no peer delivered for {stall_s:.0f} s "
-                                      f"({st.total_done} of {self.ti.total_size()} bytes)")
+                                      f"({st.total_done} of {self.wanted_bytes} bytes)")
             if timeout_s is not None and now - t0 > timeout_s:
                 raise TransferStalled(f"P2P download did not finish in {timeout_s:.0f} s")
+
+    def _complete(self, st: lt.torrent_status, planned: bool) -> bool:
+        """Every wanted piece is in. With a plan, libtorrent's "finished" means only that the pieces it
+        was asked for so far are in (the plan asks for nothing yet of some): every piece, or for a
+        partial copy every one of its pieces, by the bitfield."""
+        if self.wanted is None:
+            return bool(st.is_seeding or (not planned and st.is_finished))
+        have = st.pieces
+        return len(have) == len(self.wanted) and all(h for h, w in zip(have, self.wanted) if w)
 
     def _traced_plan(self, planner: PiecePlan, own_before: frozenset[int], now: float, t0: float,
                      last_plan: float | None) -> None:
