@@ -442,3 +442,23 @@ def test_partial_companion_and_set_through_the_daemon(daemon, weightd, wd, node_
                       ({"ref": "org/m@v1", "whole": "yes"}, "whole")):
         with pytest.raises(Exception, match=why):
             c.call("POST", "preload", body)
+
+
+@pytest.mark.parametrize("tier", ["hot", "warm"])
+def test_small_files_are_checked_on_the_way_and_bad_bytes_place_nothing(node_env, tmp_path, tier):
+    """Many small files (a compile cache) are copied through memory and hashed on the way (one read
+    each); a file changed in cold storage is an integrity failure and nothing is placed."""
+    from tiering import IntegrityError
+    with node_env.node() as n:
+        n.publish(make_checkpoint(tmp_path / "m", total_bytes=1 << 20, shards=1, layers=1), "org/m", "v1")
+        n.publish_companion(_cache(tmp_path / "c", 400), "org/m", "v1", "compile-cache", "k")
+        r = n.preload("org/m", "v1", tier=tier, companion=("compile-cache", "k"))
+        assert r.part_of["files"] == 400 and verify_checkpoint(Path(r.path), load_manifest(
+            Path(r.path) / MANIFEST_RELPATH)).ok
+        n.evict("org/m", r.version, tier, force=True)
+        victim = node_env.cold / "org/m" / r.version / "rank_0_0/inductor_cache/03/k3.py"
+        os.chmod(victim, 0o644)
+        victim.write_text(victim.read_text().replace("#", "%", 1))
+        with pytest.raises(IntegrityError, match="k3.py"):
+            n.preload("org/m", "v1", tier=tier, companion=("compile-cache", "k"))
+        assert not (getattr(node_env, tier) / "org/m" / r.version).exists()

@@ -285,3 +285,16 @@ def is_tmpfs(fd: int) -> bool:
     except AttributeError:
         return False
     return int.from_bytes(buf.raw[:ctypes.sizeof(ctypes.c_long)], "little", signed=True) == TMPFS_MAGIC
+
+
+def syncfs(fd: int) -> None:
+    """Flush every dirty page of ``fd``'s file system (``syncfs``): the durability of thousands of
+    small files at once; raises OSError."""
+    try:
+        fn = libc.syncfs
+    except AttributeError:
+        os.sync()
+        return
+    if fn(fd) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))

@@ -296,8 +296,25 @@ def hash_files(jobs: Sequence[HashJob], *, threads: int | None = None, progress:
         for t in tasks:
             run(t)
         return results
+
+    def size(t: tuple[int, Any]) -> int:
+        ranges = jobs[t[0]].ranges
+        return sum(e - b for b, e in (ranges if t[1] == -1 else (ranges[r] for r in t[1])))
+    batches: list[list[tuple[int, Any]]] = []   # (many small files, a compile cache: a few per future)
+    acc = GROUP_BYTES
+    for t in tasks:
+        sz = size(t)
+        if not batches or acc + sz > GROUP_BYTES or len(batches[-1]) >= 64:
+            batches.append([])
+            acc = 0
+        batches[-1].append(t)
+        acc += sz
+
+    def run_batch(batch: list[tuple[int, Any]]) -> None:
+        for t in batch:
+            run(t)
     with ThreadPoolExecutor(max_workers=n, thread_name_prefix="weightd-hash") as pool:
-        futures = [pool.submit(run, t) for t in tasks]
+        futures = [pool.submit(run_batch, b) for b in batches]
         first_error: BaseException | None = None
         for f in futures:
             try:

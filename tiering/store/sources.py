@@ -13,8 +13,8 @@ from typing import Any, Callable, Iterator
 
 from ..content.build import good_parts
 from ..content.manifest import MANIFEST_RELPATH, Manifest
-from .._syscalls import is_tmpfs
-from ..copy import CopyJob, copy_files
+from .._syscalls import is_tmpfs, syncfs
+from ..copy import IN_MEMORY_MAX, SMALL_FILES, CopyJob, copy_checked, copy_files
 from ..delta import DeltaPlan, Donor, plan_delta
 from ..delta import build as build_delta_spans
 from ..delta import build_verified as build_delta
@@ -205,15 +205,27 @@ class Sources:
             try:
                 staging.dir.clear()
                 set_phase(progress, "copy", source=label, total=m.total_bytes)
+                tmpfs = is_tmpfs(staging.dir.fd)
                 with self.roots.must(src_tier).sub(rel) as base:
                     jobs = [CopyJob(FileRef(base, f.path), FileRef(staging.dir, f.path), f.size, f.mode)
                             for f in m.files]
-                    # (on tmpfs a preallocation zero-fills every page for the copy to write it again:
-                    # the reservation has already checked the room)
-                    copy_files(jobs, threads=self.copy_threads, progress=progress, deadline=deadline,
-                               clock=self.monotonic, preallocate=not is_tmpfs(staging.dir.fd))
+                    if all(f.size <= IN_MEMORY_MAX for f in m.files):
+                        # small files (adapters, compile caches): hashed on the way, one read each; made
+                        # durable here (per file, or once for the file system when there are many)
+                        many = len(m.files) > SMALL_FILES
+                        copy_checked(list(zip(jobs, m.files)), m.chunk_size, threads=self.copy_threads,
+                                     progress=progress, deadline=deadline, clock=self.monotonic,
+                                     fsync=not (tmpfs or many))
+                        if many and not tmpfs:
+                            syncfs(staging.dir.fd)
+                        fill.verified = True
+                    else:
+                        # (on tmpfs a preallocation zero-fills every page for the copy to write it again:
+                        # the reservation has already checked the room)
+                        copy_files(jobs, threads=self.copy_threads, progress=progress, deadline=deadline,
+                                   clock=self.monotonic, preallocate=not tmpfs)
+                        fill.verified = False
                 fill.add(label, m.total_bytes)
-                fill.verified = False
                 return
             except FileNotFoundError as exc:  # the donor vanished (evicted): try the next source
                 last_error = exc
