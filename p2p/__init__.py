@@ -43,7 +43,7 @@ _SURFACE: dict[str, str] = {
     # the swarm as a preload source, and seeding
     "P2PFetcher": "fetch",
     "check_seedable": "seeding", "ensure_torrent": "seeding", "read_torrent": "seeding", "seed_held": "seeding",
-    "ensure_object_torrent": "seeding", "mirror_published": "seeding", "seed_copy": "seeding",
+    "ensure_object_torrent": "seeding", "mirror_published": "seeding", "seed_copy": "seeding", "reseed": "seeding",
     "Tracker": "tracker",
 }
 

@@ -266,6 +266,31 @@ def seed_copy(node: "LocalNode", session: "P2PSession", v: VersionDir) -> bool:
         return False
 
 
+def reseed(node: "LocalNode", session: "P2PSession", name: str, label: str) -> None:
+    """A copy of NAME@VERSION (or a partial copy of it, ``label``) left the node: if the seed of that
+    version read from a directory that is gone, stop it and seed again from a copy still here (the
+    whole version first, then the partial copy holding most), so libtorrent never reads a vanished
+    directory until the next full round."""
+    base = split_label(label)[0]
+    try:
+        cold = node.published_version(name, base)
+        ti = read_torrent(cold) if cold is not None else None
+    except (P2PError, TieringError) as exc:
+        log.warning("seeding of %s@%s not updated: %s", name, base, exc)
+        return
+    if ti is None:
+        return
+    src = session.source_of(ti)
+    if src is not None and src.is_dir():
+        return   # (the seed reads from a copy that is still here)
+    session.stop_seeding(ti)
+    copies = [v for t in LOCAL_TIERS for v in node.versions(t)
+              if v.name == name and split_label(v.version)[0] == base]
+    for v in sorted(copies, key=lambda v: (not is_whole(v), -v.size)):
+        if seed_copy(node, session, v):
+            return
+
+
 def _seed_whole(session: "P2PSession", cold: VersionDir, v: VersionDir, super_seed: bool = False) -> bool:
     """Seed the whole version ``v`` (a copy of ``cold``, the published one) with its torrent."""
     try:

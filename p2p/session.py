@@ -257,6 +257,12 @@ class P2PSession:
             self.sources[key] = (data_dir, files, subset.bytes if subset is not None else ti.total_size())
         return True
 
+    def source_of(self, ti: lt.torrent_info) -> Path | None:
+        """The directory the seed of ``ti`` reads from (None: not seeded)."""
+        with self.lock:
+            got = self.sources.get(str(ti.info_hashes().v2))
+            return got[0] if got is not None else None
+
     def partial_seeds(self) -> dict[str, Path]:
         """v2 info-hash -> the partial copy seeded for it."""
         with self.lock:

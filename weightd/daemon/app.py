@@ -30,7 +30,7 @@ from ..local import open_service
 from ..metrics import Metrics
 from ..sdnotify import Notifier
 from ..service import NodeService
-from ..swarm import P2PFetcher, p2p_config, read_torrent, seed_held
+from ..swarm import P2PFetcher, p2p_config, read_torrent, reseed, seed_copy, seed_held
 from . import loops
 from .authz import claim_socket
 from .intent import IntentRunner
@@ -94,28 +94,14 @@ class Daemon:
     def _evicted(self, tier: str, ref: str, reason: str, nbytes: int) -> None:
         self.metrics.evictions.labels(tier, reason).inc()
         if self.session is not None:
+            # (a whole version or a partial copy: a seed reading from the removed directory moves to a
+            # copy still here, or stops)
             name, _, version = ref.partition("@")
-            other = [t for t in LOCAL_TIERS if t != tier]
-            if self.node.version(other[0], name, version) is None:
-                ti = self._torrent_of(name, version)
-                if ti is not None:
-                    self.session.stop_seeding(ti)
+            reseed(self.node, self.session, name, version.split(" ")[0])
 
     def _placed(self, tier: str, version) -> None:
         if self.session is not None:
-            ti = self._torrent_of(version.name, version.version)
-            if ti is not None:
-                self.session.seed(ti, version.path)
-
-    def _torrent_of(self, name: str, version: str) -> Any:
-        """The published version's torrent, or None; a hook of a preload or an eviction must not fail
-        because cold storage (an object store, a network) cannot say it now: logged instead."""
-        try:
-            cold = self.node.published_version(name, version)
-            return read_torrent(cold) if cold is not None else None
-        except Exception as exc:  # noqa: BLE001 (TorrentRejected, the store's errors: seeding waits for gc)
-            log.warning("seeding of %s@%s not updated: %s", name, version, exc)
-            return None
+            seed_copy(self.node, self.session, version)   # (whole, partial for its files; a companion never)
 
     def _published(self, name: str, version: str, torrent: Any) -> None:
         """The origin seeds what it publishes (from a pool thread, inside the service's publish); with
