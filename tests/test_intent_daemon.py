@@ -297,6 +297,9 @@ def test_intent_keeps_partial_copies_and_sets(node_env, isolated_env, wd, tmp_pa
         for i in range(3):   # (no .md in these checkpoints: the default patterns keep every file, the version)
             c = by[(f"lora/a{i}", "v1")]
             assert [le["holder"] for le in c["tiers"]["hot"]["leases"]] == [f"intent chat.toml keep #2 models[{i}]"]
+        # a partial copy is not the model for a scheduler: no ready gauge says acme/chat is here
+        assert 'weightd_model_ready{model="acme/chat"' not in d.metrics()
+        assert d.metric('weightd_model_ready{model="lora/a0",tier="hot",version="v1"}') == 1
         # a second round changes nothing (the partial copy counts as held: no refetch)
         before = d.log_path.read_text().count("intent: fetching")
         time.sleep(5)

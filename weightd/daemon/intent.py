@@ -510,10 +510,14 @@ class IntentRunner:
 
 
 def holdings_of(status: dict[str, Any], p: Plan) -> list[dict[str, Any]]:
-    """What this node holds, one row per copy: tier, residency, since, and whether intent serves it."""
+    """What this node holds, one row per copy: tier, residency, since, and whether intent serves it.
+    Whole versions only: a partial copy or a companion is not the model a scheduler places a server
+    for (the NFD labels, the ready gauges and the fleet view say what a whole server can load here)."""
     serving = {(m.partition("@")[0], v, t) for m, (v, t) in p.serving.items()}
     out = []
     for c in status["checkpoints"]:
+        if c.get("part_of") is not None:
+            continue
         for tier, t in sorted(c["tiers"].items()):
             out.append({"model": c["name"], "version": c["version"], "tier": tier,
                         "resident": min(1.0, max(0.0, (t.get("resident_percent") or 0.0) / 100.0)),
