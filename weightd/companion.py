@@ -11,7 +11,6 @@ already there with the same size and content is left alone; other files in DIR a
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 import uuid
 from typing import Any
@@ -28,40 +27,64 @@ def install(src: str, dest: str) -> dict[str, Any]:
         os.makedirs(dest, exist_ok=True)
     except OSError as exc:
         raise InvalidRequest("companion_dir", f"--companion-dir {dest}: {exc.strerror}") from None
-    files = copied = unchanged = 0
-    for top, dirs, names in os.walk(src):
-        rel = os.path.relpath(top, src)
-        if rel == META or rel.startswith(META + os.sep):
+    counts = {"files": 0, "copied": 0, "unchanged": 0}
+    try:
+        _tree(src, dest, counts, top=True)
+    except OSError as exc:
+        raise InvalidRequest("companion_dir", f"--companion-dir {dest}: {exc.filename or ''}: "
+                             f"{exc.strerror or exc}") from None
+    return {"dir": dest, **counts}
+
+
+def _tree(src: str, out: str, counts: dict[str, int], *, top: bool = False) -> None:
+    with os.scandir(src) as it:
+        entries = list(it)
+    for e in entries:
+        if top and e.name == META:
             continue
-        dirs[:] = [d for d in dirs if not (rel == "." and d == META)]
-        out = dest if rel == "." else os.path.join(dest, rel)
-        os.makedirs(out, exist_ok=True)
-        for n in names:
-            s, d = os.path.join(top, n), os.path.join(out, n)
-            st = os.lstat(s)
-            if not stat.S_ISREG(st.st_mode):
-                continue
-            files += 1
+        if e.is_dir(follow_symlinks=False):
+            d = os.path.join(out, e.name)
             try:
-                dt = os.lstat(d)
-            except FileNotFoundError:
-                dt = None
-            if dt is not None and stat.S_ISREG(dt.st_mode) and dt.st_size == st.st_size and _same(s, d):
-                unchanged += 1
-                continue
-            tmp = os.path.join(out, f".{n}.{uuid.uuid4().hex[:8]}.weightd-tmp")
-            try:
-                shutil.copyfile(s, tmp)
-                os.chmod(tmp, stat.S_IMODE(st.st_mode) | 0o600)
-                os.replace(tmp, d)
-            except OSError as exc:
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
-                raise InvalidRequest("companion_dir", f"--companion-dir {dest}: {d}: {exc.strerror}") from None
-            copied += 1
-    return {"dir": dest, "files": files, "copied": copied, "unchanged": unchanged}
+                os.mkdir(d, 0o755)
+            except FileExistsError:
+                pass
+            _tree(e.path, d, counts)
+        elif e.is_file(follow_symlinks=False):
+            counts["files"] += 1
+            _file(e, os.path.join(out, e.name), counts)
+
+
+def _file(e: os.DirEntry, d: str, counts: dict[str, int]) -> None:
+    st = e.stat(follow_symlinks=False)
+    try:
+        dt = os.lstat(d)
+    except FileNotFoundError:
+        dt = None
+    if dt is not None and stat.S_ISREG(dt.st_mode) and dt.st_size == st.st_size and _same(e.path, d):
+        counts["unchanged"] += 1
+        return
+    # a new file under a temporary name, renamed over the target: a reader never sees half a file
+    tmp = os.path.join(os.path.dirname(d), f".{e.name}.{uuid.uuid4().hex[:8]}.weightd-tmp")
+    sfd = os.open(e.path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        dfd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                      stat.S_IMODE(st.st_mode) | 0o600)
+        try:
+            left = st.st_size
+            while left > 0:
+                n = os.sendfile(dfd, sfd, None, left)
+                if n <= 0:
+                    raise OSError(f"{e.path}: shorter than {st.st_size} bytes")
+                left -= n
+        except BaseException:
+            os.close(dfd)
+            os.unlink(tmp)
+            raise
+        os.close(dfd)
+        os.replace(tmp, d)
+    finally:
+        os.close(sfd)
+    counts["copied"] += 1
 
 
 def _same(a: str, b: str, block: int = 1 << 20) -> bool:

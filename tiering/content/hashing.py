@@ -292,6 +292,8 @@ def hash_files(jobs: Sequence[HashJob], *, threads: int | None = None, progress:
                 s.release()
 
     n = threads or default_threads()
+    if len(jobs) > 256 and sum(sum(e - b for b, e in j.ranges) for j in jobs) < len(jobs) << 20:
+        n = 1   # many small files: threads taking turns at the interpreter lock run slower than one
     if n == 1 or len(tasks) <= 1:
         for t in tasks:
             run(t)

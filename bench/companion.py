@@ -1,0 +1,164 @@
+#!/usr/bin/env python3
+"""A compile cache (many small files) as a companion artefact, against `cp -r` of the same tree.
+
+    .venv/bin/python bench/companion.py [--files 10000] [--size 10KB] [--rounds 5] [--dir /var/tmp]
+
+The cache is laid out as torch.compile / Triton caches are (hundreds of directories of small files).
+Contenders, interleaved round by round, each timed end to end as a command (interpreter start-up
+included for weightd):
+
+- publish: `weightd publish DIR --companion-of M@v1 --kind compile-cache --key K` (scan, hash every
+  file, copy into cold storage, durable, manifest last) vs `cp -r DIR` into the same file system, and
+  `cp -r && sync` (weightd's copy is durable when it returns; cp's is not);
+- preload: `weightd preload M@v1 --with compile-cache --key K --tier hot` from cold into /dev/shm
+  (every byte checked against the manifest, through the daemon and in-process) vs `cp -r` of the
+  published tree into /dev/shm;
+- install: the same preload with `--companion-dir DIR` once the cache is in the tier (the copy into
+  the engine's directory, as the caller) vs `cp -r` of the tier copy into a fresh directory.
+
+The JSON has each contender's median and min-max and the ratio of medians (cp's time over weightd's:
+above 1 means weightd is faster) with the per-round min-max.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _rounds import io_between, machine_state, rounds, speedup, stamp, summary  # noqa: E402
+
+from tiering.content.units import parse_size  # noqa: E402
+from tiering.sample import make_checkpoint  # noqa: E402
+
+
+def make_cache(root: Path, files: int, size: int) -> None:
+    """``files`` files of ``size`` bytes in 256 directories (an inductor/Triton cache's shape)."""
+    for i in range(files):
+        p = root / f"rank_0_0/inductor_cache/{i % 256:02x}" / f"c{i:06d}.py"
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(os.urandom(size))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--files", type=int, default=10_000)
+    ap.add_argument("--size", default="10KB")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--dir", default="/var/tmp", help="disk directory for the cold tier and state")
+    ap.add_argument("--max-spread", type=float, default=0.5)
+    args = ap.parse_args()
+    root = Path(__file__).resolve().parent.parent
+    base = Path(tempfile.mkdtemp(prefix="weightd-bench-companion-", dir=args.dir))
+    tag = uuid.uuid4().hex[:8]
+    hot, shm = Path(f"/dev/shm/weightd-bench-comp-{tag}"), Path(f"/dev/shm/weightd-bench-comp-cp-{tag}")
+    cfg = base / "weightd.toml"
+    cfg.write_text(f'state_dir = "{base}/state"\n[tiers.hot]\npath = "{hot}"\ncapacity = "30%"\n'
+                   f'[tiers.warm]\npath = "{base}/warm"\ncapacity = "30%"\n[tiers.cold]\npath = "{base}/cold"\n'
+                   f'[api]\nsocket = "{base}/state/weightd.sock"\n[p2p]\nlisten = "127.0.0.1:0"\n'
+                   f'[metrics]\nlisten = "127.0.0.1:0"\n')
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    wd = [sys.executable, "-m", "weightd", "--config", str(cfg)]
+    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    daemon = None
+    counter = [0]
+    try:
+        model = make_checkpoint(base / "model", total_bytes=1 << 20, shards=1, layers=1)
+        subprocess.run([*wd, "publish", str(model), "--name", "bench/m", "--version", "v1"], env=env, check=True,
+                       stdout=subprocess.DEVNULL)
+        cache = base / "cache"
+        make_cache(cache, args.files, parse_size(args.size))
+        total = sum(p.stat().st_size for p in cache.rglob("*") if p.is_file())
+        subprocess.run([*wd, "publish", str(cache), "--companion-of", "bench/m@v1", "--kind", "compile-cache",
+                        "--key", "k0"], env=env, check=True, stdout=subprocess.DEVNULL)
+        published = base / "cold/bench/m/v1~compile-cache~k0"
+        subprocess.run(["sync"], check=True)
+        subprocess.run(f"find {published} {cache} -type f -print0 | xargs -0 cat > /dev/null", shell=True,
+                       check=True)   # (both in the page cache for every contender)
+        with open(base / "daemon.log", "w") as dlog:
+            daemon = subprocess.Popen([*wd, "serve"], env=env, stdout=dlog, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while not (base / "state/weightd.sock").exists():
+            if daemon.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"the daemon did not start: {(base / 'daemon.log').read_text()[-2000:]}")
+            time.sleep(0.1)
+
+        def run(cmd: list[str] | str) -> float:
+            t0 = time.perf_counter()
+            p = subprocess.run(cmd, env=env, shell=isinstance(cmd, str), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
+            s = time.perf_counter() - t0
+            if p.returncode != 0:
+                raise SystemExit(f"{str(cmd)[:200]}: exit {p.returncode}: {p.stderr[-500:]}")
+            return s
+
+        def publish() -> float:
+            counter[0] += 1
+            return run([*wd, "--no-daemon", "publish", str(cache), "--companion-of", "bench/m@v1", "--kind",
+                        "compile-cache", "--key", f"r{counter[0]}"])
+
+        preload = ["preload", "bench/m@v1", "--with", "compile-cache", "--key", "k0", "--tier", "hot"]
+        tier_copy = hot / "bench/m/v1~compile-cache~k0"
+        contenders = {
+            "publish": publish,
+            "cp_into_cold": lambda: run(["cp", "-r", str(cache), str(base / "cold" / f"cp-{uuid.uuid4().hex[:6]}")]),
+            "cp_into_cold_sync": lambda: run(f"cp -r {cache} {base}/cold/cps-{uuid.uuid4().hex[:6]} && sync"),
+            "preload_daemon": lambda: run(wd + ["--daemon-only"] + preload),
+            "preload_in_process": lambda: run(wd + ["--no-daemon"] + preload),
+            "cp_into_shm": lambda: run(["cp", "-r", str(published), str(shm / "tier")]),
+            "install": lambda: run(wd + ["--daemon-only"] + preload + ["--companion-dir", str(shm / "engine")]),
+            "cp_install": lambda: run(["cp", "-r", str(tier_copy), str(shm / "engine")]),
+        }
+
+        def before(name: str) -> None:
+            shutil.rmtree(shm, ignore_errors=True)
+            shm.mkdir()
+            # (the copies into cold are kept until the end: deleting 10,000 files on this VM's ext4 with
+            # online discard slows the creates of whoever runs next)
+            if name.startswith("preload"):
+                shutil.rmtree(tier_copy, ignore_errors=True)   # (directories are the truth for presence)
+            elif name in ("install", "cp_install") and not tier_copy.is_dir():
+                run(wd + ["--daemon-only"] + preload)
+        state0 = machine_state()
+        times = rounds(contenders, args.rounds, before=before, log=log)
+        state1 = machine_state()
+        ms = args.max_spread
+        out = {
+            "bench": "companion", "at": stamp(), "files": args.files, "bytes": total, "rounds": args.rounds,
+            "contenders": {k: summary(v) for k, v in times.items()},
+            "publish_vs_cp": speedup(times, "publish", "cp_into_cold", max_spread=ms),
+            "publish_vs_cp_sync": speedup(times, "publish", "cp_into_cold_sync", max_spread=ms),
+            "preload_daemon_vs_cp": speedup(times, "preload_daemon", "cp_into_shm", max_spread=ms),
+            "preload_in_process_vs_cp": speedup(times, "preload_in_process", "cp_into_shm", max_spread=ms),
+            "install_vs_cp": speedup(times, "install", "cp_install", max_spread=ms),
+            "note": "ratio = cp's median time / weightd's (above 1: weightd faster); weightd hashes every byte, "
+                    "cp checks nothing",
+            "machine": {"loadavg_before": state0["loadavg"], "loadavg_after": state1["loadavg"],
+                        "cpus": state0["cpus"], "sectors_read_during": io_between(state0, state1)},
+        }
+        print(json.dumps(out, indent=1))
+        return 0
+    finally:
+        if daemon is not None:
+            daemon.terminate()
+            try:
+                daemon.wait(30)
+            except subprocess.TimeoutExpired:
+                daemon.kill()
+        shutil.rmtree(hot, ignore_errors=True)
+        shutil.rmtree(shm, ignore_errors=True)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
