@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 
 import os
+import stat
 import threading
 import time
 import uuid
@@ -127,7 +128,8 @@ def lock_name(name: str, version: str | None = None) -> str:
 _PARSED: "OrderedDict[tuple[int, ...], Manifest]" = OrderedDict()
 _PARSED_LOCK = threading.Lock()
 PARSED_KEPT = 4096
-RACY_NS = 200_000_000   # a file or directory changed this close to its reading is read again (racy-git's rule)
+RACY_NS = 20_000_000    # a file or directory changed this close to its reading is read again (racy-git's
+                        # rule; file timestamps move in jiffies, at most 10 ms)
 
 
 def _manifest_at(d: Dir, rel: str, where: str) -> Manifest:
@@ -169,6 +171,25 @@ def _manifest_at(d: Dir, rel: str, where: str) -> Manifest:
     return m
 
 
+def remember_manifest(d: Dir, rel: str, m: Manifest) -> None:
+    """Keep ``m`` as the parse of the manifest file this process just wrote at ``rel`` (by file
+    identity, as :func:`_manifest_at` keeps them): a version placed a moment ago is listed right away
+    by the next preload's space accounting and donor search, and parsing it again there is most of
+    their cost (a LoRA adapter's manifest lists hundreds of tensors)."""
+    try:
+        fd = d.open_read(rel)
+    except (BadInput, OSError):
+        return
+    try:
+        st = os.fstat(fd)
+    finally:
+        os.close(fd)
+    with _PARSED_LOCK:
+        _PARSED[(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)] = m
+        while len(_PARSED) > PARSED_KEPT:
+            _PARSED.popitem(last=False)
+
+
 def read_version(root: "Dir | Path | None", name: str, version: str, *, strict: bool = False) -> VersionDir | None:
     """The complete version at ``root/NAME/VERSION``, or None. A symlink anywhere on the way reads as
     absent. A broken manifest reads as absent too, unless ``strict`` (cold storage, asked for by name:
@@ -205,50 +226,88 @@ def read_version(root: "Dir | Path | None", name: str, version: str, *, strict: 
         return VersionDir(name, version, d.path / name / version, m)
 
 
-_LISTED: "OrderedDict[tuple[str, int, int], tuple[int, list[VersionDir], list[str]]]" = OrderedDict()
+_LISTED: "OrderedDict[tuple[str, str, int, int], tuple[int, list[VersionDir], list[str], dict[str, Any]]]" = OrderedDict()
 LISTED_KEPT = 8192
 
 
-def _children(d: Dir, parts: list[str]) -> tuple[list[VersionDir], list[str]]:
-    """The complete versions directly under ``d`` (a NAME directory, ``parts`` its path in the tier)
-    and its other subdirectories. Kept by the directory's identity and mtime: a version appears or
-    goes only by a rename in this directory, which changes its mtime; a listing taken within
-    RACY_NS of the directory's last change is not kept (timestamps are coarse)."""
-    st = os.fstat(d.fd)
-    key = (str(d.path), st.st_dev, st.st_ino)
+def _children(parent: Dir, entry: str, parts: list[str]) -> tuple[list[VersionDir], list[str]]:
+    """The complete versions directly under ``parent/entry`` (a NAME directory, ``parts`` its path in
+    the tier) and its other subdirectories.
+
+    Kept by the directory's identity and mtime: a version appears or goes only by a rename in this
+    directory, which changes its mtime, and a listing taken within RACY_NS of the directory's last
+    change is not kept (timestamps are coarse). A kept listing costs one ``fstatat``. When the
+    directory did change (an ``org/`` directory gains a model with every first preload of one), each
+    entry is looked at again only if its identity (inode and ctime, which a rename sets) changed:
+    one ``fstatat`` per entry instead of opening it and its manifest."""
+    try:
+        st = os.stat(entry, dir_fd=parent.fd, follow_symlinks=False)
+    except OSError:
+        return [], []
+    if not stat.S_ISDIR(st.st_mode):
+        return [], []
+    key = (str(parent.path), entry, st.st_dev, st.st_ino)
     with _PARSED_LOCK:
         hit = _LISTED.get(key)
         if hit is not None and hit[0] == st.st_mtime_ns:
             _LISTED.move_to_end(key)
             return list(hit[1]), list(hit[2])
+    known: dict[str, tuple[tuple[int, int], VersionDir | None]] = hit[3] if hit is not None else {}
+    seen: dict[str, tuple[tuple[int, int], VersionDir | None]] = {}
     versions: list[VersionDir] = []
     others: list[str] = []
     name = "/".join(parts)
-    for b in d.subdirs():
-        with d.sub(b) as db:
-            if not db.is_file(MANIFEST_RELPATH):
-                others.append(b)
-                continue
+    try:
+        d = parent.sub(entry)
+    except (BadInput, OSError):   # (a symlink or something else put in its place: not ours)
+        return [], []
+    with d:
+        for b in d.subdirs():
             try:
-                validate_name(name)
-                validate_label(b)
-                m = _manifest_at(db, MANIFEST_RELPATH, str(db.path / MANIFEST_RELPATH))
-            except (BadInput, OSError):  # names outside the patterns are not ours; a damaged one is absent
+                bst = os.stat(b, dir_fd=d.fd, follow_symlinks=False)
+            except OSError:
                 continue
-        if m.name == name and m.version == b:
-            versions.append(VersionDir(name, b, d.path / b, m))
-    if time.time_ns() - st.st_mtime_ns > RACY_NS:
-        with _PARSED_LOCK:
-            _LISTED[key] = (st.st_mtime_ns, list(versions), list(others))
-            while len(_LISTED) > LISTED_KEPT:
-                _LISTED.popitem(last=False)
+            ident = (bst.st_ino, bst.st_ctime_ns)
+            old = known.get(b)
+            if old is not None and old[0] == ident and time.time_ns() - bst.st_ctime_ns > RACY_NS:
+                v = old[1]
+            else:
+                v = _version_in(d, b, name)
+            seen[b] = (ident, v)
+            if v is None:
+                others.append(b)
+            elif v is not _NOT_OURS:
+                versions.append(v)
+        if os.fstat(d.fd).st_mtime_ns == st.st_mtime_ns and time.time_ns() - st.st_mtime_ns > RACY_NS:
+            with _PARSED_LOCK:
+                _LISTED[key] = (st.st_mtime_ns, list(versions), list(others), seen)
+                while len(_LISTED) > LISTED_KEPT:
+                    _LISTED.popitem(last=False)
     return versions, others
+
+
+_NOT_OURS: Any = object()   # a directory with a manifest that is not a version of this NAME
+
+
+def _version_in(d: Dir, b: str, name: str) -> "VersionDir | None":
+    """``d/b`` as a version of NAME (``_NOT_OURS`` if it has a manifest but is not one), or None
+    when it has no manifest (a model directory under ``org/``)."""
+    with d.sub(b) as db:
+        if not db.is_file(MANIFEST_RELPATH):
+            return None
+        try:
+            validate_name(name)
+            validate_label(b)
+            m = _manifest_at(db, MANIFEST_RELPATH, str(db.path / MANIFEST_RELPATH))
+        except (BadInput, OSError):  # names outside the patterns are not ours; a damaged one is absent
+            return _NOT_OURS
+    return VersionDir(name, b, d.path / b, m) if m.name == name and m.version == b else _NOT_OURS
 
 
 def list_versions(root: "Dir | Path | None") -> list[VersionDir]:
     """Every complete version under a tier root (``NAME`` may be ``org/model``); symlinks are skipped.
     Each NAME directory's listing is kept while its mtime stays (see :func:`_children`): a tier of
-    hundreds of versions is listed in an fstat per directory."""
+    hundreds of versions is listed in an ``fstatat`` per directory."""
     out: list[VersionDir] = []
     with as_dir(root) as d:
         if d is None:
@@ -256,12 +315,12 @@ def list_versions(root: "Dir | Path | None") -> list[VersionDir]:
         for a in d.subdirs():
             if a.startswith("."):
                 continue
-            with d.sub(a) as da:
-                found, models = _children(da, [a])
-                out += found
-                for b in models:
-                    with da.sub(b) as db:
-                        out += _children(db, [a, b])[0]
+            found, models = _children(d, a, [a])
+            out += found
+            if models:
+                with d.sub(a) as da:
+                    for b in models:
+                        out += _children(da, b, [a, b])[0]
     return out
 
 

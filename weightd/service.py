@@ -248,11 +248,13 @@ class NodeService:
             req = self.resolve(req)
         return self.load(req, progress=progress)
 
-    def preload_set(self, refs: Any, *, threads: int = 4, **kw: Any) -> dict[str, Any]:
+    def preload_set(self, refs: Any, *, threads: int | None = None, **kw: Any) -> dict[str, Any]:
         """Every model of a set (LoRA adapters) as one operation: each its own preload, ``threads`` at
-        once, one summary (``weightd.sets.summarize``); a failure of one does not stop the others."""
+        once (default: one per core, 2 to 8), one summary (``weightd.sets.summarize``); a failure of one
+        does not stop the others."""
+        import os
         from concurrent.futures import ThreadPoolExecutor
-
+        threads = threads or min(8, max(2, os.cpu_count() or 2))
         from .sets import check_refs, summarize
         refs = check_refs(refs)
         reqs = [self.preload_request(r, **kw) for r in refs]   # every one checked before anything moves

@@ -83,7 +83,7 @@ class Sources:
     def _remote(self, fill: Fill, staging: StagingArea, m: Manifest, cold: VersionDir, tier: str, name: str,
                 version: str, deadline: float | None, progress: ProgressFn | None) -> bool:
         """Donors, then each fetcher, then a delta build from cold; False: copy from cold instead."""
-        with self._lending(tier, name, version) as donors:
+        with self._lending(tier, name, version, m) as donors:
             plan = plan_delta(m, donors) if donors else None
             if plan is not None and not worth_a_delta(plan):
                 plan = None
@@ -130,7 +130,7 @@ class Sources:
         resumed = bool(staging.info.get("resumable") and staging.info.get("digest") == m.digest
                        and staging.dir.entries())
         have: dict[str, set[str]] = {}
-        with self._lending(tier, name, version) as donors:
+        with self._lending(tier, name, version, m) as donors:
             plan = plan_delta(m, donors) if donors else None
             if plan is not None and not worth_a_delta(plan):
                 plan = None
@@ -237,9 +237,9 @@ class Sources:
         raise CheckpointNotFound(f"{name}@{version}", f"every source vanished during the copy ({last_error})")
 
     @contextmanager
-    def _lending(self, tier: str, name: str, version: str) -> Iterator[list[Donor]]:
-        """The donors of :meth:`_donors`, held (locked, open) for the block and released after it."""
-        donors, held = self._donors(tier, name, version)
+    def _lending(self, tier: str, name: str, version: str, m: Manifest) -> Iterator[list[Donor]]:
+        """The donors of :meth:`_donors` for ``m``, held (locked, open) for the block and released after it."""
+        donors, held = self._donors(tier, name, version, m)
         try:
             yield donors
         finally:
@@ -249,30 +249,37 @@ class Sources:
             for lk in held:
                 lk.release()
 
-    def _donors(self, tier: str, name: str, version: str) -> tuple[list[Donor], list[FileLock]]:
-        """Every complete local version but the target, the staging tier's first (copy_file_range can
-        share extents within a file system), each held with a shared lock so it cannot be evicted
-        while it lends bytes (one that cannot be locked at once is skipped)."""
+    def _donors(self, tier: str, name: str, version: str, m: Manifest) -> tuple[list[Donor], list[FileLock]]:
+        """The complete local versions but the target that share bytes with ``m`` worth a delta, the
+        staging tier's first (copy_file_range can share extents within a file system), each held with
+        a shared lock so it cannot be evicted while it lends bytes (one that cannot be locked at once
+        is skipped). The plan is made from the (cached) manifests first: only the versions it uses are
+        locked and opened, so a node holding hundreds of adapters locks none of them for a new one."""
+        candidates = [(t, v) for t in [tier] + [x for x in LOCAL_TIERS if x != tier]
+                      for v in list_versions(self.roots.dir(t)) if (v.name, v.version) != (name, version)]
+        if not candidates:
+            return [], []
+        plan = plan_delta(m, [Donor(f"{v.name}@{v.version}", v.path, v.manifest) for _, v in candidates])
+        if not worth_a_delta(plan):
+            return [], []
         donors: list[Donor] = []
         held: list[FileLock] = []
-        for t in [tier] + [x for x in LOCAL_TIERS if x != tier]:
+        for i in plan.donors_used():
+            t, v = candidates[i]
             root = self.roots.dir(t)
-            for v in list_versions(root):
-                if (v.name, v.version) == (name, version):
-                    continue
-                lk = self.roots.lock(t, v.name, v.version)
-                try:
-                    lk.acquire(0, shared=True)
-                except TimedOut:
-                    continue
-                d = root.sub_if_exists(v.rel) if root is not None else None
-                if d is None or not d.is_file(MANIFEST_RELPATH):  # evicted between the listing and the lock
-                    if d is not None:
-                        d.close()
-                    lk.release()
-                    continue
-                held.append(lk)
-                donors.append(Donor(f"{v.name}@{v.version}", v.path, v.manifest, d))
+            lk = self.roots.lock(t, v.name, v.version)
+            try:
+                lk.acquire(0, shared=True)
+            except TimedOut:
+                continue
+            d = root.sub_if_exists(v.rel) if root is not None else None
+            if d is None or not d.is_file(MANIFEST_RELPATH):  # evicted between the listing and the lock
+                if d is not None:
+                    d.close()
+                lk.release()
+                continue
+            held.append(lk)
+            donors.append(Donor(f"{v.name}@{v.version}", v.path, v.manifest, d))
         return donors, held
 
 

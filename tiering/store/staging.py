@@ -22,7 +22,7 @@ from typing import Callable
 
 from ..content.build import verify_checkpoint
 from ..content.manifest import MANIFEST_RELPATH, Manifest
-from ..layout import DIR_MODE, STAGING
+from ..layout import DIR_MODE, STAGING, remember_manifest
 from ..progress import set_phase
 from ..safefs import Dir
 from ..sources import ProgressFn
@@ -61,6 +61,7 @@ class StagingArea:
         meta, _, fname = MANIFEST_RELPATH.rpartition("/")
         with self.dir.sub(meta, create=True, mode=DIR_MODE) as d:
             d.write_atomic(fname, m.to_json().encode("utf-8"), 0o644)
+            remember_manifest(d, fname, m)   # (ours, in our private staging area: no need to parse it back)
 
     def commit(self, root: Dir, name: str, version: str, m: Manifest, *, verified: bool,
                signed: "Signed | None" = None, checked_at: float = 0.0, progress: "ProgressFn | None" = None) -> None:
