@@ -72,3 +72,58 @@ def speedup(times: dict[str, list[float]], fast: str, slow: str, *, max_spread: 
 
 def stamp() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+class BenchNode:
+    """A weightd node for a benchmark: cold, warm and state under ``base`` (a disk directory), hot in
+    /dev/shm, the real CLI (``wd``) and, once started, a real daemon; everything removed on exit."""
+
+    def __init__(self, base: "os.PathLike[str] | str", hot: "os.PathLike[str] | str", *, hot_capacity: str = "60%",
+                 warm_capacity: str = "50%") -> None:
+        import sys
+        from pathlib import Path
+        self.base, self.hot = Path(base), Path(hot)
+        self.cfg = self.base / "weightd.toml"
+        self.cfg.write_text(f'state_dir = "{self.base}/state"\n[tiers.hot]\npath = "{self.hot}"\n'
+                            f'capacity = "{hot_capacity}"\n[tiers.warm]\npath = "{self.base}/warm"\n'
+                            f'capacity = "{warm_capacity}"\n[tiers.cold]\npath = "{self.base}/cold"\n'
+                            f'[api]\nsocket = "{self.base}/state/weightd.sock"\n[p2p]\nlisten = "127.0.0.1:0"\n'
+                            f'[metrics]\nlisten = "127.0.0.1:0"\n')
+        root = Path(__file__).resolve().parent.parent
+        self.env = {**os.environ, "PYTHONPATH": str(root)}
+        self.wd = [sys.executable, "-m", "weightd", "--config", str(self.cfg)]
+        self.daemon: Any = None
+
+    def serve(self, timeout_s: float = 60.0) -> None:
+        import subprocess
+        log = self.base / "daemon.log"
+        with open(log, "w") as fh:
+            self.daemon = subprocess.Popen([*self.wd, "serve"], env=self.env, stdout=fh, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout_s
+        while not (self.base / "state/weightd.sock").exists():
+            if self.daemon.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"the daemon did not start: {log.read_text()[-2000:]}")
+            time.sleep(0.1)
+
+    def run(self, cmd: "list[str] | str") -> float:
+        """Seconds ``cmd`` took (a shell line when a string); a failure ends the benchmark, saying why."""
+        import subprocess
+        t0 = time.perf_counter()
+        p = subprocess.run(cmd, env=self.env, shell=isinstance(cmd, str), stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, text=True)
+        s = time.perf_counter() - t0
+        if p.returncode != 0:
+            raise SystemExit(f"{str(cmd)[:200]}: exit {p.returncode}: {p.stderr[-500:]}")
+        return s
+
+    def close(self, *extra: "os.PathLike[str] | str") -> None:
+        import shutil
+        import subprocess
+        if self.daemon is not None:
+            self.daemon.terminate()
+            try:
+                self.daemon.wait(30)
+            except subprocess.TimeoutExpired:
+                self.daemon.kill()
+        for p in (self.hot, *extra, self.base):
+            shutil.rmtree(p, ignore_errors=True)

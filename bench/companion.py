@@ -36,7 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _rounds import io_between, machine_state, rounds, speedup, stamp, summary  # noqa: E402
+from _rounds import BenchNode, io_between, machine_state, rounds, speedup, stamp, summary  # noqa: E402
 
 from tiering.content.units import parse_size  # noqa: E402
 from tiering.sample import make_checkpoint  # noqa: E402
@@ -58,19 +58,12 @@ def main() -> int:
     ap.add_argument("--dir", default="/var/tmp", help="disk directory for the cold tier and state")
     ap.add_argument("--max-spread", type=float, default=0.5)
     args = ap.parse_args()
-    root = Path(__file__).resolve().parent.parent
     base = Path(tempfile.mkdtemp(prefix="weightd-bench-companion-", dir=args.dir))
     tag = uuid.uuid4().hex[:8]
     hot, shm = Path(f"/dev/shm/weightd-bench-comp-{tag}"), Path(f"/dev/shm/weightd-bench-comp-cp-{tag}")
-    cfg = base / "weightd.toml"
-    cfg.write_text(f'state_dir = "{base}/state"\n[tiers.hot]\npath = "{hot}"\ncapacity = "30%"\n'
-                   f'[tiers.warm]\npath = "{base}/warm"\ncapacity = "30%"\n[tiers.cold]\npath = "{base}/cold"\n'
-                   f'[api]\nsocket = "{base}/state/weightd.sock"\n[p2p]\nlisten = "127.0.0.1:0"\n'
-                   f'[metrics]\nlisten = "127.0.0.1:0"\n')
-    env = {**os.environ, "PYTHONPATH": str(root)}
-    wd = [sys.executable, "-m", "weightd", "--config", str(cfg)]
+    node = BenchNode(base, hot, hot_capacity="30%", warm_capacity="30%")
+    env, wd, run = node.env, node.wd, node.run
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
-    daemon = None
     counter = [0]
     try:
         model = make_checkpoint(base / "model", total_bytes=1 << 20, shards=1, layers=1)
@@ -85,22 +78,7 @@ def main() -> int:
         subprocess.run(["sync"], check=True)
         subprocess.run(f"find {published} {cache} -type f -print0 | xargs -0 cat > /dev/null", shell=True,
                        check=True)   # (both in the page cache for every contender)
-        with open(base / "daemon.log", "w") as dlog:
-            daemon = subprocess.Popen([*wd, "serve"], env=env, stdout=dlog, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 60
-        while not (base / "state/weightd.sock").exists():
-            if daemon.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"the daemon did not start: {(base / 'daemon.log').read_text()[-2000:]}")
-            time.sleep(0.1)
-
-        def run(cmd: list[str] | str) -> float:
-            t0 = time.perf_counter()
-            p = subprocess.run(cmd, env=env, shell=isinstance(cmd, str), stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, text=True)
-            s = time.perf_counter() - t0
-            if p.returncode != 0:
-                raise SystemExit(f"{str(cmd)[:200]}: exit {p.returncode}: {p.stderr[-500:]}")
-            return s
+        node.serve()
 
         def publish() -> float:
             counter[0] += 1
@@ -149,15 +127,7 @@ def main() -> int:
         print(json.dumps(out, indent=1))
         return 0
     finally:
-        if daemon is not None:
-            daemon.terminate()
-            try:
-                daemon.wait(30)
-            except subprocess.TimeoutExpired:
-                daemon.kill()
-        shutil.rmtree(hot, ignore_errors=True)
-        shutil.rmtree(shm, ignore_errors=True)
-        shutil.rmtree(base, ignore_errors=True)
+        node.close(shm)
 
 
 if __name__ == "__main__":

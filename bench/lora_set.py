@@ -31,7 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _rounds import io_between, machine_state, rounds, speedup, stamp, summary  # noqa: E402
+from _rounds import BenchNode, io_between, machine_state, rounds, speedup, stamp, summary  # noqa: E402
 
 from tiering.content.units import parse_size  # noqa: E402
 from tiering.sample import SampleTensor, fill_bytes, write_safetensors  # noqa: E402
@@ -62,19 +62,12 @@ def main() -> int:
     ap.add_argument("--dir", default="/var/tmp", help="disk directory for the cold tier and state")
     ap.add_argument("--max-spread", type=float, default=0.5)
     args = ap.parse_args()
-    root = Path(__file__).resolve().parent.parent
     base = Path(tempfile.mkdtemp(prefix="weightd-bench-lora-", dir=args.dir))
     tag = uuid.uuid4().hex[:8]
     hot, cp_dest = Path(f"/dev/shm/weightd-bench-lora-{tag}"), Path(f"/dev/shm/weightd-bench-cp-{tag}")
-    cfg = base / "weightd.toml"
-    cfg.write_text(f'state_dir = "{base}/state"\n[tiers.hot]\npath = "{hot}"\ncapacity = "60%"\n'
-                   f'[tiers.warm]\npath = "{base}/warm"\ncapacity = "50%"\n[tiers.cold]\npath = "{base}/cold"\n'
-                   f'[api]\nsocket = "{base}/state/weightd.sock"\n[p2p]\nlisten = "127.0.0.1:0"\n'
-                   f'[metrics]\nlisten = "127.0.0.1:0"\n')
-    env = {**os.environ, "PYTHONPATH": str(root)}
-    wd = [sys.executable, "-m", "weightd", "--config", str(cfg)]
+    node_ = BenchNode(base, hot)
+    env, wd, run = node_.env, node_.wd, node_.run
     size = parse_size(args.size)
-    daemon = None
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     try:
         from tiering import LocalNode, TierSpec
@@ -93,23 +86,9 @@ def main() -> int:
                        stdout=subprocess.DEVNULL, check=True)   # (in the page cache, for every contender)
         setfile = base / "adapters.txt"
         setfile.write_text("\n".join(refs) + "\n")
-        with open(base / "daemon.log", "w") as dlog:
-            daemon = subprocess.Popen([*wd, "serve"], env=env, stdout=dlog, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 60
-        while not (base / "state/weightd.sock").exists():
-            if daemon.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"the daemon did not start: {(base / 'daemon.log').read_text()[-2000:]}")
-            time.sleep(0.1)
+        node_.serve()
         loop = "; ".join(f"mkdir -p {cp_dest}/{r.split('@')[0].rsplit('/', 1)[0]} && cp -r {d} "
                          f"{cp_dest}/{r.split('@')[0]}" for r, d in zip(refs, cold_dirs))
-
-        def run(cmd: list[str]) -> float:
-            t0 = time.perf_counter()
-            p = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-            s = time.perf_counter() - t0
-            if p.returncode != 0:
-                raise SystemExit(f"{' '.join(cmd[:6])}...: exit {p.returncode}: {p.stderr[-500:]}")
-            return s
 
         def singles() -> float:
             t0 = time.perf_counter()
@@ -148,15 +127,7 @@ def main() -> int:
         print(json.dumps(out, indent=1))
         return 0
     finally:
-        if daemon is not None:
-            daemon.terminate()
-            try:
-                daemon.wait(30)
-            except subprocess.TimeoutExpired:
-                daemon.kill()
-        shutil.rmtree(hot, ignore_errors=True)
-        shutil.rmtree(cp_dest, ignore_errors=True)
-        shutil.rmtree(base, ignore_errors=True)
+        node_.close(cp_dest)
 
 
 if __name__ == "__main__":

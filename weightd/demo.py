@@ -335,6 +335,18 @@ def _demo_node(base: Path, hot: Path, v1: Path, v2: Path, victim: Path) -> Path:
           "--plan"])
     _run(["preload", "demo/tiny-llama", "--tier", "warm"])
     _run(["pin", "demo/tiny-llama@v1"])
+    click.secho("# 9b. move only what a server reads: a pipeline stage without the original/ copy is a partial "
+                "copy of its own (never served as v2); a compile cache travels with its version", bold=True)
+    _run(["preload", "demo/tiny-llama@v2", "--layers", "2-3", "--exclude", "original/", "--tier", "hot"])
+    cache = base / "compile-cache"
+    for i in range(40):
+        f = cache / f"inductor/{i % 4:02d}/k{i}.py"
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(f"# kernel {i}\n" * 40)
+    _run(["publish", str(cache), "--companion-of", "demo/tiny-llama@v2", "--kind", "compile-cache",
+          "--key", "vllm-0.8-cpu-tp1"])
+    _run(["preload", "demo/tiny-llama@v2", "--tier", "warm", "--with", "compile-cache", "--key", "vllm-0.8-cpu-tp1",
+          "--companion-dir", str(base / "engine-cache")])
     _run(["status"])
     return config
 
