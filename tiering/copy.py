@@ -91,7 +91,8 @@ def copy_file(job: CopyJob, *, preallocate: bool = True, progress: Callable[[int
                 if n <= 0:
                     raise FileChanged(str(job.src), f"source ended at byte {off}, expected {job.size} "
                                                     "(shorter than its manifest says)")
-                start_writeback(dfd, off, n)
+                if fsync:   # (many small files: one syncfs at the end; writeback started per file makes each
+                    start_writeback(dfd, off, n)   # create wait on the journal, ~0.3 ms a file measured)
                 off += n
                 if progress is not None:
                     progress(n)
