@@ -462,3 +462,29 @@ def test_small_files_are_checked_on_the_way_and_bad_bytes_place_nothing(node_env
         with pytest.raises(IntegrityError, match="k3.py"):
             n.preload("org/m", "v1", tier=tier, companion=("compile-cache", "k"))
         assert not (getattr(node_env, tier) / "org/m" / r.version).exists()
+
+
+def test_signatures_cover_partial_copies_and_companions(wd, node_env, tmp_path):
+    """With trust.require_signature: a partial copy of a signed version is checked file by file
+    against the signature; a companion must be signed itself (as NAME@V~KIND~KEY), else refused."""
+    from tiering.content.signature import generate_keypair
+    generate_keypair(tmp_path / "pub.pem", tmp_path / "pub.pub.pem")
+    ck = make_checkpoint(tmp_path / "ck", total_bytes=2 << 20, shards=2, layers=2)
+    assert wd("publish", ck, "--name", "org/m", "--version", "v1", "--sign", tmp_path / "pub.pem").returncode == 0
+    cache = _cache(tmp_path / "cache", 20)
+    assert wd("publish", cache, "--companion-of", "org/m@v1", "--kind", "compile-cache", "--key", "signed",
+              "--sign", tmp_path / "pub.pem").returncode == 0
+    assert wd("publish", cache, "--companion-of", "org/m@v1", "--kind", "compile-cache", "--key", "unsigned"
+              ).returncode == 0
+    with open(node_env.config, "a") as fh:
+        fh.write(f'[trust]\nrequire_signature = true\npublic_keys = ["{tmp_path / "pub.pub.pem"}"]\n')
+    r = wd("--no-daemon", "preload", "org/m@v1", "--exclude", "original/", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["version"].startswith("v1~p") and d["signature"]["checked"]
+    assert wd("--no-daemon", "path", "org/m@v1", "--exclude", "original/").stdout.strip() == d["path"]
+    r = wd("--no-daemon", "preload", "org/m@v1", "--with", "compile-cache", "--key", "signed", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["companions"][0]["signature"]["checked"]
+    assert_one_line_error(wd("--no-daemon", "preload", "org/m@v1", "--with", "compile-cache", "--key", "unsigned"),
+                          5, "not signed")

@@ -137,10 +137,13 @@ class LocalNode:
                                       check=check)
 
     def publish_companion(self, src: Path, name: str, version: str, kind: str, key: str, *,
-                          progress: ProgressFn | None = None, check: Any = None) -> PublishReport:
+                          progress: ProgressFn | None = None, check: Any = None, sign_key: Path | None = None,
+                          signature: bytes | None = None) -> PublishReport:
         """Publish a directory (a compile cache, ...) tied to NAME@VERSION, which must be published,
         and to a ``key`` saying what makes it valid (engine version, GPU, TP size): as
-        ``NAME/V~<kind>~<key>`` beside the version, immutable like it."""
+        ``NAME/V~<kind>~<key>`` beside the version, immutable like it; signed as ``NAME@V~<kind>~<key>``
+        with ``sign_key`` (where signatures are required, an unsigned companion is refused like an
+        unsigned version)."""
         if kind == PARTIAL_TAG:
             raise BadInput(f"--kind: {kind!r} is reserved (partial copies)")
         label = validate_label(f"{validate_version(version)}{LABEL_SEP}{kind}{LABEL_SEP}{key}")
@@ -148,7 +151,8 @@ class LocalNode:
         if whole is None:
             raise CheckpointNotFound(f"{name}@{version}", "not published; a companion belongs to a published version")
         of = {"version": version, "digest": whole.manifest.digest, "kind": kind, "key": key}
-        return self.publisher.publish(src, name, label, progress=progress, check=check, of=of)
+        return self.publisher.publish(src, name, label, progress=progress, check=check, of=of, sign_key=sign_key,
+                                      signature=signature)
 
     def preload(self, name: str, version: str | None = None, *, tier: str = HOT, strict: bool = False,
                 lease_s: float = DEFAULT_LEASE_S, timeout_s: float | None = None, wait: bool = False,

@@ -321,14 +321,21 @@ class NodeService:
         return {"tier": tier, "path": str(p)}
 
     def publish_companion(self, src: Path, ref: str, kind: str, key: str, *, progress: ProgressFn | None = None,
-                          check: Any = None) -> dict[str, Any]:
-        """Publish a directory (a compile cache, ...) as NAME@VERSION's companion of ``kind`` for ``key``."""
+                          check: Any = None, sign_key: Path | None = None) -> dict[str, Any]:
+        """Publish a directory (a compile cache, ...) as NAME@VERSION's companion of ``kind`` for ``key``,
+        signed with ``sign_key`` (else ``[publish] signing_key``) when there is one."""
         name, version = split_ref(ref)
+        key_file = sign_key if sign_key is not None else self.config.settings.publish.signing_key
         if version is None:
             raise InvalidRequest("companion_of", f"--companion-of {ref}: name the version (NAME@VERSION)")
         comp = check_companion({"kind": kind, "key": key})
         assert comp is not None
-        r = self.node.publish_companion(Path(src), name, version, *comp, progress=progress, check=check)
+        try:
+            r = self.node.publish_companion(Path(src), name, version, *comp, progress=progress, check=check,
+                                            sign_key=key_file)
+        except SignatureRefused as exc:
+            self.metrics.trust_refusals.labels(exc.reason).inc()
+            raise
         log.info("published companion name=%s version=%s kind=%s key=%s bytes=%d unchanged=%s", name, version,
                  kind, key, r.bytes, r.unchanged)
         return {**r.to_dict(), "torrent": None, "companion_of": f"{name}@{version}", "kind": kind, "key": key}

@@ -102,7 +102,7 @@ class Backend:
                                        companion=companion)
         if companion is not None:
             return self.service.publish_companion(Path(directory), f"{name}@{version}", companion["kind"],
-                                                  companion["key"])
+                                                  companion["key"], sign_key=Path(sign_key) if sign_key else None)
         from tiering import plan_size, scan_checkpoint
         files = scan_checkpoint(directory)
         with output.progress_bar(f"publishing {name}@{version}", plan_size(files)) as advance:
@@ -219,8 +219,9 @@ def publish(app: AppContext, directory: str, name: str | None, version_label: st
     from tiering import validate_name, validate_version
     companion = None
     if companion_of_ref is not None:
-        if name is not None or version_label is not None or sign_key or signature:
-            raise click.UsageError("--companion-of takes --kind and --key, not --name, --version, --sign or --signature")
+        if name is not None or version_label is not None or signature:
+            raise click.UsageError("--companion-of takes --kind and --key (and --sign), not --name, --version or "
+                                   "--signature")
         if not kind or not key:
             raise click.UsageError("--companion-of needs --kind KIND and --key KEY")
         name, version_label = split_ref(companion_of_ref)

@@ -261,10 +261,11 @@ class Api:
         if companion is not None:  # a companion artefact of NAME@VERSION: {"kind", "key"}
             comp = check_companion(companion)
             assert comp is not None
-            if files["sign_key"] is not None or files["signature"] is not None:
-                raise ApiError(400, "a companion artefact is not signed on its own (it is tied to its version's digest)")
+            if files["signature"] is not None:
+                raise ApiError(400, "a companion is signed with 'sign_key' (or [publish] signing_key), not an attached "
+                               "signature")
             return await self.d.run_blocking("misc", lambda: self.d.service.publish_companion(
-                Path(src), f"{name}@{version}", *comp, check=check))
+                Path(src), f"{name}@{version}", *comp, check=check, sign_key=files["sign_key"]))
         return await self.d.run_blocking("misc", lambda: self.d.service.publish(Path(src), name, version, check=check,
                                                                                 **files))
 
