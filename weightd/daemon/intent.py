@@ -149,7 +149,8 @@ class IntentRunner:
 
         def held_for(e: Any) -> dict[tuple[str, str], set[str]]:
             """A partial-copy entry holds a version when its object of that version is here."""
-            return {(e.name, v): held.get((e.name, self._label(e, v)), set()) for v in published.get(e.name, [])}
+            return {(e.name, v): held.get((e.name, label), set()) for v in published.get(e.name, [])
+                    if (label := self._label(e, v)) is not None}
         self.plan = plan(entries, published=published, held=held, now=now, first_seen=self.first_seen,
                          node=self.node_name, spread_s=cfg.jitter_s, failures=self.failures, inflight=inflight,
                          publish_errors=publish_errors, held_for=held_for)
@@ -192,11 +193,12 @@ class IntentRunner:
         self.loaded_at = self.clock() if changed or self.loaded_at is None else self.loaded_at
         self.fingerprint = fp
 
-    def _label(self, e: Any, version: str) -> str:
-        """The local object an entry keeps of a version: the version, or its partial copy's label."""
+    def _label(self, e: Any, version: str) -> str | None:
+        """The local object an entry keeps of a version: the version, or its partial copy's label
+        (None while that is not known: the version's manifest could not be read yet)."""
         if e.selection is None:
             return version
-        return self._labels.get((e.name, version, e.selection.describe()), f"{version}~p?")
+        return self._labels.get((e.name, version, e.selection.describe()))
 
     def _find_labels(self, entries: list[Any], published: dict[str, list[str]]) -> None:
         """(pool thread) The partial copy's label of each version a partial-copy entry may want (a
@@ -259,13 +261,15 @@ class IntentRunner:
         of intent holders that no longer want a copy; pin and unpin what intent pinned."""
         node = self.d.node
         lease_s = 3 * self.cfg.reconcile_s + 30
-        wanted = {(h.tier, h.entry.name, self._label(h.entry, h.version), h.entry.holder) for h in p.holds}
+        wanted = {(h.tier, h.entry.name, label, h.entry.holder) for h in p.holds
+                  if (label := self._label(h.entry, h.version)) is not None}
         for tier, name, version, holder in wanted:
             node.hold(tier, name, version, lease_s, holder)
         for le in node.state.leases():
             if le.holder.startswith("intent ") and (le.tier, le.name, le.version, le.holder) not in wanted:
                 node.state.hold(le.tier, le.name, le.version, 0, le.holder)   # (0: dropped)
-        pins = {(h.entry.name, self._label(h.entry, h.version)) for h in p.holds if h.entry.pin}
+        pins = {(h.entry.name, label) for h in p.holds if h.entry.pin
+                and (label := self._label(h.entry, h.version)) is not None}
         changed = False
         for name, version in sorted(pins - self.pins_made):
             if not node.pin(name, version)[1]:
