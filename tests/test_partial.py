@@ -88,7 +88,7 @@ def test_the_label_is_the_file_set(tmp_path):
     a = choose(m, selection_from(None, ["original/", "onnx/", "gguf/", "sub/"]))
     b = choose(m, selection_from(["*.json", "model-*"], ["original/*"]))
     assert a.paths == b.paths and a.label("v1") == b.label("v1")
-    assert a.label("v1").startswith("v1~p") and len(a.label("v1")) == len("v1~p") + 12
+    assert a.label("v1").startswith("v1~p") and len(a.label("v1")) == len("v1~p") + 32
 
 
 # -- layers and ranks ---------------------------------------------------------------------------------
@@ -488,3 +488,32 @@ def test_signatures_cover_partial_copies_and_companions(wd, node_env, tmp_path):
     assert json.loads(r.stdout)["companions"][0]["signature"]["checked"]
     assert_one_line_error(wd("--no-daemon", "preload", "org/m@v1", "--with", "compile-cache", "--key", "unsigned"),
                           5, "not signed")
+
+
+def test_companion_dir_never_follows_a_planted_symlink(tmp_path):
+    from weightd.companion import install
+    from weightd.errors import InvalidRequest
+    src = _cache(tmp_path / "src", 5)
+    dest, elsewhere = tmp_path / "dest", tmp_path / "elsewhere"
+    dest.mkdir()
+    elsewhere.mkdir()
+    (dest / "rank_0_0").symlink_to(elsewhere)
+    with pytest.raises(InvalidRequest, match="not a directory"):
+        install(str(src), str(dest))
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_a_manifest_cannot_claim_to_be_a_part_under_a_version_label(tmp_path):
+    """A cold-storage writer adding "of" to a published version's manifest (to drop signed files) is
+    refused: "of" goes only with a V~... label, and a partial's only with V~p<hex>."""
+    from tiering import ManifestError
+    from tiering.content.manifest import manifest_from_dict
+    m = build_manifest(make_checkpoint(tmp_path / "ck", total_bytes=1 << 20, shards=1, layers=1))
+    d = m.with_labels(name="org/m", version="v1").to_dict()
+    for version, of in (("v1", {"version": "v1", "digest": m.digest, "kind": "partial"}),
+                        ("v1~compile-cache~k", {"version": "v1", "digest": m.digest, "kind": "partial"}),
+                        ("v1~p0123", {"version": "v1", "digest": m.digest, "kind": "compile-cache"}),
+                        ("v1~p0123", None)):
+        bad = {**d, "version": version, **({"of": of} if of else {})}
+        with pytest.raises((ManifestError, InvalidName)):
+            manifest_from_dict(bad)

@@ -138,6 +138,7 @@ def _manifest_at(d: Dir, rel: str, where: str) -> Manifest:
     mtime and ctime: a replaced or rewritten file is parsed again; one written within RACY_NS of the
     read is not kept, as timestamps are coarse). Listing a tier of hundreds of
     versions (space accounting, delta donors) then costs an open and an fstat per version."""
+    t0 = time.time_ns()
     fd = d.open_read(rel)
     try:
         st = os.fstat(fd)
@@ -163,7 +164,7 @@ def _manifest_at(d: Dir, rel: str, where: str) -> Manifest:
         raise BadInput(f"{where}: larger than {MAX_MANIFEST_BYTES} bytes")
     m = parse_manifest(raw, where)
     # (read whole, as fstat saw it, and not written within the racy window: else not kept)
-    if len(raw) == st.st_size and time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) > RACY_NS:
+    if len(raw) == st.st_size and t0 - max(st.st_mtime_ns, st.st_ctime_ns) > RACY_NS:
         with _PARSED_LOCK:
             _PARSED[key] = m
             while len(_PARSED) > PARSED_KEPT:
@@ -240,6 +241,7 @@ def _children(parent: Dir, entry: str, parts: list[str]) -> tuple[list[VersionDi
     directory did change (an ``org/`` directory gains a model with every first preload of one), each
     entry is looked at again only if its identity (inode and ctime, which a rename sets) changed:
     one ``fstatat`` per entry instead of opening it and its manifest."""
+    t0 = time.time_ns()   # (racy-git's rule compares with when the listing started, not when it ended)
     try:
         st = os.stat(entry, dir_fd=parent.fd, follow_symlinks=False)
     except OSError:
@@ -269,7 +271,7 @@ def _children(parent: Dir, entry: str, parts: list[str]) -> tuple[list[VersionDi
                 continue
             ident = (bst.st_ino, bst.st_ctime_ns)
             old = known.get(b)
-            if old is not None and old[0] == ident and time.time_ns() - bst.st_ctime_ns > RACY_NS:
+            if old is not None and old[0] == ident and t0 - bst.st_ctime_ns > RACY_NS:
                 v = old[1]
             else:
                 v = _version_in(d, b, name)
@@ -278,7 +280,7 @@ def _children(parent: Dir, entry: str, parts: list[str]) -> tuple[list[VersionDi
                 others.append(b)
             elif v is not _NOT_OURS:
                 versions.append(v)
-        if os.fstat(d.fd).st_mtime_ns == st.st_mtime_ns and time.time_ns() - st.st_mtime_ns > RACY_NS:
+        if os.fstat(d.fd).st_mtime_ns == st.st_mtime_ns and t0 - st.st_mtime_ns > RACY_NS:
             with _PARSED_LOCK:
                 _LISTED[key] = (st.st_mtime_ns, list(versions), list(others), seen)
                 while len(_LISTED) > LISTED_KEPT:

@@ -47,7 +47,8 @@ def _tree(src: str, out: str, counts: dict[str, int], *, top: bool = False) -> N
             try:
                 os.mkdir(d, 0o755)
             except FileExistsError:
-                pass
+                if not stat.S_ISDIR(os.lstat(d).st_mode):   # (a symlink planted in DIR is never followed)
+                    raise OSError(0, "is not a directory (a symlink or a file is in its place)", d) from None
             _tree(e.path, d, counts)
         elif e.is_file(follow_symlinks=False):
             counts["files"] += 1
@@ -88,7 +89,10 @@ def _file(e: os.DirEntry, d: str, counts: dict[str, int]) -> None:
 
 
 def _same(a: str, b: str, block: int = 1 << 20) -> bool:
-    with open(a, "rb") as fa, open(b, "rb") as fb:
+    fd = os.open(b, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)   # (never a FIFO's wait)
+    with open(a, "rb") as fa, os.fdopen(fd, "rb") as fb:
+        if not stat.S_ISREG(os.fstat(fb.fileno()).st_mode):
+            return False
         while True:
             x, y = fa.read(block), fb.read(block)
             if x != y:

@@ -258,10 +258,19 @@ def manifest_from_dict(data: Any, source: str = "manifest") -> Manifest:
         validate_name(name)
     of = _read_of(r, top["of"]) if top.get("of") is not None else None
     if version is not None:
-        # a local object's label (V~p<hex>, V~<kind>~<key>) only with "of" saying what it belongs to
+        # a local object's label (V~p<hex>, V~<kind>~<key>) with "of" saying what it belongs to, and
+        # "of" only with such a label: a published version's manifest cannot claim to be a part
         (validate_label if of is not None else validate_version)(version)
-        if of is not None and split_label(version)[0] != of["version"]:
-            raise r.fail("of", f"version {of['version']!r} is not the one in the label {version!r}")
+        if of is not None:
+            base, tag, key = split_label(version)
+            if tag is None:
+                raise r.fail("of", f"a whole version ({version!r}) is not part of another")
+            if base != of["version"]:
+                raise r.fail("of", f"version {of['version']!r} is not the one in the label {version!r}")
+            if (of["kind"] == "partial") != (key is None and tag.startswith("p")):
+                raise r.fail("of", f"kind {of['kind']!r} does not match the label {version!r}")
+    elif of is not None:
+        raise r.fail("of", "a manifest saying what it is part of must name its version label")
     piece_size = top.get("piece_size")
     if piece_size is not None:
         r.int(piece_size, "piece_size", 1)

@@ -12,7 +12,7 @@ R of N, for checkpoints laid out per rank as vLLM's ``sharded_state`` writes the
 that holds both wanted and unwanted tensors moves whole (a server opens files, not tensors). The
 layer and rank filters apply to ``*.safetensors`` files only; every other file (``config.json``, the
 tokenizer, ``model.safetensors.index.json``) follows the patterns alone, since a server reads them
-whatever its stage. The partial copy's label is ``VERSION~p<12 hex>`` of the chosen file set: two
+whatever its stage. The partial copy's label is ``VERSION~p<32 hex>``, the xxh3-128 of the chosen file set: two
 selections that choose the same files are the same object.
 """
 
@@ -144,7 +144,7 @@ class Choice:
     notes: list[str] = field(default_factory=list)
 
     def label(self, version: str) -> str:
-        h = xxhash.xxh3_64("\n".join(sorted(self.paths)).encode()).hexdigest()[:12]
+        h = xxhash.xxh3_128("\n".join(sorted(self.paths)).encode()).hexdigest()
         return f"{version}{LABEL_SEP}{PARTIAL_TAG}{h}"
 
     def to_dict(self) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 from ..content.names import validate_name, validate_version
 from ..errors import CheckpointNotFound, TieringError, TimedOut
-from ..layout import COLD, LOCAL_TIERS, VersionDir, list_versions, published_versions, read_version
+from ..layout import COLD, LOCAL_TIERS, VersionDir, list_versions, published_versions, read_version, is_whole
 from ..safefs import Dir
 from .roots import TierRoots
 
@@ -69,7 +69,8 @@ class Catalog:
             candidates += [v for v in (obj.version_dir(name, label) for label in obj.versions(name)) if v is not None]
         if not candidates:
             for tier in LOCAL_TIERS:
-                candidates += [v for v in list_versions(self.roots.dir(tier)) if v.name == name]
+                # (whole versions only: a partial copy or a companion is never "the latest")
+                candidates += [v for v in list_versions(self.roots.dir(tier)) if v.name == name and is_whole(v)]
         if not candidates:
             raise CheckpointNotFound(name, "no version published and none on this node"
                                      + (self._near(name) if suggest else ""))
@@ -87,11 +88,12 @@ class Catalog:
             names = [name] if name is not None else obj.names()
             published = [v for n in names for v in self.published_versions(n)]
         else:
-            published = published_versions(cold, name) if name is not None else list_versions(cold)
+            published = published_versions(cold, name) if name is not None else \
+                [v for v in list_versions(cold) if is_whole(v)]   # (a companion is not a version)
         local: dict[tuple[str, str], dict[str, VersionDir]] = {}
         for t in LOCAL_TIERS:
             for v in list_versions(self.roots.dir(t)):
-                if name is None or v.name == name:
+                if (name is None or v.name == name) and is_whole(v):
                     local.setdefault((v.name, v.version), {})[t] = v
         rows: dict[tuple[str, str], dict[str, Any]] = {}
         for v in published:

@@ -97,11 +97,17 @@ class Daemon:
             # (a whole version or a partial copy: a seed reading from the removed directory moves to a
             # copy still here, or stops)
             name, _, version = ref.partition("@")
-            reseed(self.node, self.session, name, version.split(" ")[0])
+            try:
+                reseed(self.node, self.session, name, version.split(" ")[0])
+            except Exception as exc:  # noqa: BLE001 (the eviction happened; seeding catches up at gc)
+                log.warning("seeding after evicting %s not updated: %s", ref, exc)
 
     def _placed(self, tier: str, version) -> None:
         if self.session is not None:
-            seed_copy(self.node, self.session, version)   # (whole, partial for its files; a companion never)
+            try:
+                seed_copy(self.node, self.session, version)   # (whole, partial for its files; a companion never)
+            except Exception as exc:  # noqa: BLE001 (the copy is placed; seeding catches up at gc)
+                log.warning("seeding of %s not started: %s", version.ref, exc)
 
     def _published(self, name: str, version: str, torrent: Any) -> None:
         """The origin seeds what it publishes (from a pool thread, inside the service's publish); with

@@ -129,9 +129,11 @@ class IntentRunner:
         entries = [e if e.selection is not None else replace(e, selection=d.service.selection_for(e.name))
                    for e in self.entries]
         status = await d.run_blocking("misc", d.node.status)
-        held: dict[tuple[str, str], set[str]] = {}
+        held: dict[tuple[str, str], set[str]] = {}       # whole versions (what a plain entry keeps)
+        held_parts: dict[tuple[str, str], set[str]] = {}  # partial copies and companions, by label
         for c in status["checkpoints"]:
-            held.setdefault((c["name"], c["version"]), set()).update(c["tiers"])
+            (held_parts if c.get("part_of") is not None else held).setdefault(
+                (c["name"], c["version"]), set()).update(c["tiers"])
             if any(t.get("in_use") for t in c["tiers"].values()):
                 if now - self.last_use.get(c["name"], 0.0) >= USE_SAMPLE_S:
                     self.last_use[c["name"]] = now
@@ -147,10 +149,15 @@ class IntentRunner:
         if any(e.selection is not None for e in entries):
             await d.run_blocking("misc", self._find_labels, entries, published)
 
+        self._labels_of_local(status)
+
         def held_for(e: Any) -> dict[tuple[str, str], set[str]]:
-            """A partial-copy entry holds a version when its object of that version is here."""
-            return {(e.name, v): held.get((e.name, label), set()) for v in published.get(e.name, [])
-                    if (label := self._label(e, v)) is not None}
+            """A partial-copy entry holds a version when its object of that version is here (published
+            versions, and the versions of the partial copies on the node)."""
+            skey = _sel_key(e.selection)
+            versions = set(published.get(e.name, [])) | {v for (n, v, k) in self._labels if n == e.name and k == skey}
+            return {(e.name, v): tiers for v in versions
+                    if (label := self._label(e, v)) is not None and (tiers := (held_parts if "~" in label else held).get((e.name, label), set()))}
         self.plan = plan(entries, published=published, held=held, now=now, first_seen=self.first_seen,
                          node=self.node_name, spread_s=cfg.jitter_s, failures=self.failures, inflight=inflight,
                          publish_errors=publish_errors, held_for=held_for)
@@ -198,7 +205,21 @@ class IntentRunner:
         (None while that is not known: the version's manifest could not be read yet)."""
         if e.selection is None:
             return version
-        return self._labels.get((e.name, version, e.selection.describe()))
+        return self._labels.get((e.name, version, _sel_key(e.selection)))
+
+    def _labels_of_local(self, status: dict[str, Any]) -> None:
+        """The labels of the partial copies on this node, from their own manifests' ``of``: a copy of a
+        version that cold storage no longer lists (or lists beyond ``versions``) is still found, held
+        and kept pinned while an entry wants it."""
+        for c in status["checkpoints"]:
+            of = c.get("part_of") or {}
+            if of.get("kind") == "partial" and isinstance(of.get("selection"), dict):
+                try:
+                    from tiering import selection_from_dict
+                    k = (c["name"], of["version"], _sel_key(selection_from_dict(of["selection"])))
+                except (ValueError, KeyError):
+                    continue
+                self._labels.setdefault(k, c["version"])
 
     def _find_labels(self, entries: list[Any], published: dict[str, list[str]]) -> None:
         """(pool thread) The partial copy's label of each version a partial-copy entry may want (a
@@ -208,7 +229,7 @@ class IntentRunner:
                 continue
             versions = [e.version] if e.version else published.get(e.name, [])[:e.versions + 1]
             for v in versions:
-                k = (e.name, v, e.selection.describe())
+                k = (e.name, v, _sel_key(e.selection))
                 if k in self._labels:
                     continue
                 try:
@@ -216,7 +237,7 @@ class IntentRunner:
                 except Exception as exc:  # noqa: BLE001 (the fetch says it; asked again next round)
                     log.debug("intent: no partial-copy label for %s@%s yet: %s", e.name, v, exc)
                     continue
-                if len(self._labels) > 10_000:
+                if len(self._labels) > 100_000:   # (a bound, never reached by a sane intent)
                     self._labels.clear()
                 self._labels[k] = obj.version
 
@@ -511,6 +532,11 @@ class IntentRunner:
                 "forecast": [{"model": f.model, "score": round(f.score, 3), "reason": f.reason}
                              for f in self.forecaster.rank(now, horizon, top=20)],
                 "prewarms": list(self.prewarms)}
+
+
+def _sel_key(sel: Any) -> str:
+    """A selection as a key (its canonical JSON: patterns with commas in them stay apart)."""
+    return json.dumps(sel.to_dict(), sort_keys=True)
 
 
 def holdings_of(status: dict[str, Any], p: Plan) -> list[dict[str, Any]]:

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 API_VERSION = "v1"
 MAX_JSON_DEPTH = 32            # request bodies are small flat objects; deeper nesting is an attack
+SET_AT_ONCE = 8                # a set's models in flight at once (the tier's threads run 2 of them)
 PROGRESS_EVERY_S = 0.5         # a streamed preload's progress lines (and heartbeat)
 FEATURES = ["stream"]          # what clients may ask of this daemon (health says so)
 
@@ -135,8 +136,12 @@ class Api:
         for r in refs:  # every one checked before anything moves (InvalidRequest: 400, exit 2)
             svc.preload_request(r, **common, holder=holder)
         t0 = time.monotonic()
-        outcomes = await asyncio.gather(*(self.preload({**common, "ref": r}, holder=holder) for r in refs),
-                                        return_exceptions=True)
+        gate = asyncio.Semaphore(SET_AT_ONCE)   # (a set of thousands never queues ahead of everyone else)
+
+        async def one(r: str) -> dict[str, Any]:
+            async with gate:
+                return await self.preload({**common, "ref": r}, holder=holder)
+        outcomes = await asyncio.gather(*(one(r) for r in refs), return_exceptions=True)
         for o in outcomes:
             if isinstance(o, BaseException) and not isinstance(o, (TieringError, WeightdError, OSError, ValueError)):
                 raise o
