@@ -26,6 +26,7 @@ from .content.manifest import MANIFEST_RELPATH, MAX_MANIFEST_BYTES, Manifest, pa
 from .content.names import LABEL_SEP, split_label, validate_label, validate_name, validate_version
 from .errors import BadInput, CheckpointNotFound, ColdUnreadable, LabelMismatch, ManifestError, UnsafePath
 from .safefs import Dir, open_cold_root
+from .safefs.dir import read_limited
 
 log = logging.getLogger(__name__)
 
@@ -150,18 +151,9 @@ def _manifest_at(d: Dir, rel: str, where: str) -> Manifest:
                 return m
         if st.st_size > MAX_MANIFEST_BYTES:
             raise BadInput(f"{where}: larger than {MAX_MANIFEST_BYTES} bytes")
-        chunks, n = [], 0
-        while n <= MAX_MANIFEST_BYTES:
-            c = os.read(fd, min(1 << 20, MAX_MANIFEST_BYTES + 1 - n))
-            if not c:
-                break
-            chunks.append(c)
-            n += len(c)
+        raw = read_limited(fd, MAX_MANIFEST_BYTES, where)
     finally:
         os.close(fd)
-    raw = b"".join(chunks)
-    if len(raw) > MAX_MANIFEST_BYTES:
-        raise BadInput(f"{where}: larger than {MAX_MANIFEST_BYTES} bytes")
     m = parse_manifest(raw, where)
     # (read whole, as fstat saw it, and not written within the racy window: else not kept)
     if len(raw) == st.st_size and t0 - max(st.st_mtime_ns, st.st_ctime_ns) > RACY_NS:

@@ -295,8 +295,15 @@ def hash_files(jobs: Sequence[HashJob], *, threads: int | None = None, progress:
     if len(jobs) > 256 and sum(sum(e - b for b, e in j.ranges) for j in jobs) < len(jobs) << 20:
         n = 1   # many small files: threads taking turns at the interpreter lock run slower than one
     if n == 1 or len(tasks) <= 1:
-        for t in tasks:
-            run(t)
+        try:
+            for t in tasks:
+                run(t)
+        except BaseException:
+            for s in shared:  # (a failed part never released its file: closed here, as below)
+                if s.fd is not None:
+                    os.close(s.fd)
+                    s.fd = None
+            raise
         return results
 
     def size(t: tuple[int, Any]) -> int:

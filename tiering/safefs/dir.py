@@ -207,17 +207,9 @@ class Dir:
     def read_bytes(self, rel: str, limit: int = MAX_SMALL_FILE) -> bytes:
         fd = self.open_read(rel)
         try:
-            data = b""
-            while len(data) <= limit:
-                chunk = os.read(fd, min(1 << 20, limit + 1 - len(data)))
-                if not chunk:
-                    break
-                data += chunk
+            return read_limited(fd, limit, str(self.path / rel))
         finally:
             os.close(fd)
-        if len(data) > limit:
-            raise BadInput(f"{self.path / rel}: larger than {limit} bytes")
-        return data
 
     def read_json(self, rel: str) -> Any:
         """A small JSON side file, or None if missing, unreadable or not JSON (never an exception)."""
@@ -332,6 +324,20 @@ class Dir:
 
     def statvfs(self) -> os.statvfs_result:
         return os.fstatvfs(self.fd)
+
+
+def read_limited(fd: int, limit: int, where: str) -> bytes:
+    """All of an open file, at most ``limit`` bytes (BadInput naming ``where`` when it is longer)."""
+    chunks, n = [], 0
+    while n <= limit:
+        c = os.read(fd, min(1 << 20, limit + 1 - n))
+        if not c:
+            break
+        chunks.append(c)
+        n += len(c)
+    if n > limit:
+        raise BadInput(f"{where}: larger than {limit} bytes")
+    return b"".join(chunks)
 
 
 _INCOMPLETE = ".incomplete"
