@@ -587,3 +587,20 @@ def test_daemon_logs_json_lines_with_key_values(node_env, isolated_env, wd, tmp_
     done = next(ln for ln in lines if ln["msg"].startswith("preloaded ") and ln["logger"] == "weightd.service")
     assert done["name"] == "org/l" and done["cold"] == done["bytes"] > 0 and done["already_present"] == "false"
     assert any(ln["msg"].startswith("serving role=") for ln in lines)
+
+
+def test_time_to_ready_in_metrics_and_status(daemon, wd, tmp_path: Path) -> None:
+    """From a request's arrival to its copy verified, placed and warm: the histogram per model and tier,
+    and exact p50/p95 of the recent requests in ``status --json`` (a request finding the copy in place
+    counts too: its caller waited as well)."""
+    publish(wd, tmp_path)
+    for _ in range(3):
+        assert wd("preload", "org/d@v1", "--tier", "warm").returncode == 0
+    text = daemon.metrics()
+    assert 'weightd_time_to_ready_seconds_count{model="org/d",tier="warm"} 3.0' in text
+    st = json.loads(wd("status", "--json").stdout)
+    row = next(r for r in st["time_to_ready"] if r["model"] == "org/d")
+    assert row["tier"] == "warm" and row["requests"] == 3
+    assert 0 < row["p50_s"] <= row["p95_s"] <= row["max_s"] < 120
+    # the first request moved the bytes; the others found them in place, faster
+    assert row["max_s"] > row["p50_s"] or row["requests"] < 3

@@ -20,6 +20,7 @@ from . import __version__
 from .pressure import read_disks, read_nics, read_softirq_seconds, read_tcp
 
 SOURCES = ("local_reuse", "peer", "origin", "cold")
+READY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1800)
 LOAD_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1800)
 
 
@@ -31,6 +32,10 @@ class Metrics:
         self.loading = Histogram("weightd_weight_loading_seconds", "One preload that moved or promoted bytes, end "
                                  "to end (a version already in place is not counted); source: where most bytes came from",
                                  ["model", "version", "tier", "source"], buckets=LOAD_BUCKETS, registry=registry)
+        self.time_to_ready = Histogram("weightd_time_to_ready_seconds", "From a preload request's arrival to its "
+                                       "copy verified, placed and warm (a copy already in place included; "
+                                       "exact p50/p95 of recent requests: status --json time_to_ready)",
+                                       ["model", "tier"], buckets=READY_BUCKETS, registry=registry)
         self.bytes = Counter("weightd_bytes_transferred", "Bytes placed in a tier, by where they came from",
                              ["source"], registry=registry)
         for s in SOURCES:

@@ -22,6 +22,7 @@ from tiering import (DEFAULT_LEASE_S, run_bounded, HOT, LOCAL_TIERS, IntegrityEr
 
 from .client import MAX_SECONDS
 from .errors import InvalidRequest
+from .ready_times import ReadyTimes
 
 if TYPE_CHECKING:
     from tiering import LocalNode
@@ -127,6 +128,7 @@ class NodeService:
         self.on_loaded: Callable[[str, str, str], None] | None = None   # (name, version, tier) after a preload
         self.monotonic = monotonic
         self.events: deque[dict[str, Any]] = deque(maxlen=EVENTS_KEPT)  # fallbacks and failures, for doctor
+        self.ready_times = ReadyTimes()
 
     # -- publish ------------------------------------------------------------------------------------
     def publish(self, src: Path, name: str, version: str, *, progress: ProgressFn | None = None,
@@ -243,10 +245,19 @@ class NodeService:
         return d
 
     def preload(self, ref: str, *, progress: ProgressFn | None = None, **kw: Any) -> dict[str, Any]:
+        t0 = self.monotonic()
         req = self.preload_request(ref, **kw)
         if req.wait:
             req = self.resolve(req)
-        return self.load(req, progress=progress)
+        report = self.load(req, progress=progress)
+        self.ready(req.name, report, self.monotonic() - t0)
+        return report
+
+    def ready(self, name: str, report: dict[str, Any], seconds: float) -> None:
+        """One request answered with its copy verified, placed and warm, ``seconds`` after it arrived
+        (waiting for publication, for a shared transfer and for warming included)."""
+        self.metrics.time_to_ready.labels(name, report["tier"]).observe(seconds)
+        self.ready_times.observe(name, report["tier"], seconds)
 
     def preload_set(self, refs: Any, *, threads: int | None = None, **kw: Any) -> dict[str, Any]:
         """Every model of a set (LoRA adapters) as one operation: each its own preload, ``threads`` at
@@ -343,6 +354,7 @@ class NodeService:
     def status(self) -> dict[str, Any]:
         since = time.time() - EVENTS_WINDOW_S
         return {**self.node.status(), "transfers": [], "answered_by": "in-process",
+                "time_to_ready": self.ready_times.summary(),
                 "recent_events": [e for e in list(self.events) if e["at"] >= since]}
 
     def join_lease(self, req: PreloadRequest, report: dict[str, Any]) -> dict[str, Any]:

@@ -88,6 +88,7 @@ class Api:
         """``joined(progress)``: called with the flight's progress once this request shares in one;
         ``rate_bytes_per_s``: a cap on the transfer this request starts (fleet intent's bandwidth)."""
         svc = self.d.service
+        t0 = time.monotonic()
         req = svc.preload_request(_str(body, "ref"), tier=body.get("tier", HOT), strict=body.get("strict", False),
                                   lease_s=body.get("lease_s", DEFAULT), timeout_s=body.get("timeout_s"),
                                   wait=body.get("wait", False), holder=holder, selection=body.get("selection"),
@@ -121,6 +122,7 @@ class Api:
                 report["shared_transfer"] = True
             report = await self.d.run_blocking("misc", svc.join_lease, req, report)
             self.d.intent.loaded(req.name, report["version"], report["tier"])   # (a lease taken: a load)
+        svc.ready(req.name, report, time.monotonic() - t0)
         return report
 
     async def _preload_set_route(self, request: web.Request) -> web.Response:
