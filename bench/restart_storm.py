@@ -1,16 +1,32 @@
 #!/usr/bin/env python3
-"""The seed reports' multi-instance cold start: 4 servers load the same ~2 GiB checkpoint at once.
+"""The seed reports' restart storm, end to end: N model servers on one node load the same checkpoint
+at once from a cold tier behind a capped device, with and without weightd.
 
-    .venv/bin/python bench/restart_storm.py [--size 2GiB] [--procs 4] [--bps 200MB] [--runs 2]
+    .venv/bin/python bench/restart_storm.py [--n 4,8] [--size 1GiB] [--bps 200MB] [--rounds 5] [--tiers hot,warm]
 
-Each process runs `safetensors.torch.load_file` on every shard (needs the `torch` extra). Cases:
-  (a) from the warm tier with the page cache dropped (what a fleet restart does today),
-  (b) from the warm tier after `weightd warm`,
-  (c) from the hot tier (/dev/shm).
-This VM's disk is backed by host memory, so a cold read is nearly as fast as a cached one; as root,
-the loaders (and the warming) run in a cgroup-v1 blkio child with `blkio.throttle.read_bps_device`
-set to --bps, which emulates the contended device the seed reports describe. Reported: time until all
-processes have loaded, per-process times, and the device's read await / utilisation during (a).
+The loaders are N processes that open every shard with `safetensors.safe_open(framework="pt")` and copy
+every tensor out (`get_tensor`, then a copy into a buffer standing in for GPU memory: every byte read,
+as vLLM's loader does; host memory stays bounded, this VM reclaims memory actively (DAMON), and 8
+copies of the checkpoint in RAM would measure that instead). Needs the `torch` extra. Each has imported torch before the clock starts,
+as a server has by the time it loads weights; the clock starts when all N are told to load and stops
+when the last has loaded. The cold tier is on this VM's disk; the node's reads from it (the loaders'
+and the daemon's) run in one cgroup-v1 blkio child capped at --bps (root only: this disk is host-memory
+fast, the cap emulates the contended shared storage of the seed reports). Cases, per N, interleaved
+round by round:
+
+  (a) cold:      the loaders read the published version straight from the cold tier (page cache
+                 dropped): what a fleet restart does without weightd;
+  (b) TIER:      `weightd preload NAME --tier TIER` (through the node's daemon) was done ahead of the
+                 start, the intended use; the loaders read the copy it placed. The preload is not timed
+                 here (it is reported apart);
+  (c) TIER_init: the preload starts at the same moment (an init-container on a cold node): the clock
+                 covers `weightd preload --tier TIER` and then the loaders reading its copy.
+
+Targets (issue #20): (b) >= 2x faster than (a) at N = 4 and >= 3.5x at N = 8; (c) within 1.1x of (a).
+What bounds (c)'s overhead: the preload reads the bytes once at the cap (as (a) does), so (c) - (a) is
+the preload's own fixed cost (interpreter start, manifest, rename) plus the loaders' time on the copy
+in place, i.e. (b); both are reported. The daemon's `status --json` time_to_ready (p50/p95 of the
+preloads it answered, from request to verified, placed and warm) is reported too.
 """
 
 from __future__ import annotations
@@ -18,8 +34,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -29,84 +45,104 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _blkio import Throttle  # noqa: E402,F401  (bench/delta.py imports it from here)
+from _rounds import BenchNode, io_between, machine_state, rounds, speedup, stamp, summary  # noqa: E402
 
 from tiering.content.units import parse_size  # noqa: E402
 from tiering.pagecache import drop_from_cache  # noqa: E402
 from tiering.sample import make_checkpoint  # noqa: E402
 
-ENV = {**os.environ, "PYTHONPATH": str(REPO)}
+NAME = "bench/storm"
 LOADER = """
-import sys, time, glob
-t0 = time.perf_counter()
-from safetensors.torch import load_file
-n = 0
-for shard in sorted(glob.glob(sys.argv[1] + "/*.safetensors")):
-    n += sum(t.numel() for t in load_file(shard).values())
-print(time.perf_counter() - t0, n)
+import glob, sys, time
+import torch
+from safetensors import safe_open
+torch.set_num_threads(1)
+scratch = torch.empty(0, dtype=torch.uint8)
+print("ready", flush=True)
+for line in sys.stdin:
+    path = line.strip()
+    t0 = time.perf_counter()
+    n = 0
+    for s in sorted(glob.glob(path + "/*.safetensors")):
+        with safe_open(s, framework="pt") as f:
+            for k in f.keys():
+                b = f.get_tensor(k).reshape(-1).view(torch.uint8)
+                if scratch.numel() < b.numel():
+                    scratch = torch.empty(b.numel(), dtype=torch.uint8)
+                scratch[:b.numel()].copy_(b)   # every byte copied out, as to a GPU
+                n += b.numel()
+    print(time.perf_counter() - t0, n, flush=True)
 """
 
 
-class Throttle:
-    """A blkio (cgroup v1) child that caps reads from one device; a no-op when not available."""
+class Loaders:
+    """N loader processes, started (torch imported) before any clock runs, inside the device cap."""
 
-    def __init__(self, device: tuple[int, int], bps: int) -> None:
-        self.path = Path(f"/sys/fs/cgroup/blkio/weightd-bench-{uuid.uuid4().hex[:8]}")
-        self.active = False
-        self.why = ""
-        if os.geteuid() != 0:
-            self.why = "not root"
-            return
-        if not Path("/sys/fs/cgroup/blkio").is_dir():
-            self.why = "no cgroup v1 blkio controller"
-            return
-        try:
-            self.path.mkdir()
-            (self.path / "blkio.throttle.read_bps_device").write_text(f"{device[0]}:{device[1]} {bps}\n")
-            self.active = True
-        except OSError as exc:
-            self.why = str(exc)
+    elements: int | None = None   # what every load must find (the first one's count)
 
-    def wrap(self, cmd: list[str]) -> list[str]:
-        if not self.active:
-            return cmd
-        return ["sh", "-c", f'echo $$ > {self.path}/cgroup.procs && exec "$@"', "sh", *cmd]
+    def __init__(self, n: int, throttle: Throttle, env: dict[str, str]) -> None:
+        self.ps = [subprocess.Popen(throttle.wrap([sys.executable, "-c", LOADER]), stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, text=True, env=env) for _ in range(n)]
+        for p in self.ps:
+            if self._line(p, 300) != "ready":
+                raise SystemExit("a loader did not start (is the torch extra installed?)")
+
+    @staticmethod
+    def _line(p: subprocess.Popen, timeout: float) -> str:
+        assert p.stdout is not None
+        ready, _, _ = select.select([p.stdout], [], [], timeout)
+        if not ready:
+            raise SystemExit(f"a loader said nothing for {timeout} s")
+        line = p.stdout.readline()
+        if not line:
+            raise SystemExit(f"a loader exited ({p.poll()})")
+        return line.strip()
+
+    def load(self, path: str, t0: float) -> tuple[float, list[float]]:
+        """Tell all to load ``path``; seconds from ``t0`` until the last has loaded, and each one's own."""
+        for p in self.ps:
+            assert p.stdin is not None
+            p.stdin.write(path + "\n")
+            p.stdin.flush()
+        replies = [self._line(p, 900).split() for p in self.ps]
+        wall = time.perf_counter() - t0
+        counts = {int(r[1]) for r in replies}
+        if self.elements is None:
+            self.elements = counts.pop() if len(counts) == 1 else -1
+        if counts - {self.elements} or not self.elements or self.elements < 0:
+            raise SystemExit(f"loaders of {path} saw {sorted(counts)} elements, not {self.elements}: not the checkpoint")
+        return wall, [float(r[0]) for r in replies]
 
     def close(self) -> None:
-        if self.active:
+        for p in self.ps:
             try:
-                self.path.rmdir()
-            except OSError:
-                pass
-
-
-def diskstats(dev: tuple[int, int]) -> tuple[int, int, int]:
-    with open("/proc/diskstats") as fh:
-        for line in fh:
-            f = line.split()
-            if (int(f[0]), int(f[1])) == dev:
-                return int(f[3]), int(f[6]), int(f[12])  # reads, ms reading, ms doing I/O
-    return 0, 0, 0
-
-
-def storm(path: Path, procs: int, throttle: Throttle) -> tuple[float, list[float]]:
-    t0 = time.perf_counter()
-    ps = [subprocess.Popen(throttle.wrap([sys.executable, "-c", LOADER, str(path)]), stdout=subprocess.PIPE,
-                           text=True, env=ENV) for _ in range(procs)]
-    outs = [p.communicate(timeout=900)[0] for p in ps]
-    wall = time.perf_counter() - t0
-    if any(p.returncode for p in ps):
-        raise SystemExit(f"a loader failed: {[p.returncode for p in ps]}")
-    return wall, [float(o.split()[0]) for o in outs]
+                assert p.stdin is not None
+                p.stdin.close()
+                p.wait(30)
+            except (OSError, subprocess.TimeoutExpired):
+                p.kill()
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--size", default="2GiB")
-    ap.add_argument("--procs", type=int, default=4)
-    ap.add_argument("--bps", default="200MB", help="emulated device read bandwidth (bytes/s)")
-    ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--n", default="4,8", help="loaders per case (comma-separated)")
+    ap.add_argument("--procs", dest="n", help=argparse.SUPPRESS)   # (the old flag)
+    ap.add_argument("--size", default="1GiB", help="checkpoint size (every loader holds a copy in memory)")
+    ap.add_argument("--bps", default="200MB", help="emulated device read bandwidth (bytes/s; 0 = no cap)")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--runs", dest="rounds", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--tiers", default="hot,warm", help="tiers preloaded into in (b) and (c)")
+    ap.add_argument("--max-spread", type=float, default=0.5, help="no ratio when a case's (max-min)/median exceeds it")
     ap.add_argument("--dir", default="/var/tmp")
     args = ap.parse_args()
+    ns = [int(x) for x in str(args.n).split(",")]
+    tiers = [t for t in args.tiers.split(",") if t]
+    if any(t not in ("hot", "warm") for t in tiers) or not ns or min(ns) < 1:
+        print(json.dumps({"error": "--tiers takes hot and/or warm; --n positive counts"}))
+        return 2
     try:
         import safetensors.torch  # noqa: F401
     except ImportError:
@@ -114,72 +150,118 @@ def main() -> int:
         return 1
     base = Path(tempfile.mkdtemp(prefix="weightd-bench-storm-", dir=args.dir))
     hot = Path(f"/dev/shm/weightd-bench-storm-{uuid.uuid4().hex[:8]}")
-    cfg = base / "weightd.toml"
-    cfg.write_text(f'state_dir = "{base}/state"\n[tiers.hot]\npath = "{hot}"\ncapacity = "90%"\n'
-                   f'[tiers.warm]\npath = "{base}/warm"\ncapacity = "90%"\n[tiers.cold]\npath = "{base}/cold"\n')
-    wd = [sys.executable, "-m", "weightd", "--config", str(cfg)]
-    st = os.stat(base)
-    dev = (os.major(st.st_dev), os.minor(st.st_dev))
-    throttle = Throttle(dev, parse_size(args.bps))
+    node = BenchNode(base, hot, hot_capacity="80%", warm_capacity="80%")
+    throttle = Throttle.for_path(base, parse_size(args.bps))
+    loaders: Loaders | None = None
+    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     try:
         src = make_checkpoint(base / "src", total_bytes=parse_size(args.size), shards=4, layers=16, seed="storm",
                               dtype="F16")
-        subprocess.run([*wd, "publish", str(src), "--name", "bench/storm", "--version", "v1"], check=True, env=ENV,
-                       stdout=subprocess.DEVNULL)
+        node.run([*node.wd, "publish", str(src), "--name", NAME, "--version", "v1"])
         shutil.rmtree(src)
-        warm_path = Path(subprocess.run([*wd, "preload", "bench/storm@v1", "--tier", "warm", "--lease", "0"],
-                                        check=True, env=ENV, capture_output=True, text=True).stdout.split()[-1])
-        hot_path = Path(subprocess.run([*wd, "preload", "bench/storm@v1", "--tier", "hot", "--lease", "0"],
-                                       check=True, env=ENV, capture_output=True, text=True).stdout.split()[-1])
-        files = [p for p in warm_path.rglob("*") if p.is_file()]
-        size = sum(p.stat().st_size for p in files)
+        cold = base / "cold" / NAME / "v1"
+        cold_files = [p for p in cold.rglob("*") if p.is_file()]
+        size = sum(p.stat().st_size for p in cold_files if p.suffix == ".safetensors")
+        node.serve()
+        throttle.add(node.daemon.pid)   # the daemon's cold reads share the node's capped device
 
-        res: dict[str, list[float]] = {"a_cold": [], "b_warmed": [], "c_hot": [], "b_warm_seconds": []}
-        per: dict[str, list[list[float]]] = {"a_cold": [], "b_warmed": [], "c_hot": []}
-        awaits, utils = [], []
-        for _ in range(args.runs):
-            for p in files:
-                drop_from_cache(p)
-            s0, t0 = diskstats(dev), time.perf_counter()
-            wall, each = storm(warm_path, args.procs, throttle)
-            s1, dt = diskstats(dev), time.perf_counter() - t0
-            awaits.append((s1[1] - s0[1]) / max(1, s1[0] - s0[0]))
-            utils.append(100 * (s1[2] - s0[2]) / (dt * 1000))
-            res["a_cold"].append(wall)
-            per["a_cold"].append(each)
+        def drop_all() -> None:
+            for root in (cold, base / "warm"):
+                for p in root.rglob("*"):
+                    if p.is_file():
+                        drop_from_cache(p)
 
-            for p in files:
-                drop_from_cache(p)
-            t0 = time.perf_counter()
-            subprocess.run(throttle.wrap([*wd, "warm", str(warm_path)]), check=True, env=ENV,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            res["b_warm_seconds"].append(time.perf_counter() - t0)
-            wall, each = storm(warm_path, args.procs, throttle)
-            res["b_warmed"].append(wall)
-            per["b_warmed"].append(each)
+        def evict() -> None:
+            for t in tiers:
+                subprocess.run([*node.wd, "evict", f"{NAME}@v1", "--tier", t, "--force"], env=node.env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
-            wall, each = storm(hot_path, args.procs, throttle)
-            res["c_hot"].append(wall)
-            per["c_hot"].append(each)
-        med = {k: statistics.median(v) for k, v in res.items()}
+        def preload(tier: str) -> str:
+            p = subprocess.run([*node.wd, "preload", f"{NAME}@v1", "--tier", tier, "--lease", "0"], env=node.env,
+                               capture_output=True, text=True)
+            if p.returncode != 0:
+                raise SystemExit(f"preload --tier {tier}: exit {p.returncode}: {p.stderr[-400:]}")
+            return p.stdout.split()[-1]
+
+        preload_ahead: dict[str, list[float]] = {t: [] for t in tiers}
+        per_loader: dict[str, list[list[float]]] = {}
+
+        def case_cold(n: int):
+            def run() -> float:
+                assert loaders is not None
+                wall, each = loaders.load(str(cold), time.perf_counter())
+                per_loader.setdefault(f"N{n}:a_cold", []).append(each)
+                return wall
+            return run
+
+        def case_ahead(n: int, tier: str):
+            def run() -> float:
+                assert loaders is not None
+                t0 = time.perf_counter()
+                path = preload(tier)
+                preload_ahead[tier].append(time.perf_counter() - t0)
+                wall, each = loaders.load(path, time.perf_counter())
+                per_loader.setdefault(f"N{n}:b_{tier}", []).append(each)
+                return wall
+            return run
+
+        def case_init(n: int, tier: str):
+            def run() -> float:
+                assert loaders is not None
+                t0 = time.perf_counter()
+                path = preload(tier)
+                wall, each = loaders.load(path, t0)
+                per_loader.setdefault(f"N{n}:c_{tier}_init", []).append(each)
+                return wall
+            return run
+
+        results: dict[str, object] = {}
+        m0 = machine_state()
+        for n in ns:
+            loaders = Loaders(n, throttle, node.env)
+            try:
+                contenders = {"a_cold": case_cold(n)}
+                for t in tiers:
+                    contenders[f"b_{t}"] = case_ahead(n, t)
+                    contenders[f"c_{t}_init"] = case_init(n, t)
+
+                def before(_k: str) -> None:
+                    evict()
+                    drop_all()
+                times = rounds(contenders, args.rounds, before=before, log=lambda m, n=n: log(f"N={n} {m}"))
+            finally:
+                loaders.close()
+                loaders = None
+            ratios = {}
+            for t in tiers:
+                ratios[f"a_over_b_{t}"] = {**speedup(times, f"b_{t}", "a_cold", max_spread=args.max_spread),
+                                           "target": 2.0 if n <= 4 else 3.5}
+                c = speedup(times, "a_cold", f"c_{t}_init", max_spread=args.max_spread)  # c / a: <= 1.1 wanted
+                ratios[f"c_{t}_over_a"] = {**c, "target_at_most": 1.1}
+            results[f"N={n}"] = {"cases": {k: summary(v) for k, v in times.items()}, "ratios": ratios,
+                                 "samples_s": times}
+        m1 = machine_state()
+        st = json.loads(subprocess.run([*node.wd, "status", "--json"], env=node.env, capture_output=True,
+                                       text=True, check=True).stdout)
         print(json.dumps({
-            "benchmark": "restart_storm", "bytes": size, "processes": args.procs, "runs": args.runs,
-            "emulated_device_read_bps": parse_size(args.bps) if throttle.active else None,
-            "throttle": "cgroup v1 blkio.throttle.read_bps_device" if throttle.active else f"none ({throttle.why})",
-            "all_loaded_s": {"a_cold_warm_tier": round(med["a_cold"], 3), "b_after_weightd_warm": round(med["b_warmed"], 3),
-                             "c_hot_tier": round(med["c_hot"], 3)},
-            "weightd_warm_s": round(med["b_warm_seconds"], 3),
-            "speedup_vs_a": {"b": round(med["a_cold"] / med["b_warmed"], 2), "c": round(med["a_cold"] / med["c_hot"], 2),
-                             "target": 2.0},
-            "device_during_a": {"read_await_ms": round(statistics.median(awaits), 2),
-                                "util_percent": round(statistics.median(utils), 1)},
-            "per_process_s": per, "samples_s": res,
+            "benchmark": "restart_storm", "date": stamp(), "bytes": size, "n": ns, "rounds": args.rounds,
+            "max_spread": args.max_spread,
+            "emulated_device_read_bps": throttle.bps if throttle.active else None,
+            "throttle": "cgroup v1 blkio.throttle.read_bps_device (loaders and daemon)" if throttle.active
+            else f"none ({throttle.why})",
+            "size_over_cap_s": round(size / throttle.bps, 3) if throttle.active else None,
+            "results": results,
+            "preload_ahead_s": {t: summary(v) for t, v in preload_ahead.items() if v},
+            "daemon_time_to_ready": [r for r in st.get("time_to_ready", []) if r["model"] == NAME],
+            "per_loader_s": per_loader,
+            "machine": {"before": m0, "after": m1, "other_io_sectors": io_between(m0, m1)},
         }, indent=2))
         return 0
     finally:
+        if loaders is not None:
+            loaders.close()
+        node.close()
         throttle.close()
-        shutil.rmtree(base, ignore_errors=True)
-        shutil.rmtree(hot, ignore_errors=True)
 
 
 if __name__ == "__main__":
