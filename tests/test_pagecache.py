@@ -78,6 +78,18 @@ def test_warm_then_cool(tmp_path: Path) -> None:
     assert pc.residency([f]).percent < 5
 
 
+@pytest.mark.parametrize("tuning", [dict(window=4 * MiB), dict(hint="willneed"), dict(hint="none"),
+                                    dict(precheck=False), dict(probe=False)])
+def test_every_tuning_warms_the_whole_file(tmp_path: Path, tuning: dict) -> None:
+    """The choices bench/warm.py --explore compares all fill the cache (an odd tail window included)."""
+    from tiering.pagecache.warming import Tuning
+    f = big_file(tmp_path / "w.bin", 21 * MiB)
+    pc.drop_from_cache(f)
+    r = pc.warm([f], tuning=Tuning(**tuning))
+    assert not r.skipped and r.warmed_bytes + r.already_resident_bytes == 21 * MiB
+    assert pc.residency([f]).percent >= FULL
+
+
 def test_loader_order(tmp_path: Path) -> None:
     ckpt = make_checkpoint(tmp_path / "c", total_bytes=6 * MiB, shards=3, layers=2)
     files, _ = pc.collect_files([ckpt])

@@ -23,6 +23,20 @@ WINDOW = 16 << 20          # mapped at a time per file in flight: RSS stays ~con
 
 
 @dataclass(frozen=True, slots=True)
+class Tuning:
+    """How warming reads (``bench/warm.py --explore`` measures each choice; the defaults are what it
+    found fastest here, see the README's table): ``window`` bytes faulted in per call, ``precheck``
+    (skip windows already resident: a cachestat/mincore per window first), ``probe`` (the 4 KiB random
+    read that drives the back-off), ``hint``: ``sequential`` (POSIX_FADV_SEQUENTIAL: the kernel's
+    read-ahead doubled), ``willneed`` (also POSIX_FADV_WILLNEED on the next window while this one is
+    faulted in) or ``none``."""
+    window: int = WINDOW
+    precheck: bool = True
+    probe: bool = True
+    hint: str = "sequential"
+
+
+@dataclass(frozen=True, slots=True)
 class WarmOptions:
     concurrency: int = 2
     rate_bytes_per_s: int = 0
@@ -62,7 +76,7 @@ class WarmReport:
 
 
 def _warm_file(ref: FileRef, bucket: TokenBucket, monitor: AwaitMonitor, report: WarmReport, lock: threading.Lock,
-               progress: Callable[[int], None] | None) -> None:
+               progress: Callable[[int], None] | None, tuning: Tuning) -> None:
     fd = open_for_read(ref.path)
     try:
         size = os.fstat(fd).st_size
@@ -70,18 +84,23 @@ def _warm_file(ref: FileRef, bucket: TokenBucket, monitor: AwaitMonitor, report:
             with lock:
                 report.notes.append(f"{ref.path}: empty file, nothing to warm")
             return
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        if tuning.hint != "none":
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
         # check first, touch only what is missing (before our own read-ahead changes the answer)
-        windows = [(off, min(WINDOW, size - off)) for off in range(0, size, WINDOW)]
-        resident = [min(n, resident_pages(fd, off, n)[0] * PAGE) for off, n in windows]
-        todo = [w for w, r in zip(windows, resident) if r < w[1]]
+        w = tuning.window
+        windows = [(off, min(w, size - off)) for off in range(0, size, w)]
+        resident = ([min(n, resident_pages(fd, off, n)[0] * PAGE) for off, n in windows] if tuning.precheck
+                    else [0] * len(windows))
+        todo = [(i, *win) for i, (win, r) in enumerate(zip(windows, resident)) if r < win[1]]
         already = sum(resident)
         if progress is not None and already:
             progress(already)
         warmed = 0
-        for off, n in todo:
+        for j, (i, off, n) in enumerate(todo):
             monitor.pause(n)
             bucket.consume(n)
+            if tuning.hint == "willneed" and j + 1 < len(todo):
+                os.posix_fadvise(fd, todo[j + 1][1], todo[j + 1][2], os.POSIX_FADV_WILLNEED)
             try:
                 populate(fd, off, n)
             except PageCacheError as exc:
@@ -89,9 +108,9 @@ def _warm_file(ref: FileRef, bucket: TokenBucket, monitor: AwaitMonitor, report:
                     _read_range(fd, off, n)
                 else:
                     raise
-            warmed += n - resident[windows.index((off, n))]
+            warmed += n - resident[i]
             if progress is not None:
-                progress(n - resident[windows.index((off, n))])
+                progress(n - resident[i])
         if os.fstat(fd).st_size < size:
             raise PageCacheError(errno.EFAULT, "file truncated while being warmed")
         with lock:
@@ -113,7 +132,7 @@ def _read_range(fd: int, off: int, n: int) -> None:
 
 def warm(paths: Iterable[str | os.PathLike[str]], *, concurrency: int = 2, rate_bytes_per_s: int = 0,
          await_threshold_ms: float = 5.0, progress: Callable[[int], None] | None = None,
-         files: list[FileRef] | None = None) -> WarmReport:
+         files: list[FileRef] | None = None, tuning: Tuning = Tuning()) -> WarmReport:
     """Bring files (or whole checkpoint directories) into the page cache. Per-file problems are
     reported in ``skipped`` and the rest goes on."""
     t0 = time.monotonic()
@@ -123,7 +142,7 @@ def warm(paths: Iterable[str | os.PathLike[str]], *, concurrency: int = 2, rate_
     report = WarmReport(files=len(files), bytes=sum(f.size for f in files), rate_limit=rate_bytes_per_s,
                         await_threshold_ms=await_threshold_ms, skipped=list(skipped),
                         method="madvise(MADV_POPULATE_READ)")
-    probe = LatencyProbe(files)
+    probe = LatencyProbe(files if tuning.probe else [])
     # slack: each file in flight may have twice the device's read-ahead (8 MiB here) in flight too
     monitor = AwaitMonitor(probe.devices, await_threshold_ms, probe=probe if probe.targets else None,
                            slack_bytes=max(1, concurrency) * (32 << 20))
@@ -133,7 +152,7 @@ def warm(paths: Iterable[str | os.PathLike[str]], *, concurrency: int = 2, rate_
 
     def one(ref: FileRef) -> None:
         try:
-            _warm_file(ref, bucket, monitor, report, lock, progress)
+            _warm_file(ref, bucket, monitor, report, lock, progress, tuning)
         except OSError as exc:
             with lock:
                 report.skipped.append(Skipped(ref.path, exc.strerror or str(exc)))
