@@ -244,13 +244,16 @@ class NodeService:
                  str(bool(d.get("already_present"))).lower(), d["seconds"])
         return d
 
-    def preload(self, ref: str, *, progress: ProgressFn | None = None, **kw: Any) -> dict[str, Any]:
+    def preload(self, ref: str, *, progress: ProgressFn | None = None, waited_on: bool = True,
+                **kw: Any) -> dict[str, Any]:
+        """``waited_on``: a caller waits for it (counted in time to ready), not background work."""
         t0 = self.monotonic()
         req = self.preload_request(ref, **kw)
         if req.wait:
             req = self.resolve(req)
         report = self.load(req, progress=progress)
-        self.ready(req.name, report, self.monotonic() - t0)
+        if waited_on:
+            self.ready(req.name, report, self.monotonic() - t0)
         return report
 
     def ready(self, name: str, report: dict[str, Any], seconds: float) -> None:

@@ -344,7 +344,7 @@ class IntentRunner:
                 body["selection"] = e.selection.to_dict()
             renew = asyncio.get_running_loop().create_task(self._renew_slot(f)) if slot else None
             try:
-                await self.d.api.preload(body, holder=e.holder, rate_bytes_per_s=e.bandwidth)
+                await self.d.api.preload(body, holder=e.holder, rate_bytes_per_s=e.bandwidth, waited_on=False)
             finally:
                 if renew is not None:
                     renew.cancel()
@@ -459,7 +459,7 @@ class IntentRunner:
                 # lease 0: a prewarmed copy is evictable like any cached one (LRU), never ahead of what
                 # intent wants or what is pinned, leased or in use (those are protected from eviction)
                 r = await self.d.api.preload({"ref": fc.model, "tier": pw.tier, "strict": True, "lease_s": 0},
-                                             holder="intent prewarm")
+                                             holder="intent prewarm", waited_on=False)
                 if r.get("already_present"):   # (recency refreshed and the page cache warmed)
                     rec["outcome"] = f"refreshed {fc.model}@{r.get('version')} in {r.get('tier')} (already there)"
                 else:

@@ -62,7 +62,7 @@ async def origin_mirror_loop(d: "Daemon") -> None:
     session = d.session
 
     def copy(v: Any) -> None:
-        d.service.preload(v.ref, tier=WARM, strict=True, lease_s=0)
+        d.service.preload(v.ref, tier=WARM, strict=True, lease_s=0, waited_on=False)
 
     while not d.stopping.is_set():
         try:

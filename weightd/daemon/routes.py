@@ -84,9 +84,12 @@ class Api:
         return await self._stream(request, body, holder)
 
     async def preload(self, body: dict[str, Any], *, holder: str | None = None,
-                      joined: Callable[[Progress], None] | None = None, rate_bytes_per_s: int = 0) -> dict[str, Any]:
+                      joined: Callable[[Progress], None] | None = None, rate_bytes_per_s: int = 0,
+                      waited_on: bool = True) -> dict[str, Any]:
         """``joined(progress)``: called with the flight's progress once this request shares in one;
-        ``rate_bytes_per_s``: a cap on the transfer this request starts (fleet intent's bandwidth)."""
+        ``rate_bytes_per_s``: a cap on the transfer this request starts (fleet intent's bandwidth);
+        ``waited_on``: someone waits for the answer (a caller, not fleet intent's background work):
+        counted in time to ready."""
         svc = self.d.service
         t0 = time.monotonic()
         req = svc.preload_request(_str(body, "ref"), tier=body.get("tier", HOT), strict=body.get("strict", False),
@@ -122,7 +125,8 @@ class Api:
                 report["shared_transfer"] = True
             report = await self.d.run_blocking("misc", svc.join_lease, req, report)
             self.d.intent.loaded(req.name, report["version"], report["tier"])   # (a lease taken: a load)
-        svc.ready(req.name, report, time.monotonic() - t0)
+        if waited_on:
+            svc.ready(req.name, report, time.monotonic() - t0)
         return report
 
     async def _preload_set_route(self, request: web.Request) -> web.Response:
