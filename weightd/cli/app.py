@@ -23,7 +23,7 @@ class AppContext:
     _config: Any = None
 
     @property
-    def config(self):  # -> weightd.config.Config; imported when first needed (pydantic costs ~70 ms)
+    def config(self):  # -> weightd.config.Config; imported when first needed
         if self._config is None:
             from ..config import load_config
             self._config = load_config(self.config_path)
