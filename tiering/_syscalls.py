@@ -18,7 +18,6 @@ modules that call them decide what a missing feature means.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import mmap
 import os
@@ -37,7 +36,23 @@ _RESOLVE_BENEATH = 0x08
 _RENAME_NOREPLACE = 1
 _SYNC_FILE_RANGE_WRITE = 2
 
-libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+def _load_libc() -> ctypes.CDLL:
+    """glibc by its soname (already mapped: no search), else the process's own symbols (musl links
+    libc into every program); ``ctypes.util.find_library`` runs ldconfig, ~10 ms of every start."""
+    for name in ("libc.so.6", None):
+        try:
+            lib = ctypes.CDLL(name, use_errno=True)
+            lib.syscall  # noqa: B018  (a libc it is)
+            return lib
+        except (OSError, AttributeError):
+            continue
+    import ctypes.util
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+libc = _load_libc()
 libc.syscall.restype = ctypes.c_long
 libc.mmap.restype = ctypes.c_void_p
 libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int64]
