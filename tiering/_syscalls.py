@@ -48,8 +48,8 @@ def _load_libc() -> ctypes.CDLL:
             return lib
         except (OSError, AttributeError):
             continue
-    import ctypes.util
-    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    from ctypes.util import find_library
+    return ctypes.CDLL(find_library("c") or "libc.so.6", use_errno=True)
 
 
 libc = _load_libc()
