@@ -93,6 +93,9 @@ def condition(files: list[Path], throttle: Throttle | None, n: int, max_spread: 
     def cool(_k: str) -> None:
         for f in files:
             drop_from_cache(f)
+    for k, run in contenders.items():   # one untimed round first: the set's write-back, the tools' pages
+        cool(k)
+        run()
     m0 = machine_state()
     times = rounds(contenders, n, before=cool, log=log)
     m1 = machine_state()
