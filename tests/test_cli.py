@@ -146,11 +146,27 @@ def test_torch_is_never_imported(weightd, ckpt: Path) -> None:
     assert proc.returncode == 0, proc.stderr
 
 
+def test_a_command_imports_only_its_own_module(weightd) -> None:
+    """``weightd warm`` does not import what publish, doctor or serve need (the lazy group)."""
+    import subprocess
+    code = ("import sys; from weightd.cli import main; rc = main(['warm', '--help']); "
+            "print(sorted(m for m in sys.modules if m.startswith('weightd.cli.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=weightd.env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    loaded = out.stdout.strip().splitlines()[-1]
+    assert "weightd.cli.pagecache" in loaded
+    for other in ("tiers", "content", "diagnose", "system", "intent"):
+        assert f"weightd.cli.{other}'" not in loaded, loaded
+
+
 def test_every_command_has_an_example_and_every_option_help(weightd, tmp_path) -> None:
     """Every --help ends with an example, every option says what it does, and no internal jargon."""
     import click
 
     from weightd.cli import cli
+    from weightd.cli.app import COMMANDS
+    cli.load_all()
+    assert sorted(cli.commands) == sorted(COMMANDS)   # every command is where the lazy group looks for it
     seen = 0
 
     def walk(group: click.Group, prefix: list[str]):

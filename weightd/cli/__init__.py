@@ -13,9 +13,7 @@ import sys
 import click
 
 from ..errors import EXIT_ERROR, UsageError, rule_for
-from . import content, diagnose, intent, pagecache, system, tiers  # noqa: F401 (each registers its commands)
-from .app import cli
-from .output import error_line
+from .app import cli   # (its commands are imported when run: app.COMMANDS says from where)
 
 __all__ = ["cli", "main"]
 
@@ -55,7 +53,8 @@ OPTION_HELP = {
 
 
 def _finish_help(group: click.Group, prefix: str = "") -> None:
-    """Every command's --help ends with an example; every option says what it does."""
+    """Every command's --help ends with an example; every option says what it does (for the commands
+    imported so far; run again as more are)."""
     for name, cmd in group.commands.items():
         path = f"{prefix}{name}"
         if isinstance(cmd, click.Group):
@@ -68,7 +67,7 @@ def _finish_help(group: click.Group, prefix: str = "") -> None:
                 p.help = OPTION_HELP[p.name]
 
 
-_finish_help(cli)
+cli.after_load = _finish_help
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -105,5 +104,6 @@ def _report(exc: Exception, *, debug: bool) -> int:
         click.echo(f"weightd: internal error: {type(exc).__name__}: {exc} (run with --debug for the traceback)",
                    err=True)
     else:
+        from .output import error_line
         click.echo(error_line(exc, rule.hint), err=True)
     return rule.code

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
 import math
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import click
 
@@ -36,7 +37,51 @@ class AppContext:
         return DaemonClient(api.socket, None if api.daemon_user is None else [api.daemon_user])
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+#: every command and the module of this package that defines it (imported when the command is run)
+COMMANDS = {
+    "publish": "tiers", "preload": "tiers", "path": "tiers", "status": "tiers", "ls": "tiers", "pin": "tiers",
+    "unpin": "tiers", "evict": "tiers", "gc": "tiers",
+    "manifest": "content", "verify": "content", "keygen": "content",
+    "intent": "intent", "fleet": "intent",
+    "warm": "pagecache", "residency": "pagecache", "cool": "pagecache",
+    "doctor": "diagnose", "bench": "diagnose",
+    "config": "system", "serve": "system", "demo": "system", "completion": "system", "sample": "system",
+}
+
+
+class LazyGroup(click.Group):
+    """The command group whose commands are imported when first asked for: ``weightd warm`` does not
+    import what ``publish`` or ``doctor`` need (all of them together cost ~50 ms of every start).
+    ``--help`` and completion list every command, and so import them all."""
+
+    def __init__(self, *args: Any, lazy: dict[str, str], **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.lazy = lazy
+        self.loaded: set[str] = set()
+        self.after_load: Callable[[click.Group], None] | None = None   # (the help examples, set by the package)
+
+    def load(self, module: str) -> None:
+        if module not in self.loaded:
+            self.loaded.add(module)
+            importlib.import_module(f"{__package__}.{module}")   # (its decorators add its commands)
+            if self.after_load is not None:
+                self.after_load(self)
+
+    def load_all(self) -> None:
+        for module in sorted(set(self.lazy.values())):
+            self.load(module)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name in self.lazy:
+            self.load(self.lazy[name])
+        return self.commands.get(name)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(self.lazy) | set(self.commands))
+
+
+@click.group(cls=LazyGroup, lazy=COMMANDS,
+             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.option("--config", "config_path", metavar="FILE", help="TOML config (else $WEIGHTD_CONFIG, "
               "/etc/weightd/weightd.toml, or the embedded default).")
 @click.option("--debug", is_flag=True, help="Show tracebacks and debug logs.")
