@@ -32,7 +32,7 @@ import xxhash
 
 from .._syscalls import leases_usable
 from ..errors import BadInput, CheckpointNotFound, FileChanged
-from ..safefs import FileRef, PinnedFile, regular_or_close
+from ..safefs.paths import open_for_read  # noqa: F401  (its home is safefs; imported from here too)
 
 READ_BYTES = 1 << 20
 CRYPTO_READ_BYTES = 4 << 20   # whole-file reads for a signature check: fewer calls per byte hashed
@@ -57,22 +57,6 @@ class HashJob:
     ranges: Sequence[tuple[int, int]]
     size: int
     mtime_ns: int | None = None
-
-
-def open_for_read(path: "str | FileRef | PinnedFile") -> int:
-    """Open read-only with O_NOATIME (falls back when we do not own the file). A FileRef (a file in a
-    tier) is opened by descriptor beneath its tier, never through a symlink; a PinnedFile (a scanned
-    file being published) only if it is still the file that was scanned; a path is the caller's
-    (a user's file for ``weightd warm``). Either way only a regular file comes back, and opening never
-    blocks (a FIFO is refused, not waited on)."""
-    if isinstance(path, (FileRef, PinnedFile)):
-        return path.open_read()
-    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK
-    try:
-        fd = os.open(path, flags | os.O_NOATIME)
-    except PermissionError:
-        fd = os.open(path, flags)
-    return regular_or_close(fd, str(path))
 
 
 def _leases_usable() -> bool:

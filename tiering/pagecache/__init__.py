@@ -21,14 +21,32 @@ By concern: :mod:`.files` (what to touch, in loader order), :mod:`.resident` (me
 
 from __future__ import annotations
 
-from .._syscalls import PAGE, read_diskstats
-from .files import FileRef, Skipped, collect_files, loader_order
-from .mlock import LockedFiles, check_memlock
-from .resident import FileResidency, ResidencyReport, cool, drop_from_cache, file_residency, residency
-from .throttle import AwaitMonitor, LatencyProbe, TokenBucket
-from .warming import WINDOW, WarmOptions, WarmReport, warm
+import importlib
+from typing import Any
 
-__all__ = ["PAGE", "WINDOW", "AwaitMonitor", "FileRef", "FileResidency", "LatencyProbe", "LockedFiles",
-           "ResidencyReport", "Skipped", "TokenBucket", "WarmOptions", "WarmReport", "check_memlock",
-           "collect_files", "cool", "drop_from_cache", "file_residency", "loader_order", "read_diskstats",
-           "residency", "warm"]
+#: public name -> the module of this package that defines it (imported when first used: ``residency``
+#: does not import warming's threads nor mlock's checks)
+_SURFACE: dict[str, str] = {
+    "FileRef": "files", "Skipped": "files", "collect_files": "files", "loader_order": "files",
+    "LockedFiles": "mlock", "check_memlock": "mlock",
+    "FileResidency": "resident", "ResidencyReport": "resident", "cool": "resident", "drop_from_cache": "resident",
+    "file_residency": "resident", "residency": "resident",
+    "AwaitMonitor": "throttle", "LatencyProbe": "throttle", "TokenBucket": "throttle",
+    "WINDOW": "warming", "WarmOptions": "warming", "WarmReport": "warming", "warm": "warming",
+}
+_ELSEWHERE = {"PAGE": "tiering._syscalls", "read_diskstats": "tiering._syscalls"}
+
+__all__ = sorted([*_SURFACE, *_ELSEWHERE])
+
+
+def __getattr__(name: str) -> Any:
+    module = f"{__name__}.{_SURFACE[name]}" if name in _SURFACE else _ELSEWHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

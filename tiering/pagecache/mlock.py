@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from .._syscalls import has_cap_ipc_lock, map_readonly, memlock_limit, mlock, unmap
-from ..content.hashing import open_for_read
+from ..safefs.paths import open_for_read
 from ..errors import MemlockTooLow
 from .files import FileRef, Skipped
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from .._syscalls import PAGE, cachestat, has_cachestat, mincore
-from ..content.hashing import open_for_read
+from ..safefs.paths import open_for_read
 from .files import FileRef, Skipped, collect_files
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from .._syscalls import PAGE, populate, populate_read_supported
-from ..content.hashing import open_for_read
+from ..safefs.paths import open_for_read
 from ..errors import PageCacheError
 from ..progress import watch_throttle
 from .files import FileRef, Skipped, collect_files

@@ -29,12 +29,31 @@ regular files, modes); every syscall binding is in :mod:`tiering._syscalls`.
 
 from __future__ import annotations
 
-from .._syscalls import openat2_available
-from .dir import Dir, FileRef, open_source
-from .paths import MAX_SMALL_FILE, PinnedFile, open_regular, regular_or_close, sanitize_mode, split_rel
-from .roots import (RootPolicy, check_ancestors, check_root_stat, check_unchangeable, open_cold_root,
-                    open_tier_root)
+import importlib
+from typing import Any
 
-__all__ = ["MAX_SMALL_FILE", "Dir", "FileRef", "PinnedFile", "RootPolicy", "check_ancestors", "check_root_stat",
-           "check_unchangeable", "open_cold_root", "open_regular", "open_source", "open_tier_root",
-           "openat2_available", "regular_or_close", "sanitize_mode", "split_rel"]
+#: public name -> the module that defines it (imported when first used: opening a user's file for
+#: ``weightd warm`` does not import the tier roots' checks)
+_SURFACE: dict[str, str] = {
+    "openat2_available": "tiering._syscalls",
+    "Dir": ".dir", "FileRef": ".dir", "open_source": ".dir",
+    "MAX_SMALL_FILE": ".paths", "PinnedFile": ".paths", "open_regular": ".paths", "regular_or_close": ".paths",
+    "sanitize_mode": ".paths", "split_rel": ".paths", "open_for_read": ".paths",
+    "RootPolicy": ".roots", "check_ancestors": ".roots", "check_root_stat": ".roots", "check_unchangeable": ".roots",
+    "open_cold_root": ".roots", "open_tier_root": ".roots",
+}
+
+__all__ = sorted(_SURFACE)
+
+
+def __getattr__(name: str) -> Any:
+    module = _SURFACE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -8,6 +8,7 @@ import os
 import stat
 
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import BadInput, FileChanged, UnsafePath
 
@@ -93,3 +94,20 @@ def sanitize_mode(mode: int) -> int:
     """What a file placed in a tier may be, whatever a manifest says: never group/other-writable,
     setuid, setgid or sticky; readable by its owner."""
     return (stat.S_IMODE(mode) & 0o755) | 0o400
+
+
+def open_for_read(path: "str | os.PathLike[str] | PinnedFile | Any") -> int:
+    """Open read-only with O_NOATIME (falls back when we do not own the file). A FileRef (a file in a
+    tier) is opened by descriptor beneath its tier, never through a symlink; a PinnedFile (a scanned
+    file being published) only if it is still the file that was scanned: both open themselves
+    (``open_read``). A path is the caller's (a user's file for ``weightd warm``). Either way only a
+    regular file comes back, and opening never blocks (a FIFO is refused, not waited on)."""
+    opener = getattr(path, "open_read", None)
+    if opener is not None:
+        return opener()
+    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK
+    try:
+        fd = os.open(path, flags | os.O_NOATIME)
+    except PermissionError:
+        fd = os.open(path, flags)
+    return regular_or_close(fd, str(path))
