@@ -10,6 +10,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip 'setuptools>=77'   # (setuptools: offline builds of this project, tests/test_daemon.py make install)
 	$(BIN)/python -m pip install -q -e '.[test]' --config-settings editable_mode=compat   # (a path in a .pth: the default finder costs ~10 ms of every start)
+	$(BIN)/python -m compileall -q weightd tiering p2p   # (bytecode, as an installed package has: imports compile nothing)
 	touch $(STAMP)
 
 demo: $(STAMP)

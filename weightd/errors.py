@@ -56,6 +56,23 @@ class ConfigError(WeightdError):
         super().__init__(f"config {where}: {reason}")
 
 
+class SettingsError(Exception):
+    """A settings model's refusal (:mod:`weightd.settings_model`): where (``loc``, a key path), the
+    words pydantic used (``msg``) and its kind (``type``). :func:`weightd.config.load_config` turns it
+    into a ConfigError naming the key; it never reaches a user as itself."""
+
+    def __init__(self, msg: str, type_: str = "value_error", loc: tuple[object, ...] = ()) -> None:
+        super().__init__(msg)
+        self.msg, self.type, self.loc = msg, type_, tuple(loc)
+
+    def at(self, *outer: object) -> "SettingsError":
+        self.loc = (*outer, *self.loc)
+        return self
+
+    def errors(self) -> list[dict[str, object]]:
+        return [{"loc": self.loc, "msg": self.msg, "type": self.type}]
+
+
 class IntentError(ConfigError):
     """A bad intent file, entry or key (exit 2); a daemon keeps the intent it runs."""
 

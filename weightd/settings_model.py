@@ -24,27 +24,12 @@ import typing
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from .errors import SettingsError
+
 _MISSING: Any = object()
 
 
-class ValidationError(ValueError):
-    def __init__(self, loc: tuple[Any, ...], msg: str, type_: str) -> None:
-        super().__init__(f"{'.'.join(map(str, loc))}: {msg}")
-        self._error = {"loc": loc, "msg": msg, "type": type_}
-
-    def errors(self) -> list[dict[str, Any]]:
-        return [dict(self._error)]
-
-
-class _Fail(Exception):
-    """A problem at ``loc`` (relative to the value being validated), raised up and prefixed."""
-
-    def __init__(self, msg: str, type_: str = "value_error", loc: tuple[Any, ...] = ()) -> None:
-        self.msg, self.type, self.loc = msg, type_, loc
-
-    def at(self, *outer: Any) -> "_Fail":
-        self.loc = (*outer, *self.loc)
-        return self
+ValidationError = _Fail = SettingsError   # (one class: raised with a relative key path, prefixed on the way up)
 
 
 class _FieldInfo:
@@ -266,12 +251,8 @@ class BaseModel:
     @classmethod
     def model_validate(cls, data: Any) -> Any:
         if not isinstance(data, Mapping):
-            raise ValidationError((), f"Input should be a valid dictionary or instance of {cls.__name__}",
-                                  "model_type")
-        try:
-            return cls._validate(data)
-        except _Fail as f:
-            raise ValidationError(f.loc, f.msg, f.type) from None
+            raise SettingsError(f"Input should be a valid dictionary or instance of {cls.__name__}", "model_type")
+        return cls._validate(data)
 
     @classmethod
     def _validate(cls, data: Mapping[str, Any]) -> Any:

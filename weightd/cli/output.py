@@ -8,40 +8,51 @@ without it, a command that makes something local ends with its path as the last 
 from __future__ import annotations
 
 import json
+import os
+import stat
+import sys
 import time
 from typing import Any
-
-import click
 
 from tiering import format_bytes, format_duration
 
 from ..progress import progress_bar
 
-__all__ = ["emit_json", "emit_path", "rate", "ago", "progress_bar", "warn", "note", "format_bytes"]
+__all__ = ["echo", "emit_json", "emit_path", "rate", "ago", "progress_bar", "warn", "note", "format_bytes"]
+
+
+def echo(message: str = "", *, err: bool = False, nl: bool = True) -> None:
+    """One line (or ``nl=False``: text) on stdout or stderr, flushed (what click.echo does for our plain
+    text, without importing click: the fast commands never do)."""
+    stream = sys.stderr if err else sys.stdout
+    if stream is None:
+        return
+    stream.write(f"{message}\n" if nl else message)
+    stream.flush()
 
 
 def emit_json(obj: Any, *, compact: bool = False) -> None:
     """The one JSON document a ``--json`` command prints (``compact``: on one line, for commands
     whose callers read a line: ``preload``, ``warm --lock``)."""
-    click.echo(json.dumps(obj) if compact else json.dumps(obj, indent=2, sort_keys=False))
+    echo(json.dumps(obj) if compact else json.dumps(obj, indent=2, sort_keys=False))
 
 
 def emit_path(path: str) -> None:
-    click.echo(path)
+    echo(path)
 
 
 def warn(message: str) -> None:
     """A warning on stderr (not with -q: only errors then)."""
     from .. import progress
     if not progress.QUIET:
-        click.echo(f"weightd: warning: {message}", err=True)
+        echo(f"weightd: warning: {message}", err=True)
 
 
 def note(message: str) -> None:
     """A note on stderr (not with -q)."""
     from .. import progress
     if not progress.QUIET:
-        click.echo(message, err=True)
+        echo(message, err=True)
 
 
 def rate(nbytes: int, seconds: float) -> str:
@@ -66,6 +77,22 @@ def error_line(exc: BaseException, hint: str | None) -> str:
     return printable(line)
 
 
+def report_error(exc: BaseException, *, debug: bool) -> int:
+    """Any error a command ends with: one line on stderr (a traceback only with --debug), and the
+    exit code of its type."""
+    from ..errors import rule_for
+    if debug:
+        import traceback
+        traceback.print_exc()
+    rule = rule_for(exc)
+    known = isinstance(exc, OSError) or hasattr(exc, "exit_code")
+    if not known:
+        echo(f"weightd: internal error: {type(exc).__name__}: {exc} (run with --debug for the traceback)", err=True)
+    else:
+        echo(error_line(exc, rule.hint), err=True)
+    return rule.code
+
+
 def printable(text: str) -> str:
     """Text from outside (a file name in cold storage, a peer's or a store's message) on its way to a
     terminal: control characters are shown escaped, never interpreted, and a line stays one line."""
@@ -77,7 +104,7 @@ def printable(text: str) -> str:
 def show_published(r: dict[str, Any], name: str, version: str) -> None:
     what = "already published with the same content" if r["unchanged"] else f"published in {r['seconds']:.2f} s"
     signed = f", signed by {r['signed_by']}" if r.get("signed_by") else ""
-    click.echo(f"{name}@{version}: {what} ({format_bytes(r['bytes'])}, digest {r['digest']}{signed})")
+    echo(f"{name}@{version}: {what} ({format_bytes(r['bytes'])}, digest {r['digest']}{signed})")
     emit_path(r["path"])
 
 
@@ -121,29 +148,29 @@ def left(ts: float | None) -> str:
 def show_status(st: dict[str, Any], *, wide: bool = False) -> None:
     """Tiers, then transfers in flight, checkpoints, and what holds each copy (pins, leases with
     holder and time left, processes using it). ``wide``: watermarks, digests, paths, pids."""
-    click.echo(f"{'TIER':<5} {'USED':>10} {'CAPACITY':>10} {'USE%':>5} {'CKPTS':>5} {'IN FLIGHT':>9}"
+    echo(f"{'TIER':<5} {'USED':>10} {'CAPACITY':>10} {'USE%':>5} {'CKPTS':>5} {'IN FLIGHT':>9}"
                + (f" {'HIGH/LOW':>9}" if wide else "") + "  PATH")
     for t, info in st["tiers"].items():
         cap = info["capacity_bytes"]
         pct = f"{100 * info['used_bytes'] / cap:.0f}%" if cap else "-"
         marks = f" {info['high_watermark']:.0%}/{info['low_watermark']:.0%}".rjust(10) if wide else ""
-        click.echo(f"{t:<5} {format_bytes(info['used_bytes']):>10} {format_bytes(cap):>10} {pct:>5} "
+        echo(f"{t:<5} {format_bytes(info['used_bytes']):>10} {format_bytes(cap):>10} {pct:>5} "
                    f"{info['checkpoints']:>5} {info['transfers_in_flight']:>9}{marks}  {info['path']}")
     transfers = st.get("transfers") or []
     if transfers:
         from ..progress import figures
-        click.echo(f"\n{'TRANSFER':<40} {'TIER':<5} {'PHASE':<16} {'%':>4}  {'BYTES, RATE, ETA':<36} WAITERS")
+        echo(f"\n{'TRANSFER':<40} {'TIER':<5} {'PHASE':<16} {'%':>4}  {'BYTES, RATE, ETA':<36} WAITERS")
         for t in transfers:
             phase = t["phase"] + (f" ({t['source']})" if t["phase"] == "copy" and t.get("source") else "")
             pct = f"{100 * t['done'] / t['total']:.0f}" if t.get("total") else "-"
-            click.echo(f"{t['name'] + '@' + t['version']:<40} {(t.get('tier') or t['requested_tier']):<5} "
+            echo(f"{t['name'] + '@' + t['version']:<40} {(t.get('tier') or t['requested_tier']):<5} "
                        f"{phase:<16} {pct:>4}  {figures(t):<36} {t.get('waiters', 0)}")
     if not st["checkpoints"]:
-        click.echo("\nno checkpoints on this node")
+        echo("\nno checkpoints on this node")
         return
-    click.echo(f"\n{'CHECKPOINT':<40} {'SIZE':>10}  {'HOT':<5} {'WARM':<5} {'PIN':<3}  {'LEASES':<6} "
+    echo(f"\n{'CHECKPOINT':<40} {'SIZE':>10}  {'HOT':<5} {'WARM':<5} {'PIN':<3}  {'LEASES':<6} "
                f"{'IN USE':<6} {'LAST USE':<10} SIGNED BY" + ("  DIGEST" if wide else ""))
-    click.echo("(hot/warm: % resident in the page cache; '-': not in that tier; signed by: the key whose signature "
+    echo("(hot/warm: % resident in the page cache; '-': not in that tier; signed by: the key whose signature "
                "was checked here)")
     held: list[tuple[str, str, str, str]] = []
     for c in st["checkpoints"]:
@@ -153,7 +180,7 @@ def show_status(st: dict[str, Any], *, wide: bool = False) -> None:
         last = max((t["last_access"] or 0) for t in c["tiers"].values())
         cols = [f"{c['tiers'][t]['resident_percent']:.0f}%" if t in c["tiers"] else "-" for t in ("hot", "warm")]
         signers = sorted({t["signature"]["signed_by"] for t in c["tiers"].values() if t.get("signature")})
-        click.echo(f"{ref:<40} {format_bytes(c['bytes']):>10}  "
+        echo(f"{ref:<40} {format_bytes(c['bytes']):>10}  "
                    f"{cols[0]:<5} {cols[1]:<5} {'yes' if c['pinned'] else '-':<3}  {len(leases) or '-':<6} "
                    f"{len(users) or '-':<6} {ago(last) + ' ago':<10} {', '.join(signers) or '-'}"
                    + (f"  {c['digest']}" if wide else ""))
@@ -167,63 +194,63 @@ def show_status(st: dict[str, Any], *, wide: bool = False) -> None:
             if wide:
                 held.append((ref, tier, f"path {info['path']}", "-"))
     if held:
-        click.echo(f"\n{'HELD':<40} {'TIER':<5} {'BY':<44} LEFT")
+        echo(f"\n{'HELD':<40} {'TIER':<5} {'BY':<44} LEFT")
         for ref, tier, by, time_left in held:
-            click.echo(printable(f"{ref:<40} {tier:<5} {by:<44} {time_left}"))
+            echo(printable(f"{ref:<40} {tier:<5} {by:<44} {time_left}"))
 
 
 def show_versions(rows: list[dict[str, Any]]) -> None:
     if not rows:
-        click.echo("nothing published")
+        echo("nothing published")
         return
-    click.echo(f"{'CHECKPOINT':<40} {'SIZE':>10}  {'PUBLISHED':<20} {'LOCAL':<10} SIGNED")
+    echo(f"{'CHECKPOINT':<40} {'SIZE':>10}  {'PUBLISHED':<20} {'LOCAL':<10} SIGNED")
     for r in rows:
-        click.echo(f"{r['name'] + '@' + r['version']:<40} {format_bytes(r['bytes']):>10}  "
+        echo(f"{r['name'] + '@' + r['version']:<40} {format_bytes(r['bytes']):>10}  "
                    f"{(r['published_at'] or '-')[:19]:<20} {','.join(r['local']) or '-':<10} "
                    f"{'yes' if r['signed'] else '-'}")
 
 
 def show_gc(r: dict[str, Any]) -> None:
     for t, info in r["reconcile"].items():
-        click.echo(f"{t}: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in info.items()))
+        echo(f"{t}: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in info.items()))
     for line in r["evicted"]:
-        click.echo(f"evicted {line}")
+        echo(f"evicted {line}")
 
 
 # -- content ----------------------------------------------------------------------------------------
 
 def show_built(m: Any, target: str, seconds: float) -> None:
     tensors = sum(1 for _ in m.tensors())
-    click.echo(f"{len(m.files)} files, {tensors} tensors, {format_bytes(m.total_bytes)} hashed in "
+    echo(f"{len(m.files)} files, {tensors} tensors, {format_bytes(m.total_bytes)} hashed in "
                f"{seconds:.2f} s ({rate(m.total_bytes, seconds)})")
-    click.echo(f"digest {m.digest}")
+    echo(f"digest {m.digest}")
     emit_path(target)
 
 
 def show_diff(ma: Any, la: str, mb: Any, lb: str, d: Any) -> None:
-    click.echo(f"A {la}: {ma.digest}, {len(ma.files)} files, {format_bytes(ma.total_bytes)}")
-    click.echo(f"B {lb}: {mb.digest}, {len(mb.files)} files, {format_bytes(mb.total_bytes)}")
+    echo(f"A {la}: {ma.digest}, {len(ma.files)} files, {format_bytes(ma.total_bytes)}")
+    echo(f"B {lb}: {mb.digest}, {len(mb.files)} files, {format_bytes(mb.total_bytes)}")
     if d.identical:
-        click.echo("identical content")
+        echo("identical content")
         return
-    click.echo(f"files: {len(d.files_changed)} changed, {len(d.files_added)} added, {len(d.files_removed)} removed")
+    echo(f"files: {len(d.files_changed)} changed, {len(d.files_added)} added, {len(d.files_removed)} removed")
     for sign, paths in (("~", d.files_changed), ("+", d.files_added), ("-", d.files_removed)):
         for path in paths:
-            click.echo(f"  {sign} {path}")
-    click.echo(f"tensors: {d.count('changed')} changed, {d.count('added')} added, {d.count('removed')} removed, "
+            echo(f"  {sign} {path}")
+    echo(f"tensors: {d.count('changed')} changed, {d.count('added')} added, {d.count('removed')} removed, "
                f"{d.count('moved')} moved")
     signs = {"changed": "~", "added": "+", "removed": "-", "moved": ">"}
     for t in d.tensors:
-        click.echo(f"  {signs[t.kind]} {t.name}  {format_bytes(t.nbytes)}  {t.path}  {t.detail}")
+        echo(f"  {signs[t.kind]} {t.name}  {format_bytes(t.nbytes)}  {t.path}  {t.detail}")
     pct = 100 * d.changed_bytes / d.total_bytes if d.total_bytes else 0.0
-    click.echo(f"changed bytes: {d.changed_bytes} ({format_bytes(d.changed_bytes)}, {pct:.2f}% of "
+    echo(f"changed bytes: {d.changed_bytes} ({format_bytes(d.changed_bytes)}, {pct:.2f}% of "
                f"{format_bytes(d.total_bytes)})")
 
 
 def show_plan(ma: Any, la: str, mb: Any, lb: str, plan: Any, piece: int, p2p_bytes: int, regions: int) -> None:
     total = plan.total_bytes or 1
-    click.echo(f"B {lb}: {mb.digest}, {len(mb.files)} files, {format_bytes(mb.total_bytes)}")
-    click.echo(f"donor A {la}: {ma.digest}")
+    echo(f"B {lb}: {mb.digest}, {len(mb.files)} files, {format_bytes(mb.total_bytes)}")
+    echo(f"donor A {la}: {ma.digest}")
     for f in plan.files:
         if f.fetch_bytes == 0:
             how = "reuse all" if f.reuse_bytes or not f.entry.size else "empty"
@@ -232,33 +259,33 @@ def show_plan(ma: Any, la: str, mb: Any, lb: str, plan: Any, piece: int, p2p_byt
         else:
             how = (f"reuse {format_bytes(f.reuse_bytes)}, fetch {format_bytes(f.fetch_bytes)} in "
                    f"{len(f.regions(False))} range(s)")
-        click.echo(f"  {f.entry.path}  {format_bytes(f.entry.size)}  {how}")
-    click.echo(f"reuse {plan.reuse_bytes} ({format_bytes(plan.reuse_bytes)}, {100 * plan.reuse_bytes / total:.2f}%)")
-    click.echo(f"fetch from cold {plan.fetch_bytes} ({format_bytes(plan.fetch_bytes)}, "
+        echo(f"  {f.entry.path}  {format_bytes(f.entry.size)}  {how}")
+    echo(f"reuse {plan.reuse_bytes} ({format_bytes(plan.reuse_bytes)}, {100 * plan.reuse_bytes / total:.2f}%)")
+    echo(f"fetch from cold {plan.fetch_bytes} ({format_bytes(plan.fetch_bytes)}, "
                f"{100 * plan.fetch_bytes / total:.2f}%) in {regions} range(s)")
-    click.echo(f"fetch over P2P {p2p_bytes} ({format_bytes(p2p_bytes)}, {100 * p2p_bytes / total:.2f}%) with "
+    echo(f"fetch over P2P {p2p_bytes} ({format_bytes(p2p_bytes)}, {100 * p2p_bytes / total:.2f}%) with "
                f"{format_bytes(piece)} pieces")
 
 
 def show_verified(root: Any, m: Any, report: Any, seconds: float) -> None:
     if report.ok:
-        click.echo(f"ok: {root} matches {m.digest} ({report.files} files, {format_bytes(report.bytes_checked)}, "
+        echo(f"ok: {root} matches {m.digest} ({report.files} files, {format_bytes(report.bytes_checked)}, "
                    f"{seconds:.2f} s)")
         return
     for p in report.problems[:20]:
-        click.echo(f"  {p}", err=True)
+        echo(f"  {p}", err=True)
     if len(report.problems) > 20:
-        click.echo(f"  ... {len(report.problems) - 20} more", err=True)
+        echo(f"  ... {len(report.problems) - 20} more", err=True)
 
 
 def show_signature(sig: Any) -> None:
     if sig is None:
-        click.echo("signature: none (unsigned)")
+        echo("signature: none (unsigned)")
     elif sig.get("checked"):
-        click.echo(f"signature: signed by {sig['signed_by']} (key {sig['key_id'][:16]}), every file's "
+        echo(f"signature: signed by {sig['signed_by']} (key {sig['key_id'][:16]}), every file's "
                    f"{sig['algorithm']} matches what was signed")
     else:
-        click.echo(f"signature: key {str(sig.get('key_id'))[:16]}, not checked: {sig.get('problem')}")
+        echo(f"signature: key {str(sig.get('key_id'))[:16]}, not checked: {sig.get('problem')}")
 
 
 # -- page cache -------------------------------------------------------------------------------------
@@ -266,7 +293,7 @@ def show_signature(sig: Any) -> None:
 def show_warmed(r: Any) -> None:
     for n in r.notes:
         note(f"note: {n}")
-    click.echo(f"{r.files} files, {format_bytes(r.bytes)}: {format_bytes(r.warmed_bytes)} read in {r.seconds:.2f} s "
+    echo(f"{r.files} files, {format_bytes(r.bytes)}: {format_bytes(r.warmed_bytes)} read in {r.seconds:.2f} s "
                f"({rate(r.warmed_bytes, r.seconds)}), {format_bytes(r.already_resident_bytes)} already resident; "
                f"now {format_bytes(r.resident_bytes)} resident")
 
@@ -274,9 +301,9 @@ def show_warmed(r: Any) -> None:
 def show_residency(r: Any) -> None:
     for f in r.files:
         flag = "" if f.reliable else "  (unreliable: mincore on a file you cannot write)"
-        click.echo(f"{format_bytes(f.resident_bytes):>10} / {format_bytes(f.size):>10} {f.percent:6.1f}%  {f.path}{flag}")
+        echo(f"{format_bytes(f.resident_bytes):>10} / {format_bytes(f.size):>10} {f.percent:6.1f}%  {f.path}{flag}")
     methods = sorted({f.method for f in r.files}) or ["-"]
-    click.echo(f"total: {format_bytes(r.resident_bytes)} of {format_bytes(r.size)} resident ({r.percent:.1f}%) "
+    echo(f"total: {format_bytes(r.resident_bytes)} of {format_bytes(r.size)} resident ({r.percent:.1f}%) "
                f"in {len(r.files)} files [{', '.join(methods)}]")
 
 
@@ -287,26 +314,26 @@ _VERDICTS = {"disk": "the DISK is the bottleneck", "network": "the NETWORK is th
 
 
 def show_doctor(report: Any, doc: dict[str, Any], source: str) -> None:
-    click.echo(f"verdict: {_VERDICTS[report.verdict]}  (from {source})")
+    echo(f"verdict: {_VERDICTS[report.verdict]}  (from {source})")
     for f in doc["findings"]:
-        click.echo()
-        click.echo(printable(f"[{f['severity'].upper()}] {f['summary']}"))
+        echo()
+        echo(printable(f"[{f['severity'].upper()}] {f['summary']}"))
         ev = ", ".join(f"{k}={v}" for k, v in f["evidence"].items() if not isinstance(v, (dict, list)))
-        click.echo(printable(f"  evidence: {ev}"))
-        click.echo(printable(f"  do: {f['recommendation']}"))
+        echo(printable(f"  evidence: {ev}"))
+        echo(printable(f"  do: {f['recommendation']}"))
     disks = report.measurements.get("disks", {})
     if disks:
-        click.echo("\ndisks: " + "; ".join(
+        echo("\ndisks: " + "; ".join(
             f"{n} await {d['read_await_ms']} ms util {d['util']:.0%} {d['read_bytes_per_s'] / 1e6:.0f} MB/s"
             + (f" ({', '.join(d['tiers'])})" if d["tiers"] else "") for n, d in disks.items()))
     nics = report.measurements.get("nics", {})
     if nics:
-        click.echo("nics: " + "; ".join(
+        echo("nics: " + "; ".join(
             f"{n} {d['bytes_per_s'] / 1e6:.1f} MB/s" + (f" = {d['util']:.1%} of link" if d["util"] is not None else "")
             + (f" mtu {d['mtu']}" if d["mtu"] else "") for n, d in nics.items()))
     if "probe" in report.measurements:
         pr = report.measurements["probe"]
-        click.echo(f"warm tier 4K random read: p50 {pr['p50_us']} µs, p99 {pr['p99_us']} µs"
+        echo(f"warm tier 4K random read: p50 {pr['p50_us']} µs, p99 {pr['p99_us']} µs"
                    + (f" (baseline p50 {pr['baseline_p50_us']} µs)" if pr.get("baseline_p50_us") else
                       " (no baseline: run `weightd bench disk`)"))
     w = report.measurements.get("weightd")
@@ -314,7 +341,7 @@ def show_doctor(report: Any, doc: dict[str, Any], source: str) -> None:
         checked = w["spot_checked"]
         bad = [c for c in checked if not c["ok"]]
         skipped = [c for c in checked if c.get("skipped")]
-        click.echo(f"weightd: daemon {w['daemon']}; cold storage: {w['cold_checked_versions']} version(s) opened; "
+        echo(f"weightd: daemon {w['daemon']}; cold storage: {w['cold_checked_versions']} version(s) opened; "
                    f"spot check: {len(checked) - len(skipped)} local cop{'y' if len(checked) == 1 else 'ies'}, "
                    f"{format_bytes(sum(c['bytes'] for c in checked))} re-hashed, "
                    + (f"{len(bad)} damaged" if bad else "all match")
@@ -322,12 +349,12 @@ def show_doctor(report: Any, doc: dict[str, Any], source: str) -> None:
 
 
 def show_bench(r: dict[str, Any], target: Any, recorded: bool) -> None:
-    click.echo(f"{target} (device {r['device']}, {format_bytes(r['file_bytes'])} test file)")
+    echo(f"{target} (device {r['device']}, {format_bytes(r['file_bytes'])} test file)")
     for d, x in r["randread_4k"].items():
-        click.echo(f"  4K random read QD{d:<3} p50 {x['p50_us']:>8} µs  p99 {x['p99_us']:>8} µs  {x['iops']:>7} IOPS")
-    click.echo(f"  16M sequential read  {r['seqread_16m']['bytes_per_s'] / 1e9:.2f} GB/s")
+        echo(f"  4K random read QD{d:<3} p50 {x['p50_us']:>8} µs  p99 {x['p99_us']:>8} µs  {x['iops']:>7} IOPS")
+    echo(f"  16M sequential read  {r['seqread_16m']['bytes_per_s'] / 1e9:.2f} GB/s")
     if recorded:
-        click.echo(f"recorded as the baseline in {r['baseline_file']}")
+        echo(f"recorded as the baseline in {r['baseline_file']}")
 
 
 def show_set(r: dict[str, Any], what: str) -> None:
@@ -342,7 +369,7 @@ def show_set(r: dict[str, Any], what: str) -> None:
     if len(r["failed"]) > 20:
         warn(f"... and {len(r['failed']) - 20} more (--json lists them all)")
     for i in r["items"]:
-        click.echo(f"{i['name']}@{i['version']} {i['path']}")
+        echo(f"{i['name']}@{i['version']} {i['path']}")
 
 
 def companion_line(c: dict[str, Any]) -> str:
@@ -352,3 +379,28 @@ def companion_line(c: dict[str, Any]) -> str:
             f"({part.get('files', '?')} files, {format_bytes(c['bytes'])}) in {c['tier']}"
             + ("" if not c.get("bytes_moved") or c.get("already_present") else f", {c['seconds']:.2f} s")
             + (f"; copied into {where['dir']} ({where['copied']} new, {where['unchanged']} unchanged)" if where else ""))
+
+
+def skip_exit(skipped: list) -> None:
+    """One warning line per skipped path; then PathsSkipped with the worst problem's exit code
+    (3 if a path is missing, 2 if one is unreadable or not a regular file). Decided from the paths
+    themselves, never from the text of the reasons."""
+    for sk in skipped:
+        warn(f"{sk.path}: {sk.reason}")
+    if not skipped:
+        return
+    kinds = [_skip_kind(sk.path) for sk in skipped]
+    from ..errors import PathsSkipped
+    raise PathsSkipped(len(skipped), missing="missing" in kinds, unreadable="unreadable" in kinds)
+
+
+def _skip_kind(path: str) -> str:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return "missing"
+    except OSError:
+        return "unreadable"
+    if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)) or not os.access(path, os.R_OK):
+        return "unreadable"
+    return "other"

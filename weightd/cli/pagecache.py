@@ -8,33 +8,9 @@ import sys
 
 import click
 
-from ..errors import PathsSkipped
 from . import output
+from .output import skip_exit
 from .app import AppContext, cli
-
-
-def skip_exit(skipped: list) -> None:
-    """One warning line per skipped path; then PathsSkipped with the worst problem's exit code
-    (3 if a path is missing, 2 if one is unreadable or not a regular file). Decided from the paths
-    themselves, never from the text of the reasons."""
-    for sk in skipped:
-        output.warn(f"{sk.path}: {sk.reason}")
-    if not skipped:
-        return
-    kinds = [_skip_kind(sk.path) for sk in skipped]
-    raise PathsSkipped(len(skipped), missing="missing" in kinds, unreadable="unreadable" in kinds)
-
-
-def _skip_kind(path: str) -> str:
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return "missing"
-    except OSError:
-        return "unreadable"
-    if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)) or not os.access(path, os.R_OK):
-        return "unreadable"
-    return "other"
 
 
 def _parse_rate(value: str | None) -> int | None:
