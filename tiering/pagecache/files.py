@@ -8,7 +8,10 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+
+TYPE_CHECKING = False   # (typing costs ~9 ms of a start: annotations only)
+if TYPE_CHECKING:
+    from typing import Iterable
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,11 +12,14 @@ import os
 import stat
 import sys
 import time
-from typing import Any
 
 from tiering import format_bytes, format_duration
 
 from ..progress import progress_bar
+
+TYPE_CHECKING = False   # (typing costs ~9 ms of a start: annotations only)
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["echo", "emit_json", "emit_path", "rate", "ago", "progress_bar", "warn", "note", "format_bytes"]
 
