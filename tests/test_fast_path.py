@@ -44,6 +44,10 @@ CASES = [
     ["residency", "{fifo}"], ["residency", "{missing}", "--json"], ["-q", "residency", "{a}", "{missing}"],
     ["--quiet", "residency", "{dir}"], ["residency"], ["residency", "--json"], ["residency", "--bogus", "{a}"],
     ["residency", "{a}", "--json", "--json"], ["residency", "-"], ["residency", ""],
+    ["--config", "{missing}", "residency", "{a}"], ["--config={missing}", "-q", "residency", "{a}"],
+    ["--no-daemon", "residency", "{a}"], ["--daemon-only", "residency", "{a}"],
+    ["--no-daemon", "--daemon-only", "residency", "{a}"], ["--config", "residency", "{a}"],
+    ["--config=", "residency", "{a}"], ["-v", "residency", "{a}"], ["--debug", "residency", "{missing}"],
 ]
 
 

@@ -1,8 +1,9 @@
 """Commands that answer in vmtouch time: the few invocations parsed here, without click, the config
 or the tier code, and everything else handed to the click CLI (:mod:`.full`) untouched.
 
-Only an invocation this parser recognises completely runs here: ``weightd [-q] residency [--json]
-PATH...``. Any other option, a ``-``-prefixed path, ``--help``, or ``WEIGHTD_NO_FAST_PATH=1`` goes to
+Only an invocation this parser recognises completely runs here: ``weightd [-q] [--config FILE]
+[--no-daemon | --daemon-only] residency [--json] PATH...`` (residency reads no config and asks no
+daemon, with click as here). Any other option, a ``-``-prefixed path, ``--help``, or ``WEIGHTD_NO_FAST_PATH=1`` goes to
 click, which then gives the same output, errors and exit codes (tests/test_fast_path.py runs a
 matrix of invocations both ways and compares them byte for byte).
 """
@@ -25,11 +26,22 @@ def main(argv: list[str] | None = None) -> int:
 
 def _recognise(args: list[str]) -> tuple[str, bool, bool, list[str]] | None:
     """(command, quiet, as_json, paths), or None: not one of ours, click decides."""
-    quiet = False
+    quiet, daemon_flags = False, set()
     i = 0
-    while i < len(args) and args[i] in ("-q", "--quiet"):
-        quiet, i = True, i + 1
-    if i >= len(args) or args[i] != "residency":
+    while i < len(args) and args[i] != "residency":
+        a = args[i]
+        if a in ("-q", "--quiet"):
+            quiet = True
+        elif a == "--config" and i + 1 < len(args) and args[i + 1] and not args[i + 1].startswith("-"):
+            i += 1   # (residency reads no config: click takes the value and ignores it too)
+        elif a.startswith("--config=") and len(a) > len("--config="):
+            pass
+        elif a in ("--no-daemon", "--daemon-only"):
+            daemon_flags.add(a)
+        else:
+            return None
+        i += 1
+    if i >= len(args) or len(daemon_flags) > 1:   # (both: click's error)
         return None
     rest = args[i + 1:]
     as_json = "--json" in rest

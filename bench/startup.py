@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""Commands that answer in vmtouch time: wall time of `weightd residency`, `path`, `status` and a `warm`
+with nothing to read, against `vmtouch` on the same sets and `python -c pass` as the floor.
+
+    .venv/bin/python bench/startup.py [--rounds 15] [--size 2GiB] [--sparse 100GiB] [--dir /var/tmp]
+
+Every contender is a real subprocess, interleaved round by round (rotating order). Sets: --size in 4
+real files, read into the page cache first; and --sparse in 4 sparse files (`truncate`: no disk used,
+say so when quoting it) with their first 64 MiB read, so the kernel has pages to count. `path` and
+`status` run against a real node with a published, preloaded model: through its daemon (`weightd
+serve`, the default when it answers) and in-process (`--no-daemon`). Bytecode is compiled first, as
+an installed package has it. Targets (issue #20): each command <= 40 ms; residency >= 1.0x vmtouch on
+the 2 GiB set and >= 5x on the sparse 100 GiB set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Callable
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _rounds import BenchNode, io_between, machine_state, rounds, speedup, stamp, summary  # noqa: E402
+
+from tiering.content.units import parse_size  # noqa: E402
+from tiering.sample import make_checkpoint  # noqa: E402
+
+TARGET_MS = 40.0
+
+
+def timer(cmd: list[str], env: dict[str, str]) -> Callable[[], float]:
+    def run() -> float:
+        t0 = time.perf_counter()
+        p = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        s = time.perf_counter() - t0
+        if p.returncode != 0:
+            raise SystemExit(f"{' '.join(cmd)[:200]}: exit {p.returncode}: {p.stderr[-300:]}")
+        return s
+    return run
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--size", default="2GiB")
+    ap.add_argument("--sparse", default="100GiB")
+    ap.add_argument("--max-spread", type=float, default=0.5)
+    ap.add_argument("--dir", default="/var/tmp")
+    args = ap.parse_args()
+    if not shutil.which("vmtouch"):
+        print(json.dumps({"error": "vmtouch is needed (make tools)"}))
+        return 1
+    subprocess.run([sys.executable, "-m", "compileall", "-q", "weightd", "tiering", "p2p"], cwd=REPO, check=True)
+    base = Path(tempfile.mkdtemp(prefix="weightd-bench-startup-", dir=args.dir))
+    hot = Path(f"/dev/shm/weightd-bench-startup-{uuid.uuid4().hex[:8]}")
+    (base / "node").mkdir()
+    node = BenchNode(base / "node", hot)
+    try:
+        real = [base / f"real-{i}.bin" for i in range(4)]
+        block = os.urandom(1 << 20)
+        for f in real:
+            with open(f, "wb") as fh:
+                for _ in range(parse_size(args.size) // 4 >> 20):
+                    fh.write(block)
+        sparse = [base / f"sparse-{i}.bin" for i in range(4)]
+        for f in sparse:
+            with open(f, "wb") as fh:
+                fh.truncate(parse_size(args.sparse) // 4)
+        for f in [*real, *sparse]:
+            with open(f, "rb") as fh:
+                left = 64 << 20 if f in sparse else f.stat().st_size
+                while left > 0 and fh.read(min(left, 8 << 20)):
+                    left -= 8 << 20
+        src = make_checkpoint(base / "src", total_bytes=8 << 20, shards=2, layers=2, seed="startup")
+        node.run([*node.wd, "publish", str(src), "--name", "bench/startup", "--version", "v1"])
+        node.run([*node.wd, "--no-daemon", "preload", "bench/startup@v1", "--tier", "hot", "--lease", "0"])
+        node.serve()
+        env = node.env
+        wd = [str(Path(sys.executable).parent / "weightd"), "--config", str(node.cfg)]
+        if not Path(wd[0]).exists():
+            wd = [sys.executable, "-m", "weightd", "--config", str(node.cfg)]
+        rs, ss = [str(f) for f in real], [str(f) for f in sparse]
+        contenders = {
+            "python -c pass": timer([sys.executable, "-c", "pass"], env),
+            "vmtouch (2 GiB set)": timer(["vmtouch", *rs], env),
+            "weightd residency (2 GiB set)": timer([*wd, "residency", *rs], env),
+            "vmtouch (sparse set)": timer(["vmtouch", *ss], env),
+            "weightd residency (sparse set)": timer([*wd, "residency", *ss], env),
+            "weightd warm (2 GiB set, resident)": timer([*wd, "warm", *rs], env),
+            "weightd path (daemon)": timer([*wd, "path", "bench/startup@v1"], env),
+            "weightd path (--no-daemon)": timer([*wd, "--no-daemon", "path", "bench/startup@v1"], env),
+            "weightd status (daemon)": timer([*wd, "status"], env),
+            "weightd status (--no-daemon)": timer([*wd, "--no-daemon", "status"], env),
+        }
+        for run in contenders.values():   # one untimed round (caches, the daemon's first answers)
+            run()
+        m0 = machine_state()
+        times = rounds(contenders, args.rounds)
+        m1 = machine_state()
+        rows = {k: {**summary(v), "median_ms": round(1000 * summary(v)["median_s"], 1),
+                    "min_ms": round(1000 * min(v), 1), "max_ms": round(1000 * max(v), 1)}
+                for k, v in times.items()}
+        for k, r in rows.items():
+            if k.startswith("weightd"):
+                r["target_ms"], r["met"] = TARGET_MS, r["median_ms"] <= TARGET_MS
+        print(json.dumps({
+            "benchmark": "startup", "date": stamp(), "rounds": args.rounds, "max_spread": args.max_spread,
+            "sets": {"real_bytes": sum(f.stat().st_size for f in real),
+                     "sparse_bytes": sum(f.stat().st_size for f in sparse), "sparse_resident_bytes": 4 * (64 << 20)},
+            "commands": rows,
+            "ratios": [
+                {**speedup(times, "weightd residency (2 GiB set)", "vmtouch (2 GiB set)", max_spread=args.max_spread),
+                 "target": 1.0},
+                {**speedup(times, "weightd residency (sparse set)", "vmtouch (sparse set)",
+                           max_spread=args.max_spread), "target": 5.0},
+            ],
+            "samples_s": times,
+            "machine": {"before": m0, "after": m1, "other_io_sectors": io_between(m0, m1)},
+        }, indent=2))
+        return 0
+    finally:
+        node.close(base)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
