@@ -1,0 +1,46 @@
+"""bench/all.py's table from canned bench output (the benchmarks themselves are run by hand: they take
+minutes and want an idle machine)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def load():
+    spec = importlib.util.spec_from_file_location("bench_all", ROOT / "bench/all.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_rows_per_ratio_with_targets_and_refusals() -> None:
+    m = load()
+    s = {"median_s": 2.0, "min_s": 1.9, "max_s": 2.2, "spread": 0.15}
+    doc = {"contenders": {"weightd": s, "cat": {**s, "median_s": 2.1}},
+           "ratios": [{"of": "weightd", "vs": "cat", "rounds": 5, "per_round_min": 0.9, "per_round_max": 1.1,
+                       "ratio": 1.05, "target": 0.95},
+                      {"of": "weightd", "vs": "dd", "rounds": 5, "per_round_min": 0.5, "per_round_max": 1.5,
+                       "ratio": None, "refused": "spread of dd above 0.5"}],
+           "results": {"N=8": {"ratios": {"c": {"of": "a", "vs": "c", "rounds": 5, "per_round_min": 1.1,
+                                                "per_round_max": 1.3, "ratio": 1.2, "target_at_most": 1.1}}}},
+           "samples_s": {"weightd": [9.0]}}
+    text = m.table({"warm": doc, "broken": {"error": "exit 1: boom"}, "old": {"x": 1}},
+                   {"warm": ["bench/warm.py"], "broken": ["bench/b.py"], "old": ["bench/o.py"]}, "2026-12-05")
+    rows = [line for line in text.splitlines() if line.startswith("| warm")]
+    assert len(rows) == 3
+    assert "**1.05×** [0.9-1.1]" in rows[0] and "≥ 0.95" in rows[0] and rows[0].endswith("| yes |")
+    assert "2.00 s (1.90 s-2.20 s)" in rows[0]
+    assert "withheld" in rows[1] and rows[1].endswith("| - |")
+    assert "N=8" in rows[2] and "≤ 1.1" in rows[2] and rows[2].endswith("| no |")
+    assert "failed: exit 1: boom" in text and "no ratio in the common shape" in text
+
+
+def test_readme_markers(tmp_path: Path, monkeypatch) -> None:
+    m = load()
+    (tmp_path / "README.md").write_text(f"a\n{m.BEGIN}\nold\n{m.END}\nb\n")
+    monkeypatch.setattr(m, "REPO", tmp_path)
+    m.write_readme("new table")
+    assert (tmp_path / "README.md").read_text() == f"a\n{m.BEGIN}\nnew table\n{m.END}\nb\n"
