@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """50 concurrent preloads of one checkpoint through the daemon vs one in-process preload.
 
-    .venv/bin/python bench/daemon.py [--size 1GiB] [--clients 50] [--runs 3] [--tier warm]
+    .venv/bin/python bench/daemon.py [--size 1GiB] [--clients 50] [--rounds 5] [--tier warm]
 
 The daemon is the real `weightd serve` subprocess; the clients are threads making real HTTP requests
 on its unix socket (the same client the CLI uses), so the figure is the daemon's, not 50 interpreter
@@ -30,6 +30,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _rounds import io_between, machine_state, speedup, stamp, summary  # noqa: E402
+
 from tiering.content.units import parse_size  # noqa: E402
 from tiering.sample import make_checkpoint  # noqa: E402
 from weightd.client import DaemonClient  # noqa: E402
@@ -56,7 +59,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", default="1GiB")
     ap.add_argument("--clients", type=int, default=50)
-    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--runs", "--rounds", dest="runs", type=int, default=5, help="rounds (each: one in-process "
+                    "preload, then the clients through the daemon)")
+    ap.add_argument("--max-spread", type=float, default=0.5)
     ap.add_argument("--tier", default="warm", choices=["hot", "warm"])
     ap.add_argument("--dir", default="/var/tmp")
     args = ap.parse_args()
@@ -83,15 +88,16 @@ def main() -> int:
                 except Exception:
                     pass
 
-        # baseline: one in-process preload
-        single = []
-        for _ in range(args.runs):
+        single: list[float] = []
+
+        def one_in_process() -> int:
+            """The baseline: one in-process preload (the daemon idle meanwhile)."""
             evict()
             with open_node(cfg) as node:
                 t0 = time.perf_counter()
                 r = node.preload("bench/daemon", "v1", tier=args.tier, lease_s=0)
                 single.append(time.perf_counter() - t0)
-        size = r.bytes
+            return r.bytes
 
         daemon = subprocess.Popen([sys.executable, "-m", "weightd", "--config", str(cfg_path), "serve"], env=ENV,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -110,7 +116,9 @@ def main() -> int:
             return 0.0
 
         many, moved, peak = [], [], 0.0
+        m0 = machine_state()
         for _ in range(args.runs):
+            size = one_in_process()   # (interleaved with the clients, round by round)
             evict()
             before = cold_bytes()
             stop = threading.Event()
@@ -134,8 +142,14 @@ def main() -> int:
             moved.append(cold_bytes() - before)
             assert all(rep["path"] == reports[0]["path"] for rep in reports)
 
+        m1 = machine_state()
+        times = {"single_in_process": single, "clients_through_daemon": many}
         print(json.dumps({
-            "benchmark": "daemon", "bytes": size, "clients": args.clients, "tier": args.tier, "runs": args.runs,
+            "benchmark": "daemon", "date": stamp(), "bytes": size, "max_spread": args.max_spread,
+            "contenders": {k: summary(v) for k, v in times.items()},
+            "ratios": [{**speedup(times, "single_in_process", "clients_through_daemon", max_spread=args.max_spread),
+                        "target_at_most": 1.2}],
+            "machine": {"before": m0, "after": m1, "other_io_sectors": io_between(m0, m1)}, "clients": args.clients, "tier": args.tier, "runs": args.runs,
             "single_in_process_s": round(statistics.median(single), 3),
             "clients_through_daemon_s": round(statistics.median(many), 3),
             "ratio": round(statistics.median(many) / statistics.median(single), 3), "target_ratio": 1.2,

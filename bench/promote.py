@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Preload throughput (copy + verify + fsync + atomic publish) vs `cp -r` of the same directory.
 
-    .venv/bin/python bench/promote.py [--size 1536MiB] [--runs 3] [--dir DIR]
+    .venv/bin/python bench/promote.py [--size 1536MiB] [--rounds 5] [--dir DIR]
 
 cold->warm: the cold copy is dropped from the page cache before every run (weightd and cp alike).
 warm->hot: the warm copy is in cache (as it is right after a preload), the hot tier is /dev/shm.
@@ -30,6 +30,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tiering.content.signature import generate_keypair  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _rounds import io_between, machine_state, speedup, stamp, summary  # noqa: E402
 from tiering.content.units import parse_size  # noqa: E402
 from tiering.pagecache import drop_from_cache  # noqa: E402
 from tiering.sample import make_checkpoint  # noqa: E402
@@ -44,7 +46,8 @@ def timed(cmd: list[str], env: dict[str, str] | None = None) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", default="1536MiB")
-    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--runs", "--rounds", dest="runs", type=int, default=5, help="rounds (every case once per round)")
+    ap.add_argument("--max-spread", type=float, default=0.5)
     ap.add_argument("--dir", default="/var/tmp", help="disk directory for the cold and warm tiers")
     args = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="weightd-bench-promote-", dir=args.dir))
@@ -77,6 +80,7 @@ def main() -> int:
 
         res: dict[str, list[float]] = {k: [] for k in ("cw_weightd", "cw_cp", "cw_cp_sync", "wh_weightd", "wh_cp",
                                                        "cw_weightd_signed", "wh_weightd_signed")}
+        m0 = machine_state()
         for _ in range(args.runs):
             # signatures required: the same two preloads, interleaved with the plain ones
             evict("hot")
@@ -107,12 +111,18 @@ def main() -> int:
             shutil.rmtree(hdst)
 
         med = {k: statistics.median(v) for k, v in res.items()}
+        m1 = machine_state()
 
         def gbps(k: str) -> float:
             return round(total / med[k] / 1e9, 3)
 
         print(json.dumps({
-            "benchmark": "promote", "bytes": total, "files": len(files), "runs": args.runs,
+            "benchmark": "promote", "date": stamp(), "bytes": total, "files": len(files), "runs": args.runs,
+            "max_spread": args.max_spread, "contenders": {k: summary(v) for k, v in res.items()},
+            "ratios": [{**speedup(res, "cw_weightd", "cw_cp", max_spread=args.max_spread), "target": 0.9},
+                       {**speedup(res, "cw_weightd", "cw_cp_sync", max_spread=args.max_spread), "target": 0.9},
+                       {**speedup(res, "wh_weightd", "wh_cp", max_spread=args.max_spread), "target": 0.9}],
+            "machine": {"before": m0, "after": m1, "other_io_sectors": io_between(m0, m1)},
             "cold_to_warm": {"weightd_gbps": gbps("cw_weightd"), "cp_r_gbps": gbps("cw_cp"),
                              "cp_r_sync_gbps": gbps("cw_cp_sync"),
                              "ratio_vs_cp_r": round(med["cw_cp"] / med["cw_weightd"], 3),
