@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """`weightd bench disk` against fio on the same file, in the same run.
 
-    .venv/bin/python bench/disk.py [--dir /var/tmp] [--size 1GiB] [--seconds 3] [--runs 3]
+    .venv/bin/python bench/disk.py [--dir /var/tmp] [--size 1GiB] [--seconds 3] [--rounds 5]
 
 4 KiB random reads with O_DIRECT at queue depths 1, 4 and 16 (fio: psync engine, numjobs = depth,
 which is what weightd does: one synchronous reader per slot), and 16 MiB sequential O_DIRECT reads.
@@ -23,6 +23,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _rounds import io_between, machine_state, speedup, stamp  # noqa: E402
 from tiering.content.units import parse_size  # noqa: E402
 from weightd.diskbench import make_test_file  # noqa: E402
 
@@ -53,7 +55,8 @@ def main() -> int:
     ap.add_argument("--dir", default="/var/tmp")
     ap.add_argument("--size", default="1GiB")
     ap.add_argument("--seconds", type=float, default=3.0)
-    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--runs", "--rounds", dest="runs", type=int, default=5, help="rounds (fio and weightd in each)")
+    ap.add_argument("--max-spread", type=float, default=0.5)
     args = ap.parse_args()
     if shutil.which("fio") is None:
         raise SystemExit("fio is not installed: run scripts/install-tools.sh")
@@ -66,6 +69,7 @@ def main() -> int:
         w: dict[str, list[dict]] = {str(d): [] for d in DEPTHS}
         fr: dict[str, list[dict]] = {str(d): [] for d in DEPTHS}
         wseq, fseq = [], []
+        m0 = machine_state()
         for _ in range(args.runs):
             for d in DEPTHS:
                 fr[str(d)].append(fio(f, "randread", "4k", d, args.seconds))
@@ -88,8 +92,20 @@ def main() -> int:
                                       for k in ("p50_us", "p99_us", "iops")}
         seq = {"weightd_bytes_per_s": round(statistics.median(wseq)), "fio_bytes_per_s": round(statistics.median(fseq))}
         seq["ratio"] = round(seq["weightd_bytes_per_s"] / seq["fio_bytes_per_s"], 3)
+        # in the common shape: latency (p50) and time per byte (sequential) as "seconds", lower is better
+        times = {f"{who}_qd{d}_p50": [x["p50_us"] / 1e6 for x in rows] for d in map(str, DEPTHS)
+                 for who, rows in (("weightd", w[d]), ("fio", fr[d]))}
+        times["weightd_seq_s_per_byte"] = [1 / b for b in wseq]
+        times["fio_seq_s_per_byte"] = [1 / b for b in fseq]
+        ratios = [{**speedup(times, f"weightd_qd{d}_p50", f"fio_qd{d}_p50", max_spread=args.max_spread),
+                   "target": 0.8} for d in DEPTHS]
+        ratios.append({**speedup(times, "weightd_seq_s_per_byte", "fio_seq_s_per_byte", max_spread=args.max_spread),
+                       "target": 0.8})
+        m1 = machine_state()
         within = [abs(1 - v) <= 0.2 for x in rnd.values() for k, v in x["ratio"].items() if k != "p99_us"]
-        print(json.dumps({"benchmark": "disk", "file_bytes": f.stat().st_size, "runs": args.runs,
+        print(json.dumps({"benchmark": "disk", "date": stamp(), "file_bytes": f.stat().st_size, "runs": args.runs,
+                          "max_spread": args.max_spread, "ratios": ratios,
+                          "machine": {"before": m0, "after": m1, "other_io_sectors": io_between(m0, m1)},
                           "seconds_per_test": args.seconds, "randread_4k": rnd, "seqread_16m": seq,
                           "p50_iops_seq_within_20pct": all(within) and abs(1 - seq["ratio"]) <= 0.2,
                           "target": "latency and throughput within 20% of fio's"}, indent=2))
