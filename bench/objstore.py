@@ -40,6 +40,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _rounds import io_between, machine_state, speedup, stamp, summary  # noqa: E402
 from tiering.content.units import parse_size  # noqa: E402
 from tiering.sample import local_s3, make_checkpoint  # noqa: E402
 
@@ -107,6 +109,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size", default="1GiB")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--max-spread", type=float, default=0.5)
     ap.add_argument("--range", dest="range_size", default="64MiB")
     ap.add_argument("--concurrency", type=int, default=4)
     a = ap.parse_args()
@@ -151,6 +154,7 @@ def run(a: argparse.Namespace, size: int, ep: str, bucket: str) -> int:
         times: dict[str, list[float]] = {"weightd": [], "weightd_hot": [], "fetch_only": [], "s3transfer_verify": [],
                                          "ceiling": []}
         stats: dict[str, list] = {}
+        m0 = machine_state()
         for r in range(a.rounds):
             order = list(times)
             for kind in order[r % len(order):] + order[:r % len(order)]:
@@ -185,10 +189,19 @@ def run(a: argparse.Namespace, size: int, ep: str, bucket: str) -> int:
                     times[kind].append(fetch_only(fetcher, m))
                 else:
                     times[kind].append(ceiling(store, objs, *best))
+        m1 = machine_state()
         delta = delta_update(wd, env, base, src, total)
         med = {k: statistics.median(v) for k, v in times.items()}
+        sp = a.max_spread
         print(json.dumps({
-            "benchmark": "objstore", "bytes": total, "files": len(objs), "rounds": a.rounds,
+            "benchmark": "objstore", "date": stamp(), "max_spread": sp,
+            "contenders": {k: summary(v) for k, v in times.items()},
+            "ratios": [{**speedup(times, "weightd", "ceiling", max_spread=sp), "target": 0.9},
+                       {**speedup(times, "weightd", "s3transfer_verify", max_spread=sp), "target": 1.3},
+                       speedup(times, "weightd_hot", "ceiling", max_spread=sp),
+                       speedup(times, "fetch_only", "ceiling", max_spread=sp)],
+            "machine": {"before": m0, "after": m1, "other_io_sectors": io_between(m0, m1)},
+            "bytes": total, "files": len(objs), "rounds": a.rounds,
             "server": "moto (ThreadedMotoServer, 127.0.0.1)",
             "weightd": {"range": a.range_size, "concurrency": a.concurrency},
             "ceiling_setting": {"range_bytes": best[0], "concurrency": best[1]},

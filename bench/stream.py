@@ -28,6 +28,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _rounds import io_between, machine_state, speedup, stamp, summary  # noqa: E402
 from tiering.content.units import parse_size  # noqa: E402
 from tiering.sample import make_checkpoint  # noqa: E402
 from weightd.client import DaemonClient, DaemonError  # noqa: E402
@@ -37,6 +39,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size", default="1GiB")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--max-spread", type=float, default=0.5)
     ap.add_argument("--tier", choices=["hot", "warm"], default="hot")
     a = ap.parse_args()
     size = parse_size(a.size)
@@ -67,6 +70,7 @@ def main() -> int:
         lines = [0]
         times: dict[str, list[float]] = {"plain": [], "streamed": []}
         body = {"ref": "bench/stream@v1", "tier": a.tier, "strict": True, "lease_s": 0}
+        m0 = machine_state()
         for r in range(a.rounds):
             for kind in (("plain", "streamed") if r % 2 == 0 else ("streamed", "plain")):
                 try:
@@ -81,8 +85,13 @@ def main() -> int:
                 times[kind].append(time.perf_counter() - t0)
                 assert rep["bytes_by_source"]["cold"] == rep["bytes"], rep
         med = {k: statistics.median(v) for k, v in times.items()}
+        m1 = machine_state()
         print(json.dumps({
-            "benchmark": "stream", "bytes": size, "rounds": a.rounds, "tier": a.tier,
+            "benchmark": "stream", "date": stamp(), "bytes": size, "rounds": a.rounds, "tier": a.tier,
+            "contenders": {k: summary(v) for k, v in times.items()},
+            # streamed / plain: how many times slower streaming is (1.0 = free)
+            "ratios": [{**speedup(times, "plain", "streamed", max_spread=a.max_spread), "target_at_most": 1.05}],
+            "machine": {"before": m0, "after": m1, "other_io_sectors": io_between(m0, m1)},
             "plain_s": round(med["plain"], 3), "plain_range_s": [round(min(times["plain"]), 3), round(max(times["plain"]), 3)],
             "streamed_s": round(med["streamed"], 3),
             "streamed_range_s": [round(min(times["streamed"]), 3), round(max(times["streamed"]), 3)],
