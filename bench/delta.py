@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A model update: v2 of a ~2 GiB checkpoint with 5% of its tensors changed, on a node holding v1.
 
-    .venv/bin/python bench/delta.py [--size 2GiB] [--changed 0.05] [--cold-bps 400MB] [--cap 100MB] [--reps 3]
+    .venv/bin/python bench/delta.py [--size 2GiB] [--changed 0.05] [--cold-bps 400MB] [--cap 100MB] [--rounds 5]
 
 Cold path (the real CLI, `--no-daemon`): `weightd preload v2 --tier warm` on a node without v1 (full
 fetch, the baseline) and on a node whose warm tier holds v1 (delta); cold storage is made uncached
@@ -29,7 +29,8 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 from p2p.torrent import TORRENT_RELPATH, load_torrent  # noqa: E402
-from restart_storm import Throttle  # noqa: E402
+from _blkio import Throttle  # noqa: E402
+from _rounds import io_between, machine_state, speedup, stamp  # noqa: E402
 from swarm import Daemon  # noqa: E402
 from tiering import build_manifest  # noqa: E402
 from tiering.content.manifest import load_manifest  # noqa: E402
@@ -82,7 +83,8 @@ def main() -> int:
     ap.add_argument("--changed", type=float, default=0.05, help="fraction of tensors changed in v2")
     ap.add_argument("--cold-bps", default="400MB", help="read bandwidth of cold storage (blkio throttle)")
     ap.add_argument("--cap", default="100MB", help="P2P: every node's upload and download cap")
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--reps", "--rounds", dest="reps", type=int, default=5, help="rounds (full, then delta, in each)")
+    ap.add_argument("--max-spread", type=float, default=0.5)
     ap.add_argument("--dir", default="/var/tmp")
     ap.add_argument("--skip-p2p", action="store_true")
     args = ap.parse_args()
@@ -114,7 +116,8 @@ def main() -> int:
         throttle = Throttle((os.major(st.st_dev), os.minor(st.st_dev)), parse_size(args.cold_bps))
 
         # -- cold path: into the warm tier (NVMe: the copy is written back and fsync'd) and the hot tier --
-        result = {"benchmark": "delta", "bytes": size, "tensors": len(tensors), "tensors_changed": len(changed),
+        m0 = machine_state()
+        result = {"benchmark": "delta", "date": stamp(), "max_spread": args.max_spread, "bytes": size, "tensors": len(tensors), "tensors_changed": len(changed),
                   "changed_tensor_bytes": changed_bytes, "shards_touched": len(shards),
                   "cold_read_bps": parse_size(args.cold_bps) if throttle.active else None,
                   "throttle": "cgroup v1 blkio" if throttle.active else f"none ({throttle.why})"}
@@ -142,6 +145,9 @@ def main() -> int:
                 "moved_over_changed": round(delta_r["bytes_by_source"]["cold"] / changed_bytes, 4),
                 "speedup_vs_full": round(statistics.median(full_t) / statistics.median(delta_t), 2),
             }
+            result.setdefault("ratios", []).append(
+                {**speedup({f"delta_{tier}": delta_t, f"full_{tier}": full_t}, f"delta_{tier}", f"full_{tier}",
+                           max_spread=args.max_spread), "target": 5.0})
 
         # -- P2P path -------------------------------------------------------------------------------
         if not args.skip_p2p:
@@ -172,6 +178,8 @@ def main() -> int:
             }
         result["targets"] = {"cold_moved_over_changed": 1.05, "cold_speedup_vs_full": 5.0,
                              "p2p_moved": "changed bytes + one piece per changed region"}
+        m1 = machine_state()
+        result["machine"] = {"before": m0, "after": m1, "other_io_sectors": io_between(m0, m1)}
         print(json.dumps(result, indent=2))
         return 0
     finally:
