@@ -39,6 +39,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _rounds import speedup, stamp  # noqa: E402
 from tiering.content.units import parse_size  # noqa: E402
 from tiering.sample import make_checkpoint  # noqa: E402
 
@@ -294,6 +296,10 @@ def compare(base: Path, cold: Path, src: Path, cfg: Path, args: argparse.Namespa
                 entry["t_over_plain_per_round"] = _median_range([a / b for a, b in zip(ts, base_t)])
             out["results"].append(entry)
     out["targets"] = {"tls_t_over_plain": 1.15}
+    sec = {f"{mode.name} N={n}": [r["seconds"] for r in runs[(mode.name, n)]] for mode in modes for n in ns}
+    out["ratios"] = [{**speedup(sec, f"plain N={n}", f"{m.name} N={n}", max_spread=args.max_spread),
+                      "target_at_most": 1.15} for n in ns for m in modes if m.name != "plain"]
+    out["date"], out["max_spread"] = stamp(), args.max_spread
     return out
 
 
@@ -307,7 +313,8 @@ def main() -> int:
                     help="as many pieces per worker as a 100 GB checkpoint (16 MiB pieces) has on a 100-node fleet")
     ap.add_argument("--compare", default="", help="modes to run side by side: plain,tls,signed,tls+signed")
     ap.add_argument("--rounds", type=int, default=None,
-                    help="rounds, every contender once per round (default: 5 with --compare, else 1)")
+                    help="rounds, every contender once per round (default 5)")
+    ap.add_argument("--max-spread", type=float, default=0.5)
     ap.add_argument("--baseline", default="storm",
                     help="contenders beside the plan: storm (every worker from the origin alone), stock "
                          "(libtorrent's own piece picking: [p2p] plan = false), both (storm,stock) or none")
@@ -329,7 +336,7 @@ def main() -> int:
     MEMORY_TRACE, KEEP_LOGS = args.memory_trace, args.keep_logs
     args.baseline = "storm,stock" if args.baseline == "both" else args.baseline
     if args.rounds is None:
-        args.rounds = 5 if args.compare else 1
+        args.rounds = 5
     if args.compare and not set(args.compare.split(",")) <= {"plain", "tls", "signed", "tls+signed"}:
         ap.error("--compare: modes are plain, tls, signed, tls+signed")
     base = Path(tempfile.mkdtemp(prefix="weightd-bench-swarm-", dir=args.dir))
@@ -390,6 +397,13 @@ def main() -> int:
                     if rs[0].get("cross_rack") else None,
                     "plan": rs[len(rs) // 2]["plan"], "runs": rs if args.verbose else None})
         out["targets"] = {"t_over_t1_up_to_32": 1.3, "origin_upload_x_up_to_32": 1.2, "worker_rss_mb": 200}
+        # in the common shape: the plan against each baseline at every N, and the plan's T(N) against its T(1)
+        sec = {f"{name} N={n}": [r["seconds"] for r in rs] for (name, n), rs in runs.items()}
+        out["ratios"] = [speedup(sec, f"plan N={n}", f"{b} N={n}", max_spread=args.max_spread)
+                         for n in ns for b in ("storm", "stock", "plan-no-racks") if f"{b} N={n}" in sec]
+        out["ratios"] += [{**speedup(sec, f"plan N={n}", f"plan N={ns[0]}", max_spread=args.max_spread),
+                           "target": round(1 / 1.3, 3)} for n in ns[1:]]   # T(1)/T(N) >= 1/1.3
+        out["date"], out["max_spread"] = stamp(), args.max_spread
         print(json.dumps(out, indent=2))
         return 0
     finally:
