@@ -46,6 +46,10 @@ BENCHES: dict[str, tuple[list[str], list[str]]] = {
     "objstore": (["bench/objstore.py", "--size", "1GiB"], ["bench/objstore.py", "--size", "64MiB"]),
     "delta": (["bench/delta.py", "--skip-p2p"], ["bench/delta.py", "--size", "128MiB", "--skip-p2p"]),
     "disk": (["bench/disk.py"], ["bench/disk.py", "--size", "64MiB", "--seconds", "0.5"]),
+    "swarm": (["bench/swarm.py", "--n", "1,8", "--size", "64MiB", "--cap", "20MB", "--piece-size", "256KiB"],
+              ["bench/swarm.py", "--n", "1,2", "--size", "16MiB", "--piece-size", "256KiB", "--rounds", "2"]),
+    "predict": (["bench/predict.py", "--trace", "diurnal"],
+                ["bench/predict.py", "--seeds", "1,2", "--days", "3", "--models", "8", "--slots", "3"]),
 }
 
 

@@ -513,7 +513,8 @@ def main() -> int:
     ap.add_argument("--nodes", type=_positive_ints, default=[100, 1000])
     ap.add_argument("--pieces", type=lambda t: _positive_ints(t)[0], default=1024,
                     help="equal parts the checkpoint is simulated as (predict)")
-    ap.add_argument("--seeds", type=_positive_ints, default=[1], help="calibrate: the model's random seeds, each reported")
+    ap.add_argument("--seeds", type=_positive_ints, default=[1, 2, 3, 4, 5],
+                    help="calibrate: the model's random seeds, each reported (a simulation's rounds are its seeds)")
     args = ap.parse_args()
     if args.what == "calibrate":
         runs = [calibrate(seed=x) for x in args.seeds]
