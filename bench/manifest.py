@@ -59,7 +59,7 @@ def main() -> int:
     ap.add_argument("--shards", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--runs", dest="rounds", type=int, help=argparse.SUPPRESS)   # (the old flag)
-    ap.add_argument("--max-spread", type=float, default=0.5)
+    ap.add_argument("--max-spread", type=float, default=0.25)
     ap.add_argument("--dir", help="where to generate the checkpoint (a disk, not tmpfs; default /var/tmp)")
     args = ap.parse_args()
     for tool in ("xxhsum", "dd", "cat", "fio"):
@@ -97,7 +97,7 @@ def main() -> int:
             evict(k)
             run()
         m0 = machine_state()
-        tc = rounds(cold, args.rounds, before=evict, log=lambda m: log(f"cold {m}"))
+        tc = rounds(cold, args.rounds, before=evict, log=lambda m: log(f"cold {m}"), widen=args.max_spread)
         meds = {k: summary(v) for k, v in tc.items()}
         best = min(READERS, key=lambda k: meds[k]["median_s"])
 
@@ -110,7 +110,7 @@ def main() -> int:
             return time.perf_counter() - t0
         cached = {"build_manifest": engine, "xxhsum_H2": shell_timer(f"xxhsum -H2 {q} > /dev/null"),
                   "weightd_manifest_build_cli": cold["weightd_manifest_build"]}
-        th = rounds(cached, args.rounds, log=lambda m: log(f"cached {m}"))
+        th = rounds(cached, args.rounds, log=lambda m: log(f"cached {m}"), widen=args.max_spread)
         m1 = machine_state()
         print(json.dumps({
             "benchmark": "manifest", "date": stamp(), "bytes": total, "files": len(files), "rounds": args.rounds,

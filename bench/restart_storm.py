@@ -135,7 +135,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--runs", dest="rounds", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--tiers", default="hot,warm", help="tiers preloaded into in (b) and (c)")
-    ap.add_argument("--max-spread", type=float, default=0.5, help="no ratio when a case's (max-min)/median exceeds it")
+    ap.add_argument("--max-spread", type=float, default=0.25, help="no ratio when a case's interquartile range over its median exceeds it (more rounds first, up to 2x)")
     ap.add_argument("--dir", default="/var/tmp")
     args = ap.parse_args()
     ns = [int(x) for x in str(args.n).split(",")]
@@ -228,7 +228,8 @@ def main() -> int:
                 def before(_k: str) -> None:
                     evict()
                     drop_all()
-                times = rounds(contenders, args.rounds, before=before, log=lambda m, n=n: log(f"N={n} {m}"))
+                times = rounds(contenders, args.rounds, before=before, log=lambda m, n=n: log(f"N={n} {m}"),
+                               widen=args.max_spread)
             finally:
                 loaders.close()
                 loaders = None

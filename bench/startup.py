@@ -55,7 +55,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--size", default="2GiB")
     ap.add_argument("--sparse", default="100GiB")
-    ap.add_argument("--max-spread", type=float, default=0.5)
+    ap.add_argument("--max-spread", type=float, default=0.25)
     ap.add_argument("--dir", default="/var/tmp")
     args = ap.parse_args()
     if not shutil.which("vmtouch"):
@@ -106,7 +106,7 @@ def main() -> int:
         for run in contenders.values():   # one untimed round (caches, the daemon's first answers)
             run()
         m0 = machine_state()
-        times = rounds(contenders, args.rounds)
+        times = rounds(contenders, args.rounds, widen=args.max_spread)
         m1 = machine_state()
         rows = {k: {**summary(v), "median_ms": round(1000 * summary(v)["median_s"], 1),
                     "min_ms": round(1000 * min(v), 1), "max_ms": round(1000 * max(v), 1)}

@@ -97,7 +97,7 @@ def condition(files: list[Path], throttle: Throttle | None, n: int, max_spread: 
         cool(k)
         run()
     m0 = machine_state()
-    times = rounds(contenders, n, before=cool, log=log)
+    times = rounds(contenders, n, before=cool, log=log, widen=max_spread)
     m1 = machine_state()
     meds = {k: summary(v) for k, v in times.items()}
     best = min(BASELINES, key=lambda k: meds[k]["median_s"])
@@ -148,7 +148,7 @@ def explore(files: list[Path], n: int, max_spread: float, log: Callable[[str], N
     def cool(_k: str) -> None:
         for f in files:
             drop_from_cache(f)
-    times = rounds(contenders, n, before=cool, log=log)
+    times = rounds(contenders, n, before=cool, log=log, widen=max_spread)
     # the CLI's fixed cost: the same command on files already resident (nothing to read)
     subprocess.run(["cat", *names], stdout=subprocess.DEVNULL, check=True)
     fixed = rounds({"weightd warm, all resident": shell_timer(commands(names)["weightd"])}, n)
@@ -168,7 +168,7 @@ def main() -> int:
     ap.add_argument("--cap-seconds", type=float, default=2.5, help="under a cap, a set taking about this long")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--runs", dest="rounds", type=int, help=argparse.SUPPRESS)   # (the old flag)
-    ap.add_argument("--max-spread", type=float, default=0.5)
+    ap.add_argument("--max-spread", type=float, default=0.25)
     ap.add_argument("--explore", action="store_true", help="also measure each choice inside warming")
     ap.add_argument("--rss-size", default="4GiB", help="file for the peak-RSS check (0 = skip)")
     ap.add_argument("--dir", default="/var/tmp")
