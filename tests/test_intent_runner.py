@@ -83,7 +83,7 @@ def make(tmp: Path, intent_text: str, *, held, published, origin=None):
            pools={"misc": ThreadPoolExecutor(2, "misc")}, preloads=[],
            service=NS(selection_for=lambda name, selection=None, whole=False: None))   # (no default patterns)
 
-    async def preload(body, *, holder=None, rate_bytes_per_s=0, joined=None):
+    async def preload(body, *, holder=None, rate_bytes_per_s=0, joined=None, waited_on=True):
         d.preloads.append(body["ref"])
         await asyncio.sleep(0.01)
         name, _, version = body["ref"].partition("@")
