@@ -11,6 +11,11 @@ import time
 from typing import Any, Callable
 
 
+def _read(path: str) -> str:
+    with open(path) as fh:
+        return fh.read()
+
+
 def machine_state() -> dict[str, Any]:
     """Load average, the block devices' completed I/O so far (``/proc/diskstats``), and this VM's
     memory reclaimer: DAMON's kdamond threads (``/sys/kernel/mm/damon``), on here with a pageout
@@ -19,11 +24,11 @@ def machine_state() -> dict[str, Any]:
     damon = {}
     for d in sorted(__import__("glob").glob("/sys/kernel/mm/damon/admin/kdamonds/[0-9]*")):
         try:
-            state = open(f"{d}/state").read().strip()
-            pid = open(f"{d}/pid").read().strip()
+            state = _read(f"{d}/state").strip()
+            pid = _read(f"{d}/pid").strip()
             cpu = None
             if pid.isdigit() and int(pid) > 0:
-                f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+                f = _read(f"/proc/{pid}/stat").rsplit(")", 1)[1].split()
                 cpu = (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
             damon[os.path.basename(d)] = {"state": state, "cpu_s": cpu}
         except OSError:
@@ -46,15 +51,17 @@ def io_between(a: dict[str, Any], b: dict[str, Any]) -> dict[str, int]:
             and db[k]["read_sectors"] != da[k]["read_sectors"]}
 
 
-def rounds(contenders: dict[str, Callable[[], float]], n: int, *, before: Callable[[str], None] | None = None,
-           log: Callable[[str], None] | None = None, widen: float | None = None,
-           max_n: int | None = None) -> dict[str, list[float]]:
-    """Each contender returns the seconds it took (measured by itself, so set-up is not counted);
-    ``before(name)`` runs before each one (untimed: clean the target, drop caches). With ``widen``:
-    more rounds, up to ``max_n`` (default 2n), while a contender's spread is above it."""
+def rounds(contenders: dict[str, Callable[[], "float | dict[str, float]"]], n: int, *,
+           before: Callable[[str], None] | None = None, log: Callable[[str], None] | None = None,
+           widen: float | None = None, max_n: int | None = None) -> dict[str, list[float]]:
+    """Each contender returns the seconds it took (measured by itself, so set-up is not counted), or a
+    dict of named figures when one run measures several (fio at three queue depths: each name gets
+    its own samples); ``before(name)`` runs before each one (untimed: clean the target, drop caches).
+    With ``widen``: more rounds, up to ``max_n`` (default 2n), while a contender's spread (interquartile
+    range over median, as speedup() refuses by) is above it: "more rounds when the spread is wide"."""
     names = list(contenders)
-    out: dict[str, list[float]] = {k: [] for k in names}
-    limit = n if widen is None else (max_n or 2 * n)
+    out: dict[str, list[float]] = {}
+    limit = n if widen is None else max(n, max_n or 2 * n)
     r = 0
     while r < limit:
         if r >= n and all(summary(v)["iqr_spread"] <= widen for v in out.values()):   # (widen is set here)
@@ -64,11 +71,17 @@ def rounds(contenders: dict[str, Callable[[], float]], n: int, *, before: Callab
             if before is not None:
                 before(k)
             s = contenders[k]()
-            out[k].append(s)
-            if log is not None:
-                log(f"round {r + 1}/{n} {k}: {s:.3f} s")
+            for name, x in (s.items() if isinstance(s, dict) else ((k, s),)):
+                out.setdefault(name, []).append(x)
+                if log is not None:
+                    log(f"round {r + 1}/{n}{' (extra: spread wide)' if r >= n else ''} {name}: {x:.4g}")
         r += 1
     return out
+
+
+def _sig(x: float) -> float:
+    """Five significant digits (a 40 µs latency and a 40 s copy alike)."""
+    return float(f"{x:.5g}")
 
 
 def summary(times: list[float]) -> dict[str, float]:
@@ -77,26 +90,65 @@ def summary(times: list[float]) -> dict[str, float]:
     while more rounds narrow the quartiles when the noise was a passing one)."""
     med = statistics.median(times)
     q = statistics.quantiles(times, n=4, method="inclusive") if len(times) > 1 else [times[0]] * 3
-    return {"median_s": round(med, 4), "min_s": round(min(times), 4), "max_s": round(max(times), 4),
+    return {"median_s": _sig(med), "min_s": _sig(min(times)), "max_s": _sig(max(times)),
             "spread": round((max(times) - min(times)) / med, 3) if med else 0.0,
             "iqr_spread": round((q[2] - q[0]) / med, 3) if med else 0.0}
 
 
-def speedup(times: dict[str, list[float]], fast: str, slow: str, *, max_spread: float = 0.5) -> dict[str, Any]:
+def speedup(times: dict[str, list[float]], fast: str, slow: str, *, max_spread: float = 0.5,
+            target: float | None = None, target_at_most: float | None = None) -> dict[str, Any]:
     """How many times faster ``fast`` is than ``slow``: the ratio of medians, with the min-max of the
     per-round ratios. No ratio (None) when a contender's spread exceeds ``max_spread`` (its median
-    would say too little): the reason is given instead."""
+    would say too little): the reason is given instead. With a target (the ratio at least ``target``,
+    or at most ``target_at_most``): ``met`` says whether the ratio meets it (None when refused)."""
     a, b = times[fast], times[slow]
     per_round = [y / x for x, y in zip(a, b) if x > 0]
     wide = [k for k in (fast, slow) if summary(times[k])["iqr_spread"] > max_spread]
     out: dict[str, Any] = {"of": fast, "vs": slow, "rounds": len(per_round),
-                           "per_round_min": round(min(per_round), 3), "per_round_max": round(max(per_round), 3)}
+                           "per_round_min": round(min(per_round), 3) if per_round else None,
+                           "per_round_max": round(max(per_round), 3) if per_round else None}
     if wide:
         out["ratio"] = None
         out["refused"] = f"spread of {', '.join(wide)} above {max_spread} (interquartile range over median): rerun"
+    elif not per_round or not statistics.median(a) > 0:
+        out["ratio"] = None
+        out["refused"] = f"no time measured for {fast}"
     else:
         out["ratio"] = round(statistics.median(b) / statistics.median(a), 3)
+    if target is not None or target_at_most is not None:
+        if target is not None:
+            out["target"] = target
+        if target_at_most is not None:
+            out["target_at_most"] = target_at_most
+        r = out["ratio"]
+        out["met"] = None if r is None else \
+            (target is None or r >= target) and (target_at_most is None or r <= target_at_most)
     return out
+
+
+def report(benchmark: str, times: dict[str, list[float]], ratios: list[dict[str, Any]], *, rounds: int,
+           max_spread: float, machine: tuple[dict[str, Any], dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    """The JSON every bench prints, in one shape (bench/all.py builds the README's table from it)::
+
+        {"benchmark": NAME, "date": stamp(), "rounds": N asked, "rounds_run": N run (more when widened),
+         "max_spread": BOUND,
+         "contenders": {NAME: summary()}, "ratios": [speedup(..., target=...)],
+         "machine": {"before": machine_state(), "after": ..., "other_io_sectors": io_between()},
+         ...the bench's own keys..., "samples_s": {NAME: [every round's figure]}}
+
+    ``machine`` is the (before, after) pair of machine_state(). A bench's own keys come after the
+    common ones and may not replace them."""
+    m0, m1 = machine
+    out: dict[str, Any] = {
+        "benchmark": benchmark, "date": stamp(), "rounds": rounds,
+        "rounds_run": max((len(v) for v in times.values()), default=0), "max_spread": max_spread,
+        "contenders": {k: summary(v) for k, v in times.items() if v}, "ratios": ratios,
+        "machine": {"before": m0, "after": m1, "other_io_sectors": io_between(m0, m1)},
+    }
+    clash = set(out) & set(extra)
+    if clash:
+        raise ValueError(f"report(): {sorted(clash)} are the common keys")
+    return {**out, **extra, "samples_s": times}
 
 
 def stamp() -> str:
