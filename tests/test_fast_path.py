@@ -73,3 +73,50 @@ def test_residency_imports_neither_click_nor_the_config(files: dict[str, str], t
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip().splitlines()[-1] == "[]"
+
+
+# -- path and status through the daemon ---------------------------------------------------------------
+
+from .test_daemon import daemon, publish  # noqa: E402,F401  (the real daemon fixture)
+
+
+def test_path_and_status_through_the_daemon_say_the_same(daemon, node_env, isolated_env, wd,  # noqa: F811
+                                                         tmp_path: Path) -> None:
+    publish(wd, tmp_path)
+    assert wd("preload", "org/d@v1", "--tier", "hot").returncode == 0
+    cfg = str(node_env.config)
+    env = dict(isolated_env)
+    for case in (["path", "org/d@v1"], ["path", "org/d@v1", "--json"], ["path", "org/d"], ["path", "org/nope@v1"],
+                 ["path", "bad name"], ["-q", "path", "org/d@v1"], ["--daemon-only", "path", "org/d@v1"],
+                 ["path", "org/d@v1", "--layers", "0-1"], ["status", "--json"], ["status", "-o", "json"],
+                 ["status", "--output=json"], ["status", "-o", "bogus"]):
+        args = ["--config", cfg, *case]
+        fast, slow = run(args, env, tmp_path, True), run(args, env, tmp_path, False)
+        if case[0] == "status" and fast[0] == 0:   # (the transfers and residency may move between the runs)
+            import json
+            f, s = json.loads(fast[1]), json.loads(slow[1])
+            assert f.keys() == s.keys() and f["answered_by"] == s["answered_by"] == "daemon", case
+            assert [c["name"] for c in f["checkpoints"]] == [c["name"] for c in s["checkpoints"]]
+            assert fast[2] == slow[2]
+            continue
+        assert fast == slow, case
+    # the table: the same lines but for the residency column's figures
+    fast, slow = run(["--config", cfg, "status"], env, tmp_path, True), run(["--config", cfg, "status"], env,
+                                                                            tmp_path, False)
+    assert fast[0] == slow[0] == 0 and fast[1].splitlines()[0] == slow[1].splitlines()[0]
+    assert len(fast[1].splitlines()) == len(slow[1].splitlines())
+    # another config than the daemon's: the same warning, then the daemon's answer
+    other = tmp_path / "other.toml"
+    other.write_text(node_env.config.read_text())
+    fast, slow = (run(["--config", str(other), "path", "org/d@v1"], env, tmp_path, f) for f in (True, False))
+    assert fast == slow and "its config" in fast[2]
+
+
+def test_without_a_daemon_path_and_status_are_clicks(node_env, isolated_env, tmp_path: Path) -> None:
+    """No daemon answers: click works in-process (or says --daemon-only cannot), the same both ways."""
+    cfg = str(node_env.config)
+    for case in (["path", "org/d@v1"], ["--daemon-only", "path", "org/d@v1"], ["status", "--json"],
+                 ["--daemon-only", "status"]):
+        args = ["--config", cfg, *case]
+        fast, slow = run(args, dict(isolated_env), tmp_path, True), run(args, dict(isolated_env), tmp_path, False)
+        assert fast[0] == slow[0] and fast[2] == slow[2], case

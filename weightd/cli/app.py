@@ -6,35 +6,13 @@ import importlib
 import logging
 import math
 import sys
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import click
 
 from .. import __version__
 from ..errors import UsageError
-
-
-@dataclass
-class AppContext:
-    config_path: str | None
-    debug: bool
-    no_daemon: bool = False
-    daemon_only: bool = False
-    _config: Any = None
-
-    @property
-    def config(self):  # -> weightd.config.Config; imported when first needed
-        if self._config is None:
-            from ..config import load_config
-            self._config = load_config(self.config_path)
-        return self._config
-
-    def daemon_client(self):
-        """The client of this node's daemon, trusting root and ``[api] daemon_user`` (default: our euid)."""
-        from ..client import DaemonClient
-        api = self.config.settings.api
-        return DaemonClient(api.socket, None if api.daemon_user is None else [api.daemon_user])
+from .context import AppContext  # noqa: F401  (the commands' context; its home is context.py)
 
 
 #: every command and the module of this package that defines it (imported when the command is run)

@@ -1,11 +1,18 @@
-"""Commands that answer in vmtouch time: the few invocations parsed here, without click, the config
-or the tier code, and everything else handed to the click CLI (:mod:`.full`) untouched.
+"""Commands that answer in vmtouch time: the few invocations parsed here, without click or the tier
+code, and everything else handed to the click CLI (:mod:`.full`) untouched.
 
-Only an invocation this parser recognises completely runs here: ``weightd [-q] [--config FILE]
-[--no-daemon | --daemon-only] residency [--json] PATH...`` (residency reads no config and asks no
-daemon, with click as here). Any other option, a ``-``-prefixed path, ``--help``, or ``WEIGHTD_NO_FAST_PATH=1`` goes to
-click, which then gives the same output, errors and exit codes (tests/test_fast_path.py runs a
-matrix of invocations both ways and compares them byte for byte).
+Only an invocation this parser recognises completely runs here, after the global options ``-q``,
+``--config FILE`` and one of ``--no-daemon``/``--daemon-only``:
+
+- ``residency [--json] PATH...`` (it reads no config and asks no daemon, with click as here);
+- ``path NAME[@VERSION] [--json]`` and ``status [--json | -o table|wide|json]``, when the node's daemon
+  answers (not with ``--no-daemon``): the same client, the same checks of its answer and the same
+  rendering as the click commands. When it does not answer (or the socket refuses us), click runs
+  the command in-process as before.
+
+Any other option, a ``-``-prefixed argument, ``--help``, or ``WEIGHTD_NO_FAST_PATH=1`` goes to click,
+which then gives the same output, errors and exit codes (tests/test_fast_path.py runs a matrix of
+invocations both ways and compares them byte for byte).
 """
 
 from __future__ import annotations
@@ -13,55 +20,88 @@ from __future__ import annotations
 import os
 import sys
 
+_FALLBACK = -1000   # (not an exit code: "let click run it")
+
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
     if os.environ.get("WEIGHTD_NO_FAST_PATH") != "1":
         job = _recognise(args)
         if job is not None:
-            return _run(*job)
+            rc = _run(job)
+            if rc != _FALLBACK:
+                return rc
     from .full import run
     return run(args)
 
 
-def _recognise(args: list[str]) -> tuple[str, bool, bool, list[str]] | None:
-    """(command, quiet, as_json, paths), or None: not one of ours, click decides."""
-    quiet, daemon_flags = False, set()
+class _Job:
+    __slots__ = ("command", "quiet", "config_path", "no_daemon", "daemon_only", "as_json", "operands", "fmt")
+
+    def __init__(self) -> None:
+        self.command, self.quiet, self.config_path = "", False, None
+        self.no_daemon = self.daemon_only = self.as_json = False
+        self.operands: list[str] = []
+        self.fmt = "table"
+
+
+def _recognise(args: list[str]) -> _Job | None:
+    """The job, or None: not one of ours, click decides."""
+    job = _Job()
     i = 0
-    while i < len(args) and args[i] != "residency":
+    while i < len(args) and args[i] not in ("residency", "path", "status"):
         a = args[i]
         if a in ("-q", "--quiet"):
-            quiet = True
+            job.quiet = True
         elif a == "--config" and i + 1 < len(args) and args[i + 1] and not args[i + 1].startswith("-"):
-            i += 1   # (residency reads no config: click takes the value and ignores it too)
+            job.config_path = args[i + 1]
+            i += 1
         elif a.startswith("--config=") and len(a) > len("--config="):
-            pass
-        elif a in ("--no-daemon", "--daemon-only"):
-            daemon_flags.add(a)
+            job.config_path = a[len("--config="):]
+        elif a == "--no-daemon":
+            job.no_daemon = True
+        elif a == "--daemon-only":
+            job.daemon_only = True
         else:
             return None
         i += 1
-    if i >= len(args) or len(daemon_flags) > 1:   # (both: click's error)
+    if i >= len(args) or (job.no_daemon and job.daemon_only):   # (both: click's error)
         return None
-    rest = args[i + 1:]
-    as_json = "--json" in rest
-    paths = [a for a in rest if a != "--json"]
-    if not paths or rest.count("--json") > 1 or any(p.startswith("-") or not p for p in paths):
+    job.command, rest = args[i], args[i + 1:]
+    if job.command == "status":
+        while rest:
+            a = rest.pop(0)
+            if a == "--json":
+                job.fmt = "json"
+            elif a in ("-o", "--output") and rest and rest[0] in ("table", "wide", "json"):
+                job.fmt = rest.pop(0)
+            elif a.startswith("--output=") and a[len("--output="):] in ("table", "wide", "json"):
+                job.fmt = a[len("--output="):]
+            else:
+                return None
+        return None if job.no_daemon else job
+    job.as_json = "--json" in rest
+    job.operands = [a for a in rest if a != "--json"]
+    if rest.count("--json") > 1 or any(p.startswith("-") or not p for p in job.operands):
         return None
-    return "residency", quiet, as_json, paths
+    if job.command == "residency":
+        return job if job.operands else None
+    return job if len(job.operands) == 1 and not job.no_daemon else None   # path NAME[@VERSION]
 
 
-def _run(command: str, quiet: bool, as_json: bool, paths: list[str]) -> int:
+def _run(job: _Job) -> int:
     from . import output
     try:
-        if quiet:
+        if job.quiet:
             from .. import progress
             progress.QUIET = True
-        from tiering import residency
-        r = residency(paths)
-        output.emit_json(r.to_dict()) if as_json else output.show_residency(r)
-        output.skip_exit(r.skipped)
-        return 0
+        if job.command == "residency":
+            from tiering import residency
+            r = residency(job.operands)
+            output.emit_json(r.to_dict()) if job.as_json else output.show_residency(r)
+            output.skip_exit(r.skipped)
+            return 0
+        return _through_daemon(job)
     except BrokenPipeError:
         sys.stderr.close()
         from ..errors import EXIT_ERROR
@@ -71,3 +111,32 @@ def _run(command: str, quiet: bool, as_json: bool, paths: list[str]) -> int:
         return 130
     except Exception as exc:  # one line, the exit code of its type (as the click CLI ends)
         return output.report_error(exc, debug=False)
+
+
+def _through_daemon(job: _Job) -> int:
+    """``path`` or ``status`` answered by the node's daemon; _FALLBACK when it does not answer (click
+    then works in-process, or says why it cannot, exactly as it would have)."""
+    from ..errors import SocketDenied
+    from . import output
+    from .context import AppContext, checked_path, warn_other_config
+    if job.command == "path":
+        from tiering import parse_ref
+        parse_ref(job.operands[0], local=True)   # (a bad name: exit 2 before anything, as click's command)
+    app = AppContext(job.config_path, False, job.no_daemon, job.daemon_only)
+    client = app.daemon_client()
+    try:
+        if not client.available():
+            return _FALLBACK
+    except SocketDenied:
+        return _FALLBACK
+    warn_other_config(app, client.health)
+    if job.command == "path":
+        r = checked_path(app, client.path(job.operands[0]))
+        output.emit_json(r) if job.as_json else output.emit_path(r["path"])
+        return 0
+    st = client.status()
+    if job.fmt == "json":
+        output.emit_json(st, compact=False)
+    else:
+        output.show_status(st, wide=job.fmt == "wide")
+    return 0

@@ -17,16 +17,7 @@ import click
 from ..errors import DaemonUnavailable, SocketDenied, UntrustedDaemon
 from . import output
 from .app import AppContext, LeaseOption, Seconds, cli, split_ref
-
-
-def _warn_other_config(app: AppContext, health: object) -> None:
-    """--config names one file, the daemon that answered runs with another: its settings apply."""
-    if app.config_path is None or not isinstance(health, dict) or not isinstance(health.get("config"), str):
-        return
-    theirs = health["config"]
-    if os.path.realpath(app.config_path) != os.path.realpath(theirs):
-        click.echo(f"weightd: the daemon on {app.config.settings.api.socket} answered; its config ({theirs}) "
-                   f"applies, not --config {app.config_path} (--no-daemon to use yours in-process)", err=True)
+from .context import checked_path, warn_other_config
 
 
 class Backend:
@@ -49,7 +40,7 @@ class Backend:
                 click.echo(f"weightd: {exc}; working in-process instead", err=True)
             if answered:
                 self.client = client
-                _warn_other_config(app, client.health)
+                warn_other_config(app, client.health)
         if self.client is None and app.daemon_only:
             sock = app.config.settings.api.socket
             why = ("nothing listens there (a stale socket: the daemon stopped or crashed; systemctl status weightd)"
@@ -85,15 +76,7 @@ class Backend:
             self._service.node.close()
 
     def checked_path(self, r: Any) -> dict[str, Any]:
-        """A path the daemon returned must lie inside a configured hot or warm tier (after symlinks)."""
-        tiers = self.app.config.settings.tiers
-        roots = [os.path.realpath(t.path) for t in (tiers.hot, tiers.warm)]
-        p = r.get("path") if isinstance(r, dict) else None
-        real = os.path.realpath(p) if isinstance(p, str) and p and "\0" not in p else None
-        if real is None or not any(real.startswith(root.rstrip(os.sep) + os.sep) for root in roots):
-            raise UntrustedDaemon(f"the daemon on {self.app.config.settings.api.socket} answered path {p!r}, "
-                                  f"which is not inside the hot or warm tier ({', '.join(roots)}); refusing it")
-        return r
+        return checked_path(self.app, r)
 
     def publish(self, directory: str, name: str, version: str, sign_key: str | None = None,
                 signature: str | None = None, companion: dict[str, str] | None = None) -> dict[str, Any]:
