@@ -53,38 +53,26 @@ BENCHES: dict[str, tuple[list[str], list[str]]] = {
 }
 
 
-def ratios(doc: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], dict[str, Any]]]:
-    """Every speedup() dict in a bench's JSON, with where it was found (the keys above it)."""
+def ratios(doc: Any, path: tuple[str, ...] = (), meds: dict[str, Any] | None = None
+           ) -> Iterator[tuple[tuple[str, ...], dict[str, Any], dict[str, Any]]]:
+    """Every speedup() dict in a bench's JSON, with where it was found (the keys above it) and the
+    contenders' summaries nearest to it (a ``contenders``, ``cases`` or ``commands`` table beside it or
+    above it)."""
+    meds = meds or {}
     if isinstance(doc, dict):
         if {"of", "vs", "ratio", "per_round_min", "per_round_max"} <= doc.keys():
-            yield path, doc
+            yield path, doc, meds
             return
+        for key in ("contenders", "cases", "commands"):
+            if isinstance(doc.get(key), dict):
+                meds = {**meds, **{k: v for k, v in doc[key].items() if isinstance(v, dict) and "median_s" in v}}
         for k, v in doc.items():
-            if k in ("samples_s", "machine", "per_loader_s"):
+            if k in ("samples_s", "machine", "per_loader_s", "explore"):
                 continue
-            yield from ratios(v, (*path, str(k)))
+            yield from ratios(v, (*path, str(k)), meds)
     elif isinstance(doc, list):
         for v in doc:
-            yield from ratios(v, path)
-
-
-def medians(doc: Any) -> dict[str, dict[str, float]]:
-    """Every contender summary() in a bench's JSON (``median_s``, ``min_s``, ``max_s``), by name."""
-    out: dict[str, dict[str, float]] = {}
-
-    def walk(d: Any, name: str) -> None:
-        if isinstance(d, dict):
-            if {"median_s", "min_s", "max_s"} <= d.keys():
-                out[name] = d
-                return
-            for k, v in d.items():
-                if k not in ("samples_s", "machine"):
-                    walk(v, str(k))
-        elif isinstance(d, list):
-            for v in d:
-                walk(v, name)
-    walk(doc, "")
-    return out
+            yield from ratios(v, path, meds)
 
 
 def _fmt_s(s: dict[str, float] | None) -> str:
@@ -114,8 +102,7 @@ def table(results: dict[str, dict[str, Any]], commands: dict[str, list[str]], da
         if not found:
             lines.append(f"| {name} ({cmd}) | {when} | | no ratio in the common shape | | | | | | |")
             continue
-        meds = medians(doc)
-        for where, r in found:
+        for where, r, meds in found:
             ratio = "withheld: " + r.get("refused", "") if r["ratio"] is None else \
                 f"**{r['ratio']:.3g}×** [{r['per_round_min']:.3g}-{r['per_round_max']:.3g}]"
             if "target" in r:
@@ -127,10 +114,8 @@ def table(results: dict[str, dict[str, Any]], commands: dict[str, list[str]], da
                 target, met = "-", None
             w = " / ".join(p for p in where if p not in ("ratios", "results", "conditions", "cold", "cached")) \
                 or "-"
-            ctx = [p for p in where if p.startswith(("N=", "cap", "raw"))]
-            ofm = meds.get(r["of"]) if not ctx else None
-            lines.append(f"| {name} ({cmd}) | {when} | {w} | {r['of']} | {_fmt_s(ofm) if ofm else 'see JSON'} | {r['vs']} | "
-                         f"{_fmt_s(meds.get(r['vs'])) if not ctx else 'see JSON'} | {ratio} | {target} | "
+            lines.append(f"| {name} ({cmd}) | {when} | {w} | {r['of']} | {_fmt_s(meds.get(r['of']))} | {r['vs']} | "
+                         f"{_fmt_s(meds.get(r['vs']))} | {ratio} | {target} | "
                          f"{'yes' if met else 'no' if met is False else '-'} |")
     return "\n".join(lines)
 
@@ -150,6 +135,7 @@ def main() -> int:
     ap.add_argument("--skip", default="")
     ap.add_argument("--quick", action="store_true", help="tiny sizes: check that every bench runs")
     ap.add_argument("--no-readme", action="store_true", help="do not rewrite README.md's table")
+    ap.add_argument("--render", action="store_true", help="run nothing: the table from the newest results")
     args = ap.parse_args()
     names = [n for n in (args.only.split(",") if args.only else BENCHES) if n and n not in args.skip.split(",")]
     unknown = [n for n in names if n not in BENCHES]
@@ -158,10 +144,11 @@ def main() -> int:
         return 2
     date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     outdir = REPO / "bench/results" / time.strftime("%Y-%m-%dT%H%M", time.gmtime())
-    outdir.mkdir(parents=True, exist_ok=True)
+    if not args.render:
+        outdir.mkdir(parents=True, exist_ok=True)
     results: dict[str, dict[str, Any]] = {}
     commands: dict[str, list[str]] = {}
-    for n in names:
+    for n in ([] if args.render else names):
         cmd = BENCHES[n][1 if args.quick else 0]
         commands[n] = [".venv/bin/python", *cmd]
         t0 = time.monotonic()
@@ -180,7 +167,7 @@ def main() -> int:
         results[n] = doc
         print(f"bench/all.py: {n}: {'failed: ' + doc['error'][:200] if 'error' in doc else 'ok'} "
               f"({time.monotonic() - t0:.0f} s)", file=sys.stderr, flush=True)
-    if args.only and not args.quick:   # the table: this run's benches, and the newest result of the others
+    if (args.only or args.render) and not args.quick:   # the table: this run's benches, and the newest result of the others
         for n, (full, _q) in BENCHES.items():
             if n in results:
                 continue
@@ -192,10 +179,12 @@ def main() -> int:
                     break
         results = {n: results[n] for n in BENCHES if n in results}
     text = table(results, commands, date)
-    (outdir / "table.md").write_text(text + "\n")
+    if not args.render:
+        (outdir / "table.md").write_text(text + "\n")
     if not args.no_readme and not args.quick:
         write_readme(text)
-    print(json.dumps({"benchmark": "all", "date": date, "results_dir": str(outdir.relative_to(REPO)),
+    print(json.dumps({"benchmark": "all", "date": date,
+                      "results_dir": None if args.render else str(outdir.relative_to(REPO)),
                       "failed": [n for n, d in results.items() if "error" in d]}, indent=2))
     return 0
 
