@@ -8,8 +8,6 @@ environment, and it does so when :func:`load_config` is called, never at import 
 
 from __future__ import annotations
 
-import getpass
-import ipaddress
 import os
 import stat
 import tomllib
@@ -41,6 +39,7 @@ def _abs_path(v: Any) -> Path:
 
 
 def _host_port(v: Any) -> str:
+    import ipaddress
     if not isinstance(v, str):
         raise ValueError("expected 'IP:PORT'")
     host, sep, port = v.rpartition(":")
@@ -257,6 +256,7 @@ class P2PSettings(_Model):
     @field_validator("allow", mode="before")
     @classmethod
     def _allow(cls, v: Any) -> tuple[str, ...]:
+        import ipaddress
         if not isinstance(v, (list, tuple)):
             raise ValueError("expected a list of CIDRs like '10.0.0.0/8'")
         out = []
@@ -519,6 +519,7 @@ def embedded_defaults(env: Mapping[str, str]) -> dict[str, Any]:
 
 
 def _safe_user() -> str:
+    import getpass
     try:
         return getpass.getuser()
     except (KeyError, OSError):
