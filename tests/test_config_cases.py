@@ -42,3 +42,32 @@ def test_the_config_does_not_import_pydantic() -> None:
     out = subprocess.run([sys.executable, "-c", "import sys, weightd.config as c; c.load_config(None); "
                           "print('pydantic' in sys.modules)"], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_types_and_bounds_as_pydantic_said() -> None:
+    """A model with every kind of field and bound the config uses, against what pydantic (2.x, lax mode)
+    answered for the same inputs, NaN and infinity included (tests/data/settings_model_cases.json)."""
+    import math
+
+    from weightd import settings_model as sm
+
+    class M(sm.BaseModel):
+        a: float = sm.Field(default=1.0, gt=0)
+        b: float = sm.Field(default=1.0, ge=0, le=10)
+        c: int = sm.Field(default=1, ge=1)
+        d: bool = False
+        e: str = ""
+        f: tuple[str, ...] = ()
+
+    cases = json.loads((Path(__file__).parent / "data/settings_model_cases.json").read_text())
+    for case in cases:
+        given = {k: float(v) if isinstance(v, str) and v in ("nan", "inf") else v for k, v in case["input"].items()}
+        try:
+            got = {"ok": json.loads(json.dumps(M.model_validate(given).model_dump(), default=list))}
+        except sm.SettingsError as exc:
+            got = {"err": [exc.msg, list(exc.loc)]}
+        want = {k: v for k, v in case.items() if k != "input"}
+        if "ok" in want:
+            want["ok"] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in want["ok"].items()}
+        assert got == want, (case, got)
+    assert any(math.isnan(float(c["input"].get("a", 0))) for c in cases if c["input"].get("a") == "nan")

@@ -177,12 +177,13 @@ def _item(tp: Any, v: Any, where: Any) -> Any:
 
 
 def _bounds(info: _FieldInfo, v: Any) -> None:
-    if info.ge is not None and v < info.ge:
-        raise _Fail(f"Input should be greater than or equal to {info.ge}", "greater_than_equal")
-    if info.gt is not None and v <= info.gt:
-        raise _Fail(f"Input should be greater than {info.gt}", "greater_than")
-    if info.le is not None and v > info.le:
+    """pydantic's order (le, then ge, then gt), and NaN-safe: NaN is refused by every bound."""
+    if info.le is not None and not v <= info.le:
         raise _Fail(f"Input should be less than or equal to {info.le}", "less_than_equal")
+    if info.ge is not None and not v >= info.ge:
+        raise _Fail(f"Input should be greater than or equal to {info.ge}", "greater_than_equal")
+    if info.gt is not None and not v > info.gt:
+        raise _Fail(f"Input should be greater than {info.gt}", "greater_than")
 
 
 class BaseModel:
