@@ -9,7 +9,8 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip 'setuptools>=77'   # (setuptools: offline builds of this project, tests/test_daemon.py make install)
-	$(BIN)/python -m pip install -q -e '.[test]' --config-settings editable_mode=compat   # (a path in a .pth: the default finder costs ~10 ms of every start)
+	$(BIN)/python -m pip install -q -e '.[test]' --config-settings editable_mode=compat \
+	  || $(BIN)/python -m pip install -q -e '.[test]'   # (compat: a path in a .pth, no finder: ~10 ms of every start; deprecated by setuptools, so the default if it goes)
 	$(BIN)/python -m compileall -q weightd tiering p2p   # (bytecode, as an installed package has: imports compile nothing)
 	touch $(STAMP)
 
@@ -34,7 +35,8 @@ bench: $(STAMP) tools
 
 # needs torch (the CPU wheel, ~1 GB) and root for the blkio throttle
 bench-storm: $(STAMP)
-	$(BIN)/python -m pip install -q -e '.[torch]' --config-settings editable_mode=compat
+	$(BIN)/python -m pip install -q -e '.[torch]' --config-settings editable_mode=compat \
+	  || $(BIN)/python -m pip install -q -e '.[torch]'
 	$(BIN)/python bench/restart_storm.py
 
 clean:
