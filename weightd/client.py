@@ -1,5 +1,7 @@
-"""The CLI's side of the admin API: JSON over HTTP on the daemon's unix socket (standard library only,
-so commands that talk to the daemon start fast).
+"""The CLI's side of the admin API: JSON over HTTP/1.1 on the daemon's unix socket. The few lines of
+HTTP it needs are here (:class:`_Exchange`: one request per connection, ``Content-Length`` or chunked
+answers): the standard library's ``http.client`` costs ~10 ms of imports (``email``, ``ssl``), a
+quarter of the start-up budget of ``weightd path`` and ``status``.
 
 Neither end trusts the other blindly (design §13): the CLI checks who serves the socket
 (``SO_PEERCRED``: root or the configured daemon user) before it sends anything, and the daemon uses
@@ -9,21 +11,24 @@ Neither end trusts the other blindly (design §13): the CLI checks who serves th
 from __future__ import annotations
 
 import errno
-import http.client
 import json
 import os
-import socket
 import struct
+
+import _socket as socket   # (the C module: ``socket.py`` costs ~3 ms of imports, its enums and makefile unused)
 import sys
 import time
-from pathlib import Path
-from typing import Any, Callable, Iterable
+
+TYPE_CHECKING = False   # (typing costs ~3 ms of a start: annotations only)
+if TYPE_CHECKING:
+    from pathlib import Path
+    from typing import Any, Callable, Iterable
 
 from tiering import MAX_SECONDS  # (tiering.content.units: a light module, the client stays fast to start)
 
-from .errors import DaemonError, DaemonUnavailable, SocketDenied, UntrustedDaemon
+from .errors import BadAnswer, DaemonError, DaemonUnavailable, SocketDenied, UntrustedDaemon
 
-__all__ = ["DaemonClient", "DaemonError", "MAX_SECONDS", "UntrustedDaemon", "peer_credentials", "peer_groups"]
+__all__ = ["BadAnswer", "DaemonClient", "DaemonError", "MAX_SECONDS", "UntrustedDaemon", "peer_credentials", "peer_groups"]
 
 RECONNECT_S = 120.0  # a request without a --timeout waits this long for a daemon to come back
 STREAM_SILENCE_S = 30.0  # a progress stream sends a line every 0.5 s: this long without one, the daemon is hung
@@ -65,27 +70,145 @@ def peer_groups(sock: Any, pid: int, uid: int, gid: int) -> frozenset[int]:
         return frozenset(groups)
 
 
-class _UnixConnection(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float | None, trusted_uids: frozenset[int]) -> None:
-        super().__init__("localhost", timeout=timeout)
-        self.unix_path = path
-        self.trusted_uids = trusted_uids
+class _Exchange:
+    """One request and its answer on a fresh connection to the daemon's unix socket, whose peer is
+    checked first (``SO_PEERCRED``: a trusted uid, else :class:`UntrustedDaemon` before anything is
+    sent). A connection closed before or in the middle of the answer is ``ConnectionResetError``."""
 
-    def connect(self) -> None:
+    def __init__(self, path: str, timeout: float | None, trusted_uids: frozenset[int]) -> None:
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.settimeout(self.timeout)
+        s.settimeout(timeout)
         try:
-            s.connect(self.unix_path)
+            s.connect(path)
             pid, uid, _ = peer_credentials(s)
         except OSError:
             s.close()
             raise
-        if uid not in self.trusted_uids:
+        if uid not in trusted_uids:
             s.close()
-            want = " or ".join(f"uid {u}" for u in sorted(self.trusted_uids))
-            raise UntrustedDaemon(f"{self.unix_path} is served by uid {uid} (pid {pid}), not {want} "
+            want = " or ".join(f"uid {u}" for u in sorted(trusted_uids))
+            raise UntrustedDaemon(f"{path} is served by uid {uid} (pid {pid}), not {want} "
                                   f"([api] daemon_user); refusing to talk to it")
         self.sock = s
+        self._in = b""   # (received, not yet parsed)
+        self.status = 0
+        self.headers: dict[str, str] = {}
+        self._chunked = False
+        self._left: int | None = None   # (bytes of the body still to read; None: until the end)
+        self._buf = b""
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def _fill(self) -> bool:
+        data = self.sock.recv(1 << 16)
+        self._in += data
+        return bool(data)
+
+    def _line(self, limit: int = 65537) -> bytes:
+        """The next line received (with its newline; without one: the connection ended first)."""
+        while b"\n" not in self._in and len(self._in) < limit and self._fill():
+            pass
+        end = self._in.find(b"\n", 0, limit)
+        end = min(limit, len(self._in)) if end < 0 else end + 1
+        line, self._in = self._in[:end], self._in[end:]
+        return line
+
+    def _exactly(self, n: int) -> bytes:
+        """``n`` bytes received (fewer: the connection ended first)."""
+        while len(self._in) < n and self._fill():
+            pass
+        data, self._in = self._in[:n], self._in[n:]
+        return data
+
+    def _some(self, n: int) -> bytes:
+        """Up to ``n`` bytes received (b"": the connection ended)."""
+        if not self._in:
+            self._fill()
+        data, self._in = self._in[:n], self._in[n:]
+        return data
+
+    def request(self, method: str, target: str, body: bytes | None = None) -> None:
+        head = f"{method} {target} HTTP/1.1\r\nHost: localhost\r\nAccept-Encoding: identity\r\nConnection: close\r\n"
+        if body is not None:
+            head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        self.sock.sendall(head.encode("ascii") + b"\r\n" + (body or b""))
+        line = self._line()
+        if not line:
+            raise ConnectionResetError("the daemon closed the connection without an answer")
+        parts = line.split(None, 2)
+        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
+            raise BadAnswer(f"not an HTTP/1.1 status line: {line[:80]!r}")
+        self.status = int(parts[1])
+        while True:
+            line = self._line()
+            if not line.endswith(b"\n"):
+                raise ConnectionResetError("the daemon closed the connection in the middle of its headers")
+            if line in (b"\r\n", b"\n"):
+                break
+            name, sep, value = line.decode("latin-1").partition(":")
+            if not sep:
+                raise BadAnswer(f"not an HTTP header: {line[:80]!r}")
+            self.headers[name.strip().lower()] = value.strip()
+        self._chunked = "chunked" in self.headers.get("transfer-encoding", "").lower()
+        if not self._chunked and "content-length" in self.headers:
+            try:
+                self._left = int(self.headers["content-length"])
+            except ValueError:
+                raise BadAnswer(f"Content-Length {self.headers['content-length']!r}") from None
+            if self._left < 0:
+                raise BadAnswer(f"Content-Length {self._left}")
+        if method == "HEAD" or self.status in (204, 304) or 100 <= self.status < 200:
+            self._left = 0
+
+    def _more(self) -> bytes:
+        """The next piece of the body (b"" at its end)."""
+        if self._chunked:
+            line = self._line()
+            if not line.endswith(b"\n"):
+                raise ConnectionResetError("the daemon closed the connection in the middle of its answer")
+            try:
+                size = int(line.split(b";", 1)[0].strip(), 16)
+            except ValueError:
+                raise BadAnswer(f"not a chunk size: {line[:80]!r}") from None
+            if size == 0:
+                self._chunked, self._left = False, 0
+                while self._line() not in (b"\r\n", b"\n", b""):   # (trailers)
+                    pass
+                return b""
+            data = self._exactly(size)
+            if len(data) < size or self._line(3) not in (b"\r\n", b"\n"):
+                raise ConnectionResetError("the daemon closed the connection in the middle of its answer")
+            return data
+        if self._left is None:
+            return self._some(1 << 16)
+        if self._left == 0:
+            return b""
+        data = self._some(min(self._left, 1 << 16))
+        if not data:
+            raise ConnectionResetError("the daemon closed the connection in the middle of its answer")
+        self._left -= len(data)
+        return data
+
+    def read(self) -> bytes:
+        """The rest of the body."""
+        parts = [self._buf]
+        self._buf = b""
+        while data := self._more():
+            parts.append(data)
+        return b"".join(parts)
+
+    def readline(self, limit: int) -> bytes:
+        """The next line of the body, with its newline (without one: the body ended first)."""
+        while b"\n" not in self._buf and len(self._buf) < limit:
+            data = self._more()
+            if not data:
+                break
+            self._buf += data
+        end = self._buf.find(b"\n", 0, limit)
+        end = limit if end < 0 else end + 1
+        line, self._buf = self._buf[:end], self._buf[end:]
+        return line
 
 
 class DaemonClient:
@@ -106,39 +229,34 @@ class DaemonClient:
             return True
         except PermissionError:
             raise SocketDenied(self.socket_path) from None
-        except (OSError, DaemonError, http.client.HTTPException, ValueError):
+        except (OSError, DaemonError, ValueError):
             return False
 
     def call(self, method: str, route: str, body: dict[str, Any] | None = None, *,
              timeout: float | None = None) -> Any:
-        conn = _UnixConnection(str(self.socket_path), timeout, self.trusted_uids)
+        conn = _Exchange(str(self.socket_path), timeout, self.trusted_uids)
         try:
-            payload = json.dumps(body).encode() if body is not None else None
-            conn.request(method, f"/v1/{route}", body=payload,
-                         headers={"Content-Type": "application/json"} if payload is not None else {})
-            resp = conn.getresponse()
-            data = json.loads(resp.read() or b"null")
+            conn.request(method, f"/v1/{route}", json.dumps(body).encode() if body is not None else None)
+            data = json.loads(conn.read() or b"null")
         finally:
             conn.close()
-        return self._answer(resp.status, data)
+        return self._answer(conn.status, data)
 
     def stream(self, route: str, body: dict[str, Any], on_progress: Callable[[dict[str, Any]], None] | None) -> Any:
         """POST ``body`` with ``"stream": true`` and read the daemon's NDJSON answer: each progress
         line goes to ``on_progress``, the last line is the result (returned) or the error (raised as
         from :meth:`call`). A stream that ends without its last line, or stays silent for
         STREAM_SILENCE_S, is a lost daemon (``ConnectionResetError``: ``call_retrying`` asks again)."""
-        conn = _UnixConnection(str(self.socket_path), STREAM_SILENCE_S, self.trusted_uids)
+        conn = _Exchange(str(self.socket_path), STREAM_SILENCE_S, self.trusted_uids)
         try:
-            conn.request("POST", f"/v1/{route}", body=json.dumps({**body, "stream": True}).encode(),
-                         headers={"Content-Type": "application/json"})
-            resp = conn.getresponse()
-            if resp.status >= 400 or "ndjson" not in (resp.getheader("Content-Type") or ""):
-                data = json.loads(resp.read() or b"null")
-                return self._answer(resp.status, data)
+            conn.request("POST", f"/v1/{route}", json.dumps({**body, "stream": True}).encode())
+            if conn.status >= 400 or "ndjson" not in conn.headers.get("content-type", ""):
+                data = json.loads(conn.read() or b"null")
+                return self._answer(conn.status, data)
             while True:
                 try:
-                    raw = resp.readline(1 << 20)
-                except (TimeoutError, socket.timeout):
+                    raw = conn.readline(1 << 20)
+                except TimeoutError:
                     raise ConnectionResetError(f"the daemon sent nothing for {STREAM_SILENCE_S:.0f} s") from None
                 if not raw.endswith(b"\n"):
                     raise ConnectionResetError("the daemon closed the progress stream before the result")
@@ -161,7 +279,7 @@ class DaemonClient:
         if self.health is None:
             try:
                 self.health = self.call("GET", "health", timeout=5)
-            except (OSError, DaemonError, http.client.HTTPException, ValueError):
+            except (OSError, DaemonError, ValueError):
                 return True  # (no answer now: the stream's own reconnecting decides)
         return isinstance(self.health, dict) and "stream" in (self.health.get("features") or ())
 
@@ -204,8 +322,7 @@ class DaemonClient:
                 if not exc.retry:
                     raise
                 reason = "the daemon is restarting"
-            except (ConnectionRefusedError, FileNotFoundError, ConnectionResetError, BrokenPipeError,
-                    http.client.RemoteDisconnected) as exc:
+            except (ConnectionRefusedError, FileNotFoundError, ConnectionResetError, BrokenPipeError) as exc:
                 reason = f"the daemon went away ({type(exc).__name__})"
             now = time.monotonic()
             lost_at = lost_at or now
