@@ -17,7 +17,6 @@ What it does, the way pydantic's lax mode does it (the config's tests pin the me
 
 from __future__ import annotations
 
-import copy
 import sys
 import types
 import typing
@@ -25,6 +24,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from .errors import SettingsError
+
+_IMMUTABLE = (type(None), bool, int, float, complex, str, bytes, frozenset)   # (shared, never copied)
 
 _MISSING: Any = object()
 
@@ -264,7 +265,7 @@ class BaseModel:
                 if info.default is _MISSING:
                     raise _Fail("Field required", "missing", (name,))
                 d = info.default   # (a default is never validated, as in pydantic; a list or dict is copied)
-                values[name] = copy.copy(d) if isinstance(d, (list, dict, set)) else d
+                values[name] = d.copy() if isinstance(d, (list, dict, set)) else d
                 continue
             v = data[name]
             try:
@@ -284,7 +285,11 @@ class BaseModel:
             if name not in cls.model_fields:
                 raise _Fail("Extra inputs are not permitted", "extra_forbidden", (name,))
         obj = cls.__new__(cls)
-        object.__setattr__(obj, "__dict__", {**values, **copy.deepcopy(cls._private)})
+        private = cls._private
+        if not all(isinstance(v, _IMMUTABLE) for v in private.values()):
+            import copy   # (only for a mutable private default: copy costs ~2 ms of every config load's start)
+            private = copy.deepcopy(private)
+        object.__setattr__(obj, "__dict__", {**values, **private})
         for fn in cls._after:
             try:
                 obj = fn(obj)

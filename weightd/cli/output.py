@@ -15,13 +15,18 @@ import time
 
 from tiering import format_bytes, format_duration
 
-from ..progress import progress_bar
-
 TYPE_CHECKING = False   # (typing costs ~9 ms of a start: annotations only)
 if TYPE_CHECKING:
     from typing import Any
 
 __all__ = ["echo", "emit_json", "emit_path", "rate", "ago", "progress_bar", "warn", "note", "format_bytes"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "progress_bar":   # (imported when a command shows progress: path, status and residency never do)
+        from ..progress import progress_bar
+        return progress_bar
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def echo(message: str = "", *, err: bool = False, nl: bool = True) -> None:
