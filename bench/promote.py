@@ -7,6 +7,10 @@ cold->warm: the cold copy is dropped from the page cache before every run (weigh
 warm->hot: the warm copy is in cache (as it is right after a preload), the hot tier is /dev/shm.
 weightd runs as the real CLI (`weightd preload`), interpreter start included; cp runs as `cp -r`.
 `cp -r && sync` is reported too, since weightd fsyncs before it publishes and cp does not.
+Every case runs once per round, in a rotating order (bench/_rounds.py: up to twice the rounds while a
+case's spread is wide, no ratio past --max-spread); each case's set-up (evict, drop the cold copy
+from the cache, make sure the warm copy is there for warm -> hot) is done before it, untimed.
+Target: weightd >= 0.9x cp's speed (`ratios`, in the common shape with the machine's state).
 
 Signatures: the version is published signed, and every round also runs both preloads with
 `[trust] require_signature = true` (the signed SHA-256 of every file checked in the same read as the
@@ -31,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tiering.content.signature import generate_keypair  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _rounds import io_between, machine_state, speedup, stamp, summary  # noqa: E402
+from _rounds import machine_state, report, rounds, speedup  # noqa: E402
 from tiering.content.units import parse_size  # noqa: E402
 from tiering.pagecache import drop_from_cache  # noqa: E402
 from tiering.sample import make_checkpoint  # noqa: E402
@@ -46,8 +50,10 @@ def timed(cmd: list[str], env: dict[str, str] | None = None) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", default="1536MiB")
-    ap.add_argument("--runs", "--rounds", dest="runs", type=int, default=5, help="rounds (every case once per round)")
-    ap.add_argument("--max-spread", type=float, default=0.5)
+    ap.add_argument("--rounds", "--runs", dest="runs", type=int, default=5,
+                    help="rounds (every case once per round; up to twice as many while a spread is wide)")
+    ap.add_argument("--max-spread", type=float, default=0.5,
+                    help="no ratio when a case's interquartile range over its median exceeds it")
     ap.add_argument("--dir", default="/var/tmp", help="disk directory for the cold and warm tiers")
     args = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="weightd-bench-promote-", dir=args.dir))
@@ -78,51 +84,52 @@ def main() -> int:
             subprocess.run([*wd, "evict", "bench/model@v1", "--tier", tier, "--force"], env=env,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
-        res: dict[str, list[float]] = {k: [] for k in ("cw_weightd", "cw_cp", "cw_cp_sync", "wh_weightd", "wh_cp",
-                                                       "cw_weightd_signed", "wh_weightd_signed")}
-        m0 = machine_state()
-        for _ in range(args.runs):
-            # signatures required: the same two preloads, interleaved with the plain ones
-            evict("hot")
-            evict("warm")
-            drop_cold()
-            res["cw_weightd_signed"].append(timed([*wd_signed, "preload", "bench/model@v1", "--tier", "warm",
-                                                   "--lease", "0"], env))
-            res["wh_weightd_signed"].append(timed([*wd_signed, "preload", "bench/model@v1", "--tier", "hot",
-                                                   "--lease", "0"], env))
-            # cold -> warm
-            evict("warm")
-            drop_cold()
-            res["cw_weightd"].append(timed([*wd, "preload", "bench/model@v1", "--tier", "warm", "--lease", "0"], env))
-            dst = base / "cp-warm"
-            shutil.rmtree(dst, ignore_errors=True)
-            drop_cold()
-            res["cw_cp"].append(timed(["cp", "-r", str(cold), str(dst)]))
-            shutil.rmtree(dst)
-            drop_cold()
-            res["cw_cp_sync"].append(timed(["sh", "-c", f"cp -r '{cold}' '{dst}' && sync"]))
-            shutil.rmtree(dst)
-            # warm -> hot (warm copy cached)
-            evict("hot")
-            res["wh_weightd"].append(timed([*wd, "preload", "bench/model@v1", "--tier", "hot", "--lease", "0"], env))
-            hdst = Path(f"{hot}-cp")
-            shutil.rmtree(hdst, ignore_errors=True)
-            res["wh_cp"].append(timed(["cp", "-r", str(base / "warm/bench/model/v1"), str(hdst)]))
-            shutil.rmtree(hdst)
+        warm_copy = base / "warm/bench/model/v1"
+        dst, hdst = base / "cp-warm", Path(f"{hot}-cp")
 
+        def before(case: str) -> None:
+            """Untimed: the case's target empty, its source as the case wants it (cold: out of the page
+            cache; warm -> hot: the warm copy present, and cached as it is right after a preload)."""
+            shutil.rmtree(dst, ignore_errors=True)
+            shutil.rmtree(hdst, ignore_errors=True)
+            evict("hot")
+            if case.startswith("cw_"):
+                evict("warm")
+                drop_cold()
+            elif not warm_copy.is_dir():
+                subprocess.run([*wd, "preload", "bench/model@v1", "--tier", "warm", "--lease", "0"], check=True,
+                               env=env, stdout=subprocess.DEVNULL)
+
+        cases = {
+            "cw_weightd": lambda: timed([*wd, "preload", "bench/model@v1", "--tier", "warm", "--lease", "0"], env),
+            "cw_cp": lambda: timed(["cp", "-r", str(cold), str(dst)]),
+            "cw_cp_sync": lambda: timed(["sh", "-c", f"cp -r '{cold}' '{dst}' && sync"]),
+            "wh_weightd": lambda: timed([*wd, "preload", "bench/model@v1", "--tier", "hot", "--lease", "0"], env),
+            "wh_cp": lambda: timed(["cp", "-r", str(warm_copy), str(hdst)]),
+            # signatures required: the same two preloads, interleaved with the plain ones
+            "cw_weightd_signed": lambda: timed([*wd_signed, "preload", "bench/model@v1", "--tier", "warm",
+                                                "--lease", "0"], env),
+            "wh_weightd_signed": lambda: timed([*wd_signed, "preload", "bench/model@v1", "--tier", "hot",
+                                                "--lease", "0"], env),
+        }
+        m0 = machine_state()
+        res = rounds(cases, args.runs, before=before, widen=args.max_spread,
+                     log=lambda m: print(m, file=sys.stderr, flush=True))
         med = {k: statistics.median(v) for k, v in res.items()}
         m1 = machine_state()
 
         def gbps(k: str) -> float:
             return round(total / med[k] / 1e9, 3)
 
-        print(json.dumps({
-            "benchmark": "promote", "date": stamp(), "bytes": total, "files": len(files), "runs": args.runs,
-            "max_spread": args.max_spread, "contenders": {k: summary(v) for k, v in res.items()},
-            "ratios": [{**speedup(res, "cw_weightd", "cw_cp", max_spread=args.max_spread), "target": 0.9},
-                       {**speedup(res, "cw_weightd", "cw_cp_sync", max_spread=args.max_spread), "target": 0.9},
-                       {**speedup(res, "wh_weightd", "wh_cp", max_spread=args.max_spread), "target": 0.9}],
-            "machine": {"before": m0, "after": m1, "other_io_sectors": io_between(m0, m1)},
+        sp = args.max_spread
+        print(json.dumps(report(
+            "promote", res, [speedup(res, "cw_weightd", "cw_cp", max_spread=sp, target=0.9),
+                             speedup(res, "cw_weightd", "cw_cp_sync", max_spread=sp, target=0.9),
+                             speedup(res, "wh_weightd", "wh_cp", max_spread=sp, target=0.9),
+                             # what a required signature costs: signed time over unsigned (1.0 = free)
+                             speedup(res, "cw_weightd", "cw_weightd_signed", max_spread=sp),
+                             speedup(res, "wh_weightd", "wh_weightd_signed", max_spread=sp)],
+            rounds=args.runs, max_spread=sp, machine=(m0, m1), bytes=total, files=len(files), runs=args.runs, **{
             "cold_to_warm": {"weightd_gbps": gbps("cw_weightd"), "cp_r_gbps": gbps("cw_cp"),
                              "cp_r_sync_gbps": gbps("cw_cp_sync"),
                              "ratio_vs_cp_r": round(med["cw_cp"] / med["cw_weightd"], 3),
@@ -140,9 +147,7 @@ def main() -> int:
                                 "signed_range_s": [round(min(res["wh_weightd_signed"]), 3),
                                                    round(max(res["wh_weightd_signed"]), 3)],
                                 "unsigned_range_s": [round(min(res["wh_weightd"]), 3), round(max(res["wh_weightd"]), 3)]},
-            },
-            "samples_s": res,
-        }, indent=2))
+            }}), indent=2))
         return 0
     finally:
         shutil.rmtree(base, ignore_errors=True)
