@@ -7,6 +7,9 @@ The daemon is the real `weightd serve` subprocess; the clients are threads makin
 on its unix socket (the same client the CLI uses), so the figure is the daemon's, not 50 interpreter
 start-ups. Reported: wall-time ratio (target <= 1.2), bytes copied (must be exactly one checkpoint,
 read from the daemon's own metrics), and the daemon's RSS sampled during the run (target < 150 MB).
+The in-process preload and the clients alternate round by round in a rotating order, the copy
+evicted before each (bench/_rounds.py: up to twice the rounds while a spread is wide, no ratio past
+--max-spread); the JSON is in the common shape, with the machine's state.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _rounds import io_between, machine_state, speedup, stamp, summary  # noqa: E402
+from _rounds import machine_state, report, rounds, speedup  # noqa: E402
 
 from tiering.content.units import parse_size  # noqa: E402
 from tiering.sample import make_checkpoint  # noqa: E402
@@ -59,9 +62,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", default="1GiB")
     ap.add_argument("--clients", type=int, default=50)
-    ap.add_argument("--runs", "--rounds", dest="runs", type=int, default=5, help="rounds (each: one in-process "
-                    "preload, then the clients through the daemon)")
-    ap.add_argument("--max-spread", type=float, default=0.5)
+    ap.add_argument("--rounds", "--runs", dest="runs", type=int, default=5, help="rounds (each: one in-process "
+                    "preload and the clients through the daemon, in a rotating order; up to twice as many while "
+                    "a spread is wide)")
+    ap.add_argument("--max-spread", type=float, default=0.5,
+                    help="no ratio when a contender's interquartile range over its median exceeds it")
     ap.add_argument("--tier", default="warm", choices=["hot", "warm"])
     ap.add_argument("--dir", default="/var/tmp")
     args = ap.parse_args()
@@ -88,16 +93,16 @@ def main() -> int:
                 except Exception:
                     pass
 
-        single: list[float] = []
+        sizes: list[int] = []
 
-        def one_in_process() -> int:
+        def one_in_process() -> float:
             """The baseline: one in-process preload (the daemon idle meanwhile)."""
-            evict()
             with open_node(cfg) as node:
                 t0 = time.perf_counter()
                 r = node.preload("bench/daemon", "v1", tier=args.tier, lease_s=0)
-                single.append(time.perf_counter() - t0)
-            return r.bytes
+                seconds = time.perf_counter() - t0
+            sizes.append(r.bytes)
+            return seconds
 
         daemon = subprocess.Popen([sys.executable, "-m", "weightd", "--config", str(cfg_path), "serve"], env=ENV,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -115,11 +120,10 @@ def main() -> int:
                         return float(line.split()[-1])
             return 0.0
 
-        many, moved, peak = [], [], 0.0
-        m0 = machine_state()
-        for _ in range(args.runs):
-            size = one_in_process()   # (interleaved with the clients, round by round)
-            evict()
+        moved: list[float] = []
+        peak = [0.0]
+
+        def clients_through_daemon() -> float:
             before = cold_bytes()
             stop = threading.Event()
             samples: list[float] = []
@@ -135,28 +139,30 @@ def main() -> int:
             with ThreadPoolExecutor(args.clients) as pool:
                 reports = list(pool.map(lambda _: DaemonClient(sock).call(
                     "POST", "preload", {"ref": "bench/daemon@v1", "tier": args.tier, "lease_s": 0}), range(args.clients)))
-            many.append(time.perf_counter() - t0)
+            seconds = time.perf_counter() - t0
             stop.set()
             sampler.join()
-            peak = max(peak, max(samples))
+            peak[0] = max(peak[0], max(samples, default=0.0))
             moved.append(cold_bytes() - before)
             assert all(rep["path"] == reports[0]["path"] for rep in reports)
+            return seconds
 
+        m0 = machine_state()
+        times = rounds({"single_in_process": one_in_process, "clients_through_daemon": clients_through_daemon},
+                       args.runs, before=lambda _: evict(), widen=args.max_spread,
+                       log=lambda m: print(m, file=sys.stderr, flush=True))
         m1 = machine_state()
-        times = {"single_in_process": single, "clients_through_daemon": many}
-        print(json.dumps({
-            "benchmark": "daemon", "date": stamp(), "bytes": size, "max_spread": args.max_spread,
-            "contenders": {k: summary(v) for k, v in times.items()},
-            "ratios": [{**speedup(times, "single_in_process", "clients_through_daemon", max_spread=args.max_spread),
-                        "target_at_most": 1.2}],
-            "machine": {"before": m0, "after": m1, "other_io_sectors": io_between(m0, m1)}, "clients": args.clients, "tier": args.tier, "runs": args.runs,
-            "single_in_process_s": round(statistics.median(single), 3),
-            "clients_through_daemon_s": round(statistics.median(many), 3),
-            "ratio": round(statistics.median(many) / statistics.median(single), 3), "target_ratio": 1.2,
-            "bytes_copied_per_run": moved, "exactly_one_checkpoint": all(m == size for m in moved),
-            "daemon_peak_rss_mb": round(peak, 1), "target_rss_mb": 150,
-            "samples_s": {"single": single, "through_daemon": many},
-        }, indent=2))
+        single, many, size = times["single_in_process"], times["clients_through_daemon"], sizes[0]
+        print(json.dumps(report(
+            "daemon", times, [speedup(times, "single_in_process", "clients_through_daemon",
+                                      max_spread=args.max_spread, target_at_most=1.2)],
+            rounds=args.runs, max_spread=args.max_spread, machine=(m0, m1), bytes=size, clients=args.clients,
+            tier=args.tier, runs=args.runs,
+            single_in_process_s=round(statistics.median(single), 3),
+            clients_through_daemon_s=round(statistics.median(many), 3),
+            ratio=round(statistics.median(many) / statistics.median(single), 3), target_ratio=1.2,
+            bytes_copied_per_run=moved, exactly_one_checkpoint=all(m == size for m in moved),
+            daemon_peak_rss_mb=round(peak[0], 1), target_rss_mb=150), indent=2))
         return 0
     finally:
         if daemon is not None:
