@@ -5,7 +5,11 @@
 
 4 KiB random reads with O_DIRECT at queue depths 1, 4 and 16 (fio: psync engine, numjobs = depth,
 which is what weightd does: one synchronous reader per slot), and 16 MiB sequential O_DIRECT reads.
-Alternating runs, medians; reported as weightd/fio ratios (the issue's target: within 20%).
+Each round runs fio at every depth, fio sequential and weightd (all depths and sequential in one
+run) in a rotating order (bench/_rounds.py: up to twice the rounds while a figure's spread is wide,
+no ratio past --max-spread); medians; reported as weightd/fio ratios (the issue's target: within
+20%), and in the common shape: fio's p50 over weightd's and fio's time per GiB over weightd's
+(target >= 0.8), with the machine's state.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _rounds import io_between, machine_state, speedup, stamp  # noqa: E402
+from _rounds import machine_state, report, rounds, speedup  # noqa: E402
 from tiering.content.units import parse_size  # noqa: E402
 from weightd.diskbench import make_test_file  # noqa: E402
 
@@ -55,8 +59,10 @@ def main() -> int:
     ap.add_argument("--dir", default="/var/tmp")
     ap.add_argument("--size", default="1GiB")
     ap.add_argument("--seconds", type=float, default=3.0)
-    ap.add_argument("--runs", "--rounds", dest="runs", type=int, default=5, help="rounds (fio and weightd in each)")
-    ap.add_argument("--max-spread", type=float, default=0.5)
+    ap.add_argument("--rounds", "--runs", dest="runs", type=int, default=5,
+                    help="rounds (fio and weightd in each, rotating; up to twice as many while a spread is wide)")
+    ap.add_argument("--max-spread", type=float, default=0.5,
+                    help="no ratio when a figure's interquartile range over its median exceeds it")
     args = ap.parse_args()
     if shutil.which("fio") is None:
         raise SystemExit("fio is not installed: run scripts/install-tools.sh")
@@ -69,15 +75,30 @@ def main() -> int:
         w: dict[str, list[dict]] = {str(d): [] for d in DEPTHS}
         fr: dict[str, list[dict]] = {str(d): [] for d in DEPTHS}
         wseq, fseq = [], []
-        m0 = machine_state()
-        for _ in range(args.runs):
-            for d in DEPTHS:
-                fr[str(d)].append(fio(f, "randread", "4k", d, args.seconds))
+
+        # in the common shape: latency (p50) and time per GiB (sequential) as "seconds", lower is better
+        def fio_depth(d: int) -> dict[str, float]:
+            r = fio(f, "randread", "4k", d, args.seconds)
+            fr[str(d)].append(r)
+            return {f"fio_qd{d}_p50": r["p50_us"] / 1e6}
+
+        def fio_seq() -> dict[str, float]:
+            fseq.append(fio(f, "read", "16m", 1, None)["bytes_per_s"])
+            return {"fio_seq_s_per_gib": (1 << 30) / fseq[-1]}
+
+        def weightd_all() -> dict[str, float]:
             r = weightd(f, args.seconds, cfg)
             for d in DEPTHS:
                 w[str(d)].append(r["randread_4k"][str(d)])
-            fseq.append(fio(f, "read", "16m", 1, None)["bytes_per_s"])
             wseq.append(r["seqread_16m"]["bytes_per_s"])
+            return {**{f"weightd_qd{d}_p50": r["randread_4k"][str(d)]["p50_us"] / 1e6 for d in DEPTHS},
+                    "weightd_seq_s_per_gib": (1 << 30) / wseq[-1]}
+
+        contenders = {**{f"fio_qd{d}": (lambda d=d: fio_depth(d)) for d in DEPTHS}, "fio_seq": fio_seq,
+                      "weightd": weightd_all}
+        m0 = machine_state()
+        times = rounds(contenders, args.runs, widen=args.max_spread,
+                       log=lambda m: print(m, file=sys.stderr, flush=True))
 
         def med(rows: list[dict], k: str) -> float:
             return round(statistics.median(x[k] for x in rows), 1)
@@ -92,23 +113,17 @@ def main() -> int:
                                       for k in ("p50_us", "p99_us", "iops")}
         seq = {"weightd_bytes_per_s": round(statistics.median(wseq)), "fio_bytes_per_s": round(statistics.median(fseq))}
         seq["ratio"] = round(seq["weightd_bytes_per_s"] / seq["fio_bytes_per_s"], 3)
-        # in the common shape: latency (p50) and time per byte (sequential) as "seconds", lower is better
-        times = {f"{who}_qd{d}_p50": [x["p50_us"] / 1e6 for x in rows] for d in map(str, DEPTHS)
-                 for who, rows in (("weightd", w[d]), ("fio", fr[d]))}
-        times["weightd_seq_s_per_byte"] = [1 / b for b in wseq]
-        times["fio_seq_s_per_byte"] = [1 / b for b in fseq]
-        ratios = [{**speedup(times, f"weightd_qd{d}_p50", f"fio_qd{d}_p50", max_spread=args.max_spread),
-                   "target": 0.8} for d in DEPTHS]
-        ratios.append({**speedup(times, "weightd_seq_s_per_byte", "fio_seq_s_per_byte", max_spread=args.max_spread),
-                       "target": 0.8})
+        ratios = [speedup(times, f"weightd_qd{d}_p50", f"fio_qd{d}_p50", max_spread=args.max_spread, target=0.8)
+                  for d in DEPTHS]
+        ratios.append(speedup(times, "weightd_seq_s_per_gib", "fio_seq_s_per_gib", max_spread=args.max_spread,
+                              target=0.8))
         m1 = machine_state()
         within = [abs(1 - v) <= 0.2 for x in rnd.values() for k, v in x["ratio"].items() if k != "p99_us"]
-        print(json.dumps({"benchmark": "disk", "date": stamp(), "file_bytes": f.stat().st_size, "runs": args.runs,
-                          "max_spread": args.max_spread, "ratios": ratios,
-                          "machine": {"before": m0, "after": m1, "other_io_sectors": io_between(m0, m1)},
-                          "seconds_per_test": args.seconds, "randread_4k": rnd, "seqread_16m": seq,
-                          "p50_iops_seq_within_20pct": all(within) and abs(1 - seq["ratio"]) <= 0.2,
-                          "target": "latency and throughput within 20% of fio's"}, indent=2))
+        print(json.dumps(report("disk", times, ratios, rounds=args.runs, max_spread=args.max_spread,
+                                machine=(m0, m1), file_bytes=f.stat().st_size, runs=args.runs,
+                                seconds_per_test=args.seconds, randread_4k=rnd, seqread_16m=seq,
+                                p50_iops_seq_within_20pct=all(within) and abs(1 - seq["ratio"]) <= 0.2,
+                                target="latency and throughput within 20% of fio's"), indent=2))
         return 0
     finally:
         shutil.rmtree(base, ignore_errors=True)
