@@ -18,8 +18,11 @@ moto is pure Python and is the bottleneck here, so (c) is the figure to compare 
 server runs in this process and shares the machine's cores with the client, so a client that does
 work (hashing, writing) takes CPU from the server: the CPU seconds of weightd's process are printed.
 Then a delta update: v2 with about 5% of its tensors changed, preloaded next to v1, with the
-requests and bytes the store served for it (the report's ``store``). Prints JSON: medians and ranges,
-ratios (a)/(c) and (a)/(b), requests issued and bytes served by weightd, and its peak RSS.
+requests and bytes the store served for it (the report's ``store``). The contenders run once per round
+in a rotating order (bench/_rounds.py: up to twice the rounds while a spread is wide, no ratio past
+--max-spread). Prints JSON in the common shape (medians and min-max, the ratios (a)/(c) and (a)/(b)
+with their per-round spread, the machine's state), plus requests issued and bytes served by
+weightd, and its peak RSS.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _rounds import io_between, machine_state, speedup, stamp, summary  # noqa: E402
+from _rounds import machine_state, report, rounds, speedup  # noqa: E402
 from tiering.content.units import parse_size  # noqa: E402
 from tiering.sample import local_s3, make_checkpoint  # noqa: E402
 
@@ -108,8 +111,10 @@ def delta_update(wd: list[str], env: dict[str, str], base: Path, src: Path, tota
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size", default="1GiB")
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--max-spread", type=float, default=0.5)
+    ap.add_argument("--rounds", "--runs", dest="rounds", type=int, default=5,
+                    help="rounds (every contender in each, rotating; up to twice as many while a spread is wide)")
+    ap.add_argument("--max-spread", type=float, default=0.5,
+                    help="no ratio when a contender's interquartile range over its median exceeds it")
     ap.add_argument("--range", dest="range_size", default="64MiB")
     ap.add_argument("--concurrency", type=int, default=4)
     a = ap.parse_args()
@@ -151,57 +156,52 @@ def run(a: argparse.Namespace, size: int, ep: str, bucket: str) -> int:
         m = build_manifest(src).with_labels(name="bench/s3", version="v1")
         fetcher = ObjectCold(f"s3://{bucket}/models", endpoint=ep, region="us-east-1",
                              range_bytes=parse_size(a.range_size), concurrency=a.concurrency)
-        times: dict[str, list[float]] = {"weightd": [], "weightd_hot": [], "fetch_only": [], "s3transfer_verify": [],
-                                         "ceiling": []}
         stats: dict[str, list] = {}
+
+        def weightd(kind: str) -> float:
+            subprocess.run([*wd, "-q", "evict", "bench/s3@v1", "--force"], env=env, cwd=ROOT, capture_output=True)
+            tier = "warm" if kind == "weightd" else "hot"
+            t0 = time.perf_counter()
+            p = subprocess.run(["/usr/bin/time", "-f", "%M %U %S", *wd, "-q", "preload", "bench/s3@v1",
+                                "--tier", tier, "--strict", "--json"], env=env, cwd=ROOT, capture_output=True,
+                               text=True, check=True)
+            seconds = time.perf_counter() - t0
+            rss, user, system = p.stderr.strip().splitlines()[-1].split()
+            stats.setdefault("peak_rss_kib", []).append(int(rss))
+            stats.setdefault(f"cpu_s_{kind}", []).append(float(user) + float(system))
+            rep = json.loads(p.stdout)
+            assert rep["bytes_by_source"]["cold"] == rep["bytes"] == total, rep
+            stats.setdefault("requests", []).append(rep["store"]["requests"])
+            return seconds
+
+        def s3transfer_verify() -> float:
+            dst = base / "s3t"
+            shutil.rmtree(dst, ignore_errors=True)
+            t0 = time.perf_counter()
+            keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="models/bench/s3/v1/")["Contents"]]
+            for key in keys:
+                out = dst / key.removeprefix("models/bench/s3/v1/")
+                out.parent.mkdir(parents=True, exist_ok=True)
+                s3.download_file(bucket, key, str(out))
+            subprocess.run([*wd, "-q", "verify", str(dst)], env=env, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+            return time.perf_counter() - t0
+
+        contenders = {"weightd": lambda: weightd("weightd"), "weightd_hot": lambda: weightd("weightd_hot"),
+                      "fetch_only": lambda: fetch_only(fetcher, m), "s3transfer_verify": s3transfer_verify,
+                      "ceiling": lambda: ceiling(store, objs, *best)}
         m0 = machine_state()
-        for r in range(a.rounds):
-            order = list(times)
-            for kind in order[r % len(order):] + order[:r % len(order)]:
-                if kind in ("weightd", "weightd_hot"):
-                    subprocess.run([*wd, "-q", "evict", "bench/s3@v1", "--force"], env=env, cwd=ROOT,
-                                   capture_output=True)
-                    tier = "warm" if kind == "weightd" else "hot"
-                    t0 = time.perf_counter()
-                    p = subprocess.run(["/usr/bin/time", "-f", "%M %U %S", *wd, "-q", "preload", "bench/s3@v1",
-                                        "--tier", tier, "--strict", "--json"], env=env, cwd=ROOT, capture_output=True,
-                                       text=True, check=True)
-                    times[kind].append(time.perf_counter() - t0)
-                    rss, user, system = p.stderr.strip().splitlines()[-1].split()
-                    stats.setdefault("peak_rss_kib", []).append(int(rss))
-                    stats.setdefault(f"cpu_s_{kind}", []).append(float(user) + float(system))
-                    rep = json.loads(p.stdout)
-                    assert rep["bytes_by_source"]["cold"] == rep["bytes"] == total, rep
-                    stats.setdefault("requests", []).append(rep["store"]["requests"])
-                elif kind == "s3transfer_verify":
-                    dst = base / "s3t"
-                    shutil.rmtree(dst, ignore_errors=True)
-                    t0 = time.perf_counter()
-                    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="models/bench/s3/v1/")["Contents"]]
-                    for key in keys:
-                        out = dst / key.removeprefix("models/bench/s3/v1/")
-                        out.parent.mkdir(parents=True, exist_ok=True)
-                        s3.download_file(bucket, key, str(out))
-                    subprocess.run([*wd, "-q", "verify", str(dst)], env=env, cwd=ROOT, check=True,
-                                   stdout=subprocess.DEVNULL)
-                    times[kind].append(time.perf_counter() - t0)
-                elif kind == "fetch_only":
-                    times[kind].append(fetch_only(fetcher, m))
-                else:
-                    times[kind].append(ceiling(store, objs, *best))
+        times = rounds(contenders, a.rounds, widen=a.max_spread, log=lambda x: print(x, file=sys.stderr, flush=True))
         m1 = machine_state()
         delta = delta_update(wd, env, base, src, total)
         med = {k: statistics.median(v) for k, v in times.items()}
         sp = a.max_spread
-        print(json.dumps({
-            "benchmark": "objstore", "date": stamp(), "max_spread": sp,
-            "contenders": {k: summary(v) for k, v in times.items()},
-            "ratios": [{**speedup(times, "weightd", "ceiling", max_spread=sp), "target": 0.9},
-                       {**speedup(times, "weightd", "s3transfer_verify", max_spread=sp), "target": 1.3},
-                       speedup(times, "weightd_hot", "ceiling", max_spread=sp),
-                       speedup(times, "fetch_only", "ceiling", max_spread=sp)],
-            "machine": {"before": m0, "after": m1, "other_io_sectors": io_between(m0, m1)},
-            "bytes": total, "files": len(objs), "rounds": a.rounds,
+        print(json.dumps(report(
+            "objstore", times, [speedup(times, "weightd", "ceiling", max_spread=sp, target=0.9),
+                                speedup(times, "weightd", "s3transfer_verify", max_spread=sp, target=1.3),
+                                speedup(times, "weightd_hot", "ceiling", max_spread=sp),
+                                speedup(times, "fetch_only", "ceiling", max_spread=sp)],
+            rounds=a.rounds, max_spread=sp, machine=(m0, m1), **{
+            "bytes": total, "files": len(objs),
             "server": "moto (ThreadedMotoServer, 127.0.0.1)",
             "weightd": {"range": a.range_size, "concurrency": a.concurrency},
             "ceiling_setting": {"range_bytes": best[0], "concurrency": best[1]},
@@ -219,7 +219,7 @@ def run(a: argparse.Namespace, size: int, ep: str, bucket: str) -> int:
             "weightd_requests_per_preload": stats["requests"][-1],
             "delta_update": delta,
             "targets": {"vs_ceiling": 0.9, "vs_s3transfer_verify": 1.3, "peak_rss_mib": 200},
-        }, indent=2))
+        }), indent=2))
         return 0
     finally:
         shutil.rmtree(base, ignore_errors=True)
