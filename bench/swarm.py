@@ -16,6 +16,11 @@ require_signature``: every worker checks the publisher's signature and the SHA-2
 cost. For each of ``--rounds`` rounds, the modes run one after another (interleaved, so the VM's noise
 falls on all of them); reported per mode: T(N) median and range, origin upload, and the ratio of
 medians against ``plain`` with the range of the per-round ratios.
+
+Every mode (``--compare``) or contender (the plan and each ``--baseline``) runs once per round at
+every N, in a rotating order, for ``--rounds`` rounds (default 5; bench/_rounds.py: up to twice as
+many while a spread is wide, no ratio past ``--max-spread``). The JSON is in the common shape
+(medians and min-max per "contender N=n", ratios with their per-round spread, the machine's state).
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _rounds import speedup, stamp  # noqa: E402
+from _rounds import machine_state, report, rounds, speedup  # noqa: E402
 from tiering.content.units import parse_size  # noqa: E402
 from tiering.sample import make_checkpoint  # noqa: E402
 
@@ -273,17 +278,22 @@ def compare(base: Path, cold: Path, src: Path, cfg: Path, args: argparse.Namespa
                        capture_output=True, text=True, env=ENV, check=True)
     modes = [Mode(m, pki, base / "signing.pub.pem") for m in names]
     runs: dict[tuple[str, int], list[dict]] = {}
-    for rnd in range(args.rounds):
-        for n in ns:
-            for mode in modes if rnd % 2 == 0 else modes[::-1]:  # (alternate the order: no mode always first)
-                r = run(base, cold, n, args.cap, False, size, mode)
-                if mode.signed and not r["signature_checked"]:
-                    raise SystemExit(f"{mode.name}: a worker did not check the signature: {r}")
-                runs.setdefault((mode.name, n), []).append(r)
-                print(f"round {rnd + 1} n={n} {mode.name}: {r['seconds']} s, origin {r['origin_upload_x']}x",
-                      file=sys.stderr)
-    out: dict = {"benchmark": "swarm-compare", "bytes": size, "cap_bytes_per_s": parse_size(args.cap),
-                 "rounds": args.rounds, "load_avg": os.getloadavg(), "results": []}
+
+    def one(mode: Mode, n: int) -> float:
+        r = run(base, cold, n, args.cap, False, size, mode)
+        if mode.signed and not r["signature_checked"]:
+            raise SystemExit(f"{mode.name}: a worker did not check the signature: {r}")
+        runs.setdefault((mode.name, n), []).append(r)
+        print(f"n={n} {mode.name}: {r['seconds']} s, origin {r['origin_upload_x']}x", file=sys.stderr, flush=True)
+        return r["seconds"]
+
+    # every mode at every N once per round, the order rotating (no mode always first)
+    m0 = machine_state()
+    sec = rounds({f"{mode.name} N={n}": (lambda mode=mode, n=n: one(mode, n)) for n in ns for mode in modes},
+                 args.rounds, widen=args.max_spread, log=lambda m: print(m, file=sys.stderr, flush=True))
+    m1 = machine_state()
+    out: dict = {"bytes": size, "cap_bytes_per_s": parse_size(args.cap), "load_avg": os.getloadavg(),
+                 "results": []}
     for n in ns:
         base_t = [r["seconds"] for r in runs[("plain", n)]]
         for mode in modes:
@@ -296,11 +306,10 @@ def compare(base: Path, cold: Path, src: Path, cfg: Path, args: argparse.Namespa
                 entry["t_over_plain_per_round"] = _median_range([a / b for a, b in zip(ts, base_t)])
             out["results"].append(entry)
     out["targets"] = {"tls_t_over_plain": 1.15}
-    sec = {f"{mode.name} N={n}": [r["seconds"] for r in runs[(mode.name, n)]] for mode in modes for n in ns}
-    out["ratios"] = [{**speedup(sec, f"plain N={n}", f"{m.name} N={n}", max_spread=args.max_spread),
-                      "target_at_most": 1.15} for n in ns for m in modes if m.name != "plain"]
-    out["date"], out["max_spread"] = stamp(), args.max_spread
-    return out
+    ratios = [speedup(sec, f"plain N={n}", f"{m.name} N={n}", max_spread=args.max_spread, target_at_most=1.15)
+              for n in ns for m in modes if m.name != "plain"]
+    return report("swarm-compare", sec, ratios, rounds=args.rounds, max_spread=args.max_spread, machine=(m0, m1),
+                  **out)
 
 
 def main() -> int:
@@ -366,19 +375,23 @@ def main() -> int:
             + [("storm", True, True)] * ("storm" in args.baseline) \
             + [("plan-no-racks", False, True)] * bool(args.racks and "no-racks" in args.baseline)
         runs: dict[tuple[str, int], list[dict]] = {}
-        for rnd in range(args.rounds):
-            for n in ns:
-                for name, storm, plan in contenders if rnd % 2 == 0 else contenders[::-1]:
-                    if name == "storm" and n > args.storm_max:
-                        continue
-                    r = run(base, cold, n, args.cap, storm, size, plan=plan, trace=args.trace or bool(args.racks),
-                            racks=0 if name in ("storm", "plan-no-racks") else args.racks)
-                    runs.setdefault((name, n), []).append(r)
-                    print(f"round {rnd + 1} n={n} {name}: {r['seconds']} s, origin {r['origin_upload_x']}x, "
-                          f"cpu {r['cpu_busy']:.0%}, cross-rack {r['cross_rack']}, plan {r['plan']}", file=sys.stderr)
-        out: dict = {"benchmark": "swarm", "bytes": size, "piece_size": args.piece_size,
-                     "cap_bytes_per_s": parse_size(args.cap), "rounds": args.rounds, "load_avg": os.getloadavg(),
-                     "results": []}
+
+        def one(name: str, storm: bool, plan: bool, n: int) -> float:
+            r = run(base, cold, n, args.cap, storm, size, plan=plan, trace=args.trace or bool(args.racks),
+                    racks=0 if name in ("storm", "plan-no-racks") else args.racks)
+            runs.setdefault((name, n), []).append(r)
+            print(f"n={n} {name}: {r['seconds']} s, origin {r['origin_upload_x']}x, cpu {r['cpu_busy']:.0%}, "
+                  f"cross-rack {r['cross_rack']}, plan {r['plan']}", file=sys.stderr, flush=True)
+            return r["seconds"]
+
+        m0 = machine_state()
+        sec = rounds({f"{name} N={n}": (lambda c=(name, storm, plan, n): one(*c))
+                      for n in ns for name, storm, plan in contenders
+                      if not (name == "storm" and n > args.storm_max)},
+                     args.rounds, widen=args.max_spread, log=lambda m: print(m, file=sys.stderr, flush=True))
+        m1 = machine_state()
+        out: dict = {"bytes": size, "piece_size": args.piece_size, "cap_bytes_per_s": parse_size(args.cap),
+                     "load_avg": os.getloadavg(), "results": []}
         for name, _, _ in dict.fromkeys(contenders):
             t1 = statistics.median(r["seconds"] for r in runs.get((name, ns[0]), [{"seconds": 0}]))
             for n in ns:
@@ -398,13 +411,12 @@ def main() -> int:
                     "plan": rs[len(rs) // 2]["plan"], "runs": rs if args.verbose else None})
         out["targets"] = {"t_over_t1_up_to_32": 1.3, "origin_upload_x_up_to_32": 1.2, "worker_rss_mb": 200}
         # in the common shape: the plan against each baseline at every N, and the plan's T(N) against its T(1)
-        sec = {f"{name} N={n}": [r["seconds"] for r in rs] for (name, n), rs in runs.items()}
-        out["ratios"] = [speedup(sec, f"plan N={n}", f"{b} N={n}", max_spread=args.max_spread)
-                         for n in ns for b in ("storm", "stock", "plan-no-racks") if f"{b} N={n}" in sec]
-        out["ratios"] += [{**speedup(sec, f"plan N={n}", f"plan N={ns[0]}", max_spread=args.max_spread),
-                           "target": round(1 / 1.3, 3)} for n in ns[1:]]   # T(1)/T(N) >= 1/1.3
-        out["date"], out["max_spread"] = stamp(), args.max_spread
-        print(json.dumps(out, indent=2))
+        ratios = [speedup(sec, f"plan N={n}", f"{b} N={n}", max_spread=args.max_spread)
+                  for n in ns for b in ("storm", "stock", "plan-no-racks") if f"{b} N={n}" in sec]
+        ratios += [speedup(sec, f"plan N={n}", f"plan N={ns[0]}", max_spread=args.max_spread,
+                           target=round(1 / 1.3, 3)) for n in ns[1:]]   # T(1)/T(N) >= 1/1.3
+        print(json.dumps(report("swarm", sec, ratios, rounds=args.rounds, max_spread=args.max_spread,
+                                machine=(m0, m1), **out), indent=2))
         return 0
     finally:
         shutil.rmtree(base, ignore_errors=True)
