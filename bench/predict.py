@@ -1,7 +1,13 @@
 """Does prediction help? Misses of a tier that holds 5 of 20 models, over a synthetic two-week trace,
 for LRU alone, LRU + the forecaster's prewarming, and an oracle that knows the future.
 
-    .venv/bin/python bench/predict.py [--trace diurnal|background] [--seeds 1,2,3] [--days 14] [--models 20] [--slots 5]
+    .venv/bin/python bench/predict.py [--trace diurnal|background] [--seeds 1,2,3,4,5 | --rounds 5] [--days 14] [--models 20] [--slots 5]
+
+This is a simulation, deterministic for a seed: its "rounds" are seeds (--rounds N: seeds 1..N;
+default 5). Every mode replays each seed's trace; the JSON is in bench/_rounds.py's common shape with
+misses standing for seconds (fewer is better): each mode's median and min-max over the seeds, and
+LRU's misses over prediction's as a ratio of medians with the per-seed range (no ratio when a mode's
+interquartile range over its median exceeds --max-spread), with the machine's state.
 
 The trace (seeded): each model has a popularity (Zipf-like), a peak hour of the day and a width, a
 weekend factor, and day-to-day noise (log-normal); requests per hour are Poisson around that rate,
@@ -233,6 +239,9 @@ def run_seed(seed: int, days: int, models: int, slots: int, top: int, kind: str)
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", default="1,2,3,4,5", help="the traces' seeds: this simulation's rounds (>= 5)")
+    ap.add_argument("--rounds", type=int, default=None, help="seeds 1..N (instead of --seeds)")
+    ap.add_argument("--max-spread", type=float, default=1.0,
+                    help="no ratio when a mode's misses vary more than this over the seeds (IQR over median)")
     ap.add_argument("--trace", choices=sorted(TRACES), default="diurnal")
     ap.add_argument("--days", type=int, default=14)
     ap.add_argument("--models", type=int, default=20)
@@ -240,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--top", type=int, default=None, help="models prewarmed per hour at most (default: --slots)")
     a = ap.parse_args(argv)
     try:
-        seeds = [int(s) for s in a.seeds.split(",")]
+        seeds = [int(s) for s in a.seeds.split(",")] if a.rounds is None else list(range(1, a.rounds + 1))
         if not seeds or not 1 <= a.days <= 60 or not 2 <= a.models <= 200 or not 1 <= a.slots < a.models:
             raise ValueError
     except ValueError:
@@ -248,25 +257,29 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     top = a.top if a.top is not None else a.slots
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _rounds import machine_state, report, speedup
+    m0 = machine_state()
     runs = [run_seed(s, a.days, a.models, a.slots, top, a.trace) for s in seeds]
+    m1 = machine_state()
     removed = [r["removed_of_lru_excess"] for r in runs if r["removed_of_lru_excess"] is not None]
-    doc = {"bench": "predict", "trace": a.trace, "days": a.days, "models": a.models, "slots": a.slots, "top": top,
-           "oracle_kind": "Belady MIN on the same LocalNode (forced eviction of the furthest next request)",
-           "baseline": "lru (the node's own eviction, same run)", "runs": runs,
-           "removed_of_lru_excess": {"median": statistics.median(removed) if removed else None,
-                                     "min": min(removed, default=None), "max": max(removed, default=None)},
-           "rate_oracle_removed_of_lru_excess": statistics.median(
-               [r["rate_oracle_removed_of_lru_excess"] for r in runs if r["rate_oracle_removed_of_lru_excess"] is not None]
-               or [math.nan]),
-           "target": 0.5}
-    doc["met"] = bool(removed) and statistics.median(removed) >= 0.5 and min(removed) >= 0.5
     # in the common shape (misses stand for seconds: fewer is better): LRU's misses over prediction's,
     # the median over seeds with the per-seed range (the rounds of a simulation are its seeds)
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from _rounds import speedup, stamp
     misses = {m: [r["misses"][m] for r in runs] for m in runs[0]["misses"]}
-    doc["ratios"] = [speedup(misses, "lru_prediction", "lru", max_spread=1.0)]
-    doc["date"] = stamp()
+    doc = report(
+        "predict", misses, [speedup(misses, "lru_prediction", "lru", max_spread=a.max_spread)],
+        rounds=len(seeds), max_spread=a.max_spread, machine=(m0, m1), **{
+            "bench": "predict", "seeds": seeds, "figure": "misses (the rounds are seeds)",
+            "trace": a.trace, "days": a.days, "models": a.models, "slots": a.slots, "top": top,
+            "oracle_kind": "Belady MIN on the same LocalNode (forced eviction of the furthest next request)",
+            "baseline": "lru (the node's own eviction, same run)", "runs": runs,
+            "removed_of_lru_excess": {"median": statistics.median(removed) if removed else None,
+                                      "min": min(removed, default=None), "max": max(removed, default=None)},
+            "rate_oracle_removed_of_lru_excess": statistics.median(
+                [r["rate_oracle_removed_of_lru_excess"] for r in runs
+                 if r["rate_oracle_removed_of_lru_excess"] is not None] or [math.nan]),
+            "target": 0.5})
+    doc["met"] = bool(removed) and statistics.median(removed) >= 0.5 and min(removed) >= 0.5
     print(json.dumps(doc, indent=2))
     return 0
 
