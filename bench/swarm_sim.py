@@ -7,6 +7,14 @@ runs of ``bench/swarm.py``.
     .venv/bin/python bench/swarm_sim.py fit                       # the grid the calibration came from
     .venv/bin/python bench/swarm_sim.py predict --nodes 100       # 130 GB, 16 MiB pieces, 100 Gbit
 
+**Rounds are seeds.** The model is deterministic for a seed, so calibrate and predict run it once per
+seed (``--seeds``, default 1-5, or ``--rounds N`` for seeds 1..N) and print bench/_rounds.py's
+common shape: every figure's median and min-max over the seeds, and ratios of medians with their
+per-seed range (calibrate: the model over the measurement for T(N)/T(1) and the origin's upload,
+target within 0.85-1.15; predict: the plan against the plan without racks), with the machine's
+state; each seed's full output under ``runs``. calibrate takes ~7 s a seed here; predict ~1 min a
+contender a seed at 100 nodes.
+
 **The model.** Time advances in ticks of a quarter of a piece's time at a node's rate. Every transfer
 moves one piece from one node to another; each tick a transfer gets the smaller of its sender's and
 its receiver's capacity divided by their transfers in flight (and, across racks, its share of the
@@ -55,6 +63,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -465,7 +474,7 @@ def fit() -> dict:
     return best[1]
 
 
-def predict(nodes: list[int], pieces: int) -> dict:
+def predict(nodes: list[int], pieces: int, seed: int = 1) -> dict:
     """130 GB, 16 MiB pieces (simulated as ``pieces`` equal parts), 100 Gbit NICs at 80%, NVMe writes
     at 7 GB/s, 25 nodes per rack behind a 4:1 spine, the origin on the same NIC; every node its own
     CPU. Against the lower bound max(S/c_origin, S/c, N*S/(c_origin + N*c)), c = min(NIC, NVMe).
@@ -481,19 +490,51 @@ def predict(nodes: list[int], pieces: int) -> dict:
             net = Net(n, max(1, n // 25), nic, nic, 4.0)
             cal = {"start_s": 0.0, **extra}
             if n <= 100:
-                r = simulate(net, size, pieces, mode, cal=cal, write_bps=nvme)
+                r = simulate(net, size, pieces, mode, cal=cal, write_bps=nvme, seed=seed)
             elif mode == "plan":
-                r = simulate_by_symmetry(net, size, pieces, cal=cal, write_bps=nvme)
+                r = simulate_by_symmetry(net, size, pieces, cal=cal, write_bps=nvme, seed=seed)
             else:
                 continue   # (without racks there is no symmetry to lean on)
-            print(f"{name} n={n}: {r}", file=sys.stderr)
+            print(f"seed {seed} {name} n={n}: {r}", file=sys.stderr)
             out.append({**r, "contender": name, "lower_bound_s": round(bound, 2),
                         "over_bound": round(r["seconds"] / bound, 2)})
-    return {"benchmark": "swarm-sim-predict", "bytes": size, "piece_bytes": 16 << 20,
+    return {"benchmark": "swarm-sim-predict", "seed": seed, "bytes": size, "piece_bytes": 16 << 20,
             "simulated_pieces": pieces, "nic_bytes_per_s": nic, "nvme_bytes_per_s": nvme, "nodes_per_rack": 25,
             "spine_oversub": 4, "results": out,
             "published": {"dragonfly": "10 GB to 990 nodes in 6m28s",
                           "kraken": "3 GB to 2,600 hosts, p99 18 s at 300 MB/s caps"}}
+
+
+def over_seeds(what: str, runs: list[dict], max_spread: float, machine: tuple[dict, dict]) -> dict:
+    """The runs of every seed in bench/_rounds.py's common shape (a simulation's rounds are its seeds):
+    calibrate: the model's T(N)/T(1) and origin upload against the measured ones per row, the model
+    over the measurement as a ratio of medians with its per-seed range (target: within the 15% error
+    the calibration is held to); predict: each contender's seconds, the plan against the plan
+    without racks."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _rounds import report, speedup
+    times: dict[str, list[float]] = {}
+    ratios = []
+    if what == "calibrate":
+        for i, row in enumerate(runs[0]["rows"]):
+            label = f"{row['mode']} racks={row['racks']} N={row['n']} cap={row['cap_MBps']:g}MB/s"
+            for fig in ("t_over_t1", "origin_x"):
+                for who in ("model", "measured"):
+                    times[f"{who} {fig} {label}"] = [r["rows"][i][fig][who] for r in runs]
+                ratios.append(speedup(times, f"measured {fig} {label}", f"model {fig} {label}",
+                                      max_spread=max_spread, target=0.85, target_at_most=1.15))
+        worst = [r["worst_error"] for r in runs]
+        extra = {"worst_error": max(worst), "worst_error_over_seeds": {"median": statistics.median(worst),
+                 "min": min(worst), "max": max(worst)}, "target_error": 0.15}
+    else:
+        for r in runs:
+            for row in r["results"]:
+                times.setdefault(f"{row['contender']} N={row['nodes']}", []).append(row["seconds"])
+        ratios = [speedup(times, k, k.replace("plan N=", "plan without racks N="), max_spread=max_spread)
+                  for k in times if k.startswith("plan N=") and k.replace("plan N=", "plan without racks N=") in times]
+        extra = {}
+    return report(f"swarm-sim-{what}", times, ratios, rounds=len(runs), max_spread=max_spread, machine=machine,
+                  seeds=[r["seed"] for r in runs], figure="simulated (the rounds are seeds)", **extra, runs=runs)
 
 
 def _positive_ints(text: str) -> list[int]:
@@ -514,16 +555,24 @@ def main() -> int:
     ap.add_argument("--pieces", type=lambda t: _positive_ints(t)[0], default=1024,
                     help="equal parts the checkpoint is simulated as (predict)")
     ap.add_argument("--seeds", type=_positive_ints, default=[1, 2, 3, 4, 5],
-                    help="calibrate: the model's random seeds, each reported (a simulation's rounds are its seeds)")
+                    help="calibrate, predict: the model's random seeds (a simulation's rounds are its seeds)")
+    ap.add_argument("--rounds", type=lambda t: _positive_ints(t)[0], default=None,
+                    help="seeds 1..N (instead of --seeds)")
+    ap.add_argument("--max-spread", type=float, default=0.5,
+                    help="no ratio when a figure varies more than this over the seeds (IQR over median)")
     args = ap.parse_args()
+    seeds = args.seeds if args.rounds is None else list(range(1, args.rounds + 1))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _rounds import machine_state
+    m0 = machine_state()
     if args.what == "calibrate":
-        runs = [calibrate(seed=x) for x in args.seeds]
-        print(json.dumps(runs[0] if len(runs) == 1 else
-                         {"runs": runs, "worst_error": max(r["worst_error"] for r in runs)}, indent=2))
+        runs = [calibrate(seed=x) for x in seeds]
+        print(json.dumps(over_seeds("calibrate", runs, args.max_spread, (m0, machine_state())), indent=2))
     elif args.what == "fit":
         print(json.dumps(fit(), indent=2))
     else:
-        print(json.dumps(predict(args.nodes, args.pieces), indent=2))
+        runs = [predict(args.nodes, args.pieces, seed=x) for x in seeds]
+        print(json.dumps(over_seeds("predict", runs, args.max_spread, (m0, machine_state())), indent=2))
     return 0
 
 
