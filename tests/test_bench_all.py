@@ -44,3 +44,35 @@ def test_readme_markers(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(m, "REPO", tmp_path)
     m.write_readme("new table")
     assert (tmp_path / "README.md").read_text() == f"a\n{m.BEGIN}\nnew table\n{m.END}\nb\n"
+
+
+def test_a_band_target_and_microseconds() -> None:
+    m = load()
+    lat = {"median_s": 4.9e-05, "min_s": 4.5e-05, "max_s": 5.7e-05}
+    doc = {"contenders": {"measured": lat, "model": lat},
+           "ratios": [{"of": "measured", "vs": "model", "rounds": 5, "per_round_min": 0.9, "per_round_max": 0.95,
+                       "ratio": 0.92, "target": 0.85, "target_at_most": 1.15, "met": True},
+                      {"of": "measured", "vs": "model", "rounds": 5, "per_round_min": 1.2, "per_round_max": 1.3,
+                       "ratio": 1.25, "target": 0.85, "target_at_most": 1.15, "met": False}],
+           "date": "2026-12-05T03:00:00Z"}
+    rows = [x for x in m.table({"sim": doc}, {"sim": ["bench/s.py"]}, "d").splitlines() if x.startswith("| sim")]
+    assert "| 0.85-1.15 | yes |" in rows[0] and "| 0.85-1.15 | no |" in rows[1]
+    assert "49.0 µs (45.0 µs-57.0 µs)" in rows[0] and "2026-12-05 03:00" in rows[0]
+
+
+def test_a_missing_bench_is_a_row_and_the_others_still_run(tmp_path: Path, monkeypatch, capsys) -> None:
+    m = load()
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench/ok.py").write_text(
+        "import json\nprint(json.dumps({'date': 'x', 'contenders': {}, 'ratios': [{'of': 'a', 'vs': 'b', "
+        "'rounds': 5, 'per_round_min': 1, 'per_round_max': 1, 'ratio': 1.0}]}))\n")
+    (tmp_path / "bench/boom.py").write_text("raise SystemExit('boom')\n")
+    monkeypatch.setattr(m, "REPO", tmp_path)
+    monkeypatch.setattr(m, "BENCHES", {n: ([f"bench/{n}.py"], [f"bench/{n}.py"]) for n in ("gone", "boom", "ok")})
+    monkeypatch.setattr("sys.argv", ["all.py", "--quick"])
+    assert m.main() == 0
+    out = capsys.readouterr()
+    assert "gone: failed: bench/gone.py is missing" in out.err and "boom: failed" in out.err
+    assert "ok: ok" in out.err
+    table = next((tmp_path / "bench/results").glob("*/table.md")).read_text()
+    assert "bench/gone.py is missing" in table and "failed: exit 1: boom" in table and "**1×**" in table
