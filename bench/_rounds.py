@@ -127,21 +127,23 @@ def speedup(times: dict[str, list[float]], fast: str, slow: str, *, max_spread: 
 
 
 def report(benchmark: str, times: dict[str, list[float]], ratios: list[dict[str, Any]], *, rounds: int,
-           max_spread: float, machine: tuple[dict[str, Any], dict[str, Any]], **extra: Any) -> dict[str, Any]:
+           max_spread: float, machine: tuple[dict[str, Any], dict[str, Any]], unit: str = "s",
+           **extra: Any) -> dict[str, Any]:
     """The JSON every bench prints, in one shape (bench/all.py builds the README's table from it)::
 
         {"benchmark": NAME, "date": stamp(), "rounds": N asked, "rounds_run": N run (more when widened),
-         "max_spread": BOUND,
+         "max_spread": BOUND, "unit": "s" (or what the figures are: "misses" for a simulation),
          "contenders": {NAME: summary()}, "ratios": [speedup(..., target=...)],
          "machine": {"before": machine_state(), "after": ..., "other_io_sectors": io_between()},
          ...the bench's own keys..., "samples_s": {NAME: [every round's figure]}}
 
-    ``machine`` is the (before, after) pair of machine_state(). A bench's own keys come after the
+    ``machine`` is the (before, after) pair of machine_state(); the figures keep the ``*_s`` names
+    whatever ``unit`` says they are. A bench's own keys come after the
     common ones and may not replace them."""
     m0, m1 = machine
     out: dict[str, Any] = {
         "benchmark": benchmark, "date": stamp(), "rounds": rounds,
-        "rounds_run": max((len(v) for v in times.values()), default=0), "max_spread": max_spread,
+        "rounds_run": max((len(v) for v in times.values()), default=0), "max_spread": max_spread, "unit": unit,
         "contenders": {k: summary(v) for k, v in times.items() if v}, "ratios": ratios,
         "machine": {"before": m0, "after": m1, "other_io_sectors": io_between(m0, m1)},
     }

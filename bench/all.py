@@ -78,9 +78,11 @@ def ratios(doc: Any, path: tuple[str, ...] = (), meds: dict[str, Any] | None = N
             yield from ratios(v, path, meds)
 
 
-def _fmt_s(s: dict[str, float] | None) -> str:
+def _fmt_s(s: dict[str, float] | None, unit: str = "s") -> str:
     if not s:
         return "-"
+    if unit != "s":   # (a simulation's misses, a ratio: the figure as it is)
+        return f"{s['median_s']:g} {unit} ({s['min_s']:g}-{s['max_s']:g})"
     f = (lambda x: f"{x * 1e6:.1f} µs") if s["median_s"] < 1e-3 else \
         (lambda x: f"{x * 1000:.1f} ms") if s["median_s"] < 1 else (lambda x: f"{x:.2f} s")
     return f"{f(s['median_s'])} ({f(s['min_s'])}-{f(s['max_s'])})"
@@ -106,6 +108,7 @@ def table(results: dict[str, dict[str, Any]], commands: dict[str, list[str]], da
         if not found:
             lines.append(f"| {name} ({cmd}) | {when} | | no ratio in the common shape | | | | | | |")
             continue
+        unit = str(doc.get("unit", "s"))
         for where, r, meds in found:
             ratio = "withheld: " + r.get("refused", "") if r["ratio"] is None else \
                 f"**{r['ratio']:.3g}×** [{r['per_round_min']:.3g}-{r['per_round_max']:.3g}]"
@@ -121,8 +124,8 @@ def table(results: dict[str, dict[str, Any]], commands: dict[str, list[str]], da
                 target, met = "-", None
             w = " / ".join(p for p in where if p not in ("ratios", "results", "conditions", "cold", "cached")) \
                 or "-"
-            lines.append(f"| {name} ({cmd}) | {when} | {w} | {r['of']} | {_fmt_s(meds.get(r['of']))} | {r['vs']} | "
-                         f"{_fmt_s(meds.get(r['vs']))} | {ratio} | {target} | "
+            lines.append(f"| {name} ({cmd}) | {when} | {w} | {r['of']} | {_fmt_s(meds.get(r['of']), unit)} | {r['vs']} | "
+                         f"{_fmt_s(meds.get(r['vs']), unit)} | {ratio} | {target} | "
                          f"{'yes' if met else 'no' if met is False else '-'} |")
     return "\n".join(lines)
 
@@ -150,7 +153,8 @@ def main() -> int:
         print(json.dumps({"error": f"unknown bench {unknown[0]!r}: one of {', '.join(BENCHES)}"}))
         return 2
     date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    outdir = REPO / "bench/results" / time.strftime("%Y-%m-%dT%H%M", time.gmtime())
+    # (a quick run's tiny figures under quick/: never taken for the newest result of a full run)
+    outdir = REPO / "bench/results" / ("quick" if args.quick else "") / time.strftime("%Y-%m-%dT%H%M", time.gmtime())
     if not args.render:
         outdir.mkdir(parents=True, exist_ok=True)
     results: dict[str, dict[str, Any]] = {}

@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     misses = {m: [r["misses"][m] for r in runs] for m in runs[0]["misses"]}
     doc = report(
         "predict", misses, [speedup(misses, "lru_prediction", "lru", max_spread=a.max_spread)],
-        rounds=len(seeds), max_spread=a.max_spread, machine=(m0, m1), **{
+        rounds=len(seeds), max_spread=a.max_spread, machine=(m0, m1), unit="misses", **{
             "bench": "predict", "seeds": seeds, "figure": "misses (the rounds are seeds)",
             "trace": a.trace, "days": a.days, "models": a.models, "slots": a.slots, "top": top,
             "oracle_kind": "Belady MIN on the same LocalNode (forced eviction of the furthest next request)",

@@ -534,6 +534,7 @@ def over_seeds(what: str, runs: list[dict], max_spread: float, machine: tuple[di
                   for k in times if k.startswith("plan N=") and k.replace("plan N=", "plan without racks N=") in times]
         extra = {}
     return report(f"swarm-sim-{what}", times, ratios, rounds=len(runs), max_spread=max_spread, machine=machine,
+                  unit="x" if what == "calibrate" else "s",
                   seeds=[r["seed"] for r in runs], figure="simulated (the rounds are seeds)", **extra, runs=runs)
 
 

@@ -74,5 +74,15 @@ def test_a_missing_bench_is_a_row_and_the_others_still_run(tmp_path: Path, monke
     out = capsys.readouterr()
     assert "gone: failed: bench/gone.py is missing" in out.err and "boom: failed" in out.err
     assert "ok: ok" in out.err
-    table = next((tmp_path / "bench/results").glob("*/table.md")).read_text()
+    table = next((tmp_path / "bench/results/quick").glob("*/table.md")).read_text()   # (never beside full runs)
     assert "bench/gone.py is missing" in table and "failed: exit 1: boom" in table and "**1×**" in table
+
+
+def test_figures_that_are_not_seconds_keep_their_unit() -> None:
+    m = load()
+    doc = {"unit": "misses", "contenders": {"lru": {"median_s": 33.0, "min_s": 28.0, "max_s": 50.0},
+                                            "pred": {"median_s": 26.0, "min_s": 18.0, "max_s": 39.0}},
+           "ratios": [{"of": "pred", "vs": "lru", "rounds": 5, "per_round_min": 1.2, "per_round_max": 1.7,
+                       "ratio": 1.27}]}
+    row = m.table({"predict": doc}, {"predict": ["bench/predict.py"]}, "d").splitlines()[-1]
+    assert "26 misses (18-39)" in row and "33 misses (28-50)" in row and " s (" not in row

@@ -89,7 +89,7 @@ def test_report_has_the_common_shape() -> None:
     assert set(doc["machine"]) == {"before", "after", "other_io_sectors"}
     assert "loadavg" in doc["machine"]["before"]
     assert doc["contenders"]["b"]["median_s"] == 2.0 and doc["samples_s"] == t
-    assert doc["ratios"][0]["ratio"] == 2.0 and doc["rounds_run"] == 5
+    assert doc["ratios"][0]["ratio"] == 2.0 and doc["rounds_run"] == 5 and doc["unit"] == "s"
     try:
         m.report("x", t, [], rounds=5, max_spread=0.5, machine=(s0, s0), date="no")
     except ValueError as e:
