@@ -153,6 +153,27 @@ def report(benchmark: str, times: dict[str, list[float]], ratios: list[dict[str,
     return {**out, **extra, "samples_s": times}
 
 
+def run_timed(cmd: "list[str] | str", env: "dict[str, str] | None" = None) -> float:
+    """Seconds ``cmd`` took (a shell line when a string); a failure ends the benchmark, saying why. The
+    default environment is this one with the repository on PYTHONPATH (the code under test)."""
+    import subprocess
+    from pathlib import Path
+    if env is None:
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, env=env, shell=isinstance(cmd, str), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                       text=True)
+    s = time.perf_counter() - t0
+    if p.returncode != 0:
+        raise SystemExit(f"{str(cmd)[:200]}: exit {p.returncode}: {p.stderr[-500:]}")
+    return s
+
+
+def timer(cmd: "list[str] | str", env: "dict[str, str] | None" = None) -> Callable[[], float]:
+    """A contender for :func:`rounds`: ``cmd`` run and timed by :func:`run_timed` each time it is called."""
+    return lambda: run_timed(cmd, env)
+
+
 def stamp() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
@@ -189,15 +210,8 @@ class BenchNode:
             time.sleep(0.1)
 
     def run(self, cmd: "list[str] | str") -> float:
-        """Seconds ``cmd`` took (a shell line when a string); a failure ends the benchmark, saying why."""
-        import subprocess
-        t0 = time.perf_counter()
-        p = subprocess.run(cmd, env=self.env, shell=isinstance(cmd, str), stdout=subprocess.DEVNULL,
-                           stderr=subprocess.PIPE, text=True)
-        s = time.perf_counter() - t0
-        if p.returncode != 0:
-            raise SystemExit(f"{str(cmd)[:200]}: exit {p.returncode}: {p.stderr[-500:]}")
-        return s
+        """Seconds ``cmd`` took, with this node's environment (:func:`run_timed`)."""
+        return run_timed(cmd, self.env)
 
     def close(self, *extra: "os.PathLike[str] | str") -> None:
         import shutil

@@ -24,13 +24,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _rounds import io_between, machine_state, rounds, speedup, stamp, summary  # noqa: E402
+from _rounds import io_between, machine_state, rounds, speedup, stamp, summary, timer  # noqa: E402
 
 from tiering import build_manifest  # noqa: E402
 from tiering.content.units import parse_size  # noqa: E402
@@ -40,17 +39,6 @@ from tiering.sample import make_checkpoint  # noqa: E402
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 WD = [sys.executable, "-m", "weightd"]
 READERS = ("cat", "dd_16M", "dd_direct", "fio_read")
-
-
-def shell_timer(line: str) -> Callable[[], float]:
-    def run() -> float:
-        t0 = time.perf_counter()
-        p = subprocess.run(line, shell=True, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        s = time.perf_counter() - t0
-        if p.returncode != 0:
-            raise SystemExit(f"{line[:160]}: exit {p.returncode}: {p.stderr[-300:]}")
-        return s
-    return run
 
 
 def main() -> int:
@@ -76,14 +64,14 @@ def main() -> int:
         subprocess.run([*WD, "manifest", "build", str(ckpt)], env=ENV, check=True, stdout=subprocess.DEVNULL)
         q = " ".join(files)
         cold = {
-            "weightd_manifest_build": shell_timer(" ".join([*WD, "manifest", "build", str(ckpt), "-o", "/dev/null"])),
-            "weightd_verify": shell_timer(" ".join([*WD, "verify", str(ckpt)])),
-            "cat": shell_timer(f"cat {q} > /dev/null"),
-            "dd_16M": shell_timer(" && ".join(f"dd if={f} of=/dev/null bs=16M status=none" for f in files)),
-            "dd_direct": shell_timer(" && ".join(f"dd if={f} of=/dev/null bs=16M iflag=direct status=none"
+            "weightd_manifest_build": timer(" ".join([*WD, "manifest", "build", str(ckpt), "-o", "/dev/null"])),
+            "weightd_verify": timer(" ".join([*WD, "verify", str(ckpt)])),
+            "cat": timer(f"cat {q} > /dev/null"),
+            "dd_16M": timer(" && ".join(f"dd if={f} of=/dev/null bs=16M status=none" for f in files)),
+            "dd_direct": timer(" && ".join(f"dd if={f} of=/dev/null bs=16M iflag=direct status=none"
                                                  for f in files)),
             # (fio refuses files under its block size: the few small json files are read by cat instead)
-            "fio_read": shell_timer("fio --rw=read --bs=1M --ioengine=psync --output=/dev/null "
+            "fio_read": timer("fio --rw=read --bs=1M --ioengine=psync --output=/dev/null "
                                     + " ".join(f"--name=f{i} --filename={f}" for i, f in enumerate(files)
                                                if os.path.getsize(f) >= 1 << 20)
                                     + " && cat " + " ".join(f for f in files if os.path.getsize(f) < 1 << 20)
@@ -108,7 +96,7 @@ def main() -> int:
             t0 = time.perf_counter()
             build_manifest(ckpt)
             return time.perf_counter() - t0
-        cached = {"build_manifest": engine, "xxhsum_H2": shell_timer(f"xxhsum -H2 {q} > /dev/null"),
+        cached = {"build_manifest": engine, "xxhsum_H2": timer(f"xxhsum -H2 {q} > /dev/null"),
                   "weightd_manifest_build_cli": cold["weightd_manifest_build"]}
         th = rounds(cached, args.rounds, log=lambda m: log(f"cached {m}"), widen=args.max_spread)
         m1 = machine_state()

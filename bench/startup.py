@@ -22,32 +22,19 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from pathlib import Path
-from typing import Callable
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _rounds import BenchNode, io_between, machine_state, rounds, speedup, stamp, summary  # noqa: E402
+from _rounds import BenchNode, io_between, machine_state, rounds, speedup, stamp, summary, timer  # noqa: E402
 
 from tiering.content.units import parse_size  # noqa: E402
 from tiering.sample import make_checkpoint  # noqa: E402
 
 TARGET_MS = 40.0
-
-
-def timer(cmd: list[str], env: dict[str, str]) -> Callable[[], float]:
-    def run() -> float:
-        t0 = time.perf_counter()
-        p = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        s = time.perf_counter() - t0
-        if p.returncode != 0:
-            raise SystemExit(f"{' '.join(cmd)[:200]}: exit {p.returncode}: {p.stderr[-300:]}")
-        return s
-    return run
 
 
 def main() -> int:

@@ -39,7 +39,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _blkio import Throttle  # noqa: E402
-from _rounds import io_between, machine_state, rounds, speedup, stamp, summary  # noqa: E402
+from _rounds import io_between, machine_state, rounds, speedup, stamp, summary, timer  # noqa: E402
 
 from tiering.content.units import parse_size  # noqa: E402
 from tiering.pagecache import drop_from_cache, residency  # noqa: E402
@@ -57,17 +57,6 @@ def write_random(path: Path, size: int) -> None:
             fh.write(i.to_bytes(8, "little") + block[8:])
         os.fsync(fh.fileno())
     drop_from_cache(path)
-
-
-def shell_timer(line: str) -> Callable[[], float]:
-    def run() -> float:
-        t0 = time.perf_counter()
-        p = subprocess.run(line, shell=True, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        s = time.perf_counter() - t0
-        if p.returncode != 0:
-            raise SystemExit(f"{line[:160]}: exit {p.returncode}: {p.stderr[-300:]}")
-        return s
-    return run
 
 
 def commands(names: list[str]) -> dict[str, str]:
@@ -88,7 +77,7 @@ def condition(files: list[Path], throttle: Throttle | None, n: int, max_spread: 
     names = [str(f) for f in files]
     total = sum(f.stat().st_size for f in files)
     wrap = (lambda line: throttle.shell(line)) if throttle is not None else (lambda line: line)
-    contenders = {k: shell_timer(wrap(v)) for k, v in commands(names).items()}
+    contenders = {k: timer(wrap(v)) for k, v in commands(names).items()}
 
     def cool(_k: str) -> None:
         for f in files:
@@ -142,8 +131,8 @@ def explore(files: list[Path], n: int, max_spread: float, log: Callable[[str], N
             return time.perf_counter() - t0
         return run
     contenders: dict[str, Callable[[], float]] = {k: lib(*v) for k, v in variants.items()}
-    contenders["dd_direct"] = shell_timer(commands(names)["dd_direct"])
-    contenders["weightd warm (CLI)"] = shell_timer(commands(names)["weightd"])
+    contenders["dd_direct"] = timer(commands(names)["dd_direct"])
+    contenders["weightd warm (CLI)"] = timer(commands(names)["weightd"])
 
     def cool(_k: str) -> None:
         for f in files:
@@ -151,7 +140,7 @@ def explore(files: list[Path], n: int, max_spread: float, log: Callable[[str], N
     times = rounds(contenders, n, before=cool, log=log, widen=max_spread)
     # the CLI's fixed cost: the same command on files already resident (nothing to read)
     subprocess.run(["cat", *names], stdout=subprocess.DEVNULL, check=True)
-    fixed = rounds({"weightd warm, all resident": shell_timer(commands(names)["weightd"])}, n)
+    fixed = rounds({"weightd warm, all resident": timer(commands(names)["weightd"])}, n)
     total = sum(f.stat().st_size for f in files)
     rows = [{"variant": k, **summary(v), "gbps": round(total / summary(v)["median_s"] / 1e9, 3),
              "vs_dd_direct": speedup(times, k, "dd_direct", max_spread=max_spread)}
