@@ -32,6 +32,9 @@ __all__ = ["BadAnswer", "DaemonClient", "DaemonError", "MAX_SECONDS", "Untrusted
 
 RECONNECT_S = 120.0  # a request without a --timeout waits this long for a daemon to come back
 STREAM_SILENCE_S = 30.0  # a progress stream sends a line every 0.5 s: this long without one, the daemon is hung
+MAX_HEADERS = 100  # header lines an answer may have
+LINE_LIMIT = 65537  # bytes of one status or header line, its newline included
+MAX_CHUNK = 64 << 20  # bytes of one chunk of a chunked answer (the daemon's are one JSON line each)
 
 _SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux >= 4.13
 
@@ -105,7 +108,7 @@ class _Exchange:
         self._in += data
         return bool(data)
 
-    def _line(self, limit: int = 65537) -> bytes:
+    def _line(self, limit: int = LINE_LIMIT) -> bytes:
         """The next line received (with its newline; without one: the connection ended first)."""
         while b"\n" not in self._in and len(self._in) < limit and self._fill():
             pass
@@ -140,9 +143,11 @@ class _Exchange:
         if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
             raise BadAnswer(f"not an HTTP/1.1 status line: {line[:80]!r}")
         self.status = int(parts[1])
-        while True:
+        for _ in range(MAX_HEADERS + 1):
             line = self._line()
             if not line.endswith(b"\n"):
+                if len(line) >= LINE_LIMIT:
+                    raise BadAnswer(f"a header line longer than {LINE_LIMIT - 1} bytes")
                 raise ConnectionResetError("the daemon closed the connection in the middle of its headers")
             if line in (b"\r\n", b"\n"):
                 break
@@ -150,6 +155,8 @@ class _Exchange:
             if not sep:
                 raise BadAnswer(f"not an HTTP header: {line[:80]!r}")
             self.headers[name.strip().lower()] = value.strip()
+        else:
+            raise BadAnswer(f"more than {MAX_HEADERS} header lines")
         self._chunked = "chunked" in self.headers.get("transfer-encoding", "").lower()
         if not self._chunked and "content-length" in self.headers:
             try:
@@ -171,6 +178,8 @@ class _Exchange:
                 size = int(line.split(b";", 1)[0].strip(), 16)
             except ValueError:
                 raise BadAnswer(f"not a chunk size: {line[:80]!r}") from None
+            if size > MAX_CHUNK:
+                raise BadAnswer(f"a chunk of {size} bytes (at most {MAX_CHUNK})")
             if size == 0:
                 self._chunked, self._left = False, 0
                 while self._line() not in (b"\r\n", b"\n", b""):   # (trailers)
