@@ -174,6 +174,37 @@ def timer(cmd: "list[str] | str", env: "dict[str, str] | None" = None) -> Callab
     return lambda: run_timed(cmd, env)
 
 
+def size_arg(text: str) -> int:
+    """argparse ``type=`` for a size ('2GiB', '200MB', '0'): a bad one is argparse's one-line error."""
+    import argparse
+    from tiering.content.units import parse_size
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def list_arg(item: Callable[[str], Any]) -> Callable[[str], list[Any]]:
+    """argparse ``type=`` for a comma-separated list of ``item`` ('4,8'; '0,1GB,200MB' with size_arg)."""
+    import argparse
+
+    def parse(text: str) -> list[Any]:
+        out = []
+        for x in (x.strip() for x in text.split(",")):
+            if not x:
+                continue
+            try:
+                out.append(item(x))
+            except argparse.ArgumentTypeError as exc:
+                raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"{text!r}: {x!r} is not a {getattr(item, '__name__', 'value')}") from None
+        if not out:
+            raise argparse.ArgumentTypeError(f"{text!r}: an empty list")
+        return out
+    return parse
+
+
 def stamp() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 

@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _rounds import io_between, machine_state, rounds, speedup, stamp, summary, timer  # noqa: E402
+from _rounds import io_between, machine_state, rounds, size_arg, speedup, stamp, summary, timer  # noqa: E402
 
 from tiering import build_manifest  # noqa: E402
 from tiering.content.units import parse_size  # noqa: E402
@@ -43,7 +43,7 @@ READERS = ("cat", "dd_16M", "dd_direct", "fio_read")
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--size", default="2GiB")
+    ap.add_argument("--size", type=size_arg, default="2GiB")
     ap.add_argument("--shards", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--runs", dest="rounds", type=int, help=argparse.SUPPRESS)   # (the old flag)

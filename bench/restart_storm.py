@@ -47,7 +47,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _blkio import Throttle  # noqa: E402,F401  (bench/delta.py imports it from here)
-from _rounds import BenchNode, io_between, machine_state, rounds, speedup, stamp, summary  # noqa: E402
+from _rounds import BenchNode, io_between, list_arg, machine_state, rounds, size_arg, speedup, stamp, summary  # noqa: E402
 
 from tiering.content.units import parse_size  # noqa: E402
 from tiering.pagecache import drop_from_cache  # noqa: E402
@@ -127,17 +127,17 @@ class Loaders:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--n", default="4,8", help="loaders per case (comma-separated)")
-    ap.add_argument("--procs", dest="n", help=argparse.SUPPRESS)   # (the old flag)
-    ap.add_argument("--size", default="1GiB", help="checkpoint size (every loader holds a copy in memory)")
-    ap.add_argument("--bps", default="200MB", help="emulated device read bandwidth (bytes/s; 0 = no cap)")
+    ap.add_argument("--n", type=list_arg(int), default="4,8", help="loaders per case (comma-separated)")
+    ap.add_argument("--procs", dest="n", type=list_arg(int), help=argparse.SUPPRESS)   # (the old flag)
+    ap.add_argument("--size", type=size_arg, default="1GiB", help="checkpoint size")
+    ap.add_argument("--bps", type=size_arg, default="200MB", help="emulated device read bandwidth (bytes/s; 0 = no cap)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--runs", dest="rounds", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--tiers", default="hot,warm", help="tiers preloaded into in (b) and (c)")
     ap.add_argument("--max-spread", type=float, default=0.25, help="no ratio when a case's interquartile range over its median exceeds it (more rounds first, up to 2x)")
     ap.add_argument("--dir", default="/var/tmp")
     args = ap.parse_args()
-    ns = [int(x) for x in str(args.n).split(",")]
+    ns = args.n
     tiers = [t for t in args.tiers.split(",") if t]
     if any(t not in ("hot", "warm") for t in tiers) or not ns or min(ns) < 1:
         print(json.dumps({"error": "--tiers takes hot and/or warm; --n positive counts"}))

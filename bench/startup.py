@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _rounds import BenchNode, io_between, machine_state, rounds, speedup, stamp, summary, timer  # noqa: E402
+from _rounds import BenchNode, io_between, machine_state, rounds, size_arg, speedup, stamp, summary, timer  # noqa: E402
 
 from tiering.content.units import parse_size  # noqa: E402
 from tiering.sample import make_checkpoint  # noqa: E402
@@ -40,8 +40,8 @@ TARGET_MS = 40.0
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=15)
-    ap.add_argument("--size", default="2GiB")
-    ap.add_argument("--sparse", default="100GiB")
+    ap.add_argument("--size", type=size_arg, default="2GiB")
+    ap.add_argument("--sparse", type=size_arg, default="100GiB")
     ap.add_argument("--max-spread", type=float, default=0.25)
     ap.add_argument("--dir", default="/var/tmp")
     args = ap.parse_args()

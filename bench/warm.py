@@ -39,7 +39,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _blkio import Throttle  # noqa: E402
-from _rounds import io_between, machine_state, rounds, speedup, stamp, summary, timer  # noqa: E402
+from _rounds import io_between, list_arg, machine_state, rounds, size_arg, speedup, stamp, summary, timer  # noqa: E402
 
 from tiering.content.units import parse_size  # noqa: E402
 from tiering.pagecache import drop_from_cache, residency  # noqa: E402
@@ -151,15 +151,15 @@ def explore(files: list[Path], n: int, max_spread: float, log: Callable[[str], N
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--size", default="2GiB", help="the raw set (split into --files files)")
+    ap.add_argument("--size", type=size_arg, default="2GiB", help="the raw set (split into --files files)")
     ap.add_argument("--files", type=int, default=4)
-    ap.add_argument("--caps", default="0,1GB,200MB", help="conditions: 0 = the raw device, else a blkio read cap")
+    ap.add_argument("--caps", type=list_arg(size_arg), default="0,1GB,200MB", help="conditions: 0 = the raw device, else a blkio read cap")
     ap.add_argument("--cap-seconds", type=float, default=2.5, help="under a cap, a set taking about this long")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--runs", dest="rounds", type=int, help=argparse.SUPPRESS)   # (the old flag)
     ap.add_argument("--max-spread", type=float, default=0.25)
     ap.add_argument("--explore", action="store_true", help="also measure each choice inside warming")
-    ap.add_argument("--rss-size", default="4GiB", help="file for the peak-RSS check (0 = skip)")
+    ap.add_argument("--rss-size", type=size_arg, default="4GiB", help="file for the peak-RSS check (0 = skip)")
     ap.add_argument("--dir", default="/var/tmp")
     args = ap.parse_args()
     for tool in ("vmtouch", "dd", "cat", "fio"):
@@ -176,7 +176,7 @@ def main() -> int:
             write_random(f, per)
         out: dict[str, Any] = {"benchmark": "warm", "date": stamp(), "rounds": args.rounds,
                                "max_spread": args.max_spread, "conditions": {}}
-        for cap in [parse_size(c) for c in args.caps.split(",") if c.strip()]:
+        for cap in args.caps:
             if cap == 0:
                 out["conditions"]["raw"] = condition(files, None, args.rounds, args.max_spread,
                                                      lambda m: log(f"raw {m}"))
