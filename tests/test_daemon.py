@@ -603,4 +603,4 @@ def test_time_to_ready_in_metrics_and_status(daemon, wd, tmp_path: Path) -> None
     assert row["tier"] == "warm" and row["requests"] == 3
     assert 0 < row["p50_s"] <= row["p95_s"] <= row["max_s"] < 120
     # the first request moved the bytes; the others found them in place, faster
-    assert row["max_s"] > row["p50_s"] or row["requests"] < 3
+    assert row["max_s"] > row["p50_s"]
