@@ -9,11 +9,7 @@ that only needs a size parser does not pay for the tier code, the page-cache eng
 
 from __future__ import annotations
 
-import sys
-
-TYPE_CHECKING = False   # (typing costs ~9 ms of a start: annotations only)
-if TYPE_CHECKING:
-    from typing import Any
+from ._lazy import surface
 
 #: public name -> the module that defines it
 _SURFACE: dict[str, str] = {
@@ -67,19 +63,4 @@ _SURFACE: dict[str, str] = {
 }
 _RENAMED = {"prefill_delta": "prefill", "read_unverified_signature": "read_unverified"}
 
-__all__ = sorted(_SURFACE)
-
-
-def __getattr__(name: str) -> Any:
-    module = _SURFACE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'tiering' has no attribute {name!r}")
-    qualified = f"{__name__}.{module}"
-    __import__(qualified)   # (not importlib.import_module: the importlib package and warnings cost ~0.6 ms of a start)
-    value = getattr(sys.modules[qualified], _RENAMED.get(name, name))
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__, __all__ = surface(__name__, _SURFACE, _RENAMED)

@@ -21,11 +21,7 @@ By concern: :mod:`.files` (what to touch, in loader order), :mod:`.resident` (me
 
 from __future__ import annotations
 
-import importlib
-
-TYPE_CHECKING = False   # (typing costs ~9 ms of a start: annotations only)
-if TYPE_CHECKING:
-    from typing import Any
+from .._lazy import surface
 
 #: public name -> the module of this package that defines it (imported when first used: ``residency``
 #: does not import warming's threads nor mlock's checks)
@@ -37,19 +33,6 @@ _SURFACE: dict[str, str] = {
     "AwaitMonitor": "throttle", "LatencyProbe": "throttle", "TokenBucket": "throttle",
     "WINDOW": "warming", "WarmOptions": "warming", "WarmReport": "warming", "warm": "warming",
 }
-_ELSEWHERE = {"PAGE": "tiering._syscalls", "read_diskstats": "tiering._syscalls"}
+_SURFACE.update({"PAGE": "tiering._syscalls", "read_diskstats": "tiering._syscalls"})
 
-__all__ = sorted([*_SURFACE, *_ELSEWHERE])
-
-
-def __getattr__(name: str) -> Any:
-    module = f"{__name__}.{_SURFACE[name]}" if name in _SURFACE else _ELSEWHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__, __all__ = surface(__name__, _SURFACE)

@@ -29,34 +29,17 @@ regular files, modes); every syscall binding is in :mod:`tiering._syscalls`.
 
 from __future__ import annotations
 
-import importlib
-
-TYPE_CHECKING = False   # (typing costs ~9 ms of a start: annotations only)
-if TYPE_CHECKING:
-    from typing import Any
+from .._lazy import surface
 
 #: public name -> the module that defines it (imported when first used: opening a user's file for
 #: ``weightd warm`` does not import the tier roots' checks)
 _SURFACE: dict[str, str] = {
     "openat2_available": "tiering._syscalls",
-    "Dir": ".dir", "FileRef": ".dir", "open_source": ".dir",
-    "MAX_SMALL_FILE": ".paths", "PinnedFile": ".paths", "open_regular": ".paths", "regular_or_close": ".paths",
-    "sanitize_mode": ".paths", "split_rel": ".paths", "open_for_read": ".paths",
-    "RootPolicy": ".roots", "check_ancestors": ".roots", "check_root_stat": ".roots", "check_unchangeable": ".roots",
-    "open_cold_root": ".roots", "open_tier_root": ".roots",
+    "Dir": "dir", "FileRef": "dir", "open_source": "dir",
+    "MAX_SMALL_FILE": "paths", "PinnedFile": "paths", "open_regular": "paths", "regular_or_close": "paths",
+    "sanitize_mode": "paths", "split_rel": "paths", "open_for_read": "paths",
+    "RootPolicy": "roots", "check_ancestors": "roots", "check_root_stat": "roots", "check_unchangeable": "roots",
+    "open_cold_root": "roots", "open_tier_root": "roots",
 }
 
-__all__ = sorted(_SURFACE)
-
-
-def __getattr__(name: str) -> Any:
-    module = _SURFACE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__, __all__ = surface(__name__, _SURFACE)
