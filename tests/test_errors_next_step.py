@@ -141,9 +141,17 @@ def _as_nobody(args: list[str], env: dict[str, str]) -> tuple[int, str]:
                 "weightd.progress", "tiering.progress", "weightd.cli.diagnose", "weightd.doctor", "weightd.doctor.node",
                 "weightd.diskbench", "tiering.content.signature", "tiering.store.catalog"):
         importlib.import_module(mod)
-    from weightd.cli import main
+    import tiering
+    import tiering.pagecache
+    import tiering.safefs
+    for surface in (tiering, tiering.safefs, tiering.pagecache):   # (lazy surfaces: every name's module now)
+        for name in surface.__all__:
+            getattr(surface, name)
+    from weightd.cli import cli, main
+    from weightd.cli import fast, output  # noqa: F401  (main's own modules: imported when it runs)
+    cli.load_all()   # (every command's module: click imports a command's when it runs)
     from weightd.config import load_config
-    load_config(env["WEIGHTD_CONFIG"])  # (pydantic's lazy parts, before the fork)
+    load_config(env["WEIGHTD_CONFIG"])
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
