@@ -53,13 +53,20 @@ def io_between(a: dict[str, Any], b: dict[str, Any]) -> dict[str, int]:
 
 def rounds(contenders: dict[str, Callable[[], "float | dict[str, float]"]], n: int, *,
            before: Callable[[str], None] | None = None, log: Callable[[str], None] | None = None,
-           widen: float | None = None, max_n: int | None = None) -> dict[str, list[float]]:
+           widen: float | None = None, max_n: int | None = None, warmup: bool = False) -> dict[str, list[float]]:
     """Each contender returns the seconds it took (measured by itself, so set-up is not counted), or a
     dict of named figures when one run measures several (fio at three queue depths: each name gets
     its own samples); ``before(name)`` runs before each one (untimed: clean the target, drop caches).
     With ``widen``: more rounds, up to ``max_n`` (default 2n), while a contender's spread (interquartile
-    range over median, as speedup() refuses by) is above it: "more rounds when the spread is wide"."""
+    range over median, as speedup() refuses by) is above it: "more rounds when the spread is wide".
+    With ``warmup``: one untimed round first (a fresh set's write-back, the tools' own pages, a
+    daemon's first answers)."""
     names = list(contenders)
+    if warmup:
+        for k in names:
+            if before is not None:
+                before(k)
+            contenders[k]()
     out: dict[str, list[float]] = {}
     limit = n if widen is None else max(n, max_n or 2 * n)
     r = 0

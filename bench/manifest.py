@@ -81,11 +81,9 @@ def main() -> int:
         def evict(_k: str) -> None:
             for f in files:
                 drop_from_cache(f)
-        for k, run in cold.items():   # one untimed round first: the checkpoint's write-back, the tools' pages
-            evict(k)
-            run()
         m0 = machine_state()
-        tc = rounds(cold, args.rounds, before=evict, log=lambda m: log(f"cold {m}"), widen=args.max_spread)
+        tc = rounds(cold, args.rounds, before=evict, log=lambda m: log(f"cold {m}"), widen=args.max_spread,
+                    warmup=True)
         meds = {k: summary(v) for k, v in tc.items()}
         best = min(READERS, key=lambda k: meds[k]["median_s"])
 

@@ -90,10 +90,8 @@ def main() -> int:
             "weightd status (daemon)": timer([*wd, "status"], env),
             "weightd status (--no-daemon)": timer([*wd, "--no-daemon", "status"], env),
         }
-        for run in contenders.values():   # one untimed round (caches, the daemon's first answers)
-            run()
         m0 = machine_state()
-        times = rounds(contenders, args.rounds, widen=args.max_spread)
+        times = rounds(contenders, args.rounds, widen=args.max_spread, warmup=True)
         m1 = machine_state()
         rows = {k: {**summary(v), "median_ms": round(1000 * summary(v)["median_s"], 1),
                     "min_ms": round(1000 * min(v), 1), "max_ms": round(1000 * max(v), 1)}

@@ -82,11 +82,8 @@ def condition(files: list[Path], throttle: Throttle | None, n: int, max_spread: 
     def cool(_k: str) -> None:
         for f in files:
             drop_from_cache(f)
-    for k, run in contenders.items():   # one untimed round first: the set's write-back, the tools' pages
-        cool(k)
-        run()
     m0 = machine_state()
-    times = rounds(contenders, n, before=cool, log=log, widen=max_spread)
+    times = rounds(contenders, n, before=cool, log=log, widen=max_spread, warmup=True)
     m1 = machine_state()
     meds = {k: summary(v) for k, v in times.items()}
     best = min(BASELINES, key=lambda k: meds[k]["median_s"])

@@ -96,3 +96,13 @@ def test_report_has_the_common_shape() -> None:
         assert "date" in str(e)
     else:
         raise AssertionError("a bench's key replaced a common one")
+
+
+def test_a_warmup_round_runs_each_contender_untimed_first() -> None:
+    r = load()
+    calls: list[str] = []
+    seen: list[str] = []
+    times = r.rounds({"a": lambda: calls.append("a") or 1.0, "b": lambda: calls.append("b") or 2.0}, 5,
+                     before=seen.append, warmup=True)
+    assert calls[:2] == ["a", "b"] and len(calls) == 12 and len(seen) == 12   # (before() runs for it too)
+    assert times == {"a": [1.0] * 5, "b": [2.0] * 5}
