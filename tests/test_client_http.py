@@ -86,3 +86,57 @@ def test_a_daemon_answering_garbage_is_not_a_daemon(tmp_path: Path) -> None:
     t = serve_once(sock, b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n")
     assert DaemonClient(sock).available() is False
     t.join(5)
+
+
+def serve_routes(path: Path, routes: dict[str, bytes], stop: threading.Event) -> threading.Thread:
+    """A stand-in daemon on the node's socket (this uid: a trusted one) answering by route, until stopped."""
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(str(path))
+    srv.listen(8)
+    srv.settimeout(0.2)
+
+    def run() -> None:
+        try:
+            while not stop.is_set():
+                try:
+                    conn, _ = srv.accept()
+                except TimeoutError:
+                    continue
+                with conn:
+                    conn.settimeout(5)
+                    data = b""
+                    while b"\r\n\r\n" not in data and (more := conn.recv(4096)):
+                        data += more
+                    target = data.split(b" ", 2)[1].decode() if data.count(b" ") >= 2 else ""
+                    body = routes.get(target.split("?")[0], b'{"error": "no"}')
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+                                 + str(len(body)).encode() + b"\r\n\r\n" + body)
+        finally:
+            srv.close()
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast path", "click"])
+def test_a_path_outside_the_tiers_from_the_daemon_is_refused(node_env, isolated_env, tmp_path: Path,
+                                                            fast: bool) -> None:
+    """A daemon (or whatever serves the socket as a trusted uid) answering ``path`` with a directory
+    outside the hot and warm tiers: refused, one line, exit 2, nothing printed on stdout, both ways."""
+    import subprocess
+    import sys
+
+    from .conftest import assert_one_line_error
+    node_env.state.mkdir(parents=True, exist_ok=True)
+    stop = threading.Event()
+    t = serve_routes(node_env.state / "weightd.sock",
+                     {"/v1/health": b'{"status": "serving"}', "/v1/path": b'{"tier": "hot", "path": "/etc"}'}, stop)
+    try:
+        env = {**isolated_env, **({} if fast else {"WEIGHTD_NO_FAST_PATH": "1"})}
+        p = subprocess.run([sys.executable, "-m", "weightd", "--config", str(node_env.config), "path", "org/d@v1"],
+                           capture_output=True, text=True, env=env, timeout=60)
+        assert_one_line_error(p, 2, "answered path '/etc'", "not inside the hot or warm tier")
+        assert p.stdout == ""
+    finally:
+        stop.set()
+        t.join(5)
