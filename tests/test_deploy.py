@@ -1,0 +1,161 @@
+"""The files under deploy/ as a platform team applies them: the alert rules fire with the labels the
+shipped PodMonitor gives (real ``promtool test rules``), the PrometheusRule is the rule file, the
+monitoring kustomization carries the label kube-prometheus-stack selects on, ``kubectl apply -k
+deploy/kubernetes`` deploys no example workload, and no two hostNetwork pods share a host port."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+KDIR = ROOT / "deploy/kubernetes"
+RULES = ROOT / "deploy/prometheus/weightd-alerts.yml"
+MONITORING = KDIR / "monitoring"
+
+
+def promtool() -> str | None:
+    local = ROOT / "tools/bin/promtool"
+    return str(local) if local.exists() else shutil.which("promtool")
+
+
+needs_promtool = pytest.mark.skipif(promtool() is None, reason="promtool not installed (bash scripts/install-tools.sh)")
+needs_kubectl = pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not installed")
+
+
+def docs_of(*files: Path) -> list[dict]:
+    return [d for f in files for d in yaml.safe_load_all(f.read_text()) if d]
+
+
+def kustomization_docs(kdir: Path) -> list[dict]:
+    """What ``kubectl apply -k kdir`` applies: ``kubectl kustomize`` when it is installed, else the
+    resources the kustomization names (no overlays or generators are used here)."""
+    if shutil.which("kubectl"):
+        out = subprocess.run(["kubectl", "kustomize", str(kdir)], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return [d for d in yaml.safe_load_all(out.stdout) if d]
+    kust = yaml.safe_load((kdir / "kustomization.yaml").read_text())
+    return docs_of(*(kdir / f for f in kust["resources"]))
+
+
+def pod_templates(docs: list[dict]) -> dict[str, dict]:
+    """kind/name -> the pod template's ``{metadata, spec}`` of every workload."""
+    return {f"{d['kind']}/{d['metadata']['name']}": d["spec"]["template"] for d in docs
+            if d["kind"] in ("DaemonSet", "Deployment", "StatefulSet")}
+
+
+def podmonitor_target_labels(pm: dict, pod: dict, namespace: str) -> dict[str, str]:
+    """The labels the Prometheus Operator gives a PodMonitor's target (its generated relabeling):
+    namespace, pod, container, endpoint (the port's name), job (the pod label named by ``jobLabel``,
+    else "NAMESPACE/PODMONITOR"), instance, plus the endpoint's own relabelings' target labels."""
+    ep = pm["spec"]["podMetricsEndpoints"][0]
+    job_label = pm["spec"].get("jobLabel")
+    pod_labels = pod["metadata"]["labels"]
+    job = pod_labels[job_label] if job_label and job_label in pod_labels else \
+        f"{pm['metadata']['namespace']}/{pm['metadata']['name']}"
+    container = next(c for c in pod["spec"]["containers"] if any(p.get("name") == ep["port"] for p in c["ports"]))
+    labels = {"namespace": namespace, "pod": "*", "container": container["name"], "endpoint": ep["port"],
+              "job": job, "instance": "*"}
+    for r in ep.get("relabelings", []):
+        labels[r["targetLabel"]] = "*"
+    return labels
+
+
+def series_labels(series: str) -> tuple[str, dict[str, str]]:
+    m = re.fullmatch(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\{(.*)\}", series.strip())
+    assert m, series
+    return m.group(1), dict(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"]*)"', m.group(2)))
+
+
+# -- alerts ---------------------------------------------------------------------------------------------
+
+def test_prometheusrule_is_the_rule_file() -> None:
+    """deploy/kubernetes/monitoring/prometheusrule.yaml is generated from the rule file, text for text
+    (scripts/gen_prometheusrule.py), and says the same to a YAML reader."""
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts/gen_prometheusrule.py"), "--check"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    pr = yaml.safe_load((MONITORING / "prometheusrule.yaml").read_text())
+    assert pr["apiVersion"] == "monitoring.coreos.com/v1" and pr["kind"] == "PrometheusRule"
+    assert pr["spec"] == yaml.safe_load(RULES.read_text())
+    assert pr["metadata"]["namespace"] == "weightd"
+
+
+def test_rules_select_the_job_the_podmonitor_gives() -> None:
+    """Every ``job=`` matcher in the rules, and every weightd series in the promtool tests, carries what
+    the shipped PodMonitor gives the DaemonSet's and the origin's targets: the same job and exactly its
+    label names. (Before: no jobLabel, so job="weightd/weightd", and WeightdDown never fired.)"""
+    pm = yaml.safe_load((MONITORING / "podmonitor.yaml").read_text())
+    docs = kustomization_docs(KDIR)
+    pods = pod_templates(docs)
+    selected = {k: p for k, p in pods.items()
+                if pm["spec"]["selector"]["matchLabels"].items() <= p["metadata"]["labels"].items()}
+    assert set(selected) == {"DaemonSet/weightd", "Deployment/weightd-origin"}
+    ns = {f"{d['kind']}/{d['metadata']['name']}": d["metadata"]["namespace"] for d in docs
+          if f"{d['kind']}/{d['metadata']['name']}" in selected}
+    wanted = {k: podmonitor_target_labels(pm, p, ns[k]) for k, p in selected.items()}
+    jobs = {w["job"] for w in wanted.values()}
+    assert jobs == {"weightd"}, jobs
+    rule_text = RULES.read_text()
+    assert set(re.findall(r'\bjob="([^"]*)"', rule_text)) == jobs
+    names = set(next(iter(wanted.values())))
+    seen = 0
+    for test_file in sorted((ROOT / "tests/promtool").glob("*.test.yml")):
+        for t in yaml.safe_load(test_file.read_text())["tests"]:
+            for s in t["input_series"]:
+                metric, labels = series_labels(s["series"])
+                if metric != "up" or labels.get("job") != "weightd":
+                    continue
+                seen += 1
+                assert set(labels) == names, (test_file.name, s["series"])
+                assert any(all(v == "*" or labels[k] == v for k, v in w.items()) for w in wanted.values()), s
+    assert seen >= 3
+
+
+@needs_promtool
+def test_alert_rules_unit_tests_on_both_files(tmp_path: Path) -> None:
+    """``promtool check rules`` and every tests/promtool/*.test.yml, against the rule file and against the
+    rules the PrometheusRule carries (what the Prometheus Operator loads)."""
+    pr = yaml.safe_load((MONITORING / "prometheusrule.yaml").read_text())
+    extracted = tmp_path / "from-prometheusrule.yml"
+    extracted.write_text(yaml.safe_dump(pr["spec"], sort_keys=False))
+    tests = sorted((ROOT / "tests/promtool").glob("*.test.yml"))
+    assert len(tests) >= 2
+    for rules in (RULES, extracted):
+        proc = subprocess.run([promtool(), "check", "rules", str(rules)], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        copies = []
+        for t in tests:
+            doc = yaml.safe_load(t.read_text())
+            doc["rule_files"] = [str(rules)]
+            copies.append(tmp_path / f"{rules.stem}-{t.name}")
+            copies[-1].write_text(yaml.safe_dump(doc, sort_keys=False))
+        proc = subprocess.run([promtool(), "test", "rules", *map(str, copies)], capture_output=True, text=True,
+                              timeout=180)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    # the alerts that answer "is weightd running on every node?" are there and tested
+    names = {r.get("alert") for g in pr["spec"]["groups"] for r in g["rules"]}
+    assert {"WeightdDown", "WeightdAbsent", "WeightdNodeWithoutDaemon", "WeightdDaemonSetUnwatched"} <= names
+    tested = {a["alertname"] for t in tests for case in yaml.safe_load(t.read_text())["tests"]
+              for a in case.get("alert_rule_test", []) if a.get("exp_alerts")}
+    assert {"WeightdDown", "WeightdAbsent", "WeightdNodeWithoutDaemon", "WeightdDaemonSetUnwatched"} <= tested
+
+
+@needs_kubectl
+def test_monitoring_kustomization_sets_the_release_label() -> None:
+    """``kubectl apply -k deploy/kubernetes/monitoring``: the PodMonitor and the PrometheusRule carry the
+    ``release`` label kube-prometheus-stack selects on; the PodMonitor's pod selector is left alone."""
+    docs = kustomization_docs(MONITORING)
+    assert sorted(d["kind"] for d in docs) == ["PodMonitor", "PrometheusRule"]
+    for d in docs:
+        assert d["metadata"]["labels"].get("release"), d["kind"]
+        assert d["metadata"]["namespace"] == "weightd"
+    pm = next(d for d in docs if d["kind"] == "PodMonitor")
+    assert pm["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/name": "weightd"}
+    assert pm["spec"]["jobLabel"] == "app.kubernetes.io/name"
