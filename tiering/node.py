@@ -250,7 +250,7 @@ class LocalNode:
                 continue
             self.state.touch(tier, name, version)
             return tier, v.path
-        raise CheckpointNotFound(f"{name}@{version}", "not on this node (preload it first)")
+        raise self.catalog.not_found(name, version)
 
     def status(self) -> dict[str, Any]:
         """What is where; reads only (nothing is created, locked or removed in any tier)."""
@@ -272,7 +272,10 @@ class LocalNode:
         validate_name(name)
         if version is not None:
             validate_label(version)
-        return self.space.evict(name, version, tier, force=force)
+        try:
+            return self.space.evict(name, version, tier, force=force)
+        except CheckpointNotFound:   # (nothing to evict: say whether it is published, or what was meant)
+            raise self.catalog.not_found(name, version, tier=tier) from None
 
     def gc(self) -> dict[str, Any]:
         """Reconcile, expire leases, and bring every tier above its high watermark down to the low one."""
@@ -286,6 +289,10 @@ class LocalNode:
 
     def published_versions(self, name: str) -> list[VersionDir]:
         return self.catalog.published_versions(name)
+
+    def not_found(self, name: str, version: str | None = None, *, tier: str | None = None) -> CheckpointNotFound:
+        """The not-found error every command that takes NAME[@VERSION] gives (:meth:`Catalog.not_found`)."""
+        return self.catalog.not_found(name, version, tier=tier)
 
     def wait_published(self, name: str, version: str | None, deadline: float | None,
                        poll_s: float = 1.0, cancel: Any = None) -> VersionDir:

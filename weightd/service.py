@@ -373,8 +373,12 @@ class NodeService:
         return self.node.check_cold_readable()
 
     def versions(self, name: str | None = None) -> dict[str, Any]:
-        """``weightd ls``: published versions and where each is local."""
-        return {"versions": self.node.listing(name)}
+        """``weightd ls``: published versions and where each is local; a NAME with none, published or
+        here, is not found (exit 3, with what was probably meant), as for every command that takes one."""
+        rows = self.node.listing(name)
+        if name is not None and not rows:
+            raise self.node.not_found(name)
+        return {"versions": rows}
 
     def pin(self, ref: str) -> dict[str, Any]:
         return self._pin(ref, True)
@@ -386,14 +390,20 @@ class NodeService:
         name, version = split_ref(ref, local=True)
         if pin and version is not None:
             if "~" in version:  # a partial copy or companion: pinned only when it is here (or published)
-                if not any(self.node.version(t, name, version) is not None for t in (*LOCAL_TIERS, "cold")):
-                    from tiering import CheckpointNotFound
-                    raise CheckpointNotFound(f"{name}@{version}", "not on this node (see weightd status)")
+                if not self._exists(name, version):
+                    raise self.node.not_found(name, version)
             else:
                 self.node.resolve(name, version)  # pin only what exists (published or here): CheckpointNotFound
         version, changed = (self.node.pin if pin else self.node.unpin)(name, version)
+        if not pin and not changed and not self._exists(name, version):
+            # (a pin of what no longer exists is still lifted above; a typo is not "was not pinned", exit 0)
+            raise self.node.not_found(name, version)
         log.info("%s name=%s version=%s changed=%s", "pin" if pin else "unpin", name, version, changed)
         return {"name": name, "version": version, "changed": changed}
+
+    def _exists(self, name: str, version: str) -> bool:
+        """NAME@VERSION is published or held in a local tier."""
+        return any(self.node.version(t, name, version) is not None for t in (*LOCAL_TIERS, "cold"))
 
     def evict(self, ref: str, tier: Any = None, force: bool = False, all_versions: bool = False) -> dict[str, Any]:
         name, version = split_ref(ref, local=True)

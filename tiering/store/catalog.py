@@ -61,7 +61,7 @@ class Catalog:
                 if v is not None:
                     return v
             raise CheckpointNotFound(f"{name}@{version}", "not published and not on this node"
-                                     + (self._near(name) if suggest else ""))
+                                     + (self.suggestion(name) if suggest else ""))
         # strict: a published version we cannot read is an error, never skipped (it may be the latest)
         candidates = published_versions(self.roots.dir(COLD), name, strict=True)
         obj = self.roots.object
@@ -73,7 +73,7 @@ class Catalog:
                 candidates += [v for v in list_versions(self.roots.dir(tier)) if v.name == name and is_whole(v)]
         if not candidates:
             raise CheckpointNotFound(name, "no version published and none on this node"
-                                     + (self._near(name) if suggest else ""))
+                                     + (self.suggestion(name) if suggest else ""))
         return max(candidates, key=lambda v: (v.manifest.published_at or "", v.version))
 
     def listing(self, name: str | None = None) -> list[dict[str, Any]]:
@@ -197,26 +197,62 @@ class Catalog:
             problems.append({"where": obj.url, "reason": str(exc)})
         return {"uid": os.geteuid(), "checked": checked, "problems": problems}
 
-    def _near(self, name: str, limit: int = 8) -> str:
-        """What the caller probably meant, for a not-found message: NAME's published versions, or the
-        closest published name and its versions (only on the error path: it lists cold storage)."""
-        import difflib
-
-        def versions_of(n: str) -> str:
-            vs = sorted(self.published_versions(n), key=lambda v: (v.manifest.published_at or "", v.version))
-            labels = [v.version for v in vs][-limit:]
-            return ", ".join(labels) if labels else ""
+    # -- not found: the one resolver of what a NAME[@VERSION] that is not there probably meant --------
+    def not_found(self, name: str, version: str | None = None, *, tier: str | None = None) -> CheckpointNotFound:
+        """The error for NAME[@VERSION] that is not where a command looked (``tier``: only there; else
+        the node's local tiers), the same for every command that takes NAME[@VERSION]: whether it is
+        published (and how to get it here), else what was probably meant (:meth:`suggestion`). Only
+        on the error path: it lists cold storage."""
+        ref = f"{name}@{version}" if version else name
         try:
-            own = versions_of(name)
+            published = self._published_labels(name, limit=None)
+            here = [t for t in LOCAL_TIERS if t != tier and version is not None
+                    and read_version(self.roots.dir(t), name, version) is not None]
+        except (OSError, TieringError):  # (a suggestion must never hide the real error)
+            published, here = [], []
+        if tier is not None and here:
+            return CheckpointNotFound(ref, f"not in the {tier} tier (it is in {', '.join(here)})")
+        if version is not None and "~" in version:   # a partial copy's or a companion's own label
+            return CheckpointNotFound(ref, "not on this node (see weightd status)")
+        if version is not None and version in published:
+            return CheckpointNotFound(ref, f"published but not on this node (get it with: weightd preload {ref})")
+        if version is None and published:
+            return CheckpointNotFound(ref, f"no version on this node (published versions: "
+                                           f"{', '.join(published[-8:])}; get one with: weightd preload {name}@{published[-1]})")
+        if version is not None:
+            return CheckpointNotFound(ref, "not published and not on this node" + self.suggestion(name))
+        return CheckpointNotFound(ref, "no version published and none on this node" + self.suggestion(name))
+
+    def _published_labels(self, name: str, limit: int | None = 8) -> list[str]:
+        """NAME's published version labels, oldest first (the newest ``limit`` of them)."""
+        vs = sorted(self.published_versions(name), key=lambda v: (v.manifest.published_at or "", v.version))
+        labels = [v.version for v in vs]
+        return labels if limit is None else labels[-limit:]
+
+    def suggestion(self, name: str) -> str:
+        """What the caller probably meant, for a not-found message: NAME's published versions, or the
+        closest name (published, else held on this node) and its versions; "" when nothing is close."""
+        import difflib
+        try:
+            own = self._published_labels(name)
             if own:
-                return f" (published versions: {own})"
-            names = sorted({v.name for v in list_versions(self.roots.dir(COLD))})
+                return f" (published versions: {', '.join(own)})"
+            obj = self.roots.object
+            names = sorted(obj.names() if obj is not None else {v.name for v in list_versions(self.roots.dir(COLD))})
+            near = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+            if near:
+                return f" (did you mean {near[0]}? versions: {', '.join(self._published_labels(near[0]))})"
+            local: dict[str, list[str]] = {}
+            for t in LOCAL_TIERS:
+                for v in list_versions(self.roots.dir(t)):
+                    if is_whole(v):
+                        local.setdefault(v.name, []).append(v.version)
+            near = difflib.get_close_matches(name, sorted(local), n=1, cutoff=0.6)
         except (OSError, TieringError):  # (a suggestion must never hide the real error)
             return ""
-        near = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
         if not near:
             return ""
-        return f" (did you mean {near[0]}? versions: {versions_of(near[0])})"
+        return f" (did you mean {near[0]}? on this node: {', '.join(sorted(set(local[near[0]])))})"
 
     def wait_published(self, name: str, version: str | None, deadline: float | None,
                        poll_s: float = 1.0, cancel: "threading.Event | None" = None) -> VersionDir:

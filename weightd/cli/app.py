@@ -57,6 +57,17 @@ class LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(set(self.lazy) | set(self.commands))
 
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple[str | None, click.Command | None, list[str]]:
+        """click (8.4+) suggests from the commands already loaded, which here is none: ``weightd prelod``
+        said only "No such command". Suggest from every command's name."""
+        try:
+            return super().resolve_command(ctx, args)
+        except click.UsageError as exc:
+            no_such = getattr(click.exceptions, "NoSuchCommand", None)
+            if no_such is None or not isinstance(exc, no_such):
+                raise
+            raise no_such(exc.command_name, possibilities=self.list_commands(ctx), ctx=exc.ctx) from None
+
 
 @click.group(cls=LazyGroup, lazy=COMMANDS,
              context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})

@@ -118,7 +118,7 @@ def _plan(ma, la: str, mb, lb: str, piece_size: str, as_json: bool) -> None:
 
 
 @cli.command()
-@click.argument("target")
+@click.argument("target", metavar="NAME[@VERSION]|DIR")
 @click.option("--manifest", "manifest_path", metavar="FILE",
               help=f"Manifest to check against (default DIR/{MANIFEST_RELPATH}).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
@@ -128,7 +128,8 @@ def _plan(ma, la: str, mb, lb: str, piece_size: str, as_json: bool) -> None:
 @click.pass_obj
 def verify(app: Any, target: str, manifest_path: str | None, as_json: bool, threads: int | None,
            keys: tuple[str, ...]) -> None:
-    """Re-hash a checkpoint directory against its manifest; exit 5 naming the first bad file/tensor.
+    """Re-hash a checkpoint (its local copy, as ``weightd path`` names it, or a directory) against its
+    manifest; exit 5 naming the first bad file/tensor.
 
     A signed version (.weightd/model.sig) is checked too, in the same read: who signed it, and that
     every file's SHA-256 is what was signed.
@@ -138,7 +139,7 @@ def verify(app: Any, target: str, manifest_path: str | None, as_json: bool, thre
     from tiering import CheckpointNotFound, load_manifest, verify_checkpoint
     root = Path(target)
     if not root.exists():
-        raise CheckpointNotFound(target, "no such checkpoint directory")
+        root = _local_copy(app, target)
     mpath = Path(manifest_path) if manifest_path else root / MANIFEST_RELPATH
     if not manifest_path and not mpath.is_file():
         raise CheckpointNotFound(str(mpath), f"no manifest (build one with: weightd manifest build {target})")
@@ -219,3 +220,16 @@ def keygen(prefix: str) -> None:
             raise UsageError(f"{p} exists; refusing to overwrite a key")
     key_id = generate_keypair(priv, pub)
     click.echo(f"wrote {priv} (private: keep it on the publisher) and {pub} (key {key_id[:16]})")
+
+
+def _local_copy(app: Any, target: str) -> Path:
+    """The local copy of NAME[@VERSION] (found as ``weightd path`` finds it, with its not-found line),
+    for a ``verify`` TARGET that is no directory."""
+    from tiering import BadInput, CheckpointNotFound, parse_ref
+    try:
+        parse_ref(target, local=True)
+    except BadInput:  # (neither a directory nor a name)
+        raise CheckpointNotFound(target, "no such checkpoint directory") from None
+    from .tiers import Backend
+    with Backend(app, query=True) as b:
+        return Path(b.path(target)["path"])
