@@ -376,6 +376,11 @@ class DaemonClient:
         return self.call_retrying("POST", "preload-set", {"refs": refs, **kw}, timeout_s=budget,
                                   what=f"preload of a set of {len(refs)}")
 
+    def hold(self, ref: str, *, tier: str, lease_s: float) -> Any:
+        """Renew this process's lease on NAME@V's copy in ``tier`` (``lease_s`` 0: release it); ``held``
+        False: the copy is gone. Needs a daemon whose health lists the "hold" feature."""
+        return self.call("POST", "hold", {"ref": ref, "tier": tier, "lease_s": lease_s}, timeout=30)
+
     def path(self, ref: str, **kw: Any) -> Any:
         """``kw``: selection, whole, companion (as for preload)."""
         return self.call("POST", "path", {"ref": ref, **{k: v for k, v in kw.items() if v not in (None, False)}})

@@ -368,6 +368,25 @@ class NodeService:
             report = {**report, "lease_expires_at": until}
         return report
 
+    def hold(self, ref: str, tier: Any, lease_s: Any, holder: str) -> dict[str, Any]:
+        """Renew ``holder``'s one lease on NAME@VERSION's copy in ``tier`` for ``lease_s`` more seconds
+        (``weightd hold``, every few seconds while it runs); ``lease_s`` 0 releases it. ``held`` is
+        False when the copy is not there (evicted, deleted): the holder preloads it again."""
+        name, version = split_ref(ref)
+        if version is None:
+            raise InvalidRequest("ref", f"hold {name}: name the version (NAME@VERSION)")
+        tier = check_tier(tier)
+        seconds = check_seconds("lease_s", lease_s)
+        v = self.node.version(tier, name, version)
+        held = v is not None and self.node.hold(tier, name, version, seconds, holder)
+        out: dict[str, Any] = {"name": name, "version": version, "tier": tier, "held": held and seconds > 0}
+        if v is not None and seconds > 0:
+            out.update(path=str(v.path), lease_expires_at=time.time() + seconds)
+        if seconds == 0 or not held:
+            log.info("hold %s name=%s version=%s tier=%s holder=%s", "released" if seconds == 0 else "found no copy",
+                     name, version, tier, holder)
+        return out
+
     def check_cold(self) -> dict[str, Any]:
         """Can this process (the daemon's user) read cold storage? ``weightd doctor`` asks."""
         return self.node.check_cold_readable()

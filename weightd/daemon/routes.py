@@ -37,7 +37,7 @@ API_VERSION = "v1"
 MAX_JSON_DEPTH = 32            # request bodies are small flat objects; deeper nesting is an attack
 SET_AT_ONCE = 8                # a set's models in flight at once (the tier's threads run 2 of them)
 PROGRESS_EVERY_S = 0.5         # a streamed preload's progress lines (and heartbeat)
-FEATURES = ["stream"]          # what clients may ask of this daemon (health says so)
+FEATURES = ["stream", "hold"]  # what clients may ask of this daemon (health says so)
 
 
 class Api:
@@ -60,6 +60,7 @@ class Api:
         r.add_post(f"{v}/publish", self._h(self._publish, admin="publish"))
         r.add_get(f"{v}/check-cold", self._h(lambda b: d.run_blocking("misc", d.service.check_cold)))
         r.add_post(f"{v}/versions", self._h(lambda b: d.run_blocking("misc", d.service.versions, _opt_str(b, "name"))))
+        r.add_post(f"{v}/hold", self._hold_route)
         r.add_post(f"{v}/path", self._h(lambda b: d.run_blocking(
             "misc", lambda: d.service.path(_str(b, "ref"), selection=b.get("selection"), whole=b.get("whole", False),
                                            companion=b.get("companion")))))
@@ -230,6 +231,15 @@ class Api:
     def idle_status(self) -> str:
         n = len(self.inflight)
         return f"serving ({n} transfer{'s' if n != 1 else ''} in flight)" if n else "serving, idle"
+
+    async def _hold_route(self, request: web.Request) -> web.Response:
+        """POST /v1/hold ``{"ref": "NAME@V", "tier", "lease_s"}``: renew the caller's lease on that copy
+        (``weightd hold``; the holder is the caller, as for preload's lease); ``lease_s`` 0 releases it.
+        Not logged per call: a holder renews every few seconds (the service logs what changes)."""
+        body = await self._read_body(request) if request.can_read_body else {}
+        svc = self.d.service
+        return web.json_response(await self.d.run_blocking(
+            "misc", svc.hold, _str(body, "ref"), body.get("tier", HOT), body.get("lease_s"), _holder(request)))
 
     # -- the other operations -----------------------------------------------------------------------
     async def _status(self, b: dict[str, Any]) -> dict[str, Any]:
