@@ -317,3 +317,53 @@ def test_a_cap_lifted_mid_transfer_stops_pacing() -> None:
     t0 = time.monotonic()
     p(5_000_000)
     assert time.monotonic() - t0 < 0.2 and p.rate_bytes_per_s == 0
+
+
+@pytest.mark.parametrize("size,rate", [(16 * MiB, 4 * MiB), (96 * MiB, 24 * MiB)],
+                         ids=["a file copied in memory", "a file copied by the kernel"])
+def test_status_counts_the_bytes_of_a_file_as_they_move(node_env, isolated_env, tmp_path: Path, size: int,
+                                                        rate: int) -> None:
+    """Issue 31: a preload through the daemon showed 0 B until a whole file was copied (half a minute
+    on a 5 GB shard). One large file from a real slow file server (FUSE, ``rate`` bytes/s): while it
+    is being copied, ``status`` shows its bytes growing, many times before the file is complete."""
+    pytest.importorskip("fuse", reason="fusepy missing (make tools)")
+    if os.geteuid() != 0 or not os.path.exists("/dev/fuse"):
+        pytest.skip("needs root and /dev/fuse to mount a FUSE file system")
+    from tiering.copy import IN_MEMORY_MAX
+    from weightd.client import DaemonClient
+    from .test_daemon import DaemonProc
+    from .test_trust import HungCold
+    src = make_checkpoint(tmp_path / "src", total_bytes=size, shards=1, layers=2, seed="one-file")
+    shard = max(p.stat().st_size for p in src.rglob("*.safetensors"))
+    assert (shard > IN_MEMORY_MAX) == (size > IN_MEMORY_MAX)   # (each case takes the copy path it names)
+    node_env.cold.mkdir(exist_ok=True)
+    with node_env.node() as node:
+        node.publish(src, "org/one", "v1")
+    mnt = tmp_path / "cold-fuse"
+    mnt.mkdir()
+    fs = HungCold(node_env.cold, mnt, tmp_path / "fuse.log", "//never//", rate=rate)
+    node_env.config.write_text(node_env.config.read_text().replace(f'path = "{node_env.cold}"', f'path = "{mnt}"'))
+    d = None
+    try:
+        d = DaemonProc(node_env, isolated_env, tmp_path)
+        client = DaemonClient(d.socket_path)
+        out: list = []
+        t = threading.Thread(target=lambda: out.append(client.preload("org/one@v1", tier="hot", lease_s=0,
+                                                                       timeout_s=60)))
+        t.start()
+        seen: list[tuple[int, int]] = []
+        deadline = time.monotonic() + 60
+        while t.is_alive() and time.monotonic() < deadline:
+            seen += [(r["done"], r["total"]) for r in client.status().get("transfers", []) if r["phase"] == "copy"]
+            time.sleep(0.1)
+        t.join(60)
+        assert out and out[0]["bytes"] == sum(p.stat().st_size for p in src.rglob("*") if p.is_file()
+                                               and ".weightd" not in p.parts), out
+        # the shard is copied first (largest first): every figure below its size was counted inside it
+        inside = sorted({done for done, _ in seen if 0 < done < shard})
+        assert len(inside) >= 3, (shard, seen)
+        assert all(total == out[0]["bytes"] for _, total in seen)
+    finally:
+        fs.release()
+        if d is not None:
+            d.stop()

@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterable
 from .._syscalls import start_writeback
 from ..content.build import verify_checkpoint
 from ..content.hashing import open_for_read
-from ..copy import run_all
+from ..copy import PROGRESS_CHUNK, run_all
 from ..errors import FileChanged, TimedOut
 from ..safefs import Dir, FileRef, sanitize_mode
 from .plan import DeltaPlan, FilePlan, Span
@@ -53,10 +53,13 @@ class BuildResult:
     donor_failures: list[str] = field(default_factory=list)   # "ref/path [a, b): why" for each refetch
 
 
-def _copy_range(sfd: int, soff: int, dfd: int, doff: int, n: int, method: list[str]) -> None:
+def _copy_range(sfd: int, soff: int, dfd: int, doff: int, n: int, method: list[str],
+                progress: Callable[[int], None] | None = None) -> None:
+    """``progress``: told of the bytes as each step lands (a gap read from cold storage can be a
+    shard's worth)."""
     buf: bytearray | None = None
     while n > 0:
-        step = min(n, IO_CHUNK)
+        step = min(n, IO_CHUNK if progress is None else PROGRESS_CHUNK)
         got = 0
         if method[0] == "copy_file_range":
             try:
@@ -77,6 +80,8 @@ def _copy_range(sfd: int, soff: int, dfd: int, doff: int, n: int, method: list[s
         if got <= 0:
             raise EOFError(f"source ended at byte {soff}")
         soff, doff, n = soff + got, doff + got, n - got
+        if progress is not None:
+            progress(got)
 
 
 def _runs(spans: Iterable[Span]) -> list[tuple[int, int]]:
@@ -176,12 +181,10 @@ def _fetch_gaps(path: str, to_fetch: list[Span], dfd: int, source: "Path | Dir",
         for begin, end in _runs(sorted(to_fetch, key=lambda s: s.begin)):
             if deadline is not None and clock() > deadline:
                 raise TimedOut(f"timed out fetching {path}")
-            _copy_range(sfd, begin, dfd, begin, end - begin, method)
+            _copy_range(sfd, begin, dfd, begin, end - begin, method, progress)
             if fsync:
                 start_writeback(dfd, begin, end - begin)
             result.fetched += end - begin
-            if progress is not None:
-                progress(end - begin)
     except EOFError as exc:
         raise FileChanged(str(_ref(source, path)), f"source shorter than its manifest says ({exc})") \
             from None
