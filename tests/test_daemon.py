@@ -345,16 +345,46 @@ def test_kubernetes_manifests_validate() -> None:
     kust = yaml.safe_load((kdir / "kustomization.yaml").read_text())
     files = [str(kdir / f) for f in kust["resources"]]  # (every resource the kustomization names exists)
     assert sorted(files) == sorted(str(f) for f in kdir.glob("*.yaml") if f.name != "kustomization.yaml")
-    proc = subprocess.run([str(exe), "--strict", "-k", "1.37.0", *files], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0 and proc.stdout.count("passed") == 10, proc.stdout + proc.stderr
+    # the example serving workload is not part of `kubectl apply -k deploy/kubernetes`: deploy/examples/
+    edir = ROOT / "deploy/examples"
+    ekust = yaml.safe_load((edir / "vllm/kustomization.yaml").read_text())
+    examples = [str(edir / "vllm" / f) for f in ekust["resources"]] + [str(edir / "vllm-init-container.yaml")]
+    proc = subprocess.run([str(exe), "--strict", "-k", "1.37.0", *files, *examples], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0 and proc.stdout.count("passed") == 7 + 4, proc.stdout + proc.stderr
     docs = {(d["kind"], d["metadata"]["name"]): d for f in files for d in yaml.safe_load_all(Path(f).read_text()) if d}
-    assert {("Namespace", "weightd"), ("Namespace", "inference")} <= set(docs)
-    namespaces = {d["metadata"].get("namespace") for d in docs.values() if d["kind"] != "Namespace"}
-    assert namespaces <= {"weightd", "inference"}
-    dep = docs[("Deployment", "llama-3-8b")]
-    init = dep["spec"]["template"]["spec"]["initContainers"][0]
-    assert "preload" in init["args"][0] and "--wait" in init["args"][0] and "--daemon-only" in init["args"][0]
+    assert ("Namespace", "weightd") in set(docs) and ("Namespace", "inference") not in set(docs)
+    assert {d["metadata"].get("namespace") for d in docs.values() if d["kind"] != "Namespace"} == {"weightd"}
+    assert not any("nvidia.com/gpu" in str(c.get("resources")) for d in docs.values() if "template" in d.get("spec", {})
+                   for c in d["spec"]["template"]["spec"]["containers"])   # (no GPU workload deployed with weightd)
+    edocs = {(d["kind"], d["metadata"]["name"]): d for f in examples[:-1] for d in yaml.safe_load_all(Path(f).read_text())
+             if d}
+    dep = edocs[("Deployment", "llama-3-8b")]
+    # the restart-safe default: `weightd hold` as a native sidecar, started (probe) once the path file is there
+    pod = dep["spec"]["template"]["spec"]
+    side = pod["initContainers"][0]
+    assert side["restartPolicy"] == "Always" and side["image"] == "ghcr.io/weightd/weightd:0.1.0"
+    args = side["args"]
+    assert args[:2] == ["--config", "/etc/weightd/weightd.toml"] and args[2] == "hold" and "--no-daemon" not in args
+    path_file = args[args.index("--path-file") + 1]
+    assert side["startupProbe"]["exec"]["command"] == ["test", "-s", path_file]
+    handoff = {m["name"]: m["mountPath"] for m in side["volumeMounts"]}["handoff"]
+    assert Path(path_file).parent == Path(handoff)
+    vllm = pod["containers"][0]
+    assert f"cat {path_file}" in vllm["args"][0] and f"-s {path_file}" in vllm["args"][0]
+    # the client config names the socket and tiers of the node daemon's config (a path outside the tiers
+    # the client knows is refused)
     from weightd.config import load_config
+    ccfg = Path(f"/tmp/weightd-test-k8s-client-{os.getpid()}.toml")
+    try:
+        ccfg.write_text(edocs[("ConfigMap", "weightd-client-config")]["data"]["weightd.toml"])
+        client_cfg = load_config(ccfg).settings
+    finally:
+        ccfg.unlink()
+    alt = yaml.safe_load((edir / "vllm-init-container.yaml").read_text())
+    init = alt["spec"]["template"]["spec"]["initContainers"][0]
+    assert "preload" in init["args"][0] and "--wait" in init["args"][0] and "--daemon-only" in init["args"][0]
+    assert "pin" in (edir / "vllm-init-container.yaml").read_text().split("apiVersion")[0]   # (when it is safe)
     for kind, name, cm in (("DaemonSet", "weightd", "weightd-config"), ("Deployment", "weightd-origin",
                                                                         "weightd-origin-config")):
         spec = docs[(kind, name)]["spec"]["template"]["spec"]
@@ -378,6 +408,9 @@ def test_kubernetes_manifests_validate() -> None:
         ports = {p["name"]: p["containerPort"] for p in c["ports"]}
         assert cfg.metrics.listen.endswith(f":{ports['metrics']}") and cfg.p2p.listen.endswith(f":{ports['p2p']}")
         if kind == "DaemonSet":
+            assert str(client_cfg.api.socket) == str(cfg.api.socket)
+            assert (str(client_cfg.tiers.hot.path), str(client_cfg.tiers.warm.path)) == \
+                (str(cfg.tiers.hot.path), str(cfg.tiers.warm.path))
             # tmpfs pages are charged to the writer: the memory limit covers the hot tier and then some
             assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
             limit = parse_size(c["resources"]["limits"]["memory"].replace("Gi", "GiB"))
@@ -411,7 +444,9 @@ def test_kubernetes_manifests_validate() -> None:
     assert pm["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
     if shutil.which("kubectl"):  # (not on a fresh machine: the check above stands without it)
         out = subprocess.run(["kubectl", "kustomize", str(kdir)], capture_output=True, text=True, timeout=60)
-        assert out.returncode == 0 and out.stdout.count("\nkind: ") + out.stdout.startswith("kind: ") >= 10, out.stderr
+        assert out.returncode == 0 and out.stdout.count("\nkind: ") + out.stdout.startswith("kind: ") == 7, out.stderr
+        out = subprocess.run(["kubectl", "kustomize", str(edir / "vllm")], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and "kind: Deployment" in out.stdout, out.stderr
 
 
 def test_dockerfile_builds_the_image_the_manifests_name() -> None:

@@ -5,6 +5,7 @@ deploy/kubernetes`` deploys no example workload, and no two hostNetwork pods sha
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -159,3 +160,76 @@ def test_monitoring_kustomization_sets_the_release_label() -> None:
     pm = next(d for d in docs if d["kind"] == "PodMonitor")
     assert pm["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/name": "weightd"}
     assert pm["spec"]["jobLabel"] == "app.kubernetes.io/name"
+
+
+# -- what `kubectl apply -k deploy/kubernetes` deploys ---------------------------------------------------
+
+def _listen_port(addr: str) -> int:
+    return int(addr.rsplit(":", 1)[1])
+
+
+def test_no_two_hostnetwork_pods_share_a_host_port(tmp_path: Path) -> None:
+    """The origin and a worker may land on one node, both on the host's network: every port either
+    listens on (its config's listens, its container ports) is its own. The workers' peers and trackers
+    name the origin's ports. (Before: both used 9464 and 6881, and one failed to bind.)"""
+    from weightd.config import load_config
+    docs = kustomization_docs(KDIR)
+    configmaps = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ConfigMap"}
+    used: dict[int, str] = {}
+    cfgs = {}
+    for name, pod in pod_templates(docs).items():
+        spec = pod["spec"]
+        if not spec.get("hostNetwork"):
+            continue
+        ports: set[int] = set()
+        for c in spec.get("initContainers", []) + spec["containers"]:
+            ports |= {p["containerPort"] for p in c.get("ports", [])}
+            assert all(p.get("hostPort", p["containerPort"]) == p["containerPort"] for p in c.get("ports", []))
+        vol = next(v for v in spec["volumes"] if v["name"] == "config")
+        f = tmp_path / f"{vol['configMap']['name']}.toml"
+        f.write_text(configmaps[vol["configMap"]["name"]]["data"]["weightd.toml"])
+        cfg = cfgs[name] = load_config(f).settings
+        listens = {_listen_port(cfg.metrics.listen), _listen_port(cfg.p2p.listen)}
+        if cfg.p2p.tracker_listen:
+            listens.add(_listen_port(cfg.p2p.tracker_listen))
+        assert listens == ports, (name, listens, ports)   # every listen is declared, and nothing else
+        for port in ports:
+            assert port not in used, f"{name} and {used[port]} both listen on host port {port}"
+            used[port] = name
+    assert set(cfgs) == {"DaemonSet/weightd", "Deployment/weightd-origin"}
+    worker, origin = cfgs["DaemonSet/weightd"], cfgs["Deployment/weightd-origin"]
+    assert {_listen_port(p) for p in worker.p2p.peers} == {_listen_port(origin.p2p.listen)}
+    assert {int(re.search(r":(\d+)/", t).group(1)) for t in worker.p2p.trackers} == {_listen_port(origin.p2p.tracker_listen)}
+
+
+def test_apply_k_deploys_weightd_and_no_example_workload() -> None:
+    """``kubectl apply -k deploy/kubernetes`` is weightd alone; the image is set in one place
+    (``images:``, what ``kustomize edit set image`` changes); the example applies on its own."""
+    docs = kustomization_docs(KDIR)
+    kinds = sorted(f"{d['kind']}/{d['metadata']['name']}" for d in docs)
+    assert kinds == ["ConfigMap/weightd-config", "ConfigMap/weightd-intent", "ConfigMap/weightd-origin-config",
+                     "DaemonSet/weightd", "Deployment/weightd-origin", "Namespace/weightd", "Service/weightd-metrics"]
+    kust = yaml.safe_load((KDIR / "kustomization.yaml").read_text())
+    assert [i["name"] for i in kust["images"]] == ["ghcr.io/weightd/weightd"]
+    images = {c["image"] for p in pod_templates(docs).values() for c in p["spec"]["containers"]}
+    assert images == {f"{kust['images'][0]['newName']}:{kust['images'][0]['newTag']}"}
+    ex = kustomization_docs(ROOT / "deploy/examples/vllm")
+    assert {d["kind"] for d in ex} == {"Namespace", "Deployment", "ConfigMap"}
+
+
+@needs_kubectl
+def test_the_image_is_pointed_at_another_registry_by_the_kustomization(tmp_path: Path) -> None:
+    """An overlay (or `kustomize edit set image`) changes every weightd image, sidecars included."""
+    for base in (KDIR, ROOT / "deploy/examples/vllm"):
+        overlay = tmp_path / base.name
+        overlay.mkdir()
+        (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
+            "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+            "resources": [os.path.relpath(base, overlay)],
+            "images": [{"name": "ghcr.io/weightd/weightd", "newName": "registry.example.com/ml/weightd",
+                        "newTag": "0.1.0-1"}]}))
+        docs = kustomization_docs(overlay)
+        pods = pod_templates(docs).values()
+        weightd_images = {c["image"] for p in pods for c in p["spec"].get("initContainers", []) + p["spec"]["containers"]
+                          if "weightd" in c["image"]}
+        assert weightd_images == {"registry.example.com/ml/weightd:0.1.0-1"}, weightd_images
