@@ -184,7 +184,7 @@ def test_cli_replays_a_snapshot_with_the_documented_schema_and_exit_codes(wd, sn
     healthy = wd("doctor", "--snapshot", str(snap.write()), "--json")
     assert healthy.returncode == 0, healthy.stderr
     doc = json.loads(healthy.stdout)
-    assert doc["schema"] == 1 and doc["verdict"] == "healthy" and doc["critical"] is False
+    assert doc["schema"] == "weightd.doctor/v1" and doc["verdict"] == "healthy" and doc["critical"] is False
     assert set(doc) >= {"findings", "measurements", "source", "window_s"} and doc["window_s"] == 2.0
     bad = Snap(snap.root.parent / "bad")
     bad.disk_delta["vda"] = (400, 4800, 64000, 1900)

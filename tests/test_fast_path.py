@@ -106,10 +106,13 @@ def test_path_and_status_through_the_daemon_say_the_same(daemon, node_env, isola
             import json
             f, s = json.loads(fast[1]), json.loads(slow[1])
             assert f.keys() == s.keys() and f["answered_by"] == s["answered_by"] == "daemon", case
+            assert f["schema"] == s["schema"] == "weightd.status/v1"
             assert [c["name"] for c in f["checkpoints"]] == [c["name"] for c in s["checkpoints"]]
             assert fast[2] == slow[2]
             continue
         assert fast == slow, case
+        if "--json" in case and fast[0] == 0:
+            assert fast[1].startswith('{\n  "schema": "weightd.path/v1",'), fast[1]
     # the table: the same lines but for the residency column's figures
     fast, slow = run(["--config", cfg, "status"], env, tmp_path, True), run(["--config", cfg, "status"], env,
                                                                             tmp_path, False)

@@ -59,9 +59,10 @@ def manifest_build(directory: str, output_path: str | None, as_json: bool, threa
     write_manifest(m, target)
     if not as_json:
         return output.show_built(m, target, seconds)
-    output.emit_json({"path": target, "digest": m.digest, "files": len(m.files), "tensors": sum(1 for _ in m.tensors()),
-                      "bytes": m.total_bytes, "seconds": round(seconds, 4),
-                      "bytes_per_s": round(m.total_bytes / seconds) if seconds > 0 else None})
+    output.emit_json("manifest.build", {"path": target, "digest": m.digest, "files": len(m.files),
+                                        "tensors": sum(1 for _ in m.tensors()), "bytes": m.total_bytes,
+                                        "seconds": round(seconds, 4),
+                                        "bytes_per_s": round(m.total_bytes / seconds) if seconds > 0 else None})
 
 
 def _manifest_of(arg: str, threads: int | None):
@@ -96,7 +97,9 @@ def manifest_diff(a: str, b: str, as_json: bool, show_plan: bool, piece_size: st
     if show_plan:
         return _plan(ma, la, mb, lb, piece_size, as_json)
     d = diff_manifests(ma, mb)
-    output.emit_json({"a": la, "b": lb, **d.to_dict()}) if as_json else output.show_diff(ma, la, mb, lb, d)
+    if as_json:
+        return output.emit_json("manifest.diff", {"a": la, "b": lb, **d.to_dict()})
+    output.show_diff(ma, la, mb, lb, d)
 
 
 def _plan(ma, la: str, mb, lb: str, piece_size: str, as_json: bool) -> None:
@@ -112,8 +115,8 @@ def _plan(ma, la: str, mb, lb: str, piece_size: str, as_json: bool) -> None:
     regions = sum(len(f.regions(False)) for f in plan.files)
     p2p_bytes = plan.piece_bytes(piece)
     if as_json:
-        return output.emit_json({"a": la, "b": lb, **plan.to_dict(), "fetch_regions": regions,
-                                 "p2p": {"piece_size": piece, "bytes": p2p_bytes}})
+        return output.emit_json("manifest.diff-plan", {"a": la, "b": lb, **plan.to_dict(), "fetch_regions": regions,
+                                                       "p2p": {"piece_size": piece, "bytes": p2p_bytes}})
     output.show_plan(ma, la, mb, lb, plan, piece, p2p_bytes, regions)
 
 
@@ -165,11 +168,11 @@ def verify(app: Any, target: str, manifest_path: str | None, as_json: bool, thre
             sig_note = {"signed_by": statement.key_name, "key_id": statement.key_id, "checked": False,
                         "problem": str(exc)}
     if as_json:
-        output.emit_json({"path": str(root), "digest": m.digest, "ok": report.ok and sig_error is None,
-                          "files": report.files, "bytes_checked": report.bytes_checked, "seconds": round(seconds, 4),
-                          "signature": sig_note,
-                          "problems": [{"path": p.path, "what": p.what, "expected": p.expected, "actual": p.actual}
-                                       for p in report.problems]})
+        output.emit_json("verify", {"path": str(root), "digest": m.digest, "ok": report.ok and sig_error is None,
+                                    "files": report.files, "bytes_checked": report.bytes_checked,
+                                    "seconds": round(seconds, 4), "signature": sig_note,
+                                    "problems": [{"path": p.path, "what": p.what, "expected": p.expected,
+                                                  "actual": p.actual} for p in report.problems]})
     else:
         output.show_verified(root, m, report, seconds)
         output.show_signature(sig_note)

@@ -128,7 +128,7 @@ def doctor_cmd(app: AppContext, as_json: bool, sample_s: float, symptom: str | N
         inputs, source = _live_inputs(app, sample_s, symptom, lock, log_dir, no_probe, not no_verify)
     report = diagnose(inputs)
     doc = {**report.to_dict(), "source": source, "window_s": round(inputs.window_s, 3)}
-    output.emit_json(doc) if as_json else output.show_doctor(report, doc, source)
+    output.emit_json("doctor", doc) if as_json else output.show_doctor(report, doc, source)
     if report.critical:
         sys.exit(EXIT_CRITICAL)
 
@@ -167,4 +167,4 @@ def bench_disk_cmd(app: AppContext, path: str | None, size: str, seconds: float,
     r = bench_disk(target, size=nbytes, seconds=seconds, depths=qd)  # BenchError: exit 2 (weightd.errors)
     if not no_record:
         r["baseline_file"] = str(save_baseline(app.config.settings.state_dir, r))
-    output.emit_json(r) if as_json else output.show_bench(r, target, not no_record)
+    output.emit_json("bench.disk", r) if as_json else output.show_bench(r, target, not no_record)

@@ -98,7 +98,7 @@ def _run(job: _Job) -> int:
         if job.command == "residency":
             from tiering import residency
             r = residency(job.operands)
-            output.emit_json(r.to_dict()) if job.as_json else output.show_residency(r)
+            output.emit_json("residency", r.to_dict()) if job.as_json else output.show_residency(r)
             output.skip_exit(r.skipped)
             return 0
         return _through_daemon(job)
@@ -132,11 +132,11 @@ def _through_daemon(job: _Job) -> int:
     warn_other_config(app, client.health)
     if job.command == "path":
         r = checked_path(app, client.path(job.operands[0]))
-        output.emit_json(r) if job.as_json else output.emit_path(r["path"])
+        output.emit_json("path", r) if job.as_json else output.emit_path(r["path"])
         return 0
     st = client.status()
     if job.fmt == "json":
-        output.emit_json(st, compact=False)
+        output.emit_json("status", st, compact=False)
     else:
         output.show_status(st, wide=job.fmt == "wide")
     return 0

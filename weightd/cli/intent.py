@@ -55,7 +55,7 @@ def check(app: AppContext, directory: Path | None, labels: tuple[str, ...], as_j
     doc = {"dir": str(d), "labels": have, "entries_in_files": len(intent.entries),
            "entries": [e.to_dict() for e in entries]}
     if as_json:
-        return output.emit_json(doc)
+        return output.emit_json("intent.check", doc)
     click.echo(f"{d}: {len(intent.entries)} entr{'y' if len(intent.entries) == 1 else 'ies'}, "
                f"{len(entries)} for this node (labels: {', '.join(f'{k}={v}' for k, v in sorted(have.items())) or 'none'})")
     for e in entries:
@@ -74,7 +74,7 @@ def status(app: AppContext, as_json: bool) -> None:
     Example: weightd intent status --json | jq '.entries[] | select(.state != "ready")'"""
     st = _daemon(app, "intent status").call("GET", "intent", timeout=30)
     if as_json:
-        return output.emit_json(st)
+        return output.emit_json("intent.status", st)
     if st.get("error"):
         output.warn(f"{st['error']['error']} (since {_t(st['error']['at'])}; the previous intent runs)")
     if st.get("dir") is None:
@@ -104,7 +104,7 @@ def explain(app: AppContext, as_json: bool) -> None:
     Example: weightd intent explain"""
     doc = _daemon(app, "intent explain").call("GET", "intent/explain", timeout=30)
     if as_json:
-        return output.emit_json(doc)
+        return output.emit_json("intent.explain", doc)
     pw = doc.get("prewarm")
     click.echo("prewarming: off ([intent.prewarm] not set)" if pw is None else
                f"prewarming: window {pw['window']}, top {pw['top']} into {pw['tier']}, min score {pw['min_score']}")
@@ -139,7 +139,7 @@ def fleet_status(app: AppContext, origin: str | None, as_json: bool) -> None:
         raise UsageError("no origin: pass --origin URL, or set [intent] origin or [p2p] trackers")
     doc = OriginClient(base, app.config, timeout_s=15).call("GET", "/v1/fleet")
     if as_json:
-        return output.emit_json(doc)
+        return output.emit_json("fleet.status", doc)
     nodes = doc.get("nodes") or []
     click.echo(f"{len(nodes)} node(s) reporting to {base}" + (f"; rollout movers {len(doc.get('movers') or [])}"
                                                               f" of {doc.get('max_movers') or 'any'}"))

@@ -2,7 +2,9 @@
 and warnings on stderr), progress on a terminal. No logic of the commands lives here.
 
 The contract (design §5): with ``--json`` stdout is exactly one JSON document for every command;
-without it, a command that makes something local ends with its path as the last stdout line.
+without it, a command that makes something local ends with its path as the last stdout line. Every
+such document says what it is first: ``"schema": "weightd.<command>/v<N>"`` (:func:`emit_json`, the
+one place it is added; the promise is README's "JSON output and API compatibility").
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ TYPE_CHECKING = False   # (typing costs ~9 ms of a start: annotations only)
 if TYPE_CHECKING:
     from typing import Any
 
-__all__ = ["echo", "emit_json", "emit_path", "rate", "ago", "progress_bar", "warn", "note", "format_bytes"]
+__all__ = ["JSON_MAJOR", "echo", "emit_json", "emit_path", "json_schema", "rate", "ago", "progress_bar", "warn",
+           "note", "format_bytes"]
 
 
 def __getattr__(name: str) -> Any:
@@ -39,10 +42,24 @@ def echo(message: str = "", *, err: bool = False, nl: bool = True) -> None:
     stream.flush()
 
 
-def emit_json(obj: Any, *, compact: bool = False) -> None:
-    """The one JSON document a ``--json`` command prints (``compact``: on one line, for commands
-    whose callers read a line: ``preload``, ``warm --lock``)."""
-    echo(json.dumps(obj) if compact else json.dumps(obj, indent=2, sort_keys=False))
+JSON_MAJOR = 1   # within it, documents only gain fields; a removed, renamed or re-meant one is 2
+
+
+def json_schema(command: str) -> str:
+    """What a ``--json`` document is, and which promise it keeps: ``weightd.status/v1``,
+    ``weightd.fleet.status/v1`` (a subcommand's path joined by dots; a variant of one command's
+    output after a dash: ``weightd.preload-set/v1``)."""
+    return f"weightd.{command}/v{JSON_MAJOR}"
+
+
+def emit_json(command: str, obj: dict[str, Any], *, compact: bool = False) -> None:
+    """The one JSON document a ``--json`` command prints, its ``schema`` (:func:`json_schema` of
+    ``command``) first (``compact``: on one line, for commands whose callers read a line: ``preload``,
+    ``warm --lock``, ``status --watch``). A ``schema`` in ``obj`` (a daemon's answer) is replaced: the
+    document is this CLI's."""
+    doc = {"schema": json_schema(command)}
+    doc.update((k, v) for k, v in obj.items() if k != "schema")
+    echo(json.dumps(doc) if compact else json.dumps(doc, indent=2, sort_keys=False))
 
 
 def emit_path(path: str) -> None:

@@ -55,7 +55,7 @@ def warm_cmd(app: AppContext, paths: tuple[str, ...], rate_opt: str | None, conc
         d = r.to_dict()
         if locked is not None:
             d["locked_bytes"], d["lock_holder_pid"] = locked.bytes, os.getpid()
-        output.emit_json(d, compact=True)
+        output.emit_json("warm", d, compact=True)
     else:
         output.show_warmed(r)
     if locked is not None and stop is not None:
@@ -89,7 +89,7 @@ def residency_cmd(paths: tuple[str, ...], as_json: bool) -> None:
     """How much of each file is in the page cache (cachestat, else mincore)."""
     from tiering import residency
     r = residency(paths)
-    output.emit_json(r.to_dict()) if as_json else output.show_residency(r)
+    output.emit_json("residency", r.to_dict()) if as_json else output.show_residency(r)
     skip_exit(r.skipped)
 
 
@@ -101,7 +101,8 @@ def cool_cmd(paths: tuple[str, ...], as_json: bool) -> None:
     from tiering import cool
     dropped, skipped = cool(paths)
     if as_json:
-        output.emit_json({"dropped_bytes": dropped, "skipped": [{"path": s.path, "reason": s.reason} for s in skipped]})
+        output.emit_json("cool", {"dropped_bytes": dropped,
+                                  "skipped": [{"path": s.path, "reason": s.reason} for s in skipped]})
     else:
         click.echo(f"dropped {output.format_bytes(dropped)} from the page cache")
     skip_exit(skipped)

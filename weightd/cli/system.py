@@ -22,7 +22,7 @@ def config_show(app: AppContext, as_json: bool) -> None:
     cfg = app.config
     d = config_to_dict(cfg)
     if as_json:
-        return output.emit_json({"source": cfg.source, "config": d})
+        return output.emit_json("config.show", {"source": cfg.source, "config": d})
     click.echo(f"# source: {cfg.source}")
     click.echo(to_toml(d), nl=False)
 

@@ -222,7 +222,7 @@ def publish(app: AppContext, directory: str, name: str | None, version_label: st
     with Backend(app) as b:
         r = b.publish(directory, name, version_label, sign_key=os.path.abspath(sign_key) if sign_key else None,
                       signature=os.path.abspath(signature) if signature else None, companion=companion)
-    output.emit_json(r) if as_json else output.show_published(r, name, r.get("version", version_label))
+    output.emit_json("publish", r) if as_json else output.show_published(r, name, r.get("version", version_label))
 
 
 @cli.command()
@@ -265,7 +265,7 @@ def preload(app: AppContext, ref: str | None, tier: str, strict: bool, lease_s: 
         kw.pop("wait")
         with Backend(app) as b:
             r = b.preload_set(refs, **kw)
-        output.emit_json(r) if as_json else output.show_set(r, set_file)
+        output.emit_json("preload-set", r) if as_json else output.show_set(r, set_file)
         failed = r.get("failed") or []
         if failed:
             raise SystemExit(failed[0].get("exit_code") or 1)
@@ -289,7 +289,7 @@ def preload(app: AppContext, ref: str | None, tier: str, strict: bool, lease_s: 
             r["companions"] = [c]
     output.warn_fallbacks(r)
     if as_json:
-        output.emit_json(r, compact=True)
+        output.emit_json("preload", r, compact=True)
         return
     for c in r.get("companions", []):
         output.note(output.companion_line(c))
@@ -314,7 +314,7 @@ def path_cmd(app: AppContext, ref: str, as_json: bool, include: tuple[str, ...],
     kw = {**selection_body(include, exclude, layers, tp_rank, whole), "companion": companion_of(with_kind, companion_key)}
     with Backend(app, query=True) as b:
         r = b.path(ref, **{k: v for k, v in kw.items() if v})
-    output.emit_json(r) if as_json else output.emit_path(r["path"])
+    output.emit_json("path", r) if as_json else output.emit_path(r["path"])
 
 
 @cli.command()
@@ -340,7 +340,7 @@ def status(app: AppContext, fmt: str, as_json: bool, watch_s: float | None) -> N
                 if watch_s is not None and fmt != "json" and sys.stdout.isatty():
                     click.echo("\x1b[H\x1b[2J", nl=False)  # (clear the screen, as watch(1) does)
                 if fmt == "json":
-                    output.emit_json(st, compact=watch_s is not None)  # (--watch: one document per line)
+                    output.emit_json("status", st, compact=watch_s is not None)  # (--watch: one document per line)
                 else:
                     if watch_s is not None:
                         click.echo(f"every {watch_s:g} s, {time.strftime('%H:%M:%S')} (Ctrl-C to stop)")
@@ -373,7 +373,7 @@ def ls(app: AppContext, name: str | None, as_json: bool) -> None:
         validate_name(name)
     with Backend(app, query=True) as b:
         r = b.ops.versions(name)
-    output.emit_json(r) if as_json else output.show_versions(r["versions"])
+    output.emit_json("ls", r) if as_json else output.show_versions(r["versions"])
 
 
 def _pin(app: AppContext, ref: str, as_json: bool, pin: bool) -> None:
@@ -381,7 +381,7 @@ def _pin(app: AppContext, ref: str, as_json: bool, pin: bool) -> None:
     with Backend(app) as b:
         r = b.ops.pin(ref) if pin else b.ops.unpin(ref)
     if as_json:
-        return output.emit_json(r)
+        return output.emit_json("pin" if pin else "unpin", r)
     done, noop = ("pinned", "already pinned") if pin else ("unpinned", "was not pinned")
     click.echo(f"{r['name']}@{r['version']}: {done if r['changed'] else noop}")
 
@@ -415,7 +415,7 @@ def evict(app: AppContext, ref: str, tier: str | None, force: bool, all_versions
     with Backend(app) as b:
         r = b.ops.evict(ref, tier, force, all_versions)
     if as_json:
-        return output.emit_json(r)
+        return output.emit_json("evict", r)
     for line in r["evicted"]:
         click.echo(f"evicted {line}")
 
@@ -427,4 +427,4 @@ def gc(app: AppContext, as_json: bool) -> None:
     """Remove stale staging, expire leases, and bring tiers above their high watermark down to the low one."""
     with Backend(app) as b:
         r = b.ops.gc()
-    output.emit_json(r) if as_json else output.show_gc(r)
+    output.emit_json("gc", r) if as_json else output.show_gc(r)

@@ -14,7 +14,6 @@ from typing import Any
 from ..errors import UsageError
 from ..pressure import link_info, parse_diskstats, parse_netdev, parse_tcp, read_text
 
-SCHEMA = 1
 SEVERITIES = ("critical", "warning", "info")
 
 

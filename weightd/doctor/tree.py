@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .inputs import SCHEMA, SEVERITIES, Finding, Inputs, Tier, mount_of, tmpfs_size
+from .inputs import SEVERITIES, Finding, Inputs, Tier, mount_of, tmpfs_size
 
 AWAIT_MS, UTIL, NIC_UTIL, RETRANS = 5.0, 0.70, 0.80, 0.01
 
@@ -24,7 +24,7 @@ class Report:
 
     def to_dict(self) -> dict[str, Any]:
         order = {s: i for i, s in enumerate(SEVERITIES)}
-        return {"schema": SCHEMA, "verdict": self.verdict, "critical": self.critical,
+        return {"verdict": self.verdict, "critical": self.critical,
                 "findings": [f.to_dict() for f in sorted(self.findings, key=lambda f: order[f.severity])],
                 "measurements": self.measurements}
 
