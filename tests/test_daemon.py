@@ -411,6 +411,12 @@ def test_kubernetes_manifests_validate() -> None:
             assert str(client_cfg.api.socket) == str(cfg.api.socket)
             assert (str(client_cfg.tiers.hot.path), str(client_cfg.tiers.warm.path)) == \
                 (str(cfg.tiers.hot.path), str(cfg.tiers.warm.path))
+            # the server reads the copy wherever it lands (hot, or warm when hot is full), from the host
+            hosts = {v["name"]: v.get("hostPath", {}).get("path") for v in pod["volumes"]}
+            served = {hosts[m["name"]] for m in vllm["volumeMounts"] if m["name"] in hosts}
+            assert {str(cfg.tiers.hot.path), str(cfg.tiers.warm.path)} <= served
+            assert str(Path(str(cfg.api.socket)).parent) in {hosts[m["name"]] for m in side["volumeMounts"]
+                                                              if m["name"] in hosts}
             # tmpfs pages are charged to the writer: the memory limit covers the hot tier and then some
             assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
             limit = parse_size(c["resources"]["limits"]["memory"].replace("Gi", "GiB"))
