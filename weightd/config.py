@@ -13,7 +13,7 @@ import stat
 import tomllib
 from collections import namedtuple
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from .settings_model import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
@@ -488,10 +488,13 @@ class Settings(_Model):
         return Selection() if d is None else selection_from(d.include, d.exclude)
 
 
-class Config(namedtuple("Config", ["settings", "source"])):
+class Config(namedtuple("Config", ["settings", "source", "chosen_by", "file_keys", "env_keys"],
+                        defaults=["", frozenset(), ()])):
     """The effective configuration (a Settings) and where it came from (``source``: a file path, or
-    "embedded default"). Immutable, a named tuple: dataclasses import ``inspect``, ~6 ms of the start
-    of ``weightd path`` and ``status``."""
+    "embedded default"; ``chosen_by``: what named the file, ``--config``, ``$WEIGHTD_CONFIG`` or
+    ``SYSTEM_CONFIG`` existing; ``file_keys``: the dotted keys the file sets; ``env_keys``: (key,
+    variable) for each default the environment decided). Immutable, a named tuple: dataclasses import
+    ``inspect``, ~6 ms of the start of ``weightd path`` and ``status``."""
     __slots__ = ()
 
     def __getattr__(self, name: str) -> Any:  # config.tiers, config.p2p, ...
@@ -587,6 +590,8 @@ def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, st
         chosen = SYSTEM_CONFIG
     data: dict[str, Any] = {}
     source = "embedded default"
+    chosen_by = "--config" if path is not None else f"${ENV_CONFIG}" if env.get(ENV_CONFIG) else \
+        str(SYSTEM_CONFIG) if chosen is not None else ""
     if chosen is not None:
         source = str(chosen)
         try:
@@ -612,7 +617,91 @@ def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, st
     except ValidationError as exc:
         key, msg = _first_error(exc)
         raise ConfigError(source, msg, key) from None
-    return Config(settings, source)
+    return Config(settings, source, chosen_by, frozenset(_dotted_keys(data)), _env_keys(env))
+
+
+def _dotted_keys(d: Mapping[str, Any], prefix: str = "") -> Iterator[str]:
+    """Every key a TOML document sets, dotted (a table's own path too)."""
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        yield key
+        if isinstance(v, Mapping):
+            yield from _dotted_keys(v, key + ".")
+
+
+def _env_keys(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """(key, variable) for each embedded default that a set environment variable decided (see
+    :func:`embedded_defaults`)."""
+    def first(*names: str) -> str | None:
+        return next((f"${n}" for n in names if env.get(n)), None)
+    state = first("XDG_STATE_HOME", "HOME")
+    pairs = {"state_dir": state, "tiers.hot.path": first("USER", "LOGNAME"),
+             "tiers.warm.path": first("XDG_CACHE_HOME", "HOME"), "tiers.cold.path": first("XDG_DATA_HOME", "HOME"),
+             "api.socket": first("XDG_RUNTIME_DIR") or state}
+    return tuple((k, v) for k, v in pairs.items() if v)
+
+
+def describe_source(cfg: Config) -> str:
+    """Where the config came from, for the daemon's start-up line: ``/etc/weightd/weightd.toml``,
+    ``/srv/w.toml ($WEIGHTD_CONFIG)``, ``/tmp/w.toml (--config)`` or ``embedded default``."""
+    if cfg.chosen_by in ("--config", f"${ENV_CONFIG}"):
+        return f"{cfg.source} ({cfg.chosen_by})"
+    return cfg.source
+
+
+#: the keys that hold a size or a rate in bytes (shown in binary units by ``config show``)
+SIZE_KEYS = frozenset({"tiers.hot.capacity", "tiers.warm.capacity", "tiers.cold.range_size", "tiers.cold.part_size",
+                       "tiers.cold.bandwidth", "p2p.threshold", "p2p.upload_limit", "p2p.download_limit",
+                       "p2p.piece_size", "warm.bandwidth"})
+
+
+def config_sources(cfg: Config) -> dict[str, str]:
+    """Where each key's value came from: the config file's path, ``environment ($VAR)`` (an embedded
+    default the environment decided), or ``default``; by dotted key, as ``config_to_dict`` has them."""
+    env = dict(cfg.env_keys)
+    out: dict[str, str] = {}
+
+    def walk(d: Mapping[str, Any], prefix: str) -> None:
+        for k, v in d.items():
+            key = f"{prefix}{k}"
+            if isinstance(v, Mapping) and v:
+                walk(v, key + ".")
+            elif key in cfg.file_keys:
+                out[key] = cfg.source
+            else:
+                out[key] = f"environment ({env[key]})" if key in env else "default"
+    walk(config_to_dict(cfg), "")
+    return out
+
+
+def show_config(cfg: Config) -> str:
+    """``weightd config show``: the effective config as TOML, sizes in binary units, and after each
+    key where its value came from. It reads back as the same config: a size that is no whole number
+    of tenths of a unit stays in bytes, its binary form in the comment."""
+    from tiering import format_bytes
+    sources = config_sources(cfg)
+    d = config_to_dict(cfg)
+    notes: dict[str, str] = {}
+
+    def human(t: Mapping[str, Any], prefix: str) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k, v in t.items():
+            key = f"{prefix}{k}"
+            if isinstance(v, Mapping):
+                out[k] = human(v, key + ".")
+                continue
+            note = sources.get(key, "default")
+            if key in SIZE_KEYS and isinstance(v, int) and not isinstance(v, bool):
+                text = format_bytes(v)
+                if parse_size(text) == v:
+                    out[k] = text
+                else:   # (not a whole number of tenths of a binary unit: exact, so it reads back the same)
+                    out[k], note = v, f"{text}; {note}"
+            else:
+                out[k] = v
+            notes[key] = note
+        return out
+    return to_toml(human(d, ""), notes=notes)
 
 
 def config_to_dict(cfg: Config) -> dict[str, Any]:
@@ -625,8 +714,9 @@ def config_to_dict(cfg: Config) -> dict[str, Any]:
     return d
 
 
-def to_toml(d: Mapping[str, Any]) -> str:
-    """A small TOML writer for the config's shapes (tables of scalars and lists of scalars)."""
+def to_toml(d: Mapping[str, Any], *, notes: Mapping[str, str] | None = None) -> str:
+    """A small TOML writer for the config's shapes (tables of scalars and lists of scalars);
+    ``notes``: a comment after a key's line, by dotted key."""
     import json
 
     def scalar(v: Any) -> str:
@@ -645,7 +735,9 @@ def to_toml(d: Mapping[str, Any]) -> str:
         subs = [(k, v) for k, v in t.items() if isinstance(v, Mapping)]
         if prefix and scalars:
             lines.append(f"\n[{prefix}]")
-        lines.extend(f"{k} = {scalar(v)}" for k, v in scalars)
+        for k, v in scalars:
+            note = (notes or {}).get(f"{prefix}.{k}" if prefix else k)
+            lines.append(f"{k} = {scalar(v)}" + (f"  # {note}" if note else ""))
         for k, v in subs:
             table(f"{prefix}.{k}" if prefix else k, v)
 

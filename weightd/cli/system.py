@@ -17,14 +17,16 @@ def config_group() -> None:
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
 def config_show(app: AppContext, as_json: bool) -> None:
-    """Print the effective configuration (file merged over the embedded default)."""
-    from ..config import config_to_dict, to_toml
+    """Print the effective configuration (file merged over the embedded default): sizes in binary
+    units, and after each key where its value came from (the file, the environment, or the default).
+    --json: raw values (sizes in bytes), with "sources" by dotted key."""
+    from ..config import config_sources, config_to_dict, describe_source, show_config
     cfg = app.config
     d = config_to_dict(cfg)
     if as_json:
-        return output.emit_json("config.show", {"source": cfg.source, "config": d})
-    click.echo(f"# source: {cfg.source}")
-    click.echo(to_toml(d), nl=False)
+        return output.emit_json("config.show", {"source": cfg.source, "config": d, "sources": config_sources(cfg)})
+    click.echo(f"# source: {describe_source(cfg)}")
+    click.echo(show_config(cfg), nl=False)
 
 
 @cli.command()

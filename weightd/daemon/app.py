@@ -24,7 +24,8 @@ from prometheus_client import CollectorRegistry, disable_created_metrics
 from p2p import P2PError
 from tiering import HOT, LOCAL_TIERS, WARM, TieringError
 
-from ..config import Config, ConfigError, load_config
+from .. import __version__
+from ..config import Config, ConfigError, describe_source, load_config
 from ..errors import DaemonAlreadyRunning, WeightdError
 from ..local import open_service
 from ..metrics import Metrics
@@ -251,7 +252,8 @@ class Daemon:
         self._start_intent()
         if self.notifier.watchdog_s:
             tasks.append(loop.create_task(loops.watchdog_loop(self)))
-        log.info("serving role=%s api=%s metrics=%s", self.role, sock_path, self.config.settings.metrics.listen)
+        log.info("serving role=%s version=%s config=%s api=%s metrics=%s", self.role, __version__,
+                 describe_source(self.config), sock_path, self.config.settings.metrics.listen)
         self.status_text = "serving, idle"
         self.ready = True
         self.notifier.notify(READY=1, STATUS=self.status_text, MAINPID=os.getpid())
