@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
-from tiering import (DIR_MODE, LOCAL_TIERS, MANIFEST_RELPATH, Dir, TieringError, VersionDir, check_unchangeable,
+from tiering import (DIR_MODE, LOCAL_TIERS, MANIFEST_RELPATH, Dir, StorageUnavailable, TieringError, VersionDir, check_unchangeable,
                      is_whole, open_cold_root, scan_dir, split_label)
 
 from .config import P2PConfig
@@ -223,7 +223,12 @@ def seed_held(node: "LocalNode", session: "P2PSession", role: str, super_seed: b
         return _seed_object_origin(node, session, session.cfg)
     n = 0
     if role == "origin":
-        for v in node.published():
+        try:
+            published = node.published()
+        except StorageUnavailable as exc:   # (readiness and status say so; seed again once it is back)
+            log.warning("origin: nothing to seed from cold storage: %s", exc)
+            return 0
+        for v in published:
             if not is_whole(v):   # (a companion artefact: never a torrent)
                 continue
             try:

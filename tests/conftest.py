@@ -84,13 +84,19 @@ from tiering.node import LocalNode  # noqa: E402
 class NodeEnv:
     """A node's directories: hot on the real /dev/shm tmpfs, warm/cold/state under tmp_path."""
 
-    def __init__(self, tmp_path: Path, hot_capacity: str = "256MiB", warm_capacity: str = "512MiB") -> None:
+    def __init__(self, tmp_path: Path, hot_capacity: str = "256MiB", warm_capacity: str = "512MiB", *,
+                 cold_store: bool = True) -> None:
+        """``cold_store``: cold storage is there as on a node whose shared storage is mounted (the store's
+        directory with its marker, nothing published); False: the configured path does not exist."""
         self.tmp = tmp_path
         self.hot = Path(f"/dev/shm/weightd-test-{_uuid.uuid4().hex[:10]}")
         _HOTS.append(self.hot)   # (removed after the test whoever made this env: see _hot_tiers_removed)
         self.warm, self.cold, self.state = tmp_path / "warm", tmp_path / "cold", tmp_path / "state"
         self.config = tmp_path / "weightd.toml"
         self.write_config(hot_capacity, warm_capacity)
+        if cold_store:
+            from tiering.safefs import open_cold_store
+            open_cold_store(self.cold, create=True).close()
 
     def write_config(self, hot_capacity: str, warm_capacity: str, hot_path: Path | None = None) -> None:
         if hot_path is not None:

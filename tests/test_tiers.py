@@ -15,6 +15,7 @@ import pytest
 from tiering import verify_checkpoint
 from tiering.errors import Busy, CheckpointNotFound, NoSpace, VersionConflict
 from tiering.layout import list_versions
+from tiering.safefs import COLD_MARKER
 from tiering.sample import make_checkpoint
 
 from .conftest import assert_one_line_error
@@ -73,7 +74,7 @@ def test_publish_hf_cache_snapshot(wd, node_env, tmp_path: Path) -> None:
                                           ("ok", "../v"), ("ok", ""), ("ok", "v/1")])
 def test_hostile_names(wd, node_env, ckpt: Path, name: str, version: str) -> None:
     assert_one_line_error(wd("publish", ckpt, "--name", name, "--version", version), 2, "invalid")
-    assert not node_env.cold.exists() or not any(p.name not in (".locks", ".staging") for p in node_env.cold.iterdir())
+    assert not node_env.cold.exists() or not any(p.name not in (".locks", ".staging", COLD_MARKER) for p in node_env.cold.iterdir())
     ref = f"{name}@{version}"
     for cmd in (["preload", ref], ["path", ref], ["evict", ref], ["pin", ref]):
         assert_one_line_error(wd(*cmd), 2, "invalid")

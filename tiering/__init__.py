@@ -40,7 +40,7 @@ _SURFACE: dict[str, str] = {
     "ChecksumMismatch": "errors",
     "FileChanged": "errors", "IntegrityError": "errors", "InvalidName": "errors", "ManifestError": "errors",
     "NoSpace": "errors", "SafetensorsHeaderError": "errors", "TieringError": "errors", "TimedOut": "errors",
-    "UnsafePath": "errors", "VersionConflict": "errors",
+    "StorageUnavailable": "errors", "UnsafePath": "errors", "VersionConflict": "errors",
     # tiers on disk
     "COLD": "layout", "DIR_MODE": "layout", "HOT": "layout", "LOCAL_TIERS": "layout", "WARM": "layout",
     "TierSpec": "layout", "VersionDir": "layout", "existing_ancestor": "layout", "list_versions": "layout",

@@ -7,7 +7,8 @@ Hierarchy (every error weightd's tiering raises derives from ``TieringError``)::
     │   ├── InvalidName                       NAME or VERSION outside the design's patterns
     │   ├── UnsafePath                        absolute, "..", escaping symlink, special file, non-UTF-8 name
     │   ├── SafetensorsHeaderError            malformed / hostile safetensors header
-    │   └── ManifestError                     manifest.json that cannot be trusted
+    │   ├── ManifestError                     manifest.json that cannot be trusted
+    │   └── StorageUnavailable                a configured storage root is absent, empty or unreadable
     ├── CheckpointNotFound (FileNotFoundError) a path or checkpoint that does not exist; exit 3
     ├── IntegrityError                        content differs from its manifest; exit 5
     │   ├── ChecksumMismatch                  a part (header, tensor, chunk) hashed differently
@@ -79,6 +80,17 @@ class ColdUnreadable(BadInput):
         super().__init__(f"{ref} is published but this process (uid {os.geteuid()}) cannot read it: {reason} "
                          f"on {where}; make cold storage readable by the daemon's user (e.g. chmod -R a+rX "
                          f"on the version's directory, or fix the export's uid mapping)")
+
+
+class StorageUnavailable(BadInput):
+    """A configured storage root that is not there as configured: cold storage absent, an empty
+    directory where a store should be (a mount point with nothing mounted), unreadable, or a tier whose
+    parent directory is missing. Never taken for "nothing published": an unmounted NFS must not look
+    like an empty catalog. exit 2."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path, self.reason = path, reason
+        super().__init__(f"{path}: {reason}")
 
 
 class CheckpointNotFound(TieringError, FileNotFoundError):

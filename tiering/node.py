@@ -30,7 +30,7 @@ from .store.catalog import Catalog
 from .store.preload import PlacedFn, Preloader
 from .store.publish import PUBLISH_LOCK_TIMEOUT_S, Publisher
 from .store.reconcile import Reconciler
-from .store.reports import SOURCES, PreloadReport, PublishReport, status
+from .store.reports import SOURCES, PreloadReport, PublishReport, status, storage_problems
 from .store.roots import TierRoots
 from .store.sources import Sources
 from .store.trust import Trust
@@ -255,6 +255,11 @@ class LocalNode:
     def status(self) -> dict[str, Any]:
         """What is where; reads only (nothing is created, locked or removed in any tier)."""
         return status(self.roots, self.state)
+
+    def storage_problems(self) -> list[dict[str, str]]:
+        """Configured storage that is not there as configured (cold absent or unmounted, a tier's parent
+        missing); reads only. May block as long as the storage does: the daemon asks in a thread."""
+        return storage_problems(self.roots)
 
     def pin(self, name: str, version: str | None) -> tuple[str, bool]:
         version = version or self.resolve(name, None).version

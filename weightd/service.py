@@ -354,9 +354,12 @@ class NodeService:
                  kind, key, r.bytes, r.unchanged)
         return {**r.to_dict(), "torrent": None, "companion_of": f"{name}@{version}", "kind": kind, "key": key}
 
-    def status(self) -> dict[str, Any]:
+    def status(self, problems: list[dict[str, str]] | None = None) -> dict[str, Any]:
+        """``problems``: the storage problems the caller already knows (the daemon's storage check);
+        None: look now."""
         since = time.time() - EVENTS_WINDOW_S
         return {**self.node.status(), "transfers": [], "answered_by": "in-process",
+                "problems": self.node.storage_problems() if problems is None else problems,
                 "time_to_ready": self.ready_times.summary(),
                 "recent_events": [e for e in list(self.events) if e["at"] >= since]}
 

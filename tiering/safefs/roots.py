@@ -9,7 +9,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import UnsafePath
+from ..errors import StorageUnavailable, UnsafePath
 from .dir import Dir
 from .paths import describe, split_rel, unsafe
 
@@ -83,8 +83,25 @@ def open_tier_root(path: Path, policy: RootPolicy = RootPolicy(), *, create: boo
     return d
 
 
+def unmade_parent(path: Path) -> StorageUnavailable | None:
+    """Why the tier root ``path`` cannot be made, if its parent directory is missing outside the user's
+    home: /mnt/nvme0/weightd with /mnt/nvme0 absent is a device or volume that is not mounted, and
+    making the parents would put the tier on the root file system. (None: it can be made.)"""
+    top = None
+    p = path.parent
+    while not p.exists():
+        top, p = p, p.parent
+    if top is None or _under_home(path.parent):
+        return None
+    return StorageUnavailable(str(path), f"cannot make the tier: {top} does not exist (is it mounted?); weightd "
+                                         "makes a tier's root, never its parents outside your home directory")
+
+
 def _make_root(path: Path, policy: RootPolicy) -> None:
     parent = path.parent
+    refused = unmade_parent(path)
+    if refused is not None:
+        raise refused
     missing = []
     p = parent
     while not p.exists():
@@ -125,6 +142,70 @@ def open_cold_root(path: Path, *, create: bool = False) -> Dir | None:
     except NotADirectoryError:
         raise UnsafePath(str(path), "cold tier is not a directory") from None
     return Dir(fd, path)
+
+
+COLD_MARKER = ".weightd-cold"   # in a cold store's root: "this is weightd's store", written by publish
+_MARKER_TEXT = b"weightd cold store v1\n"
+
+
+def open_cold_store(path: Path, *, create: bool = False) -> Dir:
+    """The node's configured cold store (a path). Unlike :func:`open_cold_root`, what is not there as
+    configured is an error, never an empty catalog: a missing directory, one this uid cannot open,
+    or an empty directory without the store's marker (an NFS mount point with nothing mounted) is
+    :class:`StorageUnavailable` naming the path and asking whether it is mounted. ``create``
+    (``publish``) makes the root if missing and writes the marker; a store published to before the
+    marker existed (non-empty, no marker) is accepted as it is."""
+    hint = "is it mounted? (a new store is made by the first weightd publish)"
+    try:
+        d = open_cold_root(path, create=create)
+    except PermissionError:
+        raise StorageUnavailable(str(path), f"cold storage cannot be opened by uid {os.geteuid()}: permission "
+                                            "denied (mount or export it readable to weightd's user)") from None
+    except FileNotFoundError:   # a parent vanished between the checks (an automount going away)
+        d = None
+    if d is None:
+        raise StorageUnavailable(str(path), f"cold storage does not exist: {hint}")
+    try:
+        if d.is_file(COLD_MARKER):
+            return d
+        try:
+            empty = not os.listdir(d.fd)
+        except PermissionError:
+            raise StorageUnavailable(str(path), f"cold storage cannot be listed by uid {os.geteuid()}: "
+                                                "permission denied (mount or export it readable to weightd's user)"
+                                     ) from None
+        if create:
+            _write_marker(d)
+        elif empty:
+            raise StorageUnavailable(str(path), f"cold storage is an empty directory with no weightd store in it "
+                                                f"(no {COLD_MARKER}): {hint}")
+    except BaseException:
+        d.close()
+        raise
+    return d
+
+
+def _write_marker(d: Dir) -> None:
+    """The store's marker, made atomically (a temporary name, then a link that fails if it exists)."""
+    tmp = f"{COLD_MARKER}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=d.fd)
+    try:
+        os.write(fd, _MARKER_TEXT)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    try:
+        os.link(tmp, COLD_MARKER, src_dir_fd=d.fd, dst_dir_fd=d.fd)
+    except FileExistsError:
+        pass   # another publisher made it meanwhile
+    finally:
+        os.unlink(tmp, dir_fd=d.fd)
+    os.fsync(d.fd)
+
+
+def _under_home(path: Path) -> bool:
+    home = os.environ.get("HOME")
+    return bool(home) and home != "/" and Path(os.path.abspath(path)).is_relative_to(os.path.abspath(home))
 
 
 def _fsync_path(path: Path) -> None:

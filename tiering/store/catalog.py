@@ -8,7 +8,7 @@ import time
 from typing import Any, Callable
 
 from ..content.names import validate_name, validate_version
-from ..errors import CheckpointNotFound, TieringError, TimedOut
+from ..errors import CheckpointNotFound, StorageUnavailable, TieringError, TimedOut
 from ..layout import COLD, LOCAL_TIERS, VersionDir, list_versions, published_versions, read_version, is_whole
 from ..safefs import Dir
 from .roots import TierRoots
@@ -51,7 +51,11 @@ class Catalog:
         validate_name(name)
         if version is not None:
             validate_version(version)
-            v = read_version(self.roots.dir(COLD), name, version, strict=True)
+            unavailable: StorageUnavailable | None = None
+            try:
+                v = read_version(self.roots.dir(COLD), name, version, strict=True)
+            except StorageUnavailable as exc:   # a copy held here still serves while cold storage is away
+                v, unavailable = None, exc
             if v is None and self.roots.object is not None:
                 v = self.roots.object.version_dir(name, version)
             if v is not None:
@@ -60,6 +64,8 @@ class Catalog:
                 v = read_version(self.roots.dir(tier), name, version)
                 if v is not None:
                     return v
+            if unavailable is not None:
+                raise unavailable
             raise CheckpointNotFound(f"{name}@{version}", "not published and not on this node"
                                      + (self.suggestion(name) if suggest else ""))
         # strict: a published version we cannot read is an error, never skipped (it may be the latest)
@@ -124,6 +130,9 @@ class Catalog:
             return self._check_object(limit)
         try:
             cold = self.roots.dir(COLD)
+        except StorageUnavailable as exc:   # absent, unmounted: not a matter of permissions
+            return {"uid": os.geteuid(), "checked": 0, "unavailable": exc.reason, "path": exc.path,
+                    "problems": [{"where": "cold", "reason": str(exc)}]}
         except (OSError, TieringError) as exc:
             return {"uid": os.geteuid(), "checked": 0, "problems": [{"where": "cold", "reason": str(exc)}]}
         if cold is None:

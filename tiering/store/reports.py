@@ -3,6 +3,7 @@ flow only, from what the sources return) and the ``status`` document."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -97,6 +98,26 @@ def _tier_status(roots: TierRoots, tier: str) -> tuple[dict[str, Any], list[Vers
             "used_bytes": sum(v.size for v in versions), "staging_bytes": staging_bytes,
             "high_watermark": spec.high_watermark, "low_watermark": spec.low_watermark,
             "checkpoints": len(versions), "transfers_in_flight": in_flight}, versions
+
+
+def storage_problems(roots: TierRoots) -> list[dict[str, str]]:
+    """What of the configured storage is not there as configured (reads only, makes nothing): cold
+    storage absent, unmounted or unreadable; a local tier that could not be made because its parent is
+    missing. Each ``{"where", "path", "reason"}``; the daemon is not ready while any is listed."""
+    from ..errors import TieringError
+    from ..layout import COLD
+    from ..safefs import unmade_parent
+    out: list[dict[str, str]] = []
+    if roots.cold is not None:
+        try:
+            roots.dir(COLD)
+        except (TieringError, OSError) as exc:
+            out.append({"where": COLD, "path": str(roots.cold), "reason": str(exc)})
+    for t in LOCAL_TIERS:
+        path = roots.tiers[t].path
+        if not os.path.lexists(path) and (refused := unmade_parent(path)) is not None:
+            out.append({"where": t, "path": str(path), "reason": str(refused)})
+    return out
 
 
 def status(roots: TierRoots, state: State) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from ..layout import COLD, LOCKS, TierSpec, lock_name
 from ..locks import FileLock
-from ..safefs import Dir, RootPolicy, open_cold_root, open_tier_root
+from ..safefs import Dir, RootPolicy, open_cold_store, open_tier_root
 
 if TYPE_CHECKING:
     from ..objstore import ObjectCold
@@ -31,7 +31,8 @@ class TierRoots:
         self._dirs.clear()
 
     def dir(self, tier: str, *, create: bool = False) -> Dir | None:
-        """The tier's root by descriptor (None if it does not exist and ``create`` is false)."""
+        """The tier's root by descriptor (a local tier: None if it does not exist and ``create`` is
+        false; cold storage as a path: StorageUnavailable if it is absent, unmounted or unreadable)."""
         d = self._dirs.get(tier)
         if d is not None:
             try:
@@ -44,7 +45,7 @@ class TierRoots:
         if tier == COLD:
             if self.cold is None:
                 return None  # object storage: no directory
-            d = open_cold_root(self.cold, create=create)
+            d = open_cold_store(self.cold, create=create)   # (absent or unmounted: StorageUnavailable)
         else:
             spec = self.tiers[tier]
             d = open_tier_root(spec.path, RootPolicy(spec.root_mode, spec.group), create=create)

@@ -18,7 +18,7 @@ from ..copy import IN_MEMORY_MAX, SMALL_FILES, CopyJob, copy_checked, copy_files
 from ..delta import DeltaPlan, Donor, plan_delta
 from ..delta import build as build_delta_spans
 from ..delta import build_verified as build_delta
-from ..errors import CheckpointNotFound, TimedOut
+from ..errors import CheckpointNotFound, StorageUnavailable, TimedOut
 from ..layout import COLD, HOT, LOCAL_TIERS, WARM, VersionDir, list_versions, read_version, version_rel
 from ..locks import FileLock
 from ..progress import set_phase
@@ -64,7 +64,12 @@ class Sources:
         local = read_version(self.roots.dir(other), name, version)
         if local is not None and local.manifest.digest == m.digest:
             labels.append(("local_reuse", other, version))
-        cold = read_version(self.roots.dir(COLD), name, src_version)
+        try:
+            cold = read_version(self.roots.dir(COLD), name, src_version)
+        except StorageUnavailable:
+            if not labels:
+                raise
+            cold = None   # cold storage is away, the other local tier has the copy
         if cold is not None and cold.manifest.digest == src_digest:
             labels.append(("cold", COLD, src_version))
         if cold is not None and not any(label == "local_reuse" for label, _, _ in labels):

@@ -139,4 +139,4 @@ def _through_daemon(job: _Job) -> int:
         output.emit_json("status", st, compact=False)
     else:
         output.show_status(st, wide=job.fmt == "wide")
-    return 0
+    return 2 if st.get("problems") else 0   # (storage not there as configured, as the click command)

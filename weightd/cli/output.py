@@ -111,7 +111,11 @@ def report_error(exc: BaseException, *, debug: bool) -> int:
         traceback.print_exc()
     rule = rule_for(exc)
     known = isinstance(exc, OSError) or hasattr(exc, "exit_code")
-    if not known:
+    if isinstance(exc, ModuleNotFoundError) and exc.name:
+        # a broken install, not a bug of this run: say which package and how to mend it
+        echo(f"weightd: this installation is incomplete: Python module '{exc.name}' is missing (reinstall weightd "
+             f"with its dependencies: pip install --force-reinstall weightd, or make install)", err=True)
+    elif not known:
         echo(f"weightd: internal error: {type(exc).__name__}: {exc} (run with --debug for the traceback)", err=True)
     else:
         echo(error_line(exc, rule.hint), err=True)
@@ -172,7 +176,10 @@ def left(ts: float | None) -> str:
 
 def show_status(st: dict[str, Any], *, wide: bool = False) -> None:
     """Tiers, then transfers in flight, checkpoints, and what holds each copy (pins, leases with
-    holder and time left, processes using it). ``wide``: watermarks, digests, paths, pids."""
+    holder and time left, processes using it). ``wide``: watermarks, digests, paths, pids.
+    Storage problems (cold storage absent or unmounted, ...) first, on stderr."""
+    for p in st.get("problems") or []:
+        echo(f"weightd: storage problem: {printable(p['reason'])}", err=True)
     echo(f"{'TIER':<5} {'USED':>10} {'CAPACITY':>10} {'USE%':>5} {'CKPTS':>5} {'IN FLIGHT':>9}"
                + (f" {'HIGH/LOW':>9}" if wide else "") + "  PATH")
     for t, info in st["tiers"].items():

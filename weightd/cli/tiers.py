@@ -349,6 +349,8 @@ def status(app: AppContext, fmt: str, as_json: bool, watch_s: float | None) -> N
                     output.note(f"(the daemon did not answer on {app.config.settings.api.socket}: this is what "
                                 "this process sees in the tiers; transfers the daemon runs are not shown)")
                 if watch_s is None:
+                    if st.get("problems"):   # (storage not there as configured: exit 2, as every command)
+                        raise SystemExit(2)
                     return
                 sys.stdout.flush()
                 time.sleep(watch_s)

@@ -59,7 +59,10 @@ class Daemon:
         self.service: NodeService = self._open_service(self.config)
         self.old_services: list[NodeService] = []
         self.pools = {HOT: ThreadPoolExecutor(2, "weightd-hot"), WARM: ThreadPoolExecutor(2, "weightd-warm"),
-                      "misc": ThreadPoolExecutor(4, "weightd-misc")}
+                      "misc": ThreadPoolExecutor(4, "weightd-misc"),
+                      "storage": ThreadPoolExecutor(1, "weightd-storage")}   # (loops.check_storage only)
+        self.storage_problems: list[dict[str, str]] = []   # the last storage check's findings (readyz, status)
+        self.storage_check: asyncio.Future[Any] | None = None
         self.api = Api(self)
         self.intent = IntentRunner(self)
         self.service.on_loaded = self.intent.loaded
@@ -245,7 +248,9 @@ class Daemon:
         loop.add_signal_handler(signal.SIGINT, self.stopping.set)
         loop.add_signal_handler(signal.SIGHUP, self.reload)
         self.loop = loop
-        tasks = [loop.create_task(loops.gc_loop(self)), loop.create_task(loops.pressure_loop(self))]
+        await loops.check_storage(self)   # (before READY: a missing cold store is not "ready")
+        tasks = [loop.create_task(loops.gc_loop(self)), loop.create_task(loops.pressure_loop(self)),
+                 loop.create_task(loops.storage_loop(self))]
         if self.role == "origin" and self.session is not None and self.node.roots.object is not None:
             tasks.append(loop.create_task(loops.origin_mirror_loop(self)))
         self.tasks = tasks

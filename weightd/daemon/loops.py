@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 GC_INTERVAL_S = 30.0
 PRESSURE_INTERVAL_S = 5.0
+STORAGE_INTERVAL_S = 10.0
+STORAGE_TIMEOUT_S = 5.0
 
 
 async def _sleep_or_stop(d: "Daemon", seconds: float) -> bool:
@@ -38,6 +40,37 @@ async def pressure_loop(d: "Daemon") -> None:
         texts = await d.run_blocking("misc", read_counter_texts, Path("/"))
         d.pressure.append((time.monotonic(), texts))
         if await _sleep_or_stop(d, PRESSURE_INTERVAL_S):
+            return
+
+
+async def check_storage(d: "Daemon") -> None:
+    """One look at the configured storage (cold absent or unmounted, a tier's device missing), in a
+    thread of its own: a hung mount holds that one thread, never the loop or the other pools, and while
+    it is held no second look starts; it counts as a problem once STORAGE_TIMEOUT_S has passed."""
+    fut = d.storage_check
+    if fut is None or fut.done():
+        fut = d.storage_check = asyncio.ensure_future(d.run_blocking("storage", d.node.storage_problems))
+    try:
+        problems = await asyncio.wait_for(asyncio.shield(fut), STORAGE_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        cold = d.node.roots.cold
+        problems = [{"where": "cold", "path": str(cold), "reason": f"{cold}: storage did not answer within "
+                     f"{STORAGE_TIMEOUT_S:g} s (a hung mount? see weightd doctor)"}]
+    except Exception as exc:   # the check itself failed: say so as a problem, keep serving
+        problems = [{"where": "storage", "path": "", "reason": f"the storage check failed: {exc}"}]
+    if problems != d.storage_problems:
+        for p in problems:
+            log.error("storage problem: %s (readiness fails until it is fixed)", p["reason"])
+        if d.storage_problems and not problems:
+            log.info("storage problems resolved")
+        d.storage_problems = problems
+        d.status_changed()
+
+
+async def storage_loop(d: "Daemon") -> None:
+    while not d.stopping.is_set():
+        await check_storage(d)
+        if await _sleep_or_stop(d, STORAGE_INTERVAL_S):
             return
 
 

@@ -243,7 +243,7 @@ class Api:
 
     # -- the other operations -----------------------------------------------------------------------
     async def _status(self, b: dict[str, Any]) -> dict[str, Any]:
-        st = await self.d.run_blocking("misc", self.d.service.status)
+        st = await self.d.run_blocking("misc", self.d.service.status, self.d.storage_problems)
         st["transfers"] = self.transfer_rows()
         st["answered_by"] = "daemon"
         return st
@@ -326,11 +326,15 @@ class Api:
         return web.json_response({"ok": True, "pid": os.getpid(), "role": self.d.role})
 
     async def readyz(self, request: web.Request) -> web.Response:
-        """Readiness: serving the admin socket (READY=1 was sent) and not stopping."""
+        """Readiness: serving the admin socket (READY=1 was sent), not stopping, and the configured
+        storage there (the last storage check found no problem)."""
         if self.d.stopping.is_set():
             return web.json_response({"ok": False, "reason": "stopping"}, status=503)
         if not self.d.ready:
             return web.json_response({"ok": False, "reason": "starting"}, status=503)
+        if self.d.storage_problems:   # (cold storage unmounted, a tier's device missing: see status)
+            return web.json_response({"ok": False, "reason": self.d.storage_problems[0]["reason"],
+                                      "problems": self.d.storage_problems}, status=503)
         return await self.healthz(request)
 
     async def metrics(self, request: web.Request) -> web.Response:

@@ -226,7 +226,14 @@ def _node_findings(n: dict[str, Any], r: Report) -> None:
                                   {"count": len(failures)}, "journalctl -u weightd | grep 'preload failed' shows each "
                                   "one with its reason"))
     cold = n.get("cold")
-    if cold and cold.get("problems"):
+    if cold and cold.get("unavailable"):
+        r.findings.append(Finding("cold-unavailable", "critical", "tier",
+                                  f"cold storage {cold['path']} is not there for {cold['by']}: {cold['unavailable']}",
+                                  {"path": cold["path"], "uid": cold["uid"]},
+                                  f"mount cold storage at {cold['path']} (systemd: RequiresMountsFor= in a drop-in "
+                                  "for weightd.service; Kubernetes: the cold volume of the DaemonSet), then check "
+                                  "it with: weightd serve --check"))
+    elif cold and cold.get("problems"):
         first = cold["problems"][0]
         r.findings.append(Finding("cold-unreadable", "critical", "tier",
                                   f"{cold['by']} (uid {cold['uid']}) cannot read cold storage: {first['where']}: "
