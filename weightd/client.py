@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 from tiering import MAX_SECONDS  # (tiering.content.units: a light module, the client stays fast to start)
 
+from .compat import stamped
 from .errors import BadAnswer, DaemonError, DaemonUnavailable, SocketDenied, UntrustedDaemon
 
 __all__ = ["BadAnswer", "DaemonClient", "DaemonError", "MAX_SECONDS", "UntrustedDaemon", "peer_credentials", "peer_groups"]
@@ -245,7 +246,7 @@ class DaemonClient:
              timeout: float | None = None) -> Any:
         conn = _Exchange(str(self.socket_path), timeout, self.trusted_uids)
         try:
-            conn.request(method, f"/v1/{route}", json.dumps(body).encode() if body is not None else None)
+            conn.request(method, f"/v1/{route}", json.dumps(stamped(body)).encode() if body is not None else None)
             data = json.loads(conn.read() or b"null")
         finally:
             conn.close()
@@ -258,7 +259,7 @@ class DaemonClient:
         STREAM_SILENCE_S, is a lost daemon (``ConnectionResetError``: ``call_retrying`` asks again)."""
         conn = _Exchange(str(self.socket_path), STREAM_SILENCE_S, self.trusted_uids)
         try:
-            conn.request("POST", f"/v1/{route}", json.dumps({**body, "stream": True}).encode())
+            conn.request("POST", f"/v1/{route}", json.dumps(stamped({**body, "stream": True})).encode())
             if conn.status >= 400 or "ndjson" not in conn.headers.get("content-type", ""):
                 data = json.loads(conn.read() or b"null")
                 return self._answer(conn.status, data)

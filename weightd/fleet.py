@@ -2,9 +2,10 @@
 (``POST /v1/fleet/report``), for ``GET /v1/fleet`` and ``weightd fleet status``.
 
 A report comes from the network, from a worker that may be broken or hostile: :func:`check_report`
-checks every field (types, sizes, ranges, names as ``tiering`` names them) and raises ValueError with
-a one-line message naming the first problem; nothing unchecked is kept, and nothing of a refused
-report. A node is (its address, the name it reports); a node that stops reporting leaves the view
+checks every field it knows (types, sizes, ranges, names as ``tiering`` names them) and raises
+ValueError with a one-line message naming the first problem; nothing unchecked is kept, and nothing of
+a refused report. Keys it does not know (a newer worker's, see :mod:`weightd.compat`) are dropped, not
+refused: a fleet upgrading its workers before its origin keeps its view and its rollout slots. A node is (its address, the name it reports); a node that stops reporting leaves the view
 ``ttl_s`` after its last report.
 
 Not thread-safe: a :class:`FleetView` belongs to the origin's asyncio loop, whose handlers call it
@@ -22,6 +23,8 @@ from typing import Any
 
 import tiering
 
+from .compat import check_envelope
+
 MAX_HOLDINGS = 1024
 MAX_INTENT = 1024
 MAX_LABELS = 64
@@ -31,7 +34,6 @@ MAX_UNIX_TIME = 1e11            # (year 5138: past that a time is garbage)
 MAX_MODEL_CHARS = 255 + 1 + 255  # (checked before a name is parsed, so a huge string costs nothing)
 MAX_VERSION_CHARS = 255
 TIERS = ("hot", "warm")
-_REPORT_KEYS = frozenset({"node", "rack", "labels", "holdings", "intent"})
 _HOLDING_KEYS = ("model", "version", "tier", "resident", "bytes", "since", "serving")
 _HOST = re.compile(r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,251}[A-Za-z0-9])?")
 _RACK = re.compile(r"[A-Za-z0-9._-]{1,63}")   # (as [p2p] rack)
@@ -83,10 +85,7 @@ def _number(v: Any, where: str, lo: float, hi: float, what: str) -> float:
 def _holding(h: Any, where: str) -> dict[str, Any]:
     if not isinstance(h, dict):
         raise ValueError(f"{where}: expected an object, got {_kind(h)}")
-    for k in h:
-        if k not in _HOLDING_KEYS:
-            raise ValueError(f"{where}: unknown key {_show(k)}")
-    for k in _HOLDING_KEYS:
+    for k in _HOLDING_KEYS:   # (keys besides these are a newer worker's: not kept)
         if k not in h:
             raise ValueError(f"{where}: missing {k!r}")
     tier = h["tier"]
@@ -111,19 +110,21 @@ def _holding(h: Any, where: str) -> dict[str, Any]:
 
 def check_report(body: Any) -> dict[str, Any]:
     """A worker's report, checked and copied (only plain values that were checked are kept):
-    ``{"node", "rack", "labels", "holdings", "intent"}``; ValueError naming the first problem.
+    ``{"node", "rack", "labels", "holdings", "intent", "weightd"}``; ValueError naming the first problem.
 
-    Shape: ``node`` a host name (at most 253 characters); ``rack`` a rack name or null/absent;
+    Shape: ``v`` (optional) the message revision, an integer >= 1; ``weightd`` (optional) the worker's
+    weightd version; ``node`` a host name (at most 253 characters); ``rack`` a rack name or null/absent;
     ``labels`` (optional) at most 64 Kubernetes-style labels; ``holdings`` (optional) at most 1024
     objects with exactly ``model``, ``version``, ``tier`` (``hot``/``warm``), ``resident`` (0..1),
     ``bytes`` (integer >= 0), ``since`` (unix time), ``serving`` (boolean), one per (model, version,
     tier); ``intent`` (optional) at most 1024 entries ``NAME`` or ``NAME@REF`` -> version.
-    Unknown keys are refused."""
+    Other keys, at the top or in a holding, are a newer worker's: ignored, never kept."""
     if not isinstance(body, dict):
         raise ValueError(f"report: expected a JSON object, got {_kind(body)}")
-    for k in body:
-        if k not in _REPORT_KEYS:
-            raise ValueError(f"report: unknown key {_show(k)}")
+    try:
+        _v, sender = check_envelope(body)
+    except ValueError as exc:
+        raise ValueError(f"report: {exc}") from None
     if "node" not in body:
         raise ValueError("report: missing 'node'")
     node = body["node"]
@@ -181,7 +182,8 @@ def check_report(body: Any) -> dict[str, Any]:
         if at:
             _version(ref, f"intent[{_show(m)}]")
         wants[m] = _version(v, f"intent[{_show(m)}]")
-    return {"node": node, "rack": rack, "labels": dict(labels), "holdings": rows, "intent": wants}
+    return {"node": node, "rack": rack, "labels": dict(labels), "holdings": rows, "intent": wants,
+            "weightd": sender}
 
 
 class FleetView:
@@ -230,7 +232,8 @@ class FleetView:
     def view(self) -> dict[str, Any]:
         """``{"nodes": [...], "versions": [...], "generated_at": t}`` of the nodes heard from within
         ``ttl_s`` (older ones are forgotten here). A node: ``node``, ``ip``, ``rack``, ``labels``,
-        ``intent``, ``age_s`` (since its report), ``holdings`` (as reported, sorted). A version:
+        ``intent``, ``weightd`` (the version it runs, null when its report did not say), ``age_s``
+        (since its report), ``holdings`` (as reported, sorted). A version:
         ``model``, ``version``, ``nodes`` (``hot``, ``warm``: nodes with a copy in that tier; ``total``:
         nodes with any copy), ``serving`` (nodes serving it), ``resident_avg`` (over those nodes, each
         by its most resident copy). Nodes sorted by name then address; versions by model then version."""
@@ -240,8 +243,8 @@ class FleetView:
         for r in self._sorted():
             holdings = sorted((dict(h) for h in r["holdings"]), key=lambda h: (h["model"], h["version"], h["tier"]))
             nodes.append({"node": r["node"], "ip": r["ip"], "rack": r["rack"], "labels": dict(r["labels"]),
-                          "intent": dict(r["intent"]), "age_s": round(max(0.0, now - r["received_at"]), 1),
-                          "holdings": holdings})
+                          "intent": dict(r["intent"]), "weightd": r["weightd"],
+                          "age_s": round(max(0.0, now - r["received_at"]), 1), "holdings": holdings})
             for (model, version), copies in _by_version(r["holdings"]).items():
                 v = per_version.setdefault((model, version), {"hot": 0, "warm": 0, "total": 0, "serving": 0,
                                                               "resident": []})

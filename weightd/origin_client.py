@@ -1,6 +1,7 @@
 """A worker's (and ``weightd fleet status``'s) calls to the origin's fleet endpoints: JSON over the
 tracker's HTTP(S) listener, with the node's fleet certificate when ``[p2p.tls]`` is on (the tracker
-requires one from the fleet CA). Synchronous and bounded in time; the daemon runs it in a pool."""
+requires one from the fleet CA). Synchronous and bounded in time; the daemon runs it in a pool. Every
+body carries this weightd's message version and its own (:func:`weightd.compat.stamped`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import ssl
 import urllib.parse
 from typing import TYPE_CHECKING, Any
 
+from .compat import stamped
 from .errors import OriginUnavailable
 
 if TYPE_CHECKING:
@@ -56,7 +58,7 @@ class OriginClient:
                 conn = http.client.HTTPConnection(u.hostname or "", u.port, timeout=self.timeout_s,
                                                   source_address=self.source)
             try:
-                data = None if body is None else json.dumps(body).encode()
+                data = None if body is None else json.dumps(stamped(body)).encode()
                 conn.request(method, u.path + (f"?{u.query}" if u.query else ""), body=data,
                              headers={"Content-Type": "application/json"} if data else {})
                 r = conn.getresponse()

@@ -143,6 +143,13 @@ def fleet_status(app: AppContext, origin: str | None, as_json: bool) -> None:
     nodes = doc.get("nodes") or []
     click.echo(f"{len(nodes)} node(s) reporting to {base}" + (f"; rollout movers {len(doc.get('movers') or [])}"
                                                               f" of {doc.get('max_movers') or 'any'}"))
+    runs: dict[str, int] = {}   # (two adjacent versions during a rollout of weightd itself)
+    for n in nodes:
+        v = n.get("weightd") or "not said"
+        runs[v] = runs.get(v, 0) + 1
+    if runs:
+        click.echo("weightd versions: " + ", ".join(f"{v} ({c} node{'s' if c != 1 else ''})"
+                                                    for v, c in sorted(runs.items())))
     click.echo(f"  {'NODE':<24} {'RACK':<8} {'MODEL@VERSION':<40} {'TIER':<5} {'RESIDENT':>8} {'SERVING':<7} AGE")
     for n in nodes:
         for h in n.get("holdings") or [{}]:

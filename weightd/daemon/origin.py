@@ -1,7 +1,10 @@
 """The origin's fleet endpoints, on the tracker's listener (the same allowlist, and with fleet TLS the
 same client certificates): workers report what they hold (``POST /v1/fleet/report``), anyone allowed
 reads the aggregate (``GET /v1/fleet``, ``weightd fleet status``), and rollout movers take and give
-back slots (``POST /v1/rollout/slot``, ``/v1/rollout/release``) under ``[intent] max_movers``."""
+back slots (``POST /v1/rollout/slot``, ``/v1/rollout/release``) under ``[intent] max_movers``.
+
+Workers may run the release before or after the origin's (a rollout of weightd itself): every body is
+read as :mod:`weightd.compat` says, keys this version does not know ignored, the ones it knows checked."""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from ..compat import check_envelope
 from ..fleet import FleetView
 from ..rollout import MoverSlots
 
@@ -69,7 +73,7 @@ def fleet_routes(d: "Daemon", app: web.Application, tracker: Any) -> None:
         if (r := refuse(request)) is not None:
             return r
         try:
-            b = await body(request)
+            b = _request(await body(request))
             node, moving = _short(b, "node"), _short(b, "moving")
         except ValueError as exc:
             return web.json_response({"error": str(exc)[:300]}, status=400)
@@ -85,7 +89,7 @@ def fleet_routes(d: "Daemon", app: web.Application, tracker: Any) -> None:
         if (r := refuse(request)) is not None:
             return r
         try:
-            node = _short(await body(request), "node")
+            node = _short(_request(await body(request)), "node")
         except ValueError as exc:
             return web.json_response({"error": str(exc)[:300]}, status=400)
         d.movers.release(request.remote or "?")
@@ -97,8 +101,17 @@ def fleet_routes(d: "Daemon", app: web.Application, tracker: Any) -> None:
     app.router.add_post("/v1/rollout/release", release)
 
 
-def _short(b: Any, key: str) -> str:
-    v = b.get(key) if isinstance(b, dict) else None
+def _request(b: Any) -> dict[str, Any]:
+    """A slot request or release: a JSON object whose version keys are well formed (other keys than
+    the ones read are a newer worker's: ignored)."""
+    if not isinstance(b, dict):
+        raise ValueError("body: expected a JSON object")
+    check_envelope(b)
+    return b
+
+
+def _short(b: dict[str, Any], key: str) -> str:
+    v = b.get(key)
     if not isinstance(v, str) or not 0 < len(v) <= 300 or not v.isprintable():
         raise ValueError(f"'{key}' must be a short printable string")
     return v

@@ -4,7 +4,9 @@
 Around the service, only what a daemon has: the caller's credentials (mutating routes), single
 flight (everyone asking for one version in one tier shares one transfer), the thread pools, and
 bounded requests: headers and body within ``[api] request_timeout_s``, JSON at most
-``MAX_JSON_DEPTH`` deep. Errors answer ``{"error", "exit_code", "hint"}`` with the HTTP status of
+``MAX_JSON_DEPTH`` deep. A body may come from a CLI one release older or newer (:mod:`weightd.compat`):
+its ``"v"`` and ``"weightd"`` are checked, keys no route reads are ignored, the ones a route reads are
+checked as always. Errors answer ``{"error", "exit_code", "hint"}`` with the HTTP status of
 their type (:mod:`weightd.errors`), so the CLI prints the same line either way.
 """
 
@@ -25,6 +27,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from tiering import HOT, Progress, TieringError
 
+from ..compat import check_envelope
 from ..errors import ApiError, DaemonStopping, WeightdError, exit_code_for, hint_for, http_status_for
 from ..service import DEFAULT, PreloadRequest, check_companion
 from .authz import Caller, authorize, caller_may_read, check_caller_can_read
@@ -395,6 +398,10 @@ class Api:
             raise ApiError(400, "request body must be a JSON object")
         if _depth(body) > MAX_JSON_DEPTH:
             raise ApiError(400, f"request body nests deeper than {MAX_JSON_DEPTH} levels")
+        try:
+            check_envelope(body)
+        except ValueError as exc:
+            raise ApiError(400, f"request body: {exc}") from None
         return body
 
 
