@@ -3,25 +3,46 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+BASE := $(VENV)/.installed-base
+WHEELHOUSE := $(VENV)/wheelhouse
 
-.PHONY: demo test bench bench-storm tools clean install
+.PHONY: demo test bench bench-storm tools clean install wheelhouse
 
-$(STAMP): pyproject.toml
+# the shipped dependency set only (what `pip install weightd` gives): make demo runs on it
+$(BASE): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip 'setuptools>=77'   # (setuptools: offline builds of this project, tests/test_daemon.py make install)
-	$(BIN)/python -m pip install -q -e '.[test]' --config-settings editable_mode=compat \
-	  || $(BIN)/python -m pip install -q -e '.[test]'   # (compat: a path in a .pth, no finder: ~10 ms of every start; deprecated by setuptools, so the default if it goes)
+	$(BIN)/python -m pip install -q --upgrade pip 'setuptools>=77'   # (setuptools: offline builds of this project, tests/test_install.py)
+	$(BIN)/python -m pip install -q -e . --config-settings editable_mode=compat \
+	  || $(BIN)/python -m pip install -q -e .   # (compat: a path in a .pth, no finder: ~10 ms of every start; deprecated by setuptools, so the default if it goes)
 	$(BIN)/python -m compileall -q weightd tiering p2p   # (bytecode, as an installed package has: imports compile nothing)
+	touch $(BASE)
+
+# and the test extras
+$(STAMP): $(BASE)
+	$(BIN)/python -m pip install -q -e '.[test]' --config-settings editable_mode=compat \
+	  || $(BIN)/python -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
-demo: $(STAMP)
+# every wheel `pip install weightd` would fetch, for tests/test_install.py: it installs the wheel of this
+# checkout into fresh venvs (and through make install DESTDIR=...) with --no-index from here, so the
+# tests reach no registry and a dependency that is imported but not declared fails them
+$(WHEELHOUSE): pyproject.toml | $(BASE)
+	rm -rf $(WHEELHOUSE)
+	$(BIN)/python -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))' \
+	  > $(VENV)/requirements.txt
+	$(BIN)/python -m pip wheel -q -w $(WHEELHOUSE) -r $(VENV)/requirements.txt 'setuptools>=77'   # (setuptools: building weightd offline)
+	touch $(WHEELHOUSE)
+
+wheelhouse: $(WHEELHOUSE)
+
+demo: $(BASE)
 	$(BIN)/weightd demo
 
 # system tools the tests and benchmarks compare against (xxhsum, vmtouch, fio, fincore)
 tools:
 	bash scripts/install-tools.sh
 
-test: $(STAMP) tools
+test: $(STAMP) $(WHEELHOUSE) tools
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP) tools
@@ -42,9 +63,12 @@ bench-storm: $(STAMP)
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
 
-# Install for systemd: a venv under $(PREFIX), `weightd` linked into $(BINDIR) (what the unit's
-# ExecStart names), the unit, sysusers and tmpfiles entries, and the example config if none exists.
+# Install for systemd: a venv under $(PREFIX) on a system Python (scripts/install-venv.sh: the unit's
+# User= must be able to run it), `weightd` linked into $(BINDIR) (what the unit's ExecStart names), the
+# unit, sysusers and tmpfiles entries, and the example config if none exists.
 #   sudo make install && sudo systemd-sysusers && sudo systemd-tmpfiles --create && sudo systemctl enable --now weightd
+# DESTDIR: stage the whole install under it (a package build); paths inside name the final places.
+# INSTALL_PY: the interpreter (default: the first Python >= 3.11 of /usr/bin, /usr/local/bin, PATH).
 # PIP_FLAGS: extra pip flags (e.g. --no-index --find-links WHEELHOUSE for an offline install).
 PREFIX ?= /opt/weightd
 BINDIR ?= /usr/bin
@@ -52,13 +76,16 @@ UNITDIR ?= /usr/lib/systemd/system
 SYSCONFDIR ?= /etc
 LIBDIR ?= /usr/lib
 PIP_FLAGS ?=
+INSTALL_PY ?=
+DESTDIR ?=
 install:
-	test -x $(PREFIX)/bin/python || $(PY) -m venv $(PREFIX)
-	$(PREFIX)/bin/python -m pip install -q $(PIP_FLAGS) .
-	install -d $(BINDIR) $(UNITDIR) $(LIBDIR)/sysusers.d $(LIBDIR)/tmpfiles.d $(SYSCONFDIR)/weightd
-	ln -sfn $(PREFIX)/bin/weightd $(BINDIR)/weightd
-	sed 's|/usr/bin/weightd|$(BINDIR)/weightd|; s|/etc/weightd/|$(SYSCONFDIR)/weightd/|' systemd/weightd.service > $(UNITDIR)/weightd.service
-	install -m 0644 systemd/weightd.sysusers $(LIBDIR)/sysusers.d/weightd.conf
-	install -m 0644 systemd/weightd.tmpfiles $(LIBDIR)/tmpfiles.d/weightd.conf
-	test -e $(SYSCONFDIR)/weightd/weightd.toml || install -m 0644 systemd/weightd.toml $(SYSCONFDIR)/weightd/weightd.toml
-	$(BINDIR)/weightd --version
+	DESTDIR='$(DESTDIR)' INSTALL_PY='$(INSTALL_PY)' PIP_FLAGS='$(PIP_FLAGS)' sh scripts/install-venv.sh $(PREFIX)
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(LIBDIR)/sysusers.d $(DESTDIR)$(LIBDIR)/tmpfiles.d \
+	  $(DESTDIR)$(SYSCONFDIR)/weightd
+	ln -sfn $(PREFIX)/bin/weightd $(DESTDIR)$(BINDIR)/weightd
+	sed 's|/usr/bin/weightd|$(BINDIR)/weightd|g; s|/etc/weightd/|$(SYSCONFDIR)/weightd/|g' systemd/weightd.service \
+	  > $(DESTDIR)$(UNITDIR)/weightd.service
+	install -m 0644 systemd/weightd.sysusers $(DESTDIR)$(LIBDIR)/sysusers.d/weightd.conf
+	install -m 0644 systemd/weightd.tmpfiles $(DESTDIR)$(LIBDIR)/tmpfiles.d/weightd.conf
+	test -e $(DESTDIR)$(SYSCONFDIR)/weightd/weightd.toml \
+	  || install -m 0644 systemd/weightd.toml $(DESTDIR)$(SYSCONFDIR)/weightd/weightd.toml

@@ -37,7 +37,10 @@ class Node:
 
     def __init__(self, base: Path, ip: str, cold: Path, *, role: str = "worker", origin: str | None = None,
                  allow: str = "127.0.0.0/8", env: dict[str, str], limit: str = "40MB", p2p_extra: str = "",
-                 cold_toml: str | None = None, fallback_s: float = 4) -> None:
+                 cold_toml: str | None = None, fallback_s: float = 4, cmd: list[str] | None = None) -> None:
+        """``cmd``: how to run weightd (default: this checkout's, as ``python -m weightd``; the install
+        tests pass an installed ``weightd``, run from outside the checkout)."""
+        self.cmd, self.cwd = (cmd, base) if cmd is not None else ([sys.executable, "-m", "weightd"], ROOT)
         self.ip, self.dir = ip, base / f"node-{ip}"
         self.dir.mkdir(parents=True)
         self.hot = Path(f"/dev/shm/weightd-test-p2p-{uuid.uuid4().hex[:8]}")
@@ -66,9 +69,9 @@ class Node:
     def start(self) -> None:
         if self.log.closed:
             self.log = open(self.dir / "daemon.log", "a")
-        self.proc = subprocess.Popen([sys.executable, "-m", "weightd", "-v", "--config", str(self.config), "serve",
+        self.proc = subprocess.Popen([*self.cmd, "-v", "--config", str(self.config), "serve",
                                       "--role", self.role], stdout=self.log, stderr=subprocess.STDOUT, env=self.env,
-                                     cwd=ROOT)
+                                     cwd=self.cwd)
         deadline = time.monotonic() + 30
         while not (self.dir / "weightd.sock").exists():
             assert self.proc.poll() is None and time.monotonic() < deadline, (self.dir / "daemon.log").read_text()
@@ -79,12 +82,12 @@ class Node:
         return f"{self.ip}:{self.port}"
 
     def cli(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "weightd", "--config", str(self.config), *args],
-                              capture_output=True, text=True, timeout=timeout, env=self.env, cwd=ROOT)
+        return subprocess.run([*self.cmd, "--config", str(self.config), *args],
+                              capture_output=True, text=True, timeout=timeout, env=self.env, cwd=self.cwd)
 
     def popen(self, *args: str) -> subprocess.Popen[str]:
-        return subprocess.Popen([sys.executable, "-m", "weightd", "--config", str(self.config), *args],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env, cwd=ROOT)
+        return subprocess.Popen([*self.cmd, "--config", str(self.config), *args],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env, cwd=self.cwd)
 
     def metric(self, name: str) -> float:
         """One sample of this daemon's /metrics, by its full name with labels (0 when absent)."""

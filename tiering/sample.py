@@ -178,8 +178,11 @@ def local_s3(*buckets: str, key: str = "local") -> Iterator[str]:
     are set to ``key`` for the duration (subprocesses inherit them) and put back after."""
     import logging
 
-    import boto3
-    from moto.server import ThreadedMotoServer
+    try:
+        import boto3
+        from moto.server import ThreadedMotoServer
+    except ImportError as exc:   # (an optional extra: the shipped package never needs it)
+        raise ImportError(f"a local S3 server needs the test extra (pip install 'weightd[test]'): {exc}") from exc
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # (the server's request log)
     srv = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     srv.start()

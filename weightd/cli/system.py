@@ -34,14 +34,30 @@ def config_show(app: AppContext, as_json: bool) -> None:
               help="origin: seed every published version from cold storage and run the tracker.")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True,
               help="text: a UTC timestamp, level, logger, message with key=value pairs; json: one object per line.")
+@click.option("--check", "check", type=click.Choice(["all", "install"]), default=None, is_flag=False,
+              flag_value="all", help="Check instead of serving, exit 0 if all is well, else 2: install = the config "
+              "and every module and dependency (an image build, ExecStartPre=); all (the default) = also the "
+              "tier roots and cold storage as this user sees them.")
 @click.pass_obj
-def serve(app: AppContext, role: str, log_format: str) -> None:
+def serve(app: AppContext, role: str, log_format: str, check: str | None) -> None:
     """Run the node daemon (systemd: Type=notify): admin API on [api] socket, metrics on [metrics] listen.
 
     Logs at INFO (start, stop, reload, every request with the caller's pid, every preload, publish,
     evict, pin and gc with its outcome); --debug or -vv for DEBUG.
 
-    Example: weightd --config /etc/weightd/weightd.toml serve --role worker --log-format json"""
+    Example: weightd --config /etc/weightd/weightd.toml serve --role worker --log-format json
+    Example: weightd --config /etc/weightd/weightd.toml serve --check"""
+    if check is not None:
+        from ..selfcheck import run_checks
+        checks = run_checks(app.config, check)
+        for c in checks:
+            click.echo(f"{'ok' if c.ok else 'FAIL':<4}  {c.what:<14} {output.printable(c.detail)}")
+        failed = [c for c in checks if not c.ok]
+        if failed:
+            output.echo(f"weightd serve --check: {len(failed)} of {len(checks)} checks failed; the first: "
+                        f"{failed[0].what}: {output.printable(failed[0].detail)}", err=True)
+            raise SystemExit(2)
+        return
     import logging
 
     from ..daemon import run
