@@ -25,7 +25,7 @@ from aiohttp import web
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from tiering import HOT, Progress, TieringError
+from tiering import HOT, Progress, TieringError, TimedOut, refuse_if_stuck, run_bounded
 
 from ..compat import check_envelope
 from ..errors import ApiError, DaemonStopping, WeightdError, exit_code_for, hint_for, http_status_for
@@ -41,6 +41,11 @@ MAX_JSON_DEPTH = 32            # request bodies are small flat objects; deeper n
 SET_AT_ONCE = 8                # a set's models in flight at once (the tier's threads run 2 of them)
 PROGRESS_EVERY_S = 0.5         # a streamed preload's progress lines (and heartbeat)
 FEATURES = ["stream", "hold"]  # what clients may ask of this daemon (health says so)
+# Work that reads cold storage is bounded (a hung mount holds a thread, never a request or a pool for
+# ever) and refused at once while tiering.copy.STUCK_CAP threads are stuck in it (ColdStorageStuck):
+COLD_CHECK_S = 20.0            # check-cold (doctor): every manifest read, every file opened
+COLD_LIST_S = 60.0             # ls, pin and unpin (which resolve NAME), a preload's resolve without timeout_s
+PATH_COLD_S = 5.0              # path NAME (the latest published) or a part of it: which version is in cold
 
 
 class Api:
@@ -61,12 +66,13 @@ class Api:
         r.add_post(f"{v}/preload", self._preload_route)
         r.add_post(f"{v}/preload-set", self._preload_set_route)
         r.add_post(f"{v}/publish", self._h(self._publish, admin="publish"))
-        r.add_get(f"{v}/check-cold", self._h(lambda b: d.run_blocking("misc", d.service.check_cold)))
-        r.add_post(f"{v}/versions", self._h(lambda b: d.run_blocking("misc", d.service.versions, _opt_str(b, "name"))))
+        # (admin: it reads every published manifest and opens every file, as the daemon's user)
+        r.add_get(f"{v}/check-cold", self._h(lambda b, c: self._cold("misc", d.service.check_cold, COLD_CHECK_S,
+                                                                     "the check of cold storage"), admin="check-cold"))
+        r.add_post(f"{v}/versions", self._h(lambda b: self._cold(
+            "misc", lambda: d.service.versions(_opt_str(b, "name")), COLD_LIST_S, "listing cold storage")))
         r.add_post(f"{v}/hold", self._hold_route)
-        r.add_post(f"{v}/path", self._h(lambda b: d.run_blocking(
-            "misc", lambda: d.service.path(_str(b, "ref"), selection=b.get("selection"), whole=b.get("whole", False),
-                                           companion=b.get("companion")))))
+        r.add_post(f"{v}/path", self._h(self._path))
         r.add_post(f"{v}/pin", self._h(lambda b, c: self._pin(b, True), admin="pin"))
         r.add_post(f"{v}/unpin", self._h(lambda b, c: self._pin(b, False), admin="unpin"))
         r.add_post(f"{v}/evict", self._h(self._evict, admin="evict"))
@@ -96,6 +102,7 @@ class Api:
         counted in time to ready."""
         svc = self.d.service
         t0 = time.monotonic()
+        refuse_if_stuck()   # (cold storage known hung: at once, never a thread more or a wait in a queue)
         req = svc.preload_request(_str(body, "ref"), tier=body.get("tier", HOT), strict=body.get("strict", False),
                                   lease_s=body.get("lease_s", DEFAULT), timeout_s=body.get("timeout_s"),
                                   wait=body.get("wait", False), holder=holder, selection=body.get("selection"),
@@ -103,7 +110,8 @@ class Api:
         if svc.needs_resolving(req):  # resolve (and wait for publication) before joining a flight
             gone = threading.Event()  # set when this caller leaves or the daemon stops: the wait ends too
             try:
-                req = await self._unless_stopping(self.d.run_blocking("misc", svc.resolve, req, gone))
+                req = await self._unless_stopping(self.d.run_blocking("misc", svc.resolve, req, gone,
+                                                                      bound_s=COLD_LIST_S))
             finally:
                 gone.set()
         key = (req.name, req.version, req.tier, *req.what)   # (a partial copy or a companion: its own flight)
@@ -196,6 +204,14 @@ class Api:
             log.info("a streamed preload's client went away ref=%s", ref[:200])
         return resp
 
+    async def _cold(self, pool: str, fn: Callable[[], Any], seconds: float, what: str) -> Any:
+        """``fn()`` (which reads cold storage) in ``pool``, refused at once while reads of cold storage are
+        stuck, and answered within ``seconds`` (TimedOut, exit 4): a read that never returns keeps its
+        thread (counted against the cap), never the pool's thread or the caller."""
+        refuse_if_stuck()
+        return await self.d.run_blocking(pool, lambda: run_bounded(fn, deadline=time.monotonic() + seconds,
+                                                                   what=what))
+
     async def _unless_stopping(self, aw: Awaitable[Any]) -> Any:
         """``aw``'s result, unless the daemon starts stopping first: then DaemonStopping (503, retry),
         so a waiting client never holds a restart (what ``aw`` runs goes on until the daemon exits; a
@@ -214,7 +230,14 @@ class Api:
     async def _preload_task(self, req: PreloadRequest, progress: Progress) -> dict[str, Any]:
         self.d.set_status(f"preloading {req.name}@{req.version} into {req.tier}")
         try:
-            return await self.d.run_blocking(req.tier, lambda: self.d.service.load(req, progress=progress))
+            job = self.d.run_blocking(req.tier, lambda: self.d.service.load(req, progress=progress))
+            if req.timeout_s is None:
+                return await job
+            try:   # (queued behind the tier's busy threads counts against timeout_s too; queued: cancelled)
+                return await asyncio.wait_for(job, req.timeout_s + 1.5)
+            except asyncio.TimeoutError:
+                raise TimedOut(f"preload of {req.name}@{req.version}: not finished within its timeout "
+                               f"({req.timeout_s:g} s)") from None
         finally:
             progress.set_phase("done")
             self.d.status_changed()
@@ -245,8 +268,19 @@ class Api:
             "misc", svc.hold, _str(body, "ref"), body.get("tier", HOT), body.get("lease_s"), _holder(request)))
 
     # -- the other operations -----------------------------------------------------------------------
+    async def _path(self, b: dict[str, Any]) -> dict[str, Any]:
+        """NAME@VERSION is answered from the local tiers alone ("query": never behind cold work); NAME,
+        or a part of it, asks cold storage which version: bounded by PATH_COLD_S."""
+        svc = self.d.service
+        ref, sel, whole, comp = _str(b, "ref"), b.get("selection"), b.get("whole", False), b.get("companion")
+        if not svc.path_needs_cold(ref, selection=sel, whole=whole, companion=comp):
+            return await self.d.run_blocking("query", svc.path, ref, selection=sel, whole=whole, companion=comp)
+        return await self._cold("misc", lambda: svc.path(ref, selection=sel, whole=whole, companion=comp),
+                                PATH_COLD_S, f"path {ref[:200]}: asking cold storage for the version")
+
     async def _status(self, b: dict[str, Any]) -> dict[str, Any]:
-        st = await self.d.run_blocking("misc", self.d.service.status, self.d.storage_problems)
+        # ("query": local tiers and the last storage check only, never behind work that reads cold storage)
+        st = await self.d.run_blocking("query", self.d.service.status, self.d.storage_problems)
         st["transfers"] = self.transfer_rows()
         st["answered_by"] = "daemon"
         return st
@@ -254,7 +288,9 @@ class Api:
     async def _pin(self, b: dict[str, Any], pin: bool) -> dict[str, Any]:
         """An admin's pin or unpin is the admin's from now on: fleet intent forgets it made it."""
         svc = self.d.service
-        out = await self.d.run_blocking("misc", svc.pin if pin else svc.unpin, _str(b, "ref"))
+        ref = _str(b, "ref")
+        out = await self._cold("misc", lambda: (svc.pin if pin else svc.unpin)(ref), COLD_LIST_S,
+                               f"{'pin' if pin else 'unpin'} {ref[:200]}")
         self.d.intent.admin_pinned(out["name"], out["version"])
         return out
 
@@ -341,7 +377,7 @@ class Api:
         return await self.healthz(request)
 
     async def metrics(self, request: web.Request) -> web.Response:
-        body = await self.d.run_blocking("misc", generate_latest, self.d.registry)
+        body = await self.d.run_blocking("query", generate_latest, self.d.registry)   # (never behind cold work)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     # -- plumbing -----------------------------------------------------------------------------------
@@ -459,6 +495,23 @@ def _log_request(request: web.Request, body: dict[str, Any]) -> None:
         pid, uid, _ = peer_credentials(sock) if sock is not None else (0, -1, -1)
     except OSError:
         pid, uid = 0, -1
-    fields = " ".join(f"{k}={body[k]}" for k in ("ref", "name", "version", "tier", "wait", "timeout_s", "force", "all")
+    fields = " ".join(f"{k}={_loggable(k, body[k])}" for k in ("ref", "name", "version", "tier", "wait", "timeout_s",
+                                                                "lease_s", "force", "all")
                       if isinstance(body.get(k), (str, int, float)) and body.get(k) is not None)
     log.info("request route=%s pid=%d uid=%d %s", request.path.rsplit("/", 1)[-1], pid, uid, fields)
+
+
+def _loggable(key: str, v: Any) -> Any:
+    """A request's field as its log line shows it: a number as it is; a string only once it is what
+    the key says (a ref, a name, a version, a tier), else how long it was (the route refuses it with
+    a message of its own; the log layer escapes and cuts whatever gets through: weightd.logs)."""
+    if not isinstance(v, str):
+        return v
+    from tiering import LOCAL_TIERS, parse_ref, validate_label, validate_name
+    check = {"ref": lambda x: parse_ref(x, local=True), "name": validate_name, "version": validate_label}.get(key)
+    try:
+        if key == "tier" and v in LOCAL_TIERS or check is not None and len(v) <= 600 and check(v) is not False:
+            return v
+    except ValueError:
+        pass
+    return f"<invalid, {len(v)} characters>"
