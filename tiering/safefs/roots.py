@@ -49,12 +49,128 @@ def check_ancestors(path: Path) -> None:
             st = os.stat(p)  # (following the configured path: the operator's choice)
         except FileNotFoundError:
             continue
+        if others_can_change(st, (0, me)) is None:
+            continue
         if st.st_uid not in (0, me):
             raise UnsafePath(str(path), f"its parent {p} belongs to uid {st.st_uid}, who could replace the tier "
                                         "root: put the tier under a directory of root or weightd's user")
-        if stat.S_IMODE(st.st_mode) & 0o022 and not st.st_mode & stat.S_ISVTX:
-            raise UnsafePath(str(path), f"its parent {p} is writable by group or others without the sticky bit "
-                                        f"(mode {stat.S_IMODE(st.st_mode):04o}): anyone could replace the tier root")
+        raise UnsafePath(str(path), f"its parent {p} is writable by group or others without the sticky bit "
+                                    f"(mode {stat.S_IMODE(st.st_mode):04o}): anyone could replace the tier root")
+
+
+def others_can_change(st: os.stat_result, uids: "tuple[int, ...] | frozenset[int]") -> str | None:
+    """Why a uid not in ``uids`` could change the entries of the directory ``st`` (rename, replace or
+    add one), or None when none can: it must be owned by one of ``uids`` and not writable by group or
+    others, unless it has the sticky bit (``/tmp``, ``/dev/shm``: others may add names there but
+    never replace one of ours)."""
+    if st.st_uid not in uids:
+        return f"belongs to uid {st.st_uid}"
+    if stat.S_IMODE(st.st_mode) & 0o022 and not st.st_mode & stat.S_ISVTX:
+        return f"is writable by group or others ({describe(st)})"
+    return None
+
+
+MAX_SYMLINKS = 40   # as the kernel's own resolution
+
+
+def resolve_unchangeable(path: "str | Path", uids: "tuple[int, ...] | frozenset[int]", what: str) -> str:
+    """Resolve ``path`` as the kernel would, symlink by symlink, and refuse it (UnsafePath naming the
+    directory) unless every directory the resolution passes through, from ``/`` down to the last
+    component's parent (and the last component when it is a directory), is one only ``uids`` can
+    change (:func:`others_can_change`); a symlink counts where it lies and where it leads. Returns the
+    resolved path: opened with ``O_NOFOLLOW`` it is the file checked, since no one else can swap a
+    name on the way. ``what`` names the thing for the message ("intent file")."""
+    todo = [c for c in str(os.path.abspath(path)).split("/") if c]
+    cur, links = "/", 0
+    _check_walked(path, cur, os.stat("/"), uids, what)
+    while todo:
+        name = todo.pop(0)
+        if name == ".":
+            continue
+        if name == "..":
+            cur = os.path.dirname(cur)
+            continue
+        nxt = os.path.join(cur, name)
+        try:
+            st = os.lstat(nxt)
+        except FileNotFoundError:
+            if todo:
+                raise
+            return nxt   # (the caller's open says it is missing)
+        if stat.S_ISLNK(st.st_mode):
+            links += 1
+            if links > MAX_SYMLINKS:
+                raise UnsafePath(str(path), f"{what}: more than {MAX_SYMLINKS} symlinks on the way")
+            target = os.readlink(nxt)
+            todo[:0] = [c for c in target.split("/") if c]
+            if target.startswith("/"):
+                cur = "/"
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            _check_walked(path, nxt, st, uids, what)
+        elif todo:
+            raise UnsafePath(str(path), f"{what}: {nxt} is not a directory")
+        cur = nxt
+    return cur
+
+
+def _check_walked(path: "str | Path", d: str, st: os.stat_result, uids: "tuple[int, ...] | frozenset[int]",
+                  what: str) -> None:
+    why = others_can_change(st, uids)
+    if why is not None:
+        raise UnsafePath(str(path), f"{what} is reached through {d}, which {why}: every directory on its path "
+                                    "(and where its symlinks lead) must be one only root or weightd's user can "
+                                    "change; refused")
+
+
+def open_unchangeable_dir(path: "str | Path", uids: "tuple[int, ...] | frozenset[int]", what: str, *,
+                          create: bool = False, mode: int = 0o755) -> Dir:
+    """The directory ``path`` opened by descriptor from ``/``, one ``O_NOFOLLOW | O_DIRECTORY`` open per
+    component: a symlink anywhere on it is refused (never followed), and so is every directory on the
+    way that a uid not in ``uids`` could change (:func:`others_can_change`); the directory itself must
+    be owned by one of ``uids`` and writable by no one else, sticky bit or not. With ``create``,
+    missing components are made (``mode``, less the umask) once their parent passed, and opened
+    without following (one raced in is refused). UnsafePath naming the component otherwise."""
+    parts = [c for c in str(os.path.abspath(path)).split("/") if c]
+    cur = Dir(os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC), Path("/"))
+    try:
+        for i, name in enumerate(parts):
+            here = cur.path / name
+            why = others_can_change(os.fstat(cur.fd), uids)
+            if why is not None:
+                raise UnsafePath(str(path), f"{what}: its parent {cur.path} {why}, who could swap what is in it: "
+                                            "refused")
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=cur.fd)
+            except FileNotFoundError:
+                if not create:
+                    raise
+                try:
+                    os.mkdir(name, mode, dir_fd=cur.fd)
+                except FileExistsError:
+                    pass
+                fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=cur.fd)
+            except OSError as exc:
+                try:
+                    st = os.stat(name, dir_fd=cur.fd, follow_symlinks=False)
+                except OSError:
+                    raise exc from None
+                if stat.S_ISLNK(st.st_mode):
+                    raise UnsafePath(str(path), f"{what}: {here} is a symlink (owner uid {st.st_uid}); weightd never "
+                                                f"follows one there: give the real directory") from None
+                raise UnsafePath(str(path), f"{what}: {here} is not a directory ({describe(st)})") from None
+            nxt = Dir(fd, here)
+            cur.close()
+            cur = nxt
+        st = os.fstat(cur.fd)
+        if st.st_uid not in uids or stat.S_IMODE(st.st_mode) & 0o022:
+            raise UnsafePath(str(path), f"{what}: {cur.path} is not yours alone ({describe(st)}; expected owner uid "
+                                        f"{' or '.join(map(str, sorted(set(uids))))}, not writable by group or "
+                                        "others): refused")
+    except BaseException:
+        cur.close()
+        raise
+    return cur
 
 
 def open_tier_root(path: Path, policy: RootPolicy = RootPolicy(), *, create: bool) -> Dir | None:

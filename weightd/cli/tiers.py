@@ -277,15 +277,20 @@ def preload(app: AppContext, ref: str | None, tier: str, strict: bool, lease_s: 
     if companion_dir is not None and comp is None:
         raise click.UsageError("--companion-dir goes with --with KIND --key KEY")
     kw.update(selection_body(include, exclude, layers, tp_rank, whole))
+    dest = None
+    if companion_dir is not None:   # refused before anything is fetched (a planted symlink, another uid's)
+        from ..companion import open_dest
+        dest = open_dest(companion_dir)
     with Backend(app) as b:
         r = b.preload(ref, **kw)
         if comp is not None:  # the same version, now resolved: its companion into the same tier
             ckw = {k: v for k, v in kw.items() if k not in ("selection", "whole", "wait")}
             c = b.preload(f"{r['name']}@{r['part_of']['version'] if r.get('part_of') else r['version']}",
                           companion=comp, **ckw)
-            if companion_dir is not None:
+            if dest is not None:
                 from ..companion import install
-                c["installed"] = install(c["path"], companion_dir)
+                with dest:
+                    c["installed"] = install(c["path"], dest)
             r["companions"] = [c]
     output.warn_fallbacks(r)
     if as_json:
