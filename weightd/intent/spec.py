@@ -425,6 +425,23 @@ def _check_owner(path: Path, st: os.stat_result, trusted_uids: tuple[int, ...]) 
         raise IntentError(str(path), f"writable by group {st.st_gid}: refused (chmod g-w, or chgrp root)")
 
 
+def _resolve(path: Path, trusted_uids: tuple[int, ...], what: str) -> str:
+    """``path`` resolved, symlink by symlink, refusing it (IntentError) unless every directory on the
+    way, and wherever a symlink leads, is one only root or the daemon's user can change: a file that
+    passes :func:`_check_owner` in a directory another uid owns could be swapped for another the
+    moment after it is read (a ConfigMap's ``..data`` links are root's, and pass)."""
+    from tiering.errors import UnsafePath
+    from tiering.safefs import resolve_unchangeable
+    try:
+        return resolve_unchangeable(path, frozenset(trusted_uids) | {0}, what)
+    except UnsafePath as exc:
+        raise IntentError(str(path), exc.reason) from None
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise IntentError(str(path), f"cannot read: {exc.strerror}") from None
+
+
 def load_intent(directory: Path, *, trusted_uids: tuple[int, ...] | None = None) -> Intent:
     """Read every ``*.toml`` in ``directory`` (name order; hidden files and ConfigMap internals
     skipped). A missing directory is an empty intent; anything wrong is an IntentError."""
@@ -439,14 +456,16 @@ def load_intent(directory: Path, *, trusted_uids: tuple[int, ...] | None = None)
     if not stat.S_ISDIR(dst.st_mode):
         raise IntentError(str(directory), "not a directory")
     _check_owner(directory, dst, trusted)
+    _resolve(directory, trusted, "the intent directory")
     files = [n for n, *_ in fp if isinstance(n, str)]
     if len(files) > MAX_FILES:
         raise IntentError(str(directory), f"{len(files)} intent files; at most {MAX_FILES}")
     entries: list[KeepEntry] = []
     for n in files:
         path = directory / n
+        real = _resolve(path, trusted, "this intent file")   # (a ConfigMap's files are links: followed here)
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # (a ConfigMap's files are links)
+            fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
         except OSError as exc:
             raise IntentError(n, f"cannot open: {exc.strerror}") from None
         try:
@@ -483,7 +502,8 @@ def read_labels(path: Path | None, fixed: Mapping[str, str], *,
         return labels
     trusted = trusted_uids if trusted_uids is not None else tuple({0, os.geteuid()})
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        real = _resolve(path, trusted, "the node labels file")
+        fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
     except FileNotFoundError:
         return labels
     except OSError as exc:

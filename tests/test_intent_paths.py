@@ -1,0 +1,113 @@
+"""Intent files reached through a directory another uid (65534) owns: refused, whole path checked,
+real symlinks, and a real daemon that logs why and keeps the intent it had."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from weightd.errors import IntentError
+from weightd.intent.spec import load_intent, read_labels
+
+from .test_intent_daemon import intent_status, rows, until
+
+GOOD = '[[keep]]\nmodel = "acme/chat@v1"\n'
+OTHER = '[[keep]]\nmodel = "acme/other@v1"\ntier = "hot"\npin = true\n'
+
+
+@pytest.fixture
+def base():
+    """A directory under /tmp (root's, 0755) where uid 65534 can own things."""
+    b = Path(tempfile.mkdtemp(prefix="wd-intent-", dir="/tmp"))
+    os.chmod(b, 0o755)
+    try:
+        yield b
+    finally:
+        shutil.rmtree(b, ignore_errors=True)
+
+
+def _nobody_dir(p: Path) -> Path:
+    p.mkdir(mode=0o755)
+    os.chown(p, 65534, 65534)
+    return p
+
+
+def test_a_symlink_into_a_directory_another_uid_owns_is_refused(base: Path) -> None:
+    idir = base / "intent.d"
+    idir.mkdir()
+    (idir / "a.toml").write_text(GOOD)
+    assert len(load_intent(idir).entries) == 1
+    # root's own file, but in uid 65534's directory: 65534 can swap it for any other file at will
+    evil = _nobody_dir(base / "evil")
+    (evil / "b.toml").write_text(OTHER)
+    os.symlink(evil / "b.toml", idir / "b.toml")
+    with pytest.raises(IntentError, match=rf"b.toml: .*reached through {evil}, which belongs to uid 65534"):
+        load_intent(idir)
+    os.unlink(idir / "b.toml")
+    # a ConfigMap-like chain whose ..data points into 65534's directory (files themselves root's)
+    cm = base / "cm"
+    cm.mkdir()
+    os.symlink(evil, cm / "..data")
+    os.symlink("..data/b.toml", cm / "b.toml")
+    with pytest.raises(IntentError, match="belongs to uid 65534"):
+        load_intent(cm)
+    # a root-owned directory that a symlink in 65534's directory leads on from
+    root_only = base / "root-only"
+    root_only.mkdir()
+    (root_only / "c.toml").write_text(OTHER)
+    os.symlink(root_only, evil / "hop")
+    os.symlink(evil / "hop/c.toml", idir / "c.toml")
+    with pytest.raises(IntentError, match="belongs to uid 65534"):
+        load_intent(idir)
+    os.unlink(idir / "c.toml")
+    # the intent directory itself under a directory 65534 owns (it could rename the whole tree away)
+    under = _nobody_dir(base / "nobody-parent")
+    (under / "intent.d").mkdir()
+    (under / "intent.d/a.toml").write_text(GOOD)
+    with pytest.raises(IntentError, match="belongs to uid 65534"):
+        load_intent(under / "intent.d")
+    # a subdirectory writable by others on the way (no sticky bit)
+    os.chmod(root_only, 0o777)
+    os.symlink(root_only / "c.toml", idir / "c.toml")
+    with pytest.raises(IntentError, match="writable by group or others"):
+        load_intent(idir)
+    os.unlink(idir / "c.toml")
+    # the node labels file gets the same walk
+    (evil / "labels").write_text("pool=chat\n")
+    with pytest.raises(IntentError, match="belongs to uid 65534"):
+        read_labels(evil / "labels", {})
+    # root's own symlinks to root's own files are followed (a ConfigMap's are)
+    os.chmod(root_only, 0o755)
+    os.symlink(root_only / "c.toml", idir / "c.toml")
+    assert len(load_intent(idir).entries) == 2
+
+
+def test_a_daemon_keeps_its_intent_when_a_file_leads_into_another_uids_directory(
+        node_env, isolated_env, wd, tmp_path: Path, base: Path) -> None:
+    from .test_daemon import DaemonProc, publish
+    publish(wd, tmp_path, "acme/chat", "v1", size=1 << 20)
+    publish(wd, tmp_path, "acme/other", "v1", size=1 << 20)
+    idir = base / "intent.d"
+    idir.mkdir()
+    node_env.config.write_text(node_env.config.read_text() + (
+        f'[intent]\ndir = "{idir}"\nreconcile_s = 2\npoll_s = 0.2\n'))
+    (idir / "chat.toml").write_text(GOOD)
+    d = DaemonProc(node_env, isolated_env, tmp_path)
+    try:
+        until("acme/chat ready", lambda: (s := intent_status(wd)) and
+              rows(s).get("acme/chat@v1", {}).get("state") == "ready" and s)
+        evil = _nobody_dir(base / "evil")
+        (evil / "other.toml").write_text(OTHER)
+        os.symlink(evil / "other.toml", idir / "other.toml")
+        st = until("the error shows", lambda: (s := intent_status(wd)) and s["error"] and s)
+        assert "belongs to uid 65534" in st["error"]["error"], st["error"]
+        assert list(rows(st)) == ["acme/chat@v1"] and rows(st)["acme/chat@v1"]["state"] == "ready"
+        text = d.log_path.read_text()
+        assert f"reached through {evil}, which belongs to uid 65534" in text and "keeping the previous intent" in text
+        assert not (node_env.hot / "acme/other").exists()
+    finally:
+        d.stop()
