@@ -117,3 +117,82 @@ def test_companion_dir_with_a_subdirectory_another_uid_owns_is_refused(tmp_path,
     with pytest.raises(InvalidRequest, match="uid 65534"):
         install(str(src), str(dest))
     assert list((dest / "rank_0_0").iterdir()) == []
+
+
+# -- a signed companion re-pointed by a cold-storage writer ------------------------------------------
+
+def _trust(node_env, pub: Path, *, required: bool) -> None:
+    with open(node_env.config, "a") as fh:
+        fh.write(f'[trust]\nrequire_signature = {"true" if required else "false"}\npublic_keys = ["{pub}"]\n')
+
+
+def _writable_tree(d: Path) -> None:   # (a cold writer owns the store: publish leaves it read-only)
+    for p in [d, *d.rglob("*")]:
+        if not p.is_symlink():
+            os.chmod(p, 0o755 if p.is_dir() else 0o644)
+
+
+def test_a_signed_companion_cannot_be_re_pointed_at_other_content(wd, node_env, tmp_path):
+    from tiering.content.manifest import MANIFEST_RELPATH
+    r = wd("keygen", tmp_path / "fleet")
+    assert r.returncode == 0, r.stderr
+    key, pub = tmp_path / "fleet.pem", tmp_path / "fleet.pub.pem"
+    a = make_checkpoint(tmp_path / "a", total_bytes=1 << 20, shards=1, layers=1, seed="a")
+    assert wd("publish", a, "--name", "org/m", "--version", "v1", "--sign", key).returncode == 0
+    r = wd("publish", _cache(tmp_path / "cache"), "--companion-of", "org/m@v1", "--kind", "compile-cache",
+           "--key", "k1", "--sign", key)
+    assert r.returncode == 0, r.stderr
+    comp = node_env.cold / "org/m/v1~compile-cache~k1"
+    # the signature says what it was built for, and model-signing's own verifier still accepts it
+    from tests.test_signing import _model_signing
+    v = _model_signing("verify", "key", str(comp), "--signature", str(comp / ".weightd/model.sig"),
+                       "--public_key", str(pub))
+    assert v.returncode == 0, v.stdout + v.stderr
+    # v1 is published again with other (signed) content; its old cache is not valid for it...
+    shutil.rmtree(node_env.cold / "org/m/v1")
+    b = make_checkpoint(tmp_path / "b", total_bytes=1 << 20, shards=1, layers=1, seed="b")
+    assert wd("publish", b, "--name", "org/m", "--version", "v1", "--sign", key).returncode == 0
+    new_digest = json.loads((node_env.cold / "org/m/v1" / MANIFEST_RELPATH).read_text())["digest"]
+    _trust(node_env, pub, required=True)
+    assert_one_line_error(wd("--no-daemon", "preload", "org/m@v1", "--with", "compile-cache", "--key", "k1"), 3,
+                          "published for other content")
+    # ... so a cold writer re-points it: of.digest is outside the manifest digest and was outside the signature
+    _writable_tree(comp)
+    mpath = comp / MANIFEST_RELPATH
+    m = json.loads(mpath.read_text())
+    m["of"]["digest"] = new_digest
+    mpath.write_text(json.dumps(m))
+    r = wd("--no-daemon", "preload", "org/m@v1", "--with", "compile-cache", "--key", "k1")
+    assert_one_line_error(r, 5, "org/m@v1~compile-cache~k1", "of.digest", "re-pointed")
+    assert not (node_env.hot / "org/m/v1~compile-cache~k1").exists()
+    assert not (node_env.warm / "org/m/v1~compile-cache~k1").exists()
+
+
+def test_a_companion_signed_the_old_way(wd, node_env, tmp_path):
+    """A signature made before the statement bound the companion to its version (the same bundle without
+    "companion_of"): refused where signatures are required, naming what to do; loaded as unsigned
+    (with a warning) where they are not."""
+    from tiering.content.build import verify_checkpoint
+    from tiering.content.manifest import MANIFEST_RELPATH, load_manifest
+    from tiering.content.signature import HASHERS, SIGNATURE_RELPATH, sign
+    assert wd("keygen", tmp_path / "fleet").returncode == 0
+    key, pub = tmp_path / "fleet.pem", tmp_path / "fleet.pub.pem"
+    a = make_checkpoint(tmp_path / "a", total_bytes=1 << 20, shards=1, layers=1, seed="a")
+    assert wd("publish", a, "--name", "org/m", "--version", "v1", "--sign", key).returncode == 0
+    assert wd("publish", _cache(tmp_path / "cache"), "--companion-of", "org/m@v1", "--kind", "compile-cache",
+              "--key", "old").returncode == 0
+    comp = node_env.cold / "org/m/v1~compile-cache~old"
+    m = load_manifest(comp / MANIFEST_RELPATH)
+    digests = verify_checkpoint(comp, m, crypto=HASHERS["sha256"]).crypto_digests
+    _writable_tree(comp)
+    (comp / SIGNATURE_RELPATH).write_bytes(sign(key, "org/m@v1~compile-cache~old", digests))   # (as weightd did)
+    cfg = node_env.config.read_text()
+    _trust(node_env, pub, required=True)
+    r = wd("--no-daemon", "preload", "org/m@v1", "--with", "compile-cache", "--key", "old")
+    assert_one_line_error(r, 5, "org/m@v1~compile-cache~old", "does not cover which content",
+                          "publish the companion again")
+    node_env.config.write_text(cfg)
+    _trust(node_env, pub, required=False)
+    r = wd("--no-daemon", "preload", "org/m@v1", "--with", "compile-cache", "--key", "old", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["companions"][0]["signature"] is None

@@ -58,11 +58,14 @@ HASHERS: dict[str, Callable[[], Any]] = {"sha256": hashlib.sha256, "blake3": _bl
 class SignatureRefused(IntegrityError):
     """A version whose signature is missing, made by a key not trusted here, or not valid (exit 5).
     ``reason`` is a short label for metrics: unsigned, unknown_key, bad_signature, malformed,
-    files_differ, digest_mismatch."""
+    files_differ, digest_mismatch, unbound (a companion whose signature does not say which content
+    of its version it was built for: one signed before weightd put that in the statement)."""
 
     NEXT_STEP = {
         "unsigned": "publish it signed: weightd publish --sign KEY",
         "unknown_key": "if you trust that key, add its public key to [trust] public_keys",
+        "unbound": "publish the companion again, signed: weightd publish DIR --companion-of NAME@V --kind KIND "
+                   "--key KEY --sign KEY.pem",
     }
 
     def __init__(self, ref: str, reason: str, detail: str) -> None:
@@ -80,10 +83,16 @@ class SignedStatement:
     digests: dict[str, str]          # relative path -> hex digest
     key_id: str                      # SHA-256 of the signer's public key (PEM), hex
     key_name: str                    # the trusted key's file name, for people
+    # a companion's tie to its version ({"version", "digest", "kind", "key"}: the manifest's ``of``),
+    # signed in the predicate's "companion_of" (model-signing v1.0 verifiers ignore other predicate
+    # fields); None: not in the statement (a version, or a companion signed before it was covered)
+    of: "dict[str, str] | None" = None
 
     def check_files(self, ref: str, m: "Manifest") -> None:
         """The statement must cover exactly the manifest's files (no more, no less); a partial copy's
-        (``m.of``): every one of its files, each signed."""
+        (``m.of``): every one of its files, each signed. A companion's ``of`` (which content of its
+        version it was built for: what decides it is served with that version) must be the signed one."""
+        self.check_of(ref, m)
         want = {f.path for f in m.files}
         have = set(self.digests)
         if m.of is not None and m.of.get("kind") == "partial" and "~p" in (m.version or "") and want <= have:
@@ -95,6 +104,26 @@ class SignedStatement:
                    ("; " if missing and extra else "") + (f"signed but not in the manifest: {', '.join(extra)}"
                                                            if extra else "")
             raise SignatureRefused(ref, "files_differ", f"the signature does not cover the manifest's files ({what})")
+
+    def check_of(self, ref: str, m: "Manifest") -> None:
+        """A companion's manifest ``of`` against the signed one: a cold-storage writer editing
+        ``of.digest`` (outside the manifest digest) to attach it to other content is refused."""
+        of = m.of if m.of is not None and m.of.get("kind") != "partial" else None
+        if of is None:
+            if self.of is not None:
+                raise SignatureRefused(ref, "files_differ", f"the signature was made for a companion of "
+                                       f"{self.of.get('version')}, not for this")
+            return
+        if self.of is None:
+            raise SignatureRefused(ref, "unbound", "its signature does not cover which content of "
+                                   f"{of.get('version')} it was built for (signed before weightd covered a "
+                                   "companion's of.digest), so it could be attached to other content")
+        mine = {k: of.get(k) for k in OF_SIGNED}
+        if mine != {k: self.of.get(k) for k in OF_SIGNED}:
+            diff = next(k for k in OF_SIGNED if mine[k] != self.of.get(k))
+            raise SignatureRefused(ref, "digest_mismatch", f"its manifest says of.{diff} {str(mine[diff])[:16]}, the "
+                                   f"signature {str(self.of.get(diff))[:16]}: it was re-pointed at other content "
+                                   f"than {self.key_name} signed it for")
 
     def check_digests(self, ref: str, actual: dict[str, str], only: "set[str] | None" = None) -> None:
         """Every signed file's digest (``only``: of these files, a partial copy's; each must be signed)."""
@@ -169,9 +198,14 @@ def load_private_key(path: Path) -> Any:
     return key
 
 
-def sign(key_path: Path, subject: str, digests: dict[str, str], algorithm: str = "sha256") -> bytes:
+OF_SIGNED = ("version", "digest", "kind", "key")   # a companion's ``of``: what the statement binds
+
+
+def sign(key_path: Path, subject: str, digests: dict[str, str], algorithm: str = "sha256",
+         of: "dict[str, Any] | None" = None) -> bytes:
     """A model-signing bundle (JSON bytes) over ``digests`` (relative path -> hex), signed with the
-    PEM elliptic-curve private key at ``key_path``."""
+    PEM elliptic-curve private key at ``key_path``. ``of``: a companion's tie to its version, signed
+    too (a partial copy's is never published, so never signed)."""
     from cryptography.hazmat.primitives.asymmetric import ec
     key = load_private_key(key_path)
     resources = [{"name": p, "algorithm": algorithm, "digest": digests[p]} for p in sorted(digests)]
@@ -181,6 +215,8 @@ def sign(key_path: Path, subject: str, digests: dict[str, str], algorithm: str =
                  "predicate": {"resources": resources,
                                "serialization": {"method": "files", "hash_type": algorithm,
                                                  "allow_symlinks": False, "ignore_paths": IGNORE_PATHS}}}
+    if of is not None and of.get("kind") != "partial":
+        statement["predicate"]["companion_of"] = {k: of[k] for k in OF_SIGNED if k in of}
     payload = json.dumps(statement, indent=2).encode()
     sig = key.sign(_pae(payload), ec.ECDSA(_ec_hash(key, str(key_path))))
     bundle = {"mediaType": BUNDLE_MEDIA_TYPE,
@@ -281,12 +317,16 @@ def _statement(ref: str, payload: bytes, key_id: str, key_name: str) -> SignedSt
         root = hashlib.sha256(b"".join(bytes.fromhex(digests[p]) for p in sorted(digests))).hexdigest()
         if root != subjects[0]["digest"]["sha256"]:
             raise ValueError("the subject digest does not match the resources")
+        of = st["predicate"].get("companion_of")
+        if of is not None and (not isinstance(of, dict) or set(of) - set(OF_SIGNED)
+                               or not all(isinstance(v, str) for v in of.values())):
+            raise ValueError("companion_of: expected an object of strings (version, digest, kind, key)")
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise SignatureRefused(ref, "malformed", f"signed statement not understood: {exc}") from None
     if len(algorithms) != 1 or next(iter(algorithms)) not in HASHERS:
         raise SignatureRefused(ref, "malformed", f"digest algorithm {sorted(algorithms)} (weightd checks "
                                f"{' or '.join(HASHERS)})")
-    return SignedStatement(str(subjects[0]["name"]), next(iter(algorithms)), digests, key_id, key_name)
+    return SignedStatement(str(subjects[0]["name"]), next(iter(algorithms)), digests, key_id, key_name, of)
 
 
 def generate_keypair(private_path: Path, public_path: Path) -> str:

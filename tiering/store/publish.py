@@ -130,7 +130,7 @@ class Publisher:
         key = sign_key
 
         def new(digests: dict[str, str]) -> dict[str, bytes]:
-            return {SIGNATURE_RELPATH: sign(key, ref, digests, "sha256")}
+            return {SIGNATURE_RELPATH: sign(key, ref, digests, "sha256", of=m.of)}
         return HASHERS["sha256"], new, key.name
 
     def _stage(self, cold: Dir, staging: StagingArea, src: Path, files: list[ScannedFile], name: str,
@@ -175,7 +175,7 @@ class Publisher:
             bundle, who = signature, st.key_name if st.key_name != "unverified" else f"key {st.key_id[:16]}"
         else:
             assert sign_key is not None
-            bundle, who = sign(sign_key, ref, report.crypto_digests, algorithm), sign_key.name
+            bundle, who = sign(sign_key, ref, report.crypto_digests, algorithm, of=m.of), sign_key.name
         meta, _, fname = SIGNATURE_RELPATH.rpartition("/")
         with staging.dir.sub(meta, create=True, mode=DIR_MODE) as d:
             d.write_atomic(fname, bundle, 0o644)
