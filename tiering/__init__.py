@@ -58,7 +58,8 @@ _SURFACE: dict[str, str] = {
     "WarmOptions": "pagecache.warming", "warm": "pagecache.warming",
     "LockedFiles": "pagecache.mlock", "check_memlock": "pagecache.mlock",
     # delta updates
-    "run_bounded": "copy", "DeltaPlan": "delta.plan", "Donor": "delta.plan", "plan_delta": "delta.plan",
+    "run_bounded": "copy", "refuse_if_stuck": "copy", "stuck_reads": "copy", "ColdStorageStuck": "copy",
+    "DeltaPlan": "delta.plan", "Donor": "delta.plan", "plan_delta": "delta.plan",
     "prefill_delta": "delta.build",
 }
 _RENAMED = {"prefill_delta": "prefill", "read_unverified_signature": "read_unverified"}

@@ -23,7 +23,73 @@ CHUNK = 64 << 20           # bytes per copy call without a progress to report to
 PROGRESS_CHUNK = 8 << 20   # ... and with one: a watcher sees bytes move (a 5 GB shard is not 0 B for half a
                            # minute), at one system call per 8 MiB (a few microseconds per millisecond of copy)
 _FALLBACK_ERRNOS = {errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EBADF, errno.EPERM}
+STUCK_CAP = 8              # threads left blocked in reads their caller gave up on: then new work is refused
 T = TypeVar("T")
+
+
+class ColdStorageStuck(TimedOut):
+    """STUCK_CAP threads are still blocked in reads whose callers gave up (a hung mount): new work that
+    reads the source is refused at once instead of adding a thread, until they return (exit 4)."""
+
+    def __init__(self, n: int, age_s: float) -> None:
+        self.n, self.age_s = n, age_s
+        super().__init__(f"cold storage is not answering ({n} reads stuck for {age_s:.0f} s): refusing new work "
+                         "that reads it until they return (is its mount hung? weightd doctor)")
+
+
+class _Bounded:
+    """The threads :func:`run_bounded` and :func:`run_all` run with a deadline, while they run: each
+    ``[started, abandoned]``; abandoned once its caller stopped waiting (the thread is stuck in a
+    system call that does not return: it cannot be interrupted, only counted and capped)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.running: dict[int, list[Any]] = {}
+        self.next = 0
+
+    def enter(self) -> int:
+        with self.lock:
+            self.next += 1
+            self.running[self.next] = [time.monotonic(), False]
+            return self.next
+
+    def leave(self, token: int) -> None:
+        with self.lock:
+            self.running.pop(token, None)
+
+    def abandon(self, tokens: Sequence[int]) -> None:
+        with self.lock:
+            for t in tokens:
+                if t in self.running:
+                    self.running[t][1] = True
+
+    def stuck(self) -> tuple[int, float]:
+        with self.lock:
+            started = [s for s, abandoned in self.running.values() if abandoned]
+        return len(started), (time.monotonic() - min(started)) if started else 0.0
+
+
+_BOUNDED = _Bounded()
+_local = threading.local()
+
+
+def stuck_reads() -> tuple[int, float]:
+    """(threads left blocked in reads their callers gave up on, seconds since the oldest began)."""
+    return _BOUNDED.stuck()
+
+
+def refuse_if_stuck(cap: int | None = None) -> None:
+    """ColdStorageStuck once ``cap`` (STUCK_CAP) threads are left blocked: called before any work that
+    reads cold storage starts, so a hung mount costs at most ``cap`` threads, never one per request."""
+    n, age = _BOUNDED.stuck()
+    if n >= (STUCK_CAP if cap is None else cap):
+        raise ColdStorageStuck(n, age)
+
+
+def current_deadline() -> float | None:
+    """The deadline (``time.monotonic``) of the :func:`run_bounded` call this thread works for, if any:
+    a request made deep inside (an object-store GET) ends by it too."""
+    return getattr(_local, "deadline", None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,7 +337,17 @@ def run_all(fn: Callable[[T], object], items: Sequence[T], *, threads: int, name
     state = {"next": 0, "running": 0, "error": None}
     todo = list(items)
 
+    tokens: list[int] = []
+
     def worker() -> None:
+        token = _BOUNDED.enter()
+        tokens.append(token)
+        try:
+            _work()
+        finally:
+            _BOUNDED.leave(token)
+
+    def _work() -> None:
         while True:
             with lock:
                 if state["error"] is not None or state["next"] >= len(todo):
@@ -296,6 +372,7 @@ def run_all(fn: Callable[[T], object], items: Sequence[T], *, threads: int, name
         threading.Thread(target=worker, name=f"{name}-{i}", daemon=True).start()
     timeout = None if deadline is None else max(0.0, deadline - clock())
     if not done.wait(timeout):
+        _BOUNDED.abandon(tokens)
         with lock:
             if state["error"] is None:
                 state["error"] = TimedOut("timed out: a read did not return before the deadline "
@@ -312,20 +389,27 @@ def run_bounded(fn: Callable[[], T], *, deadline: float | None, what: str,
     more precise timeout wins when it is still responsive): any read inside it that never returns (a
     manifest on a hung NFS server, not only a copy) ends in TimedOut, the stuck work left behind on a
     daemon thread (it gives up by itself at its next deadline check)."""
+    refuse_if_stuck()
     if deadline is None:
         return fn()
     box: dict[str, Any] = {}
     done = threading.Event()
+    token = _BOUNDED.enter()
+    # (a deadline on ``clock`` as the time.monotonic deadline a request made inside can end by)
+    mono_deadline = time.monotonic() + max(0.0, deadline - clock())
 
     def work() -> None:
+        _local.deadline = mono_deadline
         try:
             box["value"] = fn()
         except BaseException as exc:
             box["error"] = exc
         finally:
+            _BOUNDED.leave(token)
             done.set()
     threading.Thread(target=work, name="weightd-bounded", daemon=True).start()
     if not done.wait(max(0.0, deadline - clock()) + grace_s):
+        _BOUNDED.abandon([token])
         raise TimedOut(f"{what}: did not finish before its deadline (is the cold storage hung?)")
     if "error" in box:
         raise box["error"]

@@ -196,11 +196,14 @@ class NodeService:
     def needs_resolving(self, req: PreloadRequest) -> bool:
         return req.version is None or req.wait
 
-    def resolve(self, req: PreloadRequest, cancel: Any = None) -> PreloadRequest:
+    def resolve(self, req: PreloadRequest, cancel: Any = None, *, bound_s: float | None = None) -> PreloadRequest:
         """The request with its version resolved (waiting for publication if it asks to; ``cancel``, a
-        threading.Event, ends the wait when its caller went away)."""
+        threading.Event, ends the wait when its caller went away). ``bound_s``: without a timeout_s, the
+        longest a resolve (not a wait for publication) may read cold storage (the daemon's bound)."""
         t0 = self.monotonic()
         deadline = None if req.timeout_s is None else t0 + req.timeout_s
+        if deadline is None and bound_s is not None and not req.wait:
+            deadline = t0 + bound_s
         what = f"resolving {req.ref}"
         if not req.wait:  # (a manifest read from a hung cold server must not outlive --timeout either)
             v = run_bounded(lambda: self.node.resolve(req.name, req.version), deadline=deadline, what=what,
@@ -324,6 +327,15 @@ class NodeService:
                 m.bytes.labels(src).inc(n)
 
     # -- queries and admin --------------------------------------------------------------------------
+    def path_needs_cold(self, ref: str, *, selection: Any = None, whole: Any = False, companion: Any = None) -> bool:
+        """Whether :meth:`path` must ask cold storage (which version is the latest, or which object a
+        selection or companion is); NAME@VERSION itself is answered from the local tiers alone."""
+        name, version = split_ref(ref, local=True)
+        sel, comp = self.selection_for(name, selection, whole), check_companion(companion)
+        if version is not None and "~" in version:
+            sel = comp = None
+        return version is None or sel is not None or comp is not None
+
     def path(self, ref: str, *, selection: Any = None, whole: Any = False, companion: Any = None) -> dict[str, Any]:
         """The best local copy of what a preload of the same arguments made (a partial copy when
         NAME has default patterns; the whole version only with ``whole``, and only when complete)."""
