@@ -24,6 +24,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import asyncio
 import configparser
 import json
 import os
@@ -54,6 +55,7 @@ STREAM_CHUNK = 4 << 20         # a range is read in pieces of about this size (m
 DEFAULT_CONCURRENCY = 4
 DEFAULT_PART = 16 << 20        # multipart upload part size
 RETRIES = 4
+SMALL_LIMIT = 64 << 10         # a claim object: read whole, never larger than this
 
 
 class ObjectStoreError(TieringError):
@@ -156,6 +158,32 @@ def shared_credentials(env: dict[str, str] | None = None) -> dict[str, str]:
     return out
 
 
+def _deadline(explicit: float | None) -> float | None:
+    """The earlier of ``explicit`` and the deadline of the run_bounded call this thread works for
+    (a preload's --timeout reaching a manifest read deep inside resolve)."""
+    from .copy import current_deadline
+    inherited = current_deadline()
+    return min((d for d in (explicit, inherited) if d is not None), default=None)
+
+
+def _bounded(make: Callable[[], Any], deadline: float | None, what: str) -> Any:
+    """Run the coroutine ``make()`` (obstore's async calls) to its end, or until ``deadline``
+    (``time.monotonic``): then it is cancelled, which drops the request and its connection in
+    object_store (a response that stalls mid-body ends at the caller's deadline, not at the client's
+    120 s timeout), and TimedOut. Called from worker threads, never from a running event loop."""
+    async def main() -> Any:
+        if deadline is None:
+            return await make()
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimedOut(f"{what}: not started before the deadline")
+        try:
+            return await asyncio.wait_for(make(), left)
+        except asyncio.TimeoutError:
+            raise TimedOut(f"{what}: the object store did not answer before the deadline") from None
+    return asyncio.run(main())
+
+
 def _classify(exc: BaseException) -> str:
     import obstore.exceptions as oe
     for cls, kind in ((oe.NotFoundError, "not_found"), (FileNotFoundError, "not_found"),
@@ -185,6 +213,7 @@ class ObjectCold:
         self.url, self.location = url, ObjectLocation.parse(url)
         self.range_bytes, self.concurrency, self.part_bytes = range_bytes, max(1, concurrency), part_bytes
         self.bandwidth, self.conditional = bandwidth, conditional
+        self.max_manifest_bytes = MAX_MANIFEST_BYTES
         self.stats = Stats()
         kw: dict[str, Any] = shared_credentials()
         if endpoint:
@@ -252,19 +281,15 @@ class ObjectCold:
         return err
 
     # -- reading ------------------------------------------------------------------------------------
-    def read_manifest(self, name: str, version: str) -> Manifest | None:
-        """NAME@VERSION's manifest, or None when it is not published (no manifest object)."""
-        import obstore
+    def read_manifest(self, name: str, version: str, *, deadline: float | None = None) -> Manifest | None:
+        """NAME@VERSION's manifest, or None when it is not published (no manifest object). Its size is
+        checked from the response before the body is read, and the read stops at the limit."""
         validate_name(name)
         validate_label(version)  # (a companion's label too)
         key = f"{name}/{version}/{MANIFEST_RELPATH}"
-        try:
-            raw = self._call("get", lambda: bytes(obstore.get(self.store, key).bytes()), key)
-        except CheckpointNotFound:
+        raw = self.get_small(key, self.max_manifest_bytes, deadline=deadline, what="manifest")
+        if raw is None:
             return None
-        self.stats.count("get", len(raw))
-        if len(raw) > MAX_MANIFEST_BYTES:
-            raise BadInput(f"{self.url}/{key}: manifest larger than {MAX_MANIFEST_BYTES} bytes")
         m = parse_manifest(raw, f"{self.url}/{key}")
         if m.name != name or m.version != version:
             raise BadInput(f"{self.url}/{key}: it describes {m.name}@{m.version}, not {name}@{version}")
@@ -285,18 +310,35 @@ class ObjectCold:
 
     def read_meta(self, name: str, version: str, rel: str, limit: int = MAX_MANIFEST_BYTES) -> bytes | None:
         """A small object beside a version (``.weightd/checkpoint.torrent``), or None when absent: one
-        GET, its size checked from the response before the body is read."""
-        import obstore
+        GET, its size checked from the response before the body is read (:meth:`get_small`)."""
         validate_name(name)
         validate_label(version)
-        key = f"{name}/{version}/{rel}"
+        return self.get_small(f"{name}/{version}/{rel}", limit)
+
+    def get_small(self, key: str, limit: int, *, deadline: float | None = None, what: str = "object") -> bytes | None:
+        """An object read whole (a manifest, a torrent, a claim), or None when absent: refused (BadInput,
+        exit 2) from the response's length alone when it is over ``limit``, before a byte of its body is
+        read; the body read stops at ``limit`` whatever the length said; all of it within ``deadline``
+        (and the deadline this thread works for)."""
+        import obstore
+
+        async def get() -> bytes:
+            res = await obstore.get_async(self.store, key)
+            size = res.meta["size"]
+            if size > limit:   # (the response dropped unread, here: its connection is closed, nothing downloaded)
+                del res
+                raise BadInput(f"{self.url}/{key}: {what} of {size} bytes, more than the {limit} allowed; not read")
+            buf = bytearray()
+            async for chunk in res.stream(min_chunk_size=min(STREAM_CHUNK, max(limit, 1))):
+                buf += chunk
+                if len(buf) > limit:
+                    raise BadInput(f"{self.url}/{key}: {what} larger than the {limit} bytes allowed; not read further")
+            return bytes(buf)
         try:
-            res = self._call("get", lambda: obstore.get(self.store, key), key)
+            raw = self._call("get", lambda: _bounded(get, _deadline(deadline), f"{self.url}/{key}"), key,
+                             deadline=_deadline(deadline))
         except CheckpointNotFound:
             return None
-        if res.meta["size"] > limit:
-            raise BadInput(f"{self.url}/{key}: {res.meta['size']} bytes, more than the {limit} allowed here")
-        raw = bytes(res.bytes())
         self.stats.count("get", len(raw))
         return raw
 
@@ -375,6 +417,7 @@ class ObjectCold:
         import obstore
         from .safefs import sanitize_mode
         name, version = m.name, m.version
+        deadline = _deadline(deadline)
         have = have or {}
         jobs: list[tuple[FileEntry, str, int, list[Any], str | None]] = []
         try:
@@ -387,7 +430,8 @@ class ObjectCold:
                 if kept and not groups:
                     continue  # every part of it is here already
                 key = f"{name}/{version}/{f.path}"
-                meta = self._call("head", lambda k=key: obstore.head(self.store, k), key, deadline=deadline)
+                meta = self._call("head", lambda k=key: _bounded(lambda: obstore.head_async(self.store, k), deadline,
+                                                                 f"{self.url}/{k}"), key, deadline=deadline)
                 self.stats.count("head")
                 if meta["size"] != f.size:
                     raise IntegrityError(f"{self.url}/{key}: {meta['size']} bytes in the store, the manifest says "
@@ -436,7 +480,7 @@ class ObjectCold:
             delay = 0.2
             for attempt in range(RETRIES + 1):
                 try:
-                    self._fetch_range(key, fd, start, end, parts, group, etag, progress)
+                    self._fetch_range(key, fd, start, end, parts, group, etag, progress, deadline)
                     break
                 except ObjectStoreError as exc:
                     if exc.kind not in ("throttled", "error", "short_read") or attempt == RETRIES or \
@@ -453,7 +497,10 @@ class ObjectCold:
         return got
 
     def _fetch_range(self, key: str, fd: int, start: int, end: int, parts: list[tuple[Any, int, int]],
-                     group: "_Group", etag: str | None, progress: ProgressFn | None) -> None:
+                     group: "_Group", etag: str | None, progress: ProgressFn | None,
+                     deadline: float | None = None) -> None:
+        """One ranged GET, streamed to ``fd`` and hashed as it arrives, ended at ``deadline`` (TimedOut)
+        even when the store stops sending mid-body (the request is cancelled, its connection dropped)."""
         import obstore
         import xxhash
         if self.bucket is not None:
@@ -462,37 +509,44 @@ class ObjectCold:
         if etag:
             opts["if_match"] = etag  # replaced mid-download: 412, never a mix of two objects
         what = f"{key} bytes {start}-{end}"
+        pos = start
+
+        async def get() -> None:
+            nonlocal pos
+            res = await obstore.get_async(self.store, key, options=opts)
+            async for chunk in res.stream(min_chunk_size=STREAM_CHUNK):
+                put(chunk)
+
+        def put(chunk: Any) -> None:
+            nonlocal pos
+            view = memoryview(chunk)
+            n = len(view)
+            if pos + n > end:
+                raise ShortRead(f"{self.url}/{key}: the store sent more than bytes {start}-{end}")
+            os.pwrite(fd, view, pos)
+            start_writeback(fd, pos, n)  # to disk as it comes, so the final fsync does not wait for it all
+            for part, lo, hi in parts:
+                a, b = max(lo, pos), min(hi, pos + n)
+                if a >= b:
+                    continue
+                h = group.hashers.setdefault(part.label, xxhash.xxh3_128())
+                h.update(view[a - pos:b - pos])
+                if b == part.end and h.hexdigest() != part.xxh3_128:
+                    raise IntegrityError(f"{self.url}/{key}: {part.label} does not match the manifest "
+                                         f"(expected {part.xxh3_128}, got {h.hexdigest()})")
+            pos += n
+            if progress is not None:
+                progress(n)
         try:
-            res = self._call("get", lambda: obstore.get(self.store, key, options=opts), what, retry=False)
-            pos = start
-            for chunk in res.stream(min_chunk_size=STREAM_CHUNK):
-                view = memoryview(chunk)
-                n = len(view)
-                if pos + n > end:
-                    raise ShortRead(f"{self.url}/{key}: the store sent more than bytes {start}-{end}")
-                os.pwrite(fd, view, pos)
-                start_writeback(fd, pos, n)  # to disk as it comes, so the final fsync does not wait for it all
-                for part, lo, hi in parts:
-                    a, b = max(lo, pos), min(hi, pos + n)
-                    if a >= b:
-                        continue
-                    h = group.hashers.setdefault(part.label, xxhash.xxh3_128())
-                    h.update(view[a - pos:b - pos])
-                    if b == part.end and h.hexdigest() != part.xxh3_128:
-                        raise IntegrityError(f"{self.url}/{key}: {part.label} does not match the manifest "
-                                             f"(expected {part.xxh3_128}, got {h.hexdigest()})")
-                pos += n
-                if progress is not None:
-                    progress(n)
-        except ObjectStoreError as exc:
-            if exc.kind == "precondition":
+            _bounded(get, deadline, f"{self.url}/{what}")
+        except (IntegrityError, TieringError):   # (TimedOut at the deadline: the request was cancelled)
+            raise
+        except Exception as exc:  # noqa: BLE001 (a refusal, or a stream that broke midway: obstore's errors, resets)
+            why = _classify(exc)
+            if why == "precondition":
+                self.stats.error(why)
                 raise ObjectChanged(f"{self.url}/{key}: the object changed during the download (its ETag is "
                                     f"no longer {etag}): republished under the same name? preload again") from None
-            raise
-        except (IntegrityError, TieringError):
-            raise
-        except Exception as exc:  # noqa: BLE001 (a stream that broke midway: obstore's errors, resets)
-            why = _classify(exc)
             if why == "error" and ("body error" in str(exc) or pos > start):
                 self.stats.error("short_read")
                 raise ShortRead(f"{self.url}/{key}: asked for bytes {start}-{end}, the response broke after "
@@ -650,6 +704,8 @@ class ObjectCold:
         held = self._call("get", lambda: obstore.get(self.store, key), key)
         meta = held.meta
         try:
+            if meta["size"] > SMALL_LIMIT:   # (not a claim weightd wrote: never read whole)
+                raise ValueError("claim too large")
             info = json.loads(bytes(held.bytes()))
             since = float(info.get("at", 0))
         except (ValueError, TypeError, AttributeError):
