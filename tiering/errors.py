@@ -8,6 +8,7 @@ Hierarchy (every error weightd's tiering raises derives from ``TieringError``)::
     │   ├── UnsafePath                        absolute, "..", escaping symlink, special file, non-UTF-8 name
     │   ├── SafetensorsHeaderError            malformed / hostile safetensors header
     │   ├── ManifestError                     manifest.json that cannot be trusted
+    │   ├── NotOurs                           a tier root or version weightd cannot prove it made: not removed
     │   └── StorageUnavailable                a configured storage root is absent, empty or unreadable
     ├── CheckpointNotFound (FileNotFoundError) a path or checkpoint that does not exist; exit 3
     ├── IntegrityError                        content differs from its manifest; exit 5
@@ -80,6 +81,18 @@ class ColdUnreadable(BadInput):
         super().__init__(f"{ref} is published but this process (uid {os.geteuid()}) cannot read it: {reason} "
                          f"on {where}; make cold storage readable by the daemon's user (e.g. chmod -R a+rX "
                          f"on the version's directory, or fix the export's uid mapping)")
+
+
+class NotOurs(UnsafePath):
+    """Something weightd was about to remove (a version directory, or anything in a tier root) that it
+    cannot prove it made: a tier root without weightd's marker that holds other files, a version
+    directory holding entries its manifest does not list, or one without a manifest. Left alone,
+    logged and counted; ``kind`` is the metric's reason (``foreign_root``, ``unlisted_entries``,
+    ``no_manifest``). exit 2."""
+
+    def __init__(self, path: str, reason: str, kind: str) -> None:
+        self.kind = kind
+        super().__init__(path, reason)
 
 
 class StorageUnavailable(BadInput):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 
 import os
+import re
 import stat
 import threading
 import time
@@ -33,6 +34,7 @@ log = logging.getLogger(__name__)
 STAGING = ".staging"
 TRASH = ".trash"
 LOCKS = ".locks"
+TIER_MARKER = ".weightd-tier"   # in a hot or warm root: "weightd made (or adopted) this tier"
 HOT, WARM, COLD = "hot", "warm", "cold"
 LOCAL_TIERS = (HOT, WARM)
 DIR_MODE = 0o755          # NAME/ and version directories: the root's own mode is the gate
@@ -354,6 +356,107 @@ def published_versions(root: "Dir | Path | None", name: str, *, strict: bool = F
             if v is not None:
                 out.append(v)
     return out
+
+
+# -- what weightd can prove it made -------------------------------------------------------
+#: what weightd itself writes in a version's ``.weightd/`` (the manifest; p2p's checkpoint.torrent;
+#: the signature and the record that it was checked here, ``tiering.store.trust``)
+META_FILES = frozenset({"manifest.json", "checkpoint.torrent", "model.sig", "trust.json"})
+_LT_PARTS = re.compile(r"\.[0-9a-f]{40}(?:[0-9a-f]{24})?\.parts")   # libtorrent's part file (a partial swarm copy)
+
+
+def unlisted_entries(d: Dir, m: Manifest, limit: int = 3) -> list[str]:
+    """The entries of the version directory ``d`` that are neither a file its manifest ``m`` lists (a
+    regular file), a directory on the way to one, nor weightd's own (``.weightd/`` holding only
+    META_FILES and their write_atomic temporaries, libtorrent's part file): at most ``limit``, as
+    paths in the version. Empty: everything there is what weightd put there (a file missing is
+    fine: removing what is left loses nothing of anyone's)."""
+    files = {e.path for e in m.files}
+    dirs = {"/".join(p.split("/")[:i]) for p in files for i in range(1, p.count("/") + 1)}
+    meta_dir = MANIFEST_RELPATH.split("/", 1)[0]
+    out: list[str] = []
+
+    def walk(cur: Dir, prefix: str) -> None:
+        for n, st in cur.entries():
+            if len(out) >= limit:
+                return
+            rel = f"{prefix}{n}"
+            if stat.S_ISDIR(st.st_mode) and (rel in dirs or rel == meta_dir):
+                with cur.sub(n) as sub:
+                    if rel == meta_dir:
+                        out.extend(f"{rel}/{x}" for x, xst in sub.entries() if not stat.S_ISREG(xst.st_mode)
+                                   or (x not in META_FILES and Dir.atomic_target(x) not in META_FILES))
+                        del out[limit:]
+                    else:
+                        walk(sub, rel + "/")
+            elif rel in files and stat.S_ISREG(st.st_mode):
+                continue
+            elif not prefix and _LT_PARTS.fullmatch(n) and stat.S_ISREG(st.st_mode):
+                continue
+            else:
+                out.append(rel if stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)
+                           else f"{rel} (a {_kind(st)})")
+    walk(d, "")
+    return out
+
+
+def _kind(st: os.stat_result) -> str:
+    return "symlink" if stat.S_ISLNK(st.st_mode) else "special file"
+
+
+def unexpected_in_root(root: Dir, limit: int = 3) -> list[str]:
+    """What in a tier root is not weightd's layout (at most ``limit``, as paths in the tier): anything
+    but ``.staging``/``.trash``/``.locks``, TIER_MARKER, ``NAME/`` (and ``org/model/``) directories
+    holding version directories whose every entry is their manifest's (:func:`unlisted_entries`),
+    and libtorrent's part files beside them. Empty: the root could have been made by weightd."""
+    out: list[str] = []
+
+    def names(d: Dir, parts: list[str]) -> None:
+        for n, st in d.entries():
+            if len(out) >= limit:
+                return
+            rel = "/".join([*parts, n])
+            if stat.S_ISREG(st.st_mode) and _LT_PARTS.fullmatch(n):
+                continue
+            if not stat.S_ISDIR(st.st_mode):
+                out.append(rel)
+                continue
+            with d.sub(n) as sub:
+                if sub.is_file(MANIFEST_RELPATH):
+                    try:
+                        validate_name("/".join(parts))
+                        validate_label(n)
+                        m = _manifest_at(sub, MANIFEST_RELPATH, str(sub.path / MANIFEST_RELPATH))
+                    except (BadInput, OSError):
+                        out.append(rel)
+                        continue
+                    if (m.name, m.version) != ("/".join(parts), n):
+                        out.append(rel)
+                        continue
+                    out.extend(f"{rel}/{x}" for x in unlisted_entries(sub, m, limit - len(out)))
+                elif len(parts) == 1:
+                    names(sub, [*parts, n])   # org/model/
+                else:
+                    out.append(rel)
+
+    for n, st in root.entries():
+        if len(out) >= limit:
+            break
+        if n == TIER_MARKER or Dir.atomic_target(n) == TIER_MARKER:
+            continue
+        if n in (STAGING, TRASH, LOCKS) and stat.S_ISDIR(st.st_mode):
+            continue
+        try:
+            validate_name(n)
+        except BadInput:
+            out.append(n)
+            continue
+        if not stat.S_ISDIR(st.st_mode) or n.startswith("."):
+            out.append(n)
+            continue
+        with root.sub(n) as d:
+            names(d, [n])
+    return out[:limit]
 
 
 # -- removal -----------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from .store.preload import PlacedFn, Preloader
 from .store.publish import PUBLISH_LOCK_TIMEOUT_S, Publisher
 from .store.reconcile import Reconciler
 from .store.reports import SOURCES, PreloadReport, PublishReport, status, storage_problems
-from .store.roots import TierRoots
+from .store.roots import RefuseFn, TierRoots
 from .store.sources import Sources
 from .store.trust import Trust
 from .store.space import EvictFn, Space
@@ -77,12 +77,14 @@ class LocalNode:
                  now: Callable[[], float] = time.time, copy_threads: int = 2, reconcile: bool = True,
                  warm_options: WarmOptions = WarmOptions(), on_evict: EvictFn | None = None,
                  fetchers: list[Fetcher] | None = None, on_placed: PlacedFn | None = None,
-                 monotonic: Callable[[], float] = time.monotonic, trust: TrustPolicy | None = None) -> None:
+                 monotonic: Callable[[], float] = time.monotonic, trust: TrustPolicy | None = None,
+                 on_refuse: RefuseFn | None = None) -> None:
         self.tiers = {HOT: hot, WARM: warm}
         self.cold = cold
         self.now, self.monotonic = now, monotonic
         self.copy_threads = copy_threads
         self.roots = TierRoots(self.tiers, cold)
+        self.roots.on_refuse = on_refuse
         for t in LOCAL_TIERS:  # a foreign, loose or symlinked root is refused before anything else
             self.roots.dir(t, create=False)
         self.state = State(state_dir, now=now)
@@ -116,6 +118,8 @@ class LocalNode:
 
     # -- hooks and options (kept as attributes: callers set them after construction) ----------------
     on_evict = _forward("space", "on_evict", "EvictFn | None: (tier, ref, reason, bytes) after an eviction")
+    on_refuse = _forward("roots", "on_refuse", "RefuseFn | None: (tier, ref, reason) after a removal weightd refused "
+                         "(it cannot prove it made the version or the tier root)")
     on_placed = _forward("preloader", "on_placed", "PlacedFn | None: (tier, version) after a placement")
     fetchers = _forward("preloader.sources", "fetchers", "list[Fetcher]: sources tried before cold", list)
     warm_options = _forward("preloader", "warm_options", "WarmOptions: how a warm-tier copy is warmed")
@@ -283,8 +287,11 @@ class LocalNode:
             raise self.catalog.not_found(name, version, tier=tier) from None
 
     def gc(self) -> dict[str, Any]:
-        """Reconcile, expire leases, and bring every tier above its high watermark down to the low one."""
-        return {"reconcile": self.reconcile(), "evicted": self.space.to_low_watermarks()}
+        """Reconcile, expire leases, and bring every tier above its high watermark down to the low one.
+        ``refused``: what was left alone because weightd cannot prove it made it (one line each)."""
+        reconciled = self.reconcile()
+        refused: list[str] = []
+        return {"reconcile": reconciled, "evicted": self.space.to_low_watermarks(refused), "refused": refused}
 
     # -- what is where (for the control plane: through the checked roots, never by path) -------------
     def resolve(self, name: str, version: str | None) -> VersionDir:

@@ -15,7 +15,7 @@ from typing import Callable
 from .._syscalls import is_tmpfs
 from ..content.units import format_bytes
 from ..errors import NoSpace
-from ..layout import WARM, VersionDir, read_version, remove_tree, version_rel
+from ..layout import WARM, VersionDir, read_version, version_rel
 from ..pagecache import WarmOptions, residency, warm
 from ..progress import set_phase, watch_throttle
 from ..safefs import Dir
@@ -48,6 +48,7 @@ class Preloader:
         whole version: its signature is checked, and its files are the partial copy's sources)."""
         name, version, m = src.name, src.version, src.manifest
         root = self.roots.must(tier)
+        self.roots.check_ours(tier)   # (a root weightd did not make, holding others' files: nothing placed there)
         rel = version_rel(name, version)
         report = PreloadReport(name, version, tier, str(root.path / rel), m.digest, m.total_bytes)
         # refused before anything is reserved or written
@@ -68,9 +69,9 @@ class Preloader:
                 self.lease(report, lease_s, holder)
                 return report
             if have is not None or root.lstat(rel) is not None:
-                # a different copy under the same name, or something that is not a version (a planted
-                # symlink, a damaged directory): removed by descriptor, never followed
-                remove_tree(root, rel)
+                # a different copy under the same name, or a planted symlink: removed by descriptor, never
+                # followed; anything weightd cannot prove it made is left alone (NotOurs, counted)
+                self.roots.remove_version(tier, root, rel)
             set_phase(progress, "wait", detail=f"for {format_bytes(m.total_bytes)} of space in {tier}")
             staging, report.evicted = self.space.reserve(tier, name, version, m.total_bytes, deadline)
             with staging:  # aborted on any exception

@@ -9,8 +9,8 @@ import logging
 from typing import Any, Callable, Sequence
 
 from ..content.build import verify_checkpoint
-from ..errors import TieringError
-from ..layout import LOCAL_TIERS, TRASH, VersionDir, list_versions, prune_empty_parents, remove_tree
+from ..errors import NotOurs, TieringError
+from ..layout import LOCAL_TIERS, TRASH, VersionDir, list_versions
 from ..locks import FileLock
 from ..safefs import Dir
 from ..state import State
@@ -30,8 +30,9 @@ class Reconciler:
         out: dict[str, Any] = {}
         for tier in LOCAL_TIERS:
             root = self.roots.dir(tier, create=False)
-            removed = kept = rejected = 0
-            area, ids = staging_ids(root)
+            removed = kept = rejected = refused = 0
+            foreign = self.roots.foreign(tier) if root is not None else None
+            area, ids = staging_ids(root) if foreign is None else (None, [])   # (not ours: nothing removed)
             if root is not None and area is not None:
                 with area:
                     temporaries = staging_temporaries(area)
@@ -39,21 +40,29 @@ class Reconciler:
                         removed_one, kept_one = self._reap_staging(tier, area, sid, temporaries.get(sid, ()))
                         removed += removed_one
                         kept += kept_one
-            if root is not None and root.lstat(TRASH) is not None:
+            if root is not None and foreign is None and root.lstat(TRASH) is not None:
                 root.remove(TRASH)
             present = []
             known = {(r.name, r.version): r.digest for r in self.state.copies(tier)}
-            for v in list_versions(root):
-                if known.get((v.name, v.version)) != v.manifest.digest and not self._adopt(tier, root, v):
-                    rejected += 1
-                    continue
+            for v in list_versions(root) if foreign is None else ():   # (not ours: neither adopted nor removed)
+                if known.get((v.name, v.version)) != v.manifest.digest:
+                    try:
+                        good = self._adopt(tier, root, v)
+                    except NotOurs:   # (bad, but not provably weightd's: left where it is, never served)
+                        refused += 1
+                        continue
+                    if not good:
+                        rejected += 1
+                        continue
                 present.append((v.name, v.version, v.manifest.digest, v.size))
-            adopted, forgotten = self.state.reconcile(tier, present)
+            adopted, forgotten = self.state.reconcile(tier, present) if foreign is None else (0, 0)
             out[tier] = {"stale_staging_removed": removed, "resumable_staging_kept": kept, "adopted": adopted,
-                         "forgotten": forgotten, "rejected": rejected}
-            if removed or adopted or forgotten or rejected:
-                log.info("reconciled tier=%s stale_staging=%d adopted=%d forgotten=%d rejected=%d", tier, removed,
-                         adopted, forgotten, rejected)
+                         "forgotten": forgotten, "rejected": rejected, "refused": refused}
+            if foreign is not None:
+                out[tier]["not_ours"] = foreign
+            if removed or adopted or forgotten or rejected or refused:
+                log.info("reconciled tier=%s stale_staging=%d adopted=%d forgotten=%d rejected=%d refused=%d", tier,
+                         removed, adopted, forgotten, rejected, refused)
         self.state.expire_leases()
         return out
 
@@ -81,8 +90,9 @@ class Reconciler:
         """A complete version on disk that state does not know (a crash between the rename and the
         record, or a state database rebuilt): verify every byte before it is served. One that fails
         is removed, so it is fetched again the next time it is wanted."""
-        lock = self.roots.lock(tier, v.name, v.version)
-        if not lock.try_acquire():
+        foreign = self.roots.foreign(tier) is not None
+        lock = None if foreign else self.roots.lock(tier, v.name, v.version)   # (no lock files in a root not ours)
+        if lock is not None and not lock.try_acquire():
             return True  # someone is placing it right now; they record it
         try:
             with root.sub(v.rel) as d:
@@ -96,12 +106,12 @@ class Reconciler:
                 log.info("adopted name=%s version=%s tier=%s after verifying %d bytes", v.name, v.version, tier,
                          report.bytes_checked)
                 return True
-            log.warning("not adopting name=%s version=%s tier=%s: %s (removed)", v.name, v.version, tier, why)
-            remove_tree(root, v.rel)
-            prune_empty_parents(root, v.rel)
+            log.warning("not adopting name=%s version=%s tier=%s: %s", v.name, v.version, tier, why)
+            self.roots.remove_version(tier, root, v.rel)   # (NotOurs, counted, if weightd cannot prove it made it)
             return False
         finally:
-            lock.release()
+            if lock is not None:
+                lock.release()
 
     def known_good(self, tier: str, root: Dir, v: VersionDir) -> bool:
         """Is this copy one weightd placed (state knows it by digest)? A copy state does not know (after

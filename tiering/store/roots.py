@@ -1,16 +1,29 @@
 """The roots of one node's tiers, by descriptor: opened and checked to be weightd's own when first
 needed (cold storage as configured), re-opened if removed behind our back, and the lock files
-beneath them."""
+beneath them. And what weightd may remove from a local tier: only what it can prove it made
+(:meth:`TierRoots.remove_version`): a root that carries weightd's marker (``.weightd-tier``, written
+when weightd makes the root, or when it first finds one empty or holding only weightd's layout), and
+a version directory holding nothing its manifest does not list. Anything else is left alone, logged
+and counted (``on_refuse``)."""
 
 from __future__ import annotations
 
+import logging
 import os
+import stat
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
-from ..layout import COLD, LOCKS, TierSpec, lock_name
+from ..content.manifest import MANIFEST_RELPATH
+from ..errors import BadInput, NotOurs, TieringError
+from ..layout import (COLD, LOCKS, TIER_MARKER, TierSpec, lock_name, prune_empty_parents, read_version, remove_tree,
+                      unexpected_in_root, unlisted_entries)
 from ..locks import FileLock
 from ..safefs import Dir, RootPolicy, open_cold_store, open_tier_root
+
+log = logging.getLogger(__name__)
+RefuseFn = Callable[[str, str, str], None]   # (tier, what, reason: foreign_root | unlisted_entries | no_manifest)
+_MARKER_TEXT = b"weightd local tier v1: weightd removes only what it made here\n"
 
 if TYPE_CHECKING:
     from ..objstore import ObjectCold
@@ -24,6 +37,8 @@ class TierRoots:
         self.object: ObjectCold | None = None if isinstance(cold, (str, os.PathLike)) else cold
         self.cold = Path(cold) if self.object is None else None
         self._dirs: dict[str, Dir] = {}
+        self._ours: dict[str, tuple[int, int]] = {}   # tier -> (dev, ino) of a root known to carry the marker
+        self.on_refuse: RefuseFn | None = None
 
     def close(self) -> None:
         for d in self._dirs.values():
@@ -48,7 +63,10 @@ class TierRoots:
             d = open_cold_store(self.cold, create=create)   # (absent or unmounted: StorageUnavailable)
         else:
             spec = self.tiers[tier]
+            made = create and not os.path.lexists(spec.path)
             d = open_tier_root(spec.path, RootPolicy(spec.root_mode, spec.group), create=create)
+            if made and d is not None and not d.entries():
+                _mark(d)   # (a root weightd has just made carries its marker from the start)
         if d is not None:
             self._dirs[tier] = d
         return d
@@ -67,3 +85,90 @@ class TierRoots:
 
     def tier_lock(self, tier: str) -> FileLock:
         return FileLock(self.locks(tier), ".tier.lock", f"the {tier} tier's space reservation")
+
+    # -- what weightd may remove ----------------------------------------------------------------
+    def foreign(self, tier: str) -> str | None:
+        """Why the local tier's root is not weightd's, or None when it is: it carries TIER_MARKER, or
+        it is empty or holds only weightd's layout (then it is marked now: adopted). A root that is
+        not weightd's is one weightd neither places into nor removes anything from."""
+        d = self.dir(tier)
+        if d is None:
+            return None
+        st = os.fstat(d.fd)
+        if self._ours.get(tier) == (st.st_dev, st.st_ino):
+            return None
+        if not d.is_file(TIER_MARKER):
+            found = unexpected_in_root(d)
+            if found:
+                shown = ", ".join(found)
+                return (f"the {tier} tier's root holds what weightd did not make ({shown}) and has no {TIER_MARKER} "
+                        f"marker: weightd neither places nor removes anything there (point [tiers.{tier}] path at "
+                        f"a new or empty directory)")
+            _mark(d)
+            log.info("adopted tier=%s root=%s: empty or only weightd's layout (marked %s)", tier, d.path, TIER_MARKER)
+        self._ours[tier] = (st.st_dev, st.st_ino)
+        return None
+
+    def check_ours(self, tier: str) -> None:
+        """NotOurs unless the tier's root is weightd's (before anything is placed there)."""
+        why = self.foreign(tier)
+        if why is not None:
+            raise NotOurs(str(self.tiers[tier].path), why, "foreign_root")
+
+    def refuse(self, tier: str, what: str, exc: NotOurs, *, level: int = logging.WARNING) -> NotOurs:
+        """Log and count a removal weightd refused; returns ``exc`` for the caller to raise (``level``:
+        INFO when the caller's own answer says it, an admin's explicit evict)."""
+        log.log(level, "not removing %s from tier=%s reason=%s: %s", what, tier, exc.kind, exc)
+        if self.on_refuse is not None:
+            self.on_refuse(tier, what, exc.kind)
+        return exc
+
+    def removal_refused(self, tier: str, root: Dir, rel: str) -> NotOurs | None:
+        """Why ``root/rel`` (a version directory of a local tier) must not be removed, or None when
+        weightd can prove it made it: the root is weightd's, and the directory holds a manifest and
+        nothing that manifest does not list. A symlink or an empty name is removable (the link itself
+        goes; nothing of anyone's is lost)."""
+        where = str(root.path / rel)
+        why = self.foreign(tier)
+        if why is not None:
+            return NotOurs(where, f"not removed: {why}", "foreign_root")
+        st = root.lstat(rel)
+        if st is None or not stat.S_ISDIR(st.st_mode):
+            return None if st is None or stat.S_ISLNK(st.st_mode) else NotOurs(
+                where, "not removed: a file weightd did not make is where a version would be", "no_manifest")
+        name, _, version = rel.rpartition("/")
+        try:
+            v = read_version(root, name, version)
+        except (TieringError, OSError):
+            v = None
+        if v is None:
+            return NotOurs(where, f"not removed: it has no readable {MANIFEST_RELPATH} of {name}@{version}, so "
+                                  "weightd cannot tell it made it (remove it yourself if it is not wanted)", "no_manifest")
+        try:
+            with root.sub(rel) as d:
+                extra = unlisted_entries(d, v.manifest)
+        except (BadInput, OSError) as exc:
+            return NotOurs(where, f"not removed: it could not be listed ({exc})", "unlisted_entries")
+        if extra:
+            return NotOurs(where, f"not removed: it holds {', '.join(extra)}, which its manifest does not list "
+                                  "(weightd removes only what it made: move those out, or remove the directory "
+                                  "yourself)", "unlisted_entries")
+        return None
+
+    def remove_version(self, tier: str, root: Dir, rel: str, *, level: int = logging.WARNING) -> bool:
+        """Remove the version directory ``root/rel`` if weightd can prove it made it (then empty
+        ``org/`` parents too); else log, count and raise :class:`NotOurs`."""
+        refused = self.removal_refused(tier, root, rel)
+        if refused is not None:
+            name, _, version = rel.rpartition("/")
+            raise self.refuse(tier, f"{name}@{version}", refused, level=level)
+        removed = remove_tree(root, rel)
+        prune_empty_parents(root, rel)
+        return removed
+
+
+def _mark(d: Dir) -> None:
+    try:
+        d.write_atomic(TIER_MARKER, _MARKER_TEXT, 0o644)
+    except OSError as exc:   # (a read-only root: nothing can be placed or removed there either)
+        log.warning("could not mark tier root %s: %s", d.path, exc)

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import nullcontext
 from typing import Any, Callable
 
 from ..content.units import format_bytes, format_duration
-from ..errors import Busy, CheckpointNotFound, NoSpace
+from ..errors import Busy, CheckpointNotFound, NoSpace, NotOurs
 from ..inuse import process_name, processes_using
-from ..layout import LOCAL_TIERS, list_versions, prune_empty_parents, read_version, remove_tree, version_rel
+from ..layout import LOCAL_TIERS, list_versions, read_version, version_rel
 from ..placement import Candidate, EvictionPlan, plan_eviction
 from ..state import State
 from .roots import TierRoots
@@ -76,7 +77,7 @@ class Space:
                               + f"; raise [tiers.{tier}] capacity, or unpin or evict what is kept (weightd status "
                                 f"shows what holds each copy)")
             evicted = [f"{c.ref} ({tier})" for c in plan.evict
-                       if self.evict_one(tier, c.name, c.version, reason="capacity")]
+                       if self._evict_or_refuse(tier, c.name, c.version, "capacity", [])]
             if evicted:
                 used = self.tier_used(tier, exclude=own)
                 if used + need > capacity:  # a victim was busy after all
@@ -92,18 +93,28 @@ class Space:
             tlock.release()
 
     def evict_one(self, tier: str, name: str, version: str, *, reason: str) -> bool:
-        """Remove one version from a tier unless someone holds its lock; references before data."""
+        """Remove one version from a tier unless someone holds its lock; references before data.
+        NotOurs (logged and counted) when weightd cannot prove it made it: nothing is touched."""
+        rel = version_rel(name, version)
+        root = self.roots.dir(tier)
+        if root is None:
+            return False
+        level = logging.INFO if reason == "admin" else logging.WARNING   # (an admin's answer says it)
+        refused = self.roots.removal_refused(tier, root, rel)   # (before a lock is made in a foreign root)
+        if refused is not None:
+            raise self.roots.refuse(tier, f"{name}@{version}", refused, level=level)
         lock = self.roots.lock(tier, name, version)
         if not lock.try_acquire():
             return False
         try:
             root = self.roots.must(tier)
-            rel = version_rel(name, version)
             have = read_version(root, name, version)
+            refused = self.roots.removal_refused(tier, root, rel)   # (again, under the lock)
+            if refused is not None:
+                raise self.roots.refuse(tier, f"{name}@{version}", refused, level=level)
             self.state.forget_copy(tier, name, version)
             self.state.release_leases(name, version, tier)
-            remove_tree(root, rel)
-            prune_empty_parents(root, rel)
+            self.roots.remove_version(tier, root, rel, level=level)
             log.info("evicted name=%s version=%s tier=%s reason=%s", name, version, tier, reason)
             if self.on_evict is not None:
                 self.on_evict(tier, f"{name}@{version}", reason, have.size if have else 0)
@@ -149,14 +160,25 @@ class Space:
             raise CheckpointNotFound(ref, "not on this node" + (f" in the {tier} tier" if tier else ""))
         return out
 
-    def to_low_watermarks(self) -> list[str]:
-        """Bring every tier above its high watermark down to the low one (oldest unprotected first)."""
+    def _evict_or_refuse(self, tier: str, name: str, version: str, reason: str, refused: list[str]) -> bool:
+        """evict_one, with a refusal (NotOurs: logged and counted there) noted in ``refused``."""
+        try:
+            return self.evict_one(tier, name, version, reason=reason)
+        except NotOurs as exc:
+            refused.append(f"{name}@{version} ({tier}): {exc.reason}")
+            return False
+
+    def to_low_watermarks(self, refused: list[str] | None = None) -> list[str]:
+        """Bring every tier above its high watermark down to the low one (oldest unprotected first).
+        ``refused``: gets a line for each version left alone because weightd cannot prove it made it."""
         evicted: list[str] = []
+        refused = [] if refused is None else refused
         for t in LOCAL_TIERS:
             spec = self.roots.tiers[t]
             if self.roots.dir(t) is None:
                 continue
-            with self.roots.tier_lock(t):
+            # (a root that is not weightd's gets no lock files either: each candidate is refused, counted)
+            with nullcontext() if self.roots.foreign(t) is not None else self.roots.tier_lock(t):
                 capacity, used = spec.capacity(), self.tier_used(t)
                 if used <= capacity * spec.high_watermark:
                     continue
@@ -165,7 +187,7 @@ class Space:
                 for c in cands:
                     if used <= capacity * spec.low_watermark:
                         break
-                    if self.evict_one(t, c.name, c.version, reason="watermark"):
+                    if self._evict_or_refuse(t, c.name, c.version, "watermark", refused):
                         used -= c.bytes
                         evicted.append(f"{c.ref} ({t})")
         return evicted

@@ -244,9 +244,13 @@ def show_versions(rows: list[dict[str, Any]]) -> None:
 
 def show_gc(r: dict[str, Any]) -> None:
     for t, info in r["reconcile"].items():
-        echo(f"{t}: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in info.items()))
+        echo(f"{t}: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in info.items() if k != "not_ours"))
+        if info.get("not_ours"):
+            echo(f"{t}: {info['not_ours']}")
     for line in r["evicted"]:
         echo(f"evicted {line}")
+    for line in r.get("refused", ()):
+        echo(f"refused {line}")
 
 
 # -- content ----------------------------------------------------------------------------------------
