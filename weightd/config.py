@@ -38,6 +38,19 @@ def _abs_path(v: Any) -> Path:
     return p
 
 
+def _cidrs(v: Any) -> tuple[str, ...]:
+    import ipaddress
+    if not isinstance(v, (list, tuple)):
+        raise ValueError("expected a list of CIDRs like '10.0.0.0/8'")
+    out = []
+    for cidr in v:
+        try:
+            out.append(str(ipaddress.ip_network(cidr, strict=False)))
+        except (ValueError, TypeError):
+            raise ValueError(f"{cidr!r} is not a CIDR like '10.0.0.0/8'") from None
+    return tuple(out)
+
+
 def _host_port(v: Any) -> str:
     import ipaddress
     if not isinstance(v, str):
@@ -253,19 +266,7 @@ class P2PSettings(_Model):
                 raise ValueError(f"tracker {url!r} must be an http://, https:// or udp:// URL")
         return tuple(v)
 
-    @field_validator("allow", mode="before")
-    @classmethod
-    def _allow(cls, v: Any) -> tuple[str, ...]:
-        import ipaddress
-        if not isinstance(v, (list, tuple)):
-            raise ValueError("expected a list of CIDRs like '10.0.0.0/8'")
-        out = []
-        for cidr in v:
-            try:
-                out.append(str(ipaddress.ip_network(cidr, strict=False)))
-            except (ValueError, TypeError):
-                raise ValueError(f"{cidr!r} is not a CIDR like '10.0.0.0/8'") from None
-        return tuple(out)
+    _allow = field_validator("allow", mode="before")(_cidrs)
 
 
 class WarmSettings(_Model):
@@ -299,6 +300,10 @@ class ApiSettings(_Model):
     admin_group: int | None = None        # besides root and the daemon's user: who may publish/evict/pin/gc
     daemon_user: int | None = None        # the uid the CLI trusts as its daemon (besides root); default: own euid
     request_timeout_s: float = Field(default=30.0, gt=0, le=3600)  # idle or half-sent requests are dropped
+    # callers who are not admins (anyone else the socket's group lets in): how long one lease may be,
+    # and how much of a tier's capacity one uid's leases may hold (admins and the daemon: no limit)
+    max_lease_s_readonly: float = Field(default=3600.0, ge=0, le=7 * 24 * 3600)
+    lease_share_readonly: float = Field(default=0.25, ge=0, le=1)
 
     _path = field_validator("socket", mode="before")(_abs_path)
     _groups = field_validator("group", "admin_group", mode="before")(_group_id)
@@ -306,8 +311,30 @@ class ApiSettings(_Model):
 
 
 class MetricsSettings(_Model):
+    """The metrics and probes listener. ``allow``: who may connect, everyone by default (Prometheus
+    scrapes it from the pod network and the kubelet probes it from the node; it serves nothing secret
+    and changes nothing): the connection caps and timeouts of ``[listeners]`` are what protect it."""
     listen: str = "127.0.0.1:9464"
+    allow: tuple[str, ...] = ("0.0.0.0/0", "::/0")
     _listen = field_validator("listen", mode="before")(_host_port)
+    _allow = field_validator("allow", mode="before")(_cidrs)
+
+
+class ListenerSettings(_Model):
+    """Every TCP listener of the daemon (metrics; the origin's tracker and fleet endpoints): caps on
+    open connections, and how long a connection may take to send a request and to finish it."""
+    max_connections: int = Field(default=256, ge=1, le=65536)               # per listener
+    max_connections_per_address: int = Field(default=32, ge=1, le=65536)
+    idle_timeout_s: float = Field(default=10.0, gt=0, le=3600)   # headers within this of connect or of the last answer
+    request_timeout_s: float = Field(default=30.0, gt=0, le=3600)  # a request's body and answer
+    tls_handshake_timeout_s: float = Field(default=10.0, gt=0, le=600)
+
+    @model_validator(mode="after")
+    def _per_address(self) -> "ListenerSettings":
+        if self.max_connections_per_address > self.max_connections:
+            raise ValueError(f"max_connections_per_address ({self.max_connections_per_address}) is more than "
+                             f"max_connections ({self.max_connections})")
+        return self
 
 
 def _key_file(v: Any) -> Path:
@@ -400,11 +427,22 @@ class IntentSettings(_Model):
     max_movers: int = Field(default=0, ge=0)            # origin: nodes rolling forward at once, fleet-wide (0: any)
     origin: str | None = None              # the origin's base URL (default: from the first p2p tracker)
     report_s: float = Field(default=30.0, ge=1, le=3600)  # how often holdings are sent to the origin
+    # origin: bytes of worker reports held for the fleet view, and reports one address may send a second
+    fleet_budget: int = 64 << 20
+    fleet_reports_per_s: float = Field(default=1.0, gt=0, le=1000)
     nfd_dir: Path | None = None            # Node Feature Discovery's features.d: labels weightd.io/<model>=tier
     prewarm: PrewarmSettings | None = None
 
     _paths = field_validator("dir", "labels_file", "nfd_dir", mode="before")(
         lambda v: None if v is None else _abs_path(v))
+
+    @field_validator("fleet_budget", mode="before")
+    @classmethod
+    def _budget(cls, v: Any) -> int:
+        n = parse_size(v)
+        if n < 1 << 20:
+            raise ValueError("expected at least 1MiB (a single report may be that large)")
+        return n
 
     @field_validator("labels", mode="before")
     @classmethod
@@ -460,6 +498,7 @@ class Settings(_Model):
     warm: WarmSettings = WarmSettings()
     api: ApiSettings
     metrics: MetricsSettings = MetricsSettings()
+    listeners: ListenerSettings = ListenerSettings()
     trust: TrustSettings = TrustSettings()
     publish: PublishSettings = PublishSettings()
     intent: IntentSettings = IntentSettings()
@@ -617,7 +656,61 @@ def load_config(path: str | os.PathLike[str] | None = None, env: Mapping[str, st
     except ValidationError as exc:
         key, msg = _first_error(exc)
         raise ConfigError(source, msg, key) from None
+    check_disjoint(settings, source)
     return Config(settings, source, chosen_by, frozenset(_dotted_keys(data)), _env_keys(env))
+
+
+class _Place(namedtuple("_Place", ["key", "path", "real", "ident", "chain"])):
+    """A configured directory as the kernel sees it: ``real`` (symlinks resolved as far as they exist),
+    ``ident`` ((device, inode) when it exists), ``chain`` (the identities of it and every existing
+    directory above it: a bind mount of another place is caught by identity, not by spelling)."""
+    __slots__ = ()
+
+
+def _place(key: str, path: Path) -> _Place:
+    real = os.path.realpath(path)
+    chain: list[tuple[int, int]] = []
+    ident = None
+    p = Path(real)
+    for i, q in enumerate((p, *p.parents)):
+        try:
+            st = os.stat(q)
+        except OSError:
+            continue
+        if i == 0:
+            ident = (st.st_dev, st.st_ino)
+        chain.append((st.st_dev, st.st_ino))
+    return _Place(key, path, real, ident, tuple(chain))
+
+
+def _within(inner: _Place, outer: _Place) -> bool:
+    return inner.real.startswith(outer.real.rstrip("/") + "/") or \
+        (outer.ident is not None and outer.ident in inner.chain[1 if inner.ident is not None else 0:])
+
+
+def check_disjoint(settings: "Settings", source: str) -> None:
+    """Hot, warm, cold (a path) and the state directory must be four separate directories, none equal
+    to, inside or containing another, as the kernel resolves them (symlinks followed, bind mounts by
+    device and inode): else ConfigError (exit 2) naming both keys and paths. A tier over another's
+    directory would count, serve and evict the other's files as its own (a warm tier on the cold path
+    deleted published checkpoints)."""
+    t = settings.tiers
+    places = [_place("tiers.hot.path", t.hot.path), _place("tiers.warm.path", t.warm.path)]
+    if t.cold.path is not None:
+        places.append(_place("tiers.cold.path", t.cold.path))
+    places.append(_place("state_dir", settings.state_dir))
+    for i, a in enumerate(places):
+        for b in places[i + 1:]:
+            if a.real == b.real or (a.ident is not None and a.ident == b.ident):
+                how = "is the same directory as"
+            elif _within(a, b):
+                how = "is inside"
+            elif _within(b, a):
+                how = "contains"
+            else:
+                continue
+            raise ConfigError(source, f"{a.path} {how} {b.key} ({b.path}): hot, warm, cold and state_dir must be "
+                                      "separate directories, none inside another", a.key)
 
 
 def _dotted_keys(d: Mapping[str, Any], prefix: str = "") -> Iterator[str]:
@@ -650,7 +743,7 @@ def describe_source(cfg: Config) -> str:
 
 
 #: the keys that hold a size or a rate in bytes (shown in binary units by ``config show``)
-SIZE_KEYS = frozenset({"tiers.hot.capacity", "tiers.warm.capacity", "tiers.cold.range_size", "tiers.cold.part_size",
+SIZE_KEYS = frozenset({"intent.fleet_budget", "tiers.hot.capacity", "tiers.warm.capacity", "tiers.cold.range_size", "tiers.cold.part_size",
                        "tiers.cold.bandwidth", "p2p.threshold", "p2p.upload_limit", "p2p.download_limit",
                        "p2p.piece_size", "warm.bandwidth"})
 

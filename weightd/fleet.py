@@ -8,15 +8,27 @@ a refused report. Keys it does not know (a newer worker's, see :mod:`weightd.com
 refused: a fleet upgrading its workers before its origin keeps its view and its rollout slots. A node is (its address, the name it reports); a node that stops reporting leaves the view
 ``ttl_s`` after its last report.
 
+Bounded: reports held take at most ``budget_bytes`` (each report counted by :func:`report_bytes`, about
+the size of its JSON in the view); a report that does not fit evicts the largest held reports (the
+oldest first among equals) that are larger than it, else it is refused (:class:`Refused`, 413). The
+cheapest way to fill the view is a few huge reports, and those are what goes first; a node sending a
+report of ordinary size keeps its place unless the budget is full of reports as small as its own.
+Holdings are kept as tuples of interned strings (one copy of a model's name however many nodes hold
+it), so what the budget counts is about what the process holds.
+
 Not thread-safe: a :class:`FleetView` belongs to the origin's asyncio loop, whose handlers call it
-without awaiting in between, so it takes no lock (call it from that loop only).
+without awaiting in between, so it takes no lock (call it from that loop only). :meth:`FleetView.snapshot`
+hands the reports (never changed once kept: a new report replaces the record) to :func:`build_view`,
+which may run in a thread: a large view is built off the loop.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import json
 import math
 import re
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -40,6 +52,21 @@ _RACK = re.compile(r"[A-Za-z0-9._-]{1,63}")   # (as [p2p] rack)
 _LABEL_KEY = re.compile(r"(?:[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
 _LABEL_VALUE = re.compile(r"(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
 MAX_NODES_PER_IP = 4              # node names one address may report as, within ttl_s
+DEFAULT_BUDGET = 64 << 20         # bytes of reports held ([intent] fleet_budget)
+PAGE_BYTES = 4 << 20              # a page of GET /v1/fleet holds reports of about this many bytes at most
+MAX_PAGE_NODES = 10_000
+MAX_VERSIONS = 4096               # versions in one answer (``versions_cut`` counts the rest; ?model= narrows)
+_HOLDING_BYTES = 112              # a holding's JSON besides its model and version (keys, numbers)
+_REPORT_BYTES = 256               # a report's JSON besides its node, labels, holdings and intent
+
+
+class Refused(ValueError):
+    """A report (or request) refused, with the HTTP status that says why: 400 malformed, 413 larger
+    than the room the budget can give it, 429 too many (the address's rate, the view's node cap)."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def _show(v: Any) -> str:
@@ -186,78 +213,123 @@ def check_report(body: Any) -> dict[str, Any]:
             "weightd": sender}
 
 
-class FleetView:
-    """The reports of the nodes heard from within ``ttl_s`` (at most ``max_nodes`` of them), and the
-    aggregate the origin serves. One owner: the origin's asyncio loop (see the module docstring)."""
+def report_bytes(r: dict[str, Any]) -> int:
+    """What a checked report counts against the budget: about the size of its JSON in the view."""
+    return (_REPORT_BYTES + len(r["node"]) + len(r["rack"] or "") + len(r["weightd"] or "")
+            + sum(len(k) + len(v) + 6 for k, v in r["labels"].items())
+            + sum(len(k) + len(v) + 6 for k, v in r["intent"].items())
+            + sum(_HOLDING_BYTES + len(h["model"]) + len(h["version"]) for h in r["holdings"]))
 
-    def __init__(self, *, ttl_s: float = 300.0, max_nodes: int = 10_000,
+
+def _holding_tuple(h: dict[str, Any]) -> tuple[Any, ...]:
+    return (sys.intern(h["model"]), sys.intern(h["version"]), sys.intern(h["tier"]), h["resident"], h["bytes"],
+            h["since"], h["serving"])
+
+
+def _holding_dict(t: tuple[Any, ...]) -> dict[str, Any]:
+    return dict(zip(_HOLDING_KEYS, t))
+
+
+class FleetView:
+    """The reports of the nodes heard from within ``ttl_s`` (at most ``max_nodes`` of them, at most
+    ``budget_bytes`` of reports), and the aggregate the origin serves. One owner: the origin's asyncio
+    loop (see the module docstring)."""
+
+    def __init__(self, *, ttl_s: float = 300.0, max_nodes: int = 10_000, budget_bytes: int = DEFAULT_BUDGET,
                  clock: Callable[[], float] = time.time) -> None:
         if isinstance(ttl_s, bool) or not isinstance(ttl_s, (int, float)) or not math.isfinite(ttl_s) or ttl_s <= 0:
             raise ValueError(f"ttl_s: expected a positive number of seconds, got {ttl_s!r}")
         if isinstance(max_nodes, bool) or not isinstance(max_nodes, int) or max_nodes < 1:
             raise ValueError(f"max_nodes: expected a positive integer, got {max_nodes!r}")
-        self.ttl_s, self.max_nodes, self._clock = float(ttl_s), max_nodes, clock
+        if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes < 1:
+            raise ValueError(f"budget_bytes: expected a positive integer, got {budget_bytes!r}")
+        self.ttl_s, self.max_nodes, self.budget, self._clock = float(ttl_s), max_nodes, budget_bytes, clock
         self._nodes: dict[tuple[str, str], dict[str, Any]] = {}   # (ip, node) -> checked report
+        self.held_bytes = 0
+        self.evicted = 0          # reports evicted to make room (the largest first)
 
     def __len__(self) -> int:
         return len(self._nodes)
 
+    def _drop(self, key: tuple[str, str]) -> None:
+        self.held_bytes -= self._nodes.pop(key)["size"]
+
     def _expire(self, now: float) -> None:
         for key in [k for k, r in self._nodes.items() if now - r["received_at"] > self.ttl_s]:
-            del self._nodes[key]
+            self._drop(key)
 
-    def report(self, remote_ip: str, body: Any) -> None:
-        """Keep a worker's report (``body``, decoded JSON from ``remote_ip``) in place of that node's
-        previous one; ValueError (one line) if the report is refused or the view is full."""
+    def member(self, remote_ip: str) -> bool:
+        """Whether ``remote_ip`` is a node of this fleet as the origin knows one: it sent a valid report
+        that is held (within ``ttl_s``)."""
         try:
             ip = str(ipaddress.ip_address(remote_ip))
         except ValueError:
-            raise ValueError(f"remote address {_show(remote_ip)} is not an IP address") from None
-        r = check_report(body)
+            return False
+        self._expire(self._clock())
+        return any(k[0] == ip for k in self._nodes)
+
+    def report(self, remote_ip: str, body: Any) -> None:
+        """Keep a worker's report (``body``, decoded JSON from ``remote_ip``) in place of that node's
+        previous one; :class:`Refused` (one line, with its HTTP status) if the report is refused, the
+        view is full or the report finds no room in the budget."""
+        try:
+            ip = str(ipaddress.ip_address(remote_ip))
+        except ValueError:
+            raise Refused(f"remote address {_show(remote_ip)} is not an IP address") from None
+        try:
+            r = check_report(body)
+        except ValueError as exc:
+            raise Refused(str(exc)) from None
         now = self._clock()
         self._expire(now)
         key = (ip, r["node"])
         if key not in self._nodes:
             if len(self._nodes) >= self.max_nodes:
-                raise ValueError(f"fleet view full: {self.max_nodes} nodes reported within {self.ttl_s:g} s")
+                raise Refused(f"fleet view full: {self.max_nodes} nodes reported within {self.ttl_s:g} s", 429)
             # a node is an address (hostNetwork, one daemon each); a few names per address allow a
             # rename, not one peer filling the view with invented nodes
             if sum(1 for k in self._nodes if k[0] == ip) >= MAX_NODES_PER_IP:
-                raise ValueError(f"{MAX_NODES_PER_IP} node names already report from {ip}")
-        self._nodes[key] = {**r, "ip": ip, "received_at": now}
+                raise Refused(f"{MAX_NODES_PER_IP} node names already report from {ip}", 429)
+        size = report_bytes(r)
+        if size > self.budget:
+            raise Refused(f"report of {size} bytes is larger than the fleet view's whole budget ({self.budget} "
+                          "bytes, [intent] fleet_budget)", 413)
+        old = self._nodes.get(key)
+        free = self.budget - self.held_bytes + (old["size"] if old is not None else 0)
+        if size > free:
+            # room from the largest reports larger than this one (the oldest first among equals)
+            victims, room = [], free
+            for k, held in sorted(((k, x) for k, x in self._nodes.items() if k != key and x["size"] > size),
+                                  key=lambda kx: (-kx[1]["size"], kx[1]["received_at"])):
+                if room >= size:
+                    break
+                victims.append(k)
+                room += held["size"]
+            if room < size:
+                raise Refused(f"fleet view budget full: {self.held_bytes} of {self.budget} bytes held ([intent] "
+                              f"fleet_budget) and no held report is larger than this one ({size} bytes)", 413)
+            for k in victims:
+                self._drop(k)
+                self.evicted += 1
+        if old is not None:
+            self._drop(key)
+        self._nodes[key] = {"node": r["node"], "rack": r["rack"], "labels": r["labels"], "intent": r["intent"],
+                            "weightd": r["weightd"], "holdings": tuple(_holding_tuple(h) for h in r["holdings"]),
+                            "ip": ip, "received_at": now, "size": size}
+        self.held_bytes += size
 
-    def _sorted(self) -> list[dict[str, Any]]:
-        return sorted(self._nodes.values(), key=lambda r: (r["node"], r["ip"]))
-
-    def view(self) -> dict[str, Any]:
-        """``{"nodes": [...], "versions": [...], "generated_at": t}`` of the nodes heard from within
-        ``ttl_s`` (older ones are forgotten here). A node: ``node``, ``ip``, ``rack``, ``labels``,
-        ``intent``, ``weightd`` (the version it runs, null when its report did not say), ``age_s``
-        (since its report), ``holdings`` (as reported, sorted). A version:
-        ``model``, ``version``, ``nodes`` (``hot``, ``warm``: nodes with a copy in that tier; ``total``:
-        nodes with any copy), ``serving`` (nodes serving it), ``resident_avg`` (over those nodes, each
-        by its most resident copy). Nodes sorted by name then address; versions by model then version."""
+    def snapshot(self) -> tuple[list[dict[str, Any]], float]:
+        """The held reports (records never changed once kept) sorted by node then address, and now:
+        what :func:`build_view` needs, taken on the loop in one step."""
         now = self._clock()
         self._expire(now)
-        nodes, per_version = [], {}
-        for r in self._sorted():
-            holdings = sorted((dict(h) for h in r["holdings"]), key=lambda h: (h["model"], h["version"], h["tier"]))
-            nodes.append({"node": r["node"], "ip": r["ip"], "rack": r["rack"], "labels": dict(r["labels"]),
-                          "intent": dict(r["intent"]), "weightd": r["weightd"],
-                          "age_s": round(max(0.0, now - r["received_at"]), 1), "holdings": holdings})
-            for (model, version), copies in _by_version(r["holdings"]).items():
-                v = per_version.setdefault((model, version), {"hot": 0, "warm": 0, "total": 0, "serving": 0,
-                                                              "resident": []})
-                for tier in TIERS:
-                    v[tier] += any(h["tier"] == tier for h in copies)
-                v["total"] += 1
-                v["serving"] += any(h["serving"] for h in copies)
-                v["resident"].append(max(h["resident"] for h in copies))
-        versions = [{"model": model, "version": version,
-                     "nodes": {"hot": v["hot"], "warm": v["warm"], "total": v["total"]},
-                     "serving": v["serving"], "resident_avg": round(sum(v["resident"]) / len(v["resident"]), 4)}
-                    for (model, version), v in sorted(per_version.items())]
-        return {"nodes": nodes, "versions": versions, "generated_at": now}
+        return sorted(self._nodes.values(), key=lambda r: (r["node"], r["ip"])), now
+
+    def view(self, *, model: str | None = None, after: str | None = None, limit: int | None = None
+             ) -> dict[str, Any]:
+        """:func:`build_view` of the held reports (here, on the caller's thread)."""
+        records, now = self.snapshot()
+        return build_view(records, now, model=model, after=after, limit=limit)
 
     def rows(self) -> list[dict[str, Any]]:
         """One row per (node, model, version), what ``weightd fleet status`` prints: ``node``, ``ip``,
@@ -265,13 +337,12 @@ class FleetView:
         ``resident_percent`` (its most resident copy, one decimal), ``bytes``, ``serving`` (any copy),
         ``intended`` (the node's intent names this version), ``age_s`` (since the node's report).
         Sorted by node, address, model, version; expired nodes are forgotten as in :meth:`view`."""
-        now = self._clock()
-        self._expire(now)
+        records, now = self.snapshot()
         out = []
-        for r in self._sorted():
+        for r in records:
             wanted = {(k.partition("@")[0], v) for k, v in r["intent"].items()}
             age = round(max(0.0, now - r["received_at"]), 1)
-            for (model, version), copies in sorted(_by_version(r["holdings"]).items()):
+            for (model, version), copies in sorted(_by_version([_holding_dict(h) for h in r["holdings"]]).items()):
                 tiers = [t for t in TIERS if any(h["tier"] == t for h in copies)]
                 out.append({"node": r["node"], "ip": r["ip"], "rack": r["rack"], "model": model,
                             "version": version, "tier": tiers[0], "tiers": tiers,
@@ -280,6 +351,102 @@ class FleetView:
                             "serving": any(h["serving"] for h in copies),
                             "intended": (model, version) in wanted, "age_s": age})
         return out
+
+
+def build_view(records: list[dict[str, Any]], now: float, *, model: str | None = None, after: str | None = None,
+               limit: int | None = None, page_bytes: int = PAGE_BYTES) -> dict[str, Any]:
+    """``{"nodes": [...], "versions": [...], "generated_at": t}`` of ``records`` (from
+    :meth:`FleetView.snapshot`; pure, so it may run in a thread). A node: ``node``, ``ip``, ``rack``,
+    ``labels``, ``intent``, ``weightd`` (the version it runs, null when its report did not say),
+    ``age_s`` (since its report), ``holdings`` (as reported, sorted). A version: ``model``,
+    ``version``, ``nodes`` (``hot``, ``warm``: nodes with a copy in that tier; ``total``: nodes with
+    any copy), ``serving`` (nodes serving it), ``resident_avg`` (over those nodes, each by its most
+    resident copy). Nodes sorted by name then address; versions by model then version.
+
+    ``model``: only nodes that hold or intend that model, with only its holdings and versions.
+    ``limit`` (or ``page_bytes`` of reports, whichever comes first; at least one node): a page of the
+    nodes after the node ``after`` (``NODE@IP``, as the last page's ``next`` says); ``next`` is there
+    when more nodes follow. ``versions`` count every node the filter keeps, on the first page only."""
+    if model is not None:
+        kept = []
+        for r in records:
+            hs = tuple(h for h in r["holdings"] if h[0] == model)
+            wants = {k: v for k, v in r["intent"].items() if k.partition("@")[0] == model}
+            if hs or wants:
+                kept.append({**r, "holdings": hs, "intent": wants})
+        records = kept
+    doc: dict[str, Any] = {"nodes": [], "generated_at": now}
+    if after is None:
+        per_version: dict[tuple[str, str], dict[str, Any]] = {}
+        for r in records:
+            for (m, version), copies in _by_version([_holding_dict(h) for h in r["holdings"]]).items():
+                v = per_version.setdefault((m, version), {"hot": 0, "warm": 0, "total": 0, "serving": 0,
+                                                          "resident": []})
+                for tier in TIERS:
+                    v[tier] += any(h["tier"] == tier for h in copies)
+                v["total"] += 1
+                v["serving"] += any(h["serving"] for h in copies)
+                v["resident"].append(max(h["resident"] for h in copies))
+        ordered = sorted(per_version.items())
+        doc["versions"] = [{"model": m, "version": version,
+                            "nodes": {"hot": v["hot"], "warm": v["warm"], "total": v["total"]},
+                            "serving": v["serving"], "resident_avg": round(sum(v["resident"]) / len(v["resident"]), 4)}
+                           for (m, version), v in ordered[:MAX_VERSIONS]]
+        if len(ordered) > MAX_VERSIONS:
+            doc["versions_cut"] = len(ordered) - MAX_VERSIONS
+    else:
+        node, _, ip = after.partition("@")
+        records = [r for r in records if (r["node"], r["ip"]) > (node, ip)]
+        doc["versions"] = []
+    nodes, size = doc["nodes"], 0
+    for i, r in enumerate(records):
+        if nodes and (limit is not None and len(nodes) >= limit or size + r["size"] > page_bytes):
+            last = nodes[-1]
+            doc["next"] = f"{last['node']}@{last['ip']}"
+            break
+        size += r["size"]
+        holdings = sorted((_holding_dict(h) for h in r["holdings"]), key=lambda h: (h["model"], h["version"], h["tier"]))
+        nodes.append({"node": r["node"], "ip": r["ip"], "rack": r["rack"], "labels": dict(r["labels"]),
+                      "intent": dict(r["intent"]), "weightd": r["weightd"],
+                      "age_s": round(max(0.0, now - r["received_at"]), 1), "holdings": holdings})
+    return {"nodes": doc["nodes"], "versions": doc["versions"], "generated_at": now,
+            **{k: doc[k] for k in ("versions_cut", "next") if k in doc}}
+
+
+def encode(doc: dict[str, Any]) -> bytes:
+    """``doc`` as compact JSON, a node at a time: from a thread, the encoder never holds the GIL (and so
+    the loop) longer than one node's report takes."""
+    rest = {k: v for k, v in doc.items() if k != "nodes"}
+    parts = [json.dumps(n, separators=(",", ":")).encode() for n in doc.get("nodes", [])]
+    head = json.dumps(rest, separators=(",", ":")).encode()
+    return b'{"nodes":[' + b",".join(parts) + b"]," + head[1:] if rest else b'{"nodes":[' + b",".join(parts) + b"]}"
+
+
+class RateLimit:
+    """Per address, at most ``rate`` requests a second on average and ``burst`` at once (a token
+    bucket); at most ``max_addresses`` addresses are tracked (an idle one is forgotten once its bucket
+    is full again), beyond which every new address is refused until some are. The loop's only."""
+
+    def __init__(self, rate: float, burst: float, *, max_addresses: int = 65536,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate, self.burst, self.max_addresses, self.clock = float(rate), float(burst), max_addresses, clock
+        self._buckets: dict[str, tuple[float, float]] = {}   # address -> (tokens, at)
+
+    def allow(self, address: str) -> bool:
+        now = self.clock()
+        tokens, at = self._buckets.get(address, (self.burst, now))
+        tokens = min(self.burst, tokens + (now - at) * self.rate)
+        if address not in self._buckets and len(self._buckets) >= self.max_addresses:
+            full = [a for a, (t, when) in self._buckets.items() if t + (now - when) * self.rate >= self.burst]
+            for a in full:
+                del self._buckets[a]
+            if len(self._buckets) >= self.max_addresses:
+                return False
+        if tokens < 1.0:
+            self._buckets[address] = (tokens, now)
+            return False
+        self._buckets[address] = (tokens - 1.0, now)
+        return True
 
 
 def _by_version(holdings: list[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str, Any]]]:

@@ -137,7 +137,7 @@ def fleet_status(app: AppContext, origin: str | None, as_json: bool) -> None:
     base = origin or origin_url(app.config)
     if base is None:
         raise UsageError("no origin: pass --origin URL, or set [intent] origin or [p2p] trackers")
-    doc = OriginClient(base, app.config, timeout_s=15).call("GET", "/v1/fleet")
+    doc = _fleet(OriginClient(base, app.config, timeout_s=15))
     if as_json:
         return output.emit_json("fleet.status", doc)
     nodes = doc.get("nodes") or []
@@ -159,6 +159,22 @@ def fleet_status(app: AppContext, origin: str | None, as_json: bool) -> None:
             click.echo(f"  {n['node']:<24} {n.get('rack') or '-':<8} {h['model'] + '@' + h['version']:<40} "
                        f"{h['tier']:<5} {100 * h['resident']:>7.0f}% {'yes' if h.get('serving') else '':<7} "
                        f"{n.get('age_s', 0):.0f}s")
+
+
+def _fleet(client: Any, max_pages: int = 10_000) -> dict[str, Any]:
+    """GET /v1/fleet a page at a time (each a few MiB at most), as one document: the first page's
+    versions and movers, every page's nodes."""
+    import urllib.parse
+    doc = client.call("GET", "/v1/fleet")
+    page = doc
+    for _ in range(max_pages):
+        after = page.get("next")
+        if not isinstance(after, str) or not after:
+            break
+        page = client.call("GET", "/v1/fleet?" + urllib.parse.urlencode({"after": after}))
+        doc["nodes"] = [*(doc.get("nodes") or []), *(page.get("nodes") or [])]
+    doc.pop("next", None)
+    return doc
 
 
 def _t(ts: float) -> str:

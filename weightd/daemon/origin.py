@@ -3,6 +3,12 @@ same client certificates): workers report what they hold (``POST /v1/fleet/repor
 reads the aggregate (``GET /v1/fleet``, ``weightd fleet status``), and rollout movers take and give
 back slots (``POST /v1/rollout/slot``, ``/v1/rollout/release``) under ``[intent] max_movers``.
 
+Bounded: reports held fit ``[intent] fleet_budget`` (:class:`~weightd.fleet.FleetView`), one address
+sends at most ``[intent] fleet_reports_per_s`` reports a second (429 past that, before its body is
+read), and the view is built in a thread, a page at a time (``?limit=``, ``?after=``, ``?model=``), so
+the loop (and ``/healthz`` beside it) never waits on it. Rollout slots go only to fleet members: an
+address that has a valid report held (with fleet TLS, one that reported with a fleet certificate).
+
 Workers may run the release before or after the origin's (a rollout of weightd itself): every body is
 read as :mod:`weightd.compat` says, keys this version does not know ignored, the ones it knows checked."""
 
@@ -16,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from ..compat import check_envelope
-from ..fleet import FleetView
+from ..fleet import MAX_PAGE_NODES, FleetView, RateLimit, Refused, build_view, encode
 from ..rollout import MoverSlots
 
 if TYPE_CHECKING:
@@ -28,8 +34,10 @@ BODY_TIMEOUT_S = 10.0
 
 
 def fleet_routes(d: "Daemon", app: web.Application, tracker: Any) -> None:
-    d.fleet = FleetView(ttl_s=max(300.0, 4 * d.config.settings.intent.report_s))
-    d.movers = MoverSlots(d.config.settings.intent.max_movers)
+    intent = d.config.settings.intent
+    d.fleet = FleetView(ttl_s=max(300.0, 4 * intent.report_s), budget_bytes=intent.fleet_budget)
+    d.movers = MoverSlots(intent.max_movers)
+    rate = RateLimit(intent.fleet_reports_per_s, max(16.0, 4 * intent.fleet_reports_per_s))
 
     def refuse(request: web.Request) -> web.Response | None:
         if not tracker.allowed(request.remote or ""):
@@ -54,20 +62,50 @@ def fleet_routes(d: "Daemon", app: web.Application, tracker: Any) -> None:
     async def report(request: web.Request) -> web.Response:
         if (r := refuse(request)) is not None:
             return r
+        now = d.config.settings.intent   # (a reload's budget and rate apply from the next report)
+        d.fleet.budget = now.fleet_budget
+        rate.rate, rate.burst = now.fleet_reports_per_s, max(16.0, 4 * now.fleet_reports_per_s)
+        if not rate.allow(request.remote or "?"):   # (before the body is read: refusing costs nothing)
+            d.metrics.trust_refusals.labels("fleet_report_rate").inc()
+            return web.json_response({"error": f"more than {rate.rate:g} report(s) a second from "
+                                      f"{request.remote} ([intent] fleet_reports_per_s)"}, status=429,
+                                     headers={"Retry-After": "1"})
+        evicted = d.fleet.evicted
         try:
             d.fleet.report(request.remote or "", await body(request))
+        except Refused as exc:
+            d.metrics.trust_refusals.labels("fleet_bad_report" if exc.status == 400 else "fleet_budget").inc()
+            return web.json_response({"error": str(exc)[:300]}, status=exc.status)
         except ValueError as exc:
             d.metrics.trust_refusals.labels("fleet_bad_report").inc()
             return web.json_response({"error": str(exc)[:300]}, status=400)
+        if d.fleet.evicted != evicted:
+            log.info("fleet view: %d larger report(s) evicted to hold the one from %s held_bytes=%d budget=%d",
+                     d.fleet.evicted - evicted, request.remote, d.fleet.held_bytes, d.fleet.budget)
         return web.json_response({"ok": True})
 
     async def view(request: web.Request) -> web.Response:
         if (r := refuse(request)) is not None:
             return r
-        doc = d.fleet.view()
-        doc["movers"] = d.movers.movers()
-        doc["max_movers"] = d.movers.cap
-        return web.json_response(doc)
+        q = request.query
+        try:
+            limit = int(q["limit"]) if "limit" in q else None
+            if limit is not None and not 1 <= limit <= MAX_PAGE_NODES:
+                raise ValueError
+        except ValueError:
+            return web.json_response({"error": f"limit: expected a number of nodes from 1 to {MAX_PAGE_NODES}"},
+                                     status=400)
+        model, after = q.get("model"), q.get("after")
+        if model is not None and not 0 < len(model) <= 511 or after is not None and not 0 < len(after) <= 400:
+            return web.json_response({"error": "model and after: expected a model name and a NODE@IP"}, status=400)
+        records, now = d.fleet.snapshot()   # (on the loop, in one step; built and encoded in a thread)
+        movers, cap = d.movers.movers(), d.movers.cap
+
+        def build() -> bytes:
+            doc = build_view(records, now, model=model, after=after, limit=limit)
+            doc["movers"], doc["max_movers"] = movers, cap
+            return encode(doc)
+        return web.Response(body=await d.run_blocking("misc", build), content_type="application/json")
 
     async def slot(request: web.Request) -> web.Response:
         if (r := refuse(request)) is not None:
@@ -78,8 +116,15 @@ def fleet_routes(d: "Daemon", app: web.Application, tracker: Any) -> None:
         except ValueError as exc:
             return web.json_response({"error": str(exc)[:300]}, status=400)
         # one slot per address: a peer cannot take the fleet's slots by inventing node names, nor
-        # renew or release another address's
+        # renew or release another address's; and only a member of the fleet (an address with a valid
+        # report held) gets or keeps one: an address that stopped reporting loses its slot at renewal
         key = request.remote or "?"
+        if not d.fleet.member(key):
+            d.movers.release(key)
+            d.metrics.trust_refusals.labels("rollout_not_member").inc()
+            return web.json_response({"error": f"{key} is not a member of this fleet: no report from it is "
+                                      "held (a worker reports every [intent] report_s; ask again after its "
+                                      "report)"}, status=403)
         got = d.movers.ask(key, f"{node}: {moving}")
         if got["granted"]:
             log.debug("rollout slot for %s (%s): %d of %d", key, moving, got["movers"], got["cap"])
