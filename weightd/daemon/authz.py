@@ -104,6 +104,23 @@ def check_caller_can_read(top: str, caller: Caller) -> None:
                     raise refuse(entry.path, "read (r)")
 
 
+def check_caller_may_sign(key: Path, caller: Caller) -> None:
+    """``[publish] signing_key`` signs a publish through the daemon only for a caller who could read
+    that key itself: root, the daemon's user, or a uid/gid the key file's owner and mode let read it
+    (and search every directory above it). Being in ``[api] admin_group`` is not enough: the daemon
+    would otherwise lend its key to every admin. The grant is the key file's own permissions (say
+    ``chgrp signers KEY; chmod 0640 KEY``). 403 with one line otherwise; nothing is published."""
+    if caller.uid in (0, os.geteuid()):
+        return
+    try:
+        check_caller_can_read(str(key), caller)
+    except (ApiError, OSError) as exc:
+        why = str(exc) if isinstance(exc, ApiError) else (exc.strerror or str(exc))
+        raise ApiError(403, f"uid {caller.uid} may not publish signed with [publish] signing_key {key}: it could "
+                            f"not read that key itself ({why.split(' (needs')[0]}); sign with a key of its own "
+                            "(--sign KEY), or let its group read the key (chgrp GROUP KEY; chmod 0640 KEY)") from None
+
+
 def claim_socket(path: Path) -> None:
     """Make way for our socket: a stale one is removed; a live one (another daemon, even with another
     state dir), a symlink or anything that is not a socket is refused, never unlinked."""
