@@ -461,8 +461,8 @@ def test_publish_never_reuses_planted_staging_in_cold(wd, node_env, tmp_path: Pa
 @pytest.mark.parametrize("planted", [".staging", ".locks"])
 def test_cold_private_directories_of_another_user_are_refused(wd, node_env, tmp_path: Path, planted: str) -> None:
     src = make_checkpoint(tmp_path / "src", total_bytes=2 * MiB, shards=1, layers=1)
-    node_env.cold.mkdir()
     d = node_env.cold / planted
+    shutil.rmtree(d, ignore_errors=True)   # (the store's own, made with it: replaced by another uid's)
     d.mkdir()
     os.chown(d, 65534, 65534)
     os.chmod(d, 0o777)

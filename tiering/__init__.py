@@ -46,6 +46,8 @@ _SURFACE: dict[str, str] = {
     "TierSpec": "layout", "VersionDir": "layout", "existing_ancestor": "layout", "list_versions": "layout",
     "is_whole": "layout", "part_of": "layout",
     "Dir": "safefs", "check_unchangeable": "safefs", "open_cold_root": "safefs", "open_tier_root": "safefs",
+    "open_unchangeable_dir": "safefs", "resolve_unchangeable": "safefs", "describe": "safefs",
+    "open_cold_store": "safefs", "unmade_parent": "safefs", "RootPolicy": "safefs", "COLD_MARKER": "safefs",
     "StagingArea": "store.staging",
     # the node (a facade over tiering/store/) and the seam to transfer sources
     "LocalNode": "node", "DEFAULT_LEASE_S": "node",

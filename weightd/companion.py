@@ -23,9 +23,7 @@ import stat
 import uuid
 from typing import Any
 
-from tiering.errors import UnsafePath
-from tiering.safefs import Dir, open_unchangeable_dir
-from tiering.safefs.paths import describe
+from tiering import Dir, UnsafePath, describe, open_unchangeable_dir
 
 from .errors import InvalidRequest
 

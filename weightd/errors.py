@@ -48,6 +48,11 @@ class WeightdError(Exception):
     exit_code = EXIT_ERROR
 
 
+class Stopped(BaseException):
+    """Not an error: SIGTERM or SIGINT asked a long-running command (``weightd hold``) to release what
+    it holds and leave (a BaseException, so no ``except Exception`` of a step in progress swallows it)."""
+
+
 class ConfigError(WeightdError):
     exit_code = EXIT_BAD_INPUT
 

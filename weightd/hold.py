@@ -19,16 +19,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from .errors import DaemonError, UsageError
+from .errors import DaemonError, Stopped, UsageError
 
 #: while the daemon does not answer, ask it again this often (at most ``every_s``)
 LOST_RETRY_S = 1.0
 _LOST = (ConnectionRefusedError, FileNotFoundError, ConnectionResetError, BrokenPipeError, TimeoutError)
-
-
-class Stopped(BaseException):
-    """SIGTERM or SIGINT arrived: release and leave (a BaseException, so no ``except Exception`` of a
-    step in progress swallows it)."""
 
 
 class Holder:

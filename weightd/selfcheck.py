@@ -73,8 +73,8 @@ def check_install() -> list[Check]:
 
 def check_storage(cfg: "Config") -> list[Check]:
     """The tier roots and cold storage as this uid sees them; makes nothing."""
-    from tiering import COLD, HOT, WARM, StorageUnavailable, TieringError
-    from tiering.safefs import RootPolicy, open_cold_store, open_tier_root, unmade_parent
+    from tiering import (COLD, HOT, WARM, RootPolicy, StorageUnavailable, TieringError, open_cold_store,
+                         open_tier_root, unmade_parent)
 
     from .local import cold_tier, tier_specs
     out: list[Check] = []

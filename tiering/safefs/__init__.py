@@ -37,7 +37,7 @@ _SURFACE: dict[str, str] = {
     "openat2_available": "tiering._syscalls",
     "Dir": "dir", "FileRef": "dir", "open_source": "dir",
     "MAX_SMALL_FILE": "paths", "PinnedFile": "paths", "open_regular": "paths", "regular_or_close": "paths",
-    "sanitize_mode": "paths", "split_rel": "paths", "open_for_read": "paths",
+    "sanitize_mode": "paths", "describe": "paths", "split_rel": "paths", "open_for_read": "paths",
     "RootPolicy": "roots", "check_ancestors": "roots", "check_root_stat": "roots", "check_unchangeable": "roots",
     "others_can_change": "roots", "resolve_unchangeable": "roots", "open_unchangeable_dir": "roots",
     "open_cold_root": "roots", "open_cold_store": "roots", "COLD_MARKER": "roots", "unmade_parent": "roots", "open_tier_root": "roots",

@@ -430,8 +430,7 @@ def _resolve(path: Path, trusted_uids: tuple[int, ...], what: str) -> str:
     way, and wherever a symlink leads, is one only root or the daemon's user can change: a file that
     passes :func:`_check_owner` in a directory another uid owns could be swapped for another the
     moment after it is read (a ConfigMap's ``..data`` links are root's, and pass)."""
-    from tiering.errors import UnsafePath
-    from tiering.safefs import resolve_unchangeable
+    from tiering import UnsafePath, resolve_unchangeable
     try:
         return resolve_unchangeable(path, frozenset(trusted_uids) | {0}, what)
     except UnsafePath as exc:
