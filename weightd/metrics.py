@@ -41,6 +41,11 @@ class Metrics:
         for s in SOURCES:
             self.bytes.labels(s)
         self.evictions = Counter("weightd_evictions", "Checkpoints evicted", ["tier", "reason"], registry=registry)
+        self.evictions_refused = Counter("weightd_evictions_refused", "Removals weightd refused because it cannot "
+                                         "prove it made what it would remove (reason: foreign_root, a tier root "
+                                         "without its marker holding others' files; unlisted_entries, a version "
+                                         "directory holding files its manifest does not list; no_manifest)",
+                                         ["tier", "reason"], registry=registry)
         self.hash_failures = Counter("weightd_hash_failures", "Content that did not match its manifest",
                                      registry=registry)
         self.preload_failures = Counter("weightd_preload_failures", "Preloads that failed", ["reason", "model"],
@@ -59,6 +64,11 @@ class Metrics:
         self.trust_refusals = Counter("weightd_trust_refusals", "Versions (and peers) refused by the trust "
                                       "policy, by reason (unsigned, unknown_key, bad_signature, digest_mismatch, ...)",
                                       ["reason"], registry=registry)
+        self.tcp_refused = Counter("weightd_tcp_connections_refused", "TCP connections closed at accept, before a "
+                                   "byte was read: not_allowed (outside the listener's allow list), listener_full, "
+                                   "address_full (over [listeners] caps)", ["listener", "reason"], registry=registry)
+        self.tcp_open = Gauge("weightd_tcp_connections", "Open connections on each TCP listener", ["listener"],
+                              registry=registry)
         self.tracker_peers = Gauge("weightd_tracker_peers", "Peers the origin's tracker holds, all swarms (0 "
                                    "elsewhere)", registry=registry)
         self.state_recoveries = Counter("weightd_state_recoveries", "Corrupt state databases moved aside and "

@@ -22,7 +22,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, disable_created_metrics
 
 from p2p import P2PError
-from tiering import HOT, LOCAL_TIERS, WARM, TieringError
+from tiering import HOT, LOCAL_TIERS, WARM, TieringError, stuck_reads
 
 from .. import __version__
 from ..config import Config, ConfigError, describe_source, load_config
@@ -35,6 +35,7 @@ from ..swarm import P2PFetcher, p2p_config, read_torrent, reseed, seed_copy, see
 from . import loops
 from .authz import claim_socket
 from .intent import IntentRunner
+from .listeners import GuardedListener, ListenerLimits, request_deadline
 from .origin import fleet_routes
 from .routes import Api
 
@@ -79,6 +80,8 @@ class Daemon:
         self._lock_fd: int | None = None
         self._active = 0  # blocking calls running in the pools
         self.runners: list[web.AppRunner] = []
+        self.listeners: list[GuardedListener] = []   # every TCP listener (metrics, tracker), in start order
+        self._socket_id: tuple[int, int] | None = None   # (st_dev, st_ino) of the admin socket this daemon bound
         self._tracker_ssl = None  # ssl.SSLContext of the tracker's HTTPS endpoint (with p2p.tls)
         self.tracker = None  # p2p.Tracker (origin with tracker_listen)
         self.ready = False   # READY=1 sent: /readyz answers 200
@@ -90,7 +93,7 @@ class Daemon:
     # -- node and state ---------------------------------------------------------------------------
     def _open_service(self, cfg: Config) -> NodeService:
         service = open_service(cfg, self.metrics, on_evict=self._evicted, on_placed=self._placed,
-                               fetchers=[_DaemonP2P(self, cfg)], on_published=self._published)
+                               on_refuse=self._refused, fetchers=[_DaemonP2P(self, cfg)], on_published=self._published)
         if service.node.state.recovered:
             self.metrics.state_recoveries.inc()
         return service
@@ -105,6 +108,9 @@ class Daemon:
                 reseed(self.node, self.session, name, version.split(" ")[0])
             except Exception as exc:  # noqa: BLE001 (the eviction happened; seeding catches up at gc)
                 log.warning("seeding after evicting %s not updated: %s", ref, exc)
+
+    def _refused(self, tier: str, ref: str, reason: str) -> None:
+        self.metrics.evictions_refused.labels(tier, reason).inc()
 
     def _placed(self, tier: str, version) -> None:
         if self.session is not None:
@@ -185,11 +191,14 @@ class Daemon:
         old_api, new_api = self.config.settings.api, cfg.settings.api
         if (new_api.socket, new_api.group, new_api.request_timeout_s) != \
                 (old_api.socket, old_api.group, old_api.request_timeout_s) or \
-                cfg.settings.metrics.listen != self.config.settings.metrics.listen:
-            log.warning("api.socket, api.group, api.request_timeout_s and metrics.listen changes take effect at "
-                        "the next restart")
+                cfg.settings.metrics.listen != self.config.settings.metrics.listen or \
+                cfg.settings.listeners.model_dump() != self.config.settings.listeners.model_dump():
+            log.warning("api.socket, api.group, api.request_timeout_s, metrics.listen and the [listeners] timeouts "
+                        "take effect at the next restart ([listeners] caps and allow lists at once)")
         self.old_services.append(self.service)
         self.service, self.config = service, cfg
+        for g, listener in zip(self.listeners, ("metrics", "tracker")):   # (allow lists and caps: at once)
+            g.configure(self._limits(listener))
         if self.movers is not None:
             self.movers.cap = cfg.settings.intent.max_movers
         service.on_loaded = self.intent.loaded
@@ -239,6 +248,34 @@ class Daemon:
         sock_path = self.config.settings.api.socket
         sock_path.parent.mkdir(parents=True, exist_ok=True)
         claim_socket(sock_path)  # before anything starts: another daemon's live socket is never ours
+        try:
+            await self._serve(sock_path)
+        finally:  # (stopped, or failed to start: a port taken, a bad file; never leave our socket behind)
+            for g in self.listeners:
+                g.close()
+            for r in self.runners:
+                try:
+                    await r.cleanup()
+                except Exception as exc:  # noqa: BLE001 (the rest is still released)
+                    log.warning("listener cleanup: %s", exc)
+            self._remove_socket(sock_path)
+
+    def _remove_socket(self, sock_path) -> None:
+        """Unlink the socket this daemon bound, and only that one (the same inode: a path another
+        process has since bound, or swapped for something else, is not ours to remove)."""
+        if self._socket_id is None:
+            return
+        try:
+            st = os.lstat(sock_path)
+        except FileNotFoundError:
+            return
+        if (st.st_dev, st.st_ino) == self._socket_id:
+            try:
+                sock_path.unlink()
+            except FileNotFoundError:
+                pass
+
+    async def _serve(self, sock_path) -> None:
         await self._start_p2p()
         await self._start_api()
         await self._start_metrics()
@@ -270,12 +307,6 @@ class Daemon:
             t.cancel()
         if self.api.inflight:  # let transfers finish briefly; what is left resumes from staging next start
             await asyncio.wait(list(self.api.inflight.values()), timeout=SHUTDOWN_GRACE_S)
-        for r in self.runners:
-            await r.cleanup()
-        try:
-            sock_path.unlink()
-        except FileNotFoundError:
-            pass
 
     def _start_intent(self) -> None:
         """The intent loop, once it is wanted (at start, or after a reload that configures it)."""
@@ -325,28 +356,50 @@ class Daemon:
             await web.UnixSite(runner, str(sock_path)).start()
         finally:
             os.umask(old_umask)
+        st = os.lstat(sock_path)
+        self._socket_id = (st.st_dev, st.st_ino)   # (what serve() removes on the way out: this inode only)
         if api.group is not None:
             os.chown(sock_path, -1, api.group, follow_symlinks=False)
         # (the umask above made it 0660 at bind: no chmod by path, which would follow a link swapped in)
         self.runners.append(runner)
 
-    async def _start_tcp(self, app: web.Application, listen: str, what: str, ssl_context: Any = None) -> None:
-        runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=1.0)
+    def _limits(self, listener: str) -> ListenerLimits:
+        """The caps and timeouts of ``[listeners]``, with the listener's allow list: ``[metrics] allow``
+        for metrics and probes, ``[p2p] allow`` for the tracker and fleet endpoints."""
+        s = self.config.settings
+        lim = s.listeners
+        allow = s.metrics.allow if listener == "metrics" else s.p2p.allow
+        return ListenerLimits(allow, lim.max_connections, lim.max_connections_per_address, lim.idle_timeout_s,
+                              lim.request_timeout_s, lim.tls_handshake_timeout_s)
+
+    async def _start_tcp(self, app: web.Application, listen: str, what: str, listener: str,
+                         ssl_context: Any = None) -> None:
+        """A TCP listener behind the accept guard (listeners.py): allow list, connection caps, header,
+        idle, request and TLS handshake timeouts, accept errors logged at a bounded rate."""
+        limits = self._limits(listener)
+        app.middlewares.append(request_deadline(limits.request_timeout_s))
+        # (keep-alive timer: from connect, and from each answer, to the next whole request's headers)
+        runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=1.0,
+                               keepalive_timeout=limits.idle_timeout_s, lingering_time=1.0)
         await runner.setup()
-        host, _, port = listen.rpartition(":")
+        self.runners.append(runner)
+        refused = self.metrics.tcp_refused
+        guard = GuardedListener(what, listen, runner.server, limits, ssl_context=ssl_context,
+                                on_refused=lambda reason: refused.labels(listener, reason).inc())
         try:
-            await web.TCPSite(runner, host.strip("[]"), int(port), reuse_address=True,
-                              ssl_context=ssl_context).start()
+            guard.bind()
         except OSError as exc:
             raise WeightdError(f"{what} {listen}: {exc.strerror}") from None
-        self.runners.append(runner)
+        guard.start()
+        self.listeners.append(guard)
+        self.metrics.tcp_open.labels(listener).set_function(lambda: guard.open)
 
     async def _start_metrics(self) -> None:
         mapp = web.Application()
         mapp.router.add_get("/metrics", self.api.metrics)
         mapp.router.add_get("/healthz", self.api.healthz)
         mapp.router.add_get("/readyz", self.api.readyz)
-        await self._start_tcp(mapp, self.config.settings.metrics.listen, "metrics.listen")
+        await self._start_tcp(mapp, self.config.settings.metrics.listen, "metrics.listen", "metrics")
 
     async def _start_tracker(self) -> None:
         """The origin's announce endpoint (``p2p/tracker.py``): it tracks only the versions this origin
@@ -386,14 +439,16 @@ class Daemon:
         tapp.router.add_get("/announce", announce)
         tapp.router.add_get("/swarm", members)
         fleet_routes(self, tapp, tracker)
-        await self._start_tcp(tapp, tl, "p2p.tracker_listen", ssl_context=self._tracker_tls())
+        await self._start_tcp(tapp, tl, "p2p.tracker_listen", "tracker", ssl_context=self._tracker_tls())
         self.tracker = tracker
         self.metrics.tracker_peers.set_function(tracker.peers)
         log.info("tracker announce endpoint on %s://%s/announce", "https" if self._tracker_ssl else "http", tl)
 
     def close(self) -> bool:
         """Release everything; True if worker threads were still busy (the caller exits hard)."""
-        busy = self._active > 0
+        # (a thread stuck in a read of hung storage is busy too: the interpreter's orderly exit must not wait
+        # on it; os._exit ends the process, but for threads the kernel holds until the storage answers)
+        busy = self._active > 0 or stuck_reads()[0] > 0
         busy = self.intent.close() or busy
         for pool in self.pools.values():
             pool.shutdown(wait=False, cancel_futures=True)
