@@ -18,6 +18,7 @@ import logging
 import os
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
@@ -25,12 +26,13 @@ from aiohttp import web
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from tiering import HOT, Progress, TieringError, TimedOut, refuse_if_stuck, run_bounded
+from tiering import HOT, LOCAL_TIERS, Progress, TieringError, TimedOut, refuse_if_stuck, run_bounded
 
 from ..compat import check_envelope
 from ..errors import ApiError, DaemonStopping, WeightdError, exit_code_for, hint_for, http_status_for
-from ..service import DEFAULT, PreloadRequest, check_companion
-from .authz import Caller, authorize, caller_may_read, check_caller_can_read
+from ..service import DEFAULT, PreloadRequest, check_companion, split_ref
+from .authz import Caller, authorize, caller_may_read, check_caller_can_read, check_caller_may_sign
+from .leases import LeaseGuard, Who, who
 
 if TYPE_CHECKING:
     from .app import Daemon
@@ -41,6 +43,7 @@ MAX_JSON_DEPTH = 32            # request bodies are small flat objects; deeper n
 SET_AT_ONCE = 8                # a set's models in flight at once (the tier's threads run 2 of them)
 PROGRESS_EVERY_S = 0.5         # a streamed preload's progress lines (and heartbeat)
 FEATURES = ["stream", "hold"]  # what clients may ask of this daemon (health says so)
+INTERNAL = object()            # a preload the daemon asks for itself (fleet intent): no caller's limits
 # Work that reads cold storage is bounded (a hung mount holds a thread, never a request or a pool for
 # ever) and refused at once while tiering.copy.STUCK_CAP threads are stuck in it (ColdStorageStuck):
 COLD_CHECK_S = 20.0            # check-cold (doctor): every manifest read, every file opened
@@ -51,9 +54,17 @@ PATH_COLD_S = 5.0              # path NAME (the latest published) or a part of i
 class Api:
     def __init__(self, daemon: "Daemon") -> None:
         self.d = daemon
+        # status, path NAME@VERSION and /metrics run in a pool of their own: local facts only, never
+        # queued behind work that reads cold storage (misc and the tiers' pools)
+        daemon.pools.setdefault("query", ThreadPoolExecutor(2, "weightd-query"))
         # (NAME, VERSION, tier, *what): what="" for the version, else its partial copy's or companion's
         self.inflight: dict[tuple[str, ...], asyncio.Task[dict[str, Any]]] = {}
         self.transfers: dict[tuple[str, ...], Progress] = {}   # the same keys: what each flight is doing
+        self.leases = LeaseGuard(daemon)   # (read-only callers' leases: their length and their share)
+
+    def _who(self, request: web.Request) -> Who | None:
+        sock = request.transport.get_extra_info("socket") if request.transport is not None else None
+        return who(sock, self.d.config.settings.api.admin_group)
 
     def app(self) -> web.Application:
         d = self.d
@@ -88,23 +99,29 @@ class Api:
         moves), then one ``{"result": report}`` or ``{"error", "exit_code", "hint", "retry"}`` line."""
         body = await self._read_body(request) if request.can_read_body else {}
         _log_request(request, body)
-        holder = _holder(request)
+        holder, caller = _holder(request), self._who(request)
         if body.get("stream") is not True:
-            return web.json_response(await self.preload(body, holder=holder))
-        return await self._stream(request, body, holder)
+            return web.json_response(await self.preload(body, holder=holder, caller=caller))
+        return await self._stream(request, body, holder, caller)
 
     async def preload(self, body: dict[str, Any], *, holder: str | None = None,
                       joined: Callable[[Progress], None] | None = None, rate_bytes_per_s: int = 0,
-                      waited_on: bool = True) -> dict[str, Any]:
+                      waited_on: bool = True, caller: Any = INTERNAL) -> dict[str, Any]:
         """``joined(progress)``: called with the flight's progress once this request shares in one;
         ``rate_bytes_per_s``: a cap on the transfer this request starts (fleet intent's bandwidth);
         ``waited_on``: someone waits for the answer (a caller, not fleet intent's background work):
-        counted in time to ready."""
+        counted in time to ready. ``caller``: who asked on the socket (:func:`.leases.who`; None when
+        the kernel did not say): a caller who is not an admin leases within :class:`.leases.LeaseGuard`'s
+        limits; INTERNAL (the daemon's own work, fleet intent) is not limited."""
         svc = self.d.service
         t0 = time.monotonic()
         refuse_if_stuck()   # (cold storage known hung: at once, never a thread more or a wait in a queue)
+        limited = caller is not INTERNAL and not (caller is not None and caller.admin)
+        lease_s = body.get("lease_s", DEFAULT)
+        if limited:
+            lease_s = self.leases.lease_s(caller, lease_s)
         req = svc.preload_request(_str(body, "ref"), tier=body.get("tier", HOT), strict=body.get("strict", False),
-                                  lease_s=body.get("lease_s", DEFAULT), timeout_s=body.get("timeout_s"),
+                                  lease_s=lease_s, timeout_s=body.get("timeout_s"),
                                   wait=body.get("wait", False), holder=holder, selection=body.get("selection"),
                                   whole=body.get("whole", False), companion=body.get("companion"))
         if svc.needs_resolving(req):  # resolve (and wait for publication) before joining a flight
@@ -114,6 +131,16 @@ class Api:
                                                                       bound_s=COLD_LIST_S))
             finally:
                 gone.set()
+        if limited and req.lease_s > 0:   # (its share of the tier, reserved until its lease is recorded)
+            size = await self._cold("misc", lambda: svc.size(req), COLD_LIST_S, f"the size of {req.ref}")
+            async with self.leases.room(caller, req.tier, req.name, str(req.version), size):
+                return await self._flight(req, t0, joined, rate_bytes_per_s, waited_on)
+        return await self._flight(req, t0, joined, rate_bytes_per_s, waited_on)
+
+    async def _flight(self, req: PreloadRequest, t0: float, joined: Callable[[Progress], None] | None,
+                      rate_bytes_per_s: int, waited_on: bool) -> dict[str, Any]:
+        """A resolved preload through the single flight (and this caller's own lease when it joined one)."""
+        svc = self.d.service
         key = (req.name, req.version, req.tier, *req.what)   # (a partial copy or a companion: its own flight)
         task = self.inflight.get(key)
         shared = task is not None
@@ -147,10 +174,12 @@ class Api:
         from ..sets import check_refs, summarize
         body = await self._read_body(request) if request.can_read_body else {}
         _log_request(request, {k: v for k, v in body.items() if k != "refs"})
-        holder = _holder(request)
+        holder, caller = _holder(request), self._who(request)
         refs = check_refs(body.get("refs"))
         common = {k: v for k, v in body.items() if k in ("tier", "strict", "lease_s", "timeout_s", "selection", "whole")}
         svc = self.d.service
+        if "lease_s" in common:   # (a lease longer than the caller may take: refused before anything moves)
+            self.leases.lease_s(caller, common["lease_s"])
         for r in refs:  # every one checked before anything moves (InvalidRequest: 400, exit 2)
             svc.preload_request(r, **common, holder=holder)
         t0 = time.monotonic()
@@ -158,7 +187,7 @@ class Api:
 
         async def one(r: str) -> dict[str, Any]:
             async with gate:
-                return await self.preload({**common, "ref": r}, holder=holder)
+                return await self.preload({**common, "ref": r}, holder=holder, caller=caller)
         outcomes = await asyncio.gather(*(one(r) for r in refs), return_exceptions=True)
         for o in outcomes:
             if isinstance(o, BaseException) and not isinstance(o, (TieringError, WeightdError, OSError, ValueError)):
@@ -168,13 +197,14 @@ class Api:
                  summary["ready"], len(summary["failed"]), summary["bytes"], summary["seconds"], holder)
         return web.json_response(summary)
 
-    async def _stream(self, request: web.Request, body: dict[str, Any], holder: str) -> web.StreamResponse:
+    async def _stream(self, request: web.Request, body: dict[str, Any], holder: str, caller: Any
+                      ) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-store"})
         await resp.prepare(request)
         seen: list[Progress] = []
         wait = body.get("wait") is True
         ref = body.get("ref") if isinstance(body.get("ref"), str) else "?"
-        job = asyncio.ensure_future(self.preload(body, holder=holder, joined=seen.append))
+        job = asyncio.ensure_future(self.preload(body, holder=holder, joined=seen.append, caller=caller))
         try:
             while True:
                 done, _ = await asyncio.wait({job}, timeout=PROGRESS_EVERY_S)
@@ -264,8 +294,18 @@ class Api:
         Not logged per call: a holder renews every few seconds (the service logs what changes)."""
         body = await self._read_body(request) if request.can_read_body else {}
         svc = self.d.service
-        return web.json_response(await self.d.run_blocking(
-            "misc", svc.hold, _str(body, "ref"), body.get("tier", HOT), body.get("lease_s"), _holder(request)))
+        caller = self._who(request)
+        ref, tier, lease_s = _str(body, "ref"), body.get("tier", HOT), self.leases.lease_s(caller, body.get("lease_s"))
+        hold = lambda: self.d.run_blocking("misc", svc.hold, ref, tier, lease_s, _holder(request))  # noqa: E731
+        if caller is not None and caller.admin or not isinstance(lease_s, (int, float)) or not lease_s > 0 \
+                or tier not in LOCAL_TIERS:
+            return web.json_response(await hold())
+        name, version = split_ref(ref)
+        if version is None:
+            return web.json_response(await hold())   # (the service says to name the version)
+        size = await self.d.run_blocking("misc", self.leases.copy_bytes, tier, name, version)
+        async with self.leases.room(caller, tier, name, version, size):
+            return web.json_response(await hold())
 
     # -- the other operations -----------------------------------------------------------------------
     async def _path(self, b: dict[str, Any]) -> dict[str, Any]:
@@ -315,6 +355,9 @@ class Api:
                 raise ApiError(400, f"'{key}' must be an absolute path, got {value!r}"[:200])
             await self.d.run_blocking("misc", check_caller_can_read, value, caller)
             files[key] = Path(value)
+        default_key = self.d.config.settings.publish.signing_key
+        if files["sign_key"] is None and files["signature"] is None and default_key is not None:
+            await self.d.run_blocking("misc", check_caller_may_sign, default_key, caller)   # (never lent)
         # (and again on every inode the scan pins: a tree swapped after the check above gains nothing)
         check = caller_may_read(caller) if caller.uid != 0 else None
         companion = b.get("companion")
