@@ -1,0 +1,211 @@
+"""A careless config must not delete published checkpoints: hot, warm, cold and the state directory are
+refused at load unless they are separate directories (by resolved path, and by device and inode for a
+bind mount), and weightd removes only what it can prove it made (a tier root carrying its marker, a
+version directory holding nothing its manifest does not list); what it refuses is left alone, logged,
+counted and reported. Every attack is played through the real ``weightd`` CLI in a subprocess."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, NodeEnv, assert_one_line_error
+TIER_MARKER = ".weightd-tier"   # (weightd's marker in a local tier root: tiering.layout.TIER_MARKER)
+
+
+def _files(d: Path) -> dict[str, int]:
+    return {str(p.relative_to(d)): p.stat().st_size for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+def _config(env: NodeEnv, *, hot: Path | None = None, warm: Path | None = None, cold: Path | None = None,
+            state: Path | None = None, warm_capacity: str = "1MiB") -> Path:
+    """``env``'s config with some places changed (warm's capacity small: gc wants to evict)."""
+    hot, warm, cold, state = hot or env.hot, warm or env.warm, cold or env.cold, state or env.state
+    f = env.tmp / "careless.toml"
+    f.write_text(f'state_dir = "{state}"\n'
+                 f'[tiers.hot]\npath = "{hot}"\ncapacity = "64MiB"\n'
+                 f'[tiers.warm]\npath = "{warm}"\ncapacity = "{warm_capacity}"\n'
+                 f'[tiers.cold]\npath = "{cold}"\n'
+                 f'[api]\nsocket = "{env.state}/weightd.sock"\n'
+                 f'[p2p]\nlisten = "127.0.0.1:0"\n')
+    return f
+
+
+@pytest.fixture
+def published(wd, node_env: NodeEnv, ckpt: Path) -> dict[str, int]:
+    """Two versions published to cold storage (with a config that is fine); what cold holds."""
+    for v in ("v1", "v2"):
+        r = wd("publish", ckpt, "--name", "acme/m", "--version", v)
+        assert r.returncode == 0, r.stderr
+    return _files(node_env.cold)
+
+
+def test_warm_on_the_cold_path_is_refused_and_deletes_nothing(weightd, node_env: NodeEnv, published) -> None:
+    """The reported attack: [tiers.warm] path = the cold path, 1 MiB. Was: status listed cold's versions
+    as warm copies and gc "evicted" them from cold storage."""
+    cfg = _config(node_env, warm=node_env.cold)
+    for args in (("status",), ("gc",), ("evict", "acme/m@v1", "--tier", "warm"), ("preload", "acme/m@v1")):
+        r = weightd("--config", cfg, "--no-daemon", *args)
+        assert_one_line_error(r, 2, "tiers.warm.path", "tiers.cold.path", str(node_env.cold), "same directory")
+    assert _files(node_env.cold) == published
+
+
+@pytest.mark.parametrize("case", ["warm inside cold", "cold inside warm", "state inside hot", "hot contains warm"])
+def test_nested_places_are_refused_at_load(weightd, node_env: NodeEnv, published, case: str) -> None:
+    keys = {"warm inside cold": ("tiers.warm.path", "tiers.cold.path", "is inside"),
+            "cold inside warm": ("tiers.warm.path", "tiers.cold.path", "contains"),
+            "state inside hot": ("tiers.hot.path", "state_dir", "contains"),
+            "hot contains warm": ("tiers.hot.path", "tiers.warm.path", "contains")}[case]
+    if case == "warm inside cold":
+        cfg = _config(node_env, warm=node_env.cold / "acme")
+    elif case == "cold inside warm":
+        # (the store moved under a directory the warm tier is then pointed at)
+        moved = node_env.tmp / "data"
+        moved.mkdir()
+        shutil.move(node_env.cold, moved / "cold")
+        node_env.cold = moved / "cold"
+        published = _files(node_env.cold)
+        cfg = _config(node_env, warm=moved, cold=node_env.cold)
+    elif case == "state inside hot":
+        cfg = _config(node_env, state=node_env.hot / "state")
+    else:
+        cfg = _config(node_env, warm=node_env.hot / "warm")
+    for args in (("gc",), ("status",)):
+        r = weightd("--config", cfg, "--no-daemon", *args)
+        assert_one_line_error(r, 2, *keys)
+    assert _files(node_env.cold) == published
+    assert not (node_env.hot / "state").exists() and not (node_env.cold / "acme" / ".weightd-tier").exists()
+
+
+def test_a_symlinked_spelling_of_the_cold_directory_is_refused(weightd, node_env: NodeEnv, published) -> None:
+    """warm = <alias>/cold where <alias> is a symlink to cold's parent: the same directory by another
+    name (the tier root itself is no symlink, so the root check alone does not catch it)."""
+    alias = node_env.tmp / "alias"
+    alias.symlink_to(node_env.cold.parent, target_is_directory=True)
+    cfg = _config(node_env, warm=alias / node_env.cold.name)
+    r = weightd("--config", cfg, "--no-daemon", "gc")
+    assert_one_line_error(r, 2, "tiers.warm.path", "tiers.cold.path", "same directory", str(alias / "cold"))
+    assert _files(node_env.cold) == published
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="a bind mount needs root")
+def test_a_bind_mount_of_the_cold_directory_is_refused(isolated_env, node_env: NodeEnv, published) -> None:
+    """warm = a bind mount of cold storage (in a mount namespace of its own): same device and inode,
+    no symlink to resolve."""
+    bind = node_env.tmp / "bind"
+    bind.mkdir()
+    cfg = _config(node_env, warm=bind)
+    r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                        'mount --bind "$1" "$2" && exec "$3" -m weightd --config "$4" --no-daemon gc', "sh",
+                        str(node_env.cold), str(bind), sys.executable, str(cfg)],
+                       capture_output=True, text=True, timeout=120, env=isolated_env, cwd=ROOT)
+    if "mount:" in r.stderr and "permission denied" in r.stderr.lower():
+        pytest.skip(f"no bind mounts here: {r.stderr.strip()}")
+    assert_one_line_error(r, 2, "tiers.warm.path", "tiers.cold.path", "same directory", str(bind))
+    assert _files(node_env.cold) == published
+
+
+def _data_dir_with_a_version_and_notes(node_env: NodeEnv) -> tuple[Path, Path]:
+    """An existing data directory (no weightd marker) holding a directory shaped like a version (a
+    copy of a published one, manifest and all) with the operator's NOTES.txt beside the weights."""
+    data = node_env.tmp / "data"
+    run = data / "acme" / "m" / "v1"
+    shutil.copytree(node_env.cold / "acme" / "m" / "v1", run)
+    (run / "NOTES.txt").write_text("run 1: lr 3e-4, loss 1.92 at step 40k\n")
+    for d in (data, *data.rglob("*")):
+        if d.is_dir():
+            d.chmod(0o755)
+    return data, run
+
+
+def test_warm_over_a_data_directory_refuses_to_delete_it(weightd, node_env: NodeEnv, published) -> None:
+    """The reported attack: warm pointed at an existing data directory. Was: the version-shaped directory
+    (manifest plus NOTES.txt) was deleted whole while gc said "rejected 0"."""
+    data, run = _data_dir_with_a_version_and_notes(node_env)
+    before = _files(data)
+    cfg = _config(node_env, warm=data)
+
+    r = weightd("--config", cfg, "--no-daemon", "gc")
+    assert r.returncode == 0, r.stderr
+    assert "refused acme/m@v1 (warm)" in r.stdout and "NOTES.txt" in r.stdout, r.stdout
+    assert "no .weightd-tier marker" in r.stdout, r.stdout
+    r = weightd("--config", cfg, "--no-daemon", "gc", "--json")
+    assert r.returncode == 0, r.stderr
+    import json
+    doc = json.loads(r.stdout)
+    assert doc["refused"] and doc["refused"][0].startswith("acme/m@v1 (warm): ") and doc["evicted"] == []
+    assert "NOTES.txt" in doc["reconcile"]["warm"]["not_ours"]
+
+    r = weightd("--config", cfg, "--no-daemon", "evict", "acme/m@v1", "--tier", "warm")
+    assert_one_line_error(r, 2, str(run), "not removed", "NOTES.txt")
+    r = weightd("--config", cfg, "--no-daemon", "preload", "acme/m@v2", "--tier", "warm", "--strict")
+    assert_one_line_error(r, 2, str(data), "neither places nor removes")
+    assert _files(data) == before     # nothing deleted, nothing placed (not even a lock file)
+    assert not (data / TIER_MARKER).exists()
+    assert _files(node_env.cold) == published
+
+
+def test_a_file_added_to_a_copy_weightd_placed_keeps_the_copy(wd, node_env: NodeEnv, published) -> None:
+    """In weightd's own tier, a version directory holding a file its manifest does not list (notes an
+    operator put beside the weights) is not evicted: refused, said, and left whole."""
+    r = wd("--no-daemon", "preload", "acme/m@v1", "--tier", "warm")
+    assert r.returncode == 0, r.stderr
+    assert (node_env.warm / TIER_MARKER).is_file()    # weightd made the root: its marker is there
+    copy = node_env.warm / "acme" / "m" / "v1"
+    (copy / "original").mkdir(exist_ok=True)
+    (copy / "original" / "NOTES.txt").write_text("keep me\n")
+    before = _files(copy)
+    r = wd("--no-daemon", "evict", "acme/m@v1", "--tier", "warm", "--force")
+    assert_one_line_error(r, 2, str(copy), "original/NOTES.txt", "which its manifest does not list")
+    assert _files(copy) == before
+    r = wd("--no-daemon", "gc")    # (within capacity: nothing to evict, nothing refused)
+    assert r.returncode == 0 and "refused" not in r.stdout.replace("refused 0", ""), (r.stdout, r.stderr)
+    (copy / "original" / "NOTES.txt").unlink()
+    r = wd("--no-daemon", "evict", "acme/m@v1", "--tier", "warm", "--force")   # only its own files: evicted
+    assert r.returncode == 0, r.stderr
+    assert not copy.exists()
+
+
+def test_an_unmarked_root_in_weightd_layout_is_adopted(weightd, node_env: NodeEnv, published) -> None:
+    """A tier made before the marker existed (only weightd's layout in it) is adopted: marked, and gc
+    evicts from it as before."""
+    old = node_env.tmp / "oldwarm"
+    shutil.copytree(node_env.cold / "acme" / "m" / "v1", old / "acme" / "m" / "v1")
+    (old / ".locks").mkdir(mode=0o700)
+    for d in (old, *old.rglob("*")):
+        if d.is_dir():
+            d.chmod(0o700 if d == old or d.name == ".locks" else 0o755)
+    cfg = _config(node_env, warm=old, warm_capacity="1KiB")
+    r = weightd("--config", cfg, "--no-daemon", "gc")
+    assert r.returncode == 0, r.stderr
+    assert "evicted acme/m@v1 (warm)" in r.stdout and "refused" not in r.stdout.replace("refused 0", ""), r.stdout
+    assert (old / TIER_MARKER).is_file() and not (old / "acme" / "m" / "v1").exists()
+
+
+def test_the_daemon_counts_what_it_refused_to_remove(node_env: NodeEnv, isolated_env, tmp_path: Path,
+                                                     published) -> None:
+    """gc through a real daemon over the data directory: refused, said in its answer, and counted in
+    weightd_evictions_refused_total{tier, reason}."""
+    from tests.test_daemon import DaemonProc
+    data, run = _data_dir_with_a_version_and_notes(node_env)
+    before = _files(data)
+    node_env.config = _config(node_env, warm=data)
+    d = DaemonProc(node_env, isolated_env, tmp_path)
+    try:
+        r = subprocess.run([sys.executable, "-m", "weightd", "--config", str(node_env.config), "--daemon-only",
+                            "gc", "--json"], capture_output=True, text=True, timeout=120, env=isolated_env, cwd=ROOT)
+        assert r.returncode == 0, r.stderr
+        assert "NOTES.txt" in r.stdout and "acme/m@v1 (warm)" in r.stdout, r.stdout
+        assert d.metric('weightd_evictions_refused_total{reason="foreign_root",tier="warm"}') >= 1
+        r = subprocess.run([sys.executable, "-m", "weightd", "--config", str(node_env.config), "--daemon-only",
+                            "evict", "acme/m@v1", "--tier", "warm"], capture_output=True, text=True, timeout=120,
+                           env=isolated_env, cwd=ROOT)
+        assert_one_line_error(r, 2, "not removed", "NOTES.txt")
+    finally:
+        d.stop()
+    assert _files(data) == before
