@@ -102,8 +102,20 @@ class P2PFetcher:
             return FetchResult(False, fallback=SourceFallback("p2p", "cold", str(exc)))
         request.staging.dir.remove(src.version)
         origin, peers = result.split({e.rpartition(":")[0] for e in cfg.peers})
+        # (the origins, [p2p] peers, are not banned: they serve cold storage's own bytes, so a torrent that
+        # does not match its manifest is the cold writer's doing, which the fallback answers)
+        origins = {e.rpartition(":")[0].strip("[]") for e in cfg.peers}
+        senders = sorted(ip for ip, n in result.bytes_by_peer.items()
+                         if n > 0 and ip != "unattributed" and ip not in origins)
+        session = self.session
+
+        def reject(why: str) -> str:
+            """The node found these bytes are not the manifest's: whoever sent any of them is banned
+            (their pieces passed a torrent that describes other bytes)."""
+            banned = session.ban(senders, f"sent {src.ref} bytes that fail its manifest")
+            return f"; banned {', '.join(banned)}" if banned else ""
         return FetchResult(True, {"origin": origin, "peer": peers, "local_reuse": result.local_bytes},
-                           swarm={"seconds": round(result.seconds, 2), **result.trace.to_dict()})
+                           swarm={"seconds": round(result.seconds, 2), **result.trace.to_dict()}, reject=reject)
 
     def _download(self, request: FetchRequest, ti: "lt.torrent_info", subset: Subset | None) -> "DownloadResult":
         """Download into ``staging/<version>/`` and move the files up into the staging directory; the

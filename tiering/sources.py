@@ -52,6 +52,9 @@ class FetchResult:
     fallback: SourceFallback | None = None         # tried and gave up (filled is then False)
     notes: list[str] = field(default_factory=list)
     swarm: dict[str, Any] | None = None            # what the swarm's piece plan did (a P2P source)
+    # the node found the filled bytes do not match the manifest (called with the reason, before it
+    # copies from elsewhere): the source stops trusting whoever sent them (the swarm bans its peers)
+    reject: Callable[[str], str] | None = None
 
 
 class Fetcher(Protocol):

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
-from ..content.build import good_parts
+from ..content.build import good_parts, verify_checkpoint
 from ..content.manifest import MANIFEST_RELPATH, Manifest
 from .._syscalls import is_tmpfs, syncfs
 from ..copy import IN_MEMORY_MAX, SMALL_FILES, CopyJob, copy_checked, copy_files
@@ -95,7 +95,7 @@ class Sources:
             if plan is not None:
                 fill.delta = {"donors": [donors[i].ref for i in plan.donors_used()],
                               "planned_reuse_bytes": plan.reuse_bytes, "refetched": []}
-            if self._try_fetchers(fill, cold, staging, plan, deadline, progress, _subset(m, cold)):
+            if self._try_fetchers(fill, cold, staging, plan, deadline, progress, _subset(m, cold), m):
                 return True
             if plan is not None:
                 self._build_delta(staging, plan, fill, name, cold.version, deadline, progress)
@@ -104,18 +104,40 @@ class Sources:
 
     def _try_fetchers(self, fill: Fill, src: VersionDir, staging: StagingArea, plan: DeltaPlan | None,
                       deadline: float | None, progress: ProgressFn | None,
-                      files: frozenset[str] | None = None) -> bool:
-        """Each fetcher (the swarm) in turn; True when one filled the staging area (``files``: only
-        these files of ``src``, for a partial copy)."""
+                      files: frozenset[str] | None, m: Manifest) -> bool:
+        """Each fetcher (the swarm) in turn; True when one filled the staging area with the bytes of
+        ``m`` (``files``: only these files of ``src``, for a partial copy). What a fetcher filled is
+        checked against ``m`` here, before it counts: bytes that fail (a torrent a cold writer replaced
+        describes other bytes than the manifest, and its pieces pass the swarm's own check) are
+        removed, the fetcher is told (it bans who sent them), and the next source is used, as a
+        fallback with the reason."""
         for fetcher in self.fetchers:
             got = fetcher.fetch(FetchRequest(src, staging, deadline, progress, plan, self.monotonic, files))
             if got.fallback is not None:
                 fill.source_fallbacks.append(got.fallback)
-            if got.filled:
-                for label, n in got.bytes_by_source.items():
-                    fill.add(label, n)
-                fill.verified, fill.swarm = got.verified, got.swarm
-                return True
+            if not got.filled:
+                continue
+            if not got.verified:
+                set_phase(progress, "verify", total=m.total_bytes)
+                report = verify_checkpoint(staging.dir, m, threads=self.copy_threads, progress=progress)
+                if report.problems:
+                    label = "p2p"   # (the one fetcher there is)
+                    why = f"its bytes failed the manifest check ({report.problems[0]}" + \
+                        (f", and {len(report.problems) - 1} more" if len(report.problems) > 1 else "") + ")"
+                    if got.reject is not None:
+                        try:
+                            why += got.reject(why)
+                        except Exception as exc:  # noqa: BLE001 (the fallback matters more than the ban)
+                            log.warning("source %s: could not act on bad bytes: %s", label, exc)
+                    log.warning("swarm bytes rejected name=%s version=%s, copying from cold instead: %s",
+                                src.name, src.version, why)
+                    fill.source_fallbacks.append(SourceFallback(label, "cold", why))
+                    staging.dir.clear()
+                    continue
+            for label, n in got.bytes_by_source.items():
+                fill.add(label, n)
+            fill.verified, fill.swarm = True, got.swarm
+            return True
         return False
 
     def _from_object(self, fill: Fill, staging: StagingArea, m: Manifest, tier: str, name: str, version: str,
@@ -141,7 +163,7 @@ class Sources:
                 plan = None
             if not resumed and self.fetchers and \
                     self._try_fetchers(fill, obj.as_version_dir(whole), staging, plan, deadline, progress,
-                                       _subset(m, obj.as_version_dir(whole))):
+                                       _subset(m, obj.as_version_dir(whole)), m):
                 if plan is not None:
                     fill.delta = {"donors": [donors[i].ref for i in plan.donors_used()],
                                   "planned_reuse_bytes": plan.reuse_bytes, "refetched": []}
