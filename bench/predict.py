@@ -123,8 +123,7 @@ class Clock:
 def make_cold(base: Path, models: int) -> tuple[Path, int]:
     from tiering import LocalNode, TierSpec
     from tiering.sample import make_checkpoint
-    cold = base / "cold"
-    cold.mkdir()
+    cold = base / "cold"   # (made by the first publish, with its store marker)
     with LocalNode(hot=TierSpec("hot", base / "pub-hot", 1 << 30), warm=TierSpec("warm", base / "pub-warm", 1 << 30),
                    cold=cold, state_dir=base / "pub-state") as node:
         sizes = []

@@ -44,8 +44,13 @@ for target in (os.path.realpath(sys.executable), sysconfig.get_paths()["stdlib"]
         p = os.path.dirname(p)
 PY
 venv=$dest$prefix
-if [ -e "$venv" ] && [ ! -x "$venv/bin/python" ]; then die "$venv exists and is not a virtualenv"; fi
-[ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
+if [ -e "$venv" ] && [ ! -f "$venv/pyvenv.cfg" ]; then die "$venv exists and is not a virtualenv"; fi
+# an existing venv on another interpreter (an earlier install on a pyenv, a Python upgrade) is rebuilt
+home=$(sed -n 's/^home = //p' "$venv/pyvenv.cfg" 2>/dev/null || true)
+want=$("$py" -c 'import os, sys; print(os.path.dirname(sys.executable))')
+if [ ! -x "$venv/bin/python" ] || [ "$home" != "$want" ]; then
+  "$py" -m venv --clear "$venv"
+fi
 # shellcheck disable=SC2086  # (PIP_FLAGS: words on purpose)
 "$venv/bin/python" -m pip install -q --disable-pip-version-check ${PIP_FLAGS:-} .
 if [ -n "$dest" ]; then

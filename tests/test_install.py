@@ -232,6 +232,8 @@ def test_make_install_destdir_stages_a_relocated_install(tmp_path: Path) -> None
     """Everything lands under DESTDIR and names only the final places; the unit's ExecStartPre checks
     the install; the venv runs from a system interpreter."""
     dest = tmp_path / "stage"
+    # an earlier install left a venv on this test's interpreter (a pyenv under /root, in CI): rebuilt
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(dest / "opt/weightd")], check=True, timeout=120)
     proc = _make_install(tmp_path, _clean_env(tmp_path), dest)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert re.search(r"ok +modules", proc.stdout), proc.stdout

@@ -99,9 +99,21 @@ def test_an_empty_mount_point_is_not_an_empty_catalog(wdb, bare: NodeEnv) -> Non
     assert wdb("--no-daemon", "path", "acme/m@v1").returncode == 0
     # a version not held here is not "not published": it is "cold storage is not there"
     assert_one_line_error(wdb("--no-daemon", "preload", "acme/m@v9"), 2, MOUNTED)
+    # nor does publish take the empty mount point for a new store (it would become one on the wrong
+    # file system, for good): it says so, and how to mark a store that really is new and empty
+    src = make_checkpoint(bare.tmp / "src-v2", total_bytes=1 * MiB, shards=1, layers=1, seed="v2")
+    r = wdb("--no-daemon", "publish", src, "--name", "acme/m", "--version", "v2")
+    assert_one_line_error(r, 2, MOUNTED, f"touch {bare.cold}/{COLD_MARKER}")
+    assert os.listdir(bare.cold) == []
     os.rmdir(bare.cold)
     away.rename(bare.cold)                  # mounted again
     assert wdb("--no-daemon", "ls").returncode == 0
+    # a new, empty store marked by hand is one
+    fresh = bare.tmp / "fresh"
+    fresh.mkdir()
+    (fresh / COLD_MARKER).touch()
+    bare.config.write_text(bare.config.read_text().replace(f'path = "{bare.cold}"', f'path = "{fresh}"'))
+    assert wdb("--no-daemon", "publish", src, "--name", "acme/m", "--version", "v2").returncode == 0
 
 
 def test_a_store_published_before_the_marker_is_still_read(wdb, bare: NodeEnv) -> None:
@@ -126,6 +138,9 @@ def test_real_mounts_empty_and_read_only(wdb, bare: NodeEnv) -> None:
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(bare.cold)], check=True, timeout=30)
     try:
         assert_one_line_error(wdb("--no-daemon", "ls"), 2, "empty directory", MOUNTED)
+        src = make_checkpoint(bare.tmp / "src-v3", total_bytes=1 * MiB, shards=1, layers=1, seed="v3")
+        assert_one_line_error(wdb("--no-daemon", "publish", src, "--name", "acme/m", "--version", "v3"), 2, MOUNTED)
+        assert os.listdir(bare.cold) == []
     finally:
         subprocess.run(["umount", str(bare.cold)], check=True, timeout=30)
     subprocess.run(["mount", "--bind", "-o", "ro", str(store), str(bare.cold)], check=True, timeout=30)
@@ -159,6 +174,13 @@ def test_a_tier_on_a_missing_mount_is_never_made_on_the_root_fs(weightd: Weightd
     assert st.returncode == 2 and f"{gone} does not exist" in st.stderr
     check = weightd("--config", node_env.config, "serve", "--check")
     assert check.returncode == 2 and "FAIL  tier warm" in check.stdout
+    # cold storage below a missing mount is not made by publish either
+    cfg = node_env.config.read_text().replace(f'path = "{node_env.cold}"', f'path = "{gone}/models"')
+    node_env.config.write_text(cfg)
+    src = make_checkpoint(tmp_path / "src-v2", total_bytes=1 * MiB, shards=1, layers=1, seed="v2")
+    r = weightd("--config", node_env.config, "--no-daemon", "publish", src, "--name", "acme/m", "--version", "v2")
+    assert_one_line_error(r, 2, f"{gone} does not exist", MOUNTED)
+    assert not gone.exists()
 
 
 def test_the_daemon_is_not_ready_without_its_cold_storage(bare: NodeEnv, isolated_env, wdb, tmp_path: Path) -> None:

@@ -272,6 +272,9 @@ def open_cold_store(path: Path, *, create: bool = False) -> Dir:
     (``publish``) makes the root if missing and writes the marker; a store published to before the
     marker existed (non-empty, no marker) is accepted as it is."""
     hint = "is it mounted? (a new store is made by the first weightd publish)"
+    made = create and not os.path.lexists(path)
+    if made and (refused := unmade_parent(path)) is not None:   # (its mount is missing: not on the root fs)
+        raise StorageUnavailable(str(path), f"cold storage {refused.reason}")
     try:
         d = open_cold_root(path, create=create)
     except PermissionError:
@@ -290,11 +293,14 @@ def open_cold_store(path: Path, *, create: bool = False) -> Dir:
             raise StorageUnavailable(str(path), f"cold storage cannot be listed by uid {os.geteuid()}: "
                                                 "permission denied (mount or export it readable to weightd's user)"
                                      ) from None
-        if create:
+        if create and (made or not empty):   # made here, or a store written before the marker existed
             _write_marker(d)
         elif empty:
+            # an empty directory weightd did not make: a mount point with nothing mounted, even for publish
+            # (which would otherwise make it a store on the wrong file system, for good)
             raise StorageUnavailable(str(path), f"cold storage is an empty directory with no weightd store in it "
-                                                f"(no {COLD_MARKER}): {hint}")
+                                                f"(no {COLD_MARKER}): is it mounted? (if it is a new, empty store, "
+                                                f"mark it once: touch {path}/{COLD_MARKER})")
     except BaseException:
         d.close()
         raise

@@ -205,7 +205,7 @@ class Sources:
         set_phase(progress, "copy", source="delta")
         staging.dir.clear()
         # verified inside: a donor part that fails is fetched from cold and checked again
-        with self.roots.must(COLD).sub(version_rel(name, version)) as cold_dir:
+        with self.roots.dir(COLD).sub(version_rel(name, version)) as cold_dir:   # (never made by a read)
             r = build_delta(plan, staging.dir, cold_dir, threads=self.copy_threads, deadline=deadline,
                             progress=progress, clock=self.monotonic)
         fill.add("local_reuse", r.reused)
