@@ -250,3 +250,56 @@ def test_tls_tracker_bounds_the_handshake(node_env, isolated_env, fleet) -> None
             assert got == ok, src
     finally:
         origin.stop()
+
+
+def test_a_client_that_stops_reading_loses_its_slot(node_env, isolated_env) -> None:
+    """Two clients (the listener's cap) pipeline hundreds of /metrics requests and never read: the
+    answers fill their send buffers. Within request_timeout_s (3 s) of stalling each is cut, so a third
+    client is served. Before: aiohttp waited for them to drain for ever (no timeout after the handler)
+    and the third was reset as listener_full."""
+    origin = Origin(node_env, isolated_env, extra="max_connections = 2\nmax_connections_per_address = 2\n")
+    stalled: list[socket.socket] = []
+    try:
+        pipeline = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n" * 400
+        for ip in ("127.0.0.11", "127.0.0.12"):
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.bind((ip, 0))
+            s.settimeout(5)
+            s.connect(("127.0.0.2", origin.metrics_port))
+            s.sendall(pipeline)
+            stalled.append(s)
+        time.sleep(1.0)
+        assert sum(alive(s) for s in stalled) == 2   # (both held: the cap is reached)
+        deadline = time.monotonic() + 15
+        while any(_open_unread(s) for s in stalled) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any(_open_unread(s) for s in stalled), "a client that never reads still holds its slot"
+        with socket.create_connection(("127.0.0.2", origin.metrics_port), timeout=5) as s:
+            s.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+            body = b""
+            while chunk := s.recv(65536):
+                body += chunk
+        assert body.startswith(b"HTTP/1.0 200"), body[:200]
+    finally:
+        for s in stalled:
+            s.close()
+        origin.stop()
+    log = origin.log_path.read_text()
+    assert "Traceback" not in log, log[-3000:]
+
+
+def _open_unread(s: socket.socket) -> bool:
+    """The daemon has not cut this connection (its unread answer aside): a reset or FIN means it did."""
+    try:
+        with open("/proc/net/tcp") as f:
+            st = f.read()
+    except OSError:
+        st = ""
+    ip, port = s.getsockname()
+    local = f"{socket.inet_aton(ip)[::-1].hex().upper()}:{port:04X}"
+    for line in st.splitlines()[1:]:
+        cols = line.split()
+        if cols[1] == local:
+            return cols[3] == "01"   # ESTABLISHED (a cut one is CLOSE_WAIT or gone)
+    return False

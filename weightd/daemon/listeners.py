@@ -8,7 +8,9 @@ accepts through one guard, :class:`GuardedListener`, in front of aiohttp's proto
 - aiohttp's keep-alive timer starts at connect and is not moved by partial data, so a connection
   that has not sent a whole request's headers within ``idle_timeout_s`` of connecting (or of its
   last answer) is closed: an idle connection and a slowloris trickling headers alike (measured with
-  aiohttp 3.14); a request whose body or answer takes longer than ``request_timeout_s`` gets 408;
+  aiohttp 3.14); a request whose body or handler takes longer than ``request_timeout_s`` gets 408,
+  and a connection whose peer stops reading its answer (the send buffer full, not draining) for
+  ``request_timeout_s`` is cut;
 - accept errors (``EMFILE`` and other resource shortages) pause accepting for a moment and are
   logged at most once per ``ACCEPT_LOG_EVERY_S`` with a count, never a traceback per accept.
 
@@ -74,12 +76,18 @@ def request_deadline(timeout_s: float) -> Any:
 
 
 class _Counted(asyncio.Protocol):
-    """aiohttp's protocol for one connection, with its slot given back when the connection ends."""
+    """aiohttp's protocol for one connection, with its slot given back when the connection ends, and
+    cut (aborted) when its peer stops reading: the transport's buffer full (``pause_writing``) for
+    ``stalled_s`` without draining. (aiohttp writes an answer after its handler returned, with no
+    timeout: a client that never reads would hold its slot for ever.)"""
 
-    def __init__(self, inner: asyncio.Protocol, release: Callable[[], None]) -> None:
-        self.inner, self.release = inner, release
+    def __init__(self, inner: asyncio.Protocol, release: Callable[[], None], stalled_s: float) -> None:
+        self.inner, self.release, self.stalled_s = inner, release, stalled_s
+        self.transport: asyncio.BaseTransport | None = None
+        self._stall: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
         self.inner.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
@@ -89,12 +97,33 @@ class _Counted(asyncio.Protocol):
         return self.inner.eof_received()
 
     def pause_writing(self) -> None:
+        if self._stall is None and self.transport is not None:
+            self._stall = asyncio.get_running_loop().call_later(self.stalled_s, self._cut)
         self.inner.pause_writing()
 
     def resume_writing(self) -> None:
+        self._disarm()
         self.inner.resume_writing()
 
+    def _cut(self) -> None:
+        self._stall = None
+        if self.transport is not None:
+            log.debug("closing a connection whose peer has read nothing for %.1f s", self.stalled_s)
+            sock = self.transport.get_extra_info("socket")
+            try:   # (a reset: the kernel drops the unread answer now, no orphan keeps it)
+                if sock is not None:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
+            except OSError:
+                pass
+            self.transport.abort()   # (connection_lost follows: the slot is given back)
+
+    def _disarm(self) -> None:
+        if self._stall is not None:
+            self._stall.cancel()
+            self._stall = None
+
     def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
         try:
             self.inner.connection_lost(exc)
         finally:
@@ -241,7 +270,7 @@ class GuardedListener:
     async def _connect(self, conn: socket.socket, release: Callable[[], None]) -> None:
         """Hand the connection to aiohttp (after the TLS handshake, bounded, with TLS)."""
         assert self.loop is not None
-        proto = _Counted(self.server(), release)
+        proto = _Counted(self.server(), release, self.limits.request_timeout_s)
         kw: dict[str, Any] = {}
         if self.ssl_context is not None:
             kw = {"ssl": self.ssl_context, "ssl_handshake_timeout": self.limits.tls_handshake_timeout_s}
