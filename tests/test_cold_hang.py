@@ -179,3 +179,106 @@ def test_hung_cold_storage_never_wedges_the_daemon(wd, node_env, isolated_env, t
         hung.release()   # first: stuck readers can end once the connection is aborted
         if d is not None:
             d.stop()
+
+
+def post_slow(sock: Path, route: str, body: dict, timeout: float) -> tuple[int, dict]:
+    import socket
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(timeout)
+    payload = json.dumps(body).encode()
+    try:
+        s.connect(str(sock))
+        s.sendall(f"POST /v1/{route} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {len(payload)}"
+                  f"\r\n\r\n".encode() + payload)
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+    finally:
+        s.close()
+    head, _, data = out.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(data)
+
+
+@root_only
+def test_a_read_only_caller_cannot_hold_the_pools_with_hung_cold_reads(wd, node_env, isolated_env, tmp_path: Path,
+                                                                       shared_dir) -> None:
+    """uid 65534 asks for things only hung cold storage can answer: ``path`` of a version published but
+    not here (the not-found message lists cold), ``versions`` and ``preload --wait`` without a timeout.
+    Meanwhile root's status, /metrics and hold renewal answer at once, and a read-only preload of a
+    copy already here does too. Before: two such paths held both "query" threads (status hung), and
+    versions and waits held every "misc" thread (hold and the lease checks hung)."""
+    pytest.importorskip("fuse", reason="fusepy missing (make tools)")
+    if not os.path.exists("/dev/fuse"):
+        pytest.skip("needs /dev/fuse to mount a FUSE file system")
+    from weightd.daemon.routes import PATH_COLD_S
+    publish(wd, tmp_path, name="org/hang", seed="a", size=2 * MiB)
+    publish(wd, tmp_path, name="org/ok", seed="b", size=2 * MiB)
+    assert wd("preload", "org/ok@v1", "--tier", "warm", "--lease", "0").returncode == 0
+    mnt = tmp_path / "cold-fuse"
+    mnt.mkdir()
+    hung = HungCold(node_env.cold, mnt, tmp_path / "fuse.log", "org/hang/")
+    sock = shared_dir / "weightd.sock"
+    set_api(node_env, sock, group=NOBODY)
+    node_env.config.write_text(node_env.config.read_text().replace(f'path = "{node_env.cold}"', f'path = "{mnt}"'))
+    d = None
+    try:
+        d = start_daemon(node_env, isolated_env, tmp_path, sock)
+
+        def local_answers() -> None:
+            (st, doc), took = timed(call, sock, "GET", "status")
+            assert st == 200 and took < 3, (st, doc, took)
+            t = time.monotonic()
+            with urllib.request.urlopen(f"http://127.0.0.1:{d.port}/metrics", timeout=5) as r:
+                assert r.status == 200
+            assert time.monotonic() - t < 3
+
+        # 1. two paths of a version not here, from uid 65534: plain "not on this node" within the bound
+        def paths() -> list:
+            out: list = []
+            ts = [threading.Thread(target=lambda: out.append(timed(post_slow, sock, "path", {"ref": "org/hang@v1"},
+                                                                   PATH_COLD_S + 20))) for _ in range(2)]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join(PATH_COLD_S + 25)
+            return out
+        box: list = []
+        child = threading.Thread(target=lambda: box.append(in_child(paths, timeout=PATH_COLD_S + 30)))
+        child.start()
+        time.sleep(1.5)
+        local_answers()
+        child.join(PATH_COLD_S + 35)
+        assert len(box[0]) == 2, box
+        for (st, doc), took in box[0]:
+            assert st == 404 and "org/hang@v1" in doc["error"] and "not on this node" in doc["error"], doc
+            assert took < PATH_COLD_S + 3, took
+
+        # 2. six listings and four waits for publication (no timeout) from uid 65534, kept open
+        def hog() -> int:
+            import socket
+            held = []
+            for route, body in [("versions", {"name": "org/hang"})] * 6 + \
+                               [("preload", {"ref": "org/hang@v1", "wait": True, "tier": "warm"})] * 4:
+                s = socket.socket(socket.AF_UNIX)
+                s.connect(str(sock))
+                payload = json.dumps(body).encode()
+                s.sendall(f"POST /v1/{route} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(payload)}\r\n\r\n".encode()
+                          + payload)
+                held.append(s)
+            time.sleep(10)
+            return len(held)
+        child = threading.Thread(target=lambda: box.append(in_child(hog, timeout=30)))
+        child.start()
+        time.sleep(2.0)
+        local_answers()
+        (st, doc), took = timed(call, sock, "POST", "hold", {"ref": "org/ok@v1", "tier": "warm", "lease_s": 30})
+        assert st == 200 and took < 3, (st, doc, took)
+        (st, doc), took = timed(in_child, lambda: call(sock, "POST", "preload", {"ref": "org/ok@v1", "tier": "warm",
+                                                                                 "lease_s": 60}), timeout=20)
+        assert st == 200 and took < 5, (st, doc, took)
+        child.join(30)
+        assert box[1] == 10
+    finally:
+        hung.release()
+        if d is not None:
+            d.stop()

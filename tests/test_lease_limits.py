@@ -65,3 +65,39 @@ def test_a_read_only_uid_cannot_hold_the_hot_tier(node_env, isolated_env, wd, tm
         assert call(sock, "POST", "hold", {"ref": "org/big@v1", "tier": "hot", "lease_s": WEEK_S})[0] == 200
     finally:
         d.stop()
+
+
+@root_only
+@pytest.mark.timeout(300)
+def test_a_read_only_lease_is_sized_by_what_it_places_and_checked_where_it_lands(
+        node_env, isolated_env, wd, tmp_path: Path, shared_dir: Path) -> None:  # noqa: F811
+    """uid 65534's share (25 % of hot: 16 MiB) is counted with what a preload places: one shard of a
+    30 MiB model (about 15 MiB) fits it (before: refused as the whole version's 30 MiB). A preload into
+    hot that falls back to warm (hot full of root's leased copies) is held to its share of warm too
+    (10 MiB of 40 MiB: refused with exit 6; before: granted in warm, unchecked)."""
+    node_env.write_config("64MiB", "40MiB")
+    sock = shared_dir / "weightd.sock"
+    set_api(node_env, sock, group=NOBODY)
+    for name, size in (("org/a", 15 * MiB), ("org/b", 15 * MiB), ("org/big", 44 * MiB), ("org/two", 30 * MiB)):
+        src = make_checkpoint(tmp_path / name.replace("/", "-"), total_bytes=size, shards=2, layers=2, seed=name)
+        assert wd("--no-daemon", "publish", src, "--name", name, "--version", "v1").returncode == 0
+    d = start_daemon(node_env, isolated_env, tmp_path, sock)
+    try:
+        one_shard = {"include": ["*00001-of-00002.safetensors"]}
+        st, doc = in_child(lambda: call(sock, "POST", "preload", {"ref": "org/two@v1", "tier": "hot", "strict": True,
+                                                                 "lease_s": 3600, "selection": one_shard}))
+        assert st == 200 and doc["part_of"]["bytes"] < 16 * MiB, (st, doc)
+        label = doc["version"]
+        assert wd("evict", f"org/two@{label}", "--tier", "hot", "--force").returncode == 0
+        # root fills hot with leased copies; uid 65534's org/a (15 MiB, within its hot share) would land in warm
+        for ref in ("org/big@v1", "org/b@v1"):
+            p = wd("preload", ref, "--tier", "hot", "--strict")
+            assert p.returncode == 0, p.stderr
+        st, doc = in_child(lambda: call(sock, "POST", "preload", {"ref": "org/a@v1", "tier": "hot", "lease_s": 3600}))
+        assert (st, doc.get("exit_code")) == (403, 6), (st, doc)
+        assert "warm tier" in doc["error"] and "lease_share_readonly" in doc["error"], doc
+        # without a lease it still preloads (into warm)
+        st, doc = in_child(lambda: call(sock, "POST", "preload", {"ref": "org/a@v1", "tier": "hot", "lease_s": 0}))
+        assert st == 200 and doc["tier"] == "warm", (st, doc)
+    finally:
+        d.stop()

@@ -48,7 +48,7 @@ _SURFACE: dict[str, str] = {
     "Dir": "safefs", "check_unchangeable": "safefs", "open_cold_root": "safefs", "open_tier_root": "safefs",
     "open_unchangeable_dir": "safefs", "resolve_unchangeable": "safefs", "describe": "safefs",
     "open_cold_store": "safefs", "unmade_parent": "safefs", "RootPolicy": "safefs", "COLD_MARKER": "safefs",
-    "StagingArea": "store.staging",
+    "StagingArea": "store.staging", "foreign_root": "store.roots",
     # the node (a facade over tiering/store/) and the seam to transfer sources
     "LocalNode": "node", "DEFAULT_LEASE_S": "node",
     "PreloadReport": "store.reports", "PublishReport": "store.reports",
@@ -60,7 +60,7 @@ _SURFACE: dict[str, str] = {
     "WarmOptions": "pagecache.warming", "warm": "pagecache.warming",
     "LockedFiles": "pagecache.mlock", "check_memlock": "pagecache.mlock",
     # delta updates
-    "run_bounded": "copy", "refuse_if_stuck": "copy", "stuck_reads": "copy", "ColdStorageStuck": "copy",
+    "run_bounded": "copy", "run_bounded_async": "copy", "bounded_running": "copy", "refuse_if_stuck": "copy", "stuck_reads": "copy", "ColdStorageStuck": "copy",
     "DeltaPlan": "delta.plan", "Donor": "delta.plan", "plan_delta": "delta.plan",
     "prefill_delta": "delta.build",
 }

@@ -86,6 +86,12 @@ def refuse_if_stuck(cap: int | None = None) -> None:
         raise ColdStorageStuck(n, age)
 
 
+def bounded_running() -> int:
+    """Threads :func:`run_bounded` and :func:`run_bounded_async` started that have not returned yet."""
+    with _BOUNDED.lock:
+        return len(_BOUNDED.running)
+
+
 def current_deadline() -> float | None:
     """The deadline (``time.monotonic``) of the :func:`run_bounded` call this thread works for, if any:
     a request made deep inside (an object-store GET) ends by it too."""
@@ -414,3 +420,45 @@ def run_bounded(fn: Callable[[], T], *, deadline: float | None, what: str,
     if "error" in box:
         raise box["error"]
     return box["value"]
+
+
+async def run_bounded_async(fn: Callable[[], T], *, seconds: float, what: str, grace_s: float = 1.0) -> T:
+    """:func:`run_bounded` for a coroutine: ``fn()`` on a thread of its own, awaited no longer than
+    ``seconds`` (plus ``grace_s``), and no pool thread waits for it meanwhile. A read that never returns
+    is left on its thread, abandoned (counted by :func:`refuse_if_stuck`), and the caller gets TimedOut."""
+    import asyncio
+    refuse_if_stuck()
+    loop = asyncio.get_running_loop()
+    fut: "asyncio.Future[T]" = loop.create_future()
+    token = _BOUNDED.enter()
+    mono_deadline = time.monotonic() + max(0.0, seconds)
+
+    def settle(outcome: tuple[bool, Any]) -> None:
+        if not fut.done():
+            if outcome[0]:
+                fut.set_result(outcome[1])
+            else:
+                fut.set_exception(outcome[1])
+
+    def work() -> None:
+        _local.deadline = mono_deadline
+        try:
+            outcome: tuple[bool, Any] = (True, fn())
+        except BaseException as exc:
+            outcome = (False, exc)
+        finally:
+            _BOUNDED.leave(token)
+        try:
+            loop.call_soon_threadsafe(settle, outcome)
+        except RuntimeError:   # (the loop closed while it ran: nobody waits any more)
+            pass
+    threading.Thread(target=work, name="weightd-bounded", daemon=True).start()
+    try:
+        return await asyncio.wait_for(asyncio.shield(fut), max(0.0, seconds) + grace_s)
+    except asyncio.TimeoutError:
+        _BOUNDED.abandon([token])
+        raise TimedOut(f"{what}: did not finish before its deadline (is the cold storage hung?)") from None
+    except asyncio.CancelledError:
+        _BOUNDED.abandon([token])
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+        raise

@@ -88,6 +88,7 @@ class LocalNode:
         for t in LOCAL_TIERS:  # a foreign, loose or symlinked root is refused before anything else
             self.roots.dir(t, create=False)
         self.state = State(state_dir, now=now)
+        self.roots.recorded = lambda t: {(r.name, r.version): r.digest for r in self.state.copies(t)}
         self.catalog = Catalog(self.roots, monotonic=monotonic)
         self.space = Space(self.roots, self.state, now=now, remaining=self._remaining, on_evict=on_evict)
         self.reconciler = Reconciler(self.roots, self.state, now=now, copy_threads=copy_threads)
@@ -235,10 +236,12 @@ class LocalNode:
         return obj, src, {**of, **choice.to_dict(), "label": label}
 
     def path(self, name: str, version: str | None = None, *, selection: Selection | None = None,
-             companion: tuple[str, str] | None = None) -> tuple[str, Path]:
+             companion: tuple[str, str] | None = None, suggest: bool = True) -> tuple[str, Path]:
         """The best complete local copy (hot before warm) of NAME@VERSION (latest published if None);
         with ``selection`` or ``companion``, of that object (never the version for a part of it, and
-        never a part for the version). VERSION may be an object's own label (``V~p<hex>``)."""
+        never a part for the version). VERSION may be an object's own label (``V~p<hex>``).
+        ``suggest=False``: a copy not here is a plain "not on this node", without reading cold storage
+        (whether it is published, what was meant: :meth:`Catalog.not_found`)."""
         if version is None or selection is not None or companion is not None:
             src = self.resolve(name, version)
             version = src.version if selection is None and companion is None \
@@ -254,6 +257,8 @@ class LocalNode:
                 continue
             self.state.touch(tier, name, version)
             return tier, v.path
+        if not suggest:
+            raise CheckpointNotFound(f"{name}@{version}", "not on this node")
         raise self.catalog.not_found(name, version)
 
     def status(self) -> dict[str, Any]:

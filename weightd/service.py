@@ -215,6 +215,51 @@ class NodeService:
         left = None if req.timeout_s is None else max(0.001, req.timeout_s - (self.monotonic() - t0))
         return replace(req, version=v.version, wait=False, timeout_s=left)  # one deadline for wait and load
 
+    def resolved(self, req: PreloadRequest) -> PreloadRequest:
+        """The request with its version resolved (cold first, else local), unbounded: the daemon bounds it."""
+        return replace(req, version=self.node.resolve(req.name, req.version).version)
+
+    def published(self, req: PreloadRequest) -> PreloadRequest | None:
+        """One poll of a wait for publication: the request resolved, or None (not published yet). Never
+        lists cold storage for a suggestion (a poll a second)."""
+        from tiering import CheckpointNotFound
+        try:
+            v = self.node.catalog.resolve(req.name, req.version, suggest=False)
+        except CheckpointNotFound:
+            return None
+        return replace(req, version=v.version, wait=False)
+
+    def not_found(self, ref: str) -> Exception:
+        """The error for NAME@VERSION not on this node, with whether it is published or what was meant
+        (reads cold storage)."""
+        name, version = split_ref(ref, local=True)
+        return self.node.catalog.not_found(name, version)
+
+    def local_size(self, req: PreloadRequest) -> int | None:
+        """The bytes of a resolved request's copy when it is on this node already (the state database's
+        record; no read of cold storage), else None. Only for the version itself (a part or a
+        companion has a label of its own: :meth:`placed_size`)."""
+        if req.selection is not None or req.companion is not None or req.version is None:
+            return None
+        for tier in (req.tier, *(t for t in LOCAL_TIERS if t != req.tier)):
+            row = self.node.state.copy(tier, req.name, req.version)
+            if row is not None:
+                return row.bytes
+        return None
+
+    def placed_size(self, req: PreloadRequest) -> int:
+        """The bytes a resolved request places: the object it names (the version, its selection's files
+        or its companion), from a local copy's manifest when there is one, else cold storage's."""
+        assert req.version is not None
+        src = None
+        for tier in LOCAL_TIERS:
+            src = self.node.version(tier, req.name, req.version)
+            if src is not None:
+                break
+        if src is None:
+            src = self.node.resolve(req.name, req.version)
+        return self.node.object_of(src, req.selection, req.companion)[0].size
+
     def size(self, req: PreloadRequest) -> int:
         """Bytes to expect (for a progress bar); 0 if not known yet."""
         try:
@@ -336,14 +381,15 @@ class NodeService:
             sel = comp = None
         return version is None or sel is not None or comp is not None
 
-    def path(self, ref: str, *, selection: Any = None, whole: Any = False, companion: Any = None) -> dict[str, Any]:
+    def path(self, ref: str, *, selection: Any = None, whole: Any = False, companion: Any = None,
+             suggest: bool = True) -> dict[str, Any]:
         """The best local copy of what a preload of the same arguments made (a partial copy when
         NAME has default patterns; the whole version only with ``whole``, and only when complete)."""
         name, version = split_ref(ref, local=True)
         sel, comp = self.selection_for(name, selection, whole), check_companion(companion)
         if version is not None and "~" in version and (sel is not None or comp is not None):
             sel = comp = None   # (an object named by its own label is that object)
-        tier, p = self.node.path(name, version, selection=sel, companion=comp)
+        tier, p = self.node.path(name, version, selection=sel, companion=comp, suggest=suggest)
         return {"tier": tier, "path": str(p)}
 
     def publish_companion(self, src: Path, ref: str, kind: str, key: str, *, progress: ProgressFn | None = None,

@@ -22,7 +22,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, disable_created_metrics
 
 from p2p import P2PError
-from tiering import HOT, LOCAL_TIERS, WARM, TieringError, stuck_reads
+from tiering import HOT, LOCAL_TIERS, WARM, TieringError, bounded_running, stuck_reads
 
 from .. import __version__
 from ..config import Config, ConfigError, describe_source, load_config
@@ -448,7 +448,7 @@ class Daemon:
         """Release everything; True if worker threads were still busy (the caller exits hard)."""
         # (a thread stuck in a read of hung storage is busy too: the interpreter's orderly exit must not wait
         # on it; os._exit ends the process, but for threads the kernel holds until the storage answers)
-        busy = self._active > 0 or stuck_reads()[0] > 0
+        busy = self._active > 0 or stuck_reads()[0] > 0 or bounded_running() > 0
         busy = self.intent.close() or busy
         for pool in self.pools.values():
             pool.shutdown(wait=False, cancel_futures=True)

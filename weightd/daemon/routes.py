@@ -16,9 +16,10 @@ import asyncio
 import json
 import logging
 import os
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AsyncExitStack
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
@@ -26,7 +27,8 @@ from aiohttp import web
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from tiering import HOT, LOCAL_TIERS, Progress, TieringError, TimedOut, refuse_if_stuck, run_bounded
+from tiering import (HOT, LOCAL_TIERS, WARM, CheckpointNotFound, Progress, TieringError, TimedOut, refuse_if_stuck,
+                     run_bounded_async)
 
 from ..compat import check_envelope
 from ..errors import ApiError, DaemonStopping, WeightdError, exit_code_for, hint_for, http_status_for
@@ -49,6 +51,9 @@ INTERNAL = object()            # a preload the daemon asks for itself (fleet int
 COLD_CHECK_S = 20.0            # check-cold (doctor): every manifest read, every file opened
 COLD_LIST_S = 60.0             # ls, pin and unpin (which resolve NAME), a preload's resolve without timeout_s
 PATH_COLD_S = 5.0              # path NAME (the latest published) or a part of it: which version is in cold
+COLD_AT_ONCE = 8               # reads of cold storage the API runs at once (each on a thread of its own, never
+                               # a pool's): more wait for a slot, within their own bound
+WAIT_POLL_S = 1.0              # a preload's wait for publication asks cold storage this often
 
 
 class Api:
@@ -57,6 +62,7 @@ class Api:
         # status, path NAME@VERSION and /metrics run in a pool of their own: local facts only, never
         # queued behind work that reads cold storage (misc and the tiers' pools)
         daemon.pools.setdefault("query", ThreadPoolExecutor(2, "weightd-query"))
+        self.cold_slots = asyncio.Semaphore(COLD_AT_ONCE)
         # (NAME, VERSION, tier, *what): what="" for the version, else its partial copy's or companion's
         self.inflight: dict[tuple[str, ...], asyncio.Task[dict[str, Any]]] = {}
         self.transfers: dict[tuple[str, ...], Progress] = {}   # the same keys: what each flight is doing
@@ -78,10 +84,10 @@ class Api:
         r.add_post(f"{v}/preload-set", self._preload_set_route)
         r.add_post(f"{v}/publish", self._h(self._publish, admin="publish"))
         # (admin: it reads every published manifest and opens every file, as the daemon's user)
-        r.add_get(f"{v}/check-cold", self._h(lambda b, c: self._cold("misc", d.service.check_cold, COLD_CHECK_S,
+        r.add_get(f"{v}/check-cold", self._h(lambda b, c: self._cold(d.service.check_cold, COLD_CHECK_S,
                                                                      "the check of cold storage"), admin="check-cold"))
         r.add_post(f"{v}/versions", self._h(lambda b: self._cold(
-            "misc", lambda: d.service.versions(_opt_str(b, "name")), COLD_LIST_S, "listing cold storage")))
+            lambda: d.service.versions(_opt_str(b, "name")), COLD_LIST_S, "listing cold storage")))
         r.add_post(f"{v}/hold", self._hold_route)
         r.add_post(f"{v}/path", self._h(self._path))
         r.add_post(f"{v}/pin", self._h(lambda b, c: self._pin(b, True), admin="pin"))
@@ -125,15 +131,19 @@ class Api:
                                   wait=body.get("wait", False), holder=holder, selection=body.get("selection"),
                                   whole=body.get("whole", False), companion=body.get("companion"))
         if svc.needs_resolving(req):  # resolve (and wait for publication) before joining a flight
-            gone = threading.Event()  # set when this caller leaves or the daemon stops: the wait ends too
-            try:
-                req = await self._unless_stopping(self.d.run_blocking("misc", svc.resolve, req, gone,
-                                                                      bound_s=COLD_LIST_S))
-            finally:
-                gone.set()
+            req = await self._unless_stopping(self._resolve(req))
         if limited and req.lease_s > 0:   # (its share of the tier, reserved until its lease is recorded)
-            size = await self._cold("misc", lambda: svc.size(req), COLD_LIST_S, f"the size of {req.ref}")
-            async with self.leases.room(caller, req.tier, req.name, str(req.version), size):
+            deadline = None if req.timeout_s is None else time.monotonic() + req.timeout_s
+            size = await self.d.run_blocking("misc", svc.local_size, req)
+            if size is None:   # (what is placed: a selection's or a companion's bytes, not the version's)
+                size = await self._cold(lambda: svc.placed_size(req), COLD_LIST_S if deadline is None
+                                        else max(0.001, deadline - time.monotonic()), f"the size of {req.ref[:200]}")
+            if deadline is not None:   # (one deadline for the lookup and the load)
+                req = replace(req, timeout_s=max(0.001, deadline - time.monotonic()))
+            async with AsyncExitStack() as rooms:
+                # (a copy that does not fit hot falls back to warm unless strict: it fits the share of both)
+                for tier in (req.tier, *((WARM,) if req.tier == HOT and not req.strict else ())):
+                    await rooms.enter_async_context(self.leases.room(caller, tier, req.name, str(req.version), size))
                 return await self._flight(req, t0, joined, rate_bytes_per_s, waited_on)
         return await self._flight(req, t0, joined, rate_bytes_per_s, waited_on)
 
@@ -234,13 +244,44 @@ class Api:
             log.info("a streamed preload's client went away ref=%s", ref[:200])
         return resp
 
-    async def _cold(self, pool: str, fn: Callable[[], Any], seconds: float, what: str) -> Any:
-        """``fn()`` (which reads cold storage) in ``pool``, refused at once while reads of cold storage are
-        stuck, and answered within ``seconds`` (TimedOut, exit 4): a read that never returns keeps its
-        thread (counted against the cap), never the pool's thread or the caller."""
+    async def _cold(self, fn: Callable[[], Any], seconds: float, what: str) -> Any:
+        """``fn()`` (which reads cold storage), refused at once while reads of cold storage are stuck, and
+        answered within ``seconds`` (TimedOut, exit 4), waiting for one of COLD_AT_ONCE slots included.
+        It runs on a thread of its own: no pool thread waits for it, so cold storage that never answers
+        keeps that thread (counted against tiering.copy.STUCK_CAP), never a pool or the caller."""
         refuse_if_stuck()
-        return await self.d.run_blocking(pool, lambda: run_bounded(fn, deadline=time.monotonic() + seconds,
-                                                                   what=what))
+        t0 = time.monotonic()
+        try:
+            await asyncio.wait_for(self.cold_slots.acquire(), seconds)
+        except asyncio.TimeoutError:
+            raise TimedOut(f"{what}: not started within {seconds:g} s ({COLD_AT_ONCE} reads of cold storage "
+                           "already running; is it hung?)") from None
+        try:
+            return await run_bounded_async(fn, seconds=max(0.001, seconds - (time.monotonic() - t0)), what=what)
+        finally:
+            self.cold_slots.release()
+
+    async def _resolve(self, req: PreloadRequest) -> PreloadRequest:
+        """``req`` with its version resolved, bounded by its timeout_s (else COLD_LIST_S); with ``wait``, a
+        poll of cold storage each WAIT_POLL_S, each bounded, until it is published (until timeout_s, the
+        caller going away or the daemon stopping): no thread is held by the wait itself."""
+        svc = self.d.service
+        deadline = None if req.timeout_s is None else time.monotonic() + req.timeout_s
+
+        def left() -> float:
+            return COLD_LIST_S if deadline is None else min(COLD_LIST_S, max(0.001, deadline - time.monotonic()))
+        what = f"resolving {req.ref[:200]}"
+        if not req.wait:
+            return await self._cold(lambda: svc.resolved(req), left(), what)
+        while True:
+            got = await self._cold(lambda: svc.published(req), left(), what)
+            if got is not None:   # (one deadline for the wait and the load)
+                return got if deadline is None else replace(got, timeout_s=max(0.001, deadline - time.monotonic()))
+            if deadline is not None and time.monotonic() + WAIT_POLL_S > deadline:
+                raise TimedOut(f"{req.ref[:200]}: not published before the timeout")
+            if self.d.stopping.is_set():
+                raise DaemonStopping()
+            await asyncio.sleep(WAIT_POLL_S)
 
     async def _unless_stopping(self, aw: Awaitable[Any]) -> Any:
         """``aw``'s result, unless the daemon starts stopping first: then DaemonStopping (503, retry),
@@ -314,8 +355,17 @@ class Api:
         svc = self.d.service
         ref, sel, whole, comp = _str(b, "ref"), b.get("selection"), b.get("whole", False), b.get("companion")
         if not svc.path_needs_cold(ref, selection=sel, whole=whole, companion=comp):
-            return await self.d.run_blocking("query", svc.path, ref, selection=sel, whole=whole, companion=comp)
-        return await self._cold("misc", lambda: svc.path(ref, selection=sel, whole=whole, companion=comp),
+            try:   # (a copy not here: "not on this node" from the query pool; the rest asks cold, bounded)
+                return await self.d.run_blocking("query", lambda: svc.path(ref, selection=sel, whole=whole,
+                                                                           companion=comp, suggest=False))
+            except CheckpointNotFound as plain:
+                try:
+                    better = await self._cold(lambda: svc.not_found(ref), PATH_COLD_S,
+                                              f"path {ref[:200]}: asking cold storage whether it is published")
+                except TimedOut:
+                    raise plain from None
+                raise better from None
+        return await self._cold(lambda: svc.path(ref, selection=sel, whole=whole, companion=comp),
                                 PATH_COLD_S, f"path {ref[:200]}: asking cold storage for the version")
 
     async def _status(self, b: dict[str, Any]) -> dict[str, Any]:
@@ -329,7 +379,7 @@ class Api:
         """An admin's pin or unpin is the admin's from now on: fleet intent forgets it made it."""
         svc = self.d.service
         ref = _str(b, "ref")
-        out = await self._cold("misc", lambda: (svc.pin if pin else svc.unpin)(ref), COLD_LIST_S,
+        out = await self._cold(lambda: (svc.pin if pin else svc.unpin)(ref), COLD_LIST_S,
                                f"{'pin' if pin else 'unpin'} {ref[:200]}")
         self.d.intent.admin_pinned(out["name"], out["version"])
         return out
