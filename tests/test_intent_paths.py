@@ -111,3 +111,42 @@ def test_a_daemon_keeps_its_intent_when_a_file_leads_into_another_uids_directory
         assert not (node_env.hot / "acme/other").exists()
     finally:
         d.stop()
+
+
+def _as_nobody(fn) -> None:
+    """Run ``fn`` in a forked child as uid 65534 (what that user can do, done by that user)."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            fn()
+            os._exit(0)
+        except BaseException:
+            os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_symlink_another_uid_planted_in_a_sticky_directory_is_refused(base: Path) -> None:
+    """uid 65534 makes ``<sticky>/rvlink`` pointing at root's intent directory (or anything). Root's own
+    directories all the way, but the link is 65534's and it may replace it with another at any time
+    (a sticky directory lets it remove what it owns). Was: followed and read."""
+    sticky = base / "sticky"
+    sticky.mkdir()
+    os.chmod(sticky, 0o1777)
+    idir = base / "intent.d"
+    idir.mkdir()
+    (idir / "a.toml").write_text(GOOD)
+    _as_nobody(lambda: os.symlink(idir, sticky / "rvlink"))
+    assert os.lstat(sticky / "rvlink").st_uid == 65534
+    with pytest.raises(IntentError, match=rf"{sticky}/rvlink.*a symlink of uid 65534"):
+        load_intent(sticky / "rvlink")
+    _as_nobody(lambda: os.symlink(idir / "a.toml", sticky / "labels"))
+    with pytest.raises(IntentError, match="a symlink of uid 65534"):
+        read_labels(sticky / "labels", {})
+    # root's own link in the same sticky directory: only root can replace it, so it is followed
+    os.symlink(idir, sticky / "rootlink")
+    assert len(load_intent(sticky / "rootlink").entries) == 1
+

@@ -77,18 +77,21 @@ def resolve_unchangeable(path: "str | Path", uids: "tuple[int, ...] | frozenset[
     """Resolve ``path`` as the kernel would, symlink by symlink, and refuse it (UnsafePath naming the
     directory) unless every directory the resolution passes through, from ``/`` down to the last
     component's parent (and the last component when it is a directory), is one only ``uids`` can
-    change (:func:`others_can_change`); a symlink counts where it lies and where it leads. Returns the
+    change (:func:`others_can_change`); a symlink counts where it lies and where it leads, and one in
+    a directory others can write (sticky, as /tmp) must itself be one of ``uids``'. Returns the
     resolved path: opened with ``O_NOFOLLOW`` it is the file checked, since no one else can swap a
     name on the way. ``what`` names the thing for the message ("intent file")."""
     todo = [c for c in str(os.path.abspath(path)).split("/") if c]
     cur, links = "/", 0
-    _check_walked(path, cur, os.stat("/"), uids, what)
+    cur_st = os.stat("/")
+    _check_walked(path, cur, cur_st, uids, what)
     while todo:
         name = todo.pop(0)
         if name == ".":
             continue
         if name == "..":
             cur = os.path.dirname(cur)
+            cur_st = os.stat(cur)
             continue
         nxt = os.path.join(cur, name)
         try:
@@ -98,19 +101,24 @@ def resolve_unchangeable(path: "str | Path", uids: "tuple[int, ...] | frozenset[
                 raise
             return nxt   # (the caller's open says it is missing)
         if stat.S_ISLNK(st.st_mode):
+            # a link in a directory others may add to (sticky: /tmp) is its owner's to replace at will
+            if st.st_uid not in uids and stat.S_IMODE(cur_st.st_mode) & 0o022:
+                raise UnsafePath(str(path), f"{what} is reached through {nxt}, a symlink of uid {st.st_uid} in "
+                                            f"{cur}, which others can write: that uid can point it elsewhere at "
+                                            "any time; refused")
             links += 1
             if links > MAX_SYMLINKS:
                 raise UnsafePath(str(path), f"{what}: more than {MAX_SYMLINKS} symlinks on the way")
             target = os.readlink(nxt)
             todo[:0] = [c for c in target.split("/") if c]
             if target.startswith("/"):
-                cur = "/"
+                cur, cur_st = "/", os.stat("/")
             continue
         if stat.S_ISDIR(st.st_mode):
             _check_walked(path, nxt, st, uids, what)
         elif todo:
             raise UnsafePath(str(path), f"{what}: {nxt} is not a directory")
-        cur = nxt
+        cur, cur_st = nxt, st
     return cur
 
 
