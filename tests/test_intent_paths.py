@@ -150,3 +150,82 @@ def test_a_symlink_another_uid_planted_in_a_sticky_directory_is_refused(base: Pa
     os.symlink(idir, sticky / "rootlink")
     assert len(load_intent(sticky / "rootlink").entries) == 1
 
+
+def test_a_path_component_that_vanishes_is_an_intent_error_not_a_crash_nor_no_labels(base: Path) -> None:
+    """A ConfigMap's ``..data`` caught mid-swap: the link still names the old timestamped directory that
+    was just removed. Was: load_intent let a raw FileNotFoundError out, and read_labels took the labels
+    file for absent (the node lost its labels: every entry with a node selector was dropped)."""
+    cm = base / "cm"
+    cm.mkdir()
+    os.symlink("..2024_01_01_old", cm / "..data")   # (the old directory is gone)
+    os.symlink("..data/a.toml", cm / "a.toml")
+    with pytest.raises(IntentError, match=r"a\.toml: .*missing"):
+        load_intent(cm)
+    os.symlink("..data/labels", cm / "labels")
+    with pytest.raises(IntentError, match=r"labels.*missing"):
+        read_labels(cm / "labels", {"zone": "a"})
+    # only a labels file that is itself absent means "no labels file"
+    assert read_labels(base / "no-such-labels", {"zone": "a"}) == {"zone": "a"}
+    # and a swap that completes is read through (the resolution is tried once more)
+    new = cm / "..2024_01_02_new"
+    new.mkdir()
+    (new / "a.toml").write_text(GOOD)
+    (new / "labels").write_text("pool=chat\n")
+    os.unlink(cm / "..data")
+    os.symlink(new.name, cm / "..data")
+    assert len(load_intent(cm).entries) == 1
+    assert read_labels(cm / "labels", {"zone": "a"}) == {"zone": "a", "pool": "chat"}
+
+
+def test_configmap_swaps_while_reading_never_crash(base: Path) -> None:
+    """Real ``..data`` swaps (kubelet's order: new directory, new link renamed over ``..data``, old
+    directory removed) in a loop while intent and labels are read: every read is a whole intent or an
+    IntentError, never another exception."""
+    import threading
+    import time
+    cm = base / "cm"
+    cm.mkdir()
+
+    def publish(i: int) -> str:
+        d = cm / f"..ts_{i}"
+        d.mkdir()
+        (d / "a.toml").write_text(GOOD)
+        (d / "labels").write_text(f"gen={i}\n")
+        return d.name
+
+    old = publish(0)
+    os.symlink(old, cm / "..data")
+    os.symlink("..data/a.toml", cm / "a.toml")
+    os.symlink("..data/labels", cm / "labels")
+    stop = threading.Event()
+
+    def swap() -> None:
+        nonlocal old
+        i = 1
+        while not stop.is_set():
+            new = publish(i)
+            os.symlink(new, cm / "..data_tmp")
+            os.rename(cm / "..data_tmp", cm / "..data")
+            shutil.rmtree(cm / old)
+            old, i = new, i + 1
+
+    t = threading.Thread(target=swap)
+    t.start()
+    try:
+        ok = errors = 0
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            for fn in (lambda: load_intent(cm), lambda: read_labels(cm / "labels", {})):
+                try:
+                    got = fn()
+                    if isinstance(got, dict):
+                        assert "gen" in got, got   # (never "no labels file": the file is always there)
+                    else:
+                        assert len(got.entries) == 1
+                    ok += 1
+                except IntentError:
+                    errors += 1
+    finally:
+        stop.set()
+        t.join(10)
+    assert ok > 0

@@ -441,6 +441,19 @@ def _resolve(path: Path, trusted_uids: tuple[int, ...], what: str) -> str:
         raise IntentError(str(path), f"cannot read: {exc.strerror}") from None
 
 
+def _open_resolved(path: Path, trusted: tuple[int, ...], what: str) -> int:
+    """``path`` resolved (:func:`_resolve`) and opened ``O_NOFOLLOW`` at the path checked. A component
+    that vanishes on the way (a ConfigMap's ``..data`` swapped between a readlink and the next lstat,
+    the old directory removed) is resolved once more from the start; FileNotFoundError if it is
+    missing again."""
+    def once() -> int:
+        return os.open(_resolve(path, trusted, what), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
+    try:
+        return once()
+    except FileNotFoundError:
+        return once()
+
+
 def load_intent(directory: Path, *, trusted_uids: tuple[int, ...] | None = None) -> Intent:
     """Read every ``*.toml`` in ``directory`` (name order; hidden files and ConfigMap internals
     skipped). A missing directory is an empty intent; anything wrong is an IntentError."""
@@ -455,16 +468,21 @@ def load_intent(directory: Path, *, trusted_uids: tuple[int, ...] | None = None)
     if not stat.S_ISDIR(dst.st_mode):
         raise IntentError(str(directory), "not a directory")
     _check_owner(directory, dst, trusted)
-    _resolve(directory, trusted, "the intent directory")
+    try:
+        _resolve(directory, trusted, "the intent directory")
+    except FileNotFoundError:
+        raise IntentError(str(directory), "missing: a directory on its path went away while it was read") from None
     files = [n for n, *_ in fp if isinstance(n, str)]
     if len(files) > MAX_FILES:
         raise IntentError(str(directory), f"{len(files)} intent files; at most {MAX_FILES}")
     entries: list[KeepEntry] = []
     for n in files:
         path = directory / n
-        real = _resolve(path, trusted, "this intent file")   # (a ConfigMap's files are links: followed here)
-        try:
-            fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
+        try:   # (a ConfigMap's files are links: followed here)
+            fd = _open_resolved(path, trusted, "this intent file")
+        except FileNotFoundError:
+            raise IntentError(n, f"missing: {path} or a directory its links lead through is gone (a ConfigMap "
+                                 "update under way? it is read again at the next poll)") from None
         except OSError as exc:
             raise IntentError(n, f"cannot open: {exc.strerror}") from None
         try:
@@ -501,10 +519,12 @@ def read_labels(path: Path | None, fixed: Mapping[str, str], *,
         return labels
     trusted = trusted_uids if trusted_uids is not None else tuple({0, os.geteuid()})
     try:
-        real = _resolve(path, trusted, "the node labels file")
-        fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
+        fd = _open_resolved(path, trusted, "the node labels file")
     except FileNotFoundError:
-        return labels
+        if not os.path.lexists(path):
+            return labels   # (no labels file: only when the configured path itself is absent)
+        raise IntentError(str(path), "node labels: missing: a file or directory its links lead to is gone (a "
+                                     "ConfigMap update under way? it is read again at the next poll)") from None
     except OSError as exc:
         raise IntentError(str(path), f"cannot read node labels: {exc.strerror}") from None
     try:
