@@ -588,10 +588,11 @@ def _log_request(request: web.Request, body: dict[str, Any]) -> None:
         pid, uid, _ = peer_credentials(sock) if sock is not None else (0, -1, -1)
     except OSError:
         pid, uid = 0, -1
-    fields = " ".join(f"{k}={_loggable(k, body[k])}" for k in ("ref", "name", "version", "tier", "wait", "timeout_s",
-                                                                "lease_s", "force", "all")
-                      if isinstance(body.get(k), (str, int, float)) and body.get(k) is not None)
-    log.info("request route=%s pid=%d uid=%d %s", request.path.rsplit("/", 1)[-1], pid, uid, fields)
+    keys = [k for k in ("ref", "name", "version", "tier", "wait", "timeout_s", "lease_s", "force", "all")
+            if isinstance(body.get(k), (str, int, float)) and body.get(k) is not None]
+    # (one argument per field: the JSON log reads each key=value, a pre-joined string is one quoted value)
+    log.info("request route=%s pid=%d uid=%d" + "".join(f" {k}=%s" for k in keys), request.path.rsplit("/", 1)[-1],
+             pid, uid, *(_loggable(k, body[k]) for k in keys))
 
 
 def _loggable(key: str, v: Any) -> Any:
