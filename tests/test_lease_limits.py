@@ -63,8 +63,19 @@ def test_a_read_only_uid_cannot_hold_the_hot_tier(node_env, isolated_env, wd, tm
         assert s2 == 403 and d2["exit_code"] == 6 and "lease_share_readonly" in d2["error"], d2
         # and an admin is not limited
         assert call(sock, "POST", "hold", {"ref": "org/big@v1", "tier": "hot", "lease_s": WEEK_S})[0] == 200
+
+        # a 400-digit lease_s from uid 65534: one line, 400 exit 2, for preload, preload-set and hold alike
+        # (before: OverflowError formatting it, 500 and a traceback in the log)
+        def huge() -> list:
+            return [call(sock, "POST", route, {**body, "lease_s": 10 ** 400})[:2] for route, body in (
+                ("preload", {"ref": "org/a@v1", "tier": "warm"}), ("preload-set", {"refs": ["org/a@v1"]}),
+                ("hold", {"ref": "org/a@v1", "tier": "warm"}))]
+        for st, doc in in_child(huge):
+            assert (st, doc["exit_code"]) == (400, 2) and "lease_s" in doc["error"], (st, doc)
+            assert "\n" not in doc["error"] and len(doc["error"]) < 300, doc
     finally:
         d.stop()
+    assert "Traceback" not in d.log_path.read_text()
 
 
 @root_only

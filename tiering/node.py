@@ -50,11 +50,16 @@ def check_seconds(key: str, value: float | None, *, allow_zero: bool) -> float |
     refused; they would silently mean "no lease" or "pinned forever")."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or isinstance(value, float) and not math.isfinite(value) \
             or value < 0 or (value == 0 and not allow_zero) or value > MAX_SECONDS:
         raise BadInput(f"{key}: expected a finite number of seconds from {'0' if allow_zero else 'more than 0'} "
-                       f"to {int(MAX_SECONDS)} (a week), got {value!r}")
+                       f"to {int(MAX_SECONDS)} (a week), got {_cut(repr(value))}")
     return float(value)
+
+
+def _cut(text: str, limit: int = 40) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def _forward(owner: str, attr: str, doc: str, convert: Callable[[Any], Any] = lambda v: v) -> property:

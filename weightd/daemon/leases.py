@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from tiering import DEFAULT_LEASE_S, format_bytes
+from tiering.node import check_seconds
 
 from ..errors import EXIT_NO_SPACE, ApiError
 from ..service import DEFAULT
@@ -71,8 +72,11 @@ class LeaseGuard:
         cap = self.d.config.settings.api.max_lease_s_readonly
         if lease_s is DEFAULT:
             return min(DEFAULT_LEASE_S, cap)
-        if isinstance(lease_s, bool) or not isinstance(lease_s, (int, float)) or not lease_s > cap:
-            return lease_s   # (within the cap, or malformed: the service says what is wrong with it)
+        if isinstance(lease_s, bool) or not isinstance(lease_s, (int, float)):
+            return lease_s   # (malformed: the service says what is wrong with it)
+        check_seconds("lease_s", lease_s, allow_zero=True)   # (NaN, a 400-digit integer: 400, never compared)
+        if not lease_s > cap:
+            return lease_s
         uid = caller.uid if caller is not None else "unknown"
         raise ApiError(403, f"uid {uid} may lease a copy for at most {cap:g} s ([api] max_lease_s_readonly; asked "
                        f"for {lease_s:g} s): renew a shorter lease (weightd hold) to keep it longer")
