@@ -21,15 +21,16 @@ obstore = pytest.importorskip("obstore")
 
 
 def test_a_huge_manifest_is_refused_from_its_length_without_downloading_it(s3_endpoint, bucket) -> None:
-    """A bucket writer puts a 100 MB manifest.json (as in the attack); with the manifest limit below
-    it (set on this client: uploading more than the default 512 MiB to moto is too heavy for a test),
-    reading it is refused at once, naming the object and its size, and its body is never read."""
+    """A bucket writer puts a 100 MB manifest.json (as in the attack): at the default limit (64 MiB; the
+    largest real manifests are ~17 MB) reading it is refused at once, naming the object and its size,
+    and its body is never read."""
+    from tiering.objstore import OBJECT_MANIFEST_LIMIT
     c = cold(s3_endpoint, bucket)
-    c.max_manifest_bytes = 16 * MiB
+    assert c.max_manifest_bytes == OBJECT_MANIFEST_LIMIT == 64 * MiB
     obstore.put(c.store, "acme/big/v1/.weightd/manifest.json", b" " * (100 * 10**6))
     before = c.stats.snapshot()
     t0 = time.monotonic()
-    with pytest.raises(BadInput, match=r"manifest of 100000000 bytes, more than the 16777216 allowed; not read"):
+    with pytest.raises(BadInput, match=r"manifest of 100000000 bytes, more than the 67108864 allowed; not read"):
         c.read_manifest("acme/big", "v1")
     assert time.monotonic() - t0 < 5
     assert c.stats.since(before)["bytes_read"] == 0
@@ -186,12 +187,12 @@ def test_a_ranged_get_that_stalls_ends_at_the_callers_deadline(stalling, tmp_pat
 
 
 def test_a_manifest_whose_length_is_over_the_limit_is_not_downloaded(stalling) -> None:
-    """The hostile endpoint advertises a 600 MiB manifest.json (over the default 512 MiB limit) and
+    """The hostile endpoint advertises a 600 MiB manifest.json (over the default 64 MiB limit) and
     would stream it: refused from the length alone, at once, with (almost) none of it sent."""
     srv = stalling(1)
     c = cold(srv.endpoint, "hostile")
     t0 = time.monotonic()
-    with pytest.raises(BadInput, match="more than the 536870912 allowed; not read"):
+    with pytest.raises(BadInput, match="more than the 67108864 allowed; not read"):
         c.read_manifest("acme/s", "v1")
     assert time.monotonic() - t0 < 5
     deadline = time.monotonic() + 5

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 from urllib.parse import urlparse
 
-from .content.manifest import MANIFEST_RELPATH, MAX_MANIFEST_BYTES, FileEntry, Manifest, parse_manifest
+from .content.manifest import MANIFEST_RELPATH, FileEntry, Manifest, parse_manifest
 from .content.names import validate_label, validate_name, validate_relpath, validate_version
 
 if TYPE_CHECKING:
@@ -56,6 +56,8 @@ DEFAULT_CONCURRENCY = 4
 DEFAULT_PART = 16 << 20        # multipart upload part size
 RETRIES = 4
 SMALL_LIMIT = 64 << 10         # a claim object: read whole, never larger than this
+OBJECT_MANIFEST_LIMIT = 64 << 20   # a manifest read from object storage (the largest real ones, ~90k tensors,
+                                   # are ~17 MB): a bucket writer's 100 MB manifest is refused from its length
 
 
 class ObjectStoreError(TieringError):
@@ -213,7 +215,7 @@ class ObjectCold:
         self.url, self.location = url, ObjectLocation.parse(url)
         self.range_bytes, self.concurrency, self.part_bytes = range_bytes, max(1, concurrency), part_bytes
         self.bandwidth, self.conditional = bandwidth, conditional
-        self.max_manifest_bytes = MAX_MANIFEST_BYTES
+        self.max_manifest_bytes = OBJECT_MANIFEST_LIMIT
         self.stats = Stats()
         kw: dict[str, Any] = shared_credentials()
         if endpoint:
@@ -308,7 +310,7 @@ class ObjectCold:
         return VersionDir(m.name, m.version, Path("/nonexistent-object-store") / self.location.bucket
                           / self.location.prefix / m.name / m.version, m, store=self)
 
-    def read_meta(self, name: str, version: str, rel: str, limit: int = MAX_MANIFEST_BYTES) -> bytes | None:
+    def read_meta(self, name: str, version: str, rel: str, limit: int = OBJECT_MANIFEST_LIMIT) -> bytes | None:
         """A small object beside a version (``.weightd/checkpoint.torrent``), or None when absent: one
         GET, its size checked from the response before the body is read (:meth:`get_small`)."""
         validate_name(name)
@@ -328,12 +330,13 @@ class ObjectCold:
             if size > limit:   # (the response dropped unread, here: its connection is closed, nothing downloaded)
                 del res
                 raise BadInput(f"{self.url}/{key}: {what} of {size} bytes, more than the {limit} allowed; not read")
-            buf = bytearray()
+            chunks, got = [], 0   # (joined once at the end: the body is never held twice)
             async for chunk in res.stream(min_chunk_size=min(STREAM_CHUNK, max(limit, 1))):
-                buf += chunk
-                if len(buf) > limit:
+                got += len(chunk)
+                if got > limit:
                     raise BadInput(f"{self.url}/{key}: {what} larger than the {limit} bytes allowed; not read further")
-            return bytes(buf)
+                chunks.append(chunk)
+            return b"".join(chunks)
         try:
             raw = self._call("get", lambda: _bounded(get, _deadline(deadline), f"{self.url}/{key}"), key,
                              deadline=_deadline(deadline))
