@@ -242,9 +242,10 @@ def test_reconcile_adopts_forgets_and_cleans(node_env) -> None:
     published(node_env)
     with node_env.node() as n:
         n.preload("org/tiny", "v1", tier="warm", lease_s=0)
+        n.roots.must("hot")   # (weightd's own hot tier: a root it did not make adopts nothing unrecorded)
         assert [r.version for r in n.state.copies("warm")] == ["v1"]
         assert n.state.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    # a version that appeared behind weightd's back (complete, with manifest) is adopted;
+    # in weightd's tiers, a version that appeared behind weightd's back (complete, with manifest) is adopted;
     # one removed behind its back is forgotten; stale staging is removed
     import shutil
     shutil.copytree(node_env.warm / "org/tiny/v1", node_env.hot / "org/tiny/v1")

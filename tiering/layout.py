@@ -221,6 +221,18 @@ def read_version(root: "Dir | Path | None", name: str, version: str, *, strict: 
         return VersionDir(name, version, d.path / name / version, m)
 
 
+def manifest_of(d: Dir, name: str, version: str) -> Manifest | None:
+    """The manifest of NAME@VERSION in the version directory ``d`` (wherever it is now), or None when
+    there is none, it is unreadable or damaged, or it describes another version."""
+    try:
+        validate_name(name)
+        validate_label(version)
+        m = _manifest_at(d, MANIFEST_RELPATH, str(d.path / MANIFEST_RELPATH))
+    except (BadInput, OSError):
+        return None
+    return m if (m.name, m.version) == (name, version) else None
+
+
 _LISTED: "OrderedDict[tuple[str, str, int, int], tuple[int, list[VersionDir], list[str], dict[str, Any]]]" = OrderedDict()
 LISTED_KEPT = 8192
 
@@ -404,11 +416,65 @@ def _kind(st: os.stat_result) -> str:
     return "symlink" if stat.S_ISLNK(st.st_mode) else "special file"
 
 
+_STAGING_NAME = re.compile(r"(?P<name>[^@/]+)@(?P<label>[^@/]+?)(?:\.resumable)?")
+LOST_FOUND = "lost+found"   # a file system's own, at a mount root (mkfs makes it; fsck fills it)
+
+
+def is_staging_name(n: str) -> bool:
+    """An entry weightd makes in ``.staging``: ``NAME--X@V[.resumable]`` (a staging area), with its
+    ``.json`` side file (and an earlier weightd's ``.lock``), or a write_atomic temporary of one."""
+    target = Dir.atomic_target(n) if n.startswith(".") else n
+    if target is None:
+        return False
+    if target.endswith((".json", ".lock")):
+        target = target[:-5]
+    m = _STAGING_NAME.fullmatch(target)
+    if m is None:
+        return False
+    try:
+        validate_name(m.group("name").replace("--", "/", 1))
+        validate_label(m.group("label"))
+    except BadInput:
+        return False
+    return True
+
+
+def _private_unexpected(root: Dir, n: str, st: os.stat_result) -> list[str]:
+    """What in ``.trash``, ``.staging`` or ``.locks`` of an unmarked root weightd would not have put
+    there: reconciliation empties ``.trash`` and reaps staging areas, so a root is only taken for
+    weightd's if those hold nothing but weightd's own names (``.trash``: nothing at all)."""
+    if not stat.S_ISDIR(st.st_mode):
+        return [n]
+    try:
+        with root.sub(n) as d:
+            inside = d.entries()
+    except (BadInput, OSError):
+        return [f"{n}/ (weightd's user cannot open it)"]
+    if n == TRASH:
+        return [f"{n}/{x}" for x, _ in inside]
+    if n == STAGING:
+        return [f"{n}/{x}" for x, xst in inside if not is_staging_name(x)
+                or (x.endswith((".json", ".lock")) and not stat.S_ISREG(xst.st_mode))
+                or (not x.startswith(".") and not x.endswith((".json", ".lock")) and not stat.S_ISDIR(xst.st_mode))]
+    return [f"{n}/{x}" for x, xst in inside   # .locks: lock files only
+            if not (stat.S_ISREG(xst.st_mode) and (x.endswith(".lock") or Dir.atomic_target(x) is not None))]
+
+
+def _is_mount_root(root: Dir) -> bool:
+    try:
+        return os.fstat(root.fd).st_dev != os.stat("..", dir_fd=root.fd).st_dev
+    except OSError:
+        return False
+
+
 def unexpected_in_root(root: Dir, limit: int = 3) -> list[str]:
     """What in a tier root is not weightd's layout (at most ``limit``, as paths in the tier): anything
-    but ``.staging``/``.trash``/``.locks``, TIER_MARKER, ``NAME/`` (and ``org/model/``) directories
-    holding version directories whose every entry is their manifest's (:func:`unlisted_entries`),
-    and libtorrent's part files beside them. Empty: the root could have been made by weightd."""
+    but TIER_MARKER, ``.staging``/``.trash``/``.locks`` holding only what weightd puts there
+    (:func:`_private_unexpected`), ``NAME/`` (and ``org/model/``) directories holding version
+    directories whose every entry is their manifest's (:func:`unlisted_entries`), libtorrent's part
+    files beside them, and ``lost+found`` when the root is a mount point (the file system's own).
+    An entry weightd's user cannot open is reported too (it cannot be weightd's). Empty: the root is
+    shaped as weightd makes one (whether weightd made it is for the caller: see TierRoots.foreign)."""
     out: list[str] = []
 
     def names(d: Dir, parts: list[str]) -> None:
@@ -421,30 +487,41 @@ def unexpected_in_root(root: Dir, limit: int = 3) -> list[str]:
             if not stat.S_ISDIR(st.st_mode):
                 out.append(rel)
                 continue
-            with d.sub(n) as sub:
-                if sub.is_file(MANIFEST_RELPATH):
-                    try:
-                        validate_name("/".join(parts))
-                        validate_label(n)
-                        m = _manifest_at(sub, MANIFEST_RELPATH, str(sub.path / MANIFEST_RELPATH))
-                    except (BadInput, OSError):
+            try:
+                sub = d.sub(n)
+            except (BadInput, OSError):
+                out.append(f"{rel} (weightd's user cannot open it)")
+                continue
+            with sub:
+                try:
+                    if sub.is_file(MANIFEST_RELPATH):
+                        try:
+                            validate_name("/".join(parts))
+                            validate_label(n)
+                            m = _manifest_at(sub, MANIFEST_RELPATH, str(sub.path / MANIFEST_RELPATH))
+                        except (BadInput, OSError):
+                            out.append(rel)
+                            continue
+                        if (m.name, m.version) != ("/".join(parts), n):
+                            out.append(rel)
+                            continue
+                        out.extend(f"{rel}/{x}" for x in unlisted_entries(sub, m, limit - len(out)))
+                    elif len(parts) == 1:
+                        names(sub, [*parts, n])   # org/model/
+                    else:
                         out.append(rel)
-                        continue
-                    if (m.name, m.version) != ("/".join(parts), n):
-                        out.append(rel)
-                        continue
-                    out.extend(f"{rel}/{x}" for x in unlisted_entries(sub, m, limit - len(out)))
-                elif len(parts) == 1:
-                    names(sub, [*parts, n])   # org/model/
-                else:
-                    out.append(rel)
+                except (BadInput, OSError):
+                    out.append(f"{rel} (weightd's user cannot read all of it)")
 
     for n, st in root.entries():
         if len(out) >= limit:
             break
         if n == TIER_MARKER or Dir.atomic_target(n) == TIER_MARKER:
             continue
-        if n in (STAGING, TRASH, LOCKS) and stat.S_ISDIR(st.st_mode):
+        if n in (STAGING, TRASH, LOCKS):
+            out.extend(_private_unexpected(root, n, st))
+            continue
+        if n == LOST_FOUND and stat.S_ISDIR(st.st_mode) and _is_mount_root(root):
             continue
         try:
             validate_name(n)
@@ -454,8 +531,16 @@ def unexpected_in_root(root: Dir, limit: int = 3) -> list[str]:
         if not stat.S_ISDIR(st.st_mode) or n.startswith("."):
             out.append(n)
             continue
-        with root.sub(n) as d:
-            names(d, [n])
+        try:
+            d = root.sub(n)
+        except (BadInput, OSError):
+            out.append(f"{n} (weightd's user cannot open it)")
+            continue
+        with d:
+            try:
+                names(d, [n])
+            except (BadInput, OSError):
+                out.append(f"{n} (weightd's user cannot read all of it)")
     return out[:limit]
 
 

@@ -4,7 +4,8 @@ Two depths. ``install`` (an image's build stage, the unit's ``ExecStartPre=``): 
 every module of weightd, tiering and p2p imports, with every dependency the package declares present;
 nothing on disk is looked at, so it passes in a build container and never fails a start for storage
 that may still be mounting. ``all`` (an operator, a node's first boot): also the tier roots usable by
-this uid (existing and weightd's, or makeable) and cold storage there and readable (a path: present,
+this uid (existing and weightd's: owned, not writable by others, and holding nothing weightd did not
+make; or makeable) and cold storage there and readable (a path: present,
 not an unmounted mount point; an object store: it answers a listing).
 
 Each check is a line ``ok|FAIL  WHAT  DETAIL``; the command exits 0 when all pass, else 2.
@@ -73,8 +74,8 @@ def check_install() -> list[Check]:
 
 def check_storage(cfg: "Config") -> list[Check]:
     """The tier roots and cold storage as this uid sees them; makes nothing."""
-    from tiering import (COLD, HOT, WARM, RootPolicy, StorageUnavailable, TieringError, open_cold_store,
-                         open_tier_root, unmade_parent)
+    from tiering import (COLD, HOT, WARM, RootPolicy, StorageUnavailable, TieringError, foreign_root,
+                         open_cold_store, open_tier_root, unmade_parent)
 
     from .local import cold_tier, tier_specs
     out: list[Check] = []
@@ -89,6 +90,9 @@ def check_storage(cfg: "Config") -> list[Check]:
                     d.close()
                 if not os.access(path, os.W_OK | os.X_OK):
                     raise StorageUnavailable(str(path), f"not writable by uid {os.geteuid()}")
+                why = foreign_root(tier, spec, cfg.settings.state_dir)
+                if why is not None:
+                    raise StorageUnavailable(str(path), why)
                 out.append(Check(True, f"tier {tier}", f"{path}"))
                 continue
             refused = unmade_parent(path)

@@ -34,7 +34,7 @@ By concern: :mod:`.db` (the ``State`` API), :mod:`.schema` (tables, checks, what
 
 from __future__ import annotations
 
-from .db import CopyRow, Lease, State
+from .db import CopyRow, Lease, State, recorded_copies
 from .recovery import KEEP_CORRUPT
 
-__all__ = ["KEEP_CORRUPT", "CopyRow", "Lease", "State"]
+__all__ = ["KEEP_CORRUPT", "CopyRow", "Lease", "State", "recorded_copies"]

@@ -245,3 +245,21 @@ class State:
     def release_leases(self, name: str, version: str, tier: str | None = None) -> int:
         q = "DELETE FROM leases WHERE name=? AND version=?" + (" AND tier=?" if tier else "")
         return self.db.execute(q, (name, version, tier) if tier else (name, version)).rowcount
+
+
+def recorded_copies(state_dir: Path, tier: str) -> dict[tuple[str, str], str]:
+    """{(name, version): digest} of the copies the state database records in ``tier``, read without
+    making, locking or recovering anything (``serve --check``); empty when there is no database or
+    it cannot be read as it is."""
+    path = Path(state_dir) / DB_NAME
+    if not path.is_file() or path.is_symlink():
+        return {}
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
+        try:
+            return {(n, v): d for n, v, d in db.execute("SELECT name, version, digest FROM copies WHERE tier=?",
+                                                         (tier,))}
+        finally:
+            db.close()
+    except sqlite3.Error:
+        return {}

@@ -103,7 +103,9 @@ def _tier_status(roots: TierRoots, tier: str) -> tuple[dict[str, Any], list[Vers
 def storage_problems(roots: TierRoots) -> list[dict[str, str]]:
     """What of the configured storage is not there as configured (reads only, makes nothing): cold
     storage absent, unmounted or unreadable; a local tier that could not be made because its parent is
-    missing. Each ``{"where", "path", "reason"}``; the daemon is not ready while any is listed."""
+    missing, or whose root is not weightd's (it holds what weightd did not make: nothing is placed
+    there; looked at without marking it). Each ``{"where", "path", "reason"}``; the daemon is not
+    ready while any is listed."""
     from ..errors import TieringError
     from ..layout import COLD
     from ..safefs import unmade_parent
@@ -117,6 +119,13 @@ def storage_problems(roots: TierRoots) -> list[dict[str, str]]:
         path = roots.tiers[t].path
         if not os.path.lexists(path) and (refused := unmade_parent(path)) is not None:
             out.append({"where": t, "path": str(path), "reason": str(refused)})
+            continue
+        try:
+            why = roots.foreign(t, mark=False)
+        except (TieringError, OSError) as exc:
+            why = str(exc)
+        if why is not None:
+            out.append({"where": t, "path": str(path), "reason": why})
     return out
 
 

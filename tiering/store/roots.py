@@ -2,9 +2,9 @@
 needed (cold storage as configured), re-opened if removed behind our back, and the lock files
 beneath them. And what weightd may remove from a local tier: only what it can prove it made
 (:meth:`TierRoots.remove_version`): a root that carries weightd's marker (``.weightd-tier``, written
-when weightd makes the root, or when it first finds one empty or holding only weightd's layout), and
-a version directory holding nothing its manifest does not list. Anything else is left alone, logged
-and counted (``on_refuse``)."""
+when weightd makes the root, or when it first finds one empty, or holding only weightd's layout and
+versions its state records placing there by digest), and a version directory holding nothing its
+manifest does not list. Anything else is left alone, logged and counted (``on_refuse``)."""
 
 from __future__ import annotations
 
@@ -16,13 +16,14 @@ from typing import TYPE_CHECKING, Callable
 
 from ..content.manifest import MANIFEST_RELPATH
 from ..errors import BadInput, NotOurs, TieringError
-from ..layout import (COLD, LOCKS, TIER_MARKER, TierSpec, lock_name, prune_empty_parents, read_version, remove_tree,
-                      unexpected_in_root, unlisted_entries)
+from ..layout import (COLD, LOCKS, TIER_MARKER, TierSpec, list_versions, lock_name, prune_empty_parents,
+                      read_version, remove_tree, unexpected_in_root, unlisted_entries)
 from ..locks import FileLock
 from ..safefs import Dir, RootPolicy, open_cold_store, open_tier_root
 
 log = logging.getLogger(__name__)
 RefuseFn = Callable[[str, str, str], None]   # (tier, what, reason: foreign_root | unlisted_entries | no_manifest)
+RecordedFn = Callable[[str], "dict[tuple[str, str], str]"]   # tier -> {(name, version): digest} state placed there
 _MARKER_TEXT = b"weightd local tier v1: weightd removes only what it made here\n"
 
 if TYPE_CHECKING:
@@ -39,6 +40,7 @@ class TierRoots:
         self._dirs: dict[str, Dir] = {}
         self._ours: dict[str, tuple[int, int]] = {}   # tier -> (dev, ino) of a root known to carry the marker
         self.on_refuse: RefuseFn | None = None
+        self.recorded: RecordedFn | None = None   # what state records weightd placing (None: nothing)
 
     def close(self) -> None:
         for d in self._dirs.values():
@@ -87,10 +89,13 @@ class TierRoots:
         return FileLock(self.locks(tier), ".tier.lock", f"the {tier} tier's space reservation")
 
     # -- what weightd may remove ----------------------------------------------------------------
-    def foreign(self, tier: str) -> str | None:
+    def foreign(self, tier: str, *, mark: bool = True) -> str | None:
         """Why the local tier's root is not weightd's, or None when it is: it carries TIER_MARKER, or
-        it is empty or holds only weightd's layout (then it is marked now: adopted). A root that is
-        not weightd's is one weightd neither places into nor removes anything from."""
+        it is empty, or it holds only weightd's layout and every version in it is one state records
+        weightd placing in this tier (same digest): then it is marked now (adopted; not with
+        ``mark=False``, the read-only look of checks and status). A version shaped like weightd's
+        proves nothing by its shape (an operator's copy of a published one is shaped so), and a root
+        that is not weightd's is one weightd neither places into nor removes anything from."""
         d = self.dir(tier)
         if d is None:
             return None
@@ -98,12 +103,22 @@ class TierRoots:
         if self._ours.get(tier) == (st.st_dev, st.st_ino):
             return None
         if not d.is_file(TIER_MARKER):
-            found = unexpected_in_root(d)
+            try:
+                found = unexpected_in_root(d)
+                if not found:
+                    recorded = self.recorded(tier) if self.recorded is not None else {}
+                    found = [f"weightd has no record of placing {v.ref}" for v in list_versions(d)
+                             if recorded.get((v.name, v.version)) != v.manifest.digest][:3]
+            except OSError as exc:   # (the root itself could not be listed)
+                found = [f"it cannot be listed: {exc.strerror or exc}"]
             if found:
                 shown = ", ".join(found)
                 return (f"the {tier} tier's root holds what weightd did not make ({shown}) and has no {TIER_MARKER} "
                         f"marker: weightd neither places nor removes anything there (point [tiers.{tier}] path at "
-                        f"a new or empty directory)")
+                        f"a new or empty directory; if an earlier weightd made this tier, mark it: touch "
+                        f"{d.path / TIER_MARKER})")
+            if not mark:
+                return None
             _mark(d)
             log.info("adopted tier=%s root=%s: empty or only weightd's layout (marked %s)", tier, d.path, TIER_MARKER)
         self._ours[tier] = (st.st_dev, st.st_ino)
@@ -165,6 +180,19 @@ class TierRoots:
         removed = remove_tree(root, rel)
         prune_empty_parents(root, rel)
         return removed
+
+
+def foreign_root(tier: str, spec: TierSpec, state_dir: Path) -> str | None:
+    """Why the local tier root of ``spec`` is not weightd's (as :meth:`TierRoots.foreign` says it),
+    looked at read-only: nothing is made or marked, the state database is only read. None when it
+    is weightd's, could be adopted, or does not exist."""
+    from ..state import recorded_copies
+    roots = TierRoots({tier: spec}, Path(state_dir))   # (cold is never opened here)
+    roots.recorded = lambda t: recorded_copies(state_dir, t)
+    try:
+        return roots.foreign(tier, mark=False)
+    finally:
+        roots.close()
 
 
 def _mark(d: Dir) -> None:
