@@ -258,6 +258,23 @@ def test_an_unmarked_root_with_files_in_weightds_private_names_is_not_adopted(we
     assert _files(warm) == before and not (warm / TIER_MARKER).exists()
 
 
+def test_capacity_holds_when_the_only_victim_is_refused(wd, node_env: NodeEnv, published) -> None:
+    """warm holds v1 with an operator's file added (not removable); v2 fits only if v1 goes. Was: the
+    plan counted v1 as evictable, its eviction was refused, and v2 was placed anyway: the tier went
+    over its capacity. Now: no space (exit 6), naming v1 and why it is kept."""
+    node_env.write_config("64MiB", "10MiB")
+    r = wd("--no-daemon", "preload", "acme/m@v1", "--tier", "warm", "--lease", "0")   # (not leased: evictable)
+    assert r.returncode == 0, r.stderr
+    copy = node_env.warm / "acme" / "m" / "v1"
+    (copy / "NOTES.txt").write_text("keep me\n")
+    before = _files(copy)
+    r = wd("--no-daemon", "preload", "acme/m@v2", "--tier", "warm", "--strict")
+    assert_one_line_error(r, 6, "acme/m@v1", "NOTES.txt")
+    assert not (node_env.warm / "acme" / "m" / "v2").exists() and _files(copy) == before
+    used = sum(p.stat().st_size for p in node_env.warm.rglob("*") if p.is_file() and ".weightd" not in p.parts)
+    assert used <= 10 << 20
+
+
 def test_a_foreign_root_is_reported_by_check_status_and_readyz(weightd, node_env: NodeEnv, published) -> None:
     """warm over a data directory weightd will not use. Was: serve --check said ok, status listed no
     problem (so /readyz was ready) while every preload into warm failed with exit 2."""

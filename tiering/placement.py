@@ -1,7 +1,8 @@
 """Eviction planning: which versions to remove so that a new one fits (a pure function).
 
-Policy: least-recently-used first. Never a pinned version, one under an unexpired lease, or one in
-use (a file of it open or mapped by any process). When usage plus the new checkpoint would cross the
+Policy: least-recently-used first. Never a pinned version, one under an unexpired lease, one in
+use (a file of it open or mapped by any process), or one weightd may not remove (it cannot prove it
+made it: ``Candidate.refused``). When usage plus the new checkpoint would cross the
 high watermark, evict down to the low watermark; if even evicting everything allowed would not make
 it fit under the capacity, evict nothing (destroying copies for no gain helps no one).
 """
@@ -20,6 +21,7 @@ class Candidate:
     pinned: bool = False
     leased: bool = False
     in_use: bool = False
+    refused: str | None = None   # why weightd may not remove it (it cannot prove it made it), if so
 
     @property
     def ref(self) -> str:
@@ -27,7 +29,8 @@ class Candidate:
 
     @property
     def protected_by(self) -> str | None:
-        return "pinned" if self.pinned else "leased" if self.leased else "in use" if self.in_use else None
+        return ("pinned" if self.pinned else "leased" if self.leased else "in use" if self.in_use
+                else self.refused)
 
 
 @dataclass(slots=True)

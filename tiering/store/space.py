@@ -40,7 +40,11 @@ class Space:
                 used += sum(staging_expected_bytes(area, sid) for sid in ids if sid != exclude)
         return used
 
-    def candidates(self, tier: str, exclude: tuple[str, str] | None) -> list[Candidate]:
+    def candidates(self, tier: str, exclude: tuple[str, str] | None, *,
+                   removable: bool = False) -> list[Candidate]:
+        """The tier's versions as eviction candidates; with ``removable``, each one weightd may not
+        remove (:meth:`TierRoots.removal_refused`) is marked protected, with why, so that a plan never
+        counts on space that will not be freed."""
         versions = [v for v in list_versions(self.roots.dir(tier)) if (v.name, v.version) != exclude]
         if not versions:
             return []
@@ -48,10 +52,19 @@ class Space:
         leased = {(le.name, le.version) for le in self.state.leases() if le.tier == tier}
         rows = {(r.name, r.version): r for r in self.state.copies(tier)}
         using = processes_using([v.path for v in versions])
-        return [Candidate(v.name, v.version, v.size,
-                          rows[(v.name, v.version)].last_access if (v.name, v.version) in rows else 0.0,
-                          (v.name, v.version) in pinned, (v.name, v.version) in leased, v.path in using)
-                for v in versions]
+        root = self.roots.dir(tier) if removable else None
+        out = []
+        for v in versions:
+            refused = None
+            if root is not None:
+                exc = self.roots.removal_refused(tier, root, v.rel)
+                refused = None if exc is None else \
+                    f"(weightd cannot prove it made it: {exc.reason.removeprefix('not removed: ')})"
+            out.append(Candidate(v.name, v.version, v.size,
+                                 rows[(v.name, v.version)].last_access if (v.name, v.version) in rows else 0.0,
+                                 (v.name, v.version) in pinned, (v.name, v.version) in leased, v.path in using,
+                                 refused))
+        return out
 
     def reserve(self, tier: str, name: str, version: str, need: int,
                 deadline: float | None) -> tuple[StagingArea, list[str]]:
@@ -68,7 +81,8 @@ class Space:
             plan = EvictionPlan(True, [], used)
             if used + need > capacity * spec.high_watermark:
                 plan = plan_eviction(capacity=capacity, used=used, need=need, high=spec.high_watermark,
-                                     low=spec.low_watermark, candidates=self.candidates(tier, (name, version)))
+                                     low=spec.low_watermark,
+                                     candidates=self.candidates(tier, (name, version), removable=True))
             if not plan.fits:
                 kept = ", ".join(f"{c.ref} {c.protected_by}" for c in plan.protected[:3])
                 raise NoSpace(tier, need, max(0, capacity - used),
@@ -76,12 +90,15 @@ class Space:
                               + (f", kept: {kept}" if kept else "")
                               + f"; raise [tiers.{tier}] capacity, or unpin or evict what is kept (weightd status "
                                 f"shows what holds each copy)")
+            refused: list[str] = []
             evicted = [f"{c.ref} ({tier})" for c in plan.evict
-                       if self._evict_or_refuse(tier, c.name, c.version, "capacity", [])]
-            if evicted:
+                       if self._evict_or_refuse(tier, c.name, c.version, "capacity", refused)]
+            if plan.evict:   # (whatever was or was not evicted: the budget is checked on what is there now)
                 used = self.tier_used(tier, exclude=own)
-                if used + need > capacity:  # a victim was busy after all
-                    raise NoSpace(tier, need, max(0, capacity - used), "a checkpoint chosen for eviction was busy")
+                if used + need > capacity:
+                    why = f"kept: {'; '.join(refused[:3])}" if refused else "a checkpoint chosen for eviction was busy"
+                    raise NoSpace(tier, need, max(0, capacity - used),
+                                  f"capacity {format_bytes(capacity)}, {format_bytes(used)} used, {why}")
             st = root.statvfs()
             free = st.f_bavail * st.f_frsize
             if free < need:
