@@ -6,15 +6,33 @@ reads nothing else, no environment and no file.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 if TYPE_CHECKING:
     from .certs import FleetTLS
 
 
 RACK = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")   # a rack name ([p2p] rack, announces, member lists)
+
+
+def peer_address(text: str) -> "ipaddress.IPv4Address | ipaddress.IPv6Address | None":
+    """A peer's address as the kernel gave it, normalised: a zone dropped, an IPv4-mapped IPv6 address
+    (``::ffff:10.0.0.5``, what a ``[::]`` listener sees) as the IPv4 address it is; None if unparsable.
+    The one reading of an address for every allow list (the accept guard, the tracker)."""
+    try:
+        a = ipaddress.ip_address(text.split("%", 1)[0])
+    except ValueError:
+        return None
+    return a.ipv4_mapped if a.version == 6 and a.ipv4_mapped is not None else a
+
+
+def address_allowed(text: str, allow: "Sequence[ipaddress.IPv4Network | ipaddress.IPv6Network]") -> bool:
+    """``text`` (see :func:`peer_address`) is inside one of ``allow``'s networks."""
+    a = peer_address(text)
+    return a is not None and any(a.version == n.version and a in n for n in allow)
 
 
 @dataclass(frozen=True, slots=True)

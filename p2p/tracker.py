@@ -55,7 +55,7 @@ from urllib.parse import parse_qs
 
 import libtorrent as lt
 
-from .config import RACK
+from .config import RACK, address_allowed, peer_address
 
 INTERVAL_S = 30
 PEER_TTL_S = 2 * INTERVAL_S     # two intervals without an announce: gone
@@ -147,12 +147,10 @@ class Tracker:
         self.swept = now()
 
     def allowed(self, remote_ip: str) -> bool:
-        """An IPv4 address inside the allowlist (anything else, an unparsable address included: no)."""
-        try:
-            ip = ipaddress.ip_address(remote_ip)
-        except ValueError:
-            return False
-        return ip.version == 4 and any(ip in net for net in self.allow)
+        """An IPv4 address (an IPv4-mapped one as its IPv4 address: :func:`.config.peer_address`, as the
+        accept guard reads it) inside the allowlist (anything else, an unparsable address included: no)."""
+        a = peer_address(remote_ip)
+        return a is not None and a.version == 4 and address_allowed(remote_ip, self.allow)
 
     def peers(self) -> int:
         return sum(len(s.slots) for s in list(self.swarms.values()))  # (a scrape thread may ask)
@@ -171,6 +169,7 @@ class Tracker:
             return _fail("malformed info_hash or port"), "tracker_malformed"
         if not self.allowed(remote_ip):
             return _fail("not allowed"), "tracker_not_allowed"
+        remote_ip = str(peer_address(remote_ip))   # (::ffff:10.0.0.5 is the peer 10.0.0.5)
         now = self.now()
         if now - self.swept > self.interval:  # (swarms nobody announces to any more are freed too)
             self._expire_all(now)
@@ -245,6 +244,7 @@ class Tracker:
             return _json_fail("malformed info_hash, rack or want"), "tracker_malformed"
         if not self.allowed(remote_ip):
             return _json_fail("not allowed"), "tracker_not_allowed"
+        remote_ip = str(peer_address(remote_ip))
         swarm = self.swarms.get(info_hash)
         if swarm is None:
             if not self.known(info_hash):

@@ -391,3 +391,18 @@ def test_member_list_from_a_tracker_that_is_not_weightds_or_lies(status: int, bo
     finally:
         m.stop()
         t.close()
+
+
+def test_the_accept_guard_and_the_tracker_read_addresses_alike() -> None:
+    """A tracker listening on ``[::]`` sees IPv4 peers as ``::ffff:a.b.c.d``: the accept guard admitted
+    them and the tracker answered 403 (it required version 4). Now one reading for both: a mapped
+    address is the IPv4 peer, served and listed as such; the guard and the tracker agree everywhere."""
+    from weightd.daemon.listeners import GuardedListener, ListenerLimits
+    t = tracker()
+    guard = GuardedListener("tracker", "[::]:0", lambda: None,
+                            ListenerLimits(("127.0.0.0/8",), 8, 8, 1.0, 1.0, 1.0))
+    for ip in ("127.0.0.6", "::ffff:127.0.0.6", "::ffff:10.0.0.5", "10.0.0.5", "::1", "fe80::1%lo", "junk", ""):
+        assert guard.allowed(ip) == t.allowed(ip), ip
+    assert peers_of(t.announce("::ffff:127.0.0.6", q())) == []
+    assert peers_of(t.announce("127.0.0.7", q(port=7001))) == [("127.0.0.6", 7000)]
+    assert peers_of(t.announce("127.0.0.6", q())) == [("127.0.0.7", 7001)]   # (the same peer, re-announcing)

@@ -32,6 +32,8 @@ from typing import Any, Callable
 
 from aiohttp import web
 
+from p2p.config import address_allowed, peer_address
+
 log = logging.getLogger(__name__)
 
 ACCEPT_BATCH = 64         # connections taken per wake-up of the listening socket
@@ -53,14 +55,6 @@ class ListenerLimits:
 
 def _networks(allow: tuple[str, ...]) -> list[Any]:
     return [ipaddress.ip_network(c, strict=False) for c in allow]
-
-
-def _address(ip: str) -> Any:
-    try:
-        a = ipaddress.ip_address(ip.split("%", 1)[0])
-    except ValueError:
-        return None
-    return a.ipv4_mapped if a.version == 6 and a.ipv4_mapped is not None else a
 
 
 def request_deadline(timeout_s: float) -> Any:
@@ -155,8 +149,7 @@ class GuardedListener:
         self.limits, self._nets = limits, _networks(limits.allow)
 
     def allowed(self, ip: str) -> bool:
-        a = _address(ip)
-        return a is not None and any(a.version == n.version and a in n for n in self._nets)
+        return address_allowed(ip, self._nets)   # (the tracker reads an address the same way)
 
     def bind(self) -> None:
         """Bind and listen (an OSError, e.g. the port is taken, is the caller's to report)."""
@@ -233,6 +226,7 @@ class GuardedListener:
 
     def _admit(self, conn: socket.socket, ip: str) -> None:
         lim = self.limits
+        ip = str(peer_address(ip) or ip)   # (::ffff:10.0.0.5 and 10.0.0.5 are one address, for the caps too)
         reason = "not_allowed" if not self.allowed(ip) else \
             "listener_full" if self.open >= lim.max_connections else \
             "address_full" if self.by_address.get(ip, 0) >= lim.max_connections_per_address else None
