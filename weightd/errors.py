@@ -48,6 +48,16 @@ class WeightdError(Exception):
     exit_code = EXIT_ERROR
 
 
+class ReportRefused(ValueError):
+    """The origin refuses a worker's report (or fleet request), with the HTTP status that says why: 400
+    malformed, 413 larger than the room the fleet budget can give it, 429 too many (the address's rate,
+    the view's node cap)."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 class Stopped(BaseException):
     """Not an error: SIGTERM or SIGINT asked a long-running command (``weightd hold``) to release what
     it holds and leave (a BaseException, so no ``except Exception`` of a step in progress swallows it)."""

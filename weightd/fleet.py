@@ -10,7 +10,7 @@ refused: a fleet upgrading its workers before its origin keeps its view and its 
 
 Bounded: reports held take at most ``budget_bytes`` (each report counted by :func:`report_bytes`, about
 the size of its JSON in the view); a report that does not fit evicts the largest held reports (the
-oldest first among equals) that are larger than it, else it is refused (:class:`Refused`, 413). The
+oldest first among equals) that are larger than it, else it is refused (:class:`ReportRefused`, 413). The
 cheapest way to fill the view is a few huge reports, and those are what goes first; a node sending a
 report of ordinary size keeps its place unless the budget is full of reports as small as its own.
 Holdings are kept as tuples of interned strings (one copy of a model's name however many nodes hold
@@ -36,6 +36,7 @@ from typing import Any
 import tiering
 
 from .compat import check_envelope
+from .errors import ReportRefused
 
 MAX_HOLDINGS = 1024
 MAX_INTENT = 1024
@@ -58,15 +59,6 @@ MAX_PAGE_NODES = 10_000
 MAX_VERSIONS = 4096               # versions in one answer (``versions_cut`` counts the rest; ?model= narrows)
 _HOLDING_BYTES = 112              # a holding's JSON besides its model and version (keys, numbers)
 _REPORT_BYTES = 256               # a report's JSON besides its node, labels, holdings and intent
-
-
-class Refused(ValueError):
-    """A report (or request) refused, with the HTTP status that says why: 400 malformed, 413 larger
-    than the room the budget can give it, 429 too many (the address's rate, the view's node cap)."""
-
-    def __init__(self, message: str, status: int = 400) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 def _show(v: Any) -> str:
@@ -270,29 +262,29 @@ class FleetView:
 
     def report(self, remote_ip: str, body: Any) -> None:
         """Keep a worker's report (``body``, decoded JSON from ``remote_ip``) in place of that node's
-        previous one; :class:`Refused` (one line, with its HTTP status) if the report is refused, the
+        previous one; :class:`ReportRefused` (one line, with its HTTP status) if the report is refused, the
         view is full or the report finds no room in the budget."""
         try:
             ip = str(ipaddress.ip_address(remote_ip))
         except ValueError:
-            raise Refused(f"remote address {_show(remote_ip)} is not an IP address") from None
+            raise ReportRefused(f"remote address {_show(remote_ip)} is not an IP address") from None
         try:
             r = check_report(body)
         except ValueError as exc:
-            raise Refused(str(exc)) from None
+            raise ReportRefused(str(exc)) from None
         now = self._clock()
         self._expire(now)
         key = (ip, r["node"])
         if key not in self._nodes:
             if len(self._nodes) >= self.max_nodes:
-                raise Refused(f"fleet view full: {self.max_nodes} nodes reported within {self.ttl_s:g} s", 429)
+                raise ReportRefused(f"fleet view full: {self.max_nodes} nodes reported within {self.ttl_s:g} s", 429)
             # a node is an address (hostNetwork, one daemon each); a few names per address allow a
             # rename, not one peer filling the view with invented nodes
             if sum(1 for k in self._nodes if k[0] == ip) >= MAX_NODES_PER_IP:
-                raise Refused(f"{MAX_NODES_PER_IP} node names already report from {ip}", 429)
+                raise ReportRefused(f"{MAX_NODES_PER_IP} node names already report from {ip}", 429)
         size = report_bytes(r)
         if size > self.budget:
-            raise Refused(f"report of {size} bytes is larger than the fleet view's whole budget ({self.budget} "
+            raise ReportRefused(f"report of {size} bytes is larger than the fleet view's whole budget ({self.budget} "
                           "bytes, [intent] fleet_budget)", 413)
         old = self._nodes.get(key)
         free = self.budget - self.held_bytes + (old["size"] if old is not None else 0)
@@ -306,7 +298,7 @@ class FleetView:
                 victims.append(k)
                 room += held["size"]
             if room < size:
-                raise Refused(f"fleet view budget full: {self.held_bytes} of {self.budget} bytes held ([intent] "
+                raise ReportRefused(f"fleet view budget full: {self.held_bytes} of {self.budget} bytes held ([intent] "
                               f"fleet_budget) and no held report is larger than this one ({size} bytes)", 413)
             for k in victims:
                 self._drop(k)

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from ..compat import check_envelope
-from ..fleet import MAX_PAGE_NODES, FleetView, RateLimit, Refused, build_view, encode
+from ..errors import ReportRefused
+from ..fleet import MAX_PAGE_NODES, FleetView, RateLimit, build_view, encode
 from ..rollout import MoverSlots
 
 if TYPE_CHECKING:
@@ -73,7 +74,7 @@ def fleet_routes(d: "Daemon", app: web.Application, tracker: Any) -> None:
         evicted = d.fleet.evicted
         try:
             d.fleet.report(request.remote or "", await body(request))
-        except Refused as exc:
+        except ReportRefused as exc:
             d.metrics.trust_refusals.labels("fleet_bad_report" if exc.status == 400 else "fleet_budget").inc()
             return web.json_response({"error": str(exc)[:300]}, status=exc.status)
         except ValueError as exc:
