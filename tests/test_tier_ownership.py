@@ -355,3 +355,87 @@ def test_an_entry_weightds_user_cannot_open_makes_the_root_foreign_not_a_crash(i
         env.cleanup()
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_refused_eviction_keeps_the_copys_record_and_its_lease(node_env: NodeEnv, published) -> None:
+    """The final check and the removal are one step, and state forgets a copy (and releases its leases)
+    only once it is gone. Played for real: an evict made to wait on the state database (another
+    process's write transaction, as a second weightd would hold) while an operator adds a file to the
+    copy. Was: the copy's record and its lease were dropped, then the removal was refused: a copy on
+    disk that state no longer knew, its lease holder's lease gone."""
+    import sqlite3
+    import threading
+    import time
+    from tiering.errors import NotOurs
+    with node_env.node() as node:
+        node.preload("acme/m", "v1", tier="warm", lease_s=3600)
+        copy = node_env.warm / "acme" / "m" / "v1"
+        db = sqlite3.connect(node.state.path, timeout=30, isolation_level=None)
+        db.execute("BEGIN EXCLUSIVE")
+        out: list[object] = []
+        t = threading.Thread(target=lambda: out.append(_try(lambda: node.evict("acme/m", "v1", "warm", force=True))))
+        t.start()
+        time.sleep(1.5)   # (the evict runs its checks, then waits for the database)
+        try:
+            (copy / "NOTES.txt").write_text("written while weightd was evicting\n")
+        except FileNotFoundError:
+            pass          # (already moved out of the way: nothing of the operator's can be in it)
+        db.execute("ROLLBACK")
+        db.close()
+        t.join(60)
+        assert not t.is_alive()
+        row = node.state.copy("warm", "acme/m", "v1")
+        leases = [le for le in node.state.leases() if (le.tier, le.name, le.version) == ("warm", "acme/m", "v1")]
+        if copy.exists():   # refused: the copy, its record and its lease all stay
+            assert isinstance(out[0], NotOurs) and (copy / "NOTES.txt").is_file(), out
+            assert row is not None and leases, (row, leases)
+        else:               # evicted: gone from disk and from state together
+            assert out[0] == ["acme/m@v1 (warm)"] and row is None and not leases, (out, row, leases)
+
+
+def _try(fn):
+    try:
+        return fn()
+    except Exception as exc:   # (the test inspects what the evict raised)
+        return exc
+
+
+def test_the_daemon_counts_what_it_refused_to_remove(node_env: NodeEnv, isolated_env, tmp_path: Path,
+                                                     published) -> None:
+    """gc through a real daemon over the data directory: refused, said in its answer, and counted in
+    weightd_evictions_refused_total{tier, reason}."""
+    from tests.test_daemon import DaemonProc
+    data, run = _data_dir_with_a_version_and_notes(node_env)
+    before = _files(data)
+    node_env.config = _config(node_env, warm=data)
+    d = DaemonProc(node_env, isolated_env, tmp_path)
+    try:
+        r = subprocess.run([sys.executable, "-m", "weightd", "--config", str(node_env.config), "--daemon-only",
+                            "gc", "--json"], capture_output=True, text=True, timeout=120, env=isolated_env, cwd=ROOT)
+        assert r.returncode == 0, r.stderr
+        assert "NOTES.txt" in r.stdout and "acme/m@v1 (warm)" in r.stdout, r.stdout
+        assert d.metric('weightd_evictions_refused_total{reason="foreign_root",tier="warm"}') >= 1
+        r = subprocess.run([sys.executable, "-m", "weightd", "--config", str(node_env.config), "--daemon-only",
+                            "evict", "acme/m@v1", "--tier", "warm"], capture_output=True, text=True, timeout=120,
+                           env=isolated_env, cwd=ROOT)
+        assert_one_line_error(r, 2, "not removed", "NOTES.txt")
+    finally:
+        d.stop()
+    assert _files(data) == before
+
+
+def test_a_removal_cut_short_while_checking_is_never_deleted(wd, node_env: NodeEnv, published) -> None:
+    """A version is checked only after it is moved into .trash (as checking.*); weightd killed at that
+    moment leaves it there unproven, so reconciliation keeps it (and deletes the rest of .trash)."""
+    r = wd("--no-daemon", "preload", "acme/m@v1", "--tier", "warm", "--lease", "0")
+    assert r.returncode == 0, r.stderr
+    trash = node_env.warm / ".trash"
+    trash.mkdir(mode=0o700, exist_ok=True)
+    caught = trash / "checking.v1.0123456789ab"
+    shutil.copytree(node_env.warm / "acme" / "m" / "v1", caught)
+    (caught / "NOTES.txt").write_text("mine\n")
+    (trash / "v0.0123456789ab").mkdir()   # (a removal that was proven: its leftovers go)
+    before = _files(caught)
+    r = wd("--no-daemon", "gc")
+    assert r.returncode == 0, r.stderr
+    assert _files(caught) == before and not (trash / "v0.0123456789ab").exists()

@@ -14,7 +14,7 @@ from ..layout import LOCAL_TIERS, TRASH, VersionDir, list_versions
 from ..locks import FileLock
 from ..safefs import Dir
 from ..state import State
-from .roots import TierRoots
+from .roots import CHECKING, TierRoots
 from .staging import staging_ids, staging_keep, staging_temporaries
 
 log = logging.getLogger(__name__)
@@ -40,8 +40,8 @@ class Reconciler:
                         removed_one, kept_one = self._reap_staging(tier, area, sid, temporaries.get(sid, ()))
                         removed += removed_one
                         kept += kept_one
-            if root is not None and foreign is None and root.lstat(TRASH) is not None:
-                root.remove(TRASH)
+            if root is not None and foreign is None and root.is_dir(TRASH):
+                self._empty_trash(tier, root)
             present = []
             known = {(r.name, r.version): r.digest for r in self.state.copies(tier)}
             for v in list_versions(root) if foreign is None else ():   # (not ours: neither adopted nor removed)
@@ -65,6 +65,17 @@ class Reconciler:
                          removed, adopted, forgotten, rejected, refused)
         self.state.expire_leases()
         return out
+
+    def _empty_trash(self, tier: str, root: Dir) -> None:
+        """Delete what removals left in ``.trash``, but never a version a crash caught while it was
+        being checked (``checking.*``: not yet proven weightd's; the operator decides)."""
+        with root.private(TRASH) as trash:
+            for n, _ in trash.entries():
+                if n.startswith(CHECKING):
+                    log.warning("tier=%s: %s was being checked for removal when weightd stopped; it is left there "
+                                "(move it back, or remove it yourself)", tier, trash.path / n)
+                    continue
+                trash.remove(n)
 
     def _reap_staging(self, tier: str, area: Dir, sid: str, temporaries: Sequence[str] = ()) -> tuple[int, int]:
         """(removed, kept) for one staging id: live ones (their version's lock is held) are left alone,

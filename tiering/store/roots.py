@@ -4,26 +4,29 @@ beneath them. And what weightd may remove from a local tier: only what it can pr
 (:meth:`TierRoots.remove_version`): a root that carries weightd's marker (``.weightd-tier``, written
 when weightd makes the root, or when it first finds one empty, or holding only weightd's layout and
 versions its state records placing there by digest), and a version directory holding nothing its
-manifest does not list. Anything else is left alone, logged and counted (``on_refuse``)."""
+manifest does not list, checked after it is moved out of reach (into ``.trash``) so that what is
+deleted is what was checked. Anything else is left alone, logged and counted (``on_refuse``)."""
 
 from __future__ import annotations
 
 import logging
 import os
 import stat
+import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from ..content.manifest import MANIFEST_RELPATH
 from ..errors import BadInput, NotOurs, TieringError
-from ..layout import (COLD, LOCKS, TIER_MARKER, TierSpec, list_versions, lock_name, prune_empty_parents,
-                      read_version, remove_tree, unexpected_in_root, unlisted_entries)
+from ..layout import (COLD, LOCKS, TIER_MARKER, TRASH, TierSpec, list_versions, lock_name, manifest_of,
+                      prune_empty_parents, unexpected_in_root, unlisted_entries)
 from ..locks import FileLock
 from ..safefs import Dir, RootPolicy, open_cold_store, open_tier_root
 
 log = logging.getLogger(__name__)
 RefuseFn = Callable[[str, str, str], None]   # (tier, what, reason: foreign_root | unlisted_entries | no_manifest)
 RecordedFn = Callable[[str], "dict[tuple[str, str], str]"]   # tier -> {(name, version): digest} state placed there
+CHECKING = "checking."   # a version being removed, in .trash until its check passes (kept by reconciliation)
 _MARKER_TEXT = b"weightd local tier v1: weightd removes only what it made here\n"
 
 if TYPE_CHECKING:
@@ -140,7 +143,8 @@ class TierRoots:
 
     def removal_refused(self, tier: str, root: Dir, rel: str) -> NotOurs | None:
         """Why ``root/rel`` (a version directory of a local tier) must not be removed, or None when
-        weightd can prove it made it: the root is weightd's, and the directory holds a manifest and
+        weightd can prove it made it (as far as can be told before it is moved: :meth:`remove_version`
+        checks again what it moved): the root is weightd's, and the directory holds a manifest and
         nothing that manifest does not list. A symlink or an empty name is removable (the link itself
         goes; nothing of anyone's is lost)."""
         where = str(root.path / rel)
@@ -151,35 +155,85 @@ class TierRoots:
         if st is None or not stat.S_ISDIR(st.st_mode):
             return None if st is None or stat.S_ISLNK(st.st_mode) else NotOurs(
                 where, "not removed: a file weightd did not make is where a version would be", "no_manifest")
-        name, _, version = rel.rpartition("/")
-        try:
-            v = read_version(root, name, version)
-        except (TieringError, OSError):
-            v = None
-        if v is None:
-            return NotOurs(where, f"not removed: it has no readable {MANIFEST_RELPATH} of {name}@{version}, so "
-                                  "weightd cannot tell it made it (remove it yourself if it is not wanted)", "no_manifest")
         try:
             with root.sub(rel) as d:
-                extra = unlisted_entries(d, v.manifest)
+                return _not_provably_made(d, rel, where)
         except (BadInput, OSError) as exc:
             return NotOurs(where, f"not removed: it could not be listed ({exc})", "unlisted_entries")
-        if extra:
-            return NotOurs(where, f"not removed: it holds {', '.join(extra)}, which its manifest does not list "
-                                  "(weightd removes only what it made: move those out, or remove the directory "
-                                  "yourself)", "unlisted_entries")
-        return None
 
     def remove_version(self, tier: str, root: Dir, rel: str, *, level: int = logging.WARNING) -> bool:
         """Remove the version directory ``root/rel`` if weightd can prove it made it (then empty
-        ``org/`` parents too); else log, count and raise :class:`NotOurs`."""
+        ``org/`` parents too); else log, count and raise :class:`NotOurs`, leaving it where it was.
+
+        The proof and the removal are one step: the directory is first renamed into ``.trash`` (out of
+        reach of every path), checked there, and only then deleted; one that fails its check is renamed
+        back. What is deleted is exactly what was checked: a file added by path a moment earlier is
+        seen, one added a moment later cannot be added to it. (A crash while it is being checked
+        leaves it in ``.trash`` under ``checking.``, which reconciliation never deletes.)"""
+        name, _, version = rel.rpartition("/")
         refused = self.removal_refused(tier, root, rel)
-        if refused is not None:
-            name, _, version = rel.rpartition("/")
-            raise self.refuse(tier, f"{name}@{version}", refused, level=level)
-        removed = remove_tree(root, rel)
-        prune_empty_parents(root, rel)
-        return removed
+        if refused is None:
+            refused, removed = self._move_check_remove(root, rel)
+            if refused is None:
+                prune_empty_parents(root, rel)
+                return removed
+        raise self.refuse(tier, f"{name}@{version}", refused, level=level)
+
+    def _move_check_remove(self, root: Dir, rel: str) -> tuple[NotOurs | None, bool]:
+        where = str(root.path / rel)
+        parent_rel, _, last = rel.rpartition("/")
+        parent = root.sub_if_exists(parent_rel) if parent_rel else root
+        if parent is None:
+            return None, False
+        trash = root.private(TRASH)
+        tag = uuid.uuid4().hex[:12]
+        checking, target = f"{CHECKING}{last}.{tag}", f"{last}.{tag}"
+        try:
+            try:
+                parent.rename(last, trash, checking)
+            except FileNotFoundError:
+                return None, False
+            st = trash.lstat(checking)
+            if st is not None and stat.S_ISDIR(st.st_mode):
+                try:
+                    with trash.sub(checking) as d:
+                        refused = _not_provably_made(d, rel, where)
+                except (BadInput, OSError) as exc:
+                    refused = NotOurs(where, f"not removed: it could not be listed ({exc})", "unlisted_entries")
+                if refused is not None:
+                    try:
+                        trash.rename(checking, parent, last)   # (never over what took its place meanwhile)
+                    except FileExistsError:
+                        kept = f".{last}.kept-{tag}"
+                        trash.rename(checking, parent, kept)
+                        refused = NotOurs(where, f"{refused.reason}; something else took its place meanwhile, so "
+                                                 f"it is kept beside it as {kept}", refused.kind)
+                    parent.fsync()
+                    return refused, False
+            trash.rename(checking, trash, target)
+            parent.fsync()
+            trash.remove(target)
+            return None, True
+        finally:
+            trash.close()
+            if parent is not root:
+                parent.close()
+
+
+def _not_provably_made(d: Dir, rel: str, where: str) -> NotOurs | None:
+    """NotOurs unless the directory ``d`` (the version ``rel``, wherever it is now) holds the manifest
+    of that version and nothing that manifest does not list."""
+    name, _, version = rel.rpartition("/")
+    m = manifest_of(d, name, version)
+    if m is None:
+        return NotOurs(where, f"not removed: it has no readable {MANIFEST_RELPATH} of {name}@{version}, so "
+                              "weightd cannot tell it made it (remove it yourself if it is not wanted)", "no_manifest")
+    extra = unlisted_entries(d, m)
+    if extra:
+        return NotOurs(where, f"not removed: it holds {', '.join(extra)}, which its manifest does not list "
+                              "(weightd removes only what it made: move those out, or remove the directory "
+                              "yourself)", "unlisted_entries")
+    return None
 
 
 def foreign_root(tier: str, spec: TierSpec, state_dir: Path) -> str | None:

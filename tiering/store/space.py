@@ -126,12 +126,10 @@ class Space:
         try:
             root = self.roots.must(tier)
             have = read_version(root, name, version)
-            refused = self.roots.removal_refused(tier, root, rel)   # (again, under the lock)
-            if refused is not None:
-                raise self.roots.refuse(tier, f"{name}@{version}", refused, level=level)
+            # (checked again and removed in one step; state forgets the copy only once it is gone)
+            self.roots.remove_version(tier, root, rel, level=level)
             self.state.forget_copy(tier, name, version)
             self.state.release_leases(name, version, tier)
-            self.roots.remove_version(tier, root, rel, level=level)
             log.info("evicted name=%s version=%s tier=%s reason=%s", name, version, tier, reason)
             if self.on_evict is not None:
                 self.on_evict(tier, f"{name}@{version}", reason, have.size if have else 0)
