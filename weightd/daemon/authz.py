@@ -153,13 +153,18 @@ def claim_socket(path: Path) -> None:
         probe.close()
 
 
+def is_admin(uid: int, gids: Any, admin_group: int | None) -> bool:
+    """The admin rule (design §13): root, the daemon's own user, or a member of ``[api] admin_group``."""
+    return uid in (0, os.geteuid()) or (admin_group is not None and admin_group in gids)
+
+
 def authorize(sock: Any, route: str, admin_group: int | None) -> Caller:
     """Mutating routes: root, the daemon's own user, or a member of ``[api] admin_group``."""
     if sock is None or sock.family != socket.AF_UNIX:
         raise ApiError(403, f"{route}: cannot tell who is calling (no peer credentials)")
     pid, uid, gid = peer_credentials(sock)
     caller = Caller(pid, uid, peer_groups(sock, pid, uid, gid))
-    if uid in (0, os.geteuid()) or (admin_group is not None and admin_group in caller.gids):
+    if is_admin(uid, caller.gids, admin_group):
         return caller
     group = f"[api] admin_group (gid {admin_group})" if admin_group is not None else "[api] admin_group (not set)"
     raise ApiError(403, f"uid {uid} may not {route}: it needs root, the daemon's user (uid {os.geteuid()}) "

@@ -15,7 +15,6 @@ are counted together: a request's bytes stay reserved until its lease is in the 
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from tiering.node import check_seconds
 
 from ..errors import EXIT_NO_SPACE, ApiError
 from ..service import DEFAULT
+from .authz import is_admin
 
 if TYPE_CHECKING:
     from .app import Daemon
@@ -46,7 +46,7 @@ def who(sock: Any, admin_group: int | None) -> Who | None:
         return None
     try:
         pid, uid, gid = peer_credentials(sock)
-        admin = uid in (0, os.geteuid()) or (admin_group is not None and admin_group in peer_groups(sock, pid, uid, gid))
+        admin = is_admin(uid, peer_groups(sock, pid, uid, gid), admin_group)
     except OSError:
         return None
     return Who(uid, admin)
