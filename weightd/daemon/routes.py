@@ -63,6 +63,7 @@ class Api:
         # queued behind work that reads cold storage (misc and the tiers' pools)
         daemon.pools.setdefault("query", ThreadPoolExecutor(2, "weightd-query"))
         self.cold_slots = asyncio.Semaphore(COLD_AT_ONCE)
+        self._metrics_job: "asyncio.Future[bytes] | None" = None   # (the exposition being generated)
         # (NAME, VERSION, tier, *what): what="" for the version, else its partial copy's or companion's
         self.inflight: dict[tuple[str, ...], asyncio.Task[dict[str, Any]]] = {}
         self.transfers: dict[tuple[str, ...], Progress] = {}   # the same keys: what each flight is doing
@@ -470,7 +471,14 @@ class Api:
         return await self.healthz(request)
 
     async def metrics(self, request: web.Request) -> web.Response:
-        body = await self.d.run_blocking("query", generate_latest, self.d.registry)   # (never behind cold work)
+        """The exposition, one generation at a time: a scrape arriving while one is generated shares it
+        (/metrics is open over TCP: its callers never queue more than one job ahead of status in the
+        "query" pool)."""
+        job = self._metrics_job
+        if job is None or job.done():
+            job = self._metrics_job = asyncio.ensure_future(
+                self.d.run_blocking("query", generate_latest, self.d.registry))   # (never behind cold work)
+        body = await asyncio.shield(job)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     # -- plumbing -----------------------------------------------------------------------------------
