@@ -118,6 +118,16 @@ class NodeEnv:
         return LocalNode(hot=spec("hot", self.hot, self.hot_capacity), warm=spec("warm", self.warm, self.warm_capacity),
                          cold=self.cold, state_dir=self.state, **kw)
 
+    def tier_root(self, tier: str) -> Path:
+        """The tier's root as weightd makes it (0700, with its marker), for a test that plants something
+        inside a tier weightd already owns."""
+        from tiering.layout import TIER_MARKER
+        root = self.hot if tier == "hot" else self.warm
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(root, 0o700)
+        (root / TIER_MARKER).touch()
+        return root
+
     def cleanup(self) -> None:
         _shutil.rmtree(self.hot, ignore_errors=True)
 

@@ -85,9 +85,8 @@ def test_symlinked_cold_staging_is_never_cleaned_by_status(wd, node_env, tmp_pat
 def test_symlinked_resumable_staging_is_replaced_not_followed(wd, node_env, tmp_path: Path, victim: Path,
                                                              tier: str) -> None:
     publish(wd, tmp_path)
-    root = node_env.hot if tier == "hot" else node_env.warm
-    (root / ".staging").mkdir(parents=True, mode=0o700)
-    os.chmod(root, 0o700)
+    root = node_env.tier_root(tier)
+    (root / ".staging").mkdir(mode=0o700)
     os.symlink(victim / "org--tiny@v1.resumable", root / ".staging" / "org--tiny@v1.resumable")
     os.symlink(victim / "keep.json", root / ".staging" / "org--tiny@v1.resumable.json")
     before = snapshot(victim)
@@ -102,7 +101,7 @@ def test_symlinked_resumable_staging_is_replaced_not_followed(wd, node_env, tmp_
 @pytest.mark.parametrize("planted", [".staging", ".locks", "org"])
 def test_symlinked_tier_directories_are_refused(wd, node_env, tmp_path: Path, victim: Path, planted: str) -> None:
     publish(wd, tmp_path)
-    node_env.warm.mkdir(mode=0o700)
+    node_env.tier_root("warm")
     os.symlink(victim / "sub", node_env.warm / planted)
     before = snapshot(victim)
     r = wd("preload", "org/tiny@v1", "--tier", "warm")
@@ -112,8 +111,7 @@ def test_symlinked_tier_directories_are_refused(wd, node_env, tmp_path: Path, vi
 
 def test_symlinked_lock_file_and_trash_are_not_followed(wd, node_env, tmp_path: Path, victim: Path) -> None:
     publish(wd, tmp_path)
-    (node_env.warm / ".locks").mkdir(parents=True, mode=0o700)
-    os.chmod(node_env.warm, 0o700)
+    (node_env.tier_root("warm") / ".locks").mkdir(mode=0o700)
     os.symlink(victim / "keep.json", node_env.warm / ".locks" / "org--tiny@v1.lock")
     os.symlink(victim, node_env.warm / ".trash")
     before = snapshot(victim)
@@ -295,9 +293,8 @@ def test_crashed_copy_staging_never_counts_against_its_own_retry(wd, node_env, t
     publish(wd, tmp_path, size=8 * MiB)
     # what a cold copy killed mid-way left on main: a staging area marked resumable (every copy was),
     # its side file, and no lock holder
-    area = node_env.warm / ".staging"
-    area.mkdir(parents=True)
-    os.chmod(node_env.warm, 0o700)
+    area = node_env.tier_root("warm") / ".staging"
+    area.mkdir()
     (area / "org--tiny@v1.resumable").mkdir()
     (area / "org--tiny@v1.resumable" / "model-00001-of-00002.safetensors").write_bytes(b"\0" * (6 * MiB))
     (area / "org--tiny@v1.resumable.json").write_text(json.dumps(
@@ -309,9 +306,8 @@ def test_crashed_copy_staging_never_counts_against_its_own_retry(wd, node_env, t
 
 
 def test_stale_copy_staging_is_removed_at_once(wd, node_env, tmp_path: Path) -> None:
-    area = node_env.warm / ".staging"
-    area.mkdir(parents=True)
-    os.chmod(node_env.warm, 0o700)
+    area = node_env.tier_root("warm") / ".staging"
+    area.mkdir()
     (area / "org--x@v1.resumable").mkdir()
     (area / "org--x@v1.resumable.json").write_text(json.dumps({"bytes": 10, "resumable": False,
                                                                 "created": time.time()}))
@@ -328,9 +324,8 @@ def test_side_file_temporaries_a_kill_left_are_removed_unless_their_writer_lives
     (CI's crash test found one that nothing ever removed). Reconciliation removes those of every id whose
     version lock is free, a kept resumable area's too; one whose version lock is held is a live write and
     stays, and a dot-file that is no temporary of weightd's is not touched."""
-    area = node_env.warm / ".staging"
-    area.mkdir(parents=True)
-    os.chmod(node_env.warm, 0o700)
+    area = node_env.tier_root("warm") / ".staging"
+    area.mkdir()
     (area / ".org--x@v1.resumable.json.0123456789ab.incomplete").write_text("{")
     (area / "org--y@v1.resumable").mkdir()  # resumable: kept for a day, its torn temporary is not
     (area / "org--y@v1.resumable.json").write_text(json.dumps({"bytes": 10, "resumable": True,

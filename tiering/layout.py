@@ -379,7 +379,7 @@ _LT_PARTS = re.compile(r"\.[0-9a-f]{40}(?:[0-9a-f]{24})?\.parts")   # libtorrent
 
 def unlisted_entries(d: Dir, m: Manifest, limit: int = 3) -> list[str]:
     """The entries of the version directory ``d`` that are neither a file its manifest ``m`` lists (a
-    regular file), a directory on the way to one, nor weightd's own (``.weightd/`` holding only
+    regular file, or a link planted in its place), a directory on the way to one, nor weightd's own (``.weightd/`` holding only
     META_FILES and their write_atomic temporaries, libtorrent's part file): at most ``limit``, as
     paths in the version. Empty: everything there is what weightd put there (a file missing is
     fine: removing what is left loses nothing of anyone's)."""
@@ -396,12 +396,12 @@ def unlisted_entries(d: Dir, m: Manifest, limit: int = 3) -> list[str]:
             if stat.S_ISDIR(st.st_mode) and (rel in dirs or rel == meta_dir):
                 with cur.sub(n) as sub:
                     if rel == meta_dir:
-                        out.extend(f"{rel}/{x}" for x, xst in sub.entries() if not stat.S_ISREG(xst.st_mode)
+                        out.extend(f"{rel}/{x}" for x, xst in sub.entries() if not _plain(xst)
                                    or (x not in META_FILES and Dir.atomic_target(x) not in META_FILES))
                         del out[limit:]
                     else:
                         walk(sub, rel + "/")
-            elif rel in files and stat.S_ISREG(st.st_mode):
+            elif rel in files and _plain(st):
                 continue
             elif not prefix and _LT_PARTS.fullmatch(n) and stat.S_ISREG(st.st_mode):
                 continue
@@ -410,6 +410,12 @@ def unlisted_entries(d: Dir, m: Manifest, limit: int = 3) -> list[str]:
                            else f"{rel} (a {_kind(st)})")
     walk(d, "")
     return out
+
+
+def _plain(st: os.stat_result) -> bool:
+    """A regular file, or a symlink planted in its place (removing the link loses nothing of anyone's:
+    its target is never followed)."""
+    return stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)
 
 
 def _kind(st: os.stat_result) -> str:

@@ -71,7 +71,7 @@ class Preloader:
             if have is not None or root.lstat(rel) is not None:
                 # a different copy under the same name, or a planted symlink: removed by descriptor, never
                 # followed; anything weightd cannot prove it made is left alone (NotOurs, counted)
-                self.roots.remove_version(tier, root, rel)
+                self.roots.remove_version(tier, root, rel, known=m)
             set_phase(progress, "wait", detail=f"for {format_bytes(m.total_bytes)} of space in {tier}")
             staging, report.evicted = self.space.reserve(tier, name, version, m.total_bytes, deadline)
             with staging:  # aborted on any exception

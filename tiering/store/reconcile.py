@@ -42,6 +42,8 @@ class Reconciler:
                         kept += kept_one
             if root is not None and foreign is None and root.is_dir(TRASH):
                 self._empty_trash(tier, root)
+            elif root is not None and foreign is None and root.lstat(TRASH) is not None:
+                root.remove(TRASH)   # a link or file planted under weightd's own name: the entry goes, not its target
             present = []
             known = {(r.name, r.version): r.digest for r in self.state.copies(tier)}
             for v in list_versions(root) if foreign is None else ():   # (not ours: neither adopted nor removed)

@@ -30,6 +30,7 @@ CHECKING = "checking."   # a version being removed, in .trash until its check pa
 _MARKER_TEXT = b"weightd local tier v1: weightd removes only what it made here\n"
 
 if TYPE_CHECKING:
+    from ..content.manifest import Manifest
     from ..objstore import ObjectCold
 
 
@@ -141,7 +142,7 @@ class TierRoots:
             self.on_refuse(tier, what, exc.kind)
         return exc
 
-    def removal_refused(self, tier: str, root: Dir, rel: str) -> NotOurs | None:
+    def removal_refused(self, tier: str, root: Dir, rel: str, known: "Manifest | None" = None) -> NotOurs | None:
         """Why ``root/rel`` (a version directory of a local tier) must not be removed, or None when
         weightd can prove it made it (as far as can be told before it is moved: :meth:`remove_version`
         checks again what it moved): the root is weightd's, and the directory holds a manifest and
@@ -157,11 +158,12 @@ class TierRoots:
                 where, "not removed: a file weightd did not make is where a version would be", "no_manifest")
         try:
             with root.sub(rel) as d:
-                return _not_provably_made(d, rel, where)
+                return _not_provably_made(d, rel, where, self._vouched(tier, rel, known))
         except (BadInput, OSError) as exc:
             return NotOurs(where, f"not removed: it could not be listed ({exc})", "unlisted_entries")
 
-    def remove_version(self, tier: str, root: Dir, rel: str, *, level: int = logging.WARNING) -> bool:
+    def remove_version(self, tier: str, root: Dir, rel: str, *, level: int = logging.WARNING,
+                       known: "Manifest | None" = None) -> bool:
         """Remove the version directory ``root/rel`` if weightd can prove it made it (then empty
         ``org/`` parents too); else log, count and raise :class:`NotOurs`, leaving it where it was.
 
@@ -171,15 +173,24 @@ class TierRoots:
         seen, one added a moment later cannot be added to it. (A crash while it is being checked
         leaves it in ``.trash`` under ``checking.``, which reconciliation never deletes.)"""
         name, _, version = rel.rpartition("/")
-        refused = self.removal_refused(tier, root, rel)
+        refused = self.removal_refused(tier, root, rel, known)
         if refused is None:
-            refused, removed = self._move_check_remove(root, rel)
+            refused, removed = self._move_check_remove(root, rel, self._vouched(tier, rel, known))
             if refused is None:
                 prune_empty_parents(root, rel)
                 return removed
         raise self.refuse(tier, f"{name}@{version}", refused, level=level)
 
-    def _move_check_remove(self, root: Dir, rel: str) -> tuple[NotOurs | None, bool]:
+    def _vouched(self, tier: str, rel: str, known: "Manifest | None") -> "Manifest | None":
+        """``known`` (the published manifest of the version the caller is placing under ``rel``) stands
+        for a copy's own manifest that was damaged or replaced by a link after weightd placed it: in a
+        root that is weightd's, a directory at NAME/VERSION holding nothing that version's manifest does
+        not list is what weightd made there. None when it is another version's."""
+        name, _, version = rel.rpartition("/")
+        return known if known is not None and (known.name, known.version) == (name, version) else None
+
+    def _move_check_remove(self, root: Dir, rel: str, vouched: "Manifest | None" = None
+                           ) -> tuple[NotOurs | None, bool]:
         where = str(root.path / rel)
         parent_rel, _, last = rel.rpartition("/")
         parent = root.sub_if_exists(parent_rel) if parent_rel else root
@@ -197,7 +208,7 @@ class TierRoots:
             if st is not None and stat.S_ISDIR(st.st_mode):
                 try:
                     with trash.sub(checking) as d:
-                        refused = _not_provably_made(d, rel, where)
+                        refused = _not_provably_made(d, rel, where, vouched)
                 except (BadInput, OSError) as exc:
                     refused = NotOurs(where, f"not removed: it could not be listed ({exc})", "unlisted_entries")
                 if refused is not None:
@@ -220,11 +231,12 @@ class TierRoots:
                 parent.close()
 
 
-def _not_provably_made(d: Dir, rel: str, where: str) -> NotOurs | None:
+def _not_provably_made(d: Dir, rel: str, where: str, vouched: "Manifest | None" = None) -> NotOurs | None:
     """NotOurs unless the directory ``d`` (the version ``rel``, wherever it is now) holds the manifest
-    of that version and nothing that manifest does not list."""
+    of that version (or, when its own is unreadable, ``vouched``: the manifest state records weightd
+    placing there) and nothing that manifest does not list."""
     name, _, version = rel.rpartition("/")
-    m = manifest_of(d, name, version)
+    m = manifest_of(d, name, version) or vouched
     if m is None:
         return NotOurs(where, f"not removed: it has no readable {MANIFEST_RELPATH} of {name}@{version}, so "
                               "weightd cannot tell it made it (remove it yourself if it is not wanted)", "no_manifest")
