@@ -33,7 +33,7 @@ _SURFACE: dict[str, str] = {
     "TransferFailed": "errors", "LibtorrentError": "errors", "BadCertificate": "errors",
     "map_libtorrent_errors": "errors",
     # configuration, and fleet TLS credentials (cryptography, loaded only when used)
-    "P2PConfig": "config", "RACK": "config",
+    "P2PConfig": "config", "RACK": "config", "address_allowed": "config", "peer_address": "config",
     "FleetTLS": "certs", "load_fleet_tls": "certs", "make_ca": "certs", "issue_cert": "certs", "write_fleet": "certs",
     # the session, its alert pump and its downloads
     "P2PSession": "session", "AlertEvent": "alerts", "AlertPump": "alerts", "DownloadResult": "transfer",

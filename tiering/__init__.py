@@ -50,7 +50,7 @@ _SURFACE: dict[str, str] = {
     "open_cold_store": "safefs", "unmade_parent": "safefs", "RootPolicy": "safefs", "COLD_MARKER": "safefs",
     "StagingArea": "store.staging", "foreign_root": "store.roots",
     # the node (a facade over tiering/store/) and the seam to transfer sources
-    "LocalNode": "node", "DEFAULT_LEASE_S": "node",
+    "LocalNode": "node", "DEFAULT_LEASE_S": "node", "check_seconds": "node",
     "PreloadReport": "store.reports", "PublishReport": "store.reports",
     "FetchRequest": "sources", "FetchResult": "sources", "Fetcher": "sources", "SourceFallback": "sources",
     "Progress": "progress", "set_phase": "progress", "process_name": "inuse", "ObjectCold": "objstore", "ObjectLocation": "objstore", "read_version": "layout",

@@ -20,8 +20,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, AsyncIterator
 
-from tiering import DEFAULT_LEASE_S, format_bytes
-from tiering.node import check_seconds
+from tiering import DEFAULT_LEASE_S, check_seconds, format_bytes
 
 from ..errors import EXIT_NO_SPACE, ApiError
 from ..service import DEFAULT

@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 from aiohttp import web
 
-from p2p.config import address_allowed, peer_address
+from p2p import address_allowed, peer_address
 
 log = logging.getLogger(__name__)
 
