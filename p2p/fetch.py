@@ -89,6 +89,10 @@ class P2PFetcher:
                 subset = subset_of(ti, request.files)
             except TorrentRejected as exc:
                 problem = str(exc)
+        key = str(ti.info_hashes().get_best())
+        if problem is None and key in self.session.bad_torrents:
+            problem = (f"its torrent ({key[:16]}) gave bytes that fail the manifest before: it describes other bytes "
+                       "than the version (replaced in cold storage?), so the swarm is not asked for it again")
         if problem is not None:
             log.warning("not using P2P for %s, copying from cold instead: %s", src.ref, problem)
             return FetchResult(False, fallback=SourceFallback("p2p", "cold", problem))
@@ -102,18 +106,15 @@ class P2PFetcher:
             return FetchResult(False, fallback=SourceFallback("p2p", "cold", str(exc)))
         request.staging.dir.remove(src.version)
         origin, peers = result.split({e.rpartition(":")[0] for e in cfg.peers})
-        # (the origins, [p2p] peers, are not banned: they serve cold storage's own bytes, so a torrent that
-        # does not match its manifest is the cold writer's doing, which the fallback answers)
-        origins = {e.rpartition(":")[0].strip("[]") for e in cfg.peers}
-        senders = sorted(ip for ip, n in result.bytes_by_peer.items()
-                         if n > 0 and ip != "unattributed" and ip not in origins)
         session = self.session
 
         def reject(why: str) -> str:
-            """The node found these bytes are not the manifest's: whoever sent any of them is banned
-            (their pieces passed a torrent that describes other bytes)."""
-            banned = session.ban(senders, f"sent {src.ref} bytes that fail its manifest")
-            return f"; banned {', '.join(banned)}" if banned else ""
+            """The node found these bytes are not the manifest's. Every block passed the torrent's SHA-256
+            hashes (libtorrent checks each, and bans a peer that sends one that fails), so it is the torrent
+            that describes other bytes (a cold writer replaced it), not a peer that lied: no peer is banned
+            (honest ones seeding that torrent would be), the torrent is not used again by this daemon."""
+            session.bad_torrents.add(key)
+            return f"; the torrent {key[:16]} describes other bytes than the manifest: not used again"
         return FetchResult(True, {"origin": origin, "peer": peers, "local_reuse": result.local_bytes},
                            swarm={"seconds": round(result.seconds, 2), **result.trace.to_dict()}, reject=reject)
 

@@ -125,7 +125,7 @@ class P2PSession:
             self.origin_ips = {endpoint(p)[0] for p in cfg.peers}
             self.other_rack: set[str] = set()
             self.origin_blocked = False   # (a worker whose own pieces are in filters the origins out)
-            self.banned: set[str] = set()   # peers that sent bytes failing a manifest (ban)
+            self.bad_torrents: set[str] = set()   # info-hashes whose bytes failed their manifest (p2p.fetch)
             self.ses.set_peer_class_filter(_class_filter())
         self.active_downloads = 0
         self.tls = cfg.tls  # replaced by set_tls (certificate rotation)
@@ -368,22 +368,8 @@ class P2PSession:
             self.origin_blocked = blocked
             self._filter()
 
-    def ban(self, ips: "list[str] | set[str]", reason: str) -> list[str]:
-        """Filter these addresses out of the session for its lifetime (disconnected now, never
-        connected again until the daemon restarts), counted as peer bans; returns the newly banned."""
-        with self.lock:
-            new = sorted(set(ips) - self.banned)
-            self.banned.update(new)
-        if new:
-            self._filter()
-            self.alerts.add("peer_bans", len(new))
-            for ip in new:
-                log.warning("p2p: banned %s: %s", ip, reason)
-        return new
-
     def _filter(self) -> None:
-        self.ses.set_ip_filter(_ip_filter(self.cfg.allow, self.banned | (self.origin_ips if self.origin_blocked
-                                                                         else set())))
+        self.ses.set_ip_filter(_ip_filter(self.cfg.allow, self.origin_ips if self.origin_blocked else set()))
 
     def set_other_racks(self, racks: dict[str, str]) -> None:
         """Workers of other racks than this node's (from a member list) into the other-rack class."""
