@@ -43,7 +43,7 @@ def test_a_huge_manifest_is_refused_from_its_length_without_downloading_it(s3_en
 
 class StallingS3:
     """A hostile S3 endpoint on 127.0.0.1 (moto cannot stall): HEAD of any object answers with its
-    size and ETag; a GET of ``manifest.json`` advertises ``manifest_bytes`` and would send zeros; a
+    size and ETag; a listing starts its answer and then sends nothing; a GET of ``manifest.json`` advertises ``manifest_bytes`` and would send zeros; a
     ranged GET sends the first half of the range and then nothing, keeping the connection open. It
     records the bytes of body it sent and when each connection was closed by the client."""
 
@@ -92,6 +92,11 @@ class StallingS3:
                 if method == "HEAD":
                     conn.sendall(f"HTTP/1.1 200 OK\r\n{common}Content-Length: {self.size}\r\n\r\n".encode())
                     continue
+                if "list-type=" in path:   # a listing: the start of an answer, then nothing
+                    conn.sendall(f"HTTP/1.1 200 OK\r\nContent-Type: application/xml\r\nContent-Length: 4096\r\n\r\n"
+                                 f"<?xml".encode())
+                    self._send_until_closed(conn, 0)
+                    return
                 if path.endswith("manifest.json"):
                     conn.sendall(f"HTTP/1.1 200 OK\r\n{common}Content-Length: {self.manifest_bytes}\r\n\r\n".encode())
                     self._send_until_closed(conn, self.manifest_bytes)
@@ -199,3 +204,20 @@ def test_a_manifest_whose_length_is_over_the_limit_is_not_downloaded(stalling) -
     while not srv.closed_at and time.monotonic() < deadline:
         time.sleep(0.05)
     assert srv.closed_at and srv.sent < 8 * MiB, srv.sent   # (what sat in socket buffers, not 600 MiB)
+
+
+def test_a_listing_that_stalls_ends_at_the_callers_deadline(stalling) -> None:
+    """Resolving NAME's versions (a listing, then a HEAD each) inside a bounded call: the stalled
+    listing's request is abandoned at the deadline (its connection closed by the client), not held
+    until obstore's 120 s client timeout on a thread the daemon counts as stuck."""
+    from tiering.copy import run_bounded
+    srv = stalling(1)
+    c = cold(srv.endpoint, "hostile")
+    t0 = time.monotonic()
+    with pytest.raises(TimedOut):
+        run_bounded(lambda: c.versions("acme/s"), deadline=time.monotonic() + 2, what="versions", grace_s=0.5)
+    assert time.monotonic() - t0 < 5
+    deadline = time.monotonic() + 5
+    while not srv.closed_at and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert srv.closed_at and srv.closed_at[0] - t0 < 5, "the stalled listing was not abandoned at its deadline"

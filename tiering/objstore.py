@@ -362,14 +362,21 @@ class ObjectCold:
 
     def head(self, key: str) -> dict[str, Any]:
         import obstore
-        meta = self._call("head", lambda: obstore.head(self.store, key), key)
+        meta = self._read("head", key, lambda: obstore.head_async(self.store, key))
         self.stats.count("head")
         return meta
+
+    def _read(self, kind: str, key: str, make: Callable[[], Any]) -> Any:
+        """One read request (obstore's async call ``make``) within the deadline this thread works for
+        (a preload's --timeout, a daemon route's bound): a store that stalls ends there, not at the
+        client's 120 s timeout."""
+        deadline = _deadline(None)
+        return self._call(kind, lambda: _bounded(make, deadline, f"{self.url}/{key}"), key, deadline=deadline)
 
     def names(self) -> list[str]:
         """Every NAME with at least one published version (``NAME`` is ``a`` or ``a/b``)."""
         import obstore
-        top = self._call("list", lambda: obstore.list_with_delimiter(self.store, prefix=""), "/")
+        top = self._read("list", "/", lambda: obstore.list_with_delimiter_async(self.store, prefix=""))
         self.stats.count("list")
         out = []
         for a in (p.rstrip("/").rsplit("/", 1)[-1] for p in top["common_prefixes"]):
@@ -378,7 +385,7 @@ class ObjectCold:
             if self.versions(a):
                 out.append(a)
                 continue
-            sub = self._call("list", lambda a=a: obstore.list_with_delimiter(self.store, prefix=f"{a}/"), f"{a}/")
+            sub = self._read("list", f"{a}/", lambda a=a: obstore.list_with_delimiter_async(self.store, prefix=f"{a}/"))
             for b in (p.rstrip("/").rsplit("/", 1)[-1] for p in sub["common_prefixes"]):
                 try:
                     validate_name(f"{a}/{b}")
@@ -392,7 +399,7 @@ class ObjectCold:
         """The version labels under NAME/ whose manifest exists (listing, then one HEAD each)."""
         import obstore
         validate_name(name)
-        listing = self._call("list", lambda: obstore.list_with_delimiter(self.store, prefix=f"{name}/"), f"{name}/")
+        listing = self._read("list", f"{name}/", lambda: obstore.list_with_delimiter_async(self.store, prefix=f"{name}/"))
         self.stats.count("list")
         out = []
         for p in listing["common_prefixes"]:
@@ -403,7 +410,7 @@ class ObjectCold:
                 continue
             key = f"{name}/{label}/{MANIFEST_RELPATH}"
             try:
-                self._call("head", lambda k=key: obstore.head(self.store, k), key)
+                self._read("head", key, lambda k=key: obstore.head_async(self.store, k))
                 self.stats.count("head")
                 out.append(label)
             except CheckpointNotFound:
@@ -704,14 +711,11 @@ class ObjectCold:
         except ObjectStoreError as exc:
             if exc.kind not in ("exists", "precondition"):
                 raise
-        held = self._call("get", lambda: obstore.get(self.store, key), key)
-        meta = held.meta
-        try:
-            if meta["size"] > SMALL_LIMIT:   # (not a claim weightd wrote: never read whole)
-                raise ValueError("claim too large")
-            info = json.loads(bytes(held.bytes()))
+        try:   # (not a claim weightd wrote if over SMALL_LIMIT: refused from its length, never read whole)
+            held = self.get_small(key, SMALL_LIMIT, what="publish claim")
+            info = json.loads(held) if held is not None else {}
             since = float(info.get("at", 0))
-        except (ValueError, TypeError, AttributeError):
+        except (BadInput, ValueError, TypeError, AttributeError):
             info, since = {}, 0.0
         if time.time() - since < CLAIM_STALE_S:
             raise Busy(f"{name}@{version}", f"being published by {info.get('host', '?')} pid {info.get('pid', '?')} "
