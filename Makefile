@@ -75,6 +75,7 @@ BINDIR ?= /usr/bin
 UNITDIR ?= /usr/lib/systemd/system
 SYSCONFDIR ?= /etc
 LIBDIR ?= /usr/lib
+MANDIR ?= /usr/share/man
 PIP_FLAGS ?=
 INSTALL_PY ?=
 DESTDIR ?=
@@ -87,5 +88,6 @@ install:
 	  > $(DESTDIR)$(UNITDIR)/weightd.service
 	install -m 0644 systemd/weightd.sysusers $(DESTDIR)$(LIBDIR)/sysusers.d/weightd.conf
 	install -m 0644 systemd/weightd.tmpfiles $(DESTDIR)$(LIBDIR)/tmpfiles.d/weightd.conf
+	install -D -m 0644 man/weightd.1 $(DESTDIR)$(MANDIR)/man1/weightd.1
 	test -e $(DESTDIR)$(SYSCONFDIR)/weightd/weightd.toml \
 	  || install -m 0644 systemd/weightd.toml $(DESTDIR)$(SYSCONFDIR)/weightd/weightd.toml
