@@ -13,6 +13,10 @@ fallback where they are called (tensorizer's ``_syscalls.py`` does the same):
 
 Functions return plain values or raise ``OSError`` (``PageCacheError`` for the page-cache ones); the
 modules that call them decide what a missing feature means.
+
+``WEIGHTD_DISABLE_SYSCALLS`` (comma-separated: ``openat2``, ``renameat2``) makes this process behave as
+on a kernel or file system without them, so the fallbacks run on any machine (the tests force them
+this way, in-process through :data:`DISABLED`, in subprocesses through the environment).
 """
 
 from __future__ import annotations
@@ -76,6 +80,8 @@ if _fallocate is not None:
     _fallocate.restype = ctypes.c_int
 
 _features: dict[str, bool] = {}   # probe name -> result, each probed once
+DISABLED: frozenset[str] = frozenset(
+    n.strip() for n in os.environ.get("WEIGHTD_DISABLE_SYSCALLS", "").split(",") if n.strip())
 
 
 class _OpenHow(ctypes.Structure):
@@ -107,6 +113,8 @@ def openat2(dirfd: int, rel: str, flags: int, mode: int) -> int:
 
 def openat2_available() -> bool:
     """Probed once: does this kernel (and seccomp policy) let us call openat2?"""
+    if "openat2" in DISABLED:
+        return False
     if "openat2" not in _features:
         top = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
@@ -121,7 +129,7 @@ def openat2_available() -> bool:
 
 def renameat2_noreplace(src_fd: int, name: str, dst_fd: int, dst_name: str) -> int | None:
     """``renameat2(RENAME_NOREPLACE)``: 0, the errno it failed with, or None without renameat2 in libc."""
-    if _renameat2 is None:
+    if _renameat2 is None or "renameat2" in DISABLED:
         return None
     if _renameat2(src_fd, os.fsencode(name), dst_fd, os.fsencode(dst_name), _RENAME_NOREPLACE) == 0:
         return 0
