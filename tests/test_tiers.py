@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -283,18 +284,53 @@ def test_corrupt_or_truncated_cold_copy_fails_with_5(wd, node_env) -> None:
     assert not (node_env.warm / "org").exists()
 
 
+def _open_by(pid: int, name: str) -> bool:
+    """Whether process ``pid`` has a file called ``name`` open (its /proc fd links)."""
+    try:
+        return any(os.readlink(f"/proc/{pid}/fd/{fd}").endswith("/" + name) for fd in os.listdir(f"/proc/{pid}/fd"))
+    except OSError:  # (fds come and go while we look)
+        return False
+
+
+def _staged_bytes(staging: Path) -> int:
+    try:
+        return sum(f.stat().st_blocks * 512 for d in staging.iterdir() if d.is_dir() for f in d.rglob("*") if f.is_file())
+    except OSError:  # staging areas come and go while we look
+        return 0
+
+
 def test_two_processes_copy_once(node_env) -> None:
+    """The second preload really starts while the first copies: the first is stopped (SIGSTOP) with
+    its staging area partly filled, the second is seen waiting on the version's lock, then the first
+    goes on. The second moves nothing."""
     published(node_env, size=48 * MiB)
     cmd = [sys.executable, "-m", "weightd", "--config", str(node_env.config), "preload", "org/tiny@v1",
            "--tier", "warm", "--json"]
-    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    total = sum(f.stat().st_size for f in (node_env.cold / "org/tiny/v1").rglob("*") if f.is_file())
+    first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    procs = [first]
+    try:
+        deadline = time.monotonic() + 60
+        while not _staged_bytes(node_env.warm / ".staging"):  # (polled every ms: the copy takes a fraction of a second)
+            assert first.poll() is None and time.monotonic() < deadline, "the first preload never staged a byte"
+            time.sleep(0.001)
+        first.send_signal(signal.SIGSTOP)
+        staged = _staged_bytes(node_env.warm / ".staging")
+        assert not (node_env.warm / "org/tiny/v1").exists() and staged < total, (staged, total)  # mid-copy
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        lock = "org--tiny@v1.lock"
+        while not _open_by(procs[1].pid, lock):  # the second waits on the lock the first holds
+            assert procs[1].poll() is None and time.monotonic() < deadline, procs[1].communicate()
+            time.sleep(0.01)
+        assert not (node_env.warm / "org/tiny/v1").exists()  # (still: the first is stopped)
+    finally:
+        first.send_signal(signal.SIGCONT)
     reports = []
     for p in procs:
         out, err = p.communicate(timeout=120)
         assert p.returncode == 0, err
         reports.append(json.loads(out.splitlines()[0]))
-    moved = sorted(r["bytes_moved"] for r in reports)
-    assert moved == [0, reports[0]["bytes"]], reports
+    assert [r["bytes_moved"] for r in reports] == [reports[0]["bytes"], 0], reports
 
 
 @contextlib.contextmanager
