@@ -40,10 +40,11 @@ def test_rows_per_ratio_with_targets_and_refusals() -> None:
 
 def test_readme_markers(tmp_path: Path, monkeypatch) -> None:
     m = load()
-    (tmp_path / "README.md").write_text(f"a\n{m.BEGIN}\nold\n{m.END}\nb\n")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "benchmarks.md").write_text(f"a\n{m.BEGIN}\nold\n{m.END}\nb\n")
     monkeypatch.setattr(m, "REPO", tmp_path)
     m.write_readme("new table")
-    assert (tmp_path / "README.md").read_text() == f"a\n{m.BEGIN}\nnew table\n{m.END}\nb\n"
+    assert (tmp_path / "docs" / "benchmarks.md").read_text() == f"a\n{m.BEGIN}\nnew table\n{m.END}\nb\n"
 
 
 def test_a_band_target_and_microseconds() -> None:

@@ -105,12 +105,12 @@ def _can_read(p: Path) -> bool:
 
 
 def test_the_readme_openssl_recipe_makes_a_fleet(tmp_path: Path) -> None:
-    """The certificate commands the README gives, run as written: weightd accepts what they make, and
+    """The certificate commands docs/security.md gives, run as written: weightd accepts what they make, and
     the same node certificate without ``DNS:*`` is refused with the reason."""
     import shutil
     if shutil.which("openssl") is None:
         pytest.skip("openssl is not installed (scripts/install-tools.sh installs it)")
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "security.md").read_text()
     block = readme[readme.index("# a fleet CA, and per node a certificate"):]
     block = block[:block.index("```")]
     for san, ok in (("DNS:*,IP:10.0.0.17", True), ("DNS:gpu-node-17", False)):
