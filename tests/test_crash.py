@@ -19,18 +19,36 @@ from tiering.sample import make_checkpoint
 MiB = 1 << 20
 
 
-def _wait_for_staging(p: subprocess.Popen, root: Path, deadline: float) -> None:
-    """Poll (1 ms) until a staging area holds a file written since now (an earlier round's leftovers are
-    older), the preload ends, or the deadline passes."""
-    staging = root / ".staging"
-    since = time.time() - 0.02  # file times come from the coarse clock, up to a tick behind time.time()
+def _staging_files(root: Path) -> dict[str, tuple[int, int, int]]:
+    """Every file in the tier's staging areas: path -> (inode, mtime_ns, size)."""
+    out = {}
+    try:
+        for d in (root / ".staging").iterdir():
+            if d.is_dir():
+                for f in d.rglob("*"):
+                    try:
+                        st = f.stat()
+                    except OSError:
+                        continue
+                    if f.is_file():
+                        out[str(f)] = (st.st_ino, st.st_mtime_ns, st.st_size)
+    except OSError:  # staging and its areas come and go while we look
+        pass
+    return out
+
+
+def _written_since(root: Path, before: dict[str, tuple[int, int, int]]) -> bool:
+    """Whether a staging file was created or written after ``before`` was taken (an earlier round's
+    leftovers, as they were, do not count)."""
+    return any(before.get(k) != v for k, v in _staging_files(root).items())
+
+
+def _wait_for_staging(p: subprocess.Popen, root: Path, before: dict[str, tuple[int, int, int]],
+                      deadline: float) -> None:
+    """Poll (1 ms) until this round's preload wrote a staging file, the preload ends, or the deadline passes."""
     while p.poll() is None and time.monotonic() < deadline:
-        try:
-            if any(f.is_file() and f.stat().st_mtime > since
-                   for d in staging.iterdir() if d.is_dir() for f in d.rglob("*")):
-                return
-        except OSError:  # staging and its areas come and go while we look
-            pass
+        if _written_since(root, before):
+            return
         time.sleep(0.001)
 
 
@@ -64,19 +82,20 @@ def test_kill_9_at_random_points(node_env, isolated_env, tmp_path: Path) -> None
         tier = ("warm", "hot")[i % 2]
         root = node_env.warm if tier == "warm" else node_env.hot
         shutil.rmtree(root / "org", ignore_errors=True)  # start from nothing in this tier
+        before = _staging_files(root)  # (an earlier round's leftovers: this round must write its own)
         p = subprocess.Popen(preload_cmd(tier), env=isolated_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         if i % 3 == 2:
             # most of a small preload's wall time is the interpreter starting, so a random moment alone may
             # never land inside the copy (seen in CI: 0 of 14): every third round waits for staging to fill
-            _wait_for_staging(p, root, deadline=time.monotonic() + wall * 3 + 5)
+            _wait_for_staging(p, root, before, deadline=time.monotonic() + wall * 3 + 5)
             time.sleep(rng.uniform(0, 0.01))
         else:
             time.sleep(rng.uniform(0.05, wall * 1.1))
         p.send_signal(signal.SIGKILL)
         p.wait(timeout=30)
         outcomes["complete" if check(root) else "absent"] += 1
-        staging = root / ".staging"
-        outcomes["killed_mid_copy"] += staging.is_dir() and any(d.is_dir() for d in staging.iterdir())
+        # killed mid-copy: this round's own staging bytes were left behind (not an earlier round's)
+        outcomes["killed_mid_copy"] += p.returncode == -signal.SIGKILL and _written_since(root, before)
     assert outcomes["killed_mid_copy"] > 0, outcomes  # some kills did land while staging was being filled
 
     # the next preload completes and reconciliation removed every stale staging area
