@@ -24,7 +24,9 @@ def _parse_rate(value: str | None) -> int | None:
 
 
 @cli.command("warm")
-@click.argument("paths", nargs=-1, required=True, type=click.Path())
+# (readable=False: an unreadable path is skipped with its warning, exit 2, and the rest is still done; click's
+# default refused the whole command at parsing)
+@click.argument("paths", nargs=-1, required=True, type=click.Path(readable=False))
 @click.option("--rate", "rate_opt", metavar="BYTES_PER_S",
               help="Cap bandwidth, e.g. 500MB (default: [warm] bandwidth, 0 = none).")
 @click.option("--concurrency", type=click.IntRange(1, 64), help="Files in flight (default: [warm] concurrency).")
@@ -83,7 +85,7 @@ def _hold_lock(locked, stop) -> None:
 
 
 @cli.command("residency")
-@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@click.argument("paths", nargs=-1, required=True, type=click.Path(readable=False))
 @click.option("--json", "as_json", is_flag=True)
 def residency_cmd(paths: tuple[str, ...], as_json: bool) -> None:
     """How much of each file is in the page cache (cachestat, else mincore)."""
@@ -94,7 +96,7 @@ def residency_cmd(paths: tuple[str, ...], as_json: bool) -> None:
 
 
 @cli.command("cool")
-@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@click.argument("paths", nargs=-1, required=True, type=click.Path(readable=False))
 @click.option("--json", "as_json", is_flag=True)
 def cool_cmd(paths: tuple[str, ...], as_json: bool) -> None:
     """Drop files from the page cache (POSIX_FADV_DONTNEED; no root needed)."""
