@@ -72,6 +72,93 @@ def assert_one_line_error(proc: subprocess.CompletedProcess[str], code: int, *ne
         assert n in err, (n, err)
 
 
+# -- a second uid ----------------------------------------------------------------------------------
+
+NOBODY = 65534
+
+
+def _import_everything_the_cli_may() -> None:
+    """Every module of weightd, tiering and p2p (and what they import), in this process: a child that
+    dropped to another uid may no longer read the checkout or the interpreter's own directories (CI's
+    0700 clone, a venv under /root), so it must import nothing from disk after the drop."""
+    import importlib
+    import pkgutil
+    for top in ("weightd", "tiering", "p2p"):
+        pkg = importlib.import_module(top)
+        for info in pkgutil.walk_packages(pkg.__path__, f"{top}."):
+            if info.name.rsplit(".", 1)[-1] == "__main__":
+                continue
+            try:
+                importlib.import_module(info.name)
+            except Exception:  # noqa: BLE001 (a module the command needs and cannot import fails it in the child, loudly)
+                pass
+    for mod in ("rich.progress", "rich.console", "rich.table", "rich.live"):  # (imported lazily where they draw)
+        importlib.import_module(mod)
+    for surface in ("tiering", "tiering.safefs", "tiering.pagecache"):   # (lazy surfaces: every name's module now)
+        m = importlib.import_module(surface)
+        for name in getattr(m, "__all__", ()):
+            getattr(m, name)
+    from weightd.cli import cli
+    cli.load_all()   # (every command's module: click imports a command's when it runs)
+
+
+def main_as_nobody(args: list[str], env: dict[str, str], *, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run the CLI's ``main(args)`` in a forked child that dropped to uid/gid 65534 with no groups,
+    everything it imports imported first (so it runs wherever CI's checkout is, readable or not).
+    ``env`` is the child's whole environment (``WEIGHTD_CONFIG``, when given, is loaded here first too)."""
+    import select
+    import time
+    _import_everything_the_cli_may()
+    from weightd.cli import main
+    if "WEIGHTD_CONFIG" in env:
+        from weightd.config import load_config
+        load_config(env["WEIGHTD_CONFIG"])
+    pipes = [os.pipe(), os.pipe()]   # stdout, stderr
+    pid = os.fork()
+    if pid == 0:
+        code = 99
+        try:
+            for fd, (r, w) in ((1, pipes[0]), (2, pipes[1])):
+                os.close(r)
+                os.dup2(w, fd)
+            sys.stdout = os.fdopen(1, "w", buffering=1)  # (pytest's capture is not fd 1 or 2)
+            sys.stderr = os.fdopen(2, "w", buffering=1)
+            os.environ.clear()
+            os.environ.update(env)
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            code = main(args)
+        except SystemExit as exc:  # (doctor's exit 7 is a sys.exit inside the command)
+            code = exc.code if isinstance(exc.code, int) else 1
+        except BaseException as exc:  # noqa: BLE001 (say it in the parent's assertion)
+            os.write(2, f"child failed: {exc!r}".encode())
+        finally:
+            os._exit(code)
+    out = {r: b"" for r, _ in pipes}
+    for _, w in pipes:
+        os.close(w)
+    deadline = time.monotonic() + timeout
+    try:
+        open_ = set(out)
+        while open_ and (left := deadline - time.monotonic()) > 0:
+            for r in select.select(list(open_), [], [], left)[0]:
+                chunk = os.read(r, 65536)
+                out[r] += chunk
+                if not chunk:
+                    open_.discard(r)
+        if open_:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise AssertionError(f"weightd {' '.join(args)} as uid {NOBODY}: no exit in {timeout} s; {out}")
+    finally:
+        for r in out:
+            os.close(r)
+    _, status = os.waitpid(pid, 0)
+    stdout, stderr = (out[r].decode(errors="replace") for r, _ in pipes)
+    return subprocess.CompletedProcess(args, os.waitstatus_to_exitcode(status), stdout, stderr)
+
+
 # -- tiers ------------------------------------------------------------------------------------------
 
 import shutil as _shutil  # noqa: E402

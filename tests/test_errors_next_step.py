@@ -14,6 +14,7 @@ from tiering import parse_size
 from tiering.sample import make_checkpoint
 
 from .conftest import assert_one_line_error
+from .conftest import main_as_nobody
 from .test_daemon import daemon  # noqa: F401 (the fixture)
 
 MiB = 1 << 20
@@ -132,52 +133,9 @@ def test_config_ignored_because_the_daemon_answered(daemon, weightd, node_env, t
 
 
 def _as_nobody(args: list[str], env: dict[str, str]) -> tuple[int, str]:
-    """Run the CLI's main() in a forked child that dropped to uid/gid 65534 (its modules imported
-    first: the child may no longer read the interpreter's own directories). (exit code, stdout and
-    stderr together)."""
-    import importlib
-    for mod in ("weightd.cli.tiers", "weightd.local", "weightd.swarm", "weightd.tally", "weightd.config",
-                "weightd.service", "tiering.store.preload", "tiering.pagecache", "p2p.fetch", "rich.progress",
-                "weightd.progress", "tiering.progress", "weightd.cli.diagnose", "weightd.doctor", "weightd.doctor.node",
-                "weightd.diskbench", "tiering.content.signature", "tiering.store.catalog"):
-        importlib.import_module(mod)
-    import tiering
-    import tiering.pagecache
-    import tiering.safefs
-    for surface in (tiering, tiering.safefs, tiering.pagecache):   # (lazy surfaces: every name's module now)
-        for name in surface.__all__:
-            getattr(surface, name)
-    from weightd.cli import cli, main
-    from weightd.cli import fast, output  # noqa: F401  (main's own modules: imported when it runs)
-    cli.load_all()   # (every command's module: click imports a command's when it runs)
-    from weightd.config import load_config
-    load_config(env["WEIGHTD_CONFIG"])
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        code = 99
-        try:
-            os.close(r)
-            os.dup2(w, 1)
-            os.dup2(w, 2)
-            sys.stdout = os.fdopen(1, "w", buffering=1)  # (pytest's capture is not fd 1 or 2)
-            sys.stderr = os.fdopen(2, "w", buffering=1)
-            os.environ.update(env)
-            os.setgroups([])
-            os.setgid(65534)
-            os.setuid(65534)
-            code = main(args)
-        except SystemExit as exc:  # (doctor's exit 7 is a sys.exit inside the command)
-            code = exc.code if isinstance(exc.code, int) else 1
-        except BaseException as exc:  # noqa: BLE001 (say it in the parent's assertion)
-            os.write(2, f"child failed: {exc!r}".encode())
-        finally:
-            os._exit(code)
-    os.close(w)
-    with os.fdopen(r) as fh:
-        err = fh.read()
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status), err
+    """The CLI as uid 65534 (conftest.main_as_nobody): (exit code, stdout and stderr together)."""
+    p = main_as_nobody(args, env)
+    return p.returncode, p.stdout + p.stderr
 
 
 def test_a_cold_version_this_user_cannot_read_is_named_never_skipped(tmp_path: Path) -> None:
