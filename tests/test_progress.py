@@ -124,10 +124,12 @@ def test_progress_streams_from_a_real_daemon(slow_cold, node_env, isolated_env, 
     d = DaemonProc(node_env, isolated_env, tmp_path)
     try:
         client = DaemonClient(d.socket_path)
-        snaps: list[dict] = []
+        snaps: list[dict] = []      # the first caller's stream
+        snaps2: list[dict] = []     # the stream of the caller who joined
         rows: list[dict] = []
         scraped: list[str] = []
         joined: list[dict] = []
+        copying_seen = threading.Event()
 
         def watch_status() -> None:  # status while it runs: a row for the transfer in flight
             deadline = time.monotonic() + 30
@@ -136,11 +138,13 @@ def test_progress_streams_from_a_real_daemon(slow_cold, node_env, isolated_env, 
                 rows.extend(t for t in st.get("transfers", []) if t["phase"] == "copy" and t["done"] > 0)
                 if rows:
                     scraped.append(d.metrics())
+                    copying_seen.set()
                 time.sleep(0.2)
 
         def second() -> None:  # a second waiter shares the transfer and sees the same progress
-            time.sleep(1.0)
-            joined.append(DaemonClient(d.socket_path).preload("org/slow@v1", tier="hot", on_progress=snaps.append))
+            if copying_seen.wait(30):   # (joins once status shows the copy in flight)
+                joined.append(DaemonClient(d.socket_path).preload("org/slow@v1", tier="hot",
+                                                                  on_progress=snaps2.append))
 
         threads = [threading.Thread(target=watch_status), threading.Thread(target=second)]
         for t in threads:
@@ -150,6 +154,8 @@ def test_progress_streams_from_a_real_daemon(slow_cold, node_env, isolated_env, 
         took = time.monotonic() - t0
         for t in threads:
             t.join(40)
+        first_stream = list(snaps)
+        snaps.extend(snaps2)
         assert r["path"] == str(node_env.hot / "org/slow/v1") and r["bytes_by_source"]["cold"] == r["bytes"]
         assert joined and joined[0]["path"] == r["path"] and joined[0]["shared_transfer"] is True
         # the caller who joined holds a lease of its own, not only the first caller's
@@ -164,8 +170,11 @@ def test_progress_streams_from_a_real_daemon(slow_cold, node_env, isolated_env, 
         assert moving and all(s["eta_s"] is not None for s in moving), copying
         assert max(s["waiters"] for s in snaps) == 2  # both callers are counted on the one transfer
         order = ["resolve", "queued", "wait", "copy", "verify", "fsync", "warm", "done"]
-        seen = [order.index(s["phase"]) for s in snaps]
-        assert seen == sorted(seen) or len(set(seen)) > 1  # (two interleaved streams: each in order)
+        for stream in (first_stream, snaps2):   # each stream in order (the joined one starts mid-copy)
+            seen = [order.index(s["phase"]) for s in stream]
+            assert stream and seen == sorted(seen), [s["phase"] for s in stream]
+        assert first_stream[0]["phase"] in ("resolve", "queued", "wait", "copy")
+        assert any(s["phase"] == "copy" for s in snaps2), [s["phase"] for s in snaps2]  # (joined while copying)
         assert rows and rows[0]["name"] == "org/slow" and rows[0]["version"] == "v1" and rows[0]["total"] == r["bytes"]
         assert client.status()["transfers"] == []  # done: no row left behind
         # the metrics saw it too (live, not from the 2 s status cache)
@@ -229,7 +238,9 @@ def test_a_waiting_stream_beats_while_the_version_is_not_published(daemon, wd, n
         "org/later@v1", tier="warm", wait=True, timeout_s=60, on_progress=snaps.append)))
     t.start()
     try:
-        time.sleep(2.0)
+        deadline = time.monotonic() + 30   # (two beats of the stream, each saying what it waits for)
+        while len([s for s in snaps if s["phase"] == "resolve"]) < 2 and t.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
         waiting = [s for s in snaps if s["phase"] == "resolve"]
         assert len(waiting) >= 2 and "waiting for org/later@v1 to be published" in waiting[-1]["detail"], snaps
         src = make_checkpoint(tmp_path / "later", total_bytes=4 * MiB, shards=2, layers=2, seed="later")
@@ -249,7 +260,12 @@ def test_a_client_that_goes_away_leaves_the_transfer_running(slow_cold, node_env
         p = subprocess.Popen([sys.executable, "-m", "weightd", "--config", str(node_env.config), "preload",
                               "org/slow@v1", "--tier", "warm"], env=isolated_env, cwd=ROOT,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(1.5)
+        from weightd.client import DaemonClient
+        client = DaemonClient(d.socket_path)
+        deadline = time.monotonic() + 30   # the client leaves once its transfer is copying (status shows it)
+        while not [t for t in client.status().get("transfers", []) if t["phase"] == "copy" and t["done"] > 0]:
+            assert p.poll() is None and time.monotonic() < deadline, "the transfer never showed in status"
+            time.sleep(0.1)
         stop_process(p)
         deadline = time.monotonic() + 40
         while time.monotonic() < deadline and not (node_env.warm / "org/slow/v1").is_dir():
@@ -275,10 +291,19 @@ def test_waits_abandoned_by_their_clients_free_the_daemon(daemon, wd) -> None:
         c.sendall(b"POST /v1/preload HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "
                   + str(len(body)).encode() + b"\r\n\r\n" + body)
         socks.append(c)
-    time.sleep(1.5)  # (each is now waiting on the daemon's pool)
+    for i, c in enumerate(socks):  # each is waiting in the daemon: its stream says so
+        c.settimeout(30)
+        got = b""
+        while f"waiting for org/never{i}@v1 to be published".encode() not in got:
+            chunk = c.recv(4096)
+            assert chunk, got
+            got += chunk
     for c in socks:
         c.close()
-    time.sleep(2.5)  # (a wait notices within a poll, 1 s)
+    deadline = time.monotonic() + 30   # the daemon saw each client go (its next beat fails), and ends its wait
+    while daemon.log_path.read_text().count("a streamed preload's client went away") < 6:
+        assert time.monotonic() < deadline, daemon.log_path.read_text()[-3000:]
+        time.sleep(0.1)
     t0 = time.monotonic()
     r = wd("status", timeout=30)
     assert r.returncode == 0 and time.monotonic() - t0 < 10, r.stderr
