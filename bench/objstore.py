@@ -152,7 +152,7 @@ def run(a: argparse.Namespace, size: int, ep: str, bucket: str) -> int:
                 sweep[(rb, cc)] = ceiling(store, objs, rb, cc)
         best = min(sweep, key=sweep.get)
         from tiering import build_manifest
-        from tiering.objstore import ObjectCold
+        from tiering import ObjectCold
         m = build_manifest(src).with_labels(name="bench/s3", version="v1")
         fetcher = ObjectCold(f"s3://{bucket}/models", endpoint=ep, region="us-east-1",
                              range_bytes=parse_size(a.range_size), concurrency=a.concurrency)

@@ -52,8 +52,10 @@ _SURFACE: dict[str, str] = {
     # the node (a facade over tiering/store/) and the seam to transfer sources
     "LocalNode": "node", "DEFAULT_LEASE_S": "node", "check_seconds": "node",
     "PreloadReport": "store.reports", "PublishReport": "store.reports",
-    "FetchRequest": "sources", "FetchResult": "sources", "Fetcher": "sources", "SourceFallback": "sources",
-    "Progress": "progress", "set_phase": "progress", "process_name": "inuse", "ObjectCold": "objstore", "ObjectLocation": "objstore", "read_version": "layout",
+    "FetchRequest": "sources.base", "FetchResult": "sources.base", "Fetcher": "sources.base",
+    "SourceFallback": "sources.base",
+    "Progress": "progress", "set_phase": "progress", "process_name": "inuse", "ObjectCold": "sources.s3.cold",
+    "ObjectLocation": "sources.s3.client", "read_version": "layout",
     # page cache (tiering/pagecache/)
     "collect_files": "pagecache.files",
     "cool": "pagecache.resident", "residency": "pagecache.resident",

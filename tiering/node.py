@@ -24,7 +24,8 @@ from .errors import BadInput, CheckpointNotFound, NoSpace
 from .layout import COLD, HOT, LOCAL_TIERS, WARM, TierSpec, VersionDir, read_version
 from .pagecache import WarmOptions
 from .safefs import Dir
-from .sources import Fetcher, ProgressFn
+from .progress import ProgressFn
+from .sources.base import Fetcher
 from .state import State
 from .store.catalog import Catalog
 from .store.preload import PlacedFn, Preloader
@@ -37,7 +38,7 @@ from .store.trust import Trust
 from .store.space import EvictFn, Space
 
 if TYPE_CHECKING:
-    from .objstore import ObjectCold
+    from .sources.s3.cold import ObjectCold
 
 log = logging.getLogger(__name__)
 DEFAULT_LEASE_S = 600.0

@@ -1,6 +1,6 @@
 """What one transfer is doing right now, for whoever watches it: the CLI's bar (in-process), the
 daemon's progress stream, ``status`` rows and the metrics (design §5). The data plane only ever
-sees a :data:`~tiering.sources.ProgressFn` (advance by N bytes); the steps that know which phase
+sees a :data:`ProgressFn` (advance by N bytes); the steps that know which phase
 they are in say so with :func:`set_phase`, which does nothing for a plain callable.
 
 Phases, in order: ``wait`` (for the version's lock or for space), ``copy`` (with its ``source``:
@@ -16,7 +16,9 @@ import time
 from collections import deque
 from typing import Any, Callable
 
-__all__ = ["PHASES", "Progress", "set_phase", "watch_throttle"]
+__all__ = ["PHASES", "Progress", "ProgressFn", "set_phase", "watch_throttle"]
+
+ProgressFn = Callable[[int], None]   # what the data plane sees of a transfer's progress: advance by N bytes
 
 PHASES = ("resolve", "queued", "wait", "copy", "verify", "fsync", "warm", "done")
 RATE_WINDOW_S = 5.0        # the rate is measured over the last seconds, not since the start

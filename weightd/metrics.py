@@ -107,7 +107,7 @@ class Metrics:
 
 
 class _ObjectStoreCollector(Collector):
-    """An object-store cold tier's requests, errors by kind and bytes (``tiering.objstore.Stats``);
+    """An object-store cold tier's requests, errors by kind and bytes (``tiering.sources.s3.client.Stats``);
     nothing when the cold tier is a path."""
 
     def __init__(self, stats: Callable[[], Any]) -> None:

@@ -17,9 +17,8 @@ from ..content.units import format_bytes
 from ..errors import NoSpace
 from ..layout import WARM, VersionDir, read_version, version_rel
 from ..pagecache import WarmOptions, residency, warm
-from ..progress import set_phase, watch_throttle
+from ..progress import ProgressFn, set_phase, watch_throttle
 from ..safefs import Dir
-from ..sources import ProgressFn
 from ..state import State
 from .reports import PreloadReport
 from .roots import TierRoots

@@ -22,7 +22,7 @@ from ..copy import CopyJob, copy_files
 from ..errors import BadInput, FileChanged, VersionConflict
 from ..layout import COLD, DIR_MODE, read_version, version_rel
 from ..safefs import Dir, FileRef
-from ..sources import ProgressFn
+from ..progress import ProgressFn
 from .reports import PublishReport
 from .roots import TierRoots
 from .staging import StagingArea, open_staging
@@ -82,7 +82,7 @@ class Publisher:
                         progress: ProgressFn | None, sign_key: Path | None, signature: bytes | None,
                         t0: float, of: dict[str, Any] | None = None) -> PublishReport:
         """Object storage: the manifest is built from the source (one read), the files uploaded, the
-        source checked unchanged, and the manifest written last (see tiering.objstore)."""
+        source checked unchanged, and the manifest written last (see tiering.sources.s3.publish)."""
         obj = self.roots.object
         assert obj is not None
         ref = f"{name}@{version}"

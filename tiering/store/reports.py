@@ -10,7 +10,7 @@ from typing import Any
 from ..inuse import process_name, processes_using
 from ..layout import LOCAL_TIERS, VersionDir, list_versions
 from ..pagecache import residency
-from ..sources import SourceFallback, as_dicts
+from ..sources.base import SourceFallback, as_dicts
 from ..state import State
 from .roots import TierRoots
 from .staging import staging_expected_bytes, staging_ids

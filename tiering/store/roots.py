@@ -31,7 +31,7 @@ _MARKER_TEXT = b"weightd local tier v1: weightd removes only what it made here\n
 
 if TYPE_CHECKING:
     from ..content.manifest import Manifest
-    from ..objstore import ObjectCold
+    from ..sources.s3.cold import ObjectCold
 
 
 class TierRoots:

@@ -1,6 +1,6 @@
 """Where a preload's bytes come from, nearest first: the other local tier (``local_reuse``); with no
 local copy, other local versions lending what they share (a delta), each configured
-:class:`~tiering.sources.Fetcher` (the swarm), then a delta build or a plain copy from cold. What was
+:class:`~tiering.sources.base.Fetcher` (the swarm), then a delta build or a plain copy from cold. What was
 used is returned as a :class:`Fill`; the preload flow alone writes it into the report."""
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from ..delta import build_verified as build_delta
 from ..errors import CheckpointNotFound, StorageUnavailable, TimedOut
 from ..layout import COLD, HOT, LOCAL_TIERS, WARM, VersionDir, list_versions, read_version, version_rel
 from ..locks import FileLock
-from ..progress import set_phase
+from ..progress import ProgressFn, set_phase
 from ..safefs import FileRef
-from ..sources import Fetcher, FetchRequest, ProgressFn, SourceFallback
+from ..sources.base import Fetcher, FetchRequest, SourceFallback
 from .roots import TierRoots
 from .staging import StagingArea
 

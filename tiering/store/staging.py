@@ -23,9 +23,8 @@ from typing import Callable
 from ..content.build import verify_checkpoint
 from ..content.manifest import MANIFEST_RELPATH, Manifest
 from ..layout import DIR_MODE, STAGING, remember_manifest
-from ..progress import set_phase
+from ..progress import ProgressFn, set_phase
 from ..safefs import Dir
-from ..sources import ProgressFn
 from .trust import Signed, check_bytes, write_record
 
 RESUMABLE_MAX_AGE_S = 24 * 3600

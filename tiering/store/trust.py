@@ -25,7 +25,7 @@ from ..content.signature import (HASHERS, MAX_BUNDLE_BYTES, SIGNATURE_RELPATH, T
                                  SignedStatement, TrustPolicy)
 from ..errors import TieringError
 from ..layout import COLD, DIR_MODE, LOCAL_TIERS, VersionDir, read_version
-from ..sources import ProgressFn
+from ..progress import ProgressFn
 from ..safefs import Dir
 from .roots import TierRoots
 

@@ -13,12 +13,12 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
-if TYPE_CHECKING:
-    from .delta import DeltaPlan
-    from .layout import VersionDir
-    from .store.staging import StagingArea
+from ..progress import ProgressFn
 
-ProgressFn = Callable[[int], None]
+if TYPE_CHECKING:
+    from ..delta import DeltaPlan
+    from ..layout import VersionDir
+    from ..store.staging import StagingArea
 
 
 @dataclass(frozen=True, slots=True)

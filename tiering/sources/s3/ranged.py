@@ -1,0 +1,277 @@
+"""Ranged reads: a version's files downloaded from an object store into a staging directory.
+
+A download is split into ranges along the manifest's parts (headers, tensors, chunks), ``concurrency``
+at a time; each part is hashed from the bytes as they are written, so the copy is verified without a
+second read, and every ranged GET carries ``If-Match`` with the object's ETag, so an object replaced
+mid-download is an error (:class:`ObjectChanged`), never a mix of two versions. A range that breaks
+midway is asked again with its parts' hashes restored to where it began.
+
+Resuming is the same path: ``have`` names the parts already in the staging directory and verified
+(what an interrupted transfer left, a delta's donor bytes); :func:`groups` leaves them out, and their
+files are written in place.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..._syscalls import fallocate, start_writeback
+from ...content.manifest import FileEntry, Manifest
+from ...content.names import validate_relpath
+from ...errors import IntegrityError, TieringError, TimedOut
+from ...progress import ProgressFn
+from ...safefs import Dir, sanitize_mode
+from .client import RETRIES, STREAM_CHUNK, ObjectChanged, ObjectStoreError, S3Client, ShortRead, bounded, \
+    classify, deadline_of
+
+Span = tuple[Any, int, int]   # (a manifest part, the first and the last-plus-one byte of it in a range)
+
+
+@dataclass
+class Group:
+    """One worker's share of a file: ranges fetched in order, and the hashes of their parts so far."""
+    ranges: list[tuple[int, int, list[Span]]]   # (start, end, [(part, lo, hi)])
+    hashers: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _Target:
+    file: FileEntry
+    key: str
+    fd: int
+    groups: list[Group]
+    etag: str | None
+
+
+def fetch(s3: S3Client, m: Manifest, dest: Dir, *, deadline: float | None = None, progress: ProgressFn | None = None,
+          skip: set[str] | None = None, have: dict[str, set[str]] | None = None) -> int:
+    """Download every file of ``m`` (but ``skip``) into ``dest``, hashing each manifest part as its
+    bytes arrive (IntegrityError naming the part on a mismatch). ``have``: parts (by label, per
+    file) already in ``dest`` and verified (a delta's donor bytes, what an interrupted transfer
+    left): only the other parts are asked for, and those files are written in place. Returns the
+    bytes downloaded."""
+    deadline = deadline_of(deadline)
+    targets: list[_Target] = []
+    try:
+        for f in m.files:
+            if skip and f.path in skip:
+                continue
+            target = _open_target(s3, m, f, dest, (have or {}).get(f.path, set()), deadline)
+            if target is not None:
+                targets.append(target)
+        total = _download(s3, targets, deadline, progress)
+        for t in targets:
+            os.fsync(t.fd)
+    finally:
+        for t in targets:
+            os.close(t.fd)
+    return total
+
+
+def _open_target(s3: S3Client, m: Manifest, f: FileEntry, dest: Dir, kept: set[str],
+                 deadline: float | None) -> _Target | None:
+    """The file's object checked (its size, its ETag kept for If-Match) and its file in ``dest`` open
+    at the manifest's size; None when every part of it is here already."""
+    import obstore
+    validate_relpath(f.path)
+    wanted = groups(f, m.chunk_size, s3.range_bytes, kept)
+    if kept and not wanted:
+        return None
+    key = f"{m.name}/{m.version}/{f.path}"
+    meta = s3.call("head", lambda: bounded(lambda: obstore.head_async(s3.store, key), deadline, f"{s3.url}/{key}"),
+                   key, deadline=deadline)
+    s3.stats.count("head")
+    if meta["size"] != f.size:
+        raise IntegrityError(f"{s3.url}/{key}: {meta['size']} bytes in the store, the manifest says {f.size}")
+    if kept and dest.lstat(f.path) is not None:
+        fd = dest.open(f.path, os.O_RDWR)
+    else:
+        fd = dest.create(f.path, 0o600, flags=os.O_RDWR | os.O_TRUNC, exclusive=False)
+    try:
+        if os.fstat(fd).st_size != f.size:
+            os.ftruncate(fd, f.size)  # (never longer than the manifest says: no stale tail)
+        os.fchmod(fd, sanitize_mode(f.mode))
+    except BaseException:
+        os.close(fd)
+        raise
+    return _Target(f, key, fd, wanted, meta["e_tag"])
+
+
+def _download(s3: S3Client, targets: list[_Target], deadline: float | None, progress: ProgressFn | None) -> int:
+    total = 0
+    with ThreadPoolExecutor(max_workers=s3.concurrency, thread_name_prefix="weightd-s3") as pool:
+        # preallocation (a full tier fails early) runs beside the first ranges, not before them:
+        # on tmpfs it zero-fills every page (0.3 s a GiB here), and a range written first is kept
+        futures = [pool.submit(preallocate, t.fd, t.file.size) for t in targets]
+        futures += [pool.submit(fetch_group, s3, t.file, t.key, t.fd, g, t.etag, deadline, progress)
+                    for t in targets for g in t.groups]
+        try:
+            for fut in futures:
+                total += fut.result()
+        except BaseException:
+            for fut in futures:
+                fut.cancel()
+            raise
+    return total
+
+
+def fetch_group(s3: S3Client, f: FileEntry, key: str, fd: int, group: Group, etag: str | None,
+                deadline: float | None, progress: ProgressFn | None) -> int:
+    """One worker's share: consecutive whole parts (or one large part in order). Each range is read
+    as a stream of STREAM_CHUNK pieces (memory per worker stays at one piece, whatever the range
+    size), written at its offset and fed to its parts' hashes; a range that fails midway is asked
+    again (the hashes restored to where the range began)."""
+    got = 0
+    for start, end, parts in group.ranges:
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimedOut(f"{s3.url}/{key}: download not finished before the timeout")
+        saved = {p.label: group.hashers[p.label].copy() for p, _, _ in parts if p.label in group.hashers}
+        delay = 0.2
+        for attempt in range(RETRIES + 1):
+            try:
+                fetch_range(s3, key, fd, start, end, parts, group, etag, progress, deadline)
+                break
+            except ObjectStoreError as exc:
+                if exc.kind not in ("throttled", "error", "short_read") or attempt == RETRIES or \
+                        (deadline is not None and time.monotonic() + delay > deadline):
+                    raise
+                for p, _, _ in parts:  # start the range over: its parts' hashes as they were
+                    if p.label in saved:
+                        group.hashers[p.label] = saved[p.label].copy()
+                    else:
+                        group.hashers.pop(p.label, None)
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+        got += end - start
+    return got
+
+
+class _RangeWriter:
+    """A range's bytes as they arrive: written at their offset, sent to disk, fed to their parts'
+    hashes (IntegrityError when a part ends and does not match the manifest)."""
+
+    def __init__(self, where: str, fd: int, start: int, end: int, parts: list[Span], group: Group,
+                 progress: ProgressFn | None) -> None:
+        self.where, self.fd, self.start, self.end = where, fd, start, end
+        self.parts, self.group, self.progress = parts, group, progress
+        self.pos = start
+
+    def __call__(self, chunk: Any) -> None:
+        import xxhash
+        view = memoryview(chunk)
+        n, pos = len(view), self.pos
+        if pos + n > self.end:
+            raise ShortRead(f"{self.where}: the store sent more than bytes {self.start}-{self.end}")
+        os.pwrite(self.fd, view, pos)
+        start_writeback(self.fd, pos, n)  # to disk as it comes, so the final fsync does not wait for it all
+        for part, lo, hi in self.parts:
+            a, b = max(lo, pos), min(hi, pos + n)
+            if a >= b:
+                continue
+            h = self.group.hashers.setdefault(part.label, xxhash.xxh3_128())
+            h.update(view[a - pos:b - pos])
+            if b == part.end and h.hexdigest() != part.xxh3_128:
+                raise IntegrityError(f"{self.where}: {part.label} does not match the manifest "
+                                     f"(expected {part.xxh3_128}, got {h.hexdigest()})")
+        self.pos += n
+        if self.progress is not None:
+            self.progress(n)
+
+
+def fetch_range(s3: S3Client, key: str, fd: int, start: int, end: int, parts: list[Span], group: Group,
+                etag: str | None, progress: ProgressFn | None, deadline: float | None = None) -> None:
+    """One ranged GET, streamed to ``fd`` and hashed as it arrives, ended at ``deadline`` (TimedOut)
+    even when the store stops sending mid-body (the request is cancelled, its connection dropped)."""
+    import obstore
+    if s3.bucket is not None:
+        s3.bucket.consume(end - start)
+    opts: dict[str, Any] = {"range": (start, end)}
+    if etag:
+        opts["if_match"] = etag  # replaced mid-download: 412, never a mix of two objects
+    what = f"{key} bytes {start}-{end}"
+    write = _RangeWriter(f"{s3.url}/{key}", fd, start, end, parts, group, progress)
+
+    async def get() -> None:
+        res = await obstore.get_async(s3.store, key, options=opts)
+        async for chunk in res.stream(min_chunk_size=STREAM_CHUNK):
+            write(chunk)
+    try:
+        bounded(get, deadline, f"{s3.url}/{what}")
+    except (IntegrityError, TieringError):   # (TimedOut at the deadline: the request was cancelled)
+        raise
+    except Exception as exc:  # noqa: BLE001 (a refusal, or a stream that broke midway: obstore's errors, resets)
+        raise _range_error(s3, key, what, etag, write, exc) from None
+    s3.stats.count("get", write.pos - start)
+    if write.pos != end:
+        s3.stats.error("short_read")
+        raise ShortRead(f"{s3.url}/{key}: asked for bytes {start}-{end}, the store returned {write.pos - start}")
+
+
+def _range_error(s3: S3Client, key: str, what: str, etag: str | None, write: _RangeWriter,
+                 exc: Exception) -> TieringError:
+    """A ranged GET's failure, counted and named: the object replaced (its ETag no longer matches), a
+    response that broke midway (ShortRead: asked again), or the store's refusal."""
+    why = classify(exc)
+    if why == "precondition":
+        s3.stats.error(why)
+        return ObjectChanged(f"{s3.url}/{key}: the object changed during the download (its ETag is "
+                             f"no longer {etag}): republished under the same name? preload again")
+    if why == "error" and ("body error" in str(exc) or write.pos > write.start):
+        s3.stats.error("short_read")
+        return ShortRead(f"{s3.url}/{key}: asked for bytes {write.start}-{write.end}, the response broke after "
+                         f"{write.pos - write.start} bytes")
+    s3.stats.error(why)
+    return s3.error_for(why, what, exc)
+
+
+def groups(f: FileEntry, chunk_size: int, range_bytes: int, have: set[str] | frozenset[str] = frozenset()
+           ) -> list[Group]:
+    """The file's parts still wanted (all but the labels in ``have``) as work: small consecutive parts
+    packed into one range up to ``range_bytes``; a part larger than that is one group of several ranges
+    (fetched in order, so its hash is fed in order). Bytes no part covers (padding, a trailer) are
+    fetched too, unhashed, as a verify ignores them."""
+    parts = f.parts(chunk_size)
+    out: list[Group] = []
+    cur: list[Any] = []
+    cur_start = cur_end = 0
+
+    def flush() -> None:
+        if cur:
+            out.append(Group([(cur_start, cur_end, [(q, q.begin, q.end) for q in cur])]))
+            cur.clear()
+
+    for p in parts:
+        if p.label in have or p.length == 0:
+            flush()
+            continue
+        if p.length > range_bytes:
+            flush()
+            out.append(Group([(s, min(p.end, s + range_bytes), [(p, s, min(p.end, s + range_bytes))])
+                               for s in range(p.begin, p.end, range_bytes)]))
+            continue
+        if cur and (p.begin != cur_end or p.end - cur_start > range_bytes):
+            flush()
+        if not cur:
+            cur_start = p.begin
+        cur.append(p)
+        cur_end = p.end
+    flush()
+    pos = 0
+    for s, e in sorted((p.begin, p.end) for p in parts) + [(f.size, f.size)]:
+        if s > pos:
+            for g0 in range(pos, s, range_bytes):
+                out.append(Group([(g0, min(s, g0 + range_bytes), [])]))
+        pos = max(pos, e)
+    return [g for g in out if any(e > s for s, e, _ in g.ranges)]
+
+
+def preallocate(fd: int, size: int) -> int:
+    """Reserve the file's blocks (a full tier fails early); runs beside the downloads, so only the
+    real ``fallocate(2)``, which never touches written data (skipped where unsupported)."""
+    if size and os.fstat(fd).st_blocks * 512 < size:
+        fallocate(fd, size)
+    return 0
