@@ -315,6 +315,8 @@ class Transfer:
             now[pi.ip[0]] = now.get(pi.ip[0], 0) + pi.total_download
         by = self.result.bytes_by_peer
         for ip, n in now.items():
+            if n and not by.get(ip):   # (once per peer and download: who this node is receiving from)
+                log.info("p2p: %s: receiving from %s", self.ti.name(), ip)
             by[ip] = max(by.get(ip, 0), n)
 
     def _flush(self, timeout_s: float) -> None:
