@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -546,7 +547,10 @@ def test_restart_under_a_waiting_client(daemon, wd, node_env, isolated_env, tmp_
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=isolated_env, cwd=ROOT)
     nxt = None
     try:
-        time.sleep(3.0)  # (the client started and its request waits in the daemon)
+        deadline = time.monotonic() + 30  # the client's request reached the daemon (its log names it) and waits
+        while not re.search(r"request route=preload .*ref=org/r@v1 .*wait=True", daemon.log_path.read_text()):
+            assert client.poll() is None and time.monotonic() < deadline, (client.poll(), daemon.log_path.read_text())
+            time.sleep(0.05)
         assert client.poll() is None, client.communicate()
         t0 = time.monotonic()
         daemon.proc.send_signal(signal.SIGTERM)
