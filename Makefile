@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 BASE := $(VENV)/.installed-base
 WHEELHOUSE := $(VENV)/wheelhouse
 
-.PHONY: demo test bench bench-storm tools clean install wheelhouse
+.PHONY: demo test bench bench-storm tools clean install install-man wheelhouse
 
 # the shipped dependency set only (what `pip install weightd` gives): make demo runs on it
 $(BASE): pyproject.toml
@@ -88,6 +88,11 @@ install:
 	  > $(DESTDIR)$(UNITDIR)/weightd.service
 	install -m 0644 systemd/weightd.sysusers $(DESTDIR)$(LIBDIR)/sysusers.d/weightd.conf
 	install -m 0644 systemd/weightd.tmpfiles $(DESTDIR)$(LIBDIR)/tmpfiles.d/weightd.conf
-	install -D -m 0644 man/weightd.1 $(DESTDIR)$(MANDIR)/man1/weightd.1
 	test -e $(DESTDIR)$(SYSCONFDIR)/weightd/weightd.toml \
 	  || install -m 0644 systemd/weightd.toml $(DESTDIR)$(SYSCONFDIR)/weightd/weightd.toml
+	$(MAKE) install-man
+
+# the man pages, weightd(1) and weightd.toml(5) (scripts/gen_reference.py makes them from the code)
+install-man:
+	install -D -m 0644 man/weightd.1 $(DESTDIR)$(MANDIR)/man1/weightd.1
+	install -D -m 0644 man/weightd.toml.5 $(DESTDIR)$(MANDIR)/man5/weightd.toml.5

@@ -102,11 +102,17 @@ def _group_id(v: Any) -> int | None:
 
 
 class TierSettings(_Model):
-    path: Path
-    capacity: Capacity = Capacity(fraction=0.5)
-    high_watermark: float = 0.95
-    low_watermark: float = 0.85
-    group: int | None = None     # the root is made 0750 with this group (else 0700, weightd's user only)
+    """A local tier: ``[tiers.hot]`` (tmpfs) or ``[tiers.warm]`` (local NVMe)."""
+    path: Path = Field(doc="the tier's root directory (absolute); weightd refuses a root that is a symlink, owned "
+                           "by another user, or writable by group or others")
+    capacity: Capacity = Field(Capacity(fraction=0.5), unit="bytes or %",
+                               doc="the tier's budget: bytes (\"64GiB\") or a share of its file system (\"40%\"); "
+                                   "a tmpfs tier's pages count against the node's memory")
+    high_watermark: float = Field(0.95, unit="fraction", doc="evict above this share of capacity (\"95%\" or 0.95)")
+    low_watermark: float = Field(0.85, unit="fraction", doc="... down to this share (at most high_watermark)")
+    group: int | None = Field(None, unit="gid",
+                              doc="a group name or gid: a root weightd makes is 0750 with this group, so a serving "
+                                  "engine in it can read the copies; unset: 0700, weightd's user only")
 
     _path = field_validator("path", mode="before")(_abs_path)
     _group = field_validator("group", mode="before")(_group_id)
@@ -137,14 +143,19 @@ class TierSettings(_Model):
 
 class ColdSettings(_Model):
     """Shared storage (``path``) or object storage (``url = "s3://BUCKET/PREFIX"``), not both."""
-    path: Path | None = None
-    url: str | None = None
-    endpoint: str | None = None      # an S3-compatible store's address (MinIO, Ceph, R2...); default AWS
-    region: str | None = None        # else AWS_REGION / AWS_DEFAULT_REGION
-    range_size: int = 64 << 20       # bytes per ranged GET (read as a stream: memory stays small)
-    concurrency: int = Field(default=4, ge=1, le=256)
-    part_size: int = 16 << 20        # multipart upload part size (S3: 5 MiB to 5 GiB)
-    bandwidth: int = 0               # bytes/s for downloads from cold (0: unlimited)
+    path: Path | None = Field(None, doc="shared storage (NFS, CephFS, Lustre) where weightd publish puts checkpoints "
+                                        "and preloads copy from (absolute); give path or url, not both")
+    url: str | None = Field(None, doc="object storage instead of path: s3://BUCKET/PREFIX (credentials from where AWS "
+                                      "tools look, never from this file)")
+    endpoint: str | None = Field(None, doc="with url: an S3-compatible store's address (MinIO, Ceph RGW, R2...); "
+                                           "unset: AWS")
+    region: str | None = Field(None, doc="with url: the bucket's region; unset: AWS_REGION / AWS_DEFAULT_REGION")
+    range_size: int = Field(64 << 20, unit="bytes", doc="with url: bytes per ranged GET, read as a stream (memory "
+                                                        "stays small); at least 64 KiB")
+    concurrency: int = Field(default=4, ge=1, le=256, doc="with url: ranged GETs (and multipart parts) in flight")
+    part_size: int = Field(16 << 20, unit="bytes", doc="with url: multipart upload part size (S3's limits: 5 MiB "
+                                                       "to 5 GiB)")
+    bandwidth: int = Field(0, unit="bytes/s", doc="downloads from cold storage; 0: unlimited")
     _path = field_validator("path", mode="before")(_abs_path)
 
     @field_validator("range_size", "part_size", "bandwidth", mode="before")
@@ -171,9 +182,10 @@ class ColdSettings(_Model):
 
 
 class Tiers(_Model):
-    hot: TierSettings
-    warm: TierSettings
-    cold: ColdSettings
+    hot: TierSettings = Field(doc="the hot tier: tmpfs (/dev/shm), what a serving engine loads from")
+    warm: TierSettings = Field(doc="the warm tier: local disk (NVMe)")
+    cold: ColdSettings = Field(doc="cold storage: shared storage (path) or object storage (url), where versions are "
+                                   "published")
 
 
 class P2PTLSSettings(_Model):
@@ -181,9 +193,9 @@ class P2PTLSSettings(_Model):
     Checked when the config is loaded (so on SIGHUP too): a file missing or unreadable, a certificate
     expired or not yet valid, not signed by the CA or without DNS:* (what libtorrent matches), a key
     that does not match: an error naming the file."""
-    ca: Path
-    cert: Path
-    key: Path
+    ca: Path = Field(doc="the fleet CA certificate (PEM) every torrent carries: peers must chain to it")
+    cert: Path = Field(doc="this node's certificate (PEM), signed by the fleet CA, with subjectAltName DNS:*")
+    key: Path = Field(doc="this node's private key (PEM), the one of cert")
     _fleet: Any = PrivateAttr(default=None)   # p2p.FleetTLS: the checked bytes, what libtorrent is given
 
     _paths = field_validator("ca", "cert", "key", mode="before")(_abs_path)
@@ -203,21 +215,34 @@ class P2PTLSSettings(_Model):
 
 
 class P2PSettings(_Model):
-    threshold: int = 10 << 30
-    listen: str = "0.0.0.0:6881"
-    trackers: tuple[str, ...] = ()
-    peers: tuple[str, ...] = ()
-    allow: tuple[str, ...] = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "127.0.0.0/8")
-    upload_limit: int = 1_000_000_000     # bytes/s; 0 = unlimited
-    download_limit: int = 1_000_000_000
-    max_connections: int = Field(default=200, ge=1)
-    fallback_after_s: float = Field(default=60.0, gt=0)   # no bytes from the swarm for this long: copy from cold
-    tracker_listen: str | None = None    # origin only: serve a BitTorrent announce endpoint on IP:PORT
-    piece_size: int = 0                  # torrent piece size at publish; 0 = by checkpoint size
-    tls: P2PTLSSettings | None = None    # fleet TLS: only peers with a certificate from the fleet CA exchange bytes
-    plan: bool = True                    # the piece plan; false: libtorrent's own piece picking (for comparison)
-    rack: str = ""                       # this node's rack (the tracker and the plan keep traffic inside racks)
-    trace: bool = False                  # attribute every 16 KiB block to its sender in preload --json (costs CPU)
+    threshold: int = Field(10 << 30, unit="bytes",
+                           doc="checkpoints at or above this size travel over BitTorrent (publish makes their "
+                               "torrent); smaller ones are copied from cold")
+    listen: str = Field("0.0.0.0:6881", doc="IP:PORT the BitTorrent session listens on (this node's data-centre "
+                                            "address)")
+    trackers: tuple[str, ...] = Field((), doc="announce URLs (http://, https:// or udp://; only https:// with tls): "
+                                              "the origin's tracker")
+    peers: tuple[str, ...] = Field((), doc="IP:PORT of peers every torrent connects to at once: the origin")
+    allow: tuple[str, ...] = Field(("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "127.0.0.0/8"),
+                                   doc="CIDRs peers must come from (the origin's tracker answers only these); a "
+                                       "network filter: tls is the access control")
+    upload_limit: int = Field(1_000_000_000, unit="bytes/s", doc="upload cap, held for LAN and loopback peers too; "
+                                                                 "0: unlimited")
+    download_limit: int = Field(1_000_000_000, unit="bytes/s", doc="download cap; 0: unlimited")
+    max_connections: int = Field(default=200, ge=1, doc="the BitTorrent session's peer connections, all torrents "
+                                                        "together")
+    fallback_after_s: float = Field(default=60.0, gt=0, unit="s",
+                                    doc="no bytes from the swarm for this long: copy from cold instead")
+    tracker_listen: str | None = Field(None, doc="origin only (serve --role origin): serve a BitTorrent announce "
+                                                 "endpoint, and the fleet view, on IP:PORT")
+    piece_size: int = Field(0, unit="bytes", doc="torrent piece size at publish, a power of two from 16 KiB to 64 MiB; "
+                                                 "0 or \"auto\": 4 MiB under 1 GiB, 8 MiB under 16 GiB, else 16 MiB")
+    tls: P2PTLSSettings | None = Field(None, doc="fleet TLS: only peers with a certificate from the fleet CA exchange "
+                                                 "bytes; every tracker must then be https://")
+    plan: bool = Field(True, doc="the piece plan; false: libtorrent's own piece picking (for comparison)")
+    rack: str = Field("", doc="this node's rack (letters, digits, '.', '_', '-'): the tracker and the plan keep "
+                              "traffic inside racks first")
+    trace: bool = Field(False, doc="attribute every 16 KiB block to its sender in preload --json (costs CPU)")
 
     @model_validator(mode="after")
     def _tls_trackers(self) -> "P2PSettings":
@@ -270,9 +295,12 @@ class P2PSettings(_Model):
 
 
 class WarmSettings(_Model):
-    concurrency: int = Field(default=2, ge=1, le=64)
-    bandwidth: int = 0                    # bytes/s; 0 = no fixed cap (still backs off on disk await)
-    await_threshold_ms: float = Field(default=5.0, gt=0)
+    """Page-cache warming (``weightd warm`` and the daemon's warming after a preload)."""
+    concurrency: int = Field(default=2, ge=1, le=64, doc="files in flight")
+    bandwidth: int = Field(0, unit="bytes/s", doc="read rate cap; 0: no fixed cap (it still backs off under disk "
+                                                  "contention)")
+    await_threshold_ms: float = Field(default=5.0, gt=0, unit="ms",
+                                      doc="a 4 KiB random read slower than this, with others reading: back off")
 
     _bw = field_validator("bandwidth", mode="before")(lambda v: parse_size(v))
 
@@ -295,15 +323,23 @@ def _user_id(v: Any) -> int | None:
 class ApiSettings(_Model):
     """The admin socket: who may connect (``group``), who may change things (``admin_group``), which
     uid the CLI accepts as its daemon (``daemon_user``), and how long a request may take to arrive."""
-    socket: Path
-    group: int | None = None              # chown the socket to this group (mode 0660): who may read
-    admin_group: int | None = None        # besides root and the daemon's user: who may publish/evict/pin/gc
-    daemon_user: int | None = None        # the uid the CLI trusts as its daemon (besides root); default: own euid
-    request_timeout_s: float = Field(default=30.0, gt=0, le=3600)  # idle or half-sent requests are dropped
+    socket: Path = Field(doc="the admin socket's path (absolute); the embedded default is in $XDG_RUNTIME_DIR, "
+                             "else in state_dir")
+    group: int | None = Field(None, unit="gid", doc="a group name or gid: the socket is chowned to it, mode 0660: "
+                                                    "who may connect and read; unset: weightd's user only")
+    admin_group: int | None = Field(None, unit="gid", doc="a group name or gid: besides root and the daemon's user, "
+                                                          "who may publish, evict, pin, unpin and gc")
+    daemon_user: int | None = Field(None, unit="uid", doc="a user name or uid the CLI trusts as its daemon besides "
+                                                          "root; unset: the CLI's own user")
+    request_timeout_s: float = Field(default=30.0, gt=0, le=3600, unit="s",
+                                     doc="idle or half-sent requests on the socket are dropped after this")
     # callers who are not admins (anyone else the socket's group lets in): how long one lease may be,
     # and how much of a tier's capacity one uid's leases may hold (admins and the daemon: no limit)
-    max_lease_s_readonly: float = Field(default=3600.0, ge=0, le=7 * 24 * 3600)
-    lease_share_readonly: float = Field(default=0.25, ge=0, le=1)
+    max_lease_s_readonly: float = Field(default=3600.0, ge=0, le=7 * 24 * 3600, unit="s",
+                                        doc="the longest lease a caller who is not an admin may take (admins and "
+                                            "the daemon: not limited by this)")
+    lease_share_readonly: float = Field(default=0.25, ge=0, le=1, unit="fraction",
+                                        doc="the share of a tier's capacity one such caller's (uid's) leases may hold")
 
     _path = field_validator("socket", mode="before")(_abs_path)
     _groups = field_validator("group", "admin_group", mode="before")(_group_id)
@@ -314,8 +350,9 @@ class MetricsSettings(_Model):
     """The metrics and probes listener. ``allow``: who may connect, everyone by default (Prometheus
     scrapes it from the pod network and the kubelet probes it from the node; it serves nothing secret
     and changes nothing): the connection caps and timeouts of ``[listeners]`` are what protect it."""
-    listen: str = "127.0.0.1:9464"
-    allow: tuple[str, ...] = ("0.0.0.0/0", "::/0")
+    listen: str = Field("127.0.0.1:9464", doc="IP:PORT of /metrics, /healthz and /readyz")
+    allow: tuple[str, ...] = Field(("0.0.0.0/0", "::/0"), doc="CIDRs that may connect; everyone by default (it serves "
+                                                              "nothing secret and changes nothing)")
     _listen = field_validator("listen", mode="before")(_host_port)
     _allow = field_validator("allow", mode="before")(_cidrs)
 
@@ -323,11 +360,18 @@ class MetricsSettings(_Model):
 class ListenerSettings(_Model):
     """Every TCP listener of the daemon (metrics; the origin's tracker and fleet endpoints): caps on
     open connections, and how long a connection may take to send a request and to finish it."""
-    max_connections: int = Field(default=256, ge=1, le=65536)               # per listener
-    max_connections_per_address: int = Field(default=32, ge=1, le=65536)
-    idle_timeout_s: float = Field(default=10.0, gt=0, le=3600)   # headers within this of connect or of the last answer
-    request_timeout_s: float = Field(default=30.0, gt=0, le=3600)  # a request's body and answer
-    tls_handshake_timeout_s: float = Field(default=10.0, gt=0, le=600)
+    max_connections: int = Field(default=256, ge=1, le=65536,
+                                 doc="open connections per listener; more are reset at accept")
+    max_connections_per_address: int = Field(default=32, ge=1, le=65536,
+                                             doc="open connections per listener from one address (at most "
+                                                 "max_connections)")
+    idle_timeout_s: float = Field(default=10.0, gt=0, le=3600, unit="s",
+                                  doc="a request's headers must arrive within this of connecting or of the last answer")
+    request_timeout_s: float = Field(default=30.0, gt=0, le=3600, unit="s",
+                                     doc="a request's body and handler (else 408); an answer not read for this long: "
+                                         "reset")
+    tls_handshake_timeout_s: float = Field(default=10.0, gt=0, le=600, unit="s",
+                                           doc="with [p2p] tls: the tracker's TLS handshake")
 
     @model_validator(mode="after")
     def _per_address(self) -> "ListenerSettings":
@@ -355,8 +399,11 @@ class TrustSettings(_Model):
     """Signed checkpoints: with ``require_signature`` every version must carry a model-signing
     signature (``.weightd/model.sig``) by one of ``public_keys`` (PEM public keys or certificates)
     that covers every byte, or it is refused (exit 5)."""
-    require_signature: bool = False
-    public_keys: tuple[Path, ...] = ()
+    require_signature: bool = Field(False, doc="every version must carry a signature by one of public_keys that "
+                                               "covers every byte, or it is refused (exit 5)")
+    public_keys: tuple[Path, ...] = Field((), doc="PEM EC public keys (P-256/384/521) or certificates signatures are "
+                                                  "checked against (signed versions are checked even without "
+                                                  "require_signature)")
 
     @field_validator("public_keys", mode="before")
     @classmethod
@@ -381,7 +428,9 @@ class TrustSettings(_Model):
 
 
 class PublishSettings(_Model):
-    signing_key: Path | None = None       # PEM EC private key: every publish signs with it
+    """Publishing (``weightd publish``)."""
+    signing_key: Path | None = Field(None, doc="PEM EC private key every publish signs with when it is not given "
+                                               "--sign (weightd keygen makes one)")
 
     @field_validator("signing_key", mode="before")
     @classmethod
@@ -393,12 +442,16 @@ class PrewarmSettings(_Model):
     """Prediction-driven prewarming (design §15): in ``window``, the top ``top`` models the forecaster
     expects in the next ``horizon_s`` are placed in ``tier`` (or warmed into the page cache when a warm
     copy is there), never evicting what intent wants or what is pinned, leased or in use."""
-    window: str = "00:00-23:59"
-    window_minutes: int | None = None
-    tier: str = "warm"
-    top: int = Field(default=3, ge=1, le=64)
-    min_score: float = Field(default=0.5, ge=0)
-    horizon_s: float = Field(default=3600.0, ge=60, le=7 * 86400)
+    window: str = Field("00:00-23:59", doc="when prewarming runs: HH:MM-HH:MM (UTC), or a cron expression with "
+                                           "window_minutes")
+    window_minutes: int | None = Field(None, unit="minutes", doc="with a cron window: how long each window lasts "
+                                                                 "(1 to 10080)")
+    tier: str = Field("warm", doc="hot or warm: where prewarmed models are placed")
+    top: int = Field(default=3, ge=1, le=64, doc="the most expected models to place")
+    min_score: float = Field(default=0.5, ge=0, doc="the least forecast score (expected loads in the horizon) a "
+                                                    "model needs")
+    horizon_s: float = Field(default=3600.0, ge=60, le=7 * 86400, unit="s",
+                             doc="how far ahead the forecaster looks")
 
     @field_validator("window")
     @classmethod
@@ -417,21 +470,29 @@ class PrewarmSettings(_Model):
 
 class IntentSettings(_Model):
     """Fleet intent (design §15): ``dir`` holds ``*.toml`` files of ``[[keep]]`` entries; none: off."""
-    dir: Path | None = None
-    labels: dict[str, str] = {}            # this node's labels, for the entries' node selectors
-    labels_file: Path | None = None        # key=value lines overlaid on ``labels`` (read every round)
-    node_name: str = ""                    # how the origin's fleet view names this node (default: hostname)
-    reconcile_s: float = Field(default=30.0, ge=1, le=3600)
-    poll_s: float = Field(default=2.0, gt=0, le=60)     # how often the directory is checked for changes
-    jitter_s: float = Field(default=30.0, ge=0, le=86400)  # a rollout starts within this long of a new version
-    max_movers: int = Field(default=0, ge=0)            # origin: nodes rolling forward at once, fleet-wide (0: any)
-    origin: str | None = None              # the origin's base URL (default: from the first p2p tracker)
-    report_s: float = Field(default=30.0, ge=1, le=3600)  # how often holdings are sent to the origin
+    dir: Path | None = Field(None, doc="the directory of *.toml files of [[keep]] entries; unset: intent is off")
+    labels: dict[str, str] = Field({}, doc="this node's labels, for the entries' node selectors (an inline table, "
+                                           "{ pool = \"chat\" })")
+    labels_file: Path | None = Field(None, doc="key=value lines overlaid on labels, read every round (a provisioner "
+                                               "writes them)")
+    node_name: str = Field("", doc="how the origin's fleet view names this node; empty: the host name")
+    reconcile_s: float = Field(default=30.0, ge=1, le=3600, unit="s",
+                               doc="a full round at least this often (a file change is seen within poll_s)")
+    poll_s: float = Field(default=2.0, gt=0, le=60, unit="s", doc="how often dir is checked for changes")
+    jitter_s: float = Field(default=30.0, ge=0, le=86400, unit="s",
+                            doc="a rollout starts within this long of a new version (per node, stable)")
+    max_movers: int = Field(default=0, ge=0, doc="on the origin: nodes rolling forward at once, fleet-wide; 0: no cap")
+    origin: str | None = Field(None, doc="the origin's base URL, where holdings are reported; unset: from the first "
+                                         "[p2p] trackers URL")
+    report_s: float = Field(default=30.0, ge=1, le=3600, unit="s", doc="how often holdings are sent to the origin")
     # origin: bytes of worker reports held for the fleet view, and reports one address may send a second
-    fleet_budget: int = 64 << 20
-    fleet_reports_per_s: float = Field(default=1.0, gt=0, le=1000)
-    nfd_dir: Path | None = None            # Node Feature Discovery's features.d: labels weightd.io/<model>=tier
-    prewarm: PrewarmSettings | None = None
+    fleet_budget: int = Field(64 << 20, unit="bytes", doc="on the origin: worker reports held for the fleet view "
+                                                          "(at least 1 MiB)")
+    fleet_reports_per_s: float = Field(default=1.0, gt=0, le=1000, unit="1/s",
+                                       doc="on the origin: reports one address may send a second (bursts of 16)")
+    nfd_dir: Path | None = Field(None, doc="Node Feature Discovery's features.d: weightd writes labels "
+                                           "weightd.io/<model>=hot|warm|ready there every round")
+    prewarm: PrewarmSettings | None = Field(None, doc="prediction-driven prewarming; unset: off")
 
     _paths = field_validator("dir", "labels_file", "nfd_dir", mode="before")(
         lambda v: None if v is None else _abs_path(v))
@@ -471,8 +532,9 @@ class IntentSettings(_Model):
 class ModelDefaults(_Model):
     """``[models."NAME"]`` (NAME may be a glob, ``"meta-llama/*"``): the files a preload of NAME moves
     when its caller names none (``--all`` moves every file): huggingface_hub's allow/ignore patterns."""
-    include: list[str] = []
-    exclude: list[str] = []
+    include: list[str] = Field([], doc="patterns of the files a preload of NAME moves when its caller names none "
+                                       "(huggingface_hub's allow_patterns)")
+    exclude: list[str] = Field([], doc="patterns of the files it leaves out (ignore_patterns)")
 
     @model_validator(mode="after")
     def _patterns(self) -> "ModelDefaults":
@@ -492,17 +554,21 @@ def _model_key(k: str) -> str:
 
 
 class Settings(_Model):
-    state_dir: Path
-    tiers: Tiers
-    p2p: P2PSettings = P2PSettings()
-    warm: WarmSettings = WarmSettings()
-    api: ApiSettings
-    metrics: MetricsSettings = MetricsSettings()
-    listeners: ListenerSettings = ListenerSettings()
-    trust: TrustSettings = TrustSettings()
-    publish: PublishSettings = PublishSettings()
-    intent: IntentSettings = IntentSettings()
-    models: dict[str, ModelDefaults] = {}
+    """The whole file. Every key: docs/reference/config.md and weightd.toml(5), made from these fields
+    (``doc``, ``unit``, bounds) by scripts/gen_reference.py."""
+    state_dir: Path = Field(doc="the daemon's state: the database of copies, pins and leases, and the intent ledgers "
+                                "(absolute; SIGHUP never switches it, restart for that)")
+    tiers: Tiers = Field(doc="the tiers: [tiers.hot], [tiers.warm] and [tiers.cold]")
+    p2p: P2PSettings = Field(P2PSettings(), doc="BitTorrent distribution of large checkpoints between nodes")
+    warm: WarmSettings = Field(WarmSettings(), doc="page-cache warming")
+    api: ApiSettings = Field(doc="the admin socket")
+    metrics: MetricsSettings = Field(MetricsSettings(), doc="the metrics and probes listener")
+    listeners: ListenerSettings = Field(ListenerSettings(), doc="every TCP listener's connection caps and timeouts")
+    trust: TrustSettings = Field(TrustSettings(), doc="signed checkpoints")
+    publish: PublishSettings = Field(PublishSettings(), doc="publishing")
+    intent: IntentSettings = Field(IntentSettings(), doc="fleet intent: what this node keeps, and prewarming")
+    models: dict[str, ModelDefaults] = Field({}, doc="[models.\"NAME\"] (NAME may be a glob, \"meta-llama/*\"): the "
+                                                     "files a preload of NAME moves when its caller names none")
 
     _path = field_validator("state_dir", mode="before")(_abs_path)
 
@@ -742,10 +808,37 @@ def describe_source(cfg: Config) -> str:
     return cfg.source
 
 
-#: the keys that hold a size or a rate in bytes (shown in binary units by ``config show``)
-SIZE_KEYS = frozenset({"intent.fleet_budget", "tiers.hot.capacity", "tiers.warm.capacity", "tiers.cold.range_size", "tiers.cold.part_size",
-                       "tiers.cold.bandwidth", "p2p.threshold", "p2p.upload_limit", "p2p.download_limit",
-                       "p2p.piece_size", "warm.bandwidth"})
+class Key(namedtuple("Key", ["name", "model", "field", "info", "table"])):
+    """One configuration key: ``name`` dotted (``tiers.hot.capacity``; a table of ``models`` as
+    ``models."NAME"``), the model and field that define it, and ``table``: the model of the table it
+    opens (None for a value)."""
+    __slots__ = ()
+
+
+def config_keys(model: Any = None, prefix: str = "") -> Iterator[Key]:
+    """Every key of the configuration, tables before their keys, in the models' order: what the
+    reference pages document and ``config show`` formats (a key whose ``unit`` is bytes is a size)."""
+    import typing
+    model = Settings if model is None else model
+    model._hints()
+    for name, info in model.model_fields.items():
+        ann, key = info.annotation, f"{prefix}{name}"
+        args = typing.get_args(ann)
+        if typing.get_origin(ann) is dict and isinstance(args[1], type) and issubclass(args[1], BaseModel):
+            yield Key(key, model, name, info, args[1])
+            yield from config_keys(args[1], f'{key}."NAME".')
+            continue
+        sub = next((a for a in (ann, *args) if isinstance(a, type) and issubclass(a, BaseModel)), None)
+        if sub is None or sub is Capacity:
+            yield Key(key, model, name, info, None)
+        else:
+            yield Key(key, model, name, info, sub)
+            yield from config_keys(sub, key + ".")
+
+
+def size_keys() -> frozenset[str]:
+    """The keys that hold a size or a rate in bytes (shown in binary units by ``config show``)."""
+    return frozenset(k.name for k in config_keys() if k.info.unit.startswith("bytes"))
 
 
 def config_sources(cfg: Config) -> dict[str, str]:
@@ -775,6 +868,7 @@ def show_config(cfg: Config) -> str:
     sources = config_sources(cfg)
     d = config_to_dict(cfg)
     notes: dict[str, str] = {}
+    sizes = size_keys()
 
     def human(t: Mapping[str, Any], prefix: str) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -784,7 +878,7 @@ def show_config(cfg: Config) -> str:
                 out[k] = human(v, key + ".")
                 continue
             note = sources.get(key, "default")
-            if key in SIZE_KEYS and isinstance(v, int) and not isinstance(v, bool):
+            if key in sizes and isinstance(v, int) and not isinstance(v, bool):
                 text = format_bytes(v)
                 if parse_size(text) == v:
                     out[k] = text

@@ -4,7 +4,8 @@ that reads the config, before any work; this builds them in about a millisecond)
 
 What it does, the way pydantic's lax mode does it (the config's tests pin the messages):
 
-- fields from class annotations, with defaults or :func:`Field` (``default``, ``ge``, ``gt``, ``le``);
+- fields from class annotations, with defaults or :func:`Field` (``default``, ``ge``, ``gt``, ``le``, and
+  for the reference pages ``doc``, what the key means, and ``unit``; neither is used to validate);
 - ``int`` (also from a whole float, a numeric string or a bool), ``float`` (from an int or a numeric
   string), ``bool`` (also ``"yes"``/``"no"``/``"true"``/``"1"``/... and 0/1), ``str``, ``Path``,
   ``tuple[X, ...]``, ``list[X]``, ``dict[str, X]``, ``X | None``, ``Any`` and nested models;
@@ -34,17 +35,19 @@ ValidationError = _Fail = SettingsError   # (one class: raised with a relative k
 
 
 class _FieldInfo:
-    __slots__ = ("default", "ge", "gt", "le", "annotation")
+    __slots__ = ("default", "ge", "gt", "le", "doc", "unit", "annotation")
 
     def __init__(self, default: Any = _MISSING, ge: float | None = None, gt: float | None = None,
-                 le: float | None = None) -> None:
-        self.default, self.ge, self.gt, self.le = default, ge, gt, le
+                 le: float | None = None, doc: str = "", unit: str = "") -> None:
+        self.default, self.ge, self.gt, self.le, self.doc, self.unit = default, ge, gt, le, doc, unit
         self.annotation: Any = None
 
 
 def Field(default: Any = _MISSING, *, ge: float | None = None, gt: float | None = None,  # noqa: N802
-          le: float | None = None) -> Any:
-    return _FieldInfo(default, ge, gt, le)
+          le: float | None = None, doc: str = "", unit: str = "") -> Any:
+    """A field's default and bounds; ``doc``: what the key means, ``unit``: what its number counts
+    (``bytes``, ``bytes/s``, ``s``...), both shown by docs/reference/config.md and weightd.toml(5)."""
+    return _FieldInfo(default, ge, gt, le, doc, unit)
 
 
 class PrivateAttr:
