@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tiering import Dir, build_manifest, verify_checkpoint
-from tiering.errors import Busy, IntegrityError, VersionConflict
+from tiering.errors import IntegrityError
 from tiering.sample import make_checkpoint
 
 from .conftest import stop_process
@@ -62,22 +62,68 @@ def test_a_version_is_invisible_until_its_manifest_exists(s3_endpoint, bucket, t
     assert c.versions("acme/h") == [] and c.read_manifest("acme/h", "v1") is None
 
 
+PUBLISHER = """
+import sys
+from pathlib import Path
+root, endpoint, bucket, src = sys.argv[1:5]
+sys.path.insert(0, root)
+from tiering import build_manifest
+from tiering.errors import Busy, VersionConflict
+from tiering.objstore import ObjectCold
+src = Path(src)
+m = build_manifest(src).with_labels(name="acme/c", version="v1", published_at="2026-12-04T00:00:00.000000Z")
+c = ObjectCold(f"s3://{bucket}/models", endpoint=endpoint, region="us-east-1")
+try:
+    c.publish(src, m, [(f.path, src / f.path) for f in m.files])
+    print("published")
+except Busy as exc:
+    print("busy", exc)
+except VersionConflict as exc:
+    print("conflict", exc)
+"""
+
+
 def test_a_second_publisher_of_the_same_version_cannot_win(s3_endpoint, bucket, tmp_path: Path) -> None:
-    a = make_checkpoint(tmp_path / "a", total_bytes=2 * MiB, shards=1, layers=2, seed="a")
+    """Two publisher processes against the same S3 server: the second starts while the first is
+    uploading (the first is stopped once its claim is in the store) and is refused naming the first's
+    pid; once the first finishes, the second's other content is a conflict; the store holds the first's."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    root = str(Path(__file__).resolve().parent.parent)
+    a = make_checkpoint(tmp_path / "a", total_bytes=32 * MiB, shards=2, layers=2, seed="a")
     b = make_checkpoint(tmp_path / "b", total_bytes=2 * MiB, shards=1, layers=2, seed="b")
-    ma, mb = labelled(a, "acme/c", "v1"), labelled(b, "acme/c", "v1")
     c = cold(s3_endpoint, bucket)
-    # another publisher holds the claim (uploading): refused before a byte is written
-    c._claim("acme/c/v1/.weightd/publishing", "acme/c", "v1")
-    with pytest.raises(Busy, match="being published by"):
-        c.publish(b, mb, files_of(b, mb))
-    obstore.delete(c.store, "acme/c/v1/.weightd/publishing")
-    assert c.publish(a, ma, files_of(a, ma))
-    with pytest.raises(VersionConflict):  # published meanwhile with other content
-        c.publish(b, mb, files_of(b, mb))
+    claim = "models/acme/c/v1/.weightd/publishing"
+
+    def keys() -> list[str]:
+        return [x["path"] for x in obstore.list(c.store, prefix="acme/c/v1/").collect()]
+    first = subprocess.Popen([sys.executable, "-c", PUBLISHER, root, s3_endpoint, bucket, str(a)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not any(k.endswith(".weightd/publishing") for k in keys()):
+            assert first.poll() is None and time.monotonic() < deadline, first.communicate()
+            time.sleep(0.005)
+        first.send_signal(signal.SIGSTOP)   # mid-publish, its claim held
+        assert c.read_manifest("acme/c", "v1") is None, claim
+        second = subprocess.run([sys.executable, "-c", PUBLISHER, root, s3_endpoint, bucket, str(b)],
+                                capture_output=True, text=True, timeout=60)
+        assert second.stdout.startswith("busy") and "being published by" in second.stdout, second
+        assert f"pid {first.pid}" in second.stdout, (first.pid, second.stdout)   # the racing process, named
+    finally:
+        first.send_signal(signal.SIGCONT)
+    out, err = first.communicate(timeout=120)
+    assert out.strip() == "published", err
+    again = subprocess.run([sys.executable, "-c", PUBLISHER, root, s3_endpoint, bucket, str(b)],
+                           capture_output=True, text=True, timeout=60)
+    assert again.stdout.startswith("conflict"), again   # published meanwhile with other content
+    ma = labelled(a, "acme/c", "v1")
     with open_dir(tmp_path / "dst") as d:
         c.fetch(ma, d)
     assert not verify_checkpoint(tmp_path / "dst", ma).problems  # a's bytes, untouched by b
+    assert not any("publishing" in k for k in keys())
 
 
 def test_rot_in_the_store_is_caught_naming_the_part(s3_endpoint, bucket, tmp_path: Path) -> None:
