@@ -236,22 +236,42 @@ def test_a_file_swapped_after_the_scan_is_never_uploaded(s3_endpoint, bucket, tm
 
 
 def test_a_file_rewritten_in_place_during_the_upload_aborts_it(s3_endpoint, bucket, tmp_path: Path) -> None:
-    """Same file, new bytes (mtime put back): the hashes taken as the bytes go out catch it, the
-    multipart upload is aborted (nothing billed is left), and nothing becomes visible."""
+    """Same file, new bytes (mtime put back), written once its multipart upload is under way: the
+    hashes taken as the bytes go out catch it, the multipart upload is aborted (nothing billed is
+    left), and nothing becomes visible."""
+    import threading
+    import time
     from tiering import scan_checkpoint
     from tiering.errors import FileChanged
-    src = make_checkpoint(tmp_path / "src", total_bytes=16 * MiB, shards=1, layers=2, seed="inplace")
+    src = make_checkpoint(tmp_path / "src", total_bytes=48 * MiB, shards=1, layers=2, seed="inplace")
     scanned = scan_checkpoint(src)
     m = labelled(src, "acme/ip", "v1")
     f = src / "model.safetensors"
     st = f.stat()
-    with open(f, "r+b") as fh:
-        fh.seek(st.st_size - 100)
-        fh.write(b"\xff" * 50)
-    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
     c = cold(s3_endpoint, bucket, part_bytes=5 * MiB, concurrency=2)
-    with pytest.raises(FileChanged, match="changed after it was hashed"):
-        c.publish(src, m, [(x.relpath, x.path) for x in scanned])
+    outcome: list[BaseException | None] = []
+
+    def publish() -> None:
+        try:
+            c.publish(src, m, [(x.relpath, x.path) for x in scanned])
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 (handed to the test thread)
+            outcome.append(exc)
+    t = threading.Thread(target=publish)
+    t.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not [u for u in _uploads(s3_endpoint, bucket) if u["Key"].endswith("acme/ip/v1/model.safetensors")]:
+            assert t.is_alive() and time.monotonic() < deadline, outcome   # (the upload never started)
+            time.sleep(0.005)
+        with open(f, "r+b") as fh:   # the upload is under way: its last part has not gone out yet
+            fh.seek(st.st_size - 100)
+            fh.write(b"\xff" * 50)
+        os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    finally:
+        t.join(120)
+    assert len(outcome) == 1 and isinstance(outcome[0], FileChanged), outcome
+    assert "changed after it was hashed" in str(outcome[0]), outcome
     assert c.read_manifest("acme/ip", "v1") is None and c.versions("acme/ip") == []
     assert _uploads(s3_endpoint, bucket) == []
     assert not [k for k in _everything(c) if k.startswith("acme/ip/v1/")]  # (the claim went too)
