@@ -240,6 +240,7 @@ def _cluster_tampered(base: Path, nodes: list, v2: Path) -> None:
 
 
 def _cluster_preload(nodes: list, version: str) -> None:
+    from tiering import format_bytes
     click.secho(f"$ weightd preload demo/swarm@{version} --tier warm   (on the three workers at once)", fg="cyan",
                 bold=True)
     t0 = time.monotonic()
@@ -257,14 +258,16 @@ def _cluster_preload(nodes: list, version: str) -> None:
         for k in totals:
             totals[k] += r["bytes_by_source"][k]
         b = r["bytes_by_source"]
-        click.echo(f"  worker {ip}: {r['bytes'] / 1e6:.1f} MB verified in {r['seconds']:.1f} s: "
-                   f"{b['origin'] / 1e6:.1f} MB from the origin, {b['peer'] / 1e6:.1f} MB from other workers, "
-                   f"{b['cold'] / 1e6:.1f} MB from cold" + (f", {b['local_reuse'] / 1e6:.1f} MB reused locally"
-                                                            if b["local_reuse"] else ""))
+        fb = format_bytes
+        click.echo(f"  worker {ip}: {fb(r['bytes'])} verified in {r['seconds']:.1f} s: "
+                   f"{fb(b['origin'])} from the origin, {fb(b['peer'])} from other workers, "
+                   f"{fb(b['cold'])} from cold" + (f", {fb(b['local_reuse'])} reused locally"
+                                                   if b["local_reuse"] else ""))
     moved = totals["origin"] + totals["peer"] + totals["cold"]
-    click.echo(f"  all three in {time.monotonic() - t0:.1f} s; {moved / 1e6:.1f} MB moved for 3 x {size / 1e6:.1f} MB "
-               f"({totals['origin'] / 1e6:.1f} MB from the origin, {totals['peer'] / 1e6:.1f} MB between workers"
-               + (f", {totals['local_reuse'] / 1e6:.1f} MB reused locally" if totals["local_reuse"] else "") + ")\n")
+    fb = format_bytes
+    click.echo(f"  all three in {time.monotonic() - t0:.1f} s; {fb(moved)} moved for 3 x {fb(size)} "
+               f"({fb(totals['origin'])} from the origin, {fb(totals['peer'])} between workers"
+               + (f", {fb(totals['local_reuse'])} reused locally" if totals["local_reuse"] else "") + ")\n")
 
 
 def _flip_byte(path: Path) -> None:

@@ -57,6 +57,11 @@ def format_bytes(n: float) -> str:
     raise AssertionError("unreachable")
 
 
+def format_rate(bytes_per_s: float) -> str:
+    """Human rate with binary units, as every output prints one: ``1.5 GiB/s``, ``310.5 MiB/s``."""
+    return f"{format_bytes(bytes_per_s)}/s"
+
+
 def format_duration(seconds: float) -> str:
     """``42s``, ``9m58s``, ``2h05m``: whole seconds, rounded once (never ``9m60s``)."""
     s = max(0, round(seconds))

@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterable
 
 from .._syscalls import PAGE, populate, populate_read_supported
 from ..safefs.paths import open_for_read
+from ..content.units import format_rate
 from ..errors import PageCacheError
 from ..progress import watch_throttle
 from .files import FileRef, Skipped, collect_files
@@ -177,7 +178,7 @@ def warm(paths: Iterable[str | os.PathLike[str]], *, concurrency: int = 2, rate_
     report.max_probe_ms, report.probes = monitor.max_probe_ms, monitor.probes
     if monitor.backoffs:
         report.notes.append(f"backed off {monitor.backoffs} times (waited {monitor.backoff_s:.1f} s, down to "
-                            f"{monitor.min_rate / 1e6:.0f} MB/s): a 4 KiB random read waited up to "
+                            f"{format_rate(monitor.min_rate)}): a 4 KiB random read waited up to "
                             f"{monitor.max_probe_ms:.1f} ms (threshold {await_threshold_ms} ms)")
     report.seconds = time.monotonic() - t0
     return report

@@ -15,7 +15,7 @@ import stat
 import sys
 import time
 
-from tiering import format_bytes, format_duration
+from tiering import format_bytes, format_duration, format_rate
 
 TYPE_CHECKING = False   # (typing costs ~9 ms of a start: annotations only)
 if TYPE_CHECKING:
@@ -81,7 +81,7 @@ def note(message: str) -> None:
 
 
 def rate(nbytes: int, seconds: float) -> str:
-    return f"{nbytes / seconds / 1e9:.2f} GB/s" if seconds > 0 else "-"
+    return format_rate(nbytes / seconds) if seconds > 0 else "-"
 
 
 def ago(ts: float | None) -> str:
@@ -360,12 +360,12 @@ def show_doctor(report: Any, doc: dict[str, Any], source: str) -> None:
     disks = report.measurements.get("disks", {})
     if disks:
         echo("\ndisks: " + "; ".join(
-            f"{n} await {d['read_await_ms']} ms util {d['util']:.0%} {d['read_bytes_per_s'] / 1e6:.0f} MB/s"
+            f"{n} await {d['read_await_ms']} ms util {d['util']:.0%} {format_rate(d['read_bytes_per_s'])}"
             + (f" ({', '.join(d['tiers'])})" if d["tiers"] else "") for n, d in disks.items()))
     nics = report.measurements.get("nics", {})
     if nics:
         echo("nics: " + "; ".join(
-            f"{n} {d['bytes_per_s'] / 1e6:.1f} MB/s" + (f" = {d['util']:.1%} of link" if d["util"] is not None else "")
+            f"{n} {format_rate(d['bytes_per_s'])}" + (f" = {d['util']:.1%} of link" if d["util"] is not None else "")
             + (f" mtu {d['mtu']}" if d["mtu"] else "") for n, d in nics.items()))
     if "probe" in report.measurements:
         pr = report.measurements["probe"]
@@ -388,7 +388,7 @@ def show_bench(r: dict[str, Any], target: Any, recorded: bool) -> None:
     echo(f"{target} (device {r['device']}, {format_bytes(r['file_bytes'])} test file)")
     for d, x in r["randread_4k"].items():
         echo(f"  4K random read QD{d:<3} p50 {x['p50_us']:>8} µs  p99 {x['p99_us']:>8} µs  {x['iops']:>7} IOPS")
-    echo(f"  16M sequential read  {r['seqread_16m']['bytes_per_s'] / 1e9:.2f} GB/s")
+    echo(f"  16M sequential read  {format_rate(r['seqread_16m']['bytes_per_s'])}")
     if recorded:
         echo(f"recorded as the baseline in {r['baseline_file']}")
 
