@@ -302,7 +302,8 @@ def test_intent_keeps_partial_copies_and_sets(node_env, isolated_env, wd, tmp_pa
         assert d.metric('weightd_model_ready{model="lora/a0",tier="hot",version="v1"}') == 1
         # a second round changes nothing (the partial copy counts as held: no refetch)
         before = d.log_path.read_text().count("intent: fetching")
-        time.sleep(5)
+        r0 = intent_status(wd)["rounds"]   # two more full rounds (reconcile_s = 2), seen in intent status
+        until("two more reconcile rounds", lambda: intent_status(wd)["rounds"] >= r0 + 2, timeout=30)
         assert d.log_path.read_text().count("intent: fetching") == before
     finally:
         d.stop()
