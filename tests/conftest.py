@@ -72,6 +72,49 @@ def assert_one_line_error(proc: subprocess.CompletedProcess[str], code: int, *ne
         assert n in err, (n, err)
 
 
+# -- signal dispositions ---------------------------------------------------------------------------
+
+_WATCHED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE, signal.SIGCHLD)
+
+
+def _signal_state() -> dict[str, object]:
+    """How this process treats the watched signals: Python's handlers, the kernel's view (ignored or
+    caught, from /proc/self/status: a handler set from C shows there only) and this thread's blocked
+    mask. A child inherits an ignored or blocked signal across exec (an ignored SIGINT: no Ctrl-C)."""
+    masks = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("SigIgn", "SigCgt"):
+            masks[key] = int(value, 16)
+    state: dict[str, object] = {}
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    for sig in _WATCHED_SIGNALS:
+        bit = 1 << (sig - 1)
+        kernel = "ignored" if masks["SigIgn"] & bit else "caught" if masks["SigCgt"] & bit else "default"
+        state[sig.name] = (signal.getsignal(sig), kernel, "blocked" if sig in blocked else "unblocked")
+    return state
+
+
+@pytest.fixture(autouse=True)
+def _signal_dispositions_kept():
+    """A test that leaves SIGINT, SIGTERM, SIGHUP, SIGPIPE or SIGCHLD handled, ignored or blocked otherwise
+    than it found them fails (every later test, and every child it starts, would inherit it); the
+    dispositions are put back first, so one leak is reported once."""
+    before = _signal_state()
+    blocked_before = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    yield
+    after = _signal_state()
+    if after == before:
+        return
+    for sig in _WATCHED_SIGNALS:
+        handler = before[sig.name][0]
+        if handler is not None:   # (None: set from C, not restorable from Python)
+            signal.signal(sig, handler)
+    signal.pthread_sigmask(signal.SIG_SETMASK, blocked_before)
+    changed = {name: (before[name], after[name]) for name in before if before[name] != after[name]}
+    pytest.fail(f"the test left signal dispositions changed (before, after): {changed}", pytrace=False)
+
+
 # -- a second uid ----------------------------------------------------------------------------------
 
 NOBODY = 65534
