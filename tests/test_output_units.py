@@ -6,6 +6,7 @@ and per second)."""
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 from tiering.sample import make_checkpoint
@@ -38,13 +39,16 @@ def test_no_command_prints_a_decimal_unit(weightd, tmp_path: Path) -> None:
         (["bench", "disk", bench, "--size", "8MiB", "--seconds", "0.2", "--depths", "1", "--no-record"], True),
         (["doctor", "--sample-s", "0.2"], True),
     ]
-    for args, sized in commands:
-        p = weightd(*args, timeout=120)
-        out = p.stdout + p.stderr
-        where = " ".join(map(str, args))
-        assert p.returncode == 0 or args[0] == "doctor", (where, p.returncode, out)
-        assert not DECIMAL.findall(out), (where, DECIMAL.findall(out), out)
-        assert not sized or BINARY.search(out), (where, out)
+    try:
+        for args, sized in commands:
+            p = weightd(*args, timeout=120)
+            out = p.stdout + p.stderr
+            where = " ".join(map(str, args))
+            assert p.returncode == 0 or args[0] == "doctor", (where, p.returncode, out)
+            assert not DECIMAL.findall(out), (where, DECIMAL.findall(out), out)
+            assert not sized or BINARY.search(out), (where, out)
+    finally:   # (the embedded default's hot tier)
+        shutil.rmtree(f"/dev/shm/weightd-{weightd.env['USER']}", ignore_errors=True)
 
 
 def test_format_rate_is_binary() -> None:
