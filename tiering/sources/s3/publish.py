@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ...content.manifest import MANIFEST_RELPATH, FileEntry, Manifest
-from ...errors import BadInput, Busy, FileChanged, IntegrityError, VersionConflict
+from ...errors import BadInput, Busy, CheckpointNotFound, FileChanged, IntegrityError, VersionConflict
 from ...progress import ProgressFn
 from ...safefs import open_source
 from .catalog import read_manifest
@@ -199,6 +199,10 @@ def claim(s3: S3Client, key: str, name: str, version: str) -> None:
     except ObjectStoreError as exc:
         if exc.kind not in ("exists", "precondition"):
             raise
+    try:   # its ETag, then its body: a claim replaced between the two fails the conditional put below
+        meta = s3.head(key)
+    except CheckpointNotFound:
+        raise Busy(f"{name}@{version}", "another publisher just finished or gave up: publish again") from None
     try:   # (not a claim weightd wrote if over SMALL_LIMIT: refused from its length, never read whole)
         held = s3.get_small(key, SMALL_LIMIT, what="publish claim")
         info = json.loads(held) if held is not None else {}
