@@ -11,18 +11,32 @@ import logging
 import queue
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import Callable, Collection, Protocol
 
 import libtorrent as lt
 
-from .alerts import AlertEvent
-from .config import endpoint
+from .alerts import AlertEvent, AlertPump
+from .config import P2PConfig, endpoint
 from .errors import TransferFailed, TransferStalled
 from .members import Membership
 from .plan import HELD, PiecePlan
 
-if TYPE_CHECKING:
-    from .session import P2PSession
+
+class SessionSide(Protocol):
+    """What a download uses of the session it runs on (:class:`~p2p.session.P2PSession` is one): its
+    configuration and alert pump, and the session-wide filters a piece plan sets (peer classes by
+    rack, the origins blocked or not). Declared here so the session imports its downloads, never the
+    other way round."""
+    cfg: P2PConfig
+    alerts: AlertPump
+    origin_blocked: bool
+
+    def set_other_racks(self, racks: dict[str, str]) -> None: ...
+
+    def apply_plan(self, h: lt.torrent_handle, planner: PiecePlan, st: lt.torrent_status,
+                   origin_ips: set[str], now: float, progressed: bool, current: list[int] | None,
+                   members: dict[str, str] | None = None, racks_seen: dict[str, str] | None = None, *,
+                   others: Collection[str] = ()) -> list[int]: ...
     from .torrent import Subset
 
 log = logging.getLogger(__name__)
@@ -94,7 +108,7 @@ def apportion(shares: dict[str, int], total: int) -> dict[str, int]:
 
 
 class Transfer:
-    def __init__(self, session: "P2PSession", ti: lt.torrent_info, h: lt.torrent_handle,
+    def __init__(self, session: SessionSide, ti: lt.torrent_info, h: lt.torrent_handle,
                  events: "queue.SimpleQueue[AlertEvent]", peers: tuple[str, ...], *, plan: bool,
                  progress: Callable[[int], None] | None, clock: Callable[[], float] = time.monotonic,
                  held_back: bool = False, subset: "Subset | None" = None) -> None:

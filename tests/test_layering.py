@@ -73,3 +73,122 @@ def test_the_surface_is_lazy() -> None:
             "print(sorted(m for m in sys.modules if m.startswith('tiering.')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True).stdout
     assert "tiering.node" not in out and "tiering.pagecache" not in out, out
+
+
+# -- import circles ------------------------------------------------------------------------------------
+PACKAGES = ("weightd", "tiering", "p2p")
+
+
+def module_files() -> dict[str, Path]:
+    """Every module of weightd, tiering and p2p by dotted name (a package by its own name)."""
+    out = {}
+    for package in PACKAGES:
+        for py in (ROOT / package).rglob("*.py"):
+            parts = list(py.relative_to(ROOT).with_suffix("").parts)
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = py
+    return out
+
+
+def _surface(py: Path) -> dict[str, str]:
+    for node in ast.parse(py.read_text(), str(py)).body:
+        if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", "") == "_SURFACE":
+            return ast.literal_eval(node.value)
+    return {}
+
+
+def imports_of(module: str, modules: dict[str, Path]) -> set[str]:
+    """The modules ``module`` imports, from every import statement it holds: at module level, under
+    ``if TYPE_CHECKING`` (annotations are a dependency too) and inside functions (an import moved into
+    a function does not end a circle). ``from PKG import NAME`` depends on PKG and on PKG.NAME when that
+    is a module, or on the module the package's lazy surface (``_SURFACE``) names for NAME."""
+    py = modules[module]
+    here = module.split(".") if py.name == "__init__.py" else module.split(".")[:-1]
+    out = set()
+    for node in ast.walk(ast.parse(py.read_text(), str(py))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                name = alias.name
+                while name and name not in modules:
+                    name = name.rpartition(".")[0]
+                out.add(name)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(here[:len(here) - node.level + 1] + ([node.module] if node.module else []))
+            if base not in modules:
+                continue
+            out.add(base)   # (its ``__init__`` runs, and NAME is looked up in it)
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                if sub in modules:
+                    out.add(sub)
+                    continue
+                target = _surface(modules[base]).get(alias.name) if modules[base].name == "__init__.py" else None
+                if target is not None:
+                    top = base.split(".")[0] + "."
+                    target = target if target.startswith(top) else f"{base}.{target}"
+                out.add(target if target in modules else base)
+    return out & set(modules) - {module, ""}
+
+
+def import_circles(modules: dict[str, Path]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    graph = {m: imports_of(m, modules) for m in modules}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return circles
+
+
+def test_no_import_circles() -> None:
+    """No module of weightd, tiering or p2p reaches itself through imports, annotation-only or
+    function-level ones included: a reader can hold each module with what it imports, below it."""
+    circles = import_circles(module_files())
+    assert not circles, "import circles: " + "; ".join(" <-> ".join(c) for c in circles)
+
+
+def test_the_circle_check_sees_annotation_and_function_imports(tmp_path: Path) -> None:
+    """The check itself: a circle closed only by an ``if TYPE_CHECKING`` import, one closed only by an
+    import inside a function, and a package whose ``__init__`` imports a module that imports from the
+    package (``from . import x``) are all found; a package's lazy surface is followed."""
+    pkg = tmp_path / "tiering"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text('_SURFACE: dict[str, str] = {"B": "b"}\n')
+    (pkg / "a.py").write_text("from tiering import B\n")
+    (pkg / "b.py").write_text("TYPE_CHECKING = False\nif TYPE_CHECKING:\n    from .a import A\n")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "sub" / "c.py").write_text("def f():\n    from . import d\n")
+    (pkg / "sub" / "d.py").write_text("from ..sub.c import f\n")
+    (pkg / "e.py").write_text("import tiering.a\n")
+    modules = {}
+    for py in pkg.rglob("*.py"):
+        parts = list(py.relative_to(tmp_path).with_suffix("").parts)
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = py
+    assert import_circles(modules) == [["tiering.a", "tiering.b"], ["tiering.sub.c", "tiering.sub.d"]]
+    (pkg / "sub" / "d.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("def main():\n    from .c import f\n")
+    assert import_circles(modules) == [["tiering.a", "tiering.b"], ["tiering.sub", "tiering.sub.c"]]

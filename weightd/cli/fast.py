@@ -90,7 +90,7 @@ def _recognise(args: list[str]) -> _Job | None:
 
 
 def _run(job: _Job) -> int:
-    from . import output
+    from .output import echo, emit_json, report_error, show_residency, skip_exit
     try:
         if job.quiet:
             from .. import progress
@@ -98,8 +98,8 @@ def _run(job: _Job) -> int:
         if job.command == "residency":
             from tiering import residency
             r = residency(job.operands)
-            output.emit_json("residency", r.to_dict()) if job.as_json else output.show_residency(r)
-            output.skip_exit(r.skipped)
+            emit_json("residency", r.to_dict()) if job.as_json else show_residency(r)
+            skip_exit(r.skipped)
             return 0
         return _through_daemon(job)
     except BrokenPipeError:
@@ -107,17 +107,17 @@ def _run(job: _Job) -> int:
         from ..errors import EXIT_ERROR
         return EXIT_ERROR
     except KeyboardInterrupt:
-        output.echo("weightd: interrupted", err=True)
+        echo("weightd: interrupted", err=True)
         return 130
     except Exception as exc:  # one line, the exit code of its type (as the click CLI ends)
-        return output.report_error(exc, debug=False)
+        return report_error(exc, debug=False)
 
 
 def _through_daemon(job: _Job) -> int:
     """``path`` or ``status`` answered by the node's daemon; _FALLBACK when it does not answer (click
     then works in-process, or says why it cannot, exactly as it would have)."""
     from ..errors import SocketDenied
-    from . import output
+    from .output import emit_json, emit_path, show_status
     from .context import AppContext, checked_path, warn_other_config
     if job.command == "path":
         from tiering import parse_ref
@@ -132,11 +132,11 @@ def _through_daemon(job: _Job) -> int:
     warn_other_config(app, client.health)
     if job.command == "path":
         r = checked_path(app, client.path(job.operands[0]))
-        output.emit_json("path", r) if job.as_json else output.emit_path(r["path"])
+        emit_json("path", r) if job.as_json else emit_path(r["path"])
         return 0
     st = client.status()
     if job.fmt == "json":
-        output.emit_json("status", st, compact=False)
+        emit_json("status", st, compact=False)
     else:
-        output.show_status(st, wide=job.fmt == "wide")
+        show_status(st, wide=job.fmt == "wide")
     return 2 if st.get("problems") else 0   # (storage not there as configured, as the click command)

@@ -32,8 +32,9 @@ from ..metrics import Metrics
 from ..sdnotify import Notifier
 from ..service import NodeService
 from ..swarm import P2PFetcher, p2p_config, read_torrent, reseed, seed_copy, seed_held
-from . import loops
+from .loops import check_storage, gc_loop, origin_mirror_loop, pressure_loop, storage_loop, watchdog_loop
 from .authz import claim_socket
+from .context import DaemonContext
 from .intent import IntentRunner
 from .listeners import GuardedListener, ListenerLimits, request_deadline
 from .origin import fleet_routes
@@ -45,7 +46,9 @@ RESEED_S = 10.0  # the tracker looks for newly published versions at most this o
 PRESSURE_KEEP = 121            # 10 minutes of counter history for `weightd doctor`
 
 
-class Daemon:
+class Daemon(DaemonContext):
+    """The daemon: the shared state (:class:`.context.DaemonContext`) and its lifecycle."""
+
     def __init__(self, config_path: str | None, *, role: str = "worker") -> None:
         self.config_path = config_path
         self.role = role
@@ -85,10 +88,6 @@ class Daemon:
         self._tracker_ssl = None  # ssl.SSLContext of the tracker's HTTPS endpoint (with p2p.tls)
         self.tracker = None  # p2p.Tracker (origin with tracker_listen)
         self.ready = False   # READY=1 sent: /readyz answers 200
-
-    @property
-    def node(self):
-        return self.service.node
 
     # -- node and state ---------------------------------------------------------------------------
     def _open_service(self, cfg: Config) -> NodeService:
@@ -154,24 +153,6 @@ class Daemon:
         if self._status_cache is None or now - self._status_cache[0] > 2.0:
             self._status_cache = (now, self.node.status())
         return {**self._status_cache[1], "transfers": self.api.transfer_rows()}  # (transfers: live)
-
-    def status_changed(self) -> None:
-        self._status_cache = None
-
-    def set_status(self, text: str) -> None:
-        self.status_text = text
-        self.notifier.notify(STATUS=text)
-
-    async def run_blocking(self, pool: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        loop = asyncio.get_running_loop()
-
-        def call() -> Any:
-            self._active += 1  # (+= on an int under the GIL from pool threads: a counter, not a lock)
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self._active -= 1
-        return await loop.run_in_executor(self.pools[pool], call)
 
     def reload(self) -> None:
         """SIGHUP: a good config replaces the running one; a bad one is refused and the old one kept."""
@@ -285,15 +266,15 @@ class Daemon:
         loop.add_signal_handler(signal.SIGINT, self.stopping.set)
         loop.add_signal_handler(signal.SIGHUP, self.reload)
         self.loop = loop
-        await loops.check_storage(self)   # (before READY: a missing cold store is not "ready")
-        tasks = [loop.create_task(loops.gc_loop(self)), loop.create_task(loops.pressure_loop(self)),
-                 loop.create_task(loops.storage_loop(self))]
+        await check_storage(self)   # (before READY: a missing cold store is not "ready")
+        tasks = [loop.create_task(gc_loop(self)), loop.create_task(pressure_loop(self)),
+                 loop.create_task(storage_loop(self))]
         if self.role == "origin" and self.session is not None and self.node.roots.object is not None:
-            tasks.append(loop.create_task(loops.origin_mirror_loop(self)))
+            tasks.append(loop.create_task(origin_mirror_loop(self)))
         self.tasks = tasks
         self._start_intent()
         if self.notifier.watchdog_s:
-            tasks.append(loop.create_task(loops.watchdog_loop(self)))
+            tasks.append(loop.create_task(watchdog_loop(self)))
         log.info("serving role=%s version=%s config=%s api=%s metrics=%s", self.role, __version__,
                  describe_source(self.config), sock_path, self.config.settings.metrics.listen)
         self.status_text = "serving, idle"

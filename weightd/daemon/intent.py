@@ -28,7 +28,7 @@ from ..intent.reconcile import Failure, Fetch, Plan, plan
 from ..intent.spec import IntentError, KeepEntry, load_intent, parse_window, read_labels, fingerprint
 
 if TYPE_CHECKING:
-    from .app import Daemon
+    from .context import DaemonContext
 
 log = logging.getLogger(__name__)
 HISTORY_FILE = "intent-loads.json"
@@ -40,7 +40,7 @@ SLOT_RETRY_S = 30.0        # a refused rollout slot is asked for again after rec
 
 
 class IntentRunner:
-    def __init__(self, d: "Daemon", *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, d: "DaemonContext", *, clock: Callable[[], float] = time.time) -> None:
         self.d, self.clock = d, clock
         self.entries: list[KeepEntry] = []
         self.source: str | None = None          # the directory the running intent came from

@@ -27,7 +27,7 @@ from ..service import DEFAULT
 from .authz import is_admin
 
 if TYPE_CHECKING:
-    from .app import Daemon
+    from .context import DaemonContext
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ def holder_uid(holder: str) -> int | None:
 
 
 class LeaseGuard:
-    def __init__(self, daemon: "Daemon") -> None:
+    def __init__(self, daemon: "DaemonContext") -> None:
         self.d = daemon
         self.reserved: dict[tuple[int, str], dict[tuple[str, str], int]] = {}   # (uid, tier) -> {(name, version): bytes}
         self.locks: dict[int, asyncio.Lock] = {}

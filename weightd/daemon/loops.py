@@ -15,7 +15,7 @@ from tiering import WARM
 from ..swarm import mirror_published, seed_held
 
 if TYPE_CHECKING:
-    from .app import Daemon
+    from .context import DaemonContext
 
 log = logging.getLogger(__name__)
 GC_INTERVAL_S = 30.0
@@ -24,7 +24,7 @@ STORAGE_INTERVAL_S = 10.0
 STORAGE_TIMEOUT_S = 5.0
 
 
-async def _sleep_or_stop(d: "Daemon", seconds: float) -> bool:
+async def _sleep_or_stop(d: "DaemonContext", seconds: float) -> bool:
     """Wait ``seconds``; True if the daemon is stopping."""
     try:
         await asyncio.wait_for(d.stopping.wait(), seconds)
@@ -33,7 +33,7 @@ async def _sleep_or_stop(d: "Daemon", seconds: float) -> bool:
         return False
 
 
-async def pressure_loop(d: "Daemon") -> None:
+async def pressure_loop(d: "DaemonContext") -> None:
     """A history of the raw node counters (``weightd doctor`` reads it instead of sampling)."""
     from ..doctor import read_counter_texts
     while not d.stopping.is_set():
@@ -43,7 +43,7 @@ async def pressure_loop(d: "Daemon") -> None:
             return
 
 
-async def check_storage(d: "Daemon") -> None:
+async def check_storage(d: "DaemonContext") -> None:
     """One look at the configured storage (cold absent or unmounted, a tier's device missing), in a
     thread of its own: a hung mount holds that one thread, never the loop or the other pools, and while
     it is held no second look starts; it counts as a problem once STORAGE_TIMEOUT_S has passed."""
@@ -67,14 +67,14 @@ async def check_storage(d: "Daemon") -> None:
         d.status_changed()
 
 
-async def storage_loop(d: "Daemon") -> None:
+async def storage_loop(d: "DaemonContext") -> None:
     while not d.stopping.is_set():
         await check_storage(d)
         if await _sleep_or_stop(d, STORAGE_INTERVAL_S):
             return
 
 
-async def gc_loop(d: "Daemon") -> None:
+async def gc_loop(d: "DaemonContext") -> None:
     while not d.stopping.is_set():
         if await _sleep_or_stop(d, GC_INTERVAL_S):
             return
@@ -87,7 +87,7 @@ async def gc_loop(d: "Daemon") -> None:
             log.warning("background gc failed: %s", exc)
 
 
-async def origin_mirror_loop(d: "Daemon") -> None:
+async def origin_mirror_loop(d: "DaemonContext") -> None:
     """The origin of an object-store cold tier seeds from local copies: after every publish (and every
     GC_INTERVAL_S) it copies what is published and not held into warm, makes the torrent if the store
     has none, and seeds it (p2p.seeding.mirror_published)."""
@@ -111,7 +111,7 @@ async def origin_mirror_loop(d: "Daemon") -> None:
         d.mirror_wanted.clear()
 
 
-async def watchdog_loop(d: "Daemon") -> None:
+async def watchdog_loop(d: "DaemonContext") -> None:
     assert d.notifier.watchdog_s is not None
     while not d.stopping.is_set():
         d.notifier.notify(WATCHDOG=1)

@@ -27,14 +27,14 @@ from ..fleet import MAX_PAGE_NODES, FleetView, RateLimit, build_view, encode
 from ..rollout import MoverSlots
 
 if TYPE_CHECKING:
-    from .app import Daemon
+    from .context import DaemonContext
 
 log = logging.getLogger(__name__)
 MAX_REPORT_BYTES = 1 << 20
 BODY_TIMEOUT_S = 10.0
 
 
-def fleet_routes(d: "Daemon", app: web.Application, tracker: Any) -> None:
+def fleet_routes(d: "DaemonContext", app: web.Application, tracker: Any) -> None:
     intent = d.config.settings.intent
     d.fleet = FleetView(ttl_s=max(300.0, 4 * intent.report_s), budget_bytes=intent.fleet_budget)
     d.movers = MoverSlots(intent.max_movers)

@@ -37,7 +37,7 @@ from .authz import Caller, authorize, caller_may_read, check_caller_can_read, ch
 from .leases import LeaseGuard, Who, who
 
 if TYPE_CHECKING:
-    from .app import Daemon
+    from .context import DaemonContext
 
 log = logging.getLogger(__name__)
 API_VERSION = "v1"
@@ -57,7 +57,7 @@ WAIT_POLL_S = 1.0              # a preload's wait for publication asks cold stor
 
 
 class Api:
-    def __init__(self, daemon: "Daemon") -> None:
+    def __init__(self, daemon: "DaemonContext") -> None:
         self.d = daemon
         # status, path NAME@VERSION and /metrics run in a pool of their own: local facts only, never
         # queued behind work that reads cold storage (misc and the tiers' pools)
