@@ -115,6 +115,32 @@ def _signal_dispositions_kept():
     pytest.fail(f"the test left signal dispositions changed (before, after): {changed}", pytrace=False)
 
 
+# -- TCP ports --------------------------------------------------------------------------------------
+
+import socket as _socket  # noqa: E402
+
+_RESERVED_PORTS: list[_socket.socket] = []
+
+
+def reserve_port(ip: str = "127.0.0.1") -> int:
+    """A TCP port on ``ip`` that stays this test's until it ends: bound with SO_REUSEADDR and never
+    listening, so the kernel hands it to no other bind(port 0) or outgoing connection (a port found free
+    and closed again could be taken before the daemon binds it), while the daemon's listeners (aiohttp
+    behind SO_REUSEADDR, libtorrent) bind and listen on it."""
+    s = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+    s.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
+    s.bind((ip, 0))
+    _RESERVED_PORTS.append(s)
+    return s.getsockname()[1]
+
+
+@pytest.fixture(autouse=True)
+def _port_reservations_released():
+    yield
+    while _RESERVED_PORTS:
+        _RESERVED_PORTS.pop().close()
+
+
 # -- a second uid ----------------------------------------------------------------------------------
 
 NOBODY = 65534
@@ -292,12 +318,24 @@ def wd(weightd: Weightd, node_env: NodeEnv):
 
 
 @pytest.fixture(scope="module")
-def s3_endpoint():
-    """A real S3-protocol server (moto, in this process, on 127.0.0.1) for the module's tests."""
+def _s3_server():
+    """A real S3-protocol server (moto, in this process, on 127.0.0.1), one for the module's tests."""
     pytest.importorskip("moto.server", reason="moto[server] missing (pip install -e .[test])")
     from tiering.sample import local_s3
-    with local_s3(key="testing") as endpoint:
+    with local_s3(set_keys=False) as endpoint:
         yield endpoint
+
+
+@pytest.fixture
+def s3_endpoint(_s3_server: str, isolated_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> str:
+    """The module's S3 server, with its keys (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY = "testing")
+    in this process's environment and in ``isolated_env`` for this test only: the module's other tests
+    see no AWS variables."""
+    keys = dict.fromkeys(("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"), "testing")
+    for k, v in keys.items():
+        monkeypatch.setenv(k, v)
+    isolated_env.update(keys)
+    return _s3_server
 
 
 @pytest.fixture

@@ -21,16 +21,15 @@ from tiering import parse_size
 
 from tiering.sample import make_checkpoint
 
-from .conftest import assert_one_line_error, stop_process
+from .conftest import assert_one_line_error, reserve_port, stop_process
 
 ROOT = Path(__file__).resolve().parent.parent
 MiB = 1 << 20
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port on 127.0.0.1 held for the daemon until the test ends (conftest.reserve_port)."""
+    return reserve_port("127.0.0.1")
 
 
 class DaemonProc:

@@ -10,16 +10,15 @@ import sys
 import time
 from pathlib import Path
 
-from .conftest import stop_process
+from .conftest import reserve_port, stop_process
 from .test_p2p_tls import fleet  # noqa: F401 (the fixture)
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def free_port(ip: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((ip, 0))
-        return s.getsockname()[1]
+    """A port on ``ip`` held for the daemon until the test ends (conftest.reserve_port)."""
+    return reserve_port(ip)
 
 
 def _hold_port(ip: str) -> tuple[subprocess.Popen[str], int]:

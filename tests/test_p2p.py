@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -17,19 +16,18 @@ from p2p import TORRENT_RELPATH, P2PConfig, P2PSession, TorrentRejected, load_to
 from tiering import build_manifest, verify_checkpoint
 from tiering.sample import make_checkpoint
 
-from .conftest import stop_process
+from .conftest import reserve_port, stop_process
 
 ROOT = Path(__file__).resolve().parent.parent
 MiB = 1 << 20
 
 
 def free_port(ip: str) -> int:
-    with socket.socket() as s:
-        s.bind((ip, 0))
-        return s.getsockname()[1]
+    """A port on ``ip`` held for the daemon until the test ends (conftest.reserve_port)."""
+    return reserve_port(ip)
 
 
-tracker_of: dict[str, int] = {}  # origin endpoint -> its tracker port
+tracker_of: dict[str, int] = {}  # running origin's endpoint -> its tracker port (a Node's, from start to stop)
 
 
 class Node:
@@ -60,8 +58,6 @@ class Node:
             f'[p2p]\nthreshold = "1MiB"\nlisten = "{ip}:{self.port}"\nallow = ["{allow}"]\n'
             f'upload_limit = "{limit}"\ndownload_limit = "{limit}"\nfallback_after_s = {fallback_s}\n'
             + (f'peers = ["{origin}"]\n' if origin else "") + tracker + p2p_extra)
-        if role == "origin":
-            tracker_of[self.endpoint] = self.tracker_port
         self.env, self.role = env, role
         self.log = open(self.dir / "daemon.log", "a")
         self.start()
@@ -69,6 +65,8 @@ class Node:
     def start(self) -> None:
         if self.log.closed:
             self.log = open(self.dir / "daemon.log", "a")
+        if self.role == "origin":   # (gone again at stop: a later origin on the same endpoint is another)
+            tracker_of[self.endpoint] = self.tracker_port
         self.proc = subprocess.Popen([*self.cmd, "-v", "--config", str(self.config), "serve",
                                       "--role", self.role], stdout=self.log, stderr=subprocess.STDOUT, env=self.env,
                                      cwd=self.cwd)
@@ -99,6 +97,7 @@ class Node:
         return float(m.group(1)) if m else 0.0
 
     def stop(self) -> None:
+        tracker_of.pop(self.endpoint, None)
         stop_process(self.proc)
         self.log.close()
         shutil.rmtree(self.hot, ignore_errors=True)

@@ -172,10 +172,11 @@ def mutate_tensor(path: str | os.PathLike[str], name: str, seed: str = "edit") -
 
 
 @contextmanager
-def local_s3(*buckets: str, key: str = "local") -> Iterator[str]:
+def local_s3(*buckets: str, key: str = "local", set_keys: bool = True) -> Iterator[str]:
     """A real S3-protocol server on 127.0.0.1 for demos, benchmarks and tests (moto, from the test
-    extra; ImportError without it), holding ``buckets``; yields its endpoint. The AWS key variables
-    are set to ``key`` for the duration (subprocesses inherit them) and put back after."""
+    extra; ImportError without it), holding ``buckets``; yields its endpoint. With ``set_keys``, the AWS
+    key variables are set to ``key`` for the duration (subprocesses inherit them) and put back after;
+    without, the caller gives each client its keys (moto takes any)."""
     import logging
 
     try:
@@ -188,11 +189,13 @@ def local_s3(*buckets: str, key: str = "local") -> Iterator[str]:
     srv.start()
     names = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
     old = {k: os.environ.get(k) for k in names}
-    os.environ.update(dict.fromkeys(names, key))
+    if set_keys:
+        os.environ.update(dict.fromkeys(names, key))
     try:
         host, port = srv.get_host_and_port()
         endpoint = f"http://{host}:{port}"
-        s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+        s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id=key,
+                          aws_secret_access_key=key)
         for b in buckets:
             s3.create_bucket(Bucket=b)
         yield endpoint
