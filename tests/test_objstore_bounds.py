@@ -221,3 +221,17 @@ def test_a_listing_that_stalls_ends_at_the_callers_deadline(stalling) -> None:
     while not srv.closed_at and time.monotonic() < deadline:
         time.sleep(0.05)
     assert srv.closed_at and srv.closed_at[0] - t0 < 5, "the stalled listing was not abandoned at its deadline"
+
+
+def test_a_cli_that_read_object_storage_exits_with_its_own_code(s3_endpoint, weightd, isolated_env,
+                                                                tmp_path: Path) -> None:
+    """obstore hands each async result over from a tokio thread that takes the GIL; a command that
+    then failed and exited at once aborted in the interpreter's teardown about one run in three (exit
+    -6 instead of 2). Five runs of such a command: every one ends with its own exit code."""
+    from .conftest import NodeEnv
+    env = NodeEnv(tmp_path)
+    env.config.write_text(env.config.read_text().replace(
+        f'[tiers.cold]\npath = "{env.cold}"\n',
+        f'[tiers.cold]\nurl = "s3://no-such-bucket/models"\nendpoint = "{s3_endpoint}"\nregion = "us-east-1"\n'))
+    codes = [weightd("--config", env.config, "ls").returncode for _ in range(5)]
+    assert codes == [2] * 5, codes

@@ -18,8 +18,9 @@ __all__ = ["cli", "main"]
 
 
 def main(argv: list[str] | None = None) -> int:
+    from ..exiting import finish
     from .fast import main as entry
-    return entry(argv)
+    return finish(entry(argv))   # (no teardown after object storage was used: see weightd.exiting)
 
 
 def __getattr__(name: str) -> Any:

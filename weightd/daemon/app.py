@@ -27,6 +27,7 @@ from tiering import HOT, LOCAL_TIERS, WARM, TieringError, bounded_running, stuck
 from .. import __version__
 from ..config import Config, ConfigError, describe_source, load_config
 from ..errors import DaemonAlreadyRunning, WeightdError
+from ..exiting import finish, leave
 from ..local import open_service
 from ..metrics import Metrics
 from ..sdnotify import Notifier
@@ -477,6 +478,5 @@ def run(config_path: str | None, role: str) -> int:
     finally:
         busy = daemon.close()
     if busy:  # a copy still running in a worker thread: leave it to reconciliation, exit now
-        logging.shutdown()
-        os._exit(0)
-    return 0
+        leave(0)
+    return finish(0)   # (no teardown after object storage was used: see weightd.exiting)
