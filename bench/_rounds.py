@@ -136,7 +136,7 @@ def speedup(times: dict[str, list[float]], fast: str, slow: str, *, max_spread: 
 def report(benchmark: str, times: dict[str, list[float]], ratios: list[dict[str, Any]], *, rounds: int,
            max_spread: float, machine: tuple[dict[str, Any], dict[str, Any]], unit: str = "s",
            **extra: Any) -> dict[str, Any]:
-    """The JSON every bench prints, in one shape (bench/all.py builds the README's table from it)::
+    """The JSON every bench prints, in one shape (bench/all.py builds docs/benchmarks.md's table from it)::
 
         {"benchmark": NAME, "date": stamp(), "rounds": N asked, "rounds_run": N run (more when widened),
          "max_spread": BOUND, "unit": "s" (or what the figures are: "misses" for a simulation),

@@ -80,7 +80,7 @@ CALIBRATION = {"efficiency": 1.0, "start_s": 2.7, "slots": 16, "per_peer": 2, "l
                "cpu_lag": 1.0, "origin_tail_s": 0.1, "late": 0.0, "stall_s": 6.0,
                "gateway_rate": 0.35}
 
-#: what bench/swarm.py measured on this 2-core machine (the README's tables; medians of 3 interleaved
+#: what bench/swarm.py measured on this 2-core machine (docs/p2p.md's tables; medians of 3 interleaved
 #: rounds): (cap bytes/s, mode, racks, N, T(N) s, origin upload x, payload bytes, real pieces)
 MEASURED = [
     (5e6, "plan", 0, 1, 22.71, 1.00, 99_537_572, 6400), (5e6, "plan", 0, 8, 26.36, 1.08, 99_537_572, 6400),

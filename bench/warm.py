@@ -15,7 +15,7 @@ a cap, weightd's throughput over the cap (target >= 0.95).
 `--explore` measures what each choice inside `weightd warm` costs (window size, files in flight,
 read-ahead hints, the back-off's probe, the residency pre-check), in this process through
 `tiering.pagecache.warming.warm(..., tuning=Tuning(...))`, against `dd iflag=direct` in the same rounds,
-and the CLI's fixed cost (`weightd warm` on files already resident). The README has the table.
+and the CLI's fixed cost (`weightd warm` on files already resident). docs/benchmarks.md has the table.
 
 Peak RSS of `weightd warm` on one --rss-size file is measured once (`/usr/bin/time`; target < 200 MB).
 """

@@ -7,7 +7,7 @@ that is missing or unreadable, a certificate that is expired or not yet valid, a
 match, a certificate not signed by the CA or one libtorrent would refuse for a weightd torrent (no
 ``*`` DNS name, see below) is ``BadCertificate(path, reason)``.
 
-What libtorrent 2.1.1 checks in a peer's certificate (measured, README "Fleet TLS"): the chain up to
+What libtorrent 2.1.1 checks in a peer's certificate (measured, docs/security.md "Private fleets"): the chain up to
 the torrent's root certificate, its dates, and a subjectAltName DNS entry or the subject's CN equal
 to the torrent's name or ``*``. weightd's torrent names are version labels ("v1"), the same in
 every model, so fleet node certificates carry ``DNS:*``: any node of the fleet may exchange any

@@ -1,6 +1,6 @@
 """``--json``: stdout is exactly one JSON document for every command that has the flag (the real CLI,
 ``json.loads`` of all of stdout), and it says first which document it is and which promise it keeps
-(``"schema": "weightd.<command>/v1"``, README "JSON output and API compatibility"); without it, a
+(``"schema": "weightd.<command>/v1"``, docs/commands.md "JSON output"); without it, a
 command that makes something local ends with its path."""
 
 from __future__ import annotations

@@ -133,6 +133,9 @@ def test_the_wheel_installs_and_every_module_imports_without_extras(installed) -
                             capture_output=True, text=True, timeout=120, env=installed["env"], check=True)
     names = {p["name"].lower() for p in json.loads(listed.stdout)}
     assert "weightd" in names and "numpy" in names
+    # the man pages ship in the wheel's data (PREFIX/share/man, where man looks beside PREFIX/bin)
+    for page in ("share/man/man1/weightd.1", "share/man/man5/weightd.toml.5"):
+        assert (installed["venv"] / page).read_text() == (ROOT / "man" / Path(page).name).read_text(), page
     assert not names & set(EXTRAS), names & set(EXTRAS)   # (nothing of the test extras came along)
     where = subprocess.run([str(installed["venv"] / "bin/python"), "-c", "import weightd, p2p.plan; "
                             "print(weightd.__file__, weightd.__version__)"], capture_output=True, text=True,

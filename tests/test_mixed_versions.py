@@ -1,4 +1,4 @@
-"""Two adjacent weightd versions in one fleet (design §17, README "JSON output and API compatibility"):
+"""Two adjacent weightd versions in one fleet (design §17, docs/install.md "Upgrades, rollbacks and versions that may be mixed"):
 a real origin daemon on loopback hears a *newer* worker (a higher message version, keys this version
 does not know, at the top and inside a holding) and an *older* one (no version, none of the optional
 keys): both are accepted, both are in the fleet view, both get rollout slots; a key this version knows

@@ -1,4 +1,4 @@
-"""Every reason a node refuses a signed version (README "What a node refuses"), played through the CLI
+"""Every reason a node refuses a signed version (docs/security.md, "What a node refuses"), played through the CLI
 with real keys against what a writer of cold storage can do: a file set that differs from what was
 signed, signatures that are not signatures (``malformed``), and, without ``require_signature``, a version
 signed by a key the node does not know, which loads with a warning while a changed statement is still

@@ -1,4 +1,4 @@
-"""What two adjacent weightd versions promise each other (README "JSON output and API compatibility").
+"""What two adjacent weightd versions promise each other (docs/install.md "Upgrades, rollbacks and versions that may be mixed").
 
 Every JSON body one weightd sends another (a worker's report and rollout-slot requests to the origin,
 the CLI's requests to its node daemon) carries ``"v"``, the message revision within the route's major

@@ -1,6 +1,6 @@
 """``weightd hold``: keep one checkpoint version local for as long as this process runs.
 
-The restart-safe way to serve from a node's tier (a native sidecar beside vLLM, README "Installing:
+The restart-safe way to serve from a node's tier (a native sidecar beside vLLM, docs/install.md "On
 Kubernetes"): through the node daemon only (a container never copies into its own file system), it
 preloads NAME@V, writes the path (atomically) once the copy is ready, and then renews its lease every
 ``every_s`` seconds, so the copy outlives every restart of the serving container. Each renewal is also

@@ -26,7 +26,7 @@ WINDOW = 16 << 20          # mapped at a time per file in flight: RSS stays ~con
 @dataclass(frozen=True, slots=True)
 class Tuning:
     """How warming reads (``bench/warm.py --explore`` measures each choice; the defaults are what it
-    found fastest here, see the README's table): ``window`` bytes faulted in per call, ``precheck``
+    found fastest here, see docs/benchmarks.md): ``window`` bytes faulted in per call, ``precheck``
     (skip windows already resident: a cachestat/mincore per window first), ``probe`` (the 4 KiB random
     read that drives the back-off), ``hint``: ``sequential`` (POSIX_FADV_SEQUENTIAL: the kernel's
     read-ahead doubled), ``willneed`` (also POSIX_FADV_WILLNEED on the next window while this one is

@@ -4,7 +4,7 @@ and warnings on stderr), progress on a terminal. No logic of the commands lives 
 The contract (design §5): with ``--json`` stdout is exactly one JSON document for every command;
 without it, a command that makes something local ends with its path as the last stdout line. Every
 such document says what it is first: ``"schema": "weightd.<command>/v<N>"`` (:func:`emit_json`, the
-one place it is added; the promise is README's "JSON output and API compatibility").
+one place it is added; the promise is docs/commands.md "JSON output").
 """
 
 from __future__ import annotations
