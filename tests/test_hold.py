@@ -17,16 +17,7 @@ from typing import Callable
 import pytest
 
 from .conftest import ROOT, assert_one_line_error, stop_process
-from .test_daemon import DaemonProc, publish
-
-
-@pytest.fixture
-def daemon(node_env, isolated_env, tmp_path: Path):
-    d = DaemonProc(node_env, isolated_env, tmp_path)
-    try:
-        yield d
-    finally:
-        d.stop()
+from .test_daemon import DaemonProc, daemon, publish  # noqa: F401 (daemon: the fixture)
 
 
 class HoldProc:

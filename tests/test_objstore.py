@@ -62,16 +62,17 @@ def test_a_version_is_invisible_until_its_manifest_exists(s3_endpoint, bucket, t
     assert c.versions("acme/h") == [] and c.read_manifest("acme/h", "v1") is None
 
 
+#: a real publisher process: ROOT ENDPOINT BUCKET SRC NAME, publishing SRC as NAME@v1 (tests/test_objstore_stale_claim.py too)
 PUBLISHER = """
 import sys
 from pathlib import Path
-root, endpoint, bucket, src = sys.argv[1:5]
+root, endpoint, bucket, src, name = sys.argv[1:6]
 sys.path.insert(0, root)
 from tiering import build_manifest
 from tiering.errors import Busy, VersionConflict
-from tiering.objstore import ObjectCold
+from tiering.sources.s3.cold import ObjectCold
 src = Path(src)
-m = build_manifest(src).with_labels(name="acme/c", version="v1", published_at="2026-12-04T00:00:00.000000Z")
+m = build_manifest(src).with_labels(name=name, version="v1", published_at="2026-12-04T00:00:00.000000Z")
 c = ObjectCold(f"s3://{bucket}/models", endpoint=endpoint, region="us-east-1")
 try:
     c.publish(src, m, [(f.path, src / f.path) for f in m.files])
@@ -99,7 +100,7 @@ def test_a_second_publisher_of_the_same_version_cannot_win(s3_endpoint, bucket, 
 
     def keys() -> list[str]:
         return [x["path"] for x in obstore.list(c.store, prefix="acme/c/v1/").collect()]
-    first = subprocess.Popen([sys.executable, "-c", PUBLISHER, root, s3_endpoint, bucket, str(a)],
+    first = subprocess.Popen([sys.executable, "-c", PUBLISHER, root, s3_endpoint, bucket, str(a), "acme/c"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
@@ -108,7 +109,7 @@ def test_a_second_publisher_of_the_same_version_cannot_win(s3_endpoint, bucket, 
             time.sleep(0.005)
         first.send_signal(signal.SIGSTOP)   # mid-publish, its claim held
         assert c.read_manifest("acme/c", "v1") is None, claim
-        second = subprocess.run([sys.executable, "-c", PUBLISHER, root, s3_endpoint, bucket, str(b)],
+        second = subprocess.run([sys.executable, "-c", PUBLISHER, root, s3_endpoint, bucket, str(b), "acme/c"],
                                 capture_output=True, text=True, timeout=60)
         assert second.stdout.startswith("busy") and "being published by" in second.stdout, second
         assert f"pid {first.pid}" in second.stdout, (first.pid, second.stdout)   # the racing process, named
@@ -116,7 +117,7 @@ def test_a_second_publisher_of_the_same_version_cannot_win(s3_endpoint, bucket, 
         first.send_signal(signal.SIGCONT)
     out, err = first.communicate(timeout=120)
     assert out.strip() == "published", err
-    again = subprocess.run([sys.executable, "-c", PUBLISHER, root, s3_endpoint, bucket, str(b)],
+    again = subprocess.run([sys.executable, "-c", PUBLISHER, root, s3_endpoint, bucket, str(b), "acme/c"],
                            capture_output=True, text=True, timeout=60)
     assert again.stdout.startswith("conflict"), again   # published meanwhile with other content
     ma = labelled(a, "acme/c", "v1")

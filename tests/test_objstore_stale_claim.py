@@ -22,29 +22,13 @@ from tiering.sample import make_checkpoint
 MiB = 1 << 20
 pytest.importorskip("moto.server", reason="moto[server] missing (pip install -e .[test])")
 obstore = pytest.importorskip("obstore")
+from .test_objstore import PUBLISHER  # noqa: E402 (after the skips: it needs the test extra)
 ROOT = str(Path(__file__).resolve().parent.parent)
 
-PUBLISHER = """
-import sys
-from pathlib import Path
-root, endpoint, bucket, src = sys.argv[1:5]
-sys.path.insert(0, root)
-from tiering import build_manifest
-from tiering.errors import Busy
-from tiering.sources.s3.cold import ObjectCold
-src = Path(src)
-m = build_manifest(src).with_labels(name="acme/s", version="v1", published_at="2026-12-04T00:00:00.000000Z")
-c = ObjectCold(f"s3://{bucket}/models", endpoint=endpoint, region="us-east-1")
-try:
-    c.publish(src, m, [(f.path, src / f.path) for f in m.files])
-    print("published")
-except Busy as exc:
-    print("busy", exc)
-"""
 
 
 def publisher(endpoint: str, bucket: str, src: Path, **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", PUBLISHER, ROOT, endpoint, bucket, str(src)],
+    return subprocess.Popen([sys.executable, "-c", PUBLISHER, ROOT, endpoint, bucket, str(src), "acme/s"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
 
 
