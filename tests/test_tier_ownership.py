@@ -341,10 +341,10 @@ def test_an_entry_weightds_user_cannot_open_makes_the_root_foreign_not_a_crash(i
                                                f'socket = "{base}/nobody.sock"'))
 
         def nobody(*args: str) -> subprocess.CompletedProcess[str]:
-            return subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
-                                   sys.executable, "-m", "weightd", "--config", str(env.config), "--no-daemon",
-                                   *args], capture_output=True, text=True, timeout=120, cwd=ROOT,
-                                  env={**isolated_env, "HOME": "/nonexistent", "PYTHONDONTWRITEBYTECODE": "1"})
+            # (a forked child dropped to 65534 with everything imported: it runs in a 0700 checkout too)
+            from .conftest import main_as_nobody
+            return main_as_nobody(["--config", str(env.config), "--no-daemon", *args],
+                                  {**isolated_env, "HOME": "/nonexistent"}, timeout=120)
         r = nobody("gc", "--json")
         assert r.returncode == 0 and "Traceback" not in r.stderr, (r.stdout, r.stderr)
         import json
