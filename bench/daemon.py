@@ -40,7 +40,7 @@ from tiering.content.units import parse_size  # noqa: E402
 from tiering.sample import make_checkpoint  # noqa: E402
 from weightd.client import DaemonClient  # noqa: E402
 from weightd.config import load_config  # noqa: E402
-from weightd.local import open_node  # noqa: E402
+from weightd.node.local import open_node  # noqa: E402
 
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 

@@ -30,7 +30,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _rounds import machine_state, report, rounds, speedup  # noqa: E402
 from tiering.content.units import parse_size  # noqa: E402
-from weightd.diskbench import make_test_file  # noqa: E402
+from weightd.node.diskbench import make_test_file  # noqa: E402
 
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 DEPTHS = (1, 4, 16)

@@ -1,6 +1,6 @@
 """What the network data plane needs to know, in one frozen dataclass (validated when built).
 
-The control plane builds it from its own configuration (``weightd/swarm.py``: ``p2p_config``); ``p2p``
+The control plane builds it from its own configuration (``weightd/node/swarm.py``: ``p2p_config``); ``p2p``
 reads nothing else, no environment and no file.
 """
 

@@ -107,7 +107,7 @@ def test_companion_dir_planted_by_another_uid_is_refused_and_nothing_written(wd,
 
 def test_companion_dir_with_a_subdirectory_another_uid_owns_is_refused(tmp_path, shared):
     """Inside DIR too: a directory of another uid's (say DIR was once group-writable) is not written into."""
-    from weightd.companion import install
+    from weightd.node.companion import install
     from weightd.errors import InvalidRequest
     src = _cache(tmp_path / "src")
     dest = shared / "shared/mine"

@@ -1,6 +1,6 @@
 """The config's validation, pinned case by case: 124 files (40 accepted, 84 refused) with the effective
 config or the refusal (key and message) that pydantic gave for each when the config was built on it.
-The config now validates with ``weightd.settings_model`` (pydantic's model building cost ~110 ms of
+The config now validates with ``weightd.config.model`` (pydantic's model building cost ~110 ms of
 every command's start); this keeps every value, coercion and message what it was."""
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def test_types_and_bounds_as_pydantic_said() -> None:
     answered for the same inputs, NaN and infinity included (tests/data/settings_model_cases.json)."""
     import math
 
-    from weightd import settings_model as sm
+    from weightd.config import model as sm
 
     class M(sm.BaseModel):
         a: float = sm.Field(default=1.0, gt=0)

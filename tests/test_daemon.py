@@ -472,7 +472,7 @@ def test_dockerfile_builds_the_image_the_manifests_name() -> None:
 
 def test_a_full_notify_socket_never_blocks(tmp_path: Path) -> None:
     """systemd (or a test) that does not read its notify socket must not freeze the daemon's loop."""
-    from weightd.sdnotify import Notifier
+    from weightd.daemon.sdnotify import Notifier
     path = tmp_path / "n.sock"
     receiver = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     receiver.bind(str(path))
@@ -593,7 +593,7 @@ def test_daemon_logs_json_lines_with_key_values(node_env, isolated_env, wd, tmp_
     assert lines and all(set(ln) >= {"ts", "level", "logger", "msg"} and ln["ts"].endswith("Z") for ln in lines)
     req = next(ln for ln in lines if ln.get("route") == "preload")
     assert req["ref"] == "org/l@v1" and req["tier"] == "warm" and isinstance(req["pid"], int) and req["pid"] > 0
-    done = next(ln for ln in lines if ln["msg"].startswith("preloaded ") and ln["logger"] == "weightd.service")
+    done = next(ln for ln in lines if ln["msg"].startswith("preloaded ") and ln["logger"] == "weightd.node.service")
     assert done["name"] == "org/l" and done["cold"] == done["bytes"] > 0 and done["already_present"] == "false"
     assert any(ln["msg"].startswith("serving role=") for ln in lines)
 

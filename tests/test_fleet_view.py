@@ -1,4 +1,4 @@
-"""weightd.fleet.FleetView: the origin's view of its workers' reports, with an injected clock and
+"""weightd.fleet.view.FleetView: the origin's view of its workers' reports, with an injected clock and
 hostile report bodies (each refused with a message that names the problem)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from weightd.fleet import FleetView, check_report
+from weightd.fleet.view import FleetView, check_report
 
 IP_A, IP_B = "10.0.0.1", "10.0.0.2"
 
@@ -257,7 +257,7 @@ def test_bad_construction(kw: dict[str, Any], message: str) -> None:
 
 
 def test_one_address_cannot_fill_the_view_with_invented_nodes() -> None:
-    from weightd.fleet import MAX_NODES_PER_IP
+    from weightd.fleet.view import MAX_NODES_PER_IP
     f = FleetView()
     body = {"node": "n0", "holdings": []}
     for i in range(MAX_NODES_PER_IP):

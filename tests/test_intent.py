@@ -260,7 +260,7 @@ def test_unpublished_and_in_flight_say_so() -> None:
 
 
 def test_mover_slots_cap_renew_expire_release() -> None:
-    from weightd.rollout import MoverSlots
+    from weightd.fleet.rollout import MoverSlots
     now = [0.0]
     s = MoverSlots(2, ttl_s=120, clock=lambda: now[0])
     assert s.ask("10.0.0.1", "w1: a/x@v2")["granted"] and s.ask("10.0.0.2", "w2: a/x@v2")["granted"]

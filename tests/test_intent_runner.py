@@ -118,7 +118,7 @@ PUB = {"acme/m": [{"version": "v2", "published": True, "published_at": "2026-01-
 
 
 def test_a_refused_rollout_slot_neither_spins_nor_holds_up_the_next_entry(tmp_path: Path, monkeypatch) -> None:
-    import weightd.origin_client as oc
+    import weightd.fleet.client as oc
     asks = []
 
     class Refusing:
@@ -150,7 +150,7 @@ def test_a_manifest_without_published_at_does_not_stop_every_entry(tmp_path: Pat
 
 
 def test_a_failed_slot_release_does_not_stop_fetching(tmp_path: Path, monkeypatch) -> None:
-    import weightd.origin_client as oc
+    import weightd.fleet.client as oc
     holder: list = []
 
     class Flaky:

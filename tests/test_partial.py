@@ -491,7 +491,7 @@ def test_signatures_cover_partial_copies_and_companions(wd, node_env, tmp_path):
 
 
 def test_companion_dir_never_follows_a_planted_symlink(tmp_path):
-    from weightd.companion import install
+    from weightd.node.companion import install
     from weightd.errors import InvalidRequest
     src = _cache(tmp_path / "src", 5)
     dest, elsewhere = tmp_path / "dest", tmp_path / "elsewhere"

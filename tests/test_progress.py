@@ -68,7 +68,7 @@ def test_warming_shows_the_throttle() -> None:
     set_phase(p, "warm", total=10)
     p.watch_throttle(lambda: (64 * MiB, 3))
     assert p.snapshot()["throttle"] == {"cap_bytes_per_s": 64 * MiB, "backoffs": 3}
-    from weightd.progress import describe
+    from weightd.cli.progress import describe
     assert "yielding to serving: capped at 64.0 MiB/s" in describe(p.snapshot())
     set_phase(p, "done")
     assert p.snapshot()["throttle"] is None
@@ -76,7 +76,7 @@ def test_warming_shows_the_throttle() -> None:
 
 def test_not_a_terminal_gets_a_plain_line_now_and_then(monkeypatch, capsys) -> None:
     """An init container's log is not a terminal: no bar, but a plain line every PLAIN_EVERY_S."""
-    import weightd.progress as wp
+    import weightd.cli.progress as wp
     monkeypatch.setattr(wp, "PLAIN_EVERY_S", 0.0)
     p = Progress("org/m@v1", 0)
     set_phase(p, "copy", source="p2p", total=8 * MiB, tier="warm")

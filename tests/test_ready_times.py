@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from weightd.ready_times import ReadyTimes, quantile
+from weightd.node.ready_times import ReadyTimes, quantile
 
 
 def test_nearest_rank_quantiles() -> None:

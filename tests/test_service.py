@@ -51,7 +51,7 @@ def test_the_same_validation_errors_in_process_and_from_the_daemon(daemon, node_
     from weightd.client import DaemonClient, DaemonError
     from weightd.config import load_config
     from weightd.errors import exit_code_for
-    from weightd.local import open_service
+    from weightd.node.local import open_service
     kw = {k: v for k, v in body.items() if k != "ref"}
     svc = open_service(load_config(str(node_env.config)), reconcile=False)
     try:
@@ -68,7 +68,7 @@ def test_the_same_validation_errors_in_process_and_from_the_daemon(daemon, node_
 def test_evict_tier_validated_alike(daemon, node_env, wd) -> None:  # noqa: F811
     from weightd.client import DaemonClient, DaemonError
     from weightd.config import load_config
-    from weightd.local import open_service
+    from weightd.node.local import open_service
     svc = open_service(load_config(str(node_env.config)))
     try:
         with pytest.raises(Exception) as local:
@@ -83,7 +83,7 @@ def test_evict_tier_validated_alike(daemon, node_env, wd) -> None:  # noqa: F811
 def test_in_process_preload_counts_metrics_and_uses_the_one_lease_default(node_env, wd, tmp_path: Path) -> None:
     from tiering import DEFAULT_LEASE_S
     from weightd.config import load_config
-    from weightd.local import open_service
+    from weightd.node.local import open_service
     _publish(wd, tmp_path)
     svc = open_service(load_config(str(node_env.config)))
     try:
@@ -125,7 +125,7 @@ def test_commands_through_the_daemon_stay_light(daemon, wd, node_env, isolated_e
         assert proc.returncode == 0, proc.stderr[-2000:]
         modules = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if "|" in line}
         heavy = {m for m in modules if m.split(".")[0] in ("aiohttp", "libtorrent", "rich", "prometheus_client")
-                 or m in ("tiering.node", "tiering.pagecache", "weightd.service", "weightd.daemon")}
+                 or m in ("tiering.node", "tiering.pagecache", "weightd.node.service", "weightd.daemon")}
         assert not heavy, (args, sorted(heavy))
 
 
@@ -136,7 +136,7 @@ def test_in_process_commands_count_without_prometheus(node_env, wd, isolated_env
     import sys
 
     from weightd.config import load_config
-    from weightd.local import open_service
+    from weightd.node.local import open_service
     from weightd.tally import Tally
 
     from .conftest import ROOT

@@ -516,7 +516,7 @@ def test_listing_one_directory_from_many_threads_is_exact(tmp_path: Path) -> Non
 def test_origin_never_hands_libtorrent_a_version_others_can_change(wd, node_env, tmp_path: Path) -> None:
     from tiering.errors import UnsafePath
     from tiering.layout import read_version
-    from weightd.swarm import check_seedable
+    from weightd.node.swarm import check_seedable
     publish(wd, tmp_path)
     v = read_version(node_env.cold, "org/tiny", "v1")
     check_seedable(v)  # as published: only weightd's user can change it

@@ -349,7 +349,7 @@ class DaemonClient:
             time.sleep(delay)
             delay = min(delay * 2, 2.0)
 
-    # -- the operations, named as on weightd.service.NodeService -------------------------------------
+    # -- the operations, named as on weightd.node.service.NodeService -------------------------------------
     def publish(self, src: str | Path, name: str, version: str, *, sign_key: str | None = None,
                 signature: str | None = None, companion: dict[str, str] | None = None, **_: Any) -> Any:
         body: dict[str, Any] = {"dir": os.path.abspath(src), "name": name, "version": version}

@@ -73,7 +73,7 @@ class ConfigError(WeightdError):
 
 
 class SettingsError(Exception):
-    """A settings model's refusal (:mod:`weightd.settings_model`): where (``loc``, a key path), the
+    """A settings model's refusal (:mod:`weightd.config.model`): where (``loc``, a key path), the
     words pydantic used (``msg``) and its kind (``type``). :func:`weightd.config.load_config` turns it
     into a ConfigError naming the key; it never reaches a user as itself."""
 
@@ -111,7 +111,7 @@ class UsageError(WeightdError):
 
 
 class InvalidRequest(UsageError):
-    """An argument of an operation is out of bounds; raised by :class:`weightd.service.NodeService`,
+    """An argument of an operation is out of bounds; raised by :class:`weightd.node.service.NodeService`,
     so the CLI and the daemon refuse alike (the daemon answers 400)."""
 
     def __init__(self, key: str, message: str) -> None:

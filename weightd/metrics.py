@@ -17,7 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from . import __version__
-from .pressure import read_disks, read_nics, read_softirq_seconds, read_tcp
+from .node.pressure import read_disks, read_nics, read_softirq_seconds, read_tcp
 
 SOURCES = ("local_reuse", "peer", "origin", "cold")
 READY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1800)

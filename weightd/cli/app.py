@@ -89,8 +89,8 @@ def cli(ctx: click.Context, config_path: str | None, debug: bool, verbose: int, 
     level = logging.DEBUG if debug or verbose > 1 else logging.INFO if verbose else \
         logging.ERROR if quiet else logging.WARNING
     if quiet:
-        from .. import progress
-        progress.QUIET = True
+        from .progress import set_quiet
+        set_quiet()
     logging.basicConfig(level=level, stream=sys.stderr, format="weightd: %(levelname)s %(name)s: %(message)s")
     if no_daemon and daemon_only:
         raise UsageError("--no-daemon and --daemon-only contradict each other")

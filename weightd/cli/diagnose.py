@@ -14,7 +14,7 @@ from .app import AppContext, cli
 
 def _doctor_tiers(app: AppContext):
     from ..doctor import Tier
-    from ..local import tier_specs
+    from ..node.local import tier_specs
     out = []
     for name, spec in tier_specs(app.config).items():
         try:
@@ -62,11 +62,11 @@ def _daemon_history(app: AppContext, sample_s: float):
 def _node_facts(app: AppContext, verify: bool) -> dict:
     """weightd itself: the daemon (unless --no-daemon), tier fill, recent fallbacks, cold access, spot checks."""
     from ..doctor.node import gather_node
-    from ..local import tier_specs
+    from ..node.local import tier_specs
     opened: list = []
 
     def in_process():
-        from ..local import open_service
+        from ..node.local import open_service
         from ..tally import Tally
         svc = open_service(app.config, Tally(), reconcile=False)  # read-only: nothing is created or removed
         opened.append(svc)
@@ -87,7 +87,7 @@ def _live_inputs(app: AppContext, sample_s: float, symptom: str | None, lock: bo
     history = _daemon_history(app, sample_s)
     probe = None
     if not no_probe:
-        from ..diskbench import probe as disk_probe
+        from ..node.diskbench import probe as disk_probe
         probe = disk_probe(Path(tiers[1].path), app.config.settings.state_dir)
         if probe is not None:
             probe["tier"] = "warm"
@@ -153,7 +153,7 @@ def bench_disk_cmd(app: AppContext, path: str | None, size: str, seconds: float,
     the warm tier); recorded as the baseline `weightd doctor` compares against."""
     from tiering import parse_size
 
-    from ..diskbench import bench_disk, save_baseline
+    from ..node.diskbench import bench_disk, save_baseline
     try:
         nbytes = parse_size(size)
         qd = tuple(int(x) for x in depths.split(","))

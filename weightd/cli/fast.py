@@ -93,8 +93,8 @@ def _run(job: _Job) -> int:
     from .output import echo, emit_json, report_error, show_residency, skip_exit
     try:
         if job.quiet:
-            from .. import progress
-            progress.QUIET = True
+            from .progress import set_quiet
+            set_quiet()
         if job.command == "residency":
             from tiering import residency
             r = residency(job.operands)

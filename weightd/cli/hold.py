@@ -1,5 +1,5 @@
 """``weightd hold``: preload through the node daemon, write the path, keep the copy leased while it
-runs (the logic: :mod:`weightd.hold`)."""
+runs (the logic: :mod:`weightd.node.hold`)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def hold(app: AppContext, ref: str, tier: str, strict: bool, path_file: str | No
     NAME without @VERSION: the latest when hold starts, then that version for as long as it runs.
 
     Example: weightd hold acme/llama-8b@v3 --tier hot --path-file /weightd/model-path --timeout 1800"""
-    from ..hold import Holder, Stopped, check_options, on_stop_signals
+    from ..node.hold import Holder, Stopped, check_options, on_stop_signals
     split_ref(ref)   # (a bad name: exit 2 before anything)
     if app.no_daemon:
         raise UsageError("hold works through the node daemon only: not with --no-daemon")
@@ -62,7 +62,7 @@ def hold(app: AppContext, ref: str, tier: str, strict: bool, path_file: str | No
                                     f"weightd and cannot renew leases (no 'hold' feature); upgrade the daemon first")
 
         def preload(r: str) -> dict[str, Any]:
-            from ..progress import TransferBar
+            from .progress import TransferBar
             with TransferBar() as bar:
                 return checked_path(app, client.preload(r, tier=tier, strict=strict, lease_s=lease_s,
                                                         timeout_s=timeout_s, wait=wait, on_progress=bar.update))

@@ -134,7 +134,7 @@ def fleet_status(app: AppContext, origin: str | None, as_json: bool) -> None:
 
     Example: weightd fleet status --origin https://10.0.0.1:6969"""
     from ..errors import UsageError
-    from ..origin_client import OriginClient, origin_url
+    from ..fleet.client import OriginClient, origin_url
     base = origin or origin_url(app.config)
     if base is None:
         raise UsageError("no origin: pass --origin URL, or set [intent] origin or [p2p] trackers")

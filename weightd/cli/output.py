@@ -27,7 +27,7 @@ __all__ = ["JSON_MAJOR", "echo", "emit_json", "emit_path", "json_schema", "rate"
 
 def __getattr__(name: str) -> Any:
     if name == "progress_bar":   # (imported when a command shows progress: path, status and residency never do)
-        from ..progress import progress_bar
+        from .progress import progress_bar
         return progress_bar
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
@@ -68,15 +68,15 @@ def emit_path(path: str) -> None:
 
 def warn(message: str) -> None:
     """A warning on stderr (not with -q: only errors then)."""
-    from .. import progress
-    if not progress.QUIET:
+    from .progress import quiet
+    if not quiet():
         echo(f"weightd: warning: {message}", err=True)
 
 
 def note(message: str) -> None:
     """A note on stderr (not with -q)."""
-    from .. import progress
-    if not progress.QUIET:
+    from .progress import quiet
+    if not quiet():
         echo(message, err=True)
 
 
@@ -190,7 +190,7 @@ def show_status(st: dict[str, Any], *, wide: bool = False) -> None:
                    f"{info['checkpoints']:>5} {info['transfers_in_flight']:>9}{marks}  {info['path']}")
     transfers = st.get("transfers") or []
     if transfers:
-        from ..progress import figures
+        from .progress import figures
         echo(f"\n{'TRANSFER':<40} {'TIER':<5} {'PHASE':<16} {'%':>4}  {'BYTES, RATE, ETA':<36} WAITERS")
         for t in transfers:
             phase = t["phase"] + (f" ({t['source']})" if t["phase"] == "copy" and t.get("source") else "")

@@ -48,7 +48,7 @@ def serve(app: AppContext, role: str, log_format: str, check: str | None) -> Non
     Example: weightd --config /etc/weightd/weightd.toml serve --role worker --log-format json
     Example: weightd --config /etc/weightd/weightd.toml serve --check"""
     if check is not None:
-        from ..selfcheck import run_checks
+        from ..daemon.selfcheck import run_checks
         checks = run_checks(app.config, check)
         for c in checks:
             click.echo(f"{'ok' if c.ok else 'FAIL':<4}  {c.what:<14} {output.printable(c.detail)}")
@@ -72,7 +72,7 @@ def serve(app: AppContext, role: str, log_format: str, check: str | None) -> Non
 @click.option("--size", default="64MiB", show_default=True, help="Size of the sample checkpoint.")
 def demo(workdir: str | None, size: str) -> None:
     """Walk through weightd's main job on a generated sample checkpoint."""
-    from ..demo import run_demo
+    from .demo import run_demo
     run_demo(workdir, size)
 
 

@@ -1,6 +1,6 @@
 """Tier commands: publish, preload, path, status, pin, unpin, evict, gc.
 
-Each runs one operation of :class:`weightd.service.NodeService`: through the node daemon when its
+Each runs one operation of :class:`weightd.node.service.NodeService`: through the node daemon when its
 socket answers (``DaemonClient`` offers the same method names), else on an in-process service. Both
 return the same plain dicts, so output and exit codes are the same either way.
 """
@@ -51,8 +51,8 @@ class Backend:
     @property
     def service(self):
         if self._service is None:
-            from ..local import open_service
-            from ..swarm import P2PFetcher
+            from ..node.local import open_service
+            from ..node.swarm import P2PFetcher
             from ..tally import Tally
             self._fetcher = P2PFetcher(self.app.config)  # a P2P session only if a download needs one
             # the same counting as the daemon's, into a Tally: nothing scrapes a CLI process, and
@@ -95,7 +95,7 @@ class Backend:
 
     def preload(self, ref: str, **kw: Any) -> dict[str, Any]:
         """The same bar either way: drawn from the daemon's progress stream, or from this process."""
-        from ..progress import TransferBar, follow
+        from .progress import TransferBar, follow
         if self.client:
             with TransferBar() as bar:
                 return self.checked_path(self.client.preload(ref, on_progress=bar.update, **kw))
@@ -165,7 +165,7 @@ def companion_of(with_kind: str | None, key: str | None) -> dict[str, str] | Non
         raise click.UsageError("--with KIND and --key KEY go together")
     if with_kind is None:
         return None
-    from ..service import check_companion
+    from ..node.service import check_companion
     check_companion({"kind": with_kind, "key": key})
     return {"kind": with_kind, "key": key or ""}
 
@@ -259,7 +259,7 @@ def preload(app: AppContext, ref: str | None, tier: str, strict: bool, lease_s: 
     if set_file is not None:
         if ref is not None or with_kind or companion_dir:
             raise click.UsageError("--set FILE preloads what FILE lists: no NAME, --with or --companion-dir with it")
-        from ..sets import read_set_file
+        from ..node.sets import read_set_file
         refs = read_set_file(set_file)
         kw.update(selection_body(include, exclude, layers, tp_rank, whole))
         kw.pop("wait")
@@ -279,7 +279,7 @@ def preload(app: AppContext, ref: str | None, tier: str, strict: bool, lease_s: 
     kw.update(selection_body(include, exclude, layers, tp_rank, whole))
     dest = None
     if companion_dir is not None:   # refused before anything is fetched (a planted symlink, another uid's)
-        from ..companion import open_dest
+        from ..node.companion import open_dest
         dest = open_dest(companion_dir)
     with Backend(app) as b:
         r = b.preload(ref, **kw)
@@ -288,7 +288,7 @@ def preload(app: AppContext, ref: str | None, tier: str, strict: bool, lease_s: 
             c = b.preload(f"{r['name']}@{r['part_of']['version'] if r.get('part_of') else r['version']}",
                           companion=comp, **ckw)
             if dest is not None:
-                from ..companion import install
+                from ..node.companion import install
                 with dest:
                     c["installed"] = install(c["path"], dest)
             r["companions"] = [c]

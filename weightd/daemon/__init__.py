@@ -3,7 +3,7 @@
 - :mod:`.app`: the daemon's state and lifecycle (config, node service, P2P session, pools,
   listeners, SIGHUP reload, shutdown);
 - :mod:`.routes`: the admin API, JSON over HTTP on a unix socket (mode 0660, no TCP), one route per
-  operation of :class:`weightd.service.NodeService`, with single flight around ``preload``;
+  operation of :class:`weightd.node.service.NodeService`, with single flight around ``preload``;
 - :mod:`.authz`: who may call the mutating routes (``SO_PEERCRED``), what ``publish`` may read,
   and whose socket ``[api] socket`` is;
 - :mod:`.loops`: background gc, the counter history ``weightd doctor`` reads, the systemd watchdog.

@@ -28,11 +28,11 @@ from .. import __version__
 from ..config import Config, ConfigError, describe_source, load_config
 from ..errors import DaemonAlreadyRunning, WeightdError
 from ..exiting import finish, leave
-from ..local import open_service
+from ..node.local import open_service
 from ..metrics import Metrics
-from ..sdnotify import Notifier
-from ..service import NodeService
-from ..swarm import P2PFetcher, p2p_config, read_torrent, reseed, seed_copy, seed_held
+from .sdnotify import Notifier
+from ..node.service import NodeService
+from ..node.swarm import P2PFetcher, p2p_config, read_torrent, reseed, seed_copy, seed_held
 from .loops import check_storage, gc_loop, origin_mirror_loop, pressure_loop, storage_loop, watchdog_loop
 from .authz import claim_socket
 from .context import DaemonContext

@@ -22,8 +22,8 @@ if TYPE_CHECKING:
 
     from ..config import Config
     from ..metrics import Metrics
-    from ..sdnotify import Notifier
-    from ..service import NodeService
+    from .sdnotify import Notifier
+    from ..node.service import NodeService
 
 
 class Preloads(Protocol):

@@ -367,12 +367,12 @@ class IntentRunner:
 
     # -- the origin: mover slots and holdings reports -------------------------------------------------
     def _origin(self) -> Any:
-        from ..origin_client import OriginClient, origin_url
+        from ..fleet.client import OriginClient, origin_url
         base = origin_url(self.d.config)
         return None if base is None or self.d.role == "origin" else OriginClient(base, self.d.config)
 
     async def _ask_slot(self, f: Fetch) -> bool:
-        from ..origin_client import OriginUnavailable
+        from ..fleet.client import OriginUnavailable
         key = (f.entry.name, f.version, f.entry.tier)
         client = self._origin()
         try:

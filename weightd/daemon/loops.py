@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from tiering import WARM
 
-from ..swarm import mirror_published, seed_held
+from ..node.swarm import mirror_published, seed_held
 
 if TYPE_CHECKING:
     from .context import DaemonContext

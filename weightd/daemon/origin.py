@@ -3,7 +3,7 @@ same client certificates): workers report what they hold (``POST /v1/fleet/repor
 reads the aggregate (``GET /v1/fleet``, ``weightd fleet status``), and rollout movers take and give
 back slots (``POST /v1/rollout/slot``, ``/v1/rollout/release``) under ``[intent] max_movers``.
 
-Bounded: reports held fit ``[intent] fleet_budget`` (:class:`~weightd.fleet.FleetView`), one address
+Bounded: reports held fit ``[intent] fleet_budget`` (:class:`~weightd.fleet.view.FleetView`), one address
 sends at most ``[intent] fleet_reports_per_s`` reports a second (429 past that, before its body is
 read), and the view is built in a thread, a page at a time (``?limit=``, ``?after=``, ``?model=``), so
 the loop (and ``/healthz`` beside it) never waits on it. Rollout slots go only to fleet members: an
@@ -23,8 +23,8 @@ from aiohttp import web
 
 from ..compat import check_envelope
 from ..errors import ReportRefused
-from ..fleet import MAX_PAGE_NODES, FleetView, RateLimit, build_view, encode
-from ..rollout import MoverSlots
+from ..fleet.view import MAX_PAGE_NODES, FleetView, RateLimit, build_view, encode
+from ..fleet.rollout import MoverSlots
 
 if TYPE_CHECKING:
     from .context import DaemonContext

@@ -1,5 +1,5 @@
 """The admin API: JSON over HTTP on the unix socket, one route per operation of the node's
-:class:`~weightd.service.NodeService`, plus health, pressure history and /metrics.
+:class:`~weightd.node.service.NodeService`, plus health, pressure history and /metrics.
 
 Around the service, only what a daemon has: the caller's credentials (mutating routes), single
 flight (everyone asking for one version in one tier shares one transfer), the thread pools, and
@@ -32,7 +32,7 @@ from tiering import (HOT, LOCAL_TIERS, WARM, CheckpointNotFound, Progress, Tieri
 
 from ..compat import check_envelope
 from ..errors import ApiError, DaemonStopping, WeightdError, exit_code_for, hint_for, http_status_for
-from ..service import DEFAULT, PreloadRequest, check_companion, split_ref
+from ..node.service import DEFAULT, PreloadRequest, check_companion, split_ref
 from .authz import Caller, authorize, caller_may_read, check_caller_can_read, check_caller_may_sign
 from .leases import LeaseGuard, Who, who
 
@@ -182,7 +182,7 @@ class Api:
     async def _preload_set_route(self, request: web.Request) -> web.Response:
         """POST /v1/preload-set ``{"refs": [...], tier, lease_s, timeout_s, strict, selection, whole}``:
         each model through the single flight, all at once (the tier's threads bound them), one summary."""
-        from ..sets import check_refs, summarize
+        from ..node.sets import check_refs, summarize
         body = await self._read_body(request) if request.can_read_body else {}
         _log_request(request, {k: v for k, v in body.items() if k != "refs"})
         holder, caller = _holder(request), self._who(request)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
-from ..pressure import link_info, parse_diskstats, parse_netdev, parse_tcp, read_text
+from ..node.pressure import link_info, parse_diskstats, parse_netdev, parse_tcp, read_text
 
 SEVERITIES = ("critical", "warning", "info")
 

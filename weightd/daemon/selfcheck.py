@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor, TimeoutError as FutureTimeout
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
-    from .config import Config
+    from ..config import Config
 
 PACKAGES = ("weightd", "tiering", "p2p")
 COLD_TIMEOUT_S = 15.0
@@ -77,7 +77,7 @@ def check_storage(cfg: "Config") -> list[Check]:
     from tiering import (COLD, HOT, WARM, RootPolicy, StorageUnavailable, TieringError, foreign_root,
                          open_cold_store, open_tier_root, unmade_parent)
 
-    from .local import cold_tier, tier_specs
+    from ..node.local import cold_tier, tier_specs
     out: list[Check] = []
     for tier, spec in tier_specs(cfg).items():
         if tier not in (HOT, WARM):

@@ -16,7 +16,7 @@ from p2p import check_seedable, mirror_published, read_torrent, reseed, seed_cop
 from p2p import ensure_torrent as _ensure_torrent
 from tiering import VersionDir
 
-from .config import Config
+from ..config import Config
 
 __all__ = ["P2PFetcher", "check_seedable", "ensure_torrent", "mirror_published", "p2p_config", "read_torrent",
            "reseed", "seed_copy",

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .errors import BenchError
+from ..errors import BenchError
 
 __all__ = ["BenchError", "bench_disk", "probe", "save_baseline"]
 

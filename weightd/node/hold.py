@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from .errors import DaemonError, Stopped, UsageError
+from ..errors import DaemonError, Stopped, UsageError
 
 #: while the daemon does not answer, ask it again this often (at most ``every_s``)
 LOST_RETRY_S = 1.0

@@ -25,7 +25,7 @@ from typing import Any
 
 from tiering import Dir, UnsafePath, describe, open_unchangeable_dir
 
-from .errors import InvalidRequest
+from ..errors import InvalidRequest
 
 META = ".weightd"
 

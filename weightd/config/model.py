@@ -24,7 +24,7 @@ import typing
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from .errors import SettingsError
+from ..errors import SettingsError
 
 _IMMUTABLE = (type(None), bool, int, float, complex, str, bytes, frozenset)   # (shared, never copied)
 

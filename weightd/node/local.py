@@ -1,6 +1,6 @@
 """The one place the configuration becomes tiering's runtime objects (``TierSpec``, ``WarmOptions``,
-``LocalNode``) and the :class:`~weightd.service.NodeService` over them. (P2P's ``P2PConfig`` is built
-in :mod:`weightd.swarm`.)"""
+``LocalNode``) and the :class:`~weightd.node.service.NodeService` over them. (P2P's ``P2PConfig`` is built
+in :mod:`weightd.node.swarm`.)"""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from typing import TYPE_CHECKING, Any
 
 from tiering import HOT, WARM, LocalNode, TierSpec, WarmOptions
 
-from .config import Config, TierSettings
+from ..config import Config, TierSettings
 
 if TYPE_CHECKING:
     from tiering import TrustPolicy
 
-    from .metrics import Metrics
+    from ..metrics import Metrics
     from .service import NodeService
 
 
@@ -69,6 +69,6 @@ def open_service(cfg: Config, metrics: "Metrics | None" = None, *, reconcile: bo
     if metrics is None:
         from prometheus_client import CollectorRegistry
 
-        from .metrics import Metrics
+        from ..metrics import Metrics
         metrics = Metrics(CollectorRegistry(), node.status)
     return NodeService(cfg, node, metrics, on_published=on_published)

@@ -35,8 +35,8 @@ from typing import Any
 
 import tiering
 
-from .compat import check_envelope
-from .errors import ReportRefused
+from ..compat import check_envelope
+from ..errors import ReportRefused
 
 MAX_HOLDINGS = 1024
 MAX_INTENT = 1024

@@ -14,6 +14,16 @@ if TYPE_CHECKING:
 QUIET = False  # weightd -q: no progress bars
 
 
+def set_quiet() -> None:
+    """``weightd -q``: no progress bars, no warnings on stderr."""
+    global QUIET
+    QUIET = True
+
+
+def quiet() -> bool:
+    return QUIET
+
+
 @contextmanager
 def progress_bar(label: str, total_bytes: int, *, enabled: bool | None = None) -> Iterator[Callable[[int], None] | None]:
     """Yield a thread-safe ``advance(nbytes)`` callback, or None when progress is not shown."""

@@ -15,11 +15,11 @@ from collections import namedtuple
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from .settings_model import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from .model import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from tiering import parse_fraction, parse_size
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 SYSTEM_CONFIG = Path("/etc/weightd/weightd.toml")
 ENV_CONFIG = "WEIGHTD_CONFIG"
@@ -456,7 +456,7 @@ class PrewarmSettings(_Model):
     @field_validator("window")
     @classmethod
     def _window(cls, v: Any) -> str:
-        from .intent.spec import parse_window
+        from ..intent.spec import parse_window
         parse_window(v)
         return v
 
@@ -508,7 +508,7 @@ class IntentSettings(_Model):
     @field_validator("labels", mode="before")
     @classmethod
     def _labels(cls, v: Any) -> dict[str, str]:
-        from .intent.spec import _check_key, _check_value
+        from ..intent.spec import _check_key, _check_value
         if not isinstance(v, Mapping) or not all(isinstance(x, str) for x in v.values()):
             raise ValueError("expected a table of label = \"value\"")
         return {_check_key(str(k)): _check_value(x) for k, x in v.items()}

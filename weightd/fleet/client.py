@@ -11,11 +11,11 @@ import ssl
 import urllib.parse
 from typing import TYPE_CHECKING, Any
 
-from .compat import stamped
-from .errors import OriginUnavailable
+from ..compat import stamped
+from ..errors import OriginUnavailable
 
 if TYPE_CHECKING:
-    from .config import Config
+    from ..config import Config
 
 MAX_ANSWER = 8 << 20
 

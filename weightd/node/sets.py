@@ -12,7 +12,7 @@ import os
 import stat
 from typing import Any
 
-from .errors import InvalidRequest
+from ..errors import InvalidRequest
 
 MAX_SET_MODELS = 10_000
 MAX_SET_FILE_BYTES = 1 << 20
@@ -82,7 +82,7 @@ def check_refs(refs: Any, where: str = "refs") -> list[str]:
 
 def summarize(refs: list[str], outcomes: list[Any], seconds: float, tier: str) -> dict[str, Any]:
     """One summary of a set: each model's path or error, and the totals."""
-    from .errors import exit_code_for
+    from ..errors import exit_code_for
     items, failed = [], []
     for ref, o in zip(refs, outcomes):
         if isinstance(o, BaseException):

@@ -20,15 +20,15 @@ from typing import TYPE_CHECKING, Any, Callable
 from tiering import (DEFAULT_LEASE_S, run_bounded, HOT, LOCAL_TIERS, IntegrityError, NoSpace, SignatureRefused, parse_ref,
                      validate_name, validate_version)
 
-from .client import MAX_SECONDS
-from .errors import InvalidRequest
+from ..client import MAX_SECONDS
+from ..errors import InvalidRequest
 from .ready_times import ReadyTimes
 
 if TYPE_CHECKING:
     from tiering import LocalNode
 
-    from .config import Config
-    from .metrics import Metrics
+    from ..config import Config
+    from ..metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -312,7 +312,7 @@ class NodeService:
 
     def preload_set(self, refs: Any, *, threads: int | None = None, **kw: Any) -> dict[str, Any]:
         """Every model of a set (LoRA adapters) as one operation: each its own preload, ``threads`` at
-        once (default: one per core, 2 to 8), one summary (``weightd.sets.summarize``); a failure of one
+        once (default: one per core, 2 to 8), one summary (``weightd.node.sets.summarize``); a failure of one
         does not stop the others."""
         import os
         from concurrent.futures import ThreadPoolExecutor

@@ -1,0 +1,6 @@
+"""The fleet as the origin sees it, and a worker's calls to the origin (design §9).
+
+- :mod:`.view`: the origin's view of what its workers hold, from their reports;
+- :mod:`.rollout`: the fleet-wide cap on rollout movers;
+- :mod:`.client`: a worker's (and ``weightd fleet status``'s) calls to the origin's fleet endpoints.
+"""
