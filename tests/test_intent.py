@@ -10,7 +10,11 @@ from pathlib import Path
 import pytest
 
 from weightd.intent.reconcile import Failure, jitter_s, plan
-from weightd.intent.spec import IntentError, load_intent, parse_selector, parse_text, parse_window, read_labels
+from weightd.errors import IntentError
+from weightd.intent.files import load_intent, read_labels
+from weightd.intent.selector import parse_selector
+from weightd.intent.spec import parse_text
+from weightd.intent.window import parse_window
 
 
 def utc(y: int, mo: int, d: int, h: int, mi: int = 0) -> float:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from weightd.errors import IntentError
-from weightd.intent.spec import load_intent, read_labels
+from weightd.intent.files import load_intent, read_labels
 
 from .test_intent_daemon import intent_status, rows, until
 

@@ -39,7 +39,7 @@ def check(app: AppContext, directory: Path | None, labels: tuple[str, ...], as_j
 
     Example: weightd intent check /etc/weightd/intent.d --label pool=chat"""
     from ..errors import UsageError
-    from ..intent.spec import load_intent, read_labels
+    from ..intent.files import load_intent, read_labels
     cfg = app.config.settings.intent
     d = directory or cfg.dir
     if d is None:

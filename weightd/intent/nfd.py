@@ -213,46 +213,58 @@ def write_features(directory: Path, filename: str, text: str, *, refresh_s: floa
         raise FeatureFileError(f"NFD feature file {Path(directory) / filename}: {len(data)} bytes, and NFD skips "
                                f"a file over {MAX_FEATURE_FILE_BYTES}: label fewer models")
     dfd = _open_dir(directory)
-    path = Path(directory) / filename
     try:
-        current = _read_current(dfd, filename)
-        if current is not None:
-            old, mtime = current
-            fresh = refresh_s is None or 0.0 <= clock() - mtime < refresh_s
-            if fresh and _significant(old, ignore_expiry=refresh_s is not None) == \
-                    _significant(data, ignore_expiry=refresh_s is not None):
-                return False
-        tmp = f".{filename}.{secrets.token_hex(6)}.incomplete"
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
-                         dir_fd=dfd)
-        except OSError as exc:
-            raise FeatureFileError(f"NFD feature file {path}: cannot create a temporary file beside it: "
-                                   f"{exc.strerror}; weightd must be able to write {directory}") from None
-        try:
-            try:
-                os.fchmod(fd, 0o644)   # (whatever the umask)
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.rename(tmp, filename, src_dir_fd=dfd, dst_dir_fd=dfd)
-        except BaseException as exc:
-            try:
-                os.unlink(tmp, dir_fd=dfd)
-            except OSError:
-                pass
-            if isinstance(exc, OSError):
-                raise FeatureFileError(f"NFD feature file {path}: {exc.strerror}; weightd must be able to "
-                                       f"write {directory}, and {filename} must not be a directory") from None
-            raise
-        try:
-            os.fsync(dfd)
-        except OSError as exc:
-            raise FeatureFileError(f"NFD feature file {path}: written, but the directory was not synced: "
-                                   f"{exc.strerror}") from None
+        if _unchanged(dfd, filename, data, refresh_s, clock):
+            return False
+        _replace(dfd, directory, filename, data)
         return True
     finally:
         os.close(dfd)
+
+
+def _unchanged(dfd: int, filename: str, data: bytes, refresh_s: float | None, clock: Callable[[], float]) -> bool:
+    """The file there already says ``data`` (its significant lines) and, with ``refresh_s``, is not due
+    for a rewrite yet."""
+    current = _read_current(dfd, filename)
+    if current is None:
+        return False
+    old, mtime = current
+    fresh = refresh_s is None or 0.0 <= clock() - mtime < refresh_s
+    return fresh and _significant(old, ignore_expiry=refresh_s is not None) == \
+        _significant(data, ignore_expiry=refresh_s is not None)
+
+
+def _replace(dfd: int, directory: Path, filename: str, data: bytes) -> None:
+    """``data`` into a new dot-named temporary in ``dfd`` (``directory``, for messages), fsynced,
+    renamed over ``filename``, and the directory fsynced; the temporary is removed if anything fails."""
+    path = Path(directory) / filename
+    tmp = f".{filename}.{secrets.token_hex(6)}.incomplete"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dfd)
+    except OSError as exc:
+        raise FeatureFileError(f"NFD feature file {path}: cannot create a temporary file beside it: "
+                               f"{exc.strerror}; weightd must be able to write {directory}") from None
+    try:
+        try:
+            os.fchmod(fd, 0o644)   # (whatever the umask)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, filename, src_dir_fd=dfd, dst_dir_fd=dfd)
+    except BaseException as exc:
+        try:
+            os.unlink(tmp, dir_fd=dfd)
+        except OSError:
+            pass
+        if isinstance(exc, OSError):
+            raise FeatureFileError(f"NFD feature file {path}: {exc.strerror}; weightd must be able to "
+                                   f"write {directory}, and {filename} must not be a directory") from None
+        raise
+    try:
+        os.fsync(dfd)
+    except OSError as exc:
+        raise FeatureFileError(f"NFD feature file {path}: written, but the directory was not synced: "
+                               f"{exc.strerror}") from None

@@ -87,63 +87,79 @@ def plan(entries: list[KeepEntry], *, published: Mapping[str, list[str]], held: 
     each version, ``V~p<hex>``, under the version's name), instead of ``held``."""
     out = Plan()
     publish_errors = publish_errors or {}
-    all_held = held
     for e in entries:
-        held = held_for(e) if held_for is not None and e.selection is not None else all_held
+        here = held_for(e) if held_for is not None and e.selection is not None else held
         row: dict[str, Any] = {**e.to_dict(), "want": None, "kept": [], "state": "ready", "reason": ""}
         out.rows.append(row)
         versions = published.get(e.name, [])
-        if e.version is not None:
-            target: str | None = e.version
-            if e.version not in versions and (e.name, e.version) not in held:
-                row.update(state="waiting", reason=publish_errors.get(e.name) or f"{e.model} is not published yet")
-                continue
-            keep = [e.version]
-        else:
-            if not versions:
-                here = sorted(v for (n, v), tiers in held.items() if n == e.name and e.tier in tiers)
-                row.update(state="waiting", reason=publish_errors.get(e.name) or f"no version of {e.name} is "
-                           "published yet" + (f" (holding {', '.join(here)})" if here else ""))
-                for v in here:  # (what is here stays until cold says what is newest)
-                    out.holds.append(Hold(e, e.tier, v))
-                continue
-            target = versions[0]
-            keep = [target] + [v for v in versions[1:e.versions] if e.tier in held.get((e.name, v), ())]
-            if e.tier not in held.get((e.name, target), ()):
-                older = next((v for v in versions[1:] if e.tier in held.get((e.name, v), ())), None)
-                if older is not None and older not in keep:
-                    keep.append(older)
+        wanted = _wanted(e, versions, here, publish_errors.get(e.name), row, out)
+        if wanted is None:
+            continue
+        target, keep = wanted
         row["want"] = target
-        row["kept"] = [v for v in keep if e.tier in held.get((e.name, v), ())]
+        row["kept"] = [v for v in keep if e.tier in here.get((e.name, v), ())]
         for v in row["kept"]:
             out.holds.append(Hold(e, e.tier, v))
         if row["kept"]:  # (newest first: the target once it is here, else the newest still here)
             out.serving[e.model] = (row["kept"][0], e.tier)
-        assert target is not None
-        if e.tier in held.get((e.name, target), ()):
+        if e.tier in here.get((e.name, target), ()):
             row["reason"] = f"{e.name}@{target} is in {e.tier}" + (" (pinned)" if e.pin else "")
             continue
-        key = (e.name, target, e.tier)
-        if key in inflight:
-            row.update(state="transferring", reason=f"fetching {e.name}@{target} into {e.tier}")
-            continue
-        f = failures.get(key)
-        if f is not None and now < f.retry_at():
-            row.update(state="failed", reason=f"failed at {_ago(f.at, now)}: {f.error}; retrying in "
-                                              f"{_dur(f.retry_at() - now)}", error=f.error, failed_at=f.at)
-            continue
-        if e.window is not None and not e.window.is_open(now):
-            row.update(state="waiting", reason=f"waiting for window {e.window} (opens in "
-                                               f"{_dur(e.window.opens_in(now))})")
-            continue
-        rollout = e.version is None and any(e.tier in held.get((e.name, v), ()) for v in versions[1:])
-        if rollout:
-            start = first_seen.get((e.name, target), now) + jitter_s(node, e.name, target, spread_s)
-            if now < start:
-                row.update(state="waiting", reason=f"rollout to {e.name}@{target} starts in {_dur(start - now + 1)} "
-                                                   f"(jitter of up to {_dur(spread_s)})")
-                continue
-        row.update(state="pending", reason=f"{e.name}@{target} is not in {e.tier} yet"
-                                           + (" (rollout)" if rollout else ""))
-        out.fetches.append(Fetch(e, target, rollout))
+        rollout = e.version is None and any(e.tier in here.get((e.name, v), ()) for v in versions[1:])
+        if _may_fetch(e, target, rollout, row, now=now, first_seen=first_seen, node=node, spread_s=spread_s,
+                      failures=failures, inflight=inflight):
+            out.fetches.append(Fetch(e, target, rollout))
     return out
+
+
+def _wanted(e: KeepEntry, versions: list[str], held: Mapping[tuple[str, str], set[str]], publish_error: str | None,
+            row: dict[str, Any], out: Plan) -> tuple[str, list[str]] | None:
+    """The version ``e`` should have (its target) and the versions it keeps, newest first; None when
+    nothing is published to aim at (``row`` says so, and what is here stays held meanwhile)."""
+    if e.version is not None:
+        if e.version not in versions and (e.name, e.version) not in held:
+            row.update(state="waiting", reason=publish_error or f"{e.model} is not published yet")
+            return None
+        return e.version, [e.version]
+    if not versions:
+        here = sorted(v for (n, v), tiers in held.items() if n == e.name and e.tier in tiers)
+        row.update(state="waiting", reason=publish_error or f"no version of {e.name} is "
+                   "published yet" + (f" (holding {', '.join(here)})" if here else ""))
+        for v in here:  # (what is here stays until cold says what is newest)
+            out.holds.append(Hold(e, e.tier, v))
+        return None
+    target = versions[0]
+    keep = [target] + [v for v in versions[1:e.versions] if e.tier in held.get((e.name, v), ())]
+    if e.tier not in held.get((e.name, target), ()):
+        older = next((v for v in versions[1:] if e.tier in held.get((e.name, v), ())), None)
+        if older is not None and older not in keep:
+            keep.append(older)
+    return target, keep
+
+
+def _may_fetch(e: KeepEntry, target: str, rollout: bool, row: dict[str, Any], *, now: float,
+               first_seen: Mapping[tuple[str, str], float], node: str, spread_s: float,
+               failures: Mapping[tuple[str, str, str], Failure], inflight: set[tuple[str, str, str]]) -> bool:
+    """Whether the fetch of ``target`` into ``e``'s tier may start now; if not, ``row`` says why
+    (already under way, backing off after a failure, outside its window, a rollout's jitter)."""
+    key = (e.name, target, e.tier)
+    if key in inflight:
+        row.update(state="transferring", reason=f"fetching {e.name}@{target} into {e.tier}")
+        return False
+    f = failures.get(key)
+    if f is not None and now < f.retry_at():
+        row.update(state="failed", reason=f"failed at {_ago(f.at, now)}: {f.error}; retrying in "
+                                          f"{_dur(f.retry_at() - now)}", error=f.error, failed_at=f.at)
+        return False
+    if e.window is not None and not e.window.is_open(now):
+        row.update(state="waiting", reason=f"waiting for window {e.window} (opens in "
+                                           f"{_dur(e.window.opens_in(now))})")
+        return False
+    if rollout:
+        start = first_seen.get((e.name, target), now) + jitter_s(node, e.name, target, spread_s)
+        if now < start:
+            row.update(state="waiting", reason=f"rollout to {e.name}@{target} starts in {_dur(start - now + 1)} "
+                                               f"(jitter of up to {_dur(spread_s)})")
+            return False
+    row.update(state="pending", reason=f"{e.name}@{target} is not in {e.tier} yet" + (" (rollout)" if rollout else ""))
+    return True
