@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from weightd.fleet.view import FleetView, check_report
+from weightd.fleet.report import check_report
+from weightd.fleet.view import FleetView
 
 IP_A, IP_B = "10.0.0.1", "10.0.0.2"
 

@@ -23,8 +23,9 @@ from aiohttp import web
 
 from ..compat import check_envelope
 from ..errors import ReportRefused
-from ..fleet.view import MAX_PAGE_NODES, FleetView, RateLimit, build_view, encode
+from ..fleet.ratelimit import RateLimit
 from ..fleet.rollout import MoverSlots
+from ..fleet.view import MAX_PAGE_NODES, FleetView, build_view, encode
 
 if TYPE_CHECKING:
     from .context import DaemonContext

@@ -1,12 +1,7 @@
 """The origin's view of what its workers hold, from the reports they POST every ``[intent] report_s``
-(``POST /v1/fleet/report``), for ``GET /v1/fleet`` and ``weightd fleet status``.
-
-A report comes from the network, from a worker that may be broken or hostile: :func:`check_report`
-checks every field it knows (types, sizes, ranges, names as ``tiering`` names them) and raises
-ValueError with a one-line message naming the first problem; nothing unchecked is kept, and nothing of
-a refused report. Keys it does not know (a newer worker's, see :mod:`weightd.compat`) are dropped, not
-refused: a fleet upgrading its workers before its origin keeps its view and its rollout slots. A node is (its address, the name it reports); a node that stops reporting leaves the view
-``ttl_s`` after its last report.
+(``POST /v1/fleet/report``, each checked by :func:`weightd.fleet.report.check_report`: nothing of a
+refused report is kept), for ``GET /v1/fleet`` and ``weightd fleet status``. A node is (its address,
+the name it reports); a node that stops reporting leaves the view ``ttl_s`` after its last report.
 
 Bounded: reports held take at most ``budget_bytes`` (each report counted by :func:`report_bytes`, about
 the size of its JSON in the view); a report that does not fit evicts the largest held reports (the
@@ -27,190 +22,19 @@ from __future__ import annotations
 import ipaddress
 import json
 import math
-import re
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
-import tiering
-
-from ..compat import check_envelope
 from ..errors import ReportRefused
+from .report import HOLDING_KEYS, TIERS, check_report, report_bytes, show
 
-MAX_HOLDINGS = 1024
-MAX_INTENT = 1024
-MAX_LABELS = 64
-MAX_NODE_NAME = 253
-MAX_BYTES = (1 << 63) - 1
-MAX_UNIX_TIME = 1e11            # (year 5138: past that a time is garbage)
-MAX_MODEL_CHARS = 255 + 1 + 255  # (checked before a name is parsed, so a huge string costs nothing)
-MAX_VERSION_CHARS = 255
-TIERS = ("hot", "warm")
-_HOLDING_KEYS = ("model", "version", "tier", "resident", "bytes", "since", "serving")
-_HOST = re.compile(r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,251}[A-Za-z0-9])?")
-_RACK = re.compile(r"[A-Za-z0-9._-]{1,63}")   # (as [p2p] rack)
-_LABEL_KEY = re.compile(r"(?:[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
-_LABEL_VALUE = re.compile(r"(?:[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
 MAX_NODES_PER_IP = 4              # node names one address may report as, within ttl_s
 DEFAULT_BUDGET = 64 << 20         # bytes of reports held ([intent] fleet_budget)
 PAGE_BYTES = 4 << 20              # a page of GET /v1/fleet holds reports of about this many bytes at most
 MAX_PAGE_NODES = 10_000
 MAX_VERSIONS = 4096               # versions in one answer (``versions_cut`` counts the rest; ?model= narrows)
-_HOLDING_BYTES = 112              # a holding's JSON besides its model and version (keys, numbers)
-_REPORT_BYTES = 256               # a report's JSON besides its node, labels, holdings and intent
-
-
-def _show(v: Any) -> str:
-    """A value for a message: its repr (one line), cut to 40 characters."""
-    r = repr(v)
-    return r if len(r) <= 40 else r[:37] + "..."
-
-
-def _kind(v: Any) -> str:
-    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null",
-            int: "an integer", float: "a number"}.get(type(v), type(v).__name__)
-
-
-def _checked(v: Any, where: str, what: str, limit: int, validate: Any) -> str:
-    """A model name or version, as weightd's own rules have them (``validate``: tiering's check)."""
-    if not isinstance(v, str):
-        raise ValueError(f"{where}: expected a {what} (a string), got {_kind(v)}")
-    if len(v) > limit:
-        raise ValueError(f"{where}: {what} longer than {limit} characters")
-    try:
-        return validate(v)
-    except tiering.InvalidName as exc:
-        raise ValueError(f"{where}: invalid {what} {_show(v)}: {exc.reason}") from None
-
-
-def _name(v: Any, where: str) -> str:
-    return _checked(v, where, "model name", MAX_MODEL_CHARS, tiering.validate_name)
-
-
-def _version(v: Any, where: str) -> str:
-    return _checked(v, where, "version", MAX_VERSION_CHARS, tiering.validate_version)
-
-
-def _number(v: Any, where: str, lo: float, hi: float, what: str) -> float:
-    """A JSON number in [lo, hi]: not a boolean (``true`` is not 1 here), not NaN or infinite."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise ValueError(f"{where}: expected {what}, got {_kind(v)}")
-    if isinstance(v, float) and not math.isfinite(v) or not lo <= v <= hi:
-        raise ValueError(f"{where}: expected {what}, got {_show(v)}")
-    return float(v)
-
-
-def _holding(h: Any, where: str) -> dict[str, Any]:
-    if not isinstance(h, dict):
-        raise ValueError(f"{where}: expected an object, got {_kind(h)}")
-    for k in _HOLDING_KEYS:   # (keys besides these are a newer worker's: not kept)
-        if k not in h:
-            raise ValueError(f"{where}: missing {k!r}")
-    tier = h["tier"]
-    if not isinstance(tier, str) or tier not in TIERS:
-        raise ValueError(f"{where}.tier: expected 'hot' or 'warm', got {_show(tier)}")
-    size = h["bytes"]
-    if isinstance(size, bool) or not isinstance(size, int):
-        raise ValueError(f"{where}.bytes: expected a whole number of bytes, got {_kind(size)}")
-    if not 0 <= size <= MAX_BYTES:
-        raise ValueError(f"{where}.bytes: expected a whole number of bytes from 0 to 2^63-1, got {_show(size)}")
-    serving = h["serving"]
-    if not isinstance(serving, bool):
-        raise ValueError(f"{where}.serving: expected true or false, got {_show(serving)}")
-    return {"model": _name(h["model"], f"{where}.model"),
-            "version": _version(h["version"], f"{where}.version"),
-            "tier": tier,
-            "resident": _number(h["resident"], f"{where}.resident", 0.0, 1.0, "a fraction from 0 to 1"),
-            "bytes": size,
-            "since": _number(h["since"], f"{where}.since", 0.0, MAX_UNIX_TIME, "a unix time"),
-            "serving": serving}
-
-
-def check_report(body: Any) -> dict[str, Any]:
-    """A worker's report, checked and copied (only plain values that were checked are kept):
-    ``{"node", "rack", "labels", "holdings", "intent", "weightd"}``; ValueError naming the first problem.
-
-    Shape: ``v`` (optional) the message revision, an integer >= 1; ``weightd`` (optional) the worker's
-    weightd version; ``node`` a host name (at most 253 characters); ``rack`` a rack name or null/absent;
-    ``labels`` (optional) at most 64 Kubernetes-style labels; ``holdings`` (optional) at most 1024
-    objects with exactly ``model``, ``version``, ``tier`` (``hot``/``warm``), ``resident`` (0..1),
-    ``bytes`` (integer >= 0), ``since`` (unix time), ``serving`` (boolean), one per (model, version,
-    tier); ``intent`` (optional) at most 1024 entries ``NAME`` or ``NAME@REF`` -> version.
-    Other keys, at the top or in a holding, are a newer worker's: ignored, never kept."""
-    if not isinstance(body, dict):
-        raise ValueError(f"report: expected a JSON object, got {_kind(body)}")
-    try:
-        _v, sender = check_envelope(body)
-    except ValueError as exc:
-        raise ValueError(f"report: {exc}") from None
-    if "node" not in body:
-        raise ValueError("report: missing 'node'")
-    node = body["node"]
-    if not isinstance(node, str):
-        raise ValueError(f"node: expected a host name (a string), got {_kind(node)}")
-    if not _HOST.fullmatch(node):
-        raise ValueError(f"node: expected a host name (letters, digits, '-', '_', '.'; at most {MAX_NODE_NAME} "
-                         f"characters), got {_show(node)}")
-    rack = body.get("rack")
-    if rack is not None and (not isinstance(rack, str) or not _RACK.fullmatch(rack)):
-        raise ValueError(f"rack: expected null or a rack name (letters, digits, '.', '_', '-'; at most 63), "
-                         f"got {_show(rack)}")
-
-    labels = body.get("labels", {})
-    if not isinstance(labels, dict):
-        raise ValueError(f"labels: expected an object of label -> value, got {_kind(labels)}")
-    if len(labels) > MAX_LABELS:
-        raise ValueError(f"labels: {len(labels)} entries; at most {MAX_LABELS}")
-    for k, v in labels.items():
-        if not isinstance(k, str) or not _LABEL_KEY.fullmatch(k):
-            raise ValueError(f"labels: {_show(k)} is not a label key (like 'pool' or 'example.com/pool')")
-        if not isinstance(v, str) or not _LABEL_VALUE.fullmatch(v):
-            raise ValueError(f"labels[{k!r}]: {_show(v)} is not a label value (at most 63 letters, digits, "
-                             "'-', '_', '.')")
-
-    holdings = body.get("holdings", [])
-    if not isinstance(holdings, list):
-        raise ValueError(f"holdings: expected a list, got {_kind(holdings)}")
-    if len(holdings) > MAX_HOLDINGS:
-        raise ValueError(f"holdings: {len(holdings)} entries; at most {MAX_HOLDINGS}")
-    rows, seen = [], set()
-    for i, h in enumerate(holdings):
-        row = _holding(h, f"holdings[{i}]")
-        key = (row["model"], row["version"], row["tier"])
-        if key in seen:
-            raise ValueError(f"holdings[{i}]: {row['model']}@{row['version']} in {row['tier']} is listed twice")
-        seen.add(key)
-        rows.append(row)
-
-    intent = body.get("intent", {})
-    if intent is None:
-        intent = {}
-    if not isinstance(intent, dict):
-        raise ValueError(f"intent: expected an object of model -> version, got {_kind(intent)}")
-    if len(intent) > MAX_INTENT:
-        raise ValueError(f"intent: {len(intent)} entries; at most {MAX_INTENT}")
-    wants = {}
-    for m, v in intent.items():
-        if not isinstance(m, str):
-            raise ValueError(f"intent: expected model names as keys, got {_kind(m)}")
-        if len(m) > MAX_MODEL_CHARS + 1 + MAX_VERSION_CHARS:
-            raise ValueError("intent: a key longer than NAME@VERSION can be")
-        name, at, ref = m.partition("@")
-        _name(name, "intent")
-        if at:
-            _version(ref, f"intent[{_show(m)}]")
-        wants[m] = _version(v, f"intent[{_show(m)}]")
-    return {"node": node, "rack": rack, "labels": dict(labels), "holdings": rows, "intent": wants,
-            "weightd": sender}
-
-
-def report_bytes(r: dict[str, Any]) -> int:
-    """What a checked report counts against the budget: about the size of its JSON in the view."""
-    return (_REPORT_BYTES + len(r["node"]) + len(r["rack"] or "") + len(r["weightd"] or "")
-            + sum(len(k) + len(v) + 6 for k, v in r["labels"].items())
-            + sum(len(k) + len(v) + 6 for k, v in r["intent"].items())
-            + sum(_HOLDING_BYTES + len(h["model"]) + len(h["version"]) for h in r["holdings"]))
 
 
 def _holding_tuple(h: dict[str, Any]) -> tuple[Any, ...]:
@@ -219,7 +43,7 @@ def _holding_tuple(h: dict[str, Any]) -> tuple[Any, ...]:
 
 
 def _holding_dict(t: tuple[Any, ...]) -> dict[str, Any]:
-    return dict(zip(_HOLDING_KEYS, t))
+    return dict(zip(HOLDING_KEYS, t))
 
 
 class FleetView:
@@ -267,7 +91,7 @@ class FleetView:
         try:
             ip = str(ipaddress.ip_address(remote_ip))
         except ValueError:
-            raise ReportRefused(f"remote address {_show(remote_ip)} is not an IP address") from None
+            raise ReportRefused(f"remote address {show(remote_ip)} is not an IP address") from None
         try:
             r = check_report(body)
         except ValueError as exc:
@@ -412,33 +236,6 @@ def encode(doc: dict[str, Any]) -> bytes:
     parts = [json.dumps(n, separators=(",", ":")).encode() for n in doc.get("nodes", [])]
     head = json.dumps(rest, separators=(",", ":")).encode()
     return b'{"nodes":[' + b",".join(parts) + b"]," + head[1:] if rest else b'{"nodes":[' + b",".join(parts) + b"]}"
-
-
-class RateLimit:
-    """Per address, at most ``rate`` requests a second on average and ``burst`` at once (a token
-    bucket); at most ``max_addresses`` addresses are tracked (an idle one is forgotten once its bucket
-    is full again), beyond which every new address is refused until some are. The loop's only."""
-
-    def __init__(self, rate: float, burst: float, *, max_addresses: int = 65536,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.rate, self.burst, self.max_addresses, self.clock = float(rate), float(burst), max_addresses, clock
-        self._buckets: dict[str, tuple[float, float]] = {}   # address -> (tokens, at)
-
-    def allow(self, address: str) -> bool:
-        now = self.clock()
-        tokens, at = self._buckets.get(address, (self.burst, now))
-        tokens = min(self.burst, tokens + (now - at) * self.rate)
-        if address not in self._buckets and len(self._buckets) >= self.max_addresses:
-            full = [a for a, (t, when) in self._buckets.items() if t + (now - when) * self.rate >= self.burst]
-            for a in full:
-                del self._buckets[a]
-            if len(self._buckets) >= self.max_addresses:
-                return False
-        if tokens < 1.0:
-            self._buckets[address] = (tokens, now)
-            return False
-        self._buckets[address] = (tokens - 1.0, now)
-        return True
 
 
 def _by_version(holdings: list[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
