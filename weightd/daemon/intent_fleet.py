@@ -1,0 +1,149 @@
+"""Fleet intent between this node and the rest of the fleet: rollout slots asked of the origin
+(``[intent] max_movers`` nodes move at once fleet-wide; a refused node asks again at about the next
+round, jittered), and what the node holds, published each round: the model-ready gauges, the NFD
+feature file a scheduler places servers by, and (every ``[intent] report_s``) a report to the origin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import socket
+import time
+from typing import TYPE_CHECKING, Any
+
+from ..intent.reconcile import Fetch, Plan
+
+if TYPE_CHECKING:
+    from .context import DaemonContext
+
+log = logging.getLogger(__name__)
+SLOT_RETRY_S = 30.0        # a refused rollout slot is asked for again after reconcile_s, at most about this long
+SLOT_RENEW_S = 30.0        # a slot held is renewed this often while its move runs
+
+FetchKey = tuple[str, str, str]   # (name, version, tier)
+
+
+def node_name(d: "DaemonContext") -> str:
+    """This node's name in the fleet: ``[intent] node_name``, else the host name."""
+    return d.config.settings.intent.node_name or socket.gethostname()
+
+
+def origin_client(d: "DaemonContext") -> Any:
+    """A client of the origin (``[intent] origin``, else the tracker's), or None: none configured, or
+    this daemon is the origin."""
+    from ..fleet.client import OriginClient, origin_url
+    base = origin_url(d.config)
+    return None if base is None or d.role == "origin" else OriginClient(base, d.config)
+
+
+class RolloutSlots:
+    """The rollout slots this node asks the origin for, and why each refused fetch waits."""
+
+    def __init__(self, d: "DaemonContext") -> None:
+        self.d = d
+        self.waiting: dict[FetchKey, str] = {}       # a fetch waiting for a slot -> the reason its row shows
+        self.retry_at: dict[FetchKey, float] = {}    # (monotonic) a refused slot is asked again then
+
+    async def ask(self, f: Fetch) -> bool:
+        """True if the origin grants a slot for ``f`` (or renews it); else the fetch's row says why not."""
+        from ..fleet.client import OriginUnavailable
+        key = (f.entry.name, f.version, f.entry.tier)
+        client = origin_client(self.d)
+        try:
+            got = await self.d.run_blocking("misc", client.call, "POST", "/v1/rollout/slot",
+                                            {"node": node_name(self.d), "moving": f"{f.entry.name}@{f.version}"})
+        except OriginUnavailable as exc:
+            self.waiting[key] = f"waiting for a rollout slot: {exc}"
+            return False
+        if got.get("granted") is True:
+            return True
+        self.waiting[key] = (f"waiting for a rollout slot ({got.get('movers')} of {got.get('cap')} nodes are "
+                             "moving fleet-wide)")
+        return False
+
+    def refused(self, key: FetchKey, reconcile_s: float) -> None:
+        """Ask again at about the next full round (jittered: refused nodes do not come back together),
+        never sooner than a second."""
+        retry = max(1.0, min(SLOT_RETRY_S, reconcile_s))
+        self.retry_at[key] = time.monotonic() + retry * (0.75 + 0.5 * random.random())
+
+    def granted(self, key: FetchKey) -> None:
+        self.waiting.pop(key, None)
+        self.retry_at.pop(key, None)
+
+    async def renew(self, f: Fetch) -> None:
+        """While ``f`` moves: its slot renewed every SLOT_RENEW_S (cancelled when the move ends)."""
+        while True:
+            await asyncio.sleep(SLOT_RENEW_S)
+            try:
+                await self.ask(f)
+            except Exception:  # noqa: BLE001 (the slot expires at the origin; the move goes on)
+                pass
+
+    async def release(self) -> None:
+        try:
+            client = origin_client(self.d)   # (a certificate being rotated can fail here: the slot expires)
+            if client is None:
+                return
+            await self.d.run_blocking("misc", client.call, "POST", "/v1/rollout/release", {"node": node_name(self.d)})
+        except Exception as exc:  # noqa: BLE001 (it expires at the origin)
+            log.info("intent: releasing the rollout slot: %s", exc)
+
+
+class HoldingsReport:
+    """What the node holds, told to the scheduler and the origin each round."""
+
+    def __init__(self, d: "DaemonContext") -> None:
+        self.d = d
+        self.last_report = 0.0
+        self.error: str | None = None   # why the last report to the origin failed (intent status shows it)
+
+    async def publish(self, status: dict[str, Any], plan: Plan, labels: dict[str, str], now: float) -> None:
+        """The NFD feature file, the model-ready gauges, and (every report_s) the origin's report."""
+        cfg = self.d.config.settings.intent
+        holdings = holdings_of(status, plan)
+        self.d.metrics.set_model_ready(holdings)
+        if cfg.nfd_dir is not None:
+            try:
+                await self.d.run_blocking("misc", self._write_nfd, holdings)
+            except Exception as exc:  # noqa: BLE001 (said once per round at most; the next round retries)
+                log.warning("intent: node feature file not written: %s", exc)
+        client = origin_client(self.d)
+        if client is not None and now - self.last_report >= cfg.report_s:
+            self.last_report = now
+            body = {"node": node_name(self.d), "rack": self.d.config.settings.p2p.rack or None,
+                    "labels": dict(list(labels.items())[:64]), "holdings": holdings[:1024],
+                    "intent": {m: v for m, (v, _t) in list(plan.serving.items())[:1024]}}
+            try:
+                await self.d.run_blocking("misc", client.call, "POST", "/v1/fleet/report", body)
+                self.error = None
+            except Exception as exc:  # noqa: BLE001
+                if self.error != str(exc):
+                    log.warning("intent: holdings not reported to the origin: %s", exc)
+                self.error = str(exc)
+
+    def _write_nfd(self, holdings: list[dict[str, Any]]) -> None:
+        from ..intent import nfd
+        cfg = self.d.config.settings.intent
+        best = nfd.best_values([(h["model"], nfd.label_value(h["tier"], h["resident"])) for h in holdings])
+        expiry = max(600.0, 4 * cfg.reconcile_s)
+        nfd.write_features(cfg.nfd_dir, "weightd", nfd.render(best, expiry_s=expiry), refresh_s=expiry / 2)
+
+
+def holdings_of(status: dict[str, Any], p: Plan) -> list[dict[str, Any]]:
+    """What this node holds, one row per copy: tier, residency, since, and whether intent serves it.
+    Whole versions only: a partial copy or a companion is not the model a scheduler places a server
+    for (the NFD labels, the ready gauges and the fleet view say what a whole server can load here)."""
+    serving = {(m.partition("@")[0], v, t) for m, (v, t) in p.serving.items()}
+    out = []
+    for c in status["checkpoints"]:
+        if c.get("part_of") is not None:
+            continue
+        for tier, t in sorted(c["tiers"].items()):
+            out.append({"model": c["name"], "version": c["version"], "tier": tier,
+                        "resident": min(1.0, max(0.0, (t.get("resident_percent") or 0.0) / 100.0)),
+                        "bytes": int(c["bytes"]), "since": float(t.get("last_access") or 0.0),
+                        "serving": (c["name"], c["version"], tier) in serving})
+    return out
