@@ -4,7 +4,7 @@
 - docs/reference/metrics.md   every exported metric (type, labels, help), from weightd/metrics.py;
 - docs/reference/exit-codes.md  every exit code and the error kinds that map to it, from weightd/errors.py;
 - docs/reference/config.md    every configuration key (type, default, unit, bounds, meaning), from the
-                              settings models of weightd/config/__init__.py (their Field doc= and unit=);
+                              settings models of weightd/config/ (their Field doc= and unit=);
 - man/weightd.1               the man page, from the CLI, the metrics and the exit codes;
 - man/weightd.toml.5          the configuration's man page, from the settings models.
 

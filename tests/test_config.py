@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from weightd import config as config_mod
+from weightd.config import load as config_mod
 from weightd.config import ConfigError, load_config
 
 

@@ -51,7 +51,7 @@ def test_config_is_frozen() -> None:
 
 
 def test_weightd_builds_p2p_config_from_every_p2p_setting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from weightd import config as config_mod
+    from weightd.config import load as config_mod
     from weightd.node.swarm import P2PFetcher, p2p_config
     monkeypatch.setattr(config_mod, "SYSTEM_CONFIG", tmp_path / "none.toml")
     path = tmp_path / "w.toml"

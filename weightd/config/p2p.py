@@ -1,0 +1,120 @@
+"""``[p2p]``: BitTorrent distribution of large checkpoints between nodes (``P2PSettings``), and
+``[p2p.tls]``, the fleet CA and this node's certificate, checked when the config is loaded
+(``P2PTLSSettings``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tiering import parse_size
+
+from .model import Field, PrivateAttr, field_validator, model_validator
+from .values import FrozenModel, abs_path, cidrs, host_port
+
+
+class P2PTLSSettings(FrozenModel):
+    """Fleet TLS: the fleet CA every torrent carries, and this node's certificate and key (PEM files).
+    Checked when the config is loaded (so on SIGHUP too): a file missing or unreadable, a certificate
+    expired or not yet valid, not signed by the CA or without DNS:* (what libtorrent matches), a key
+    that does not match: an error naming the file."""
+    ca: Path = Field(doc="the fleet CA certificate (PEM) every torrent carries: peers must chain to it")
+    cert: Path = Field(doc="this node's certificate (PEM), signed by the fleet CA, with subjectAltName DNS:*")
+    key: Path = Field(doc="this node's private key (PEM), the one of cert")
+    _fleet: Any = PrivateAttr(default=None)   # p2p.FleetTLS: the checked bytes, what libtorrent is given
+
+    _paths = field_validator("ca", "cert", "key", mode="before")(abs_path)
+
+    @model_validator(mode="after")
+    def _check(self) -> "P2PTLSSettings":
+        from p2p import BadCertificate, load_fleet_tls  # (cryptography: loaded only with tls configured)
+        try:
+            self._fleet = load_fleet_tls(self.ca, self.cert, self.key)
+        except BadCertificate as exc:
+            raise ValueError(str(exc)) from None
+        return self
+
+    @property
+    def fleet(self) -> Any:
+        return self._fleet
+
+
+class P2PSettings(FrozenModel):
+    threshold: int = Field(10 << 30, unit="bytes",
+                           doc="checkpoints at or above this size travel over BitTorrent (publish makes their "
+                               "torrent); smaller ones are copied from cold")
+    listen: str = Field("0.0.0.0:6881", doc="IP:PORT the BitTorrent session listens on (this node's data-centre "
+                                            "address)")
+    trackers: tuple[str, ...] = Field((), doc="announce URLs (http://, https:// or udp://; only https:// with tls): "
+                                              "the origin's tracker")
+    peers: tuple[str, ...] = Field((), doc="IP:PORT of peers every torrent connects to at once: the origin")
+    allow: tuple[str, ...] = Field(("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "127.0.0.0/8"),
+                                   doc="CIDRs peers must come from (the origin's tracker answers only these); a "
+                                       "network filter: tls is the access control")
+    upload_limit: int = Field(1_000_000_000, unit="bytes/s", doc="upload cap, held for LAN and loopback peers too; "
+                                                                 "0: unlimited")
+    download_limit: int = Field(1_000_000_000, unit="bytes/s", doc="download cap; 0: unlimited")
+    max_connections: int = Field(default=200, ge=1, doc="the BitTorrent session's peer connections, all torrents "
+                                                        "together")
+    fallback_after_s: float = Field(default=60.0, gt=0, unit="s",
+                                    doc="no bytes from the swarm for this long: copy from cold instead")
+    tracker_listen: str | None = Field(None, doc="origin only (serve --role origin): serve a BitTorrent announce "
+                                                 "endpoint, and the fleet view, on IP:PORT")
+    piece_size: int = Field(0, unit="bytes", doc="torrent piece size at publish, a power of two from 16 KiB to 64 MiB; "
+                                                 "0 or \"auto\": 4 MiB under 1 GiB, 8 MiB under 16 GiB, else 16 MiB")
+    tls: P2PTLSSettings | None = Field(None, doc="fleet TLS: only peers with a certificate from the fleet CA exchange "
+                                                 "bytes; every tracker must then be https://")
+    plan: bool = Field(True, doc="the piece plan; false: libtorrent's own piece picking (for comparison)")
+    rack: str = Field("", doc="this node's rack (letters, digits, '.', '_', '-'): the tracker and the plan keep "
+                              "traffic inside racks first")
+    trace: bool = Field(False, doc="attribute every 16 KiB block to its sender in preload --json (costs CPU)")
+
+    @model_validator(mode="after")
+    def _tls_trackers(self) -> "P2PSettings":
+        if self.tls is not None:
+            plain = [t for t in self.trackers if not t.startswith("https://")]
+            if plain:  # an announce in the clear hands the swarm's addresses to anyone on the path
+                raise ValueError(f"trackers: with p2p.tls every tracker must be an https:// URL, got {plain[0]!r}")
+        return self
+
+    @field_validator("rack", mode="before")
+    @classmethod
+    def _rack(cls, v: Any) -> str:
+        from p2p import RACK  # (one rule for config, announces and member lists; no libtorrent)
+        if not isinstance(v, str) or (v and not RACK.fullmatch(v)):
+            raise ValueError("expected a rack name: letters, digits, '.', '_' and '-', at most 63, "
+                             "starting with a letter or digit")
+        return v
+
+    @field_validator("piece_size", mode="before")
+    @classmethod
+    def _piece_size(cls, v: Any) -> int:
+        n = 0 if v in (0, "auto") else parse_size(v)
+        if n and (n < (16 << 10) or n > (64 << 20) or n & (n - 1)):
+            raise ValueError("expected 'auto' or a power of two from 16KiB to 64MiB")
+        return n
+
+    _sizes = field_validator("threshold", "upload_limit", "download_limit", mode="before")(
+        lambda v: parse_size(v))
+    _listen = field_validator("listen", mode="before")(host_port)
+    _tracker = field_validator("tracker_listen", mode="before")(lambda v: v if v is None else host_port(v))
+
+    @field_validator("peers", mode="before")
+    @classmethod
+    def _peers(cls, v: Any) -> tuple[str, ...]:
+        if not isinstance(v, (list, tuple)):
+            raise ValueError("expected a list of 'IP:PORT'")
+        return tuple(host_port(x) for x in v)
+
+    @field_validator("trackers", mode="before")
+    @classmethod
+    def _trackers(cls, v: Any) -> tuple[str, ...]:
+        if not isinstance(v, (list, tuple)) or not all(isinstance(x, str) for x in v):
+            raise ValueError("expected a list of tracker URLs")
+        for url in v:
+            if not url.startswith(("http://", "https://", "udp://")):
+                raise ValueError(f"tracker {url!r} must be an http://, https:// or udp:// URL")
+        return tuple(v)
+
+    _allow = field_validator("allow", mode="before")(cidrs)
