@@ -112,65 +112,88 @@ def _coerce(tp: Any, v: Any) -> Any:
         if not isinstance(v, Mapping):
             raise _Fail(f"Input should be a valid dictionary or instance of {tp.__name__}", "model_type")
         return tp._validate(v)
-    if origin is tuple:
-        if not isinstance(v, (list, tuple)):
-            raise _Fail("Input should be a valid tuple", "tuple_type")
-        (item, *_rest) = typing.get_args(tp)
-        return tuple(_item(item, x, i) for i, x in enumerate(v))
-    if origin is list:
-        if not isinstance(v, (list, tuple)):
-            raise _Fail("Input should be a valid list", "list_type")
-        (item,) = typing.get_args(tp)
-        return [_item(item, x, i) for i, x in enumerate(v)]
-    if origin is dict:
-        if not isinstance(v, Mapping):
-            raise _Fail("Input should be a valid dictionary", "dict_type")
-        _k, item = typing.get_args(tp)
-        return {str(k): _item(item, x, k) for k, x in v.items()}
-    if tp is bool:
-        if isinstance(v, bool):
-            return v
-        if isinstance(v, int) and v in (0, 1):
-            return bool(v)
-        if isinstance(v, str) and v.strip().lower() in _TRUE | _FALSE:
-            return v.strip().lower() in _TRUE
-        raise _Fail("Input should be a valid boolean, unable to interpret input", "bool_parsing")
-    if tp is int:
-        if isinstance(v, int):
-            return int(v)
-        if isinstance(v, float):
-            if v != v or v in (float("inf"), float("-inf")):
-                raise _Fail("Input should be a finite number", "finite_number")
-            if not v.is_integer():
-                raise _Fail("Input should be a valid integer, got a number with a fractional part",
-                            "int_from_float")
-            return int(v)
-        if isinstance(v, str):
-            try:
-                return int(v.strip())
-            except ValueError:
-                raise _Fail("Input should be a valid integer, unable to parse string as an integer",
-                            "int_parsing") from None
-        raise _Fail("Input should be a valid integer", "int_type")
-    if tp is float:
-        if isinstance(v, (int, float)):
-            return float(v)
-        if isinstance(v, str):
-            try:
-                return float(v.strip())
-            except ValueError:
-                raise _Fail("Input should be a valid number, unable to parse string as a number",
-                            "float_parsing") from None
-        raise _Fail("Input should be a valid number", "float_type")
-    if tp is str:
-        if isinstance(v, str):
-            return v
-        raise _Fail("Input should be a valid string", "string_type")
-    if tp is Path:
-        if isinstance(v, (str, Path)):
-            return Path(v)
-        raise _Fail("Input is not a valid path", "path_type")
-    raise TypeError(f"settings_model: no rule for {tp!r}")
+    if origin in _CONTAINERS:
+        return _CONTAINERS[origin](typing.get_args(tp), v)
+    if tp in _SCALARS:
+        return _SCALARS[tp](v)
+    raise TypeError(f"weightd.config.model: no rule for {tp!r}")
+
+
+def _tuple(args: tuple[Any, ...], v: Any) -> tuple[Any, ...]:
+    if not isinstance(v, (list, tuple)):
+        raise _Fail("Input should be a valid tuple", "tuple_type")
+    return tuple(_item(args[0], x, i) for i, x in enumerate(v))
+
+
+def _list(args: tuple[Any, ...], v: Any) -> list[Any]:
+    if not isinstance(v, (list, tuple)):
+        raise _Fail("Input should be a valid list", "list_type")
+    (item,) = args
+    return [_item(item, x, i) for i, x in enumerate(v)]
+
+
+def _dict(args: tuple[Any, ...], v: Any) -> dict[str, Any]:
+    if not isinstance(v, Mapping):
+        raise _Fail("Input should be a valid dictionary", "dict_type")
+    _k, item = args
+    return {str(k): _item(item, x, k) for k, x in v.items()}
+
+
+def _bool(v: Any) -> bool:
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, int) and v in (0, 1):
+        return bool(v)
+    if isinstance(v, str) and v.strip().lower() in _TRUE | _FALSE:
+        return v.strip().lower() in _TRUE
+    raise _Fail("Input should be a valid boolean, unable to interpret input", "bool_parsing")
+
+
+def _int(v: Any) -> int:
+    if isinstance(v, int):
+        return int(v)
+    if isinstance(v, float):
+        if v != v or v in (float("inf"), float("-inf")):
+            raise _Fail("Input should be a finite number", "finite_number")
+        if not v.is_integer():
+            raise _Fail("Input should be a valid integer, got a number with a fractional part", "int_from_float")
+        return int(v)
+    if isinstance(v, str):
+        try:
+            return int(v.strip())
+        except ValueError:
+            raise _Fail("Input should be a valid integer, unable to parse string as an integer",
+                        "int_parsing") from None
+    raise _Fail("Input should be a valid integer", "int_type")
+
+
+def _float(v: Any) -> float:
+    if isinstance(v, (int, float)):
+        return float(v)
+    if isinstance(v, str):
+        try:
+            return float(v.strip())
+        except ValueError:
+            raise _Fail("Input should be a valid number, unable to parse string as a number",
+                        "float_parsing") from None
+    raise _Fail("Input should be a valid number", "float_type")
+
+
+def _str(v: Any) -> str:
+    if isinstance(v, str):
+        return v
+    raise _Fail("Input should be a valid string", "string_type")
+
+
+def _path(v: Any) -> Path:
+    if isinstance(v, (str, Path)):
+        return Path(v)
+    raise _Fail("Input is not a valid path", "path_type")
+
+
+#: the rule for each kind of field: containers by origin (given the type's arguments), scalars by type
+_CONTAINERS: dict[Any, Callable[[tuple[Any, ...], Any], Any]] = {tuple: _tuple, list: _list, dict: _dict}
+_SCALARS: dict[Any, Callable[[Any], Any]] = {bool: _bool, int: _int, float: _float, str: _str, Path: _path}
 
 
 def _item(tp: Any, v: Any, where: Any) -> Any:
