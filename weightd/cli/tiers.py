@@ -165,7 +165,7 @@ def companion_of(with_kind: str | None, key: str | None) -> dict[str, str] | Non
         raise click.UsageError("--with KIND and --key KEY go together")
     if with_kind is None:
         return None
-    from ..node.service import check_companion
+    from ..node.requests import check_companion
     check_companion({"kind": with_kind, "key": key})
     return {"kind": with_kind, "key": key or ""}
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator
 from tiering import DEFAULT_LEASE_S, check_seconds, format_bytes
 
 from ..errors import EXIT_NO_SPACE, ApiError
-from ..node.service import DEFAULT
+from ..node.requests import DEFAULT
 from .authz import is_admin
 
 if TYPE_CHECKING:

@@ -1,8 +1,9 @@
 """The node's operations, once: ``publish``, ``preload``, ``path``, ``status``, ``pin``, ``unpin``,
 ``evict`` and ``gc``. The daemon's handlers and the in-process CLI both call a :class:`NodeService`,
-so both validate alike (refs, tier names, lease and timeout bounds), make the torrent at publish,
-count the same metrics and log the same lines. What only a daemon has (single flight, thread pools,
-a P2P session that seeds, SO_PEERCRED checks) stays in the daemon, around the service.
+so both validate alike (refs, tier names, lease and timeout bounds: :mod:`.requests`), make the
+torrent at publish, count the same metrics (:mod:`.outcomes`) and log the same lines. What only a
+daemon has (single flight, thread pools, a P2P session that seeds, SO_PEERCRED checks) stays in the
+daemon, around the service.
 
 The service is synchronous and blocking (copies, hashing); the daemon runs it in its pools.
 """
@@ -10,19 +11,16 @@ The service is synchronous and blocking (copies, hashing); the daemon runs it in
 from __future__ import annotations
 
 import logging
-import math
 import time
-from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from tiering import (DEFAULT_LEASE_S, run_bounded, HOT, LOCAL_TIERS, IntegrityError, NoSpace, SignatureRefused, parse_ref,
-                     validate_name, validate_version)
+from tiering import DEFAULT_LEASE_S, run_bounded, HOT, LOCAL_TIERS, SignatureRefused, validate_name, validate_version
 
-from ..client import MAX_SECONDS
 from ..errors import InvalidRequest
-from .ready_times import ReadyTimes
+from .outcomes import Outcomes
+from .requests import DEFAULT, PreloadRequest, check_companion, check_seconds, check_tier, split_ref
 
 if TYPE_CHECKING:
     from tiering import LocalNode
@@ -32,88 +30,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-
-class _Default:
-    """The lease a caller did not choose: ``tiering.DEFAULT_LEASE_S`` (its one home)."""
-
-    def __repr__(self) -> str:
-        return "DEFAULT"
-
-
-DEFAULT = _Default()
-EVENTS_KEPT = 200          # recent fallbacks and failures kept for ``status`` and ``doctor``
-EVENTS_WINDOW_S = 3600.0   # ... and shown for this long
 ProgressFn = Callable[[int], None]
 PublishedHook = Callable[[str, str, "Path | None"], None]
 
-
-def check_seconds(key: str, value: Any) -> float:
-    """Seconds: finite, from 0 to MAX_SECONDS (Infinity would lease forever, NaN would mean no lease)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or not 0 <= value <= MAX_SECONDS:
-        shown = repr(value) if not isinstance(value, int) or abs(value) < 10 ** 30 else "a huge number"
-        raise InvalidRequest(key, f"'{key}' must be a number of seconds from 0 to {MAX_SECONDS} (7 days), "
-                             f"got {shown[:40]}")
-    return float(value)
-
-
-def check_tier(tier: Any, *, optional: bool = False) -> str | None:
-    if tier is None and optional:
-        return None
-    if tier not in LOCAL_TIERS:
-        raise InvalidRequest("tier", f"tier must be one of {', '.join(LOCAL_TIERS)}")
-    return tier
-
-
-def split_ref(ref: str, *, local: bool = False) -> tuple[str, str | None]:
-    """NAME[@VERSION], validated (InvalidName, exit 2); ``local``: VERSION may be a local object's label
-    (a partial copy ``V~p<hex>``, a companion ``V~<kind>~<key>``), as ``status`` shows them."""
-    return parse_ref(ref, local=local)
-
-
-def check_companion(v: Any) -> tuple[str, str] | None:
-    """``{"kind": K, "key": KEY}`` (a companion artefact of the version), checked; None: the version."""
-    if v is None:
-        return None
-    from tiering import LABEL_SEP, validate_label
-    if not isinstance(v, dict) or set(v) != {"kind", "key"} or not all(isinstance(x, str) for x in v.values()):
-        raise InvalidRequest("companion", "'companion' must be {\"kind\": KIND, \"key\": KEY}")
-    try:
-        validate_label(f"v{LABEL_SEP}{v['kind']}{LABEL_SEP}{v['key']}")
-    except ValueError as exc:
-        raise InvalidRequest("companion", f"companion kind {v['kind'][:40]!r} / key {v['key'][:80]!r}: {exc}") from None
-    if v["kind"] == "p":
-        raise InvalidRequest("companion", "companion kind 'p' is reserved (partial copies)")
-    return v["kind"], v["key"]
-
-
-@dataclass(frozen=True)
-class PreloadRequest:
-    """A validated preload; ``version`` is None until resolved (latest published)."""
-    name: str
-    version: str | None
-    tier: str = HOT
-    strict: bool = False
-    lease_s: float = 0.0
-    timeout_s: float | None = None
-    wait: bool = False
-    holder: str | None = None     # who the lease is for ("pid 4242 (vllm) uid 1000"); default: this process
-    selection: Any = None         # a tiering.Selection: only these files, as a partial copy (None: all)
-    companion: tuple[str, str] | None = None   # (kind, key): the version's companion artefact instead
-
-    @property
-    def ref(self) -> str:
-        return f"{self.name}@{self.version}" if self.version else self.name
-
-    @property
-    def what(self) -> tuple[str, ...]:
-        """Which object of the version (the single-flight key's last part): whole, a selection, a companion."""
-        if self.companion is not None:
-            return ("companion", *self.companion)
-        if self.selection is not None and not self.selection.whole:
-            import json
-            return ("selection", json.dumps(self.selection.to_dict(), sort_keys=True))
-        return ()
 
 
 class NodeService:
@@ -127,8 +46,7 @@ class NodeService:
         self.on_published = on_published
         self.on_loaded: Callable[[str, str, str], None] | None = None   # (name, version, tier) after a preload
         self.monotonic = monotonic
-        self.events: deque[dict[str, Any]] = deque(maxlen=EVENTS_KEPT)  # fallbacks and failures, for doctor
-        self.ready_times = ReadyTimes()
+        self.outcomes = Outcomes(metrics)
 
     # -- publish ------------------------------------------------------------------------------------
     def publish(self, src: Path, name: str, version: str, *, progress: ProgressFn | None = None,
@@ -277,12 +195,15 @@ class NodeService:
                                   timeout_s=req.timeout_s, progress=progress, holder=req.holder,
                                   selection=req.selection, companion=req.companion)
         except BaseException as exc:
-            self._count_failure(req, exc)
+            reason = self.outcomes.failed(req, exc)
+            if isinstance(exc, Exception):
+                log.info("preload failed name=%s version=%s tier=%s reason=%s: %s", req.name, req.version, req.tier,
+                         reason, exc)
             raise
         finally:
             m.in_flight.labels("local").dec()
         d = r.to_dict()
-        self._count_success(r, d, self.monotonic() - t0)
+        self.outcomes.succeeded(r, d, self.monotonic() - t0)
         if self.on_loaded is not None:
             self.on_loaded(req.name, r.version, r.tier)
         by = d["bytes_by_source"]
@@ -307,8 +228,7 @@ class NodeService:
     def ready(self, name: str, report: dict[str, Any], seconds: float) -> None:
         """One request answered with its copy verified, placed and warm, ``seconds`` after it arrived
         (waiting for publication, for a shared transfer and for warming included)."""
-        self.metrics.time_to_ready.labels(name, report["tier"]).observe(seconds)
-        self.ready_times.observe(name, report["tier"], seconds)
+        self.outcomes.ready(name, report["tier"], seconds)
 
     def preload_set(self, refs: Any, *, threads: int | None = None, **kw: Any) -> dict[str, Any]:
         """Every model of a set (LoRA adapters) as one operation: each its own preload, ``threads`` at
@@ -333,43 +253,6 @@ class NodeService:
         log.info("preloaded a set models=%d ready=%d failed=%d bytes=%d seconds=%.3f", r["models"], r["ready"],
                  len(r["failed"]), r["bytes"], r["seconds"])
         return r
-
-    def _count_failure(self, req: PreloadRequest, exc: BaseException) -> None:
-        reason = ("integrity" if isinstance(exc, IntegrityError) else "no_space" if isinstance(exc, NoSpace)
-                  else "timeout" if isinstance(exc, TimeoutError) else "not_found" if isinstance(exc, FileNotFoundError)
-                  else "error")
-        self.metrics.preload_failures.labels(reason, req.name).inc()
-        self.events.append({"at": time.time(), "kind": "failure", "ref": req.ref, "from": req.tier, "to": "",
-                            "reason": f"{reason}: {exc}"[:300]})
-        if isinstance(exc, SignatureRefused):
-            self.metrics.trust_refusals.labels(exc.reason).inc()
-        elif isinstance(exc, IntegrityError):
-            self.metrics.hash_failures.inc()
-        if isinstance(exc, Exception):
-            log.info("preload failed name=%s version=%s tier=%s reason=%s: %s", req.name, req.version, req.tier,
-                     reason, exc)
-
-    def _count_success(self, r: Any, d: dict[str, Any], seconds: float) -> None:
-        m = self.metrics
-        ref = f"{r.name}@{r.version}"
-        if r.tier_fallback:
-            m.fallbacks.labels("tier", r.tier_fallback["from"], r.tier_fallback["to"]).inc()
-            self.events.append({"at": time.time(), "kind": "tier_fallback", "ref": ref, "from": r.tier_fallback["from"],
-                                "to": r.tier_fallback["to"], "reason": r.tier_fallback["reason"]})
-        for f in r.source_fallbacks:
-            m.fallbacks.labels("source", f.source, f.to).inc()
-            self.events.append({"at": time.time(), "kind": "source_fallback", "ref": ref, "from": f.source,
-                                "to": f.to, "reason": f.reason})
-        by_source = d["bytes_by_source"]
-        m.last_success.labels(r.name).set(time.time())
-        if not d.get("already_present"):  # (a no-op must not pull the loading latency down)
-            # the byte counter's source names: where most bytes came from (a promotion between local tiers
-            # moves nothing from outside: local_reuse)
-            source = max(by_source, key=lambda k: by_source[k]) if any(by_source.values()) else "local_reuse"
-            m.loading.labels(r.name, r.version, r.tier, source).observe(seconds)
-        for src, n in by_source.items():
-            if n:
-                m.bytes.labels(src).inc(n)
 
     # -- queries and admin --------------------------------------------------------------------------
     def path_needs_cold(self, ref: str, *, selection: Any = None, whole: Any = False, companion: Any = None) -> bool:
@@ -415,11 +298,10 @@ class NodeService:
     def status(self, problems: list[dict[str, str]] | None = None) -> dict[str, Any]:
         """``problems``: the storage problems the caller already knows (the daemon's storage check);
         None: look now."""
-        since = time.time() - EVENTS_WINDOW_S
         return {**self.node.status(), "transfers": [], "answered_by": "in-process",
                 "problems": self.node.storage_problems() if problems is None else problems,
-                "time_to_ready": self.ready_times.summary(),
-                "recent_events": [e for e in list(self.events) if e["at"] >= since]}
+                "time_to_ready": self.outcomes.ready_times.summary(),
+                "recent_events": self.outcomes.recent()}
 
     def join_lease(self, req: PreloadRequest, report: dict[str, Any]) -> dict[str, Any]:
         """A caller that shared another caller's transfer gets its own lease, as its own holder (the
