@@ -21,29 +21,57 @@ from .conftest import ROOT
 
 pytestmark = pytest.mark.skipif(shutil.which("strace") is None, reason="strace missing (scripts/install-tools.sh)")
 
-CALL = re.compile(r'^\d+\s+(?P<call>fsync|fdatasync|syncfs|renameat2|renameat|rename)\((?P<args>.*)\)\s+=\s+(?P<rc>-?\d+)')
+LEADER = re.compile(r"^(\d+)\s+(.*)$")
+CALL = re.compile(r'^(?P<call>fsync|fdatasync|syncfs|renameat2|renameat|rename)\((?P<args>.*)\)\s+=\s+(?P<rc>-?\d+)')
 FD_PATH = re.compile(r"\d+<(?P<path>[^>]*)>")
 
 
 def traced(isolated_env: dict[str, str], config: Path, log: Path, *args: str, env: dict[str, str] | None = None):
-    """``weightd --no-daemon ARGS`` under strace; returns (the process, [(call, args, paths)]) of the
-    calls that succeeded, in order."""
+    """``weightd --no-daemon ARGS`` under strace; returns (the process, :func:`parse_calls`)."""
     cmd = ["strace", "-f", "-qq", "-y", "-e", "signal=none",
            "-e", "trace=fsync,fdatasync,syncfs,rename,renameat,renameat2", "-o", str(log),
            sys.executable, "-m", "weightd", "--config", str(config), "--no-daemon", *map(str, args)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**isolated_env, **(env or {})}, cwd=ROOT)
+    return r, parse_calls(log.read_text())
+
+
+def parse_calls(log: str) -> list[tuple[str, str, list[str]]]:
+    """[(call, args, paths)] of the calls that succeeded, in the order they returned. strace pads the
+    pid column to five characters ("%-5u "), so a pid under 10000 is followed by more than one space;
+    a call that another thread's came between is split into "<unfinished ...>" and "<... resumed>"
+    lines, joined here (two copy threads fsyncing at once do that, more often on a busy machine)."""
     calls, unfinished = [], {}
-    for line in log.read_text().splitlines():
-        pid, _, rest = line.partition(" ")
-        if rest.endswith("<unfinished ...>"):   # another thread's call came between: joined when it resumes
+    for line in log.splitlines():
+        pid, rest = LEADER.match(line).groups()
+        if rest.endswith("<unfinished ...>"):
             unfinished[pid] = rest.removesuffix("<unfinished ...>").rstrip()
             continue
         if rest.startswith("<... ") and pid in unfinished:
-            line = f"{pid} {unfinished.pop(pid)}{rest.split('resumed>', 1)[1]}"
-        m = CALL.match(line)
+            rest = unfinished.pop(pid) + rest.split("resumed>", 1)[1]
+        m = CALL.match(rest)
         if m and m["rc"] == "0":
             calls.append((m["call"], m["args"], [p["path"] for p in FD_PATH.finditer(m["args"])]))
-    return r, calls
+    return calls
+
+
+def test_calls_split_by_another_thread_are_joined() -> None:
+    """The lines of a real run in which the two copy threads' fsyncs overlapped, pids of four digits:
+    each file's fsync is seen once, in the order the calls returned (before this parser, only the
+    thread whose calls were never split was seen, and the test failed on a busy machine)."""
+    log = (
+        "6708  fsync(9</c/.staging>) = 0\n"
+        "6721  fsync(12</c/.staging/s/model-00002.safetensors> <unfinished ...>\n"
+        "6719  fsync(14</c/.staging/s/model-00001.safetensors> <unfinished ...>\n"
+        "6721  <... fsync resumed>)              = 0\n"
+        "6721  fsync(12</c/.staging/s/config.json> <unfinished ...>\n"
+        "6719  <... fsync resumed>)              = 0\n"
+        "6721  <... fsync resumed>)              = -1 EIO (Input/output error)\n"
+        "12345 renameat2(9</c/.staging>, \"s\", 12</c/org/tiny>, \"v1\", RENAME_NOREPLACE) = 0\n")
+    assert parse_calls(log) == [
+        ("fsync", "9</c/.staging>", ["/c/.staging"]),
+        ("fsync", "12</c/.staging/s/model-00002.safetensors>", ["/c/.staging/s/model-00002.safetensors"]),
+        ("fsync", "14</c/.staging/s/model-00001.safetensors>", ["/c/.staging/s/model-00001.safetensors"]),
+        ("renameat2", '9</c/.staging>, "s", 12</c/org/tiny>, "v1", RENAME_NOREPLACE', ["/c/.staging", "/c/org/tiny"])]
 
 
 def commit_index(calls, parent: Path, version: str) -> int:
