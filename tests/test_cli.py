@@ -155,7 +155,7 @@ def test_a_command_imports_only_its_own_module(weightd) -> None:
     assert out.returncode == 0, out.stderr
     loaded = out.stdout.strip().splitlines()[-1]
     assert "weightd.cli.pagecache" in loaded
-    for other in ("tiers", "content", "diagnose", "system", "intent"):
+    for other in ("tiers", "transfer", "content", "diagnose", "system", "intent"):
         assert f"weightd.cli.{other}'" not in loaded, loaded
 
 

@@ -17,8 +17,8 @@ from .context import AppContext  # noqa: F401  (the commands' context; its home 
 
 #: every command and the module of this package that defines it (imported when the command is run)
 COMMANDS = {
-    "publish": "tiers", "preload": "tiers", "path": "tiers", "status": "tiers", "ls": "tiers", "pin": "tiers",
-    "unpin": "tiers", "evict": "tiers", "gc": "tiers", "hold": "hold",
+    "publish": "transfer", "preload": "transfer", "path": "tiers", "status": "tiers", "ls": "tiers",
+    "pin": "tiers", "unpin": "tiers", "evict": "tiers", "gc": "tiers", "hold": "hold",
     "manifest": "content", "verify": "content", "keygen": "content",
     "intent": "intent", "fleet": "intent",
     "warm": "pagecache", "residency": "pagecache", "cool": "pagecache",
