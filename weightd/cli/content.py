@@ -1,4 +1,5 @@
-"""Content commands: ``manifest build``, ``manifest diff`` (and its delta ``--plan``), ``verify``."""
+"""Content commands: ``manifest build``, ``manifest diff`` (and its delta ``--plan``), ``verify``, and how
+their results read as text."""
 
 from __future__ import annotations
 
@@ -10,11 +11,12 @@ from typing import Any
 
 import click
 
-from tiering import MANIFEST_RELPATH
+from tiering import MANIFEST_RELPATH, format_bytes
 
 from ..errors import UsageError
 from . import output
 from .app import cli
+from .output import echo, emit_path, rate
 
 
 @cli.group()
@@ -58,7 +60,7 @@ def manifest_build(directory: str, output_path: str | None, as_json: bool, threa
         return
     write_manifest(m, target)
     if not as_json:
-        return output.show_built(m, target, seconds)
+        return _show_built(m, target, seconds)
     output.emit_json("manifest.build", {"path": target, "digest": m.digest, "files": len(m.files),
                                         "tensors": sum(1 for _ in m.tensors()), "bytes": m.total_bytes,
                                         "seconds": round(seconds, 4),
@@ -99,7 +101,7 @@ def manifest_diff(a: str, b: str, as_json: bool, show_plan: bool, piece_size: st
     d = diff_manifests(ma, mb)
     if as_json:
         return output.emit_json("manifest.diff", {"a": la, "b": lb, **d.to_dict()})
-    output.show_diff(ma, la, mb, lb, d)
+    _show_diff(ma, la, mb, lb, d)
 
 
 def _plan(ma, la: str, mb, lb: str, piece_size: str, as_json: bool) -> None:
@@ -117,7 +119,7 @@ def _plan(ma, la: str, mb, lb: str, piece_size: str, as_json: bool) -> None:
     if as_json:
         return output.emit_json("manifest.diff-plan", {"a": la, "b": lb, **plan.to_dict(), "fetch_regions": regions,
                                                        "p2p": {"piece_size": piece, "bytes": p2p_bytes}})
-    output.show_plan(ma, la, mb, lb, plan, piece, p2p_bytes, regions)
+    _show_plan(ma, la, mb, lb, plan, piece, p2p_bytes, regions)
 
 
 @cli.command()
@@ -174,8 +176,8 @@ def verify(app: Any, target: str, manifest_path: str | None, as_json: bool, thre
                                     "problems": [{"path": p.path, "what": p.what, "expected": p.expected,
                                                   "actual": p.actual} for p in report.problems]})
     else:
-        output.show_verified(root, m, report, seconds)
-        output.show_signature(sig_note)
+        _show_verified(root, m, report, seconds)
+        _show_signature(sig_note)
     report.raise_for_problems()
     if sig_error is not None:
         raise sig_error
@@ -236,3 +238,74 @@ def _local_copy(app: Any, target: str) -> Path:
     from .tiers import Backend
     with Backend(app, query=True) as b:
         return Path(b.path(target)["path"])
+
+
+# -- how the results read as text ------------------------------------------------------------------
+
+def _show_built(m: Any, target: str, seconds: float) -> None:
+    tensors = sum(1 for _ in m.tensors())
+    echo(f"{len(m.files)} files, {tensors} tensors, {format_bytes(m.total_bytes)} hashed in "
+               f"{seconds:.2f} s ({rate(m.total_bytes, seconds)})")
+    echo(f"digest {m.digest}")
+    emit_path(target)
+
+
+def _show_diff(ma: Any, la: str, mb: Any, lb: str, d: Any) -> None:
+    echo(f"A {la}: {ma.digest}, {len(ma.files)} files, {format_bytes(ma.total_bytes)}")
+    echo(f"B {lb}: {mb.digest}, {len(mb.files)} files, {format_bytes(mb.total_bytes)}")
+    if d.identical:
+        echo("identical content")
+        return
+    echo(f"files: {len(d.files_changed)} changed, {len(d.files_added)} added, {len(d.files_removed)} removed")
+    for sign, paths in (("~", d.files_changed), ("+", d.files_added), ("-", d.files_removed)):
+        for path in paths:
+            echo(f"  {sign} {path}")
+    echo(f"tensors: {d.count('changed')} changed, {d.count('added')} added, {d.count('removed')} removed, "
+               f"{d.count('moved')} moved")
+    signs = {"changed": "~", "added": "+", "removed": "-", "moved": ">"}
+    for t in d.tensors:
+        echo(f"  {signs[t.kind]} {t.name}  {format_bytes(t.nbytes)}  {t.path}  {t.detail}")
+    pct = 100 * d.changed_bytes / d.total_bytes if d.total_bytes else 0.0
+    echo(f"changed bytes: {d.changed_bytes} ({format_bytes(d.changed_bytes)}, {pct:.2f}% of "
+               f"{format_bytes(d.total_bytes)})")
+
+
+def _show_plan(ma: Any, la: str, mb: Any, lb: str, plan: Any, piece: int, p2p_bytes: int, regions: int) -> None:
+    total = plan.total_bytes or 1
+    echo(f"B {lb}: {mb.digest}, {len(mb.files)} files, {format_bytes(mb.total_bytes)}")
+    echo(f"donor A {la}: {ma.digest}")
+    for f in plan.files:
+        if f.fetch_bytes == 0:
+            how = "reuse all" if f.reuse_bytes or not f.entry.size else "empty"
+        elif f.reuse_bytes == 0:
+            how = "fetch all"
+        else:
+            how = (f"reuse {format_bytes(f.reuse_bytes)}, fetch {format_bytes(f.fetch_bytes)} in "
+                   f"{len(f.regions(False))} range(s)")
+        echo(f"  {f.entry.path}  {format_bytes(f.entry.size)}  {how}")
+    echo(f"reuse {plan.reuse_bytes} ({format_bytes(plan.reuse_bytes)}, {100 * plan.reuse_bytes / total:.2f}%)")
+    echo(f"fetch from cold {plan.fetch_bytes} ({format_bytes(plan.fetch_bytes)}, "
+               f"{100 * plan.fetch_bytes / total:.2f}%) in {regions} range(s)")
+    echo(f"fetch over P2P {p2p_bytes} ({format_bytes(p2p_bytes)}, {100 * p2p_bytes / total:.2f}%) with "
+               f"{format_bytes(piece)} pieces")
+
+
+def _show_verified(root: Any, m: Any, report: Any, seconds: float) -> None:
+    if report.ok:
+        echo(f"ok: {root} matches {m.digest} ({report.files} files, {format_bytes(report.bytes_checked)}, "
+                   f"{seconds:.2f} s)")
+        return
+    for p in report.problems[:20]:
+        echo(f"  {p}", err=True)
+    if len(report.problems) > 20:
+        echo(f"  ... {len(report.problems) - 20} more", err=True)
+
+
+def _show_signature(sig: Any) -> None:
+    if sig is None:
+        echo("signature: none (unsigned)")
+    elif sig.get("checked"):
+        echo(f"signature: signed by {sig['signed_by']} (key {sig['key_id'][:16]}), every file's "
+                   f"{sig['algorithm']} matches what was signed")
+    else:
+        echo(f"signature: key {str(sig.get('key_id'))[:16]}, not checked: {sig.get('problem')}")

@@ -1,15 +1,19 @@
-"""Node diagnosis commands: ``doctor`` and ``bench disk``."""
+"""Node diagnosis commands: ``doctor`` and ``bench disk``, and how their results read as text."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
+
+from tiering import format_bytes, format_rate
 
 from ..errors import EXIT_CRITICAL, UsageError
 from . import output
 from .app import AppContext, cli
+from .output import echo, printable
 
 
 def _doctor_tiers(app: AppContext):
@@ -128,7 +132,7 @@ def doctor_cmd(app: AppContext, as_json: bool, sample_s: float, symptom: str | N
         inputs, source = _live_inputs(app, sample_s, symptom, lock, log_dir, no_probe, not no_verify)
     report = diagnose(inputs)
     doc = {**report.to_dict(), "source": source, "window_s": round(inputs.window_s, 3)}
-    output.emit_json("doctor", doc) if as_json else output.show_doctor(report, doc, source)
+    output.emit_json("doctor", doc) if as_json else _show_doctor(report, doc, source)
     if report.critical:
         sys.exit(EXIT_CRITICAL)
 
@@ -167,4 +171,54 @@ def bench_disk_cmd(app: AppContext, path: str | None, size: str, seconds: float,
     r = bench_disk(target, size=nbytes, seconds=seconds, depths=qd)  # BenchError: exit 2 (weightd.errors)
     if not no_record:
         r["baseline_file"] = str(save_baseline(app.config.settings.state_dir, r))
-    output.emit_json("bench.disk", r) if as_json else output.show_bench(r, target, not no_record)
+    output.emit_json("bench.disk", r) if as_json else _show_bench(r, target, not no_record)
+
+
+# -- how the results read as text ------------------------------------------------------------------
+
+_VERDICTS = {"disk": "the DISK is the bottleneck", "network": "the NETWORK is the bottleneck",
+             "gpu": "neither disk nor network: look at the GPU side", "healthy": "no bottleneck found"}
+
+
+def _show_doctor(report: Any, doc: dict[str, Any], source: str) -> None:
+    echo(f"verdict: {_VERDICTS[report.verdict]}  (from {source})")
+    for f in doc["findings"]:
+        echo()
+        echo(printable(f"[{f['severity'].upper()}] {f['summary']}"))
+        ev = ", ".join(f"{k}={v}" for k, v in f["evidence"].items() if not isinstance(v, (dict, list)))
+        echo(printable(f"  evidence: {ev}"))
+        echo(printable(f"  do: {f['recommendation']}"))
+    disks = report.measurements.get("disks", {})
+    if disks:
+        echo("\ndisks: " + "; ".join(
+            f"{n} await {d['read_await_ms']} ms util {d['util']:.0%} {format_rate(d['read_bytes_per_s'])}"
+            + (f" ({', '.join(d['tiers'])})" if d["tiers"] else "") for n, d in disks.items()))
+    nics = report.measurements.get("nics", {})
+    if nics:
+        echo("nics: " + "; ".join(
+            f"{n} {format_rate(d['bytes_per_s'])}" + (f" = {d['util']:.1%} of link" if d["util"] is not None else "")
+            + (f" mtu {d['mtu']}" if d["mtu"] else "") for n, d in nics.items()))
+    if "probe" in report.measurements:
+        pr = report.measurements["probe"]
+        echo(f"warm tier 4K random read: p50 {pr['p50_us']} µs, p99 {pr['p99_us']} µs"
+                   + (f" (baseline p50 {pr['baseline_p50_us']} µs)" if pr.get("baseline_p50_us") else
+                      " (no baseline: run `weightd bench disk`)"))
+    w = report.measurements.get("weightd")
+    if w:
+        checked = w["spot_checked"]
+        bad = [c for c in checked if not c["ok"]]
+        skipped = [c for c in checked if c.get("skipped")]
+        echo(f"weightd: daemon {w['daemon']}; cold storage: {w['cold_checked_versions']} version(s) opened; "
+                   f"spot check: {len(checked) - len(skipped)} local cop{'y' if len(checked) == 1 else 'ies'}, "
+                   f"{format_bytes(sum(c['bytes'] for c in checked))} re-hashed, "
+                   + (f"{len(bad)} damaged" if bad else "all match")
+                   + (f" ({len(skipped)} not readable by this user)" if skipped else ""))
+
+
+def _show_bench(r: dict[str, Any], target: Any, recorded: bool) -> None:
+    echo(f"{target} (device {r['device']}, {format_bytes(r['file_bytes'])} test file)")
+    for d, x in r["randread_4k"].items():
+        echo(f"  4K random read QD{d:<3} p50 {x['p50_us']:>8} µs  p99 {x['p99_us']:>8} µs  {x['iops']:>7} IOPS")
+    echo(f"  16M sequential read  {format_rate(r['seqread_16m']['bytes_per_s'])}")
+    if recorded:
+        echo(f"recorded as the baseline in {r['baseline_file']}")
