@@ -29,6 +29,21 @@ class Metrics:
                  p2p: Callable[[], dict[str, int]] | None = None,
                  objstore: Callable[[], Any] | None = None) -> None:
         self.registry = registry
+        self._preload_metrics(registry)
+        self._daemon_metrics(registry)
+        self._intent_metrics(registry)
+        info = Gauge("weightd_build_info", "weightd version", ["version"], registry=registry)
+        info.labels(__version__).set(1)
+        self.start_time = Gauge("weightd_start_time_seconds", "When the daemon started", registry=registry)
+        self.start_time.set(time.time())
+        registry.register(_StateCollector(status))
+        self._ready_labels: dict[str, set[tuple[str, str, str]]] = {}
+        registry.register(_PressureCollector())
+        registry.register(_P2PCollector(p2p or (lambda: {})))
+        registry.register(_ObjectStoreCollector(objstore or (lambda: None)))
+
+    def _preload_metrics(self, registry: CollectorRegistry) -> None:
+        """What preloads do: latency, bytes by source, evictions, failures, fallbacks, refusals."""
         self.loading = Histogram("weightd_weight_loading_seconds", "One preload that moved or promoted bytes, end "
                                  "to end (a version already in place is not counted); source: where most bytes came from",
                                  ["model", "version", "tier", "source"], buckets=LOAD_BUCKETS, registry=registry)
@@ -55,15 +70,18 @@ class Metrics:
         self.fallbacks = Counter("weightd_fallbacks", "Preloads that fell back: kind=tier (hot was full, went "
                                  "to warm) or kind=source (the swarm gave up, copied from cold)",
                                  ["kind", "from", "to"], registry=registry)
-        self.requests = Counter("weightd_api_requests", "Admin API requests", ["route", "code"], registry=registry)
         self.in_flight = Gauge("weightd_transfers_in_flight", "Preloads running", ["kind"], registry=registry)
         self.in_flight.labels("local")
         self.in_flight.labels("p2p")
-        self.config_reload_failures = Counter("weightd_config_reload_failures", "SIGHUP reloads rejected",
-                                              registry=registry)
         self.trust_refusals = Counter("weightd_trust_refusals", "Versions (and peers) refused by the trust "
                                       "policy, by reason (unsigned, unknown_key, bad_signature, digest_mismatch, ...)",
                                       ["reason"], registry=registry)
+
+    def _daemon_metrics(self, registry: CollectorRegistry) -> None:
+        """The daemon's own work: API requests, reloads, TCP listeners, the tracker, state recovery."""
+        self.requests = Counter("weightd_api_requests", "Admin API requests", ["route", "code"], registry=registry)
+        self.config_reload_failures = Counter("weightd_config_reload_failures", "SIGHUP reloads rejected",
+                                              registry=registry)
         self.tcp_refused = Counter("weightd_tcp_connections_refused", "TCP connections closed at accept, before a "
                                    "byte was read: not_allowed (outside the listener's allow list), listener_full, "
                                    "address_full (over [listeners] caps)", ["listener", "reason"], registry=registry)
@@ -73,6 +91,9 @@ class Metrics:
                                    "elsewhere)", registry=registry)
         self.state_recoveries = Counter("weightd_state_recoveries", "Corrupt state databases moved aside and "
                                         "rebuilt from the tier directories", registry=registry)
+
+    def _intent_metrics(self, registry: CollectorRegistry) -> None:
+        """Fleet intent: refused files, failed fetches, prewarms, what is ready and what is served."""
         self.intent_errors = Counter("weightd_intent_errors", "Intent files refused (the previous intent kept "
                                      "running)", registry=registry)
         self.intent_failures = Counter("weightd_intent_fetch_failures", "Transfers fleet intent started that "
@@ -84,15 +105,6 @@ class Metrics:
         self.intent_serving = Gauge("weightd_intent_serving", "The version fleet intent has this node serve, per "
                                     "entry's model (1): during a rollout, the old one until the new one is here",
                                     ["model", "version", "tier"], registry=registry)
-        info = Gauge("weightd_build_info", "weightd version", ["version"], registry=registry)
-        info.labels(__version__).set(1)
-        self.start_time = Gauge("weightd_start_time_seconds", "When the daemon started", registry=registry)
-        self.start_time.set(time.time())
-        registry.register(_StateCollector(status))
-        self._ready_labels: dict[str, set[tuple[str, str, str]]] = {}
-        registry.register(_PressureCollector())
-        registry.register(_P2PCollector(p2p or (lambda: {})))
-        registry.register(_ObjectStoreCollector(objstore or (lambda: None)))
 
     def set_model_ready(self, holdings: list[dict[str, Any]]) -> None:
         """``weightd_model_ready`` and ``weightd_intent_serving`` from what the node holds now (the

@@ -185,7 +185,23 @@ NEAR_WATERMARK = 0.05   # a tier within this share of capacity below its high wa
 def _node_findings(n: dict[str, Any], r: Report) -> None:
     """weightd itself (:mod:`weightd.doctor.node`): daemon, watermarks, recent fallbacks, cold access,
     spot checks of the local copies."""
-    d = n.get("daemon", {})
+    _daemon_findings(n.get("daemon", {}), r)
+    _watermark_findings(n.get("tiers") or {}, r)
+    _event_findings(n.get("recent_events") or [], r)
+    _cold_findings(n.get("cold"), r)
+    _copy_findings(n.get("verify") or [], r)
+    if "error" in n:
+        r.findings.append(Finding("node-unreadable", "warning", "weightd", n["error"], {}, "see the error"))
+    if n.get("verify") is not None or n.get("cold") is not None:
+        r.measurements["weightd"] = {
+            "daemon": n.get("daemon", {}).get("state"),
+            "cold_checked_versions": (n.get("cold") or {}).get("checked"),
+            "spot_checked": [{"ref": v["ref"], "tier": v["tier"], "bytes": v.get("bytes_checked", 0),
+                              "ok": not v.get("problems"), **({"skipped": v["skipped"]} if "skipped" in v else {})}
+                             for v in n.get("verify") or []]}
+
+
+def _daemon_findings(d: dict[str, Any], r: Report) -> None:
     if d.get("state") in ("down", "stale", "denied", "untrusted"):
         why = {"down": "there is no socket: it is not running, or uses another [api] socket",
                "stale": "a socket is there but nothing listens (it stopped or crashed)",
@@ -195,7 +211,10 @@ def _node_findings(n: dict[str, Any], r: Report) -> None:
                                   f"the node daemon does not answer on {d['socket']}: {why}", d,
                                   "systemctl start weightd (journalctl -u weightd -n 50 says why it stopped); without "
                                   "it preloads run in each caller, with no single flight, seeding or metrics"))
-    for t, info in (n.get("tiers") or {}).items():
+
+
+def _watermark_findings(tiers: dict[str, Any], r: Report) -> None:
+    for t, info in tiers.items():
         cap = info.get("capacity_bytes") or 0
         if not cap:
             continue
@@ -208,7 +227,9 @@ def _node_findings(n: dict[str, Any], r: Report) -> None:
                                        "high_watermark": high},
                                       f"raise [tiers.{t}] capacity, unpin what is no longer served, or weightd evict "
                                       "NAME@VERSION (weightd status shows what holds each copy)"))
-    events = n.get("recent_events") or []
+
+
+def _event_findings(events: list[dict[str, Any]], r: Report) -> None:
     fallbacks = [e for e in events if e["kind"] in ("tier_fallback", "source_fallback")]
     failures = [e for e in events if e["kind"] == "failure"]
     if fallbacks:
@@ -225,7 +246,9 @@ def _node_findings(n: dict[str, Any], r: Report) -> None:
                                   f"{failures[-1]['ref']}: {failures[-1]['reason']}"[:400],
                                   {"count": len(failures)}, "journalctl -u weightd | grep 'preload failed' shows each "
                                   "one with its reason"))
-    cold = n.get("cold")
+
+
+def _cold_findings(cold: dict[str, Any] | None, r: Report) -> None:
     if cold and cold.get("unavailable"):
         r.findings.append(Finding("cold-unavailable", "critical", "tier",
                                   f"cold storage {cold['path']} is not there for {cold['by']}: {cold['unavailable']}",
@@ -243,22 +266,16 @@ def _node_findings(n: dict[str, Any], r: Report) -> None:
                                    "problems": len(cold["problems"])},
                                   "make cold storage readable by the daemon's user (chmod -R a+rX, group ownership, "
                                   "or the NFS export's uid mapping)"))
-    for row in n.get("verify") or []:
+
+
+def _copy_findings(verified: list[dict[str, Any]], r: Report) -> None:
+    for row in verified:
         if row.get("problems"):
             r.findings.append(Finding("copy-damaged", "critical", "tier",
                                       f"{row['ref']} in {row['tier']} does not match its manifest: {row['problems'][0]}",
                                       {"ref": row["ref"], "tier": row["tier"], "problems": len(row["problems"])},
                                       f"weightd evict {row['ref']} --tier {row['tier']} --force, then preload it again "
                                       "(weightd verify PATH reads every byte)"))
-    if "error" in n:
-        r.findings.append(Finding("node-unreadable", "warning", "weightd", n["error"], {}, "see the error"))
-    if n.get("verify") is not None or n.get("cold") is not None:
-        r.measurements["weightd"] = {
-            "daemon": d.get("state"),
-            "cold_checked_versions": (cold or {}).get("checked"),
-            "spot_checked": [{"ref": v["ref"], "tier": v["tier"], "bytes": v.get("bytes_checked", 0),
-                              "ok": not v.get("problems"), **({"skipped": v["skipped"]} if "skipped" in v else {})}
-                             for v in n.get("verify") or []]}
 
 
 def _memlock_findings(i: Inputs, r: Report) -> None:
