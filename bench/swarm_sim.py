@@ -22,7 +22,7 @@ racks' spine links). A worker has at most ``slots`` transfers in flight, ``per_p
 one source (libtorrent keeps a few requests per connection), and picks by its mode:
 
 - ``plan`` (weightd): owners and home racks by the same rendezvous hashing the daemon uses
-  (``p2p.plan``); a worker takes the pieces it owns from the origin while nobody holds them, and any
+  (``p2p.rendezvous``); a worker takes the pieces it owns from the origin while nobody holds them, and any
   piece its rack holds from the least busy holder in the rack; with racks, one gateway a rack takes
   from other racks what its rack does not hold. When the last of its own slice is on the way,
   libtorrent fills its queue to the origin with pieces other workers hold (``origin_tail_s`` x its
@@ -73,7 +73,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from p2p.plan import _key as _gateway_key, gateway_of, rendezvous  # noqa: E402
+from p2p.rendezvous import _key as _gateway_key, gateway_of, rendezvous  # noqa: E402
 
 #: fitted on the real runs (see the module docstring and ``calibrate``)
 CALIBRATION = {"efficiency": 1.0, "start_s": 2.7, "slots": 16, "per_peer": 2, "lag_s": 0.25, "cpu_per_node": 0.055,
@@ -94,7 +94,7 @@ CROSS_RACK_MEASURED = 1.21   # the racks run: the most any rack received from ou
 
 
 def _gateway_score(rack: str, ip: str) -> int:
-    """``p2p.plan.gateway_of``'s score (the first of the ranking is that gateway)."""
+    """``p2p.rendezvous.gateway_of``'s score (the first of the ranking is that gateway)."""
     return int(_gateway_key(f"gateway/{rack}/{ip}"))
 
 

@@ -15,9 +15,9 @@ cap sending duplicates while the workers' upload capacity idles: 2.25x the check
   rack, an *owner* (rendezvous hashing over that rack's workers); without racks there is one rack;
 - with racks, each rack has one *gateway* (the same hashing over its workers): the only worker of the
   rack that takes pieces from other racks' workers.
-  Rendezvous hashing with bounded loads (no owner more than about 1.1x its share), not ranks: a
-  worker that one node does not see yet (or that left) moves its own pieces and a few displaced
-  ones, where ranked slices would shift every boundary.
+  Rendezvous hashing with bounded loads (``rendezvous.py``; no owner more than about 1.1x its
+  share), not ranks: a worker that one node does not see yet (or that left) moves its own pieces
+  and a few displaced ones, where ranked slices would shift every boundary.
 
 **What a worker asks for** (libtorrent piece priorities, a few times a second):
 
@@ -53,96 +53,15 @@ hold counts as held.
 
 from __future__ import annotations
 
-import hashlib
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from .rendezvous import gateway_of, rendezvous
+
 OWN, XRACK, HELD, ANY = 7, 6, 4, 1
-_M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
-
-
-def _key(label: str) -> np.uint64:
-    return np.uint64(int.from_bytes(hashlib.blake2b(label.encode(), digest_size=8).digest(), "little"))
-
-
-def _mix(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser, vectorised (uint64 arithmetic wraps)."""
-    x = (x ^ (x >> np.uint64(30))) * _M1
-    x = (x ^ (x >> np.uint64(27))) * _M2
-    return x ^ (x >> np.uint64(31))
-
-
-def _scores(pieces: np.ndarray, label: str) -> np.ndarray:
-    with np.errstate(over="ignore"):
-        return _mix(pieces ^ _key(label))
-
-
-def _piece_keys(idx: np.ndarray) -> np.ndarray:
-    return _mix(idx.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15))
-
-
-def rendezvous(num_pieces: int, labels: Sequence[str], slack: float | None = 0.1) -> np.ndarray:
-    """For every piece, the index in ``labels`` of its owner: the label with the highest score (highest
-    random weight hashing), the same answer on every node for the same labels, so a label that is
-    missing or gone moves only (about) its own pieces.
-
-    ``slack``: bounded loads (consistent hashing with bounded loads, Mirrokni et al.): no label owns
-    more than about ``(1 + slack) * pieces / labels`` (at most 7% more, see ``step``); a piece past
-    that goes to its best label with room. Plain highest-score owners are uneven when each label has few pieces (4 workers and 90
-    pieces gave slices of 17 to 28, and the swarm waits on the largest); the bound costs a few more
-    pieces moved when a label comes or goes. ``None``: plain rendezvous."""
-    k = len(labels)
-    if not labels:
-        return np.zeros(num_pieces, dtype=np.int32)
-    pieces = _piece_keys(np.arange(num_pieces))
-    best = np.zeros(num_pieces, dtype=np.uint64)
-    owner = np.zeros(num_pieces, dtype=np.int32)
-    for i, label in enumerate(labels):
-        score = _scores(pieces, label)
-        better = score > best
-        best[better] = score[better]
-        owner[better] = i
-    if slack is None or k == 1:
-        return owner
-    # (integers: the same on every node; k rounded down to a step of k/16, so one label coming or
-    # going mostly leaves the bound, and with it the others' slices, as it was: a bound that moved with
-    # every k moved ~480 of 10,000 pieces when one of 1,000 labels left, instead of its own ~10)
-    step = max(1, k // 16)
-    cap = -(-num_pieces * (100 + round(slack * 100)) // (100 * (k - k % step)))
-    excluded: dict[int, set[int]] = {}   # piece -> labels it was turned away from
-    for _ in range(64):   # (a few rounds in practice; any answer is a valid one, only less even)
-        counts = np.bincount(owner, minlength=k)
-        over = np.flatnonzero(counts > cap)
-        if not len(over):
-            break
-        released = []
-        for i in over:   # keep each full label's highest-scoring pieces (ties: lower piece first)
-            theirs = np.flatnonzero(owner == i)
-            order = np.lexsort((theirs, ~best[theirs]))
-            for p in theirs[order[cap:]].tolist():
-                excluded.setdefault(p, set()).add(int(i))
-                released.append(p)
-        counts = np.bincount(np.delete(owner, released), minlength=k)
-        rel = np.array(sorted(released), dtype=np.int64)
-        table = np.stack([_scores(pieces[rel], label) for label in labels], axis=1)   # (released, labels)
-        for row, p in enumerate(rel.tolist()):
-            table[row, list(excluded[p])] = 0
-        table[:, counts >= cap] = 0
-        pick = table.argmax(axis=1)
-        stuck = table.max(axis=1) == 0   # (turned away everywhere with room: the emptiest label takes it)
-        pick[stuck] = int(np.argmin(counts))
-        owner[rel] = pick
-        best[rel] = table[np.arange(len(rel)), pick]
-    return owner
-
-
-def gateway_of(rack: str, workers: Sequence[str]) -> str:
-    """The gateway of ``rack`` among its ``workers`` (rendezvous hashing: every node that plans on the
-    same list names the same one, and one leaving moves only its own role)."""
-    return max(workers, key=lambda ip: (int(_key(f"gateway/{rack}/{ip}")), ip))
 
 
 @dataclass(slots=True)
@@ -348,6 +267,18 @@ class PiecePlan:
             self.workers, self.own = 1, frozenset(range(n))
             return np.where(have_a, ANY, OWN).tolist()
         held = np.fromiter(held_any, dtype=bool, count=n)
+        home, owner, racks, mine = self._plan_with(workers, have_a, held, peers, now)
+        prio = self._asks(home, owner, racks, mine, have_a, held, peers, seeds, rack_seeds, now)
+        if self._idle(prio, ~have_a, progressed, now):
+            self.open_all = True
+            return [ANY] * n
+        return prio.tolist()
+
+    def _plan_with(self, workers: Mapping[str, str], have_a: np.ndarray, held: np.ndarray,
+                   peers: Mapping[str, Peer], now: float) -> tuple[np.ndarray | None, np.ndarray, list[str], list[str]]:
+        """The owners of the pieces among ``workers`` (ip -> rack) and this node, without the owners
+        found holding up pieces only the origin has (:meth:`_stale`) and with this rack's gateway
+        checked (:meth:`_skip_gateways`): :meth:`_assign`'s answer for who is left."""
         planned = {**workers, self.self_ip: self.rack}
         # owners that hold up pieces only the origin has: planned without (see _stale)
         home, owner, racks, mine = self._assign({k: v for k, v in planned.items() if k not in self.stalled})
@@ -372,6 +303,14 @@ class PiecePlan:
             self._planned, self._own_done_at = key, None
             self._history.clear()
         self.rack_size = len(mine)
+        return home, owner, racks, mine
+
+    def _asks(self, home: np.ndarray | None, owner: np.ndarray, racks: list[str], mine: list[str],
+              have_a: np.ndarray, held: np.ndarray, peers: Mapping[str, Peer], seeds: int, rack_seeds: int,
+              now: float) -> np.ndarray:
+        """Each piece's priority (OWN, XRACK, HELD, ANY for what this node holds, 0: nothing yet) by
+        the owners :meth:`_plan_with` found; this node's slice, gateway, crossing and origin_left with it."""
+        n = self.num_pieces
         ours = owner == mine.index(self.self_ip)
         want = ~have_a
         # OWN only while the origin is the only holder: an owned piece some worker already holds (a
@@ -381,8 +320,8 @@ class PiecePlan:
             own, xrack = ours & want & ~anywhere, np.zeros(n, dtype=bool)
             in_rack = anywhere
         else:
-            here = home == racks.index(self.rack)
-            own = ours & here & want & ~anywhere
+            ours &= home == racks.index(self.rack)
+            own = ours & want & ~anywhere
             in_rack = self._held_in_rack(peers, rack_seeds)
             # (no gateway until this node knows its own address: with listen = 0.0.0.0 it learns it from
             # its first connection, and until then its own entry on the list looks like another worker's)
@@ -391,6 +330,18 @@ class PiecePlan:
                 else np.zeros(n, dtype=bool)
         self.crossing = int(np.count_nonzero(xrack))
         self.origin_left = int(np.count_nonzero(own))
+        self._note_pace(now)
+        prio = np.zeros(n, dtype=np.int8)
+        prio[want & in_rack] = HELD
+        prio[xrack] = XRACK
+        prio[own] = OWN
+        prio[have_a] = ANY   # (what we hold stays wanted: zero would let libtorrent park it aside)
+        self.own = frozenset(np.flatnonzero(ours).tolist())
+        return prio
+
+    def _note_pace(self, now: float) -> None:
+        """When this node's own slice was in, and (the first time) the pace it took it at: the yardstick
+        :meth:`_stale` measures late owners with."""
         if self._own_start is None:
             self._own_start = (now, self.origin_left)
         if self.origin_left == 0 and self._own_done_at is None:
@@ -398,22 +349,18 @@ class PiecePlan:
             if self._pace is None:   # (this node's pace on its first slice: the yardstick, kept)
                 t0, n0 = self._own_start
                 self._pace = n0 / max(now - t0, self.grace_s)
-        prio = np.zeros(n, dtype=np.int8)
-        prio[want & in_rack] = HELD
-        prio[xrack] = XRACK
-        prio[own] = OWN
-        prio[have_a] = ANY   # (what we hold stays wanted: zero would let libtorrent park it aside)
-        self.own = frozenset(np.flatnonzero(ours if home is None else ours & here).tolist())
-        waiting = bool(np.any(prio == 0))
-        if waiting and not np.any(want & (prio > 0)) and not progressed:
+
+    def _idle(self, prio: np.ndarray, want: np.ndarray, progressed: bool, now: float) -> bool:
+        """Whether to ask for everything: some piece is asked of no one, none this node lacks is asked
+        for, and nothing has arrived for ``3 x grace_s`` (the plan can delay, never strand)."""
+        if np.any(prio == 0) and not np.any(want & (prio > 0)) and not progressed:
             if self._idle_since is None:
                 self._idle_since = now
             elif now - self._idle_since >= 3 * self.grace_s:
-                self.open_all = True
-                return [ANY] * n
+                return True
         else:
             self._idle_since = None
-        return prio.tolist()
+        return False
 
     def _held_in_rack(self, peers: Mapping[str, Peer], rack_seeds: int) -> np.ndarray:
         n = self.num_pieces

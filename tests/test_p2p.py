@@ -515,7 +515,7 @@ def test_racks_cross_about_once_and_a_dead_gateway_is_replaced(cluster, tmp_path
     checkpoint whatever libtorrent picks. Then, in a second version, rack r0's gateway is killed
     mid-swarm: its rack-mates name the next gateway (it leaves the member list, or stops growing) and
     finish from the swarm, never from cold."""
-    from p2p.plan import gateway_of
+    from p2p.rendezvous import gateway_of
 
     origin = cluster("127.0.0.2", role="origin", limit="4MB", p2p_extra='piece_size = "256KiB"\n')
     src = make_checkpoint(tmp_path / "src", total_bytes=16 * MiB, shards=2, layers=3)

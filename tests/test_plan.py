@@ -7,7 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 import numpy as np
 
-from p2p.plan import ANY, HELD, OWN, XRACK, Peer, PiecePlan, gateway_of, rendezvous
+from p2p.plan import ANY, HELD, OWN, XRACK, Peer, PiecePlan
+from p2p.rendezvous import gateway_of, rendezvous
 from p2p.transfer import apportion
 
 ips = st.lists(st.integers(1, 250).map(lambda i: f"127.0.0.{i}"), min_size=1, max_size=40, unique=True)
