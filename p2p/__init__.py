@@ -8,11 +8,14 @@ By concern::
 
     config.py    P2PConfig: everything p2p needs to know (frozen, validated when built)
     errors.py    P2PError and its hierarchy; map_libtorrent_errors, the one translation boundary
-    session.py   P2PSession: one libtorrent session per node (settings, filters, seeding, stats)
+    session.py   P2PSession: one libtorrent session per node (seeding, downloads, stats, the plan's filters)
+    settings.py  libtorrent's settings pack and the IP / peer-class filters, from a P2PConfig
     alerts.py    AlertPump: the only reader of the session's alert queue; counters, a queue per
                  transfer, subscribe(callback) for the daemon's loop
     transfer.py  one download: its events, the piece plan applied, byte attribution (DownloadResult)
     plan.py      PiecePlan: each worker's slice of the origin's pieces
+    rendezvous.py  the hashing the plan assigns by: each piece's owner (bounded loads), a rack's gateway
+    swarm_view.py  what a download's connected peers are to its plan (workers, racks, seeds, held pieces)
     fetch.py     P2PFetcher: the swarm as tiering's Fetcher (staging in, FetchResult out)
     seeding.py   torrents beside published versions (ensure_torrent, read_torrent, check_seedable)
                  and what a node seeds (seed_held; seed_copy: one copy, whole or partial)

@@ -8,12 +8,12 @@ listen port is an SSL one and every torrent presents this node's certificate (on
 with the fleet CA are added: libtorrent then talks to no peer without a certificate from it); the posix disk back-end (the mmap one maps whole files into RSS); torrents are
 never auto-managed (queueing would stop all but a few seeds). One alert pump (``alerts.py``) is the
 only reader of the session's alert queue; libtorrent's errors become ``P2PError`` through
-``map_libtorrent_errors``.
+``map_libtorrent_errors``. The settings pack and the filters are built in ``settings.py``; what the
+peers of a download are to its piece plan is read in ``swarm_view.py``.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import threading
 from pathlib import Path
@@ -24,7 +24,9 @@ import libtorrent as lt
 from .alerts import AlertEvent, AlertPump
 from .config import P2PConfig, endpoint, tracker_urls
 from .errors import P2PError, TorrentRejected, map_libtorrent_errors
-from .plan import Peer, PiecePlan
+from .plan import PiecePlan
+from .settings import class_filter, ip_filter, session_settings
+from .swarm_view import read_swarm
 from .torrent import fleet_mismatch, placement, save_path_for, subset_of
 from .transfer import DownloadResult, Transfer
 
@@ -36,89 +38,17 @@ log = logging.getLogger(__name__)
 __all__ = ["P2PConfig", "P2PSession", "DownloadResult"]
 
 
-def _ip_filter(allow: tuple[str, ...], blocked: set[str] = frozenset()) -> lt.ip_filter:
-    f = lt.ip_filter()
-    f.add_rule("0.0.0.0", "255.255.255.255", 1)        # everything blocked ...
-    f.add_rule("::", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff", 1)
-    for cidr in allow:                                   # ... but the allowed networks
-        net = ipaddress.ip_network(cidr, strict=False)
-        f.add_rule(str(net[0]), str(net[-1]), 0)
-    for ip in sorted(blocked):                           # ... but these (the origin, for a while)
-        try:
-            f.add_rule(ip, ip, 1)
-        except (RuntimeError, ValueError):
-            continue   # (a host name: not filtered)
-    return f
-
-
-_LOCAL_NETS = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16", "127.0.0.0/8", "::1/128",
-               "fe80::/10", "fc00::/7")
-
-
-def _class_filter(other_rack: set[str] = frozenset(), rack_class: int = -1) -> lt.ip_filter:
-    """libtorrent's default peer classes (global for everyone, local for LAN and loopback instead),
-    plus the other-rack class for the workers of other racks."""
-    f = lt.ip_filter()
-    glob, local = 1 << lt.session.global_peer_class_id, 1 << lt.session.local_peer_class_id
-    f.add_rule("0.0.0.0", "255.255.255.255", glob)
-    f.add_rule("::", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff", glob)
-    for cidr in _LOCAL_NETS:
-        net = ipaddress.ip_network(cidr)
-        f.add_rule(str(net[0]), str(net[-1]), local)
-    for ip in sorted(other_rack):
-        try:
-            addr = ipaddress.ip_address(ip)
-        except ValueError:
-            continue
-        base = local if any(addr in ipaddress.ip_network(c) for c in _LOCAL_NETS if
-                            ipaddress.ip_network(c).version == addr.version) else glob
-        f.add_rule(str(addr), str(addr), base | (1 << rack_class))
-    return f
-
-
-def _settings(cfg: P2PConfig, host: str, port: int) -> dict[str, object]:
-    settings: dict[str, object] = {
-        # with fleet TLS the one port is an SSL port ("s"): SSL torrents accept only SSL connections, and
-        # a TLS node adds no other kind; libtorrent announces that port (announce ``port=``) and dials
-        # peers' ports over SSL, so ``peers`` keeps naming the configured port
-        "listen_interfaces": f"{host}:{port}s" if cfg.tls is not None else f"{host}:{port}",
-        "enable_dht": False, "enable_lsd": False, "enable_upnp": False, "enable_natpmp": False,
-        "enable_incoming_utp": False, "enable_outgoing_utp": False,
-        "upload_rate_limit": cfg.upload_limit, "download_rate_limit": cfg.download_limit,
-        "connections_limit": cfg.max_connections,
-        "active_downloads": -1, "active_seeds": -1, "active_limit": -1, "active_checking": 4,
-        "alert_mask": int(lt.alert_category.error | lt.alert_category.peer | lt.alert_category.status
-                          | lt.alert_category.storage | (lt.alert_category.block_progress if cfg.trace else 0)),
-        "alert_queue_size": 100_000 if cfg.trace else 10_000,
-        "user_agent": "weightd/0.1", "peer_fingerprint": "-WD0100-",
-        "aio_threads": 4, "hashing_threads": 2,
-        # a worker waiting for a slice owner is briefly "finished" (upload only): keep its
-        # connections to seeds, the plan will want pieces from them again in a moment
-        "close_redundant_connections": False,
-        # a fleet, not the internet: honour the tracker's short interval for downloading peers (the
-        # default floor is 300 s), and dial a peer that dropped a first attempt again after 2 s, not 60
-        # (at a restart storm many first handshakes fail while every node is busy)
-        "min_announce_interval": 5, "min_reconnect_time": 2,
-        # the filter is for peers (the origin is filtered for a while, see apply_plan); trackers are
-        # configured explicitly
-        "apply_ip_filter_to_trackers": False,
-    }
-    if host not in ("0.0.0.0", "::"):
-        settings["outgoing_interfaces"] = host
-    return settings
-
-
 class P2PSession:
     def __init__(self, cfg: P2PConfig) -> None:
         self.cfg = cfg
         params = lt.session_params()
-        params.settings = _settings(cfg, *endpoint(cfg.listen))
+        params.settings = session_settings(cfg, *endpoint(cfg.listen))
         params.disk_io_constructor = "posix_disk_io_constructor"
         with map_libtorrent_errors(f"cannot start the P2P session on {cfg.listen}"):
             self.ses = lt.session(params)
             self.update_class(lt.session.local_peer_class_id, upload_limit=cfg.upload_limit,
                               download_limit=cfg.download_limit)
-            self.ses.set_ip_filter(_ip_filter(cfg.allow))
+            self.ses.set_ip_filter(ip_filter(cfg.allow))
             # with racks, workers of other racks get a class of their own: what arrives from outside the
             # rack is paced
             self.rack_class = self.ses.create_peer_class("other-rack")
@@ -126,7 +56,7 @@ class P2PSession:
             self.other_rack: set[str] = set()
             self.origin_blocked = False   # (a worker whose own pieces are in filters the origins out)
             self.bad_torrents: set[str] = set()   # info-hashes whose bytes failed their manifest (p2p.fetch)
-            self.ses.set_peer_class_filter(_class_filter())
+            self.ses.set_peer_class_filter(class_filter())
         self.active_downloads = 0
         self.tls = cfg.tls  # replaced by set_tls (certificate rotation)
         self.lock = threading.Lock()
@@ -309,41 +239,13 @@ class P2PSession:
         finished left the list, and is still one: its pieces are the rack's, and it still sends);
         ``others``: workers downloading other files of the torrent (partial copies). Neither they nor a
         peer seeding a partial copy (upload only, off the list) own a piece of the plan: what they
-        hold counts as held."""
-        peers: dict[str, Peer] = {}
-        seeds = rack_seeds = origins = 0
+        hold counts as held (:func:`~p2p.swarm_view.read_swarm`)."""
         racks = members or {}
         seen = racks_seen if racks_seen is not None else racks
         racked = bool(self.cfg.rack) or any(racks.values())
-        for pi in h.get_peer_info():
-            ip = pi.ip[0]
-            if pi.flags & lt.peer_info.connecting or pi.flags & lt.peer_info.handshake:
-                continue   # (not a peer yet: counted in no availability)
-            if ip in origin_ips:
-                origins += 1
-                continue
-            if ip in others:
-                continue
-            local = pi.local_endpoint()
-            if local and local[0] not in ("0.0.0.0", "::") and not planner.self_ip:
-                planner.self_ip = local[0]
-            if ip == planner.self_ip:
-                continue
-            rack = seen.get(ip, "")
-            if pi.flags & lt.peer_info.seed:
-                seeds += 1
-                rack_seeds += rack == planner.rack
-            elif members is not None and ip not in racks and pi.flags & lt.peer_info.upload_only:
-                continue   # a partial copy seeding (off the list of downloading workers): it holds, owns nothing
-            elif ip not in peers:
-                # bitfields only where the plan reads them: this rack's workers, with racks
-                bits = list(pi.pieces) if racked and rack == planner.rack else None
-                peers[ip] = Peer(rack, bits)
-        have = list(st.pieces)
-        avail = h.piece_availability()
-        # (the origins are seeds: every piece they count is not a worker's)
-        held = [a - origins > 0 for a in avail] if len(avail) == len(have) else [False] * len(have)
-        prio = planner.priorities(have, peers, held, members, seeds, rack_seeds, now, progressed)
+        view = read_swarm(h, st, planner, origin_ips, members, seen, others, racked)
+        prio = planner.priorities(view.have, view.peers, view.held, members, view.seeds, view.rack_seeds, now,
+                                  progressed)
         # own pieces in, peers to take the rest from: disconnect from the origin, so its upload goes to
         # the workers still on their own pieces (a trickle limit let the origin's send buffers through:
         # measured, half of its bytes of pieces other workers held came after); not while nothing
@@ -369,14 +271,14 @@ class P2PSession:
             self._filter()
 
     def _filter(self) -> None:
-        self.ses.set_ip_filter(_ip_filter(self.cfg.allow, self.origin_ips if self.origin_blocked else set()))
+        self.ses.set_ip_filter(ip_filter(self.cfg.allow, self.origin_ips if self.origin_blocked else set()))
 
     def set_other_racks(self, racks: dict[str, str]) -> None:
         """Workers of other racks than this node's (from a member list) into the other-rack class."""
         other = {ip for ip, r in racks.items() if r != self.cfg.rack}
         if other != self.other_rack:
             self.other_rack = other
-            self.ses.set_peer_class_filter(_class_filter(other, self.rack_class))
+            self.ses.set_peer_class_filter(class_filter(other, self.rack_class))
 
     def _pace_other_racks(self, planner: PiecePlan, racks: dict[str, str], starving: bool) -> None:
         """What arrives from other racks: no limit on the rack's gateway while it has pieces to take

@@ -1,0 +1,89 @@
+"""libtorrent's side of a :class:`~p2p.config.P2PConfig`: the settings pack a node's session starts
+with (no DHT, LSD, UPnP, NAT-PMP or uTP; rate limits; the listen and outgoing interface; an SSL port
+with fleet TLS) and the filters it applies: the allowlist as an ``ip_filter`` (the origins blocked out
+for a while by the piece plan), and the peer classes by network (LAN and loopback peers limited too)
+and by rack.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+import libtorrent as lt
+
+from .config import P2PConfig
+
+
+def ip_filter(allow: tuple[str, ...], blocked: "set[str] | frozenset[str]" = frozenset()) -> lt.ip_filter:
+    """Every address blocked but the ``allow`` networks, and of those, ``blocked`` blocked again."""
+    f = lt.ip_filter()
+    f.add_rule("0.0.0.0", "255.255.255.255", 1)        # everything blocked ...
+    f.add_rule("::", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff", 1)
+    for cidr in allow:                                   # ... but the allowed networks
+        net = ipaddress.ip_network(cidr, strict=False)
+        f.add_rule(str(net[0]), str(net[-1]), 0)
+    for ip in sorted(blocked):                           # ... but these (the origin, for a while)
+        try:
+            f.add_rule(ip, ip, 1)
+        except (RuntimeError, ValueError):
+            continue   # (a host name: not filtered)
+    return f
+
+
+#: LAN and loopback: libtorrent's local peer class (limited too: the session sets its limits)
+LOCAL_NETS = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16", "127.0.0.0/8", "::1/128",
+              "fe80::/10", "fc00::/7")
+
+
+def class_filter(other_rack: "set[str] | frozenset[str]" = frozenset(), rack_class: int = -1) -> lt.ip_filter:
+    """libtorrent's default peer classes (global for everyone, local for LAN and loopback instead),
+    plus the other-rack class for the workers of other racks."""
+    f = lt.ip_filter()
+    glob, local = 1 << lt.session.global_peer_class_id, 1 << lt.session.local_peer_class_id
+    f.add_rule("0.0.0.0", "255.255.255.255", glob)
+    f.add_rule("::", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff", glob)
+    for cidr in LOCAL_NETS:
+        net = ipaddress.ip_network(cidr)
+        f.add_rule(str(net[0]), str(net[-1]), local)
+    for ip in sorted(other_rack):
+        try:
+            addr = ipaddress.ip_address(ip)
+        except ValueError:
+            continue
+        base = local if any(addr in ipaddress.ip_network(c) for c in LOCAL_NETS if
+                            ipaddress.ip_network(c).version == addr.version) else glob
+        f.add_rule(str(addr), str(addr), base | (1 << rack_class))
+    return f
+
+
+def session_settings(cfg: P2PConfig, host: str, port: int) -> dict[str, object]:
+    """The settings pack of a session listening on ``host:port``."""
+    settings: dict[str, object] = {
+        # with fleet TLS the one port is an SSL port ("s"): SSL torrents accept only SSL connections, and
+        # a TLS node adds no other kind; libtorrent announces that port (announce ``port=``) and dials
+        # peers' ports over SSL, so ``peers`` keeps naming the configured port
+        "listen_interfaces": f"{host}:{port}s" if cfg.tls is not None else f"{host}:{port}",
+        "enable_dht": False, "enable_lsd": False, "enable_upnp": False, "enable_natpmp": False,
+        "enable_incoming_utp": False, "enable_outgoing_utp": False,
+        "upload_rate_limit": cfg.upload_limit, "download_rate_limit": cfg.download_limit,
+        "connections_limit": cfg.max_connections,
+        "active_downloads": -1, "active_seeds": -1, "active_limit": -1, "active_checking": 4,
+        "alert_mask": int(lt.alert_category.error | lt.alert_category.peer | lt.alert_category.status
+                          | lt.alert_category.storage | (lt.alert_category.block_progress if cfg.trace else 0)),
+        "alert_queue_size": 100_000 if cfg.trace else 10_000,
+        "user_agent": "weightd/0.1", "peer_fingerprint": "-WD0100-",
+        "aio_threads": 4, "hashing_threads": 2,
+        # a worker waiting for a slice owner is briefly "finished" (upload only): keep its
+        # connections to seeds, the plan will want pieces from them again in a moment
+        "close_redundant_connections": False,
+        # a fleet, not the internet: honour the tracker's short interval for downloading peers (the
+        # default floor is 300 s), and dial a peer that dropped a first attempt again after 2 s, not 60
+        # (at a restart storm many first handshakes fail while every node is busy)
+        "min_announce_interval": 5, "min_reconnect_time": 2,
+        # the filter is for peers (the origin is filtered for a while, see apply_plan); trackers are
+        # configured explicitly
+        "apply_ip_filter_to_trackers": False,
+    }
+    if host not in ("0.0.0.0", "::"):
+        settings["outgoing_interfaces"] = host
+    return settings
