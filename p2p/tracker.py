@@ -169,17 +169,9 @@ class Tracker:
             return _fail("malformed info_hash or port"), "tracker_malformed"
         if not self.allowed(remote_ip):
             return _fail("not allowed"), "tracker_not_allowed"
-        remote_ip = str(peer_address(remote_ip))   # (::ffff:10.0.0.5 is the peer 10.0.0.5)
+        me = (str(peer_address(remote_ip)), port)   # (::ffff:10.0.0.5 is the peer 10.0.0.5)
         now = self.now()
-        if now - self.swept > self.interval:  # (swarms nobody announces to any more are freed too)
-            self._expire_all(now)
-        swarm = self.swarms.get(info_hash)
-        if swarm is not None:
-            swarm.expire(now, self.ttl)
-            if not swarm:
-                del self.swarms[info_hash]
-                swarm = None
-        me = (remote_ip, port)
+        swarm = self._current(info_hash, now)
         if q.get("event", [""])[0] == "stopped":
             if swarm is not None:
                 swarm.remove(me)
@@ -195,12 +187,30 @@ class Tracker:
                     return _fail("too many swarms"), "tracker_full"
             swarm = self.swarms[info_hash] = _Swarm()
         if me not in swarm.seen:
-            ports = swarm.by_ip.get(remote_ip, ())
+            ports = swarm.by_ip.get(me[0], ())
             if len(ports) >= self.per_ip:  # a new port of the same address replaces its oldest entry
-                swarm.remove((remote_ip, ports[0]))
+                swarm.remove((me[0], ports[0]))
             elif len(swarm.slots) >= self.per_swarm:
                 return _fail("swarm full"), "tracker_full"
         swarm.touch(me, now)
+        return self._answer(swarm, me, q), None
+
+    def _current(self, info_hash: bytes, now: float) -> _Swarm | None:
+        """The swarm of ``info_hash`` with its expired peers gone (None: none, or none left); every
+        swarm is swept once an interval (swarms nobody announces to any more are freed too)."""
+        if now - self.swept > self.interval:
+            self._expire_all(now)
+        swarm = self.swarms.get(info_hash)
+        if swarm is not None:
+            swarm.expire(now, self.ttl)
+            if not swarm:
+                del self.swarms[info_hash]
+                swarm = None
+        return swarm
+
+    def _answer(self, swarm: _Swarm, me: Peer, q: dict[str, list[str]]) -> bytes:
+        """Record what ``me`` said of itself (its rack; downloading or not) and answer it: a random
+        sample of the swarm (its rack's peers first), compact, and the interval to come back at."""
         rack = q.get("rack", [""])[0]
         if rack and RACK.fullmatch(rack):
             swarm.rack[me] = rack
@@ -222,7 +232,7 @@ class Tracker:
         compact = b"".join(socket.inet_aton(h) + struct.pack(">H", pt)
                            for h, pt in swarm.sample(want, me, swarm.rack.get(me, "")))
         interval = min(self.interval, LEECH_INTERVAL_S) if me in swarm.leeching else self.interval
-        return lt.bencode({b"interval": interval, b"min interval": min(5, interval), b"peers": compact}), None
+        return lt.bencode({b"interval": interval, b"min interval": min(5, interval), b"peers": compact})
 
     def members(self, remote_ip: str, raw_query: str) -> tuple[bytes, str | None]:
         """``GET /swarm?info_hash=...[&rack=NAME][&want=TAG][&done=1]``: register the asker as a worker
