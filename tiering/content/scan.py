@@ -114,52 +114,65 @@ def scan_checkpoint(root: "str | os.PathLike[str] | Dir", *, check: "CheckFn | N
     out: list[ScannedFile] = []
     try:
         real_root = Path(os.readlink(f"/proc/self/fd/{top_fd}"))  # where the opened directory really is
-        allowed = _allowed_roots(real_root)
+        walk = _Walk(_allowed_roots(real_root), check, out)
         if check is not None:
             check(str(top), os.fstat(top_fd))
-
-        def walk(dfd: int, dirpath: Path, rel: str) -> None:
-            try:
-                entries = sorted(os.scandir(dfd), key=lambda e: e.name)
-            except PermissionError:
-                raise BadInput(f"{dirpath}: permission denied") from None
-            for entry in entries:
-                name = entry.name
-                relpath = f"{rel}{name}"
-                _check_name(dirpath, name)
-                if relpath in EXCLUDED_DIRS:
-                    continue
-                lst = entry.stat(follow_symlinks=False)
-                path = str(dirpath / name)
-                if stat.S_ISLNK(lst.st_mode):
-                    out.append(_followed_symlink(dirpath / name, path, relpath, allowed, check))
-                elif stat.S_ISDIR(lst.st_mode):
-                    try:
-                        sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
-                                      dir_fd=dfd)
-                    except OSError as exc:
-                        raise UnsafePath(path, f"changed while it was scanned ({exc.strerror}): refused") from None
-                    try:
-                        st = os.fstat(sub)
-                        if (st.st_dev, st.st_ino) != (lst.st_dev, lst.st_ino):
-                            raise UnsafePath(path, "was replaced while it was scanned: refused")
-                        if check is not None:
-                            check(path, st)
-                        walk(sub, dirpath / name, relpath + "/")
-                    finally:
-                        os.close(sub)
-                elif stat.S_ISREG(lst.st_mode):
-                    if check is not None:
-                        check(path, lst)
-                    out.append(ScannedFile(relpath, PinnedFile(path, lst.st_dev, lst.st_ino), lst.st_size,
-                                           stat.S_IMODE(lst.st_mode), lst.st_mtime_ns, lst.st_dev, lst.st_ino))
-                else:
-                    raise UnsafePath(path, "special file (FIFO, socket or device) in a checkpoint")
-
-        walk(top_fd, top, "")
+        walk.dir(top_fd, top, "")
     finally:
         os.close(top_fd)
     return out
+
+
+class _Walk:
+    """One walk of :func:`scan_checkpoint`: each directory by descriptor, its files into ``out``."""
+
+    def __init__(self, allowed: list[Path], check: "CheckFn | None", out: list[ScannedFile]) -> None:
+        self.allowed, self.check, self.out = allowed, check, out
+
+    def dir(self, dfd: int, dirpath: Path, rel: str) -> None:
+        """The entries of the directory open at ``dfd`` (``dirpath``, ``rel`` in the checkpoint)."""
+        try:
+            entries = sorted(os.scandir(dfd), key=lambda e: e.name)
+        except PermissionError:
+            raise BadInput(f"{dirpath}: permission denied") from None
+        for entry in entries:
+            name = entry.name
+            relpath = f"{rel}{name}"
+            _check_name(dirpath, name)
+            if relpath in EXCLUDED_DIRS:
+                continue
+            lst = entry.stat(follow_symlinks=False)
+            path = str(dirpath / name)
+            if stat.S_ISLNK(lst.st_mode):
+                self.out.append(_followed_symlink(dirpath / name, path, relpath, self.allowed, self.check))
+            elif stat.S_ISDIR(lst.st_mode):
+                self.subdir(dfd, name, lst, dirpath, relpath)
+            elif stat.S_ISREG(lst.st_mode):
+                if self.check is not None:
+                    self.check(path, lst)
+                self.out.append(ScannedFile(relpath, PinnedFile(path, lst.st_dev, lst.st_ino), lst.st_size,
+                                            stat.S_IMODE(lst.st_mode), lst.st_mtime_ns, lst.st_dev, lst.st_ino))
+            else:
+                raise UnsafePath(path, "special file (FIFO, socket or device) in a checkpoint")
+
+    def subdir(self, dfd: int, name: str, lst: os.stat_result, dirpath: Path, relpath: str) -> None:
+        """The directory ``name`` listed in ``dfd`` as ``lst``: opened beneath it, never through a
+        symlink, and only if it is still the directory listed."""
+        path = str(dirpath / name)
+        try:
+            sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
+                          dir_fd=dfd)
+        except OSError as exc:
+            raise UnsafePath(path, f"changed while it was scanned ({exc.strerror}): refused") from None
+        try:
+            st = os.fstat(sub)
+            if (st.st_dev, st.st_ino) != (lst.st_dev, lst.st_ino):
+                raise UnsafePath(path, "was replaced while it was scanned: refused")
+            if self.check is not None:
+                self.check(path, st)
+            self.dir(sub, dirpath / name, relpath + "/")
+        finally:
+            os.close(sub)
 
 
 def _followed_symlink(where: Path, link: str, relpath: str, allowed: list[Path],
