@@ -36,33 +36,34 @@ BODY_TIMEOUT_S = 10.0
 
 
 def fleet_routes(d: "DaemonContext", app: web.Application, tracker: Any) -> None:
-    intent = d.config.settings.intent
-    d.fleet = FleetView(ttl_s=max(300.0, 4 * intent.report_s), budget_bytes=intent.fleet_budget)
-    d.movers = MoverSlots(intent.max_movers)
-    rate = RateLimit(intent.fleet_reports_per_s, max(16.0, 4 * intent.fleet_reports_per_s))
+    """The fleet endpoints on the tracker's application (``tracker.allowed``: its allow list); the
+    origin's fleet view and mover slots become ``d.fleet`` and ``d.movers``."""
+    ends = FleetEndpoints(d, tracker)
+    app.router.add_post("/v1/fleet/report", ends.report)
+    app.router.add_get("/v1/fleet", ends.view)
+    app.router.add_post("/v1/rollout/slot", ends.slot)
+    app.router.add_post("/v1/rollout/release", ends.release)
 
-    def refuse(request: web.Request) -> web.Response | None:
-        if not tracker.allowed(request.remote or ""):
-            d.metrics.trust_refusals.labels("fleet_not_allowed").inc()
+
+class FleetEndpoints:
+    def __init__(self, d: "DaemonContext", tracker: Any) -> None:
+        intent = d.config.settings.intent
+        self.d, self.tracker = d, tracker
+        d.fleet = FleetView(ttl_s=max(300.0, 4 * intent.report_s), budget_bytes=intent.fleet_budget)
+        d.movers = MoverSlots(intent.max_movers)
+        self.rate = RateLimit(intent.fleet_reports_per_s, max(16.0, 4 * intent.fleet_reports_per_s))
+
+    def _refuse(self, request: web.Request) -> web.Response | None:
+        """403 for an address outside the tracker's allow list (None: allowed)."""
+        if not self.tracker.allowed(request.remote or ""):
+            self.d.metrics.trust_refusals.labels("fleet_not_allowed").inc()
             return web.json_response({"error": "not allowed"}, status=403)
         return None
 
-    async def body(request: web.Request) -> Any:
-        if request.content_length is not None and request.content_length > MAX_REPORT_BYTES:
-            raise ValueError(f"body larger than {MAX_REPORT_BYTES} bytes")
-        try:   # (the whole body, however many segments it came in; client_max_size bounds it)
-            raw = await asyncio.wait_for(request.read(), BODY_TIMEOUT_S)
-        except asyncio.TimeoutError:
-            raise ValueError(f"body not received within {BODY_TIMEOUT_S:g} s") from None
-        except web.HTTPRequestEntityTooLarge:
-            raise ValueError(f"body larger than {MAX_REPORT_BYTES} bytes") from None
-        try:
-            return json.loads(raw)
-        except (ValueError, RecursionError):
-            raise ValueError("body is not JSON") from None
-
-    async def report(request: web.Request) -> web.Response:
-        if (r := refuse(request)) is not None:
+    async def report(self, request: web.Request) -> web.Response:
+        """POST /v1/fleet/report: a worker's holdings, within the budget and the per-address rate."""
+        d, rate = self.d, self.rate
+        if (r := self._refuse(request)) is not None:
             return r
         now = d.config.settings.intent   # (a reload's budget and rate apply from the next report)
         d.fleet.budget = now.fleet_budget
@@ -74,7 +75,7 @@ def fleet_routes(d: "DaemonContext", app: web.Application, tracker: Any) -> None
                                      headers={"Retry-After": "1"})
         evicted = d.fleet.evicted
         try:
-            d.fleet.report(request.remote or "", await body(request))
+            d.fleet.report(request.remote or "", await _body(request))
         except ReportRefused as exc:
             d.metrics.trust_refusals.labels("fleet_bad_report" if exc.status == 400 else "fleet_budget").inc()
             return web.json_response({"error": str(exc)[:300]}, status=exc.status)
@@ -86,8 +87,10 @@ def fleet_routes(d: "DaemonContext", app: web.Application, tracker: Any) -> None
                      d.fleet.evicted - evicted, request.remote, d.fleet.held_bytes, d.fleet.budget)
         return web.json_response({"ok": True})
 
-    async def view(request: web.Request) -> web.Response:
-        if (r := refuse(request)) is not None:
+    async def view(self, request: web.Request) -> web.Response:
+        """GET /v1/fleet: a page of the fleet view (``?limit=``, ``?after=``, ``?model=``), built in a thread."""
+        d = self.d
+        if (r := self._refuse(request)) is not None:
             return r
         q = request.query
         try:
@@ -109,11 +112,13 @@ def fleet_routes(d: "DaemonContext", app: web.Application, tracker: Any) -> None
             return encode(doc)
         return web.Response(body=await d.run_blocking("misc", build), content_type="application/json")
 
-    async def slot(request: web.Request) -> web.Response:
-        if (r := refuse(request)) is not None:
+    async def slot(self, request: web.Request) -> web.Response:
+        """POST /v1/rollout/slot: a mover slot for a member of the fleet, one per address."""
+        d = self.d
+        if (r := self._refuse(request)) is not None:
             return r
         try:
-            b = _request(await body(request))
+            b = _request(await _body(request))
             node, moving = _short(b, "node"), _short(b, "moving")
         except ValueError as exc:
             return web.json_response({"error": str(exc)[:300]}, status=400)
@@ -132,20 +137,32 @@ def fleet_routes(d: "DaemonContext", app: web.Application, tracker: Any) -> None
             log.debug("rollout slot for %s (%s): %d of %d", key, moving, got["movers"], got["cap"])
         return web.json_response(got)
 
-    async def release(request: web.Request) -> web.Response:
-        if (r := refuse(request)) is not None:
+    async def release(self, request: web.Request) -> web.Response:
+        """POST /v1/rollout/release: this address's slot given back."""
+        if (r := self._refuse(request)) is not None:
             return r
         try:
-            node = _short(_request(await body(request)), "node")
+            _short(_request(await _body(request)), "node")
         except ValueError as exc:
             return web.json_response({"error": str(exc)[:300]}, status=400)
-        d.movers.release(request.remote or "?")
+        self.d.movers.release(request.remote or "?")
         return web.json_response({"ok": True})
 
-    app.router.add_post("/v1/fleet/report", report)
-    app.router.add_get("/v1/fleet", view)
-    app.router.add_post("/v1/rollout/slot", slot)
-    app.router.add_post("/v1/rollout/release", release)
+
+async def _body(request: web.Request) -> Any:
+    """The request's JSON, at most MAX_REPORT_BYTES, received within BODY_TIMEOUT_S (else ValueError)."""
+    if request.content_length is not None and request.content_length > MAX_REPORT_BYTES:
+        raise ValueError(f"body larger than {MAX_REPORT_BYTES} bytes")
+    try:   # (the whole body, however many segments it came in; client_max_size bounds it)
+        raw = await asyncio.wait_for(request.read(), BODY_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        raise ValueError(f"body not received within {BODY_TIMEOUT_S:g} s") from None
+    except web.HTTPRequestEntityTooLarge:
+        raise ValueError(f"body larger than {MAX_REPORT_BYTES} bytes") from None
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError):
+        raise ValueError("body is not JSON") from None
 
 
 def _request(b: Any) -> dict[str, Any]:
