@@ -80,7 +80,7 @@ def test_hung_cold_storage_never_wedges_the_daemon(wd, node_env, isolated_env, t
         pytest.skip("needs /dev/fuse to mount a FUSE file system")
     from tiering.copy import STUCK_CAP
     from weightd.daemon.app import SHUTDOWN_GRACE_S
-    from weightd.daemon.routes import COLD_CHECK_S
+    from weightd.daemon.cold import COLD_CHECK_S
     publish(wd, tmp_path, name="org/hang", seed="a", size=2 * MiB)
     publish(wd, tmp_path, name="org/ok", seed="b", size=2 * MiB)
     assert wd("preload", "org/ok@v1", "--tier", "warm").returncode == 0   # (a copy here: path answers locally)
@@ -210,7 +210,7 @@ def test_a_read_only_caller_cannot_hold_the_pools_with_hung_cold_reads(wd, node_
     pytest.importorskip("fuse", reason="fusepy missing (make tools)")
     if not os.path.exists("/dev/fuse"):
         pytest.skip("needs /dev/fuse to mount a FUSE file system")
-    from weightd.daemon.routes import PATH_COLD_S
+    from weightd.daemon.cold import PATH_COLD_S
     publish(wd, tmp_path, name="org/hang", seed="a", size=2 * MiB)
     publish(wd, tmp_path, name="org/ok", seed="b", size=2 * MiB)
     assert wd("preload", "org/ok@v1", "--tier", "warm", "--lease", "0").returncode == 0

@@ -1,6 +1,7 @@
-"""What the daemon's parts share: the admin routes (:mod:`.routes`), the intent runner
-(:mod:`.intent`), the background loops (:mod:`.loops`), the origin's endpoints (:mod:`.origin`) and
-the lease guard (:mod:`.leases`) each take a :class:`DaemonContext` and use only what it declares.
+"""What the daemon's parts share: the admin routes (:mod:`.routes`), the preload flights
+(:mod:`.flights`), health and metrics (:mod:`.health`), the intent runner (:mod:`.intent`), the
+background loops (:mod:`.loops`), the origin's endpoints (:mod:`.origin`) and the lease guard
+(:mod:`.leases`) each take a :class:`DaemonContext` and use only what it declares.
 :class:`~weightd.daemon.app.Daemon` is one (it adds the lifecycle: listeners, reload, shutdown) and
 composes the parts; none of them imports it.
 
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 
 
 class Preloads(Protocol):
-    """The admin API's preload flights, as the intent runner uses them (:class:`.routes.Api`)."""
+    """The admin API's preload flights, as the intent runner uses them (:class:`.flights.Flights`)."""
     inflight: dict[tuple[str, ...], "asyncio.Task[dict[str, Any]]"]
 
     async def preload(self, body: dict[str, Any], *, holder: str | None = None, joined: Any = None,
@@ -58,7 +59,7 @@ class DaemonContext:
     metrics: "Metrics"
     notifier: "Notifier"
     pools: dict[str, ThreadPoolExecutor]   # by tier, and "misc", "storage", "query"
-    api: Preloads
+    api: Preloads                          # the admin API's preloads: the single flight
     intent: IntentView
     fleet: Any                             # the origin's FleetView and MoverSlots (with tracker_listen)
     movers: Any
