@@ -3,7 +3,9 @@
 Real libtorrent sessions and real ``weightd serve`` daemons on 127.0.0.x, loopback only; every wait is
 bounded. The attacks: a libtorrent session with no certificate, one with a certificate from another CA,
 and one offering the same files as a torrent without the CA, all pointed at fleet seeds; a weightd node
-without ``tls`` and one from another fleet, both inside ``allow``. Each must get no byte over P2P.
+without ``tls`` and one from another fleet, both inside ``allow``. Each must get no byte over P2P; each
+stock session must be seen to reach the TLS handshake and be refused there (its own alerts, and the
+seed's), so that no byte cannot mean it never connected.
 """
 
 from __future__ import annotations
@@ -166,63 +168,107 @@ def test_torrent_carries_the_fleet_ca(fleet: dict[str, Path], tmp_path: Path) ->
         s.close()
 
 
-def raw_session(ip: str, *, ssl_port: bool) -> "lt.session":  # noqa: F821
-    """A stock libtorrent session, as an attacker inside ``allow`` would run it."""
-    import libtorrent as lt
-    listen = f"{ip}:{free_port(ip)}" + (f",{ip}:{free_port(ip)}s" if ssl_port else "")
-    return lt.session({"listen_interfaces": listen, "outgoing_interfaces": ip, "enable_dht": False,
-                       "enable_lsd": False, "enable_upnp": False, "enable_natpmp": False,
-                       "enable_incoming_utp": False, "enable_outgoing_utp": False, "alert_mask": 0})
+class Attacker:
+    """A stock libtorrent session on ``ip`` with ``ti`` added (and ``cert`` presented, if any), dialling
+    ``target``, as an attacker inside ``allow`` would run it. Its own alerts say how each connection it
+    made ended: ``refusals`` holds the reason of every one the target closed (a TLS alert, or the end
+    of the stream for one that spoke plain BitTorrent to a TLS port)."""
+
+    def __init__(self, ip: str, ti: "lt.torrent_info", save: Path, target: tuple[str, int],  # noqa: F821
+                 cert: tuple[Path, Path] | None = None) -> None:
+        import libtorrent as lt
+
+        from p2p.certs import DH_PARAMS_PEM
+        self.ip, self.target, self.connects, self.refusals = ip, target, 0, []
+        listen = f"{ip}:{free_port(ip)},{ip}:{free_port(ip)}s"
+        self.ses = lt.session({"listen_interfaces": listen, "outgoing_interfaces": ip, "enable_dht": False,
+                               "enable_lsd": False, "enable_upnp": False, "enable_natpmp": False,
+                               "enable_incoming_utp": False, "enable_outgoing_utp": False,
+                               "alert_mask": lt.alert_category.error | lt.alert_category.peer
+                               | lt.alert_category.connect})
+        atp = lt.add_torrent_params()
+        atp.ti, atp.save_path = ti, str(save)
+        atp.flags = atp.flags & ~lt.torrent_flags.auto_managed & ~lt.torrent_flags.paused
+        self.h = self.ses.add_torrent(atp)
+        if cert is not None:
+            self.h.set_ssl_certificate_buffer(cert[0].read_text(), cert[1].read_text(), DH_PARAMS_PEM)
+        self.got = 0
+
+    def step(self) -> None:
+        """Dial the target again, read what happened since, and the payload bytes it has."""
+        import libtorrent as lt
+        self.h.connect_peer(self.target)
+        for a in self.ses.pop_alerts():
+            if isinstance(a, lt.peer_alert) and tuple(a.endpoint) == self.target:
+                if isinstance(a, lt.peer_connect_alert):
+                    self.connects += 1
+                elif isinstance(a, (lt.peer_disconnected_alert, lt.peer_error_alert)):
+                    self.refusals.append(a.error.message())
+        st = self.h.status()
+        self.got = max(self.got, st.total_payload_download, st.total_done)
+
+    def settled(self) -> bool:
+        """It dialled, and every connection it made has been closed."""
+        return self.connects >= 1 and len(self.refusals) >= self.connects
 
 
-def attack(ses, ti, save: Path, target: tuple[str, int], cert: tuple[Path, Path] | None = None,
-           seconds: float = 8.0) -> int:
-    """Add ``ti`` to a stock session (with ``cert`` presented, if any), dial ``target`` for ``seconds``:
-    the payload bytes it got."""
-    import libtorrent as lt
-
-    from p2p.certs import DH_PARAMS_PEM
-    atp = lt.add_torrent_params()
-    atp.ti, atp.save_path = ti, str(save)
-    atp.flags = atp.flags & ~lt.torrent_flags.auto_managed & ~lt.torrent_flags.paused
-    h = ses.add_torrent(atp)
-    if cert is not None:
-        h.set_ssl_certificate_buffer(cert[0].read_text(), cert[1].read_text(), DH_PARAMS_PEM)
-    deadline = time.monotonic() + seconds
-    got = 0
-    while time.monotonic() < deadline:
-        h.connect_peer(target)
+def attack(attackers: list[Attacker], seconds: float = 3.0, settle_s: float = 30.0) -> None:
+    """Every attacker dials its target every half second, all at once, for ``seconds``, and then until
+    each has dialled and seen each of its connections closed (at most ``settle_s`` more)."""
+    start = time.monotonic()
+    while True:
+        for a in attackers:
+            a.step()
+        now = time.monotonic()
+        if now > start + seconds and all(a.settled() for a in attackers):
+            return
+        assert now < start + seconds + settle_s, [(a.ip, a.connects, a.refusals) for a in attackers]
         time.sleep(0.5)
-        st = h.status()
-        got = max(got, st.total_payload_download, st.total_done)
-    return got
+
+
+def assert_refused(a: Attacker, reason: str) -> None:
+    """``a`` reached its target, whose TLS refused every connection (``reason``: the TLS alert or
+    stream end the attacker saw), and got no payload byte."""
+    assert a.got == 0 and a.connects >= 1, (a.ip, a.got, a.connects)
+    assert a.refusals and all(re.search(reason, r) for r in a.refusals), (a.ip, a.refusals)
 
 
 def test_only_fleet_certificates_get_pieces(fleet: dict[str, Path], tmp_path: Path) -> None:
     """A fleet seed; a fleet leecher gets everything; a stock session without a certificate, one with a
-    certificate from another CA, and one offering the same files without the CA get nothing."""
+    certificate from another CA, and one offering the same files without the CA each reach the seed,
+    whose TLS handshake refuses each of their connections (seen on both sides), and get nothing."""
     ckpt = make_checkpoint(tmp_path / "v1", total_bytes=8 * MiB, shards=2, layers=2)
     m = build_manifest(ckpt)
     tls = {ip: load_fleet_tls(fleet["ca"], fleet[ip], fleet[f"{ip}.key"]) for ip in ("127.0.0.2", "127.0.0.3")}
     ti = load_torrent(make_torrent(ckpt, m, root_cert=tls["127.0.0.2"].ca_pem), m)
     seed = P2PSession(P2PConfig(listen="127.0.0.2:0", tls=tls["127.0.0.2"]))
     good = P2PSession(P2PConfig(listen="127.0.0.3:0", tls=tls["127.0.0.3"]))
-    attackers = [raw_session(f"127.0.0.{i}", ssl_port=True) for i in (4, 5, 6)]
+    failed_handshakes: list[str] = []   # the seed's side: the peer of every refused TLS handshake
+    seed.subscribe(lambda ev: failed_handshakes.append(ev.endpoint.rsplit(":", 1)[0])
+                   if ev.kind == "peer_error_alert" and ev.operation == "ssl_handshake" else None)
     try:
         assert seed.seed(ti, ckpt)
         target = ("127.0.0.2", seed.port)
-        assert attack(attackers[0], ti, tmp_path / "a0", target) == 0                     # no certificate
-        assert attack(attackers[1], ti, tmp_path / "a1", target,
-                      cert=(fleet["intruder"], fleet["intruder.key"])) == 0               # another CA
         plain = load_torrent(make_torrent(ckpt, m), m)                                    # the files, no CA
-        assert attack(attackers[2], plain, tmp_path / "a2", target) == 0
+        no_cert, other_ca, no_ca = attackers = [
+            Attacker("127.0.0.4", ti, tmp_path / "a0", target),                           # no certificate
+            Attacker("127.0.0.5", ti, tmp_path / "a1", target, cert=(fleet["intruder"], fleet["intruder.key"])),
+            Attacker("127.0.0.6", plain, tmp_path / "a2", target)]
+        attack(attackers)
+        assert_refused(no_cert, "certificate required")
+        assert_refused(other_ca, "unknown ca")
+        assert_refused(no_ca, "End of file")   # (plain BitTorrent to a TLS port: the seed hangs up)
+        deadline = time.monotonic() + 10
+        while any(failed_handshakes.count(a.ip) < a.connects for a in attackers):
+            assert time.monotonic() < deadline, (failed_handshakes, [(a.ip, a.connects) for a in attackers])
+            time.sleep(0.1)
         assert seed.stats()["upload_bytes"] == 0
         r = good.download(ti, tmp_path / "dl" / "v1", peers=(f"127.0.0.2:{seed.port}",), stall_s=20, timeout_s=60)
         assert verify_checkpoint(tmp_path / "dl" / "v1", m).ok and sum(r.bytes_by_peer.values()) >= m.total_bytes
+        assert "127.0.0.3" not in failed_handshakes
     finally:
         for s in (seed, good):
             s.close()
-        del attackers
 
 
 # -- daemons --------------------------------------------------------------------------------------------
@@ -315,19 +361,27 @@ def test_tls_fleet_and_the_nodes_outside_it(tls_cluster, fleet, tmp_path: Path) 
         assert why in r["source_fallbacks"][0]["reason"], r
         assert metric(node, "weightd_p2p_download_bytes_total") == 0
         assert node.cli("verify", str(node.dir / "warm/org/tls/v1")).returncode == 0
-    # a stock libtorrent session with the real torrent, dialling the origin and a worker: nothing
-    for i, target in enumerate((origin, workers[0])):
-        ses = raw_session("127.0.0.8", ssl_port=True)
-        assert attack(ses, ti, tmp_path / f"raw{i}", (target.ip, target.port), seconds=6) == 0
-        del ses
-    ses = raw_session("127.0.0.8", ssl_port=True)  # with a certificate from another CA
-    assert attack(ses, ti, tmp_path / "raw-other", (origin.ip, origin.port),
-                  cert=(fleet["intruder"], fleet["intruder.key"]), seconds=6) == 0
-    del ses
+    # stock libtorrent sessions with the real torrent, dialling the origin and a worker at once, without a
+    # certificate and (the origin) with one from another CA: each reaches the node, whose TLS handshake
+    # refuses each of their connections (the daemons count them), and gets nothing
+    refusals = "weightd_trust_refusals_total{reason=\"peer_certificate\"}"
+    before = {n.ip: metric(n, refusals) for n in (origin, workers[0])}
+    attackers = [Attacker("127.0.0.8", ti, tmp_path / "raw0", (origin.ip, origin.port)),
+                 Attacker("127.0.0.9", ti, tmp_path / "raw1", (workers[0].ip, workers[0].port)),
+                 Attacker("127.0.0.10", ti, tmp_path / "raw-other", (origin.ip, origin.port),
+                          cert=(fleet["intruder"], fleet["intruder.key"]))]
+    attack(attackers)
+    for a, reason in zip(attackers, ("certificate required", "certificate required", "unknown ca")):
+        assert_refused(a, reason)
+    for n in (origin, workers[0]):
+        dialled = sum(a.connects for a in attackers if a.target[0] == n.ip)
+        deadline = time.monotonic() + 10
+        while metric(n, refusals) - before[n.ip] < dialled:
+            assert time.monotonic() < deadline, (n.ip, metric(n, refusals), before[n.ip], dialled)
+            time.sleep(0.2)
     time.sleep(1.5)  # (libtorrent's counters tick once a second)
     assert sum(metric(n, "weightd_p2p_upload_bytes_total") for n in (origin, *workers)) == up0
-    # the refused handshakes are counted; the workers announced over HTTPS with their certificates
-    assert metric(origin, 'weightd_trust_refusals_total{reason="peer_certificate"}') >= 1
+    # the workers announced over HTTPS with their certificates
     assert metric(origin, "weightd_tracker_peers") >= 3
 
 
