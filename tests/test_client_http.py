@@ -1,4 +1,4 @@
-"""The client's own HTTP/1.1 reader against a real unix socket whose server (this uid: trusted) answers
+"""The client (http.client and its checks) on a real unix socket whose server (this uid: trusted) answers
 badly: every bad answer is BadAnswer or ConnectionResetError (one line, exit 1 in the CLI), never a
 traceback, a hang or unbounded memory; good answers (Content-Length, chunked, until close) are read."""
 
@@ -55,6 +55,12 @@ BAD = [
     (b"HTTP/1.1 200 OK\r\n" + b"X-A: b\r\n" * 101 + b"\r\n", BadAnswer),
     (b"HTTP/1.1 200 OK\r\n" + b"X" * 70000, BadAnswer),          # one endless header line
     (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nffffffffffff\r\n", BadAnswer),  # (not buffered)
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-5\r\n" + JSON, BadAnswer),  # (http.client: read all)
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 99999999999999999999\r\n\r\n", BadAnswer),  # (http.client: one allocation)
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 12\r\n\r\n" + JSON, BadAnswer),
+    (b"HTTP/2.0 200 OK\r\n\r\n", BadAnswer),
+    (b"HTTP/1.1 200 OK\r\n", ConnectionResetError),                # (http.client: the end of the headers)
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", ConnectionResetError),
     (b"", ConnectionResetError),                                   # closed without an answer
     (b"HTTP/1.1 200 OK\r\nContent-Le", ConnectionResetError),      # closed in the headers
     (b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n" + JSON, ConnectionResetError),
@@ -77,6 +83,27 @@ def test_bad_answers_are_one_error(tmp_path: Path, answer: bytes, error: type) -
     client = DaemonClient(sock)
     with pytest.raises(error):
         client.call("GET", "health", timeout=5)
+    t.join(5)
+
+
+def test_a_progress_stream_is_read_line_by_line_and_bounded(tmp_path: Path) -> None:
+    """``stream`` (preload's progress) hands each progress line over and returns the result line; a line
+    longer than MAX_PROGRESS_LINE is BadAnswer once that much has come, never buffered without end."""
+    from weightd.client import MAX_PROGRESS_LINE
+
+    def chunk(data: bytes) -> bytes:
+        return b"%x\r\n%s\r\n" % (len(data), data)
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n"
+    lines = [b'{"progress": {"done": 1}}\n', b'{"progress": {"done": 2}}\n{"result": {"path": "/p"}}\n']
+    t = serve_once(tmp_path / "a.sock", head + b"".join(chunk(x) for x in lines) + b"0\r\n\r\n")
+    seen: list[dict] = []
+    assert DaemonClient(tmp_path / "a.sock").stream("preload", {}, seen.append) == {"path": "/p"}
+    assert seen == [{"done": 1}, {"done": 2}]
+    t.join(5)
+    endless = chunk(b'{"progress": "' + b"x" * (MAX_PROGRESS_LINE + 10))
+    t = serve_once(tmp_path / "b.sock", head + endless + b"0\r\n\r\n")
+    with pytest.raises(BadAnswer, match="progress line longer"):
+        DaemonClient(tmp_path / "b.sock").stream("preload", {}, None)
     t.join(5)
 
 

@@ -1,7 +1,9 @@
-"""The CLI's side of the admin API: JSON over HTTP/1.1 on the daemon's unix socket. The few lines of
-HTTP it needs are here (:class:`_Exchange`: one request per connection, ``Content-Length`` or chunked
-answers): the standard library's ``http.client`` costs ~10 ms of imports (``email``, ``ssl``), a
-quarter of the start-up budget of ``weightd path`` and ``status``.
+"""The CLI's side of the admin API: JSON over HTTP/1.1 on the daemon's unix socket, spoken by the
+standard library's ``http.client`` (:class:`_Connection`: one request per connection, which connects
+to the unix socket instead of a TCP port). What the daemon answers is read with limits (status and
+header lines, header count, chunk and body sizes): an answer the client cannot read is one
+:class:`~weightd.errors.BadAnswer`, a connection that ends in the middle of one is
+``ConnectionResetError`` (a daemon going away: ``call_retrying`` asks again).
 
 Neither end trusts the other blindly (design §13): the CLI checks who serves the socket
 (``SO_PEERCRED``: root or the configured daemon user) before it sends anything, and the daemon uses
@@ -11,20 +13,19 @@ Neither end trusts the other blindly (design §13): the CLI checks who serves th
 from __future__ import annotations
 
 import errno
+import http.client
+import io
 import json
 import os
+import socket
 import struct
-
-import _socket as socket   # (the C module: ``socket.py`` costs ~3 ms of imports, its enums and makefile unused)
 import sys
 import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, cast
 
-TYPE_CHECKING = False   # (typing costs ~3 ms of a start: annotations only)
-if TYPE_CHECKING:
-    from pathlib import Path
-    from typing import Any, Callable, Iterable
-
-from tiering import MAX_SECONDS  # (tiering.content.units: a light module, the client stays fast to start)
+from tiering import MAX_SECONDS  # (tiering's names load lazily: this one is tiering.content.units)
 
 from .compat import stamped
 from .errors import BadAnswer, DaemonError, DaemonUnavailable, SocketDenied, UntrustedDaemon
@@ -33,9 +34,10 @@ __all__ = ["BadAnswer", "DaemonClient", "DaemonError", "MAX_SECONDS", "Untrusted
 
 RECONNECT_S = 120.0  # a request without a --timeout waits this long for a daemon to come back
 STREAM_SILENCE_S = 30.0  # a progress stream sends a line every 0.5 s: this long without one, the daemon is hung
-MAX_HEADERS = 100  # header lines an answer may have
-LINE_LIMIT = 65537  # bytes of one status or header line, its newline included
+LINE_LIMIT = 65536  # bytes of a chunk-size line (http.client bounds status and header lines alike, and counts headers)
 MAX_CHUNK = 64 << 20  # bytes of one chunk of a chunked answer (the daemon's are one JSON line each)
+MAX_BODY = 64 << 20  # bytes of an answer's Content-Length (http.client allocates it in one piece)
+MAX_PROGRESS_LINE = 1 << 20  # bytes of one line of a progress stream
 
 _SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux >= 4.13
 
@@ -74,151 +76,120 @@ def peer_groups(sock: Any, pid: int, uid: int, gid: int) -> frozenset[int]:
         return frozenset(groups)
 
 
-class _Exchange:
+_HEX = frozenset(b"0123456789abcdefABCDEF")
+
+
+class _Reader(io.BufferedReader):
+    """The answer's bytes as http.client reads them, noting a line that the connection cut short
+    (http.client takes the end of the connection for the end of the headers)."""
+
+    cut = False
+
+    def readline(self, size: int | None = -1) -> bytes:
+        line = super().readline(size)
+        if not line.endswith(b"\n") and (size is None or size < 0 or len(line) < size):
+            self.cut = True
+        return line
+
+
+class _Answer(http.client.HTTPResponse):
+    """http.client's response with this client's checks: headers cut short by the end of the connection
+    (``ConnectionResetError``), headers that do not parse, a Content-Length that is not a number of at
+    most MAX_BODY bytes, a chunk size that is not one of at most MAX_CHUNK bytes (``HTTPException``,
+    told as :class:`BadAnswer`)."""
+
+    def __init__(self, sock: socket.socket, *args: Any, **kwargs: Any) -> None:
+        super().__init__(sock, *args, **kwargs)
+        self.fp = _Reader(self.fp.detach())   # (nothing read yet: the same socket, now counted by _Reader)
+
+    def begin(self) -> None:
+        reader = self.fp
+        super().begin()
+        if reader.cut:
+            raise ConnectionResetError("the daemon closed the connection in the middle of its headers")
+        if self.msg.defects:
+            raise http.client.HTTPException(f"headers that do not parse ({type(self.msg.defects[0]).__name__})")
+        lengths = [] if self.chunked else self.headers.get_all("content-length", [])
+        if len(set(lengths)) > 1:
+            raise http.client.HTTPException(f"{len(set(lengths))} different Content-Lengths")
+        if lengths:
+            text = lengths[0].strip()
+            if not (text.isascii() and text.isdigit()):
+                raise http.client.HTTPException(f"Content-Length {lengths[0][:80]!r}")
+            if len(text) > 20 or int(text) > MAX_BODY:
+                raise http.client.HTTPException(f"a Content-Length of {text[:20]} bytes (at most {MAX_BODY})")
+
+    def _read_next_chunk_size(self) -> int:
+        line = self.fp.readline(LINE_LIMIT + 1)
+        if len(line) > LINE_LIMIT:
+            raise http.client.LineTooLong("chunk size")
+        if not line.endswith(b"\n"):
+            raise ConnectionResetError("the daemon closed the connection in the middle of its answer")
+        text = line.split(b";", 1)[0].strip()
+        if not text or not _HEX.issuperset(text):
+            raise http.client.HTTPException(f"not a chunk size: {line[:80]!r}")
+        size = int(text, 16)
+        if size > MAX_CHUNK:
+            raise http.client.HTTPException(f"a chunk of {size} bytes (at most {MAX_CHUNK})")
+        return size
+
+
+class _Connection(http.client.HTTPConnection):
     """One request and its answer on a fresh connection to the daemon's unix socket, whose peer is
-    checked first (``SO_PEERCRED``: a trusted uid, else :class:`UntrustedDaemon` before anything is
-    sent). A connection closed before or in the middle of the answer is ``ConnectionResetError``."""
+    checked when it connects (``SO_PEERCRED``: a trusted uid, else :class:`UntrustedDaemon` before
+    anything is sent). The request goes in one write (http.client sends the head, then the body): the
+    daemon reads it whole, and one that answers once it has the head still had the body."""
+
+    response_class = _Answer
 
     def __init__(self, path: str, timeout: float | None, trusted_uids: frozenset[int]) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.socket_path = path
+        self.trusted_uids = trusted_uids
+        self._unsent: list[bytes] = []
+
+    def connect(self) -> None:
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.settimeout(timeout)
+        s.settimeout(self.timeout)
         try:
-            s.connect(path)
+            s.connect(self.socket_path)
             pid, uid, _ = peer_credentials(s)
         except OSError:
             s.close()
             raise
-        if uid not in trusted_uids:
+        if uid not in self.trusted_uids:
             s.close()
-            want = " or ".join(f"uid {u}" for u in sorted(trusted_uids))
-            raise UntrustedDaemon(f"{path} is served by uid {uid} (pid {pid}), not {want} "
+            want = " or ".join(f"uid {u}" for u in sorted(self.trusted_uids))
+            raise UntrustedDaemon(f"{self.socket_path} is served by uid {uid} (pid {pid}), not {want} "
                                   f"([api] daemon_user); refusing to talk to it")
         self.sock = s
-        self._in = b""   # (received, not yet parsed)
-        self.status = 0
-        self.headers: dict[str, str] = {}
-        self._chunked = False
-        self._left: int | None = None   # (bytes of the body still to read; None: until the end)
-        self._buf = b""
 
-    def close(self) -> None:
-        self.sock.close()
+    def send(self, data: bytes) -> None:   # (http.client's request() calls it for the head, then the body)
+        self._unsent.append(data)
 
-    def _fill(self) -> bool:
-        data = self.sock.recv(1 << 16)
-        self._in += data
-        return bool(data)
-
-    def _line(self, limit: int = LINE_LIMIT) -> bytes:
-        """The next line received (with its newline; without one: the connection ended first)."""
-        while b"\n" not in self._in and len(self._in) < limit and self._fill():
-            pass
-        end = self._in.find(b"\n", 0, limit)
-        end = min(limit, len(self._in)) if end < 0 else end + 1
-        line, self._in = self._in[:end], self._in[end:]
-        return line
-
-    def _exactly(self, n: int) -> bytes:
-        """``n`` bytes received (fewer: the connection ended first)."""
-        while len(self._in) < n and self._fill():
-            pass
-        data, self._in = self._in[:n], self._in[n:]
-        return data
-
-    def _some(self, n: int) -> bytes:
-        """Up to ``n`` bytes received (b"": the connection ended)."""
-        if not self._in:
-            self._fill()
-        data, self._in = self._in[:n], self._in[n:]
-        return data
-
-    def request(self, method: str, target: str, body: bytes | None = None) -> None:
-        head = f"{method} {target} HTTP/1.1\r\nHost: localhost\r\nAccept-Encoding: identity\r\nConnection: close\r\n"
+    def ask(self, method: str, target: str, body: bytes | None = None) -> _Answer:
+        """Send the request; the answer with its status and headers read."""
+        headers = {"Connection": "close"}
         if body is not None:
-            head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
-        self.sock.sendall(head.encode("ascii") + b"\r\n" + (body or b""))
-        line = self._line()
-        if not line:
-            raise ConnectionResetError("the daemon closed the connection without an answer")
-        parts = line.split(None, 2)
-        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
-            raise BadAnswer(f"not an HTTP/1.1 status line: {line[:80]!r}")
-        self.status = int(parts[1])
-        for _ in range(MAX_HEADERS + 1):
-            line = self._line()
-            if not line.endswith(b"\n"):
-                if len(line) >= LINE_LIMIT:
-                    raise BadAnswer(f"a header line longer than {LINE_LIMIT - 1} bytes")
-                raise ConnectionResetError("the daemon closed the connection in the middle of its headers")
-            if line in (b"\r\n", b"\n"):
-                break
-            name, sep, value = line.decode("latin-1").partition(":")
-            if not sep:
-                raise BadAnswer(f"not an HTTP header: {line[:80]!r}")
-            self.headers[name.strip().lower()] = value.strip()
-        else:
-            raise BadAnswer(f"more than {MAX_HEADERS} header lines")
-        self._chunked = "chunked" in self.headers.get("transfer-encoding", "").lower()
-        if not self._chunked and "content-length" in self.headers:
-            try:
-                self._left = int(self.headers["content-length"])
-            except ValueError:
-                raise BadAnswer(f"Content-Length {self.headers['content-length']!r}") from None
-            if self._left < 0:
-                raise BadAnswer(f"Content-Length {self._left}")
-        if method == "HEAD" or self.status in (204, 304) or 100 <= self.status < 200:
-            self._left = 0
+            headers["Content-Type"] = "application/json"
+        self.request(method, target, body, headers)
+        self.connect()
+        self.sock.sendall(b"".join(self._unsent))
+        return cast(_Answer, self.getresponse())
 
-    def _more(self) -> bytes:
-        """The next piece of the body (b"" at its end)."""
-        if self._chunked:
-            line = self._line()
-            if not line.endswith(b"\n"):
-                raise ConnectionResetError("the daemon closed the connection in the middle of its answer")
-            try:
-                size = int(line.split(b";", 1)[0].strip(), 16)
-            except ValueError:
-                raise BadAnswer(f"not a chunk size: {line[:80]!r}") from None
-            if size > MAX_CHUNK:
-                raise BadAnswer(f"a chunk of {size} bytes (at most {MAX_CHUNK})")
-            if size == 0:
-                self._chunked, self._left = False, 0
-                while self._line() not in (b"\r\n", b"\n", b""):   # (trailers)
-                    pass
-                return b""
-            data = self._exactly(size)
-            if len(data) < size or self._line(3) not in (b"\r\n", b"\n"):
-                raise ConnectionResetError("the daemon closed the connection in the middle of its answer")
-            return data
-        if self._left is None:
-            return self._some(1 << 16)
-        if self._left == 0:
-            return b""
-        data = self._some(min(self._left, 1 << 16))
-        if not data:
-            raise ConnectionResetError("the daemon closed the connection in the middle of its answer")
-        self._left -= len(data)
-        return data
 
-    def read(self) -> bytes:
-        """The rest of the body."""
-        parts = [self._buf]
-        self._buf = b""
-        while data := self._more():
-            parts.append(data)
-        return b"".join(parts)
-
-    def readline(self, limit: int) -> bytes:
-        """The next line of the body, with its newline (without one: the body ended first)."""
-        while b"\n" not in self._buf and len(self._buf) < limit:
-            data = self._more()
-            if not data:
-                break
-            self._buf += data
-        end = self._buf.find(b"\n", 0, limit)
-        end = limit if end < 0 else end + 1
-        line, self._buf = self._buf[:end], self._buf[end:]
-        return line
+def _unreadable(exc: http.client.HTTPException) -> Exception:
+    """What the client raises for what http.client raised while reading an answer: a connection that
+    ended in the middle of it is ``ConnectionResetError``, anything else :class:`BadAnswer`."""
+    if isinstance(exc, http.client.RemoteDisconnected):
+        return ConnectionResetError("the daemon closed the connection without an answer")
+    if isinstance(exc, http.client.IncompleteRead):
+        return ConnectionResetError("the daemon closed the connection in the middle of its answer")
+    if isinstance(exc, http.client.UnknownProtocol):
+        return BadAnswer(f"not an HTTP/1.1 answer: {exc.args[0][:80]!r}")
+    if isinstance(exc, http.client.BadStatusLine):
+        return BadAnswer(f"not an HTTP/1.1 status line: {exc.line[:80]!r}")
+    return BadAnswer(str(exc) or type(exc).__name__)
 
 
 class DaemonClient:
@@ -244,42 +215,50 @@ class DaemonClient:
 
     def call(self, method: str, route: str, body: dict[str, Any] | None = None, *,
              timeout: float | None = None) -> Any:
-        conn = _Exchange(str(self.socket_path), timeout, self.trusted_uids)
+        conn = _Connection(str(self.socket_path), timeout, self.trusted_uids)
         try:
-            conn.request(method, f"/v1/{route}", json.dumps(stamped(body)).encode() if body is not None else None)
-            data = json.loads(conn.read() or b"null")
+            with conn.ask(method, f"/v1/{route}",
+                          json.dumps(stamped(body)).encode() if body is not None else None) as answer:
+                status, data = answer.status, json.loads(answer.read() or b"null")
+        except http.client.HTTPException as exc:
+            raise _unreadable(exc) from None
         finally:
             conn.close()
-        return self._answer(conn.status, data)
+        return self._answer(status, data)
 
     def stream(self, route: str, body: dict[str, Any], on_progress: Callable[[dict[str, Any]], None] | None) -> Any:
         """POST ``body`` with ``"stream": true`` and read the daemon's NDJSON answer: each progress
         line goes to ``on_progress``, the last line is the result (returned) or the error (raised as
         from :meth:`call`). A stream that ends without its last line, or stays silent for
         STREAM_SILENCE_S, is a lost daemon (``ConnectionResetError``: ``call_retrying`` asks again)."""
-        conn = _Exchange(str(self.socket_path), STREAM_SILENCE_S, self.trusted_uids)
+        conn = _Connection(str(self.socket_path), STREAM_SILENCE_S, self.trusted_uids)
         try:
-            conn.request("POST", f"/v1/{route}", json.dumps(stamped({**body, "stream": True})).encode())
-            if conn.status >= 400 or "ndjson" not in conn.headers.get("content-type", ""):
-                data = json.loads(conn.read() or b"null")
-                return self._answer(conn.status, data)
-            while True:
-                try:
-                    raw = conn.readline(1 << 20)
-                except TimeoutError:
-                    raise ConnectionResetError(f"the daemon sent nothing for {STREAM_SILENCE_S:.0f} s") from None
-                if not raw.endswith(b"\n"):
-                    raise ConnectionResetError("the daemon closed the progress stream before the result")
-                line = json.loads(raw)
-                if not isinstance(line, dict):
-                    continue
-                if "progress" in line:
-                    if on_progress is not None and isinstance(line["progress"], dict):
-                        on_progress(line["progress"])
-                    continue
-                if "result" in line:
-                    return line["result"]
-                return self._answer(500, line)
+            request = json.dumps(stamped({**body, "stream": True})).encode()
+            with conn.ask("POST", f"/v1/{route}", request) as answer:
+                if answer.status >= 400 or "ndjson" not in answer.headers.get("content-type", ""):
+                    data = json.loads(answer.read() or b"null")
+                    return self._answer(answer.status, data)
+                while True:
+                    try:
+                        raw = answer.readline(MAX_PROGRESS_LINE)
+                    except TimeoutError:
+                        raise ConnectionResetError(f"the daemon sent nothing for {STREAM_SILENCE_S:.0f} s") from None
+                    if not raw.endswith(b"\n"):
+                        if len(raw) >= MAX_PROGRESS_LINE:
+                            raise BadAnswer(f"a progress line longer than {MAX_PROGRESS_LINE} bytes")
+                        raise ConnectionResetError("the daemon closed the progress stream before the result")
+                    line = json.loads(raw)
+                    if not isinstance(line, dict):
+                        continue
+                    if "progress" in line:
+                        if on_progress is not None and isinstance(line["progress"], dict):
+                            on_progress(line["progress"])
+                        continue
+                    if "result" in line:
+                        return line["result"]
+                    return self._answer(500, line)
+        except http.client.HTTPException as exc:
+            raise _unreadable(exc) from None
         finally:
             conn.close()
 
