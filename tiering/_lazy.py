@@ -11,14 +11,12 @@ in its module.
 from __future__ import annotations
 
 import sys
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 def surface(package: str, table: dict[str, str], renamed: dict[str, str] | None = None
-            ) -> tuple["Callable[[str], Any]", "Callable[[], list[str]]", list[str]]:
+            ) -> tuple[Callable[[str], Any], Callable[[], list[str]], list[str]]:
     top = package.split(".", 1)[0] + "."
     renamed = renamed or {}
     names = sorted(table)

@@ -14,12 +14,9 @@ Light on purpose: the CLI's client imports it on every start.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from . import __version__
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any
 
 MESSAGE_VERSION = 1        # the revision this weightd sends (it reads every revision of /v1/)
 MAX_MESSAGE_VERSION = (1 << 31) - 1

@@ -11,7 +11,6 @@ write already durable)."""
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 
@@ -22,6 +21,7 @@ def native_runtime_loaded() -> bool:
 
 def leave(code: int) -> None:
     """End the process with ``code`` now, output flushed, skipping the interpreter's teardown."""
+    import logging   # (here: a command that logged nothing, path or status through the daemon, need not load it)
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         try:

@@ -7,12 +7,9 @@ import errno
 import os
 import stat
 from collections import namedtuple
+from typing import Any
 
 from ..errors import BadInput, FileChanged, UnsafePath
-
-TYPE_CHECKING = False   # (typing costs ~9 ms of a start: annotations only)
-if TYPE_CHECKING:
-    from typing import Any
 
 MAX_SMALL_FILE = 16 << 20   # JSON side files, manifests, torrents: more is not ours
 

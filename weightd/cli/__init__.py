@@ -1,9 +1,5 @@
 """The ``weightd`` command line (design §5).
 
-TYPE_CHECKING = False   # (typing costs ~9 ms of a start: annotations only)
-if TYPE_CHECKING:
-    from typing import Any
-
 :func:`main` is the entry point: :mod:`.fast` answers the commands that must start in vmtouch time
 without importing click; everything else, and anything the fast parser does not fully recognise, is
 the click CLI in :mod:`.full` (commands by group: :mod:`.tiers`, :mod:`.content`, :mod:`.intent`,
@@ -13,6 +9,7 @@ Importing this package imports neither.
 
 from __future__ import annotations
 
+from typing import Any
 
 __all__ = ["cli", "main"]
 

@@ -4,10 +4,7 @@ command lines make on a daemon's answers; light (no click), so weightd.cli.fast 
 from __future__ import annotations
 
 import os
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any
+from typing import Any
 
 
 class AppContext:

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-
-TYPE_CHECKING = False   # (typing costs ~9 ms of a start: annotations only)
-if TYPE_CHECKING:
-    from typing import Any, Callable, Iterator
+from typing import Any
 
 
 QUIET = False  # weightd -q: no progress bars

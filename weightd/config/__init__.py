@@ -29,10 +29,7 @@ import Config, load_config``). A name's module is imported when the name is firs
 from __future__ import annotations
 
 import sys
-
-TYPE_CHECKING = False   # (annotations only)
-if TYPE_CHECKING:
-    from typing import Any
+from typing import Any
 
 #: public name -> the module of this package that defines it (or an absolute ``weightd.`` module)
 _SURFACE: dict[str, str] = {

@@ -8,10 +8,10 @@ from __future__ import annotations
 import os
 from collections import namedtuple
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from .settings import Settings
 

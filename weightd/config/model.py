@@ -18,6 +18,7 @@ What it does, the way pydantic's lax mode does it (the config's tests pin the me
 
 from __future__ import annotations
 
+import copy
 import sys
 import types
 import typing
@@ -313,7 +314,6 @@ class BaseModel:
         obj = cls.__new__(cls)
         private = cls._private
         if not all(isinstance(v, _IMMUTABLE) for v in private.values()):
-            import copy   # (only for a mutable private default: copy costs ~2 ms of every config load's start)
             private = copy.deepcopy(private)
         object.__setattr__(obj, "__dict__", {**values, **private})
         for fn in cls._after:
