@@ -185,10 +185,11 @@ def test_a_rollout_across_an_origin_and_three_workers(cluster, tmp_path: Path) -
             spans.append((start[-1], end[-1]))
         spans.sort()
         assert all(a[1] <= b[0] + 0.05 for a, b in zip(spans, spans[1:])), spans
-        # gc under no pressure and an admin's plain evict cannot take the open v1 on worker 3
+        # gc under no pressure and an admin's plain evict cannot take v1 on worker 3: the intent leases it
+        # (kept for rollback), and a server has a file of it open
         assert workers[0].cli("gc").returncode == 0
         p = workers[0].cli("evict", "org/roll@v1")
-        assert p.returncode != 0 and ("leased" in p.stderr or "in use" in p.stderr), p.stderr
+        assert p.returncode == 1 and "org/roll@v1" in p.stderr and "leased in warm by intent " in p.stderr, p.stderr
         assert (workers[0].dir / "warm/org/roll/v1").is_dir() and shard.is_file()
         # the origin's fleet view: three workers, each serving v2 and holding v1
         def fleet_ok():
@@ -203,6 +204,20 @@ def test_a_rollout_across_an_origin_and_three_workers(cluster, tmp_path: Path) -
             assert sorted(h["version"] for h in n["holdings"]) == ["v1", "v2"]
         p = origin.cli("fleet", "status", "--origin", f"http://127.0.0.2:{origin.tracker_port}")
         assert p.returncode == 0 and "w3" in p.stdout and "org/roll@v2" in p.stdout, p.stdout
+        # the intent no longer keeps v1: its lease goes at the next round; the open file alone now refuses
+        # the evict, naming the server's pid, and v1 stays
+        (idir / "fleet.toml").write_text('[[keep]]\nmodel = "org/roll@latest"\nversions = 1\n')
+        def evict_v1():   # (None while the intent's lease is still there)
+            p = workers[0].cli("evict", "org/roll@v1")
+            return None if p.returncode == 1 and "leased in warm by intent " in p.stderr else p
+        p = until("v1's intent lease dropped on w3", evict_v1, timeout=30)
+        assert p.returncode == 1 and f"in use in warm by pid {server.pid} " in p.stderr, p.stderr
+        assert (workers[0].dir / "warm/org/roll/v1").is_dir() and shard.is_file()
+        # and once the server is gone, nothing holds it: the same evict removes it
+        stop_process(server)
+        p = workers[0].cli("evict", "org/roll@v1")
+        assert p.returncode == 0, p.stderr
+        assert not (workers[0].dir / "warm/org/roll/v1").exists()
     finally:
         stop_process(server)
         server.stdout.close()
