@@ -1,5 +1,8 @@
 """How the CLI shows things: one JSON document with ``--json``, else text (tables on stdout, notes
-and warnings on stderr), progress on a terminal. No logic of the commands lives here.
+and warnings on stderr), progress on a terminal, one line for an error. No logic of the commands lives
+here. Besides the shared pieces it holds the text of the tier and page-cache commands (the fast path
+prints those without click); the content and diagnosis commands' text lives beside them
+(:mod:`.content`, :mod:`.diagnose`).
 
 The contract (design §5): with ``--json`` stdout is exactly one JSON document for every command;
 without it, a command that makes something local ends with its path as the last stdout line. Every
@@ -14,12 +17,9 @@ import os
 import stat
 import sys
 import time
+from typing import Any
 
 from tiering import format_bytes, format_duration, format_rate
-
-TYPE_CHECKING = False   # (typing costs ~9 ms of a start: annotations only)
-if TYPE_CHECKING:
-    from typing import Any
 
 __all__ = ["JSON_MAJOR", "echo", "emit_json", "emit_path", "json_schema", "rate", "ago", "progress_bar", "warn",
            "note", "format_bytes"]
@@ -253,146 +253,6 @@ def show_gc(r: dict[str, Any]) -> None:
         echo(f"refused {line}")
 
 
-# -- content ----------------------------------------------------------------------------------------
-
-def show_built(m: Any, target: str, seconds: float) -> None:
-    tensors = sum(1 for _ in m.tensors())
-    echo(f"{len(m.files)} files, {tensors} tensors, {format_bytes(m.total_bytes)} hashed in "
-               f"{seconds:.2f} s ({rate(m.total_bytes, seconds)})")
-    echo(f"digest {m.digest}")
-    emit_path(target)
-
-
-def show_diff(ma: Any, la: str, mb: Any, lb: str, d: Any) -> None:
-    echo(f"A {la}: {ma.digest}, {len(ma.files)} files, {format_bytes(ma.total_bytes)}")
-    echo(f"B {lb}: {mb.digest}, {len(mb.files)} files, {format_bytes(mb.total_bytes)}")
-    if d.identical:
-        echo("identical content")
-        return
-    echo(f"files: {len(d.files_changed)} changed, {len(d.files_added)} added, {len(d.files_removed)} removed")
-    for sign, paths in (("~", d.files_changed), ("+", d.files_added), ("-", d.files_removed)):
-        for path in paths:
-            echo(f"  {sign} {path}")
-    echo(f"tensors: {d.count('changed')} changed, {d.count('added')} added, {d.count('removed')} removed, "
-               f"{d.count('moved')} moved")
-    signs = {"changed": "~", "added": "+", "removed": "-", "moved": ">"}
-    for t in d.tensors:
-        echo(f"  {signs[t.kind]} {t.name}  {format_bytes(t.nbytes)}  {t.path}  {t.detail}")
-    pct = 100 * d.changed_bytes / d.total_bytes if d.total_bytes else 0.0
-    echo(f"changed bytes: {d.changed_bytes} ({format_bytes(d.changed_bytes)}, {pct:.2f}% of "
-               f"{format_bytes(d.total_bytes)})")
-
-
-def show_plan(ma: Any, la: str, mb: Any, lb: str, plan: Any, piece: int, p2p_bytes: int, regions: int) -> None:
-    total = plan.total_bytes or 1
-    echo(f"B {lb}: {mb.digest}, {len(mb.files)} files, {format_bytes(mb.total_bytes)}")
-    echo(f"donor A {la}: {ma.digest}")
-    for f in plan.files:
-        if f.fetch_bytes == 0:
-            how = "reuse all" if f.reuse_bytes or not f.entry.size else "empty"
-        elif f.reuse_bytes == 0:
-            how = "fetch all"
-        else:
-            how = (f"reuse {format_bytes(f.reuse_bytes)}, fetch {format_bytes(f.fetch_bytes)} in "
-                   f"{len(f.regions(False))} range(s)")
-        echo(f"  {f.entry.path}  {format_bytes(f.entry.size)}  {how}")
-    echo(f"reuse {plan.reuse_bytes} ({format_bytes(plan.reuse_bytes)}, {100 * plan.reuse_bytes / total:.2f}%)")
-    echo(f"fetch from cold {plan.fetch_bytes} ({format_bytes(plan.fetch_bytes)}, "
-               f"{100 * plan.fetch_bytes / total:.2f}%) in {regions} range(s)")
-    echo(f"fetch over P2P {p2p_bytes} ({format_bytes(p2p_bytes)}, {100 * p2p_bytes / total:.2f}%) with "
-               f"{format_bytes(piece)} pieces")
-
-
-def show_verified(root: Any, m: Any, report: Any, seconds: float) -> None:
-    if report.ok:
-        echo(f"ok: {root} matches {m.digest} ({report.files} files, {format_bytes(report.bytes_checked)}, "
-                   f"{seconds:.2f} s)")
-        return
-    for p in report.problems[:20]:
-        echo(f"  {p}", err=True)
-    if len(report.problems) > 20:
-        echo(f"  ... {len(report.problems) - 20} more", err=True)
-
-
-def show_signature(sig: Any) -> None:
-    if sig is None:
-        echo("signature: none (unsigned)")
-    elif sig.get("checked"):
-        echo(f"signature: signed by {sig['signed_by']} (key {sig['key_id'][:16]}), every file's "
-                   f"{sig['algorithm']} matches what was signed")
-    else:
-        echo(f"signature: key {str(sig.get('key_id'))[:16]}, not checked: {sig.get('problem')}")
-
-
-# -- page cache -------------------------------------------------------------------------------------
-
-def show_warmed(r: Any) -> None:
-    for n in r.notes:
-        note(f"note: {n}")
-    echo(f"{r.files} files, {format_bytes(r.bytes)}: {format_bytes(r.warmed_bytes)} read in {r.seconds:.2f} s "
-               f"({rate(r.warmed_bytes, r.seconds)}), {format_bytes(r.already_resident_bytes)} already resident; "
-               f"now {format_bytes(r.resident_bytes)} resident")
-
-
-def show_residency(r: Any) -> None:
-    for f in r.files:
-        flag = "" if f.reliable else "  (unreliable: mincore on a file you cannot write)"
-        echo(f"{format_bytes(f.resident_bytes):>10} / {format_bytes(f.size):>10} {f.percent:6.1f}%  {f.path}{flag}")
-    methods = sorted({f.method for f in r.files}) or ["-"]
-    echo(f"total: {format_bytes(r.resident_bytes)} of {format_bytes(r.size)} resident ({r.percent:.1f}%) "
-               f"in {len(r.files)} files [{', '.join(methods)}]")
-
-
-# -- doctor and bench -------------------------------------------------------------------------------
-
-_VERDICTS = {"disk": "the DISK is the bottleneck", "network": "the NETWORK is the bottleneck",
-             "gpu": "neither disk nor network: look at the GPU side", "healthy": "no bottleneck found"}
-
-
-def show_doctor(report: Any, doc: dict[str, Any], source: str) -> None:
-    echo(f"verdict: {_VERDICTS[report.verdict]}  (from {source})")
-    for f in doc["findings"]:
-        echo()
-        echo(printable(f"[{f['severity'].upper()}] {f['summary']}"))
-        ev = ", ".join(f"{k}={v}" for k, v in f["evidence"].items() if not isinstance(v, (dict, list)))
-        echo(printable(f"  evidence: {ev}"))
-        echo(printable(f"  do: {f['recommendation']}"))
-    disks = report.measurements.get("disks", {})
-    if disks:
-        echo("\ndisks: " + "; ".join(
-            f"{n} await {d['read_await_ms']} ms util {d['util']:.0%} {format_rate(d['read_bytes_per_s'])}"
-            + (f" ({', '.join(d['tiers'])})" if d["tiers"] else "") for n, d in disks.items()))
-    nics = report.measurements.get("nics", {})
-    if nics:
-        echo("nics: " + "; ".join(
-            f"{n} {format_rate(d['bytes_per_s'])}" + (f" = {d['util']:.1%} of link" if d["util"] is not None else "")
-            + (f" mtu {d['mtu']}" if d["mtu"] else "") for n, d in nics.items()))
-    if "probe" in report.measurements:
-        pr = report.measurements["probe"]
-        echo(f"warm tier 4K random read: p50 {pr['p50_us']} µs, p99 {pr['p99_us']} µs"
-                   + (f" (baseline p50 {pr['baseline_p50_us']} µs)" if pr.get("baseline_p50_us") else
-                      " (no baseline: run `weightd bench disk`)"))
-    w = report.measurements.get("weightd")
-    if w:
-        checked = w["spot_checked"]
-        bad = [c for c in checked if not c["ok"]]
-        skipped = [c for c in checked if c.get("skipped")]
-        echo(f"weightd: daemon {w['daemon']}; cold storage: {w['cold_checked_versions']} version(s) opened; "
-                   f"spot check: {len(checked) - len(skipped)} local cop{'y' if len(checked) == 1 else 'ies'}, "
-                   f"{format_bytes(sum(c['bytes'] for c in checked))} re-hashed, "
-                   + (f"{len(bad)} damaged" if bad else "all match")
-                   + (f" ({len(skipped)} not readable by this user)" if skipped else ""))
-
-
-def show_bench(r: dict[str, Any], target: Any, recorded: bool) -> None:
-    echo(f"{target} (device {r['device']}, {format_bytes(r['file_bytes'])} test file)")
-    for d, x in r["randread_4k"].items():
-        echo(f"  4K random read QD{d:<3} p50 {x['p50_us']:>8} µs  p99 {x['p99_us']:>8} µs  {x['iops']:>7} IOPS")
-    echo(f"  16M sequential read  {format_rate(r['seqread_16m']['bytes_per_s'])}")
-    if recorded:
-        echo(f"recorded as the baseline in {r['baseline_file']}")
-
-
 def show_set(r: dict[str, Any], what: str) -> None:
     """A set's summary on stderr, then ``NAME@VERSION PATH`` per model on stdout; failures as warnings."""
     moved = r["bytes_moved"]
@@ -415,6 +275,25 @@ def companion_line(c: dict[str, Any]) -> str:
             f"({part.get('files', '?')} files, {format_bytes(c['bytes'])}) in {c['tier']}"
             + ("" if not c.get("bytes_moved") or c.get("already_present") else f", {c['seconds']:.2f} s")
             + (f"; copied into {where['dir']} ({where['copied']} new, {where['unchanged']} unchanged)" if where else ""))
+
+
+# -- page cache -------------------------------------------------------------------------------------
+
+def show_warmed(r: Any) -> None:
+    for n in r.notes:
+        note(f"note: {n}")
+    echo(f"{r.files} files, {format_bytes(r.bytes)}: {format_bytes(r.warmed_bytes)} read in {r.seconds:.2f} s "
+               f"({rate(r.warmed_bytes, r.seconds)}), {format_bytes(r.already_resident_bytes)} already resident; "
+               f"now {format_bytes(r.resident_bytes)} resident")
+
+
+def show_residency(r: Any) -> None:
+    for f in r.files:
+        flag = "" if f.reliable else "  (unreliable: mincore on a file you cannot write)"
+        echo(f"{format_bytes(f.resident_bytes):>10} / {format_bytes(f.size):>10} {f.percent:6.1f}%  {f.path}{flag}")
+    methods = sorted({f.method for f in r.files}) or ["-"]
+    echo(f"total: {format_bytes(r.resident_bytes)} of {format_bytes(r.size)} resident ({r.percent:.1f}%) "
+               f"in {len(r.files)} files [{', '.join(methods)}]")
 
 
 def skip_exit(skipped: list) -> None:
