@@ -20,7 +20,7 @@ from tiering import FetchRequest, selection_from, verify_checkpoint
 from tiering.sample import make_checkpoint
 
 from .conftest import NodeEnv
-from .test_p2p import _reports, cluster  # noqa: F401 (the fixture: daemons on 127.0.0.x)
+from .test_p2p import _reports, cluster, started  # noqa: F401 (the fixture: daemons on 127.0.0.x)
 from .test_verify_diff import flip_byte
 
 MiB = 1 << 20
@@ -373,11 +373,11 @@ def test_daemons_partial_copy_over_the_swarm_and_from_a_partial_seed(cluster, tm
     restarts; w2, with the origin slowed to 2 MB/s, preloads the whole version: the files w1 holds come
     mostly from w1, shard 3 only from the origin, and w1 uploads no more than it holds."""
     origin = cluster("127.0.0.2", role="origin", limit="2MB", p2p_extra='piece_size = "1MiB"\n')
-    src = make_checkpoint(tmp_path / "src", total_bytes=24 * MiB, shards=3, layers=3, seed="partial-daemons")
+    src = make_checkpoint(tmp_path / "src", total_bytes=12 * MiB, shards=3, layers=3, seed="partial-daemons")
     assert origin.cli("publish", str(src), "--name", NAME, "--version", "v1").returncode == 0
     sizes = {p.name: p.stat().st_size for p in src.rglob("*") if p.is_file()}
     held_bytes = sum(sizes.values()) - sizes[SHARD3]
-    w1 = cluster("127.0.0.3", origin=origin.endpoint)
+    w1, w2 = started([cluster(f"127.0.0.{i}", origin=origin.endpoint, wait=False) for i in (3, 4)])  # (w2 idles)
     proc = w1.cli("preload", f"{NAME}@v1", "--exclude", SHARD3, "--tier", "warm", "--json", "--timeout", "90")
     assert proc.returncode == 0, proc.stderr
     r = json.loads(proc.stdout.splitlines()[0])
@@ -395,7 +395,6 @@ def test_daemons_partial_copy_over_the_swarm_and_from_a_partial_seed(cluster, tm
         assert time.monotonic() < deadline, (w1.dir / "daemon.log").read_text()[-3000:]
         time.sleep(0.3)
     up0 = w1.metric("weightd_p2p_upload_bytes_total")
-    w2 = cluster("127.0.0.4", origin=origin.endpoint)
     proc = w2.cli("preload", f"{NAME}@v1", "--tier", "warm", "--json", "--timeout", "120", timeout=150)
     assert proc.returncode == 0, proc.stderr
     r2 = json.loads(proc.stdout.splitlines()[0])
@@ -418,7 +417,7 @@ def test_daemons_tensor_parallel_ranks_fetch_their_own_files_at_once(cluster, tm
     origin = cluster("127.0.0.2", role="origin", limit="10MB", p2p_extra='piece_size = "1MiB"\n')
     src = make_ranked_checkpoint(tmp_path / "src", ranks=2, parts=2, layers=4, total_bytes=40 * MiB, seed="tp")
     assert origin.cli("publish", str(src), "--name", "org/tp", "--version", "v1").returncode == 0
-    workers = [cluster(f"127.0.0.{i}", origin=origin.endpoint, limit="10MB") for i in (3, 4, 5, 6)]
+    workers = started([cluster(f"127.0.0.{i}", origin=origin.endpoint, limit="10MB", wait=False) for i in (3, 4, 5, 6)])
     ranks = [0, 1, 0, 1]
     reports = _reports([w.popen("preload", "org/tp@v1", "--tp-rank", f"{r}/2", "--tier", "warm", "--json",
                                 "--timeout", "120") for w, r in zip(workers, ranks)], timeout=150)
