@@ -292,8 +292,12 @@ def s3_node(node_env, s3_endpoint, bucket, isolated_env):
     return node_env
 
 
-def test_publish_preload_ls_and_wait_from_s3_through_the_cli(s3_node, wd, isolated_env, tmp_path: Path) -> None:
+def test_publish_preload_ls_and_wait_from_s3_through_the_cli(s3_node, wd, isolated_env, tmp_path: Path,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
     import json
+    import logging
+    import re
+    import time
     import subprocess
     import sys
     src = make_checkpoint(tmp_path / "src", total_bytes=8 * MiB, shards=2, layers=4, seed="cli")
@@ -313,13 +317,22 @@ def test_publish_preload_ls_and_wait_from_s3_through_the_cli(s3_node, wd, isolat
     ls = json.loads(wd("ls", "--json").stdout)["versions"]
     assert [(v["name"], v["version"], v["local"]) for v in ls] == [("acme/s3", "v1", ["warm"])]
     assert wd("preload", "acme/none@v1").returncode == 3
-    # --wait polls for the manifest object: published by another process while it waits
+    # --wait polls for the manifest object: published by another process while it waits. The server's
+    # request log (the in-process moto server's werkzeug lines) shows it asking, and not finding it, twice
+    v2_manifest = re.compile(r'"(GET|HEAD) /\S*/models/acme/s3/v2/\.weightd/manifest\.json\S* HTTP/[\d.]+" 404 ')
+    caplog.set_level(logging.INFO, logger="werkzeug")
+
+    def v2_not_found() -> int:   # (werkzeug colours its request lines)
+        return sum(bool(v2_manifest.search(re.sub(r"\x1b\[[\d;]*m", "", r.getMessage()))) for r in caplog.records)
     waiter = subprocess.Popen([sys.executable, "-m", "weightd", "--config", str(s3_node.config), "preload",
                                "acme/s3@v2", "--tier", "hot", "--wait", "--timeout", "60"],
                               env=isolated_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        import time
-        time.sleep(1.5)
+        deadline = time.monotonic() + 30
+        while v2_not_found() < 2:
+            assert waiter.poll() is None and time.monotonic() < deadline, \
+                ([r.getMessage() for r in caplog.records][-20:], waiter.poll())
+            time.sleep(0.05)
         assert waiter.poll() is None
         v2 = make_checkpoint(tmp_path / "v2", total_bytes=4 * MiB, shards=1, layers=2, seed="v2")
         assert wd("publish", v2, "--name", "acme/s3", "--version", "v2").returncode == 0
