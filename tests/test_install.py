@@ -230,14 +230,24 @@ def _make_install(tmp: Path, env: dict[str, str], dest: Path, **make: str) -> su
                           timeout=600, env=env)
 
 
-@pytest.mark.skipif(shutil.which("make") is None, reason="no make")
-def test_make_install_destdir_stages_a_relocated_install(tmp_path: Path) -> None:
-    """Everything lands under DESTDIR and names only the final places; the unit's ExecStartPre checks
-    the install; the venv runs from a system interpreter."""
-    dest = tmp_path / "stage"
-    # an earlier install left a venv on this test's interpreter (a pyenv under /root, in CI): rebuilt
+@pytest.fixture(scope="module")
+def staged(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """``make install DESTDIR=...`` of this tree, once for the module's tests (they only read the staged
+    tree): the DESTDIR and make's outcome. An earlier install had left a venv on this test's interpreter
+    there (a pyenv under /root, in CI): the install must rebuild it."""
+    if shutil.which("make") is None:
+        pytest.skip("no make")
+    tmp = tmp_path_factory.mktemp("staged")
+    dest = tmp / "stage"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(dest / "opt/weightd")], check=True, timeout=120)
-    proc = _make_install(tmp_path, _clean_env(tmp_path), dest)
+    return dest, _make_install(tmp, _clean_env(tmp), dest)
+
+
+def test_make_install_destdir_stages_a_relocated_install(staged) -> None:
+    """Everything lands under DESTDIR and names only the final places; the unit's ExecStartPre checks
+    the install; the venv (left by an earlier install on another interpreter) runs from a system
+    interpreter."""
+    dest, proc = staged
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert re.search(r"ok +modules", proc.stdout), proc.stdout
     unit = (dest / "usr/lib/systemd/system/weightd.service").read_text()
@@ -273,11 +283,10 @@ def test_make_install_refuses_an_interpreter_the_service_user_cannot_run(tmp_pat
 @pytest.mark.root
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("setpriv") is None,
                     reason="needs root, unshare and setpriv (a mount namespace, a second uid)")
-def test_the_staged_install_runs_as_an_unprivileged_user_where_it_will_live(tmp_path: Path) -> None:
+def test_the_staged_install_runs_as_an_unprivileged_user_where_it_will_live(staged) -> None:
     """The staged tree bind-mounted at /opt/weightd in a private mount namespace (as a package would
     place it), then run as uid 65534 as the unit's User= would: the check, a publish and a preload."""
-    dest = tmp_path / "stage"
-    proc = _make_install(tmp_path, _clean_env(tmp_path), dest)
+    dest, proc = staged
     assert proc.returncode == 0, proc.stdout + proc.stderr
     work = Path(f"/tmp/weightd-test-uid-{os.getpid()}")
     work.mkdir(mode=0o755)
