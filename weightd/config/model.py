@@ -18,7 +18,6 @@ What it does, the way pydantic's lax mode does it (the config's tests pin the me
 
 from __future__ import annotations
 
-import copy
 import sys
 import types
 import typing
@@ -314,6 +313,7 @@ class BaseModel:
         obj = cls.__new__(cls)
         private = cls._private
         if not all(isinstance(v, _IMMUTABLE) for v in private.values()):
+            import copy   # (imported where used: only a mutable private default needs it, no command's start)
             private = copy.deepcopy(private)
         object.__setattr__(obj, "__dict__", {**values, **private})
         for fn in cls._after:
