@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import threading
 import time
@@ -62,6 +63,15 @@ def kernel_waits(pid: int) -> list[str]:
     return out
 
 
+def wait_stuck_in_cold(pid: int, n: int, timeout: float = 20) -> None:
+    """Until at least ``n`` threads of ``pid`` wait in the kernel for the FUSE server's answer (reads of
+    the hung cold storage): the requests that read it have reached it."""
+    deadline = time.monotonic() + timeout
+    while sum(w == "request_wait_answer" for w in kernel_waits(pid)) < n:
+        assert time.monotonic() < deadline, f"fewer than {n} reads reached cold storage: {kernel_waits(pid)}"
+        time.sleep(0.05)
+
+
 def timed(fn, *a, **kw):
     t0 = time.monotonic()
     out = fn(*a, **kw)
@@ -114,7 +124,7 @@ def test_hung_cold_storage_never_wedges_the_daemon(wd, node_env, isolated_env, t
         checks = [threading.Thread(target=check) for _ in range(4)]
         for t in checks:
             t.start()
-        time.sleep(1.5)
+        wait_stuck_in_cold(pid, 4)
         for route, body in (("status", None), ("path", {"ref": "org/ok@v1"})):
             (st, doc), took = timed(call, sock, "GET" if body is None else "POST", route, body)
             assert st == 200 and took < 3, (route, st, doc, took)
@@ -245,7 +255,7 @@ def test_a_read_only_caller_cannot_hold_the_pools_with_hung_cold_reads(wd, node_
         box: list = []
         child = threading.Thread(target=lambda: box.append(in_child(paths, timeout=PATH_COLD_S + 30)))
         child.start()
-        time.sleep(1.5)
+        wait_stuck_in_cold(d.proc.pid, 2)
         local_answers()
         child.join(PATH_COLD_S + 35)
         assert len(box[0]) == 2, box
@@ -253,7 +263,11 @@ def test_a_read_only_caller_cannot_hold_the_pools_with_hung_cold_reads(wd, node_
             assert st == 404 and "org/hang@v1" in doc["error"] and "not on this node" in doc["error"], doc
             assert took < PATH_COLD_S + 3, took
 
-        # 2. six listings and four waits for publication (no timeout) from uid 65534, kept open
+        # 2. six listings and four waits for publication (no timeout) from uid 65534, kept open until
+        #    the checks below are done (the parent closes its end of ``release``)
+        stuck_before = sum(w == "request_wait_answer" for w in kernel_waits(d.proc.pid))
+        release_r, release_w = os.pipe()
+
         def hog() -> int:
             import socket
             held = []
@@ -265,18 +279,24 @@ def test_a_read_only_caller_cannot_hold_the_pools_with_hung_cold_reads(wd, node_
                 s.sendall(f"POST /v1/{route} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(payload)}\r\n\r\n".encode()
                           + payload)
                 held.append(s)
-            time.sleep(10)
+            os.close(release_w)
+            select.select([release_r], [], [], 25)
             return len(held)
         child = threading.Thread(target=lambda: box.append(in_child(hog, timeout=30)))
         child.start()
-        time.sleep(2.0)
-        local_answers()
-        (st, doc), took = timed(call, sock, "POST", "hold", {"ref": "org/ok@v1", "tier": "warm", "lease_s": 30})
-        assert st == 200 and took < 3, (st, doc, took)
-        (st, doc), took = timed(in_child, lambda: call(sock, "POST", "preload", {"ref": "org/ok@v1", "tier": "warm",
-                                                                                 "lease_s": 60}), timeout=20)
-        assert st == 200 and took < 5, (st, doc, took)
-        child.join(30)
+        try:
+            wait_stuck_in_cold(d.proc.pid, stuck_before + 6)   # (the listings, at least, read it)
+            local_answers()
+            (st, doc), took = timed(call, sock, "POST", "hold", {"ref": "org/ok@v1", "tier": "warm", "lease_s": 30})
+            assert st == 200 and took < 3, (st, doc, took)
+            (st, doc), took = timed(in_child, lambda: call(sock, "POST", "preload", {"ref": "org/ok@v1",
+                                                                                     "tier": "warm", "lease_s": 60}),
+                                    timeout=20)
+            assert st == 200 and took < 5, (st, doc, took)
+        finally:
+            os.close(release_w)   # (the hog lets go)
+            child.join(30)
+            os.close(release_r)
         assert box[1] == 10
     finally:
         hung.release()
