@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -17,7 +18,7 @@ import pytest
 from tiering.safefs import COLD_MARKER
 from tiering.sample import make_checkpoint
 
-from .conftest import NodeEnv, Weightd, assert_one_line_error
+from .conftest import ROOT, NodeEnv, Weightd, assert_one_line_error
 from .test_daemon import DaemonProc
 
 MiB = 1 << 20
@@ -41,6 +42,24 @@ def wdb(weightd: Weightd, bare: NodeEnv):
     return run
 
 
+def _at_once(weightd: Weightd, config: Path, *argvs: list[str]) -> list[subprocess.CompletedProcess[str]]:
+    """``weightd --config CONFIG ARGV`` for each of ``argvs``, all running at once (commands that only
+    read, so none depends on another), as ``Weightd`` runs one."""
+    procs = [subprocess.Popen([sys.executable, "-m", "weightd", "--config", str(config), *argv], env=weightd.env,
+                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for argv in argvs]
+    try:
+        done = []
+        for p in procs:
+            out, err = p.communicate(timeout=120)
+            done.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
+        return done
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+
+
 def _publish(wd, tmp: Path, version: str = "v1") -> None:
     src = make_checkpoint(tmp / f"src-{version}", total_bytes=2 * MiB, shards=1, layers=2, seed=version)
     r = wd("--no-daemon", "publish", src, "--name", "acme/m", "--version", version)
@@ -55,22 +74,22 @@ def _readyz(port: int) -> tuple[int, dict]:
         return exc.code, json.loads(exc.read())
 
 
-def test_absent_cold_storage_is_an_error_for_every_command(wdb, bare: NodeEnv) -> None:
+def test_absent_cold_storage_is_an_error_for_every_command(weightd: Weightd, wdb, bare: NodeEnv) -> None:
     assert not bare.cold.exists()
-    for args in (["ls"], ["ls", "acme/m"], ["preload", "acme/m@v1"], ["preload", "acme/m"], ["path", "acme/m"]):
-        r = wdb("--no-daemon", *args)
+    cmds = (["ls"], ["ls", "acme/m"], ["preload", "acme/m@v1"], ["preload", "acme/m"], ["path", "acme/m"])
+    *errors, st, js, check, install, doc = _at_once(
+        weightd, bare.config, *(["--no-daemon", *args] for args in cmds), ["--no-daemon", "status"],
+        ["--no-daemon", "status", "--json"], ["serve", "--check"], ["serve", "--check=install"],
+        ["--no-daemon", "doctor", "--json", "--sample-s", "0.5", "--no-probe"])
+    for r in errors:
         assert_one_line_error(r, 2, str(bare.cold), "cold storage does not exist", MOUNTED)
         assert r.stdout == "", r.stdout   # never "nothing published" on stdout
-    st = wdb("--no-daemon", "status")
     assert st.returncode == 2 and "storage problem" in st.stderr and MOUNTED in st.stderr, st.stderr
     assert "TIER" in st.stdout   # (the local tiers are still shown)
-    js = wdb("--no-daemon", "status", "--json")
     assert js.returncode == 2 and json.loads(js.stdout)["problems"][0]["where"] == "cold"
-    check = wdb("serve", "--check")
     assert check.returncode == 2 and "FAIL  cold" in check.stdout and MOUNTED in check.stdout, check.stdout
     assert "Traceback" not in check.stderr and len(check.stderr.strip().splitlines()) == 1, check.stderr
-    assert wdb("serve", "--check=install").returncode == 0   # (what an image build or ExecStartPre asks)
-    doc = wdb("--no-daemon", "doctor", "--json", "--sample-s", "0.5", "--no-probe")
+    assert install.returncode == 0   # (what an image build or ExecStartPre asks)
     assert doc.returncode == 7, doc.stderr
     finding = next(f for f in json.loads(doc.stdout)["findings"] if f["id"] == "cold-unavailable")
     assert finding["severity"] == "critical" and "mount cold storage" in finding["recommendation"]
@@ -167,12 +186,11 @@ def test_a_tier_on_a_missing_mount_is_never_made_on_the_root_fs(weightd: Weightd
     assert not gone.exists()
     cfg = node_env.config.read_text().replace(f'path = "{node_env.warm}"', f'path = "{gone}/weightd"')
     node_env.config.write_text(cfg)
-    r = weightd("--config", node_env.config, "--no-daemon", "preload", "acme/m@v1", "--tier", "warm")
+    r, st, check = _at_once(weightd, node_env.config, ["--no-daemon", "preload", "acme/m@v1", "--tier", "warm"],
+                            ["--no-daemon", "status"], ["serve", "--check"])
     assert_one_line_error(r, 2, f"{gone} does not exist", MOUNTED)
     assert not gone.exists()
-    st = weightd("--config", node_env.config, "--no-daemon", "status")
     assert st.returncode == 2 and f"{gone} does not exist" in st.stderr
-    check = weightd("--config", node_env.config, "serve", "--check")
     assert check.returncode == 2 and "FAIL  tier warm" in check.stdout
     # cold storage below a missing mount is not made by publish either
     cfg = node_env.config.read_text().replace(f'path = "{node_env.cold}"', f'path = "{gone}/models"')
@@ -183,18 +201,20 @@ def test_a_tier_on_a_missing_mount_is_never_made_on_the_root_fs(weightd: Weightd
     assert not gone.exists()
 
 
-def test_the_daemon_is_not_ready_without_its_cold_storage(bare: NodeEnv, isolated_env, wdb, tmp_path: Path) -> None:
+def test_the_daemon_is_not_ready_without_its_cold_storage(bare: NodeEnv, isolated_env, weightd: Weightd, wdb,
+                                                         tmp_path: Path) -> None:
     """serve starts (a copy held here still serves) but /readyz fails naming the path, status says so,
     and once cold storage is there readiness comes back by itself."""
     d = DaemonProc(bare, isolated_env, tmp_path)
     try:
         code, body = _readyz(d.port)
         assert code == 503 and MOUNTED in body["reason"] and str(bare.cold) in body["reason"], body
-        st = wdb("status", "--json")
+        st, pre, ls = _at_once(weightd, bare.config, ["status", "--json"], ["--daemon-only", "preload", "acme/m@v1"],
+                               ["--daemon-only", "ls"])
         assert st.returncode == 2 and json.loads(st.stdout)["answered_by"] == "daemon"
         assert json.loads(st.stdout)["problems"][0]["path"] == str(bare.cold)
-        assert_one_line_error(wdb("--daemon-only", "preload", "acme/m@v1"), 2, MOUNTED)
-        assert_one_line_error(wdb("--daemon-only", "ls"), 2, MOUNTED)
+        assert_one_line_error(pre, 2, MOUNTED)
+        assert_one_line_error(ls, 2, MOUNTED)
         assert "storage problem" in d.log_path.read_text()
         _publish(wdb, tmp_path)                # the store appears (mounted, or published to)
         deadline = time.monotonic() + 30       # (the daemon looks every 10 s)
