@@ -10,8 +10,6 @@ import json
 import time
 from pathlib import Path
 
-import pytest
-
 from p2p import TORRENT_RELPATH, P2PConfig, P2PSession, load_torrent, make_torrent
 from tiering import make_checkpoint, read_version
 
@@ -29,9 +27,15 @@ def seed_cold(seed: P2PSession, cold: Path, name: str, version: str) -> None:
     assert seed.seed(ti, v.path)
 
 
-def uploaded(seed: P2PSession) -> int:
-    time.sleep(1.5)   # (libtorrent's counters tick once a second)
-    return seed.stats()["upload_bytes"]
+def uploaded(seed: P2PSession, at_least: int = 0) -> int:
+    """The seed's payload uploaded, once it is at least ``at_least`` (libtorrent's counters tick once a
+    second: without a floor, read after a tick)."""
+    if not at_least:
+        time.sleep(1.5)
+    deadline = time.monotonic() + 10
+    while (n := seed.stats()["upload_bytes"]) < at_least and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return n
 
 
 def test_trust_holds_on_a_p2p_download(node_env, wd, keys, tmp_path: Path) -> None:  # noqa: F811
@@ -65,7 +69,7 @@ def test_trust_holds_on_a_p2p_download(node_env, wd, keys, tmp_path: Path) -> No
         by = rep["bytes_by_source"]   # (a configured peer counts as the origin)
         assert by["origin"] + by["peer"] == rep["bytes"] and by["cold"] == 0 and rep["source_fallbacks"] == [], rep
         assert rep["signature"]["checked"] is True and rep["signature"]["key_id"], rep["signature"]
-        up = uploaded(seed)
+        up = uploaded(seed, rep["bytes"])
         assert up >= rep["bytes"]
 
         # tampered: downloaded from the peer (its pieces match the torrent cold now holds), refused at
@@ -73,15 +77,16 @@ def test_trust_holds_on_a_p2p_download(node_env, wd, keys, tmp_path: Path) -> No
         r = wd("--no-daemon", "preload", "org/t@v2", "--tier", "warm", "--json", timeout=120)
         assert_one_line_error(r, 5, "org/t@v2")
         assert "differs from the signed" in r.stderr, r.stderr
-        up2 = uploaded(seed)
+        up2 = uploaded(seed, up + v2.manifest.total_bytes // 2)
         assert up2 - up >= v2.manifest.total_bytes // 2, (up, up2)   # the swarm path ran
         assert [p for p in _tier_snapshot(node_env.warm) if "org/t/v2" in p or "org--t@v2" in p] == []
 
         # unsigned where signatures are required: refused before any byte moves
+        before = uploaded(seed)   # (v2's last bytes counted)
         r = wd("--no-daemon", "preload", "org/t@v3", "--tier", "warm", "--json", timeout=120)
         assert_one_line_error(r, 5, "org/t@v3")
         assert "not signed" in r.stderr, r.stderr
-        assert uploaded(seed) == up2
+        assert uploaded(seed) == before
         assert [p for p in _tier_snapshot(node_env.warm) if "org/t/v3" in p or "org--t@v3" in p] == []
     finally:
         seed.close()
