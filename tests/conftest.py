@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Sequence
 
 import pytest
 
@@ -38,6 +39,23 @@ class Weightd:
         return subprocess.run([sys.executable, "-m", "weightd", *map(str, args)], capture_output=True,
                               text=True, timeout=timeout, env={**self.env, **(env or {})}, input=input,
                               cwd=ROOT)
+
+    def at_once(self, *argvs: Sequence[object], timeout: float = 120) -> list[subprocess.CompletedProcess[str]]:
+        """Each of ``argvs`` run as ``self(*argv)`` runs it, all at the same time: for commands none of
+        which depends on another's effect (each only reads, say), whose start-up then overlaps."""
+        procs = [subprocess.Popen([sys.executable, "-m", "weightd", *map(str, argv)], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, env=self.env, cwd=ROOT) for argv in argvs]
+        try:
+            done = []
+            for p in procs:
+                out, err = p.communicate(timeout=timeout)
+                done.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
+            return done
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.communicate()
 
 
 @pytest.fixture
@@ -311,9 +329,11 @@ def node_env(tmp_path: Path):
 
 @pytest.fixture
 def wd(weightd: Weightd, node_env: NodeEnv):
-    """``weightd --config <node_env's config> ...``"""
+    """``weightd --config <node_env's config> ...``; ``wd.at_once([...], [...])`` runs several at the same
+    time (``Weightd.at_once``)."""
     def run(*args: str, **kw):
         return weightd("--config", node_env.config, *args, **kw)
+    run.at_once = lambda *argvs, **kw: weightd.at_once(*(["--config", node_env.config, *a] for a in argvs), **kw)
     return run
 
 
