@@ -229,22 +229,11 @@ def test_a_cli_that_read_object_storage_exits_with_its_own_code(s3_endpoint, wei
     then failed and exited at once aborted in the interpreter's teardown about one run in three (exit
     -6 instead of 2). Five runs of such a command: every one ends with its own exit code. (They run at
     once: each is its own process, and most of its time is the retries' back-off.)"""
-    import subprocess
-    import sys
-
-    from .conftest import ROOT, NodeEnv
+    from .conftest import NodeEnv
     env = NodeEnv(tmp_path)
     env.config.write_text(env.config.read_text().replace(
         f'[tiers.cold]\npath = "{env.cold}"\n',
         f'[tiers.cold]\nurl = "s3://no-such-bucket/models"\nendpoint = "{s3_endpoint}"\nregion = "us-east-1"\n'))
-    procs = [subprocess.Popen([sys.executable, "-m", "weightd", "--config", str(env.config), "ls"], env=weightd.env,
-                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(5)]
-    try:
-        outs = [p.communicate(timeout=120) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
-    codes = [p.returncode for p in procs]
-    assert codes == [2] * 5, (codes, [err for _, err in outs])
+    runs = weightd.at_once(*(["--config", env.config, "ls"] for _ in range(5)))
+    codes = [r.returncode for r in runs]
+    assert codes == [2] * 5, (codes, [r.stderr for r in runs])

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -18,7 +17,7 @@ import pytest
 from tiering.safefs import COLD_MARKER
 from tiering.sample import make_checkpoint
 
-from .conftest import ROOT, NodeEnv, Weightd, assert_one_line_error
+from .conftest import NodeEnv, Weightd, assert_one_line_error
 from .test_daemon import DaemonProc
 
 MiB = 1 << 20
@@ -39,25 +38,8 @@ def bare(tmp_path: Path):
 def wdb(weightd: Weightd, bare: NodeEnv):
     def run(*args: str, **kw):
         return weightd("--config", bare.config, *args, **kw)
+    run.at_once = lambda *argvs, **kw: weightd.at_once(*(["--config", bare.config, *a] for a in argvs), **kw)
     return run
-
-
-def _at_once(weightd: Weightd, config: Path, *argvs: list[str]) -> list[subprocess.CompletedProcess[str]]:
-    """``weightd --config CONFIG ARGV`` for each of ``argvs``, all running at once (commands that only
-    read, so none depends on another), as ``Weightd`` runs one."""
-    procs = [subprocess.Popen([sys.executable, "-m", "weightd", "--config", str(config), *argv], env=weightd.env,
-                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for argv in argvs]
-    try:
-        done = []
-        for p in procs:
-            out, err = p.communicate(timeout=120)
-            done.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
-        return done
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
 
 
 def _publish(wd, tmp: Path, version: str = "v1") -> None:
@@ -74,11 +56,11 @@ def _readyz(port: int) -> tuple[int, dict]:
         return exc.code, json.loads(exc.read())
 
 
-def test_absent_cold_storage_is_an_error_for_every_command(weightd: Weightd, wdb, bare: NodeEnv) -> None:
+def test_absent_cold_storage_is_an_error_for_every_command(wdb, bare: NodeEnv) -> None:
     assert not bare.cold.exists()
     cmds = (["ls"], ["ls", "acme/m"], ["preload", "acme/m@v1"], ["preload", "acme/m"], ["path", "acme/m"])
-    *errors, st, js, check, install, doc = _at_once(
-        weightd, bare.config, *(["--no-daemon", *args] for args in cmds), ["--no-daemon", "status"],
+    *errors, st, js, check, install, doc = wdb.at_once(
+        *(["--no-daemon", *args] for args in cmds), ["--no-daemon", "status"],
         ["--no-daemon", "status", "--json"], ["serve", "--check"], ["serve", "--check=install"],
         ["--no-daemon", "doctor", "--json", "--sample-s", "0.5", "--no-probe"])
     for r in errors:
@@ -186,8 +168,8 @@ def test_a_tier_on_a_missing_mount_is_never_made_on_the_root_fs(weightd: Weightd
     assert not gone.exists()
     cfg = node_env.config.read_text().replace(f'path = "{node_env.warm}"', f'path = "{gone}/weightd"')
     node_env.config.write_text(cfg)
-    r, st, check = _at_once(weightd, node_env.config, ["--no-daemon", "preload", "acme/m@v1", "--tier", "warm"],
-                            ["--no-daemon", "status"], ["serve", "--check"])
+    r, st, check = weightd.at_once(*(["--config", node_env.config, *a] for a in (
+        ["--no-daemon", "preload", "acme/m@v1", "--tier", "warm"], ["--no-daemon", "status"], ["serve", "--check"])))
     assert_one_line_error(r, 2, f"{gone} does not exist", MOUNTED)
     assert not gone.exists()
     assert st.returncode == 2 and f"{gone} does not exist" in st.stderr
@@ -201,16 +183,15 @@ def test_a_tier_on_a_missing_mount_is_never_made_on_the_root_fs(weightd: Weightd
     assert not gone.exists()
 
 
-def test_the_daemon_is_not_ready_without_its_cold_storage(bare: NodeEnv, isolated_env, weightd: Weightd, wdb,
-                                                         tmp_path: Path) -> None:
+def test_the_daemon_is_not_ready_without_its_cold_storage(bare: NodeEnv, isolated_env, wdb, tmp_path: Path) -> None:
     """serve starts (a copy held here still serves) but /readyz fails naming the path, status says so,
     and once cold storage is there readiness comes back by itself."""
     d = DaemonProc(bare, isolated_env, tmp_path)
     try:
         code, body = _readyz(d.port)
         assert code == 503 and MOUNTED in body["reason"] and str(bare.cold) in body["reason"], body
-        st, pre, ls = _at_once(weightd, bare.config, ["status", "--json"], ["--daemon-only", "preload", "acme/m@v1"],
-                               ["--daemon-only", "ls"])
+        st, pre, ls = wdb.at_once(["status", "--json"], ["--daemon-only", "preload", "acme/m@v1"],
+                                  ["--daemon-only", "ls"])
         assert st.returncode == 2 and json.loads(st.stdout)["answered_by"] == "daemon"
         assert json.loads(st.stdout)["problems"][0]["path"] == str(bare.cold)
         assert_one_line_error(pre, 2, MOUNTED)
