@@ -77,18 +77,19 @@ def test_signed_publish_then_preload_everywhere(wd, node_env, ckpt: Path, keys) 
         assert r.returncode == 0, r.stderr
         rep = json.loads(r.stdout)
         assert rep["signature"]["key_name"] == "fleet.pub.pem" and rep["signature"]["checked"] is True
-    st = json.loads(wd("status", "--json").stdout)
-    (c,) = st["checkpoints"]
+    # (what follows only reads: at once)
+    st, text, r, hot = wd.at_once(["status", "--json"], ["status"], ["verify", node_env.warm / "org/m/v1", "--json"],
+                                  ["verify", node_env.hot / "org/m/v1"])
+    (c,) = json.loads(st.stdout)["checkpoints"]
     for tier in ("warm", "hot"):
         assert c["tiers"][tier]["signature"]["signed_by"] == "fleet.pub.pem"
         assert c["tiers"][tier]["signature"]["checked"] is True
-    row = [ln for ln in wd("status").stdout.splitlines() if ln.startswith("org/m@v1")]
+    row = [ln for ln in text.stdout.splitlines() if ln.startswith("org/m@v1")]
     assert row and row[0].rstrip().endswith("fleet.pub.pem"), row
     # verify re-checks the signature and every byte of the tier copy
-    r = wd("verify", str(node_env.warm / "org/m/v1"), "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["signature"]["checked"] is True
-    assert "signed by fleet.pub.pem" in wd("verify", str(node_env.hot / "org/m/v1")).stdout
+    assert "signed by fleet.pub.pem" in hot.stdout
 
 
 def test_tampered_tensor_with_recomputed_manifest_is_refused(wd, node_env, ckpt: Path, keys) -> None:
@@ -142,8 +143,7 @@ def test_copy_placed_before_signatures_were_required(wd, node_env, ckpt: Path, k
     assert not (node_env.warm / "org/m/v1/.weightd/trust.json").exists()
     _trust(node_env, keys["fleet.pub"])
     # path serves neither: their signatures were never checked on this node
-    for v in ("v1", "v2"):
-        assert wd("path", f"org/m@{v}").returncode == 3
+    assert [r.returncode for r in wd.at_once(*(["path", f"org/m@{v}"] for v in ("v1", "v2")))] == [3, 3]
     r = wd("preload", "org/m@v1", "--tier", "warm", "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["already_present"] is True
@@ -164,8 +164,25 @@ def test_not_required_checks_what_is_signed(wd, node_env, ckpt: Path, keys) -> N
 
 
 def _model_signing(*args: str) -> subprocess.CompletedProcess[str]:
+    return _model_signing_at_once(args)[0]
+
+
+def _model_signing_at_once(*argvs: tuple[str, ...]) -> list[subprocess.CompletedProcess[str]]:
+    """The OpenSSF tool, once for each of ``argvs``, all running at the same time."""
     tool = Path(sys.executable).parent / "model_signing"
-    return subprocess.run([str(tool), *args], capture_output=True, text=True, timeout=120)
+    procs = [subprocess.Popen([str(tool), *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for argv in argvs]
+    try:
+        done = []
+        for p in procs:
+            out, err = p.communicate(timeout=120)
+            done.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
+        return done
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
 
 
 def test_model_signing_tool_signs_what_weightd_checks(wd, node_env, tmp_path: Path, keys) -> None:
@@ -190,13 +207,14 @@ def test_weightd_signature_verifies_with_model_signing_tool(wd, node_env, ckpt: 
     assert wd("publish", str(ckpt), "--name", "org/m", "--version", "v1", "--sign", str(keys["fleet"])).returncode == 0
     _trust(node_env, keys["fleet.pub"])
     assert wd("preload", "org/m@v1", "--tier", "warm").returncode == 0
-    for version_dir in (node_env.cold / "org/m/v1", node_env.warm / "org/m/v1"):
-        r = _model_signing("verify", "key", str(version_dir), "--signature", str(version_dir / SIGNATURE_RELPATH),
-                           "--public_key", str(keys["fleet.pub"]))
+    cold, warm = node_env.cold / "org/m/v1", node_env.warm / "org/m/v1"
+    def verify(d: Path, pub: Path) -> tuple[str, ...]:
+        return "verify", "key", str(d), "--signature", str(d / SIGNATURE_RELPATH), "--public_key", str(pub)
+    *ours, theirs = _model_signing_at_once(verify(cold, keys["fleet.pub"]), verify(warm, keys["fleet.pub"]),
+                                           verify(cold, keys["other.pub"]))
+    for r in ours:
         assert r.returncode == 0, r.stdout + r.stderr
-    r = _model_signing("verify", "key", str(node_env.cold / "org/m/v1"), "--signature",
-                       str(node_env.cold / "org/m/v1" / SIGNATURE_RELPATH), "--public_key", str(keys["other.pub"]))
-    assert r.returncode != 0
+    assert theirs.returncode != 0
 
 
 def test_bad_keys_are_one_line_errors(wd, node_env, ckpt: Path, keys, tmp_path: Path) -> None:
