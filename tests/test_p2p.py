@@ -569,7 +569,10 @@ def test_racks_cross_about_once_and_a_dead_gateway_is_replaced(cluster, tmp_path
         assert f"v1: this node is rack {rack}'s gateway" in (workers[gw].dir / "daemon.log").read_text()
 
     # v2: the gateway of r0 dies once bytes flow
-    src2 = make_checkpoint(tmp_path / "src2", total_bytes=8 * MiB, shards=2, layers=3, seed="v2")
+    # (16 MiB: rack r1 must still be downloading when the dead gateway's stall_s is up. With 8 MiB, r1
+    # once finished 2.6 s after the kill, and r0's two left named no next gateway: they took r1's
+    # pieces at the trickle for 15 s)
+    src2 = make_checkpoint(tmp_path / "src2", total_bytes=16 * MiB, shards=2, layers=3, seed="v2")
     assert origin.cli("publish", str(src2), "--name", "org/racks", "--version", "v2").returncode == 0
     r0 = [ip for ip, r in racks.items() if r == "r0"]
     gw = gateway_of("r0", r0)
