@@ -20,7 +20,7 @@ obstore = pytest.importorskip("obstore")
 
 
 def cold(endpoint: str, bucket: str, **kw):
-    from tiering.objstore import ObjectCold
+    from tiering.sources.s3.cold import ObjectCold
     return ObjectCold(f"s3://{bucket}/models", endpoint=endpoint, region="us-east-1", **kw)
 
 
@@ -140,7 +140,8 @@ def test_rot_in_the_store_is_caught_naming_the_part(s3_endpoint, bucket, tmp_pat
 
 
 def test_an_object_replaced_mid_download_is_an_error(s3_endpoint, bucket, tmp_path: Path) -> None:
-    from tiering.objstore import ObjectChanged, _groups
+    from tiering.sources.s3.client import ObjectChanged
+    from tiering.sources.s3.ranged import groups as _groups
     src = make_checkpoint(tmp_path / "src", total_bytes=4 * MiB, shards=1, layers=2, seed="chg")
     m = labelled(src, "acme/x", "v1")
     c = cold(s3_endpoint, bucket)
@@ -160,7 +161,7 @@ def test_an_object_replaced_mid_download_is_an_error(s3_endpoint, bucket, tmp_pa
 
 def test_a_missing_bucket_and_bad_urls_say_so(s3_endpoint, tmp_path: Path) -> None:
     from tiering.errors import BadInput
-    from tiering.objstore import ObjectLocation, StoreSetupError
+    from tiering.sources.s3.client import ObjectLocation, StoreSetupError
     c = cold(s3_endpoint, "no-such-bucket-here")
     with pytest.raises(StoreSetupError, match="the bucket no-such-bucket-here does not exist"):
         c.versions("acme/m")
@@ -171,7 +172,7 @@ def test_a_missing_bucket_and_bad_urls_say_so(s3_endpoint, tmp_path: Path) -> No
 
 
 def test_ranges_follow_the_parts_and_cover_every_byte(tmp_path: Path) -> None:
-    from tiering.objstore import _groups
+    from tiering.sources.s3.ranged import groups as _groups
     src = make_checkpoint(tmp_path / "src", total_bytes=12 * MiB, shards=1, layers=4, seed="g")
     m = build_manifest(src)
     for f in m.files:
@@ -187,7 +188,7 @@ def test_ranges_follow_the_parts_and_cover_every_byte(tmp_path: Path) -> None:
 
 
 def test_shared_credentials_file(tmp_path: Path) -> None:
-    from tiering.objstore import shared_credentials
+    from tiering.sources.s3.client import shared_credentials
     creds = tmp_path / "credentials"
     creds.write_text("[default]\naws_access_key_id = A\naws_secret_access_key = B\n[ops]\naws_access_key_id = C\n"
                      "aws_secret_access_key = D\naws_session_token = T\n")
@@ -609,7 +610,7 @@ class TruncatingProxy:
 
 @pytest.mark.parametrize("cuts", [2, 1000], ids=["retried", "gives-up"])
 def test_a_response_cut_short_is_retried_then_a_one_line_error(s3_endpoint, bucket, tmp_path: Path, cuts: int) -> None:
-    from tiering.objstore import ObjectStoreError
+    from tiering.sources.s3.client import ObjectStoreError
     src = make_checkpoint(tmp_path / "src", total_bytes=6 * MiB, shards=1, layers=2, seed="cut")
     m = labelled(src, "acme/cut", "v1")
     cold(s3_endpoint, bucket).publish(src, m, files_of(src, m))

@@ -24,7 +24,7 @@ def test_a_huge_manifest_is_refused_from_its_length_without_downloading_it(s3_en
     """A bucket writer puts a 100 MB manifest.json (as in the attack): at the default limit (64 MiB; the
     largest real manifests are ~17 MB) reading it is refused at once, naming the object and its size,
     and its body is never read."""
-    from tiering.objstore import OBJECT_MANIFEST_LIMIT
+    from tiering.sources.s3.client import OBJECT_MANIFEST_LIMIT
     c = cold(s3_endpoint, bucket)
     assert c.max_manifest_bytes == OBJECT_MANIFEST_LIMIT == 64 * MiB
     obstore.put(c.store, "acme/big/v1/.weightd/manifest.json", b" " * (100 * 10**6))
