@@ -278,22 +278,27 @@ def hash_files(jobs: Sequence[HashJob], *, threads: int | None = None, progress:
     n = threads or default_threads()
     if len(jobs) > 256 and sum(sum(e - b for b, e in j.ranges) for j in jobs) < len(jobs) << 20:
         n = 1   # many small files: threads taking turns at the interpreter lock run slower than one
-    if n == 1 or len(tasks) <= 1:
-        try:
+    try:
+        if n == 1 or len(tasks) <= 1:
             for t in tasks:
                 run(t)
-        except BaseException:
-            for s in shared:  # (a failed part never released its file: closed here, as below)
-                if s.fd is not None:
-                    os.close(s.fd)
-                    s.fd = None
-            raise
-        return results
+        else:
+            _run_batches(_batches(jobs, tasks), run, n)
+    except BaseException:
+        for s in shared:  # (a failed or cancelled part never released its file: closed here)
+            if s.fd is not None:
+                os.close(s.fd)
+                s.fd = None
+        raise
+    return results
 
+
+def _batches(jobs: Sequence[HashJob], tasks: list[tuple[int, Any]]) -> list[list[tuple[int, Any]]]:
+    """Tasks grouped a few per future, up to GROUP_BYTES (many small files, a compile cache)."""
     def size(t: tuple[int, Any]) -> int:
         ranges = jobs[t[0]].ranges
         return sum(e - b for b, e in (ranges if t[1] == -1 else (ranges[r] for r in t[1])))
-    batches: list[list[tuple[int, Any]]] = []   # (many small files, a compile cache: a few per future)
+    batches: list[list[tuple[int, Any]]] = []
     acc = GROUP_BYTES
     for t in tasks:
         sz = size(t)
@@ -302,7 +307,11 @@ def hash_files(jobs: Sequence[HashJob], *, threads: int | None = None, progress:
             acc = 0
         batches[-1].append(t)
         acc += sz
+    return batches
 
+
+def _run_batches(batches: list[list[tuple[int, Any]]], run: Callable[[tuple[int, Any]], None], n: int) -> None:
+    """Every batch on ``n`` threads; the first error cancels the batches not started and is raised."""
     def run_batch(batch: list[tuple[int, Any]]) -> None:
         for t in batch:
             run(t)
@@ -318,9 +327,4 @@ def hash_files(jobs: Sequence[HashJob], *, threads: int | None = None, progress:
                     for other in futures:
                         other.cancel()
         if first_error is not None:
-            for s in shared:  # cancelled parts never released their file
-                if s.fd is not None:
-                    os.close(s.fd)
-                    s.fd = None
             raise first_error
-    return results
