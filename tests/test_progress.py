@@ -354,7 +354,7 @@ def test_status_counts_the_bytes_of_a_file_as_they_move(node_env, isolated_env, 
     pytest.importorskip("fuse", reason="fusepy missing (make tools)")
     if os.geteuid() != 0 or not os.path.exists("/dev/fuse"):
         pytest.skip("needs root and /dev/fuse to mount a FUSE file system")
-    from tiering.copy import IN_MEMORY_MAX
+    from tiering.verified_copy import IN_MEMORY_MAX
     from weightd.client import DaemonClient
     from .test_daemon import DaemonProc
     from .test_trust import HungCold

@@ -38,7 +38,9 @@ _RESOLVE_NO_MAGICLINKS = 0x02
 _RESOLVE_NO_SYMLINKS = 0x04
 _RESOLVE_BENEATH = 0x08
 _RENAME_NOREPLACE = 1
+_SYNC_FILE_RANGE_WAIT_BEFORE = 1
 _SYNC_FILE_RANGE_WRITE = 2
+_SYNC_FILE_RANGE_WAIT_AFTER = 4
 
 
 
@@ -154,6 +156,14 @@ def start_writeback(fd: int, off: int, n: int) -> None:
     """``sync_file_range(SYNC_FILE_RANGE_WRITE)`` where libc has it (a hint: errors are ignored)."""
     if _sync_file_range is not None:
         _sync_file_range(fd, off, n, _SYNC_FILE_RANGE_WRITE)
+
+
+def wait_writeback(fd: int, off: int, n: int) -> None:
+    """``sync_file_range(WAIT_BEFORE | WRITE | WAIT_AFTER)``: the range's pages written back and clean
+    (reclaimable) when it returns. Not durability (no metadata, no device cache flush: ``fsync`` is);
+    a hint where libc lacks it (errors are ignored)."""
+    if _sync_file_range is not None:
+        _sync_file_range(fd, off, n, _SYNC_FILE_RANGE_WAIT_BEFORE | _SYNC_FILE_RANGE_WRITE | _SYNC_FILE_RANGE_WAIT_AFTER)
 
 
 # -- page cache -----------------------------------------------------------------------------------------

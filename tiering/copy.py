@@ -1,9 +1,11 @@
-"""The copy engine: large sequential copies in the kernel, bounded memory, durable before rename.
+"""Plain copies in the kernel (publish's, whose source is hashed apart), and the deadlines every copy
+and read of cold storage runs under (:func:`run_all`, :func:`run_bounded`, the stuck-read count).
 
 ``copy_file_range`` within a file system, else ``sendfile`` (``copy_file_range`` across file systems
 fails with EXDEV on some kernels), else ``pread``/``pwrite`` through one 1 MiB buffer. The destination
 is preallocated first on local tiers, so a full tier fails before bytes are written, and write-back
-is started as the copy goes (``sync_file_range``) so the final ``fsync`` does not stall.
+is started as the copy goes (``sync_file_range``) so the final ``fsync`` does not stall. A preload
+copies with :mod:`tiering.verified_copy` instead: hashed on the way, each byte read once.
 """
 
 from __future__ import annotations
@@ -204,7 +206,7 @@ def copy_files(jobs: Sequence[CopyJob], *, threads: int = 2, preallocate: bool =
             order = [_in_parent(j, parents) for j in order]
         run_all(lambda j: copy_file(j, preallocate=preallocate, progress=progress, deadline=deadline, clock=clock,
                                     fsync=not small),
-                order, threads=1 if small else threads,   # (see copy_checked: one thread for many small files)
+                order, threads=1 if small else threads,   # (see verified_copy: one thread for many small files)
                 name="weightd-copy", deadline=deadline, clock=clock)
         if small:
             roots = {id(j.dst.dir): j.dst.dir for j in order if isinstance(j.dst, FileRef)}
@@ -232,108 +234,15 @@ def _in_parent(job: CopyJob, parents: dict[tuple[int, str], Any]) -> CopyJob:
     return CopyJob(job.src, FileRef(d, name), job.size, job.mode)
 
 
-IN_MEMORY_MAX = 64 << 20   # files up to this size are copied a chunk at a time, hashed on the way
-STREAM_CHUNK = 1 << 20     # read, hashed and written a chunk at a time (it stays in the CPU's cache)
-_local = threading.local()
-
-
-def _buffer(n: int) -> memoryview:
-    """``n`` bytes of this thread's buffer (kept: a fresh buffer costs zeroing and page faults first)."""
-    buf = getattr(_local, "buf", None)
-    if buf is None or len(buf) < n:
-        buf = _local.buf = bytearray(n)
-    return memoryview(buf)[:n]
-
-
-def copy_checked(jobs: Sequence[tuple[CopyJob, Any]], chunk_size: int, *, threads: int = 2,
-                 progress: Callable[[int], None] | None = None, deadline: float | None = None,
-                 clock: Callable[[], float] = time.monotonic, fsync: bool = True) -> None:
-    """Copy small files (each at most IN_MEMORY_MAX: LoRA adapters, compile caches) through a 1 MiB
-    buffer, checking every part against its manifest entry (a ``FileEntry``) on the way: one read and
-    one write per byte, where a copy and a verify read each file twice. The bytes hashed are the bytes
-    written. A part that differs is ChecksumMismatch (exit 5); what was written of the file stays in
-    the staging area, which the caller aborts (nothing is placed)."""
-    from .content.manifest import tree_hash
-    from .errors import ChecksumMismatch
-    import xxhash
-
-    def one(item: tuple[CopyJob, Any]) -> None:
-        job, entry = item
-        if deadline is not None and clock() > deadline:
-            raise TimedOut(f"timed out copying {job.src}")
-        parts = entry.parts(chunk_size)
-        digests: list[str] = []
-        pi, hasher = 0, xxhash.xxh3_128()
-        buf = _buffer(STREAM_CHUNK)
-        sfd = open_source(job.src)
-        try:
-            dfd = _create_dst(job.dst)
-            try:
-                off = 0
-                while off < job.size:
-                    n = os.readv(sfd, [buf[:min(STREAM_CHUNK, job.size - off)]])
-                    if n <= 0:
-                        raise FileChanged(str(job.src), f"source ended at byte {off}, expected {job.size} "
-                                                        "(shorter than its manifest says)")
-                    chunk, end = buf[:n], off + n
-                    # every part this chunk covers gets its bytes; a part that ends here is checked now
-                    while pi < len(parts) and parts[pi].begin < end:
-                        p = parts[pi]
-                        hasher.update(chunk[max(p.begin, off) - off:min(p.end, end) - off])
-                        if p.end > end:
-                            break
-                        h = hasher.hexdigest()
-                        if h != p.xxh3_128:
-                            raise ChecksumMismatch(str(job.src), p.label, str(p.xxh3_128), h)
-                        digests.append(h)
-                        pi, hasher = pi + 1, xxhash.xxh3_128()
-                    w = 0
-                    while w < n:
-                        w += os.write(dfd, chunk[w:])
-                    off = end
-                    if progress is not None:   # (as the bytes move, not a file at a time)
-                        progress(n)
-                if os.read(sfd, 1):
-                    raise FileChanged(str(job.src), f"source is longer than the {job.size} bytes its manifest says")
-                while pi < len(parts):   # (an empty file's one empty part)
-                    h = hasher.hexdigest()
-                    if h != parts[pi].xxh3_128:
-                        raise ChecksumMismatch(str(job.src), parts[pi].label, str(parts[pi].xxh3_128), h)
-                    digests.append(h)
-                    pi, hasher = pi + 1, xxhash.xxh3_128()
-                if tree_hash(digests) != entry.xxh3_128:
-                    raise ChecksumMismatch(str(job.src), "file", entry.xxh3_128, tree_hash(digests))
-                os.fchmod(dfd, sanitize_mode(job.mode))
-                if fsync:
-                    os.fsync(dfd)
-            finally:
-                os.close(dfd)
-        finally:
-            os.close(sfd)
-
-    items = sorted(jobs, key=lambda it: -it[0].size)
-    parents: dict[tuple[int, str], Any] = {}
-    try:
-        items = [(_in_parent(j, parents), e) for j, e in items]
-        # on the caller's thread: for many small files each costs a few system calls around a little
-        # Python, and threads taking turns at the interpreter lock that often run slower than one
-        # (10,000 files of 10 KB: 0.42 s on one thread, 0.88 s on two, 1.2 s on four); for an adapter
-        # the thread's buffer is then reused from one preload to the next (parallelism comes from
-        # the preloads of a set running at once)
-        run_all(one, items, threads=1, name="weightd-copy", deadline=deadline, clock=clock)
-    finally:
-        for d in parents.values():
-            d.close()
-
-
 def run_all(fn: Callable[[T], object], items: Sequence[T], *, threads: int, name: str,
             deadline: float | None = None, clock: Callable[[], float] = time.monotonic) -> None:
     """``fn(item)`` for every item, ``threads`` at a time, in order; the first error cancels what has
     not started and is raised once the running ones finish.
 
-    With a ``deadline`` (on ``clock``, ``time.monotonic`` unless the caller injects its own), the caller waits no longer than that: a worker stuck in
-    a system call that never returns (a read from a hung NFS server cannot be interrupted) is left
-    behind as a daemon thread, told to stop when it wakes, and the caller gets TimedOut."""
+    With a ``deadline`` (on ``clock``, ``time.monotonic`` unless the caller injects its own), the caller
+    waits no longer than that: a worker stuck in a system call that never returns (a read from a hung
+    NFS server cannot be interrupted) is left behind as a daemon thread, told to stop when it wakes,
+    and the caller gets TimedOut."""
     if deadline is None and (threads <= 1 or len(items) <= 1):
         for it in items:
             fn(it)
@@ -342,33 +251,30 @@ def run_all(fn: Callable[[T], object], items: Sequence[T], *, threads: int, name
     done = threading.Event()
     state = {"next": 0, "running": 0, "error": None}
     todo = list(items)
-
     tokens: list[int] = []
 
     def worker() -> None:
         token = _BOUNDED.enter()
         tokens.append(token)
         try:
-            _work()
+            while True:
+                with lock:
+                    if state["error"] is not None or state["next"] >= len(todo):
+                        return
+                    it = todo[state["next"]]
+                    state["next"] += 1
+                try:
+                    fn(it)
+                except BaseException as exc:
+                    with lock:
+                        if state["error"] is None:
+                            state["error"] = exc
         finally:
             _BOUNDED.leave(token)
-
-    def _work() -> None:
-        while True:
             with lock:
-                if state["error"] is not None or state["next"] >= len(todo):
-                    state["running"] -= 1
-                    if state["running"] == 0:
-                        done.set()
-                    return
-                it = todo[state["next"]]
-                state["next"] += 1
-            try:
-                fn(it)
-            except BaseException as exc:
-                with lock:
-                    if state["error"] is None:
-                        state["error"] = exc
+                state["running"] -= 1
+                if state["running"] == 0:
+                    done.set()
 
     n = max(1, min(threads, len(todo)))
     state["running"] = n

@@ -13,6 +13,7 @@ import logging
 from typing import Callable
 
 from .._syscalls import is_tmpfs
+from ..content.signature import HASHERS
 from ..content.units import format_bytes
 from ..errors import NoSpace
 from ..layout import WARM, VersionDir, read_version, version_rel
@@ -75,10 +76,13 @@ class Preloader:
             staging, report.evicted = self.space.reserve(tier, name, version, m.total_bytes, deadline)
             with staging:  # aborted on any exception
                 try:
-                    fill = self.sources.fill(staging, m, tier, name, version, deadline, progress, origin=origin)
+                    # (signed: every file's digest is taken in the copy's own pass where the source allows)
+                    fill = self.sources.fill(staging, m, tier, name, version, deadline, progress, origin=origin,
+                                             crypto=HASHERS[signed.statement.algorithm] if signed is not None
+                                             else None)
                     _record(report, fill)
                     staging.commit(root, name, version, m, verified=fill.verified, signed=signed,
-                                   checked_at=self.now(), progress=progress)
+                                   checked_at=self.now(), progress=progress, crypto_digests=fill.crypto_digests)
                 except OSError as exc:
                     if exc.errno == errno.ENOSPC:
                         raise NoSpace(tier, m.total_bytes, 0, "the file system filled up during the copy") from exc

@@ -13,8 +13,8 @@ from typing import Any, Callable, Iterator
 
 from ..content.build import good_parts, verify_checkpoint
 from ..content.manifest import MANIFEST_RELPATH, Manifest
-from .._syscalls import is_tmpfs, syncfs
-from ..copy import IN_MEMORY_MAX, SMALL_FILES, CopyJob, copy_checked, copy_files
+from .._syscalls import is_tmpfs
+from ..copy import CopyJob
 from ..delta import DeltaPlan, Donor, plan_delta
 from ..delta import build as build_delta_spans
 from ..delta import build_verified as build_delta
@@ -24,6 +24,7 @@ from ..locks import FileLock
 from ..progress import ProgressFn, set_phase
 from ..safefs import FileRef
 from ..sources.base import Fetcher, FetchRequest, SourceFallback
+from ..verified_copy import copy_verified
 from .roots import TierRoots
 from .staging import StagingArea
 
@@ -41,6 +42,9 @@ class Fill:
     resumed: int = 0       # bytes an interrupted transfer left that passed their check (not moved again)
     store: dict[str, Any] | None = None   # an object store's requests and bytes for this fill
     swarm: dict[str, Any] | None = None   # the swarm's piece plan for this fill (P2P)
+    # every file's crypto digest (a signature's SHA-256), by manifest path, when the fill took them from
+    # the bytes it wrote (the commit then checks the signature without reading the files again)
+    crypto_digests: dict[str, str] | None = None
 
     def add(self, label: str, n: int) -> None:
         self.bytes_by_source[label] = self.bytes_by_source.get(label, 0) + n
@@ -52,10 +56,13 @@ class Sources:
         self.roots, self.fetchers, self.copy_threads, self.monotonic = roots, fetchers, copy_threads, monotonic
 
     def fill(self, staging: StagingArea, m: Manifest, tier: str, name: str, version: str,
-             deadline: float | None, progress: ProgressFn | None, *, origin: VersionDir | None = None) -> Fill:
+             deadline: float | None, progress: ProgressFn | None, *, origin: VersionDir | None = None,
+             crypto: Callable[[], Any] | None = None) -> Fill:
         """Fill staging from the nearest complete copy: the other local tier, else local donors plus
         the swarm or cold. ``origin``: the published version whose files these are, when ``version``
-        is another object's label (a partial copy: only the files of ``m`` are read from it)."""
+        is another object's label (a partial copy: only the files of ``m`` are read from it).
+        ``crypto``: a signature's hasher; a plain copy takes every file's digest on the way
+        (``Fill.crypto_digests``)."""
         fill = Fill()
         other = WARM if tier == HOT else HOT
         src_version = origin.version if origin is not None else version
@@ -82,7 +89,7 @@ class Sources:
             return fill
         if not labels:
             raise CheckpointNotFound(f"{name}@{version}", "no complete copy to read from")
-        self._copy(fill, staging, m, labels, other, name, version, deadline, progress)
+        self._copy(fill, staging, m, labels, other, name, version, deadline, progress, crypto)
         return fill
 
     def _remote(self, fill: Fill, staging: StagingArea, m: Manifest, cold: VersionDir, tier: str, name: str,
@@ -217,9 +224,11 @@ class Sources:
         fill.verified = True
 
     def _copy(self, fill: Fill, staging: StagingArea, m: Manifest, labels: list[tuple[str, str, str]], other: str,
-              name: str, version: str, deadline: float | None, progress: ProgressFn | None) -> None:
-        """A plain copy of every file of ``m`` from the first source that is still there (not verified
-        here); each source is (label, tier, the version label it is read under)."""
+              name: str, version: str, deadline: float | None, progress: ProgressFn | None,
+              crypto: Callable[[], Any] | None = None) -> None:
+        """A copy of every file of ``m`` from the first source that is still there, each part checked
+        against ``m`` on the way (one read and one write per byte; with ``crypto``, every file's digest
+        taken in the same pass); each source is (label, tier, the version label it is read under)."""
         last_error: Exception | None = None
         for label, src_tier, src_label in labels:
             rel = version_rel(name, src_label)
@@ -234,24 +243,15 @@ class Sources:
                 set_phase(progress, "copy", source=label, total=m.total_bytes)
                 tmpfs = is_tmpfs(staging.dir.fd)
                 with self.roots.must(src_tier).sub(rel) as base:
-                    jobs = [CopyJob(FileRef(base, f.path), FileRef(staging.dir, f.path), f.size, f.mode)
+                    jobs = [(CopyJob(FileRef(base, f.path), FileRef(staging.dir, f.path), f.size, f.mode), f)
                             for f in m.files]
-                    if all(f.size <= IN_MEMORY_MAX for f in m.files):
-                        # small files (adapters, compile caches): hashed on the way, one read each; made
-                        # durable here (per file, or once for the file system when there are many)
-                        many = len(m.files) > SMALL_FILES
-                        copy_checked(list(zip(jobs, m.files)), m.chunk_size, threads=self.copy_threads,
-                                     progress=progress, deadline=deadline, clock=self.monotonic,
-                                     fsync=not (tmpfs or many))
-                        if many and not tmpfs:
-                            syncfs(staging.dir.fd)
-                        fill.verified = True
-                    else:
-                        # (on tmpfs a preallocation zero-fills every page for the copy to write it again:
-                        # the reservation has already checked the room)
-                        copy_files(jobs, threads=self.copy_threads, progress=progress, deadline=deadline,
-                                   clock=self.monotonic, preallocate=not tmpfs)
-                        fill.verified = False
+                    # made durable here (tmpfs needs no fsync); on tmpfs a preallocation zero-fills every
+                    # page for the copy to write it again: the reservation has already checked the room
+                    digests = copy_verified(jobs, m.chunk_size, threads=self.copy_threads, crypto=crypto,
+                                            progress=progress, deadline=deadline, clock=self.monotonic,
+                                            fsync=not tmpfs, preallocate=not tmpfs)
+                    fill.verified = True
+                    fill.crypto_digests = digests if crypto is not None else None
                 fill.add(label, m.total_bytes)
                 return
             except FileNotFoundError as exc:  # the donor vanished (evicted): try the next source

@@ -25,7 +25,7 @@ from ..content.manifest import MANIFEST_RELPATH, Manifest
 from ..layout import DIR_MODE, STAGING, remember_manifest
 from ..progress import ProgressFn, set_phase
 from ..safefs import Dir
-from .trust import Signed, check_bytes, write_record
+from .trust import Signed, check_bytes, check_digests, write_record
 
 RESUMABLE_MAX_AGE_S = 24 * 3600
 
@@ -63,19 +63,27 @@ class StagingArea:
             remember_manifest(d, fname, m)   # (ours, in our private staging area: no need to parse it back)
 
     def commit(self, root: Dir, name: str, version: str, m: Manifest, *, verified: bool,
-               signed: "Signed | None" = None, checked_at: float = 0.0, progress: "ProgressFn | None" = None) -> None:
+               signed: "Signed | None" = None, checked_at: float = 0.0, progress: "ProgressFn | None" = None,
+               crypto_digests: "dict[str, str] | None" = None) -> None:
         """Write ``m``, check the staged files against it (sizes and digests; skipped when the filler
         already ``verified`` them), fsync the tree, rename it to ``NAME/VERSION`` (never over an
         existing entry) and fsync the parent: when this returns the version is durable.
 
         ``signed``: the bytes must also be what was signed; checked in the same read as the manifest's
         parts (even when the filler verified them: its check was not a cryptographic one), then the
-        signature and its trust record are written beside the manifest."""
+        signature and its trust record are written beside the manifest. ``crypto_digests``: every
+        file's signed digest as the filler took it from the bytes it wrote and verified (one pass, no
+        read here)."""
         self.write_manifest(m)
-        if signed is not None or not verified:
+        taken = crypto_digests if verified and crypto_digests is not None \
+            and {f.path for f in m.files} <= crypto_digests.keys() else None   # (in the filler's one pass)
+        if (signed is not None and taken is None) or not verified:
             set_phase(progress, "verify", total=m.total_bytes)
         if signed is not None:
-            check_bytes(self.dir, m, signed, f"{name}@{version}", progress=progress)
+            if taken is not None:
+                check_digests(m, signed, f"{name}@{version}", taken)
+            else:
+                check_bytes(self.dir, m, signed, f"{name}@{version}", progress=progress)
             write_record(self.dir, signed, checked_at)
         elif not verified:
             verify_checkpoint(self.dir, m, progress=progress).raise_for_problems()

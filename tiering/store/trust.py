@@ -4,9 +4,11 @@
   ``.weightd/model.sig`` and checks it against the trusted keys and the manifest's file list: an
   unsigned version (when signatures are required), an unknown key, a changed statement or a file set
   that differs is refused at once (exit 5), with nothing reserved or written.
-- At commit, the staging area is read once for the manifest's xxh3-128 parts and the signed
-  SHA-256/BLAKE3 of every file together (``verify_checkpoint(..., crypto=...)``); a byte that differs
-  from what was signed aborts the commit, so nothing unsigned is ever renamed into a tier.
+- The signed SHA-256/BLAKE3 of every file is taken from the bytes placed: by a copy, in its own pass
+  (the buffers it hashes for the manifest's parts and writes, ``Fill.crypto_digests``); otherwise, at
+  commit, in one read of the staging area for the parts and the digests together
+  (``verify_checkpoint(..., crypto=...)``). A byte that differs from what was signed aborts the commit,
+  so nothing unsigned is ever renamed into a tier.
 - A tier copy that passed records it: ``.weightd/model.sig`` (the bundle, so ``model_signing verify``
   works on the tier copy too) and ``.weightd/trust.json`` (key, algorithm, when it was checked);
   ``status`` and ``path`` read that record.
@@ -53,9 +55,14 @@ def check_bytes(d: Dir, m: Manifest, signed: Signed, ref: str, *, threads: int |
     (SignatureRefused, reason ``digest_mismatch``)."""
     report = verify_checkpoint(d, m, threads=threads, crypto=HASHERS[signed.statement.algorithm], progress=progress)
     report.raise_for_problems()
+    check_digests(m, signed, ref, report.crypto_digests)
+
+
+def check_digests(m: Manifest, signed: Signed, ref: str, digests: dict[str, str]) -> None:
+    """Every file's digest (taken from its bytes: a read of the copy, or the copy's own pass) against
+    the signed ones (SignatureRefused, reason ``digest_mismatch``)."""
     # a partial copy (``m.of``) holds some of the signed files: each of those must be as signed
-    signed.statement.check_digests(ref, report.crypto_digests,
-                                   only={f.path for f in m.files} if m.of is not None else None)
+    signed.statement.check_digests(ref, digests, only={f.path for f in m.files} if m.of is not None else None)
 
 
 def write_record(d: Dir, signed: Signed, checked_at: float) -> None:
