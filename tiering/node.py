@@ -13,7 +13,7 @@ import logging
 import math
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from .content.names import LABEL_SEP, validate_label, validate_name, validate_version
 from .content.select import PARTIAL_TAG, Selection, choose
@@ -168,7 +168,8 @@ class LocalNode:
     def preload(self, name: str, version: str | None = None, *, tier: str = HOT, strict: bool = False,
                 lease_s: float = DEFAULT_LEASE_S, timeout_s: float | None = None, wait: bool = False,
                 progress: ProgressFn | None = None, holder: str | None = None,
-                selection: Selection | None = None, companion: tuple[str, str] | None = None) -> PreloadReport:
+                selection: Selection | None = None, companion: tuple[str, str] | None = None,
+                warm_for: Sequence[int] = ()) -> PreloadReport:
         """Make NAME@VERSION complete and verified in ``tier`` (hot falls back to warm unless strict).
 
         ``wait``: if it is not published yet, wait for it (until ``timeout_s``). ``holder``: who the
@@ -176,6 +177,8 @@ class LocalNode:
         only the files it chooses, as a partial copy of its own (``NAME/V~p<hex>``; the version
         itself when it chooses every file). ``companion``: (kind, key) of an artefact published with
         :meth:`publish` ``of=`` for this version (``NAME/V~<kind>~<key>``), instead of the version.
+        ``warm_for``: pids of the processes the copy is for (a daemon's caller), whose memory cgroups
+        bound what is warmed after placement, beside this process's own.
         """
         if tier not in LOCAL_TIERS:
             raise BadInput(f"tier must be one of {', '.join(LOCAL_TIERS)}")
@@ -184,13 +187,13 @@ class LocalNode:
         t0 = self.monotonic()
         deadline = None if timeout_s is None else t0 + timeout_s
         return run_bounded(lambda: self._preload(name, version, tier, strict, lease_s, deadline, wait, progress, t0,
-                                                 holder, selection, companion),
+                                                 holder, selection, companion, warm_for),
                            deadline=deadline, clock=self.monotonic, what=f"preload of {name}@{version or 'latest'}")
 
     def _preload(self, name: str, version: str | None, tier: str, strict: bool, lease_s: float,
                  deadline: float | None, wait: bool, progress: ProgressFn | None, t0: float,
                  holder: str | None = None, selection: Selection | None = None,
-                 companion: tuple[str, str] | None = None) -> PreloadReport:
+                 companion: tuple[str, str] | None = None, warm_for: Sequence[int] = ()) -> PreloadReport:
         src = self.wait_published(name, version, deadline) if wait else self.resolve(name, version)
         obj, origin, part = self.object_of(src, selection, companion)
         try:
@@ -204,7 +207,7 @@ class LocalNode:
             report.tier_fallback = {"from": HOT, "to": WARM, "reason": str(exc)}
         report.part_of = part
         report.requested_tier = tier
-        self.preloader.warm(report, progress)
+        self.preloader.warm(report, progress, warm_for)
         report.seconds = self.monotonic() - t0
         return report
 

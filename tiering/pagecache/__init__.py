@@ -15,7 +15,8 @@
 - Dropping: ``posix_fadvise(POSIX_FADV_DONTNEED)``, which needs no root.
 
 By concern: :mod:`.files` (what to touch, in loader order), :mod:`.resident` (measure, drop),
-:mod:`.throttle` (rate cap, back-off), :mod:`.warming`, :mod:`.mlock`; the kernel calls are in
+:mod:`.throttle` (rate cap, back-off), :mod:`.warming`, :mod:`.room` (how much page cache a process can
+hold: what is worth warming), :mod:`.mlock`; the kernel calls are in
 :mod:`tiering._syscalls`, the errors in :mod:`tiering.errors`.
 """
 
@@ -30,6 +31,7 @@ _SURFACE: dict[str, str] = {
     "LockedFiles": "mlock", "check_memlock": "mlock",
     "FileResidency": "resident", "ResidencyReport": "resident", "cool": "resident", "drop_from_cache": "resident",
     "file_residency": "resident", "residency": "resident",
+    "Room": "room", "page_cache_room": "room",
     "AwaitMonitor": "throttle", "LatencyProbe": "throttle", "TokenBucket": "throttle",
     "WINDOW": "warming", "WarmOptions": "warming", "WarmReport": "warming", "warm": "warming",
 }

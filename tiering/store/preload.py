@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import errno
 import logging
-from typing import Callable
+from typing import Callable, Sequence
 
 from .._syscalls import is_tmpfs
 from ..content.signature import HASHERS
 from ..content.units import format_bytes
 from ..errors import NoSpace
 from ..layout import WARM, VersionDir, read_version, version_rel
-from ..pagecache import WarmOptions, residency, warm
+from ..pagecache import WarmOptions, page_cache_room, residency, warm
 from ..progress import ProgressFn, set_phase, watch_throttle
 from ..safefs import Dir
 from ..state import State
@@ -100,17 +100,29 @@ class Preloader:
         finally:
             lock.release()
 
-    def warm(self, report: PreloadReport, progress: ProgressFn | None = None) -> None:
-        """Bring a warm-tier copy into the page cache (a tmpfs copy is resident by nature)."""
+    def warm(self, report: PreloadReport, progress: ProgressFn | None = None, warm_for: Sequence[int] = ()) -> None:
+        """Bring a warm-tier copy into the page cache (a tmpfs copy is resident by nature), when it can
+        stay there: a checkpoint larger than the page cache this process and ``warm_for`` (the pids of
+        the callers a daemon works for) can hold (their memory cgroups, MemAvailable) is not read again
+        (its own pages would evict each other); the report says which, and why."""
         t0 = self.monotonic()
         if report.tier == WARM:
-            o = self.warm_options
-            set_phase(progress, "warm", total=report.bytes)
-            r = warm([report.path], concurrency=o.concurrency, rate_bytes_per_s=o.rate_bytes_per_s,
-                     await_threshold_ms=o.await_threshold_ms, progress=progress)
-            report.resident_bytes = r.resident_bytes
-            for sk in r.skipped:
-                log.warning("could not warm path=%s: %s", sk.path, sk.reason)
+            room = page_cache_room(warm_for)
+            report.warm = {"warmed_bytes": 0, "room_bytes": room.bytes, "limited_by": room.what}
+            if report.bytes > room.bytes:
+                report.warm_skipped = (f"checkpoint {format_bytes(report.bytes)} > {format_bytes(room.bytes)} "
+                                       f"{room.what} can hold")
+                report.resident_bytes = residency([report.path]).resident_bytes
+                log.info("not warming name=%s version=%s: %s", report.name, report.version, report.warm_skipped)
+            else:
+                o = self.warm_options
+                set_phase(progress, "warm", total=report.bytes)
+                r = warm([report.path], concurrency=o.concurrency, rate_bytes_per_s=o.rate_bytes_per_s,
+                         await_threshold_ms=o.await_threshold_ms, progress=progress)
+                report.resident_bytes = r.resident_bytes
+                report.warm["warmed_bytes"] = r.warmed_bytes
+                for sk in r.skipped:
+                    log.warning("could not warm path=%s: %s", sk.path, sk.reason)
         elif _tmpfs_without_swap(self.roots.dir(report.tier)):
             report.resident_bytes = report.bytes   # (tmpfs pages can only leave memory for swap: none here)
         else:

@@ -54,6 +54,10 @@ class PreloadReport:
     lease_expires_at: float | None = None
     resident_bytes: int = 0
     warm_seconds: float = 0.0
+    # warming after placement: what was read into the page cache and why ({"warmed_bytes", "room_bytes",
+    # "limited_by"}), and why it was not, when the checkpoint is larger than the page cache can hold
+    warm: dict[str, Any] | None = None
+    warm_skipped: str | None = None
     delta: dict[str, Any] | None = None   # donors used, bytes planned and refetched (a delta update)
     signature: dict[str, Any] | None = None  # who signed it, checked against every byte (None: unsigned)
     resumed_bytes: int = 0   # kept from an interrupted transfer of this version (checked, not moved again)
@@ -74,7 +78,8 @@ class PreloadReport:
                 "seconds": round(self.seconds, 4), "lease_expires_at": self.lease_expires_at,
                 "resident_bytes": self.resident_bytes,
                 "resident_percent": round(100 * self.resident_bytes / self.bytes, 2) if self.bytes else 100.0,
-                "warm_seconds": round(self.warm_seconds, 4), "delta": self.delta, "signature": self.signature,
+                "warm_seconds": round(self.warm_seconds, 4), "warm": self.warm, "warm_skipped": self.warm_skipped,
+                "delta": self.delta, "signature": self.signature,
                 "resumed_bytes": self.resumed_bytes, "store": self.store, "swarm": self.swarm,
                 "part_of": self.part_of}
 
