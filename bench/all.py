@@ -5,7 +5,7 @@
 
 Each bench runs with the command the table prints beside its figures (docs/benchmarks.md's own, sized so the
 whole run takes about 40 minutes on this 2-core VM: the run of 2026-12-05 02:01 UTC took 36 minutes,
-and swarm_sim's calibration adds under one; a bench whose spread is wide runs up to twice its rounds,
+swarm_sim's calibration adds under one and preload_cgroup two and a half; a bench whose spread is wide runs up to twice its rounds,
 so a noisy machine can stretch that towards an hour; `--quick` uses tiny sizes to check that all of
 them run, in about 10 minutes). Each bench's JSON goes to bench/results/<date>/<name>.json. The table (between the
 markers `<!-- bench:all:begin -->` and `<!-- bench:all:end -->` in docs/benchmarks.md) has one row per ratio a
@@ -40,6 +40,8 @@ BENCHES: dict[str, tuple[list[str], list[str]]] = {
     "restart_storm": (["bench/restart_storm.py"],
                       ["bench/restart_storm.py", "--size", "64MiB", "--n", "2", "--rounds", "5", "--tiers", "hot"]),
     "promote": (["bench/promote.py", "--size", "1GiB"], ["bench/promote.py", "--size", "64MiB"]),
+    "preload_cgroup": (["bench/preload_cgroup.py", "--size", "2GiB", "--memory", "384MiB", "--rss-sizes", "1GiB,8GiB"],
+                       ["bench/preload_cgroup.py", "--size", "256MiB", "--memory", "160MiB", "--rounds", "2"]),
     "daemon": (["bench/daemon.py"], ["bench/daemon.py", "--size", "64MiB", "--clients", "8"]),
     "stream": (["bench/stream.py", "--size", "1GiB"], ["bench/stream.py", "--size", "64MiB"]),
     "lora_set": (["bench/lora_set.py", "--adapters", "200", "--size", "20MB"],

@@ -10,7 +10,10 @@ weightd runs as the real CLI (`weightd preload`), interpreter start included; cp
 Every case runs once per round, in a rotating order (bench/_rounds.py: up to twice the rounds while a
 case's spread is wide, no ratio past --max-spread); each case's set-up (evict, drop the cold copy
 from the cache, make sure the warm copy is there for warm -> hot) is done before it, untimed.
-Target: weightd >= 0.9x cp's speed (`ratios`, in the common shape with the machine's state).
+Targets (issue 35, `ratios` in the common shape with the machine's state): cold -> warm >= 1.0x the speed
+of `cp -r && sync` (a preload is durable when it returns; `cp -r` alone is reported without a target),
+warm -> hot >= 0.9x `cp -r`, a required signature <= 1.15x the unsigned preload's time. The case where
+the page cache cannot hold the checkpoint is bench/preload_cgroup.py.
 
 Signatures: the version is published signed, and every round also runs both preloads with
 `[trust] require_signature = true` (the signed SHA-256 of every file checked in the same read as the
@@ -123,17 +126,17 @@ def main() -> int:
 
         sp = args.max_spread
         print(json.dumps(report(
-            "promote", res, [speedup(res, "cw_weightd", "cw_cp", max_spread=sp, target=0.9),
-                             speedup(res, "cw_weightd", "cw_cp_sync", max_spread=sp, target=0.9),
+            "promote", res, [speedup(res, "cw_weightd", "cw_cp", max_spread=sp),
+                             speedup(res, "cw_weightd", "cw_cp_sync", max_spread=sp, target=1.0),
                              speedup(res, "wh_weightd", "wh_cp", max_spread=sp, target=0.9),
                              # what a required signature costs: signed time over unsigned (1.0 = free)
-                             speedup(res, "cw_weightd", "cw_weightd_signed", max_spread=sp),
-                             speedup(res, "wh_weightd", "wh_weightd_signed", max_spread=sp)],
+                             speedup(res, "cw_weightd", "cw_weightd_signed", max_spread=sp, target_at_most=1.15),
+                             speedup(res, "wh_weightd", "wh_weightd_signed", max_spread=sp, target_at_most=1.15)],
             rounds=args.runs, max_spread=sp, machine=(m0, m1), bytes=total, files=len(files), runs=args.runs, **{
             "cold_to_warm": {"weightd_gbps": gbps("cw_weightd"), "cp_r_gbps": gbps("cw_cp"),
                              "cp_r_sync_gbps": gbps("cw_cp_sync"),
                              "ratio_vs_cp_r": round(med["cw_cp"] / med["cw_weightd"], 3),
-                             "ratio_vs_cp_r_sync": round(med["cw_cp_sync"] / med["cw_weightd"], 3), "target": 0.9},
+                             "ratio_vs_cp_r_sync": round(med["cw_cp_sync"] / med["cw_weightd"], 3), "target": 1.0},
             "warm_to_hot": {"weightd_gbps": gbps("wh_weightd"), "cp_r_gbps": gbps("wh_cp"),
                             "ratio_vs_cp_r": round(med["wh_cp"] / med["wh_weightd"], 3), "target": 0.9},
             "signatures": {
