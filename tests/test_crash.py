@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tiering import verify_checkpoint
-from tiering.layout import list_versions
+from tiering.versions import list_versions
 from tiering.sample import make_checkpoint
 
 MiB = 1 << 20

@@ -7,9 +7,9 @@ from __future__ import annotations
 import os
 import time
 
-from tiering import layout
+from tiering import versions as listing
 from tiering.content.manifest import MANIFEST_RELPATH
-from tiering.layout import list_versions, read_version
+from tiering.versions import list_versions, read_version
 from tiering.sample import make_checkpoint
 
 
@@ -22,7 +22,7 @@ def _placed(node_env, tmp_path, versions, size=256 << 10):
 
 
 def test_a_listing_follows_every_version_that_comes_and_goes(node_env, tmp_path, monkeypatch):
-    monkeypatch.setattr(layout, "RACY_NS", 0)   # (keep every listing: the cache itself is under test)
+    monkeypatch.setattr(listing, "RACY_NS", 0)   # (keep every listing: the cache itself is under test)
     _placed(node_env, tmp_path, ["v1", "v2"])
     assert sorted(v.version for v in list_versions(node_env.warm)) == ["v1", "v2"]
     assert sorted(v.version for v in list_versions(node_env.warm)) == ["v1", "v2"]   # (from the cache)
@@ -38,11 +38,11 @@ def test_a_listing_taken_in_the_racy_window_is_not_kept(node_env, tmp_path):
     list_versions(node_env.warm)
     st = os.stat(node_env.warm / "org/m")
     key = (str(node_env.warm / "org"), "m", st.st_dev, st.st_ino)
-    if time.time_ns() - st.st_mtime_ns < layout.RACY_NS:
-        assert key not in layout._LISTED
-    time.sleep(layout.RACY_NS / 1e9 + 0.05)
+    if time.time_ns() - st.st_mtime_ns < listing.RACY_NS:
+        assert key not in listing._LISTED
+    time.sleep(listing.RACY_NS / 1e9 + 0.05)
     list_versions(node_env.warm)
-    assert key in layout._LISTED
+    assert key in listing._LISTED
 
 
 def test_a_manifest_changed_in_place_is_read_again(node_env, tmp_path):

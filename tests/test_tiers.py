@@ -15,7 +15,7 @@ import pytest
 
 from tiering import verify_checkpoint
 from tiering.errors import Busy, CheckpointNotFound, NoSpace, VersionConflict
-from tiering.layout import list_versions
+from tiering.versions import list_versions
 from tiering.safefs import COLD_MARKER
 from tiering.sample import make_checkpoint
 

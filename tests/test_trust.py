@@ -515,7 +515,7 @@ def test_listing_one_directory_from_many_threads_is_exact(tmp_path: Path) -> Non
 
 def test_origin_never_hands_libtorrent_a_version_others_can_change(wd, node_env, tmp_path: Path) -> None:
     from tiering.errors import UnsafePath
-    from tiering.layout import read_version
+    from tiering.versions import read_version
     from weightd.node.swarm import check_seedable
     publish(wd, tmp_path)
     v = read_version(node_env.cold, "org/tiny", "v1")

@@ -43,7 +43,7 @@ _SURFACE: dict[str, str] = {
     "StorageUnavailable": "errors", "UnsafePath": "errors", "VersionConflict": "errors",
     # tiers on disk
     "COLD": "layout", "DIR_MODE": "layout", "HOT": "layout", "LOCAL_TIERS": "layout", "WARM": "layout",
-    "TierSpec": "layout", "VersionDir": "layout", "existing_ancestor": "layout", "list_versions": "layout",
+    "TierSpec": "layout", "VersionDir": "layout", "existing_ancestor": "layout", "list_versions": "versions",
     "is_whole": "layout", "part_of": "layout",
     "Dir": "safefs", "check_unchangeable": "safefs", "open_cold_root": "safefs", "open_tier_root": "safefs",
     "open_unchangeable_dir": "safefs", "resolve_unchangeable": "safefs", "describe": "safefs",
@@ -55,7 +55,7 @@ _SURFACE: dict[str, str] = {
     "FetchRequest": "sources.base", "FetchResult": "sources.base", "Fetcher": "sources.base",
     "SourceFallback": "sources.base",
     "Progress": "progress", "set_phase": "progress", "process_name": "inuse", "ObjectCold": "sources.s3.cold",
-    "ObjectLocation": "sources.s3.client", "read_version": "layout",
+    "ObjectLocation": "sources.s3.client", "read_version": "versions",
     # page cache (tiering/pagecache/)
     "collect_files": "pagecache.files",
     "cool": "pagecache.resident", "residency": "pagecache.resident",

@@ -21,7 +21,7 @@ from .content.signature import TrustPolicy
 from .content.units import MAX_SECONDS
 from .copy import run_bounded
 from .errors import BadInput, CheckpointNotFound, NoSpace
-from .layout import COLD, HOT, LOCAL_TIERS, WARM, TierSpec, VersionDir, read_version
+from .layout import COLD, HOT, LOCAL_TIERS, WARM, TierSpec, VersionDir
 from .pagecache import WarmOptions
 from .safefs import Dir
 from .progress import ProgressFn
@@ -36,6 +36,7 @@ from .store.roots import RefuseFn, TierRoots
 from .store.sources import Sources
 from .store.trust import Trust
 from .store.space import EvictFn, Space
+from .versions import read_version
 
 if TYPE_CHECKING:
     from .sources.s3.cold import ObjectCold

@@ -3,14 +3,17 @@ lookups, and waiting for a version to be published. Reads only; through the chec
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import Any, Callable
 
+from ..content.manifest import MANIFEST_RELPATH
 from ..content.names import validate_name, validate_version
 from ..errors import CheckpointNotFound, StorageUnavailable, TieringError, TimedOut
-from ..layout import COLD, LOCAL_TIERS, VersionDir, list_versions, published_versions, read_version, is_whole
+from ..layout import COLD, LOCAL_TIERS, VersionDir, is_whole
 from ..safefs import Dir
+from ..versions import list_versions, published_versions, read_version
 from .roots import TierRoots
 
 
@@ -121,9 +124,6 @@ class Catalog:
         """Can this process read cold storage (``weightd doctor``, run by the daemon as its own user)?
         Up to ``limit`` published versions: each manifest, and each file opened for reading. Every
         directory, manifest or file it may not read is a problem; nothing is skipped quietly."""
-        import os
-        from ..content.manifest import MANIFEST_RELPATH as MANIFEST
-        from ..errors import ManifestError
         problems: list[dict[str, str]] = []
         checked = 0
         if self.roots.object is not None:
@@ -137,48 +137,11 @@ class Catalog:
             return {"uid": os.geteuid(), "checked": 0, "problems": [{"where": "cold", "reason": str(exc)}]}
         if cold is None:
             return {"uid": os.geteuid(), "checked": 0, "problems": [{"where": "cold", "reason": "does not exist"}]}
-
-        def names() -> list[str]:
-            out: list[str] = []
-            for a in _subdirs(cold, "", problems):
-                try:
-                    validate_name(a)  # (lost+found and other entries that cannot be a name are not ours)
-                except TieringError:
-                    continue
-                for b in _subdirs(cold, a, problems):
-                    try:
-                        is_version = cold.lstat(f"{a}/{b}/{MANIFEST.split('/')[0]}") is not None
-                    except OSError as exc:
-                        problems.append({"where": f"{a}/{b}", "reason": exc.strerror or str(exc)})
-                        continue
-                    if is_version:
-                        out.append(a)  # a/b is a version of NAME a
-                        break
-                    try:
-                        validate_name(f"{a}/{b}")
-                    except TieringError:
-                        continue
-                    out.append(f"{a}/{b}")
-            return out
-
         try:
-            for name in names():
+            for name in _cold_names(cold, problems):
                 if checked >= limit:
                     break
-                try:
-                    versions = published_versions(cold, name, strict=True)
-                except (ManifestError, TieringError, OSError) as exc:
-                    problems.append({"where": name, "reason": str(exc)})
-                    continue
-                for v in versions[: max(0, limit - checked)]:
-                    checked += 1
-                    for f in v.manifest.files:
-                        try:
-                            os.close(cold.open_read(f"{v.rel}/{f.path}"))
-                        except (OSError, TieringError) as exc:
-                            problems.append({"where": f"{v.ref}/{f.path}", "reason": getattr(exc, "strerror", None)
-                                             or str(exc)})
-                            break
+                checked += _check_versions(cold, name, limit - checked, problems)
         except PermissionError as exc:
             problems.append({"where": str(cold.path), "reason": exc.strerror or "permission denied"})
         return {"uid": os.geteuid(), "checked": checked, "problems": problems}
@@ -278,6 +241,52 @@ class Catalog:
                 self.sleep(poll_s)
             elif cancel.wait(poll_s):
                 raise TimedOut(f"{ref}: the wait for its publication was abandoned")
+
+
+def _cold_names(cold: Dir, problems: list[dict[str, str]]) -> list[str]:
+    """The NAMEs in a path cold tier (``NAME`` or ``org/model``: a directory holding a version is a
+    NAME), for :meth:`Catalog.check_readable`; a directory it may not list is a problem."""
+    out: list[str] = []
+    for a in _subdirs(cold, "", problems):
+        try:
+            validate_name(a)  # (lost+found and other entries that cannot be a name are not ours)
+        except TieringError:
+            continue
+        for b in _subdirs(cold, a, problems):
+            try:
+                is_version = cold.lstat(f"{a}/{b}/{MANIFEST_RELPATH.split('/')[0]}") is not None
+            except OSError as exc:
+                problems.append({"where": f"{a}/{b}", "reason": exc.strerror or str(exc)})
+                continue
+            if is_version:
+                out.append(a)  # a/b is a version of NAME a
+                break
+            try:
+                validate_name(f"{a}/{b}")
+            except TieringError:
+                continue
+            out.append(f"{a}/{b}")
+    return out
+
+
+def _check_versions(cold: Dir, name: str, limit: int, problems: list[dict[str, str]]) -> int:
+    """Up to ``limit`` published versions of NAME read (the manifest) and opened (each file, up to the
+    first that fails): how many were checked; what this process may not read goes to ``problems``."""
+    try:
+        versions = published_versions(cold, name, strict=True)
+    except (TieringError, OSError) as exc:   # (ManifestError is a TieringError)
+        problems.append({"where": name, "reason": str(exc)})
+        return 0
+    checked = 0
+    for v in versions[: max(0, limit)]:
+        checked += 1
+        for f in v.manifest.files:
+            try:
+                os.close(cold.open_read(f"{v.rel}/{f.path}"))
+            except (OSError, TieringError) as exc:
+                problems.append({"where": f"{v.ref}/{f.path}", "reason": getattr(exc, "strerror", None) or str(exc)})
+                break
+    return checked
 
 
 def _subdirs(d: Dir, rel: str, problems: list[dict[str, str]]) -> list[str]:

@@ -16,11 +16,12 @@ from .._syscalls import is_tmpfs
 from ..content.signature import HASHERS
 from ..content.units import format_bytes
 from ..errors import NoSpace
-from ..layout import WARM, VersionDir, read_version, version_rel
+from ..layout import WARM, VersionDir, version_rel
 from ..pagecache import WarmOptions, page_cache_room, residency, warm
 from ..progress import ProgressFn, set_phase, watch_throttle
 from ..safefs import Dir
 from ..state import State
+from ..versions import read_version
 from .reports import PreloadReport
 from .roots import TierRoots
 from .sources import Fill, Sources

@@ -20,9 +20,10 @@ from ..content.names import validate_label, validate_name, validate_version
 from ..content.scan import CheckFn, ScannedFile, scan_checkpoint
 from ..copy import CopyJob, copy_files
 from ..errors import BadInput, FileChanged, VersionConflict
-from ..layout import COLD, DIR_MODE, read_version, version_rel
+from ..layout import COLD, DIR_MODE, version_rel
 from ..safefs import Dir, FileRef
 from ..progress import ProgressFn
+from ..versions import read_version
 from .reports import PublishReport
 from .roots import TierRoots
 from .staging import StagingArea, open_staging

@@ -10,10 +10,11 @@ from typing import Any, Callable, Sequence
 
 from ..content.build import verify_checkpoint
 from ..errors import NotOurs, TieringError
-from ..layout import LOCAL_TIERS, TRASH, VersionDir, list_versions
+from ..layout import LOCAL_TIERS, TRASH, VersionDir
 from ..locks import FileLock
 from ..safefs import Dir
 from ..state import State
+from ..versions import list_versions
 from .roots import CHECKING, TierRoots
 from .staging import staging_ids, staging_keep, staging_temporaries
 

@@ -8,10 +8,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..inuse import process_name, processes_using
-from ..layout import LOCAL_TIERS, VersionDir, list_versions
+from ..layout import LOCAL_TIERS, VersionDir
 from ..pagecache import residency
 from ..sources.base import SourceFallback, as_dicts
 from ..state import State
+from ..versions import list_versions
 from .roots import TierRoots
 from .staging import staging_expected_bytes, staging_ids
 from .trust import read_trust

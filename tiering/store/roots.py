@@ -18,10 +18,11 @@ from typing import TYPE_CHECKING, Callable
 
 from ..content.manifest import MANIFEST_RELPATH
 from ..errors import BadInput, NotOurs, TieringError
-from ..layout import (COLD, LOCKS, TIER_MARKER, TRASH, TierSpec, list_versions, lock_name, manifest_of,
-                      prune_empty_parents, unexpected_in_root, unlisted_entries)
+from ..layout import COLD, LOCKS, TIER_MARKER, TRASH, TierSpec, lock_name, prune_empty_parents
 from ..locks import FileLock
+from ..ownership import unexpected_in_root, unlisted_entries
 from ..safefs import Dir, RootPolicy, open_cold_store, open_tier_root
+from ..versions import list_versions, manifest_of
 
 log = logging.getLogger(__name__)
 RefuseFn = Callable[[str, str, str], None]   # (tier, what, reason: foreign_root | unlisted_entries | no_manifest)

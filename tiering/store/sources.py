@@ -19,12 +19,13 @@ from ..delta import DeltaPlan, Donor, plan_delta
 from ..delta import build as build_delta_spans
 from ..delta import build_verified as build_delta
 from ..errors import CheckpointNotFound, StorageUnavailable, TimedOut
-from ..layout import COLD, HOT, LOCAL_TIERS, WARM, VersionDir, list_versions, read_version, version_rel
+from ..layout import COLD, HOT, LOCAL_TIERS, WARM, VersionDir, version_rel
 from ..locks import FileLock
 from ..progress import ProgressFn, set_phase
 from ..safefs import FileRef
 from ..sources.base import Fetcher, FetchRequest, SourceFallback
 from ..verified_copy import copy_verified
+from ..versions import list_versions, read_version
 from .roots import TierRoots
 from .staging import StagingArea
 

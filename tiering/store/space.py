@@ -13,9 +13,10 @@ from typing import Any, Callable
 from ..content.units import format_bytes, format_duration
 from ..errors import Busy, CheckpointNotFound, NoSpace, NotOurs
 from ..inuse import process_name, processes_using
-from ..layout import LOCAL_TIERS, list_versions, read_version, version_rel
+from ..layout import LOCAL_TIERS, version_rel
 from ..placement import Candidate, EvictionPlan, plan_eviction
 from ..state import State
+from ..versions import list_versions, read_version
 from .roots import TierRoots
 from .staging import StagingArea, open_staging, staging_expected_bytes, staging_id, staging_ids
 

@@ -22,9 +22,10 @@ from typing import Callable
 
 from ..content.build import verify_checkpoint
 from ..content.manifest import MANIFEST_RELPATH, Manifest
-from ..layout import DIR_MODE, STAGING, remember_manifest
+from ..layout import DIR_MODE, STAGING
 from ..progress import ProgressFn, set_phase
 from ..safefs import Dir
+from ..versions import remember_manifest
 from .trust import Signed, check_bytes, check_digests, write_record
 
 RESUMABLE_MAX_AGE_S = 24 * 3600

@@ -26,9 +26,10 @@ from ..content.manifest import Manifest
 from ..content.signature import (HASHERS, MAX_BUNDLE_BYTES, SIGNATURE_RELPATH, TRUST_RELPATH, SignatureRefused,
                                  SignedStatement, TrustPolicy)
 from ..errors import TieringError
-from ..layout import COLD, DIR_MODE, LOCAL_TIERS, VersionDir, read_version
+from ..layout import COLD, DIR_MODE, LOCAL_TIERS, VersionDir
 from ..progress import ProgressFn
 from ..safefs import Dir
+from ..versions import read_version
 from .roots import TierRoots
 
 log = logging.getLogger(__name__)
