@@ -37,7 +37,7 @@ from _blkio import Throttle  # noqa: E402
 from _rounds import machine_state, report, rounds, speedup  # noqa: E402
 from swarm import Daemon  # noqa: E402
 from tiering import build_manifest  # noqa: E402
-from tiering.content.manifest import load_manifest  # noqa: E402
+from tiering.content.manifest_parse import load_manifest  # noqa: E402
 from tiering.content.units import parse_size  # noqa: E402
 from tiering.pagecache import drop_from_cache  # noqa: E402
 from tiering.sample import make_checkpoint, mutate_tensor  # noqa: E402

@@ -173,7 +173,8 @@ def test_a_companion_signed_the_old_way(wd, node_env, tmp_path):
     "companion_of"): refused where signatures are required, naming what to do; loaded as unsigned
     (with a warning) where they are not."""
     from tiering.content.build import verify_checkpoint
-    from tiering.content.manifest import MANIFEST_RELPATH, load_manifest
+    from tiering.content.manifest import MANIFEST_RELPATH
+    from tiering.content.manifest_parse import load_manifest
     from tiering.content.signature import HASHERS, SIGNATURE_RELPATH, sign
     assert wd("keygen", tmp_path / "fleet").returncode == 0
     key, pub = tmp_path / "fleet.pem", tmp_path / "fleet.pub.pem"

@@ -17,7 +17,8 @@ import pytest
 from tests.conftest import ROOT, assert_one_line_error, stop_process
 from tiering import BadInput, InvalidName, make_checkpoint, make_ranked_checkpoint, selection_from
 from tiering.content.build import build_manifest, verify_checkpoint
-from tiering.content.manifest import MANIFEST_RELPATH, load_manifest
+from tiering.content.manifest import MANIFEST_RELPATH
+from tiering.content.manifest_parse import load_manifest
 from tiering.content.select import choose
 
 # -- patterns: huggingface_hub's allow_patterns / ignore_patterns -------------------------------------
@@ -224,14 +225,17 @@ def test_preload_and_path_from_the_cli(wd, node_env, tmp_path):
     d = json.loads(r.stdout)
     assert d["version"].startswith("v1~p") and d["part_of"]["selection"] == {"exclude": ["original/*"], "layers": [4, 5]}
     assert d["part_of"]["mixed_shards"] and d["part_of"]["bytes"] < d["part_of"]["of_bytes"]
-    p = wd("--no-daemon", "path", "org/m@v1", "--layers", "4-5", "--exclude", "original/")
+    # (the path and the refusals only read: at once)
+    cases = [(["path", "org/m@v1"], 3, "not on this node"),
+             (["path", "org/m@v1", "--all", "--layers", "1-2"], 2, "--all"),
+             (["preload", "org/m@v1", "--tp-rank", "0/2"], 2, "not laid out per rank"),
+             (["preload", "org/m@v1", "--include", "/etc/*"], 2, "not a pattern"),
+             (["preload", "org/m@v1~p0123456789ab"], 2, "version"), (["path", "org/m@v1~p../../x"], 2, "version")]
+    p, *refused = wd.at_once(["--no-daemon", "path", "org/m@v1", "--layers", "4-5", "--exclude", "original/"],
+                             *(["--no-daemon", *args] for args, _, _ in cases))
     assert p.returncode == 0 and p.stdout.strip() == d["path"]
-    assert_one_line_error(wd("--no-daemon", "path", "org/m@v1"), 3, "not on this node")
-    assert_one_line_error(wd("--no-daemon", "path", "org/m@v1", "--all", "--layers", "1-2"), 2, "--all")
-    assert_one_line_error(wd("--no-daemon", "preload", "org/m@v1", "--tp-rank", "0/2"), 2, "not laid out per rank")
-    assert_one_line_error(wd("--no-daemon", "preload", "org/m@v1", "--include", "/etc/*"), 2, "not a pattern")
-    assert_one_line_error(wd("--no-daemon", "preload", "org/m@v1~p0123456789ab"), 2, "version")
-    assert_one_line_error(wd("--no-daemon", "path", "org/m@v1~p../../x"), 2, "version")
+    for r, (_, code, needle) in zip(refused, cases):
+        assert_one_line_error(r, code, needle)
     ev = wd("--no-daemon", "evict", d["name"] + "@" + d["version"], "--force")
     assert ev.returncode == 0, ev.stderr
     assert not Path(d["path"]).exists()
@@ -305,15 +309,15 @@ def test_a_compile_cache_travels_with_its_version(wd, node_env, tmp_path):
     r2 = json.loads(wd("--no-daemon", "preload", "org/m@v1", "--with", "compile-cache", "--key",
                        "vllm-0.8.4-h100-tp1", "--companion-dir", engine, "--json").stdout)
     assert r2["companions"][0]["already_present"] and r2["companions"][0]["installed"]["unchanged"] == 50
-    assert_one_line_error(wd("--no-daemon", "preload", "org/m@v1", "--with", "compile-cache", "--key", "a100"), 3,
-                          "no compile-cache with key 'a100'")
-    assert_one_line_error(wd("--no-daemon", "preload", "org/m@v1", "--with", "compile-cache"), 2, "--key")
-    assert_one_line_error(wd("publish", cache, "--companion-of", "org/m@v1", "--kind", "Bad/Kind", "--key", "k"), 2,
-                          "kind")
-    assert_one_line_error(wd("publish", cache, "--companion-of", "org/m@v9", "--kind", "compile-cache", "--key", "k"),
-                          3, "not published")
-    assert_one_line_error(wd("publish", cache, "--companion-of", "org/m@v1", "--kind", "p", "--key", "k"), 2,
-                          "reserved")
+    cases = [(["--no-daemon", "preload", "org/m@v1", "--with", "compile-cache", "--key", "a100"], 3,
+               "no compile-cache with key 'a100'"),
+             (["--no-daemon", "preload", "org/m@v1", "--with", "compile-cache"], 2, "--key"),
+             (["publish", cache, "--companion-of", "org/m@v1", "--kind", "Bad/Kind", "--key", "k"], 2, "kind"),
+             (["publish", cache, "--companion-of", "org/m@v9", "--kind", "compile-cache", "--key", "k"], 3,
+              "not published"),
+             (["publish", cache, "--companion-of", "org/m@v1", "--kind", "p", "--key", "k"], 2, "reserved")]
+    for r, (_, code, needle) in zip(wd.at_once(*(args for args, _, _ in cases)), cases):   # (refusals: at once)
+        assert_one_line_error(r, code, needle)
 
 
 def test_a_companion_for_other_content_is_refused(node_env, tmp_path):
@@ -507,7 +511,7 @@ def test_a_manifest_cannot_claim_to_be_a_part_under_a_version_label(tmp_path):
     """A cold-storage writer adding "of" to a published version's manifest (to drop signed files) is
     refused: "of" goes only with a V~... label, and a partial's only with V~p<hex>."""
     from tiering import ManifestError
-    from tiering.content.manifest import manifest_from_dict
+    from tiering.content.manifest_parse import manifest_from_dict
     m = build_manifest(make_checkpoint(tmp_path / "ck", total_bytes=1 << 20, shards=1, layers=1))
     d = m.with_labels(name="org/m", version="v1").to_dict()
     for version, of in (("v1", {"version": "v1", "digest": m.digest, "kind": "partial"}),

@@ -16,8 +16,8 @@ _SURFACE: dict[str, str] = {
     # content: what a checkpoint is (tiering/content/)
     "FORMAT": "content.manifest", "MANIFEST_RELPATH": "content.manifest", "FileEntry": "content.manifest",
     "Manifest": "content.manifest", "Part": "content.manifest", "SafetensorsInfo": "content.manifest",
-    "TensorEntry": "content.manifest", "load_manifest": "content.manifest",
-    "manifest_from_dict": "content.manifest", "write_manifest": "content.manifest",
+    "TensorEntry": "content.manifest", "load_manifest": "content.manifest_parse",
+    "manifest_from_dict": "content.manifest_parse", "write_manifest": "content.manifest",
     "Problem": "content.build", "VerifyReport": "content.build", "build_manifest": "content.build",
     "verify_checkpoint": "content.build", "sample_verify": "content.build", "plan_size": "content.build",
     "ManifestDiff": "content.diff", "TensorChange": "content.diff", "diff_manifests": "content.diff",

@@ -18,7 +18,8 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from .content.manifest import MANIFEST_RELPATH, MAX_MANIFEST_BYTES, Manifest, parse_manifest
+from .content.manifest import MANIFEST_RELPATH, MAX_MANIFEST_BYTES, Manifest
+from .content.manifest_parse import parse_manifest
 from .content.names import validate_label, validate_name, validate_version
 from .errors import BadInput, CheckpointNotFound, ColdUnreadable, LabelMismatch, ManifestError, UnsafePath
 from .layout import VersionDir, as_dir, version_rel

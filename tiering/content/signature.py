@@ -96,7 +96,7 @@ class SignedStatement:
         want = {f.path for f in m.files}
         have = set(self.digests)
         if m.of is not None and m.of.get("kind") == "partial" and "~p" in (m.version or "") and want <= have:
-            return   # (a partial copy: its manifest parses only under a V~p<hex> label, see manifest._read_of)
+            return   # (a partial copy: its manifest parses only under a V~p<hex> label, see manifest_parse._read_of)
         if want != have:
             missing = sorted(want - have)[:2]
             extra = sorted(have - want)[:2]

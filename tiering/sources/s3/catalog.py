@@ -5,7 +5,8 @@ objects beside a version (its torrent). A version exists when its manifest objec
 from __future__ import annotations
 
 from pathlib import Path
-from ...content.manifest import MANIFEST_RELPATH, Manifest, parse_manifest
+from ...content.manifest import MANIFEST_RELPATH, Manifest
+from ...content.manifest_parse import parse_manifest
 from ...content.names import validate_label, validate_name, validate_version
 from ...errors import BadInput, CheckpointNotFound
 from ...layout import VersionDir
