@@ -142,6 +142,20 @@ def _copy_chunk(sfd: int, dfd: int, off: int, n: int, method: list[str], buf: li
             raise
 
 
+def prepare(sfd: int, dfd: int, size: int) -> None:
+    """Before a copy: ``size`` bytes preallocated at the destination (a full tier fails here, before a
+    byte is written; other refusals, e.g. tmpfs or NFS without fallocate, are not errors) and the
+    source read sequentially."""
+    if size:
+        try:
+            os.posix_fallocate(dfd, 0, size)
+        except OSError as exc:
+            if exc.errno == errno.ENOSPC:
+                raise
+    if hasattr(os, "posix_fadvise"):
+        os.posix_fadvise(sfd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+
+
 def copy_file(job: CopyJob, *, preallocate: bool = True, progress: Callable[[int], None] | None = None,
               deadline: float | None = None, clock: Callable[[], float] = time.monotonic, fsync: bool = True) -> str:
     """Copy ``job.src`` to a new ``job.dst``; returns the method used. ENOSPC surfaces as OSError; a
@@ -150,14 +164,7 @@ def copy_file(job: CopyJob, *, preallocate: bool = True, progress: Callable[[int
     try:
         dfd = _create_dst(job.dst)
         try:
-            if preallocate and job.size:
-                try:
-                    os.posix_fallocate(dfd, 0, job.size)
-                except OSError as exc:
-                    if exc.errno == errno.ENOSPC:
-                        raise
-            if hasattr(os, "posix_fadvise"):
-                os.posix_fadvise(sfd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+            prepare(sfd, dfd, job.size if preallocate else 0)
             method, buf = ["copy_file_range"], []
             off, step = 0, CHUNK if progress is None else PROGRESS_CHUNK
             while off < job.size:

@@ -18,7 +18,6 @@ read in a 384 MiB memory cgroup for 2 GiB, docs/benchmarks.md).
 
 from __future__ import annotations
 
-import errno
 import os
 import threading
 import time
@@ -26,7 +25,7 @@ from typing import Any, Callable, Sequence
 
 from ._syscalls import is_tmpfs, start_writeback, syncfs, wait_writeback
 from .content.partcheck import PartCheck
-from .copy import _BOUNDED, PROGRESS_CHUNK, SMALL_FILE_BYTES, SMALL_FILES, CopyJob, _create_dst, _in_parent, run_all
+from .copy import _BOUNDED, PROGRESS_CHUNK, SMALL_FILE_BYTES, SMALL_FILES, CopyJob, _create_dst, _in_parent, prepare, run_all
 from .errors import FileChanged, TimedOut
 from .safefs import FileRef, open_source, sanitize_mode
 
@@ -276,14 +275,7 @@ def _open_stream(job: CopyJob, preallocate: bool) -> tuple[int, int]:
         os.close(sfd)
         raise
     try:
-        if preallocate and job.size:
-            try:
-                os.posix_fallocate(dfd, 0, job.size)
-            except OSError as exc:
-                if exc.errno == errno.ENOSPC:
-                    raise
-        if hasattr(os, "posix_fadvise"):
-            os.posix_fadvise(sfd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        prepare(sfd, dfd, job.size if preallocate else 0)
     except BaseException:
         os.close(sfd)
         os.close(dfd)
