@@ -7,14 +7,15 @@ real safetensors: the reference ``safetensors`` loader opens them.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import xxhash
 
@@ -23,7 +24,7 @@ from .content.safetensors_header import DTYPE_BITS, read_header
 _BLOCK = 1 << 20
 
 
-@lru_cache(maxsize=1)
+@functools.lru_cache(maxsize=1)
 def _base_block() -> bytes:
     return random.Random(0x5EED).randbytes(_BLOCK)
 
@@ -171,6 +172,28 @@ def mutate_tensor(path: str | os.PathLike[str], name: str, seed: str = "edit") -
     return t.nbytes
 
 
+_MULTIPART_LOCK = threading.Lock()
+
+
+def _serialise_multipart_uploads() -> None:
+    """moto's backend is not thread-safe: an AbortMultipartUpload racing an UploadPart of the same
+    upload fails with "dictionary changed size during iteration" (a 500; S3 itself serialises them).
+    Its multipart operations take one lock here (in memory only: request bodies are read before)."""
+    from moto.s3.models import S3Backend
+    for name in ("create_multipart_upload", "upload_part", "upload_part_copy", "abort_multipart_upload",
+                 "complete_multipart_upload", "list_multipart_uploads"):
+        method = getattr(S3Backend, name, None)
+        if method is None or getattr(method, "_weightd_locked", False):
+            continue
+
+        def locked(self: Any, *a: Any, _method: Any = method, **k: Any) -> Any:
+            with _MULTIPART_LOCK:
+                return _method(self, *a, **k)
+        wrapped = functools.wraps(method)(locked)
+        wrapped._weightd_locked = True  # type: ignore[attr-defined]
+        setattr(S3Backend, name, wrapped)
+
+
 @contextmanager
 def local_s3(*buckets: str, key: str = "local", set_keys: bool = True) -> Iterator[str]:
     """A real S3-protocol server on 127.0.0.1 for demos, benchmarks and tests (moto, from the test
@@ -185,6 +208,7 @@ def local_s3(*buckets: str, key: str = "local", set_keys: bool = True) -> Iterat
     except ImportError as exc:   # (an optional extra: the shipped package never needs it)
         raise ImportError(f"a local S3 server needs the test extra (pip install 'weightd[test]'): {exc}") from exc
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # (the server's request log)
+    _serialise_multipart_uploads()
     srv = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     srv.start()
     names = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ...content.manifest import MANIFEST_RELPATH, FileEntry, Manifest
-from ...errors import BadInput, Busy, CheckpointNotFound, FileChanged, IntegrityError, VersionConflict
+from ...errors import (BadInput, Busy, CheckpointNotFound, FileChanged, IntegrityError, TieringError,
+                       VersionConflict)
 from ...progress import ProgressFn
 from ...safefs import open_source
 from .catalog import read_manifest
@@ -160,16 +161,33 @@ def upload(s3: S3Client, key: str, entry: FileEntry, source: Any, chunk_size: in
             s3.call("put", lambda: obstore.put(s3.store, key, data, use_multipart=False), key)
         else:
             # (a retried upload reads the file again: its crypto digest starts over with it)
+            refused: list[TieringError] = []   # why the stream stopped, when it was ours
+
             def stream() -> Any:
                 h = crypto() if crypto is not None else None
                 sent[0] = None
-                for block in _checked_stream(fd, entry, parts, s3.part_bytes, where):
-                    if h is not None:
-                        h.update(block)
-                    yield block
+                try:
+                    for block in _checked_stream(fd, entry, parts, s3.part_bytes, where):
+                        if h is not None:
+                            h.update(block)
+                        yield block
+                except TieringError as exc:
+                    refused.append(exc)
+                    raise
                 sent[0] = h
-            s3.call("put", lambda: obstore.put(s3.store, key, stream(), chunk_size=s3.part_bytes,
-                                                  max_concurrency=s3.concurrency), key)
+
+            def put() -> Any:
+                try:
+                    return obstore.put(s3.store, key, stream(), chunk_size=s3.part_bytes,
+                                       max_concurrency=s3.concurrency)
+                except Exception:
+                    # obstore reports a failed abort instead of the stream's error: the file that
+                    # changed is still the reason, and it is never retried (s3.call retries only
+                    # the store's own errors)
+                    if refused:
+                        raise refused[0] from None
+                    raise
+            s3.call("put", put, key)
     finally:
         os.close(fd)
     s3.stats.count("put", entry.size, write=True)
