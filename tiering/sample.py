@@ -175,11 +175,10 @@ def mutate_tensor(path: str | os.PathLike[str], name: str, seed: str = "edit") -
 _MULTIPART_LOCK = threading.Lock()
 
 
-def _serialise_multipart_uploads() -> None:
+def _serialise_multipart_uploads(S3Backend: Any) -> None:
     """moto's backend is not thread-safe: an AbortMultipartUpload racing an UploadPart of the same
     upload fails with "dictionary changed size during iteration" (a 500; S3 itself serialises them).
     Its multipart operations take one lock here (in memory only: request bodies are read before)."""
-    from moto.s3.models import S3Backend
     for name in ("create_multipart_upload", "upload_part", "upload_part_copy", "abort_multipart_upload",
                  "complete_multipart_upload", "list_multipart_uploads"):
         method = getattr(S3Backend, name, None)
@@ -204,11 +203,12 @@ def local_s3(*buckets: str, key: str = "local", set_keys: bool = True) -> Iterat
 
     try:
         import boto3
+        from moto.s3.models import S3Backend
         from moto.server import ThreadedMotoServer
     except ImportError as exc:   # (an optional extra: the shipped package never needs it)
         raise ImportError(f"a local S3 server needs the test extra (pip install 'weightd[test]'): {exc}") from exc
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # (the server's request log)
-    _serialise_multipart_uploads()
+    _serialise_multipart_uploads(S3Backend)
     srv = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     srv.start()
     names = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")

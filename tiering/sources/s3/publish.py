@@ -160,34 +160,7 @@ def upload(s3: S3Client, key: str, entry: FileEntry, source: Any, chunk_size: in
                 sent[0].update(data)
             s3.call("put", lambda: obstore.put(s3.store, key, data, use_multipart=False), key)
         else:
-            # (a retried upload reads the file again: its crypto digest starts over with it)
-            refused: list[TieringError] = []   # why the stream stopped, when it was ours
-
-            def stream() -> Any:
-                h = crypto() if crypto is not None else None
-                sent[0] = None
-                try:
-                    for block in _checked_stream(fd, entry, parts, s3.part_bytes, where):
-                        if h is not None:
-                            h.update(block)
-                        yield block
-                except TieringError as exc:
-                    refused.append(exc)
-                    raise
-                sent[0] = h
-
-            def put() -> Any:
-                try:
-                    return obstore.put(s3.store, key, stream(), chunk_size=s3.part_bytes,
-                                       max_concurrency=s3.concurrency)
-                except Exception:
-                    # obstore reports a failed abort instead of the stream's error: the file that
-                    # changed is still the reason, and it is never retried (s3.call retries only
-                    # the store's own errors)
-                    if refused:
-                        raise refused[0] from None
-                    raise
-            s3.call("put", put, key)
+            _put_streamed(s3, key, fd, entry, parts, where, crypto, sent)
     finally:
         os.close(fd)
     s3.stats.count("put", entry.size, write=True)
@@ -201,6 +174,38 @@ def upload(s3: S3Client, key: str, entry: FileEntry, source: Any, chunk_size: in
     if sent[0] is None:
         raise FileChanged(where, "was not read to its end while it was uploaded; try again")
     return sent[0].hexdigest()
+
+
+def _put_streamed(s3: S3Client, key: str, fd: int, entry: FileEntry, parts: list[tuple[Any, int, int]], where: str,
+                  crypto: Callable[[], Any] | None, sent: list[Any]) -> None:
+    """A multipart upload of the file at ``fd``, each part hashed as it goes out (``sent[0]``: the
+    crypto hasher over exactly the bytes sent, once the stream reached the end)."""
+    import obstore
+    refused: list[TieringError] = []   # why the stream stopped, when it was ours
+
+    def stream() -> Any:   # (a retried upload reads the file again: its crypto digest starts over with it)
+        h = crypto() if crypto is not None else None
+        sent[0] = None
+        try:
+            for block in _checked_stream(fd, entry, parts, s3.part_bytes, where):
+                if h is not None:
+                    h.update(block)
+                yield block
+        except TieringError as exc:
+            refused.append(exc)
+            raise
+        sent[0] = h
+
+    def put() -> Any:
+        try:
+            return obstore.put(s3.store, key, stream(), chunk_size=s3.part_bytes, max_concurrency=s3.concurrency)
+        except Exception:
+            # obstore reports a failed abort instead of the stream's error: the file that changed is
+            # still the reason, and it is never retried (s3.call retries only the store's own errors)
+            if refused:
+                raise refused[0] from None
+            raise
+    s3.call("put", put, key)
 
 
 def claim(s3: S3Client, key: str, name: str, version: str) -> None:
