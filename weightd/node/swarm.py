@@ -9,14 +9,18 @@ a ``Config``.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from p2p import P2PConfig, P2PSession
+from p2p import P2PConfig
 from p2p import P2PFetcher as _P2PFetcher
 from p2p import check_seedable, mirror_published, read_torrent, reseed, seed_copy, seed_held
 from p2p import ensure_torrent as _ensure_torrent
 from tiering import VersionDir
 
 from ..config import Config
+
+if TYPE_CHECKING:
+    from p2p import P2PSession   # (a session, the piece plan and numpy load when a swarm is joined)
 
 __all__ = ["P2PFetcher", "check_seedable", "ensure_torrent", "mirror_published", "p2p_config", "read_torrent",
            "reseed", "seed_copy",
