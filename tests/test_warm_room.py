@@ -123,3 +123,38 @@ def test_preload_warms_only_what_can_stay_resident(node_env, isolated_env, memcg
         # once from cold (the interpreter's own files, evicted and read again under the limit, add a
         # few MiB; nothing of the checkpoint is read back)
         assert 0.95 * total < read < 1.15 * total, (read / total, rep)
+
+
+def test_a_daemon_warms_only_what_its_callers_cgroup_can_hold(node_env, isolated_env, memcg: Path,
+                                                              tmp_path: Path) -> None:
+    """The daemon runs outside any limit; the caller (a CLI in a 192 MiB cgroup, as a serving pod
+    would be) asks it for a 384 MiB checkpoint: the daemon reads its caller's cgroup (the socket's
+    SO_PEERCRED pid) and places the copy without warming it; the same request from outside the
+    cgroup warms it whole."""
+    from .test_daemon import DaemonProc
+    src = make_checkpoint(tmp_path / "src", total_bytes=384 * MiB, shards=2, layers=4, seed="caller")
+    with node_env.node() as n:
+        n.publish(src, "org/c", "v1")
+    (memcg / "memory.limit_in_bytes").write_text(str(192 * MiB))
+    d = DaemonProc(node_env, isolated_env, tmp_path)
+    try:
+        env = {**isolated_env, "PYTHONPATH": str(ROOT)}
+        cli = [sys.executable, "-m", "weightd", "--config", str(node_env.config), "--daemon-only"]
+        code, out, err, _ = in_cgroup(memcg, [*cli, "preload", "org/c@v1", "--tier", "warm", "--lease", "0", "--json"],
+                                      env)
+        assert code == 0, err
+        rep = json.loads(out)
+        limit = f"the memory cgroup /{memcg.name} (limit 192.0 MiB)"
+        assert rep["warm"]["limited_by"] == limit and rep["warm"]["warmed_bytes"] == 0, rep["warm"]
+        assert rep["warm_skipped"] is not None and rep["warm_skipped"].endswith(f"{limit} can hold"), rep
+        for p in (node_env.warm / "org/c/v1").rglob("*"):
+            if p.is_file():
+                drop_from_cache(p)
+        p = subprocess.run([*cli, "preload", "org/c@v1", "--tier", "warm", "--lease", "0", "--json"], env=env,
+                           capture_output=True, text=True, timeout=120, cwd=ROOT)
+        assert p.returncode == 0, p.stderr
+        rep = json.loads(p.stdout)
+        assert rep["warm"]["limited_by"] != limit and rep["warm_skipped"] is None, rep
+        assert rep["resident_percent"] > 95, rep
+    finally:
+        d.stop()

@@ -46,7 +46,9 @@ class Flights:
         ``waited_on``: someone waits for the answer (a caller, not fleet intent's background work):
         counted in time to ready. ``caller``: who asked on the socket (:func:`.leases.who`; None when
         the kernel did not say): a caller who is not an admin leases within :class:`.leases.LeaseGuard`'s
-        limits; INTERNAL (the daemon's own work, fleet intent) is not limited."""
+        limits; INTERNAL (the daemon's own work, fleet intent) is not limited. The caller's memory
+        cgroup (by its pid) bounds what the copy warms, as the daemon's own does: a flight's first
+        caller's, when several share it."""
         svc = self.d.service
         t0 = time.monotonic()
         refuse_if_stuck()   # (cold storage known hung: at once, never a thread more or a wait in a queue)
@@ -57,7 +59,8 @@ class Flights:
         req = svc.preload_request(str_field(body, "ref"), tier=body.get("tier", HOT), strict=body.get("strict", False),
                                   lease_s=lease_s, timeout_s=body.get("timeout_s"),
                                   wait=body.get("wait", False), holder=holder, selection=body.get("selection"),
-                                  whole=body.get("whole", False), companion=body.get("companion"))
+                                  whole=body.get("whole", False), companion=body.get("companion"),
+                                  warm_for=(caller.pid,) if getattr(caller, "pid", 0) > 0 else ())
         if svc.needs_resolving(req):  # resolve (and wait for publication) before joining a flight
             req = await self.unless_stopping(self._resolve(req))
         if limited and req.lease_s > 0:   # (its share of the tier, reserved until its lease is recorded)

@@ -35,6 +35,7 @@ class Who:
     """A caller of the admin socket, as the kernel said at connect time."""
     uid: int
     admin: bool
+    pid: int = 0   # (its page cache room bounds what a preload it asks for warms)
 
 
 def who(sock: Any, admin_group: int | None) -> Who | None:
@@ -48,7 +49,7 @@ def who(sock: Any, admin_group: int | None) -> Who | None:
         admin = is_admin(uid, peer_groups(sock, pid, uid, gid), admin_group)
     except OSError:
         return None
-    return Who(uid, admin)
+    return Who(uid, admin, pid)
 
 
 def holder_uid(holder: str) -> int | None:

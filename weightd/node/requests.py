@@ -79,6 +79,7 @@ class PreloadRequest:
     holder: str | None = None     # who the lease is for ("pid 4242 (vllm) uid 1000"); default: this process
     selection: Any = None         # a tiering.Selection: only these files, as a partial copy (None: all)
     companion: tuple[str, str] | None = None   # (kind, key): the version's companion artefact instead
+    warm_for: tuple[int, ...] = ()  # pids the copy is for (a daemon's caller): warm only what their cgroups hold
 
     @property
     def ref(self) -> str:

@@ -83,7 +83,8 @@ class NodeService:
     # -- preload: validate, resolve, load ----------------------------------------------------------
     def preload_request(self, ref: str, *, tier: Any = HOT, strict: bool = False, lease_s: Any = DEFAULT,
                         timeout_s: Any = None, wait: bool = False, holder: str | None = None,
-                        selection: Any = None, whole: Any = False, companion: Any = None) -> PreloadRequest:
+                        selection: Any = None, whole: Any = False, companion: Any = None,
+                        warm_for: tuple[int, ...] = ()) -> PreloadRequest:
         """Validated alike for the CLI and the daemon (InvalidRequest naming the key, exit 2).
         ``selection``: ``{include, exclude, layers, tp_rank}`` (a partial copy); without one, the
         model's configured default patterns apply unless ``whole``. ``companion``: ``{kind, key}``."""
@@ -92,7 +93,7 @@ class NodeService:
         lease = DEFAULT_LEASE_S if lease_s is DEFAULT else check_seconds("lease_s", lease_s)
         timeout = None if timeout_s is None else check_seconds("timeout_s", timeout_s)
         return PreloadRequest(name, version, tier, bool(strict), lease, timeout, bool(wait), holder,
-                              self.selection_for(name, selection, whole), check_companion(companion))
+                              self.selection_for(name, selection, whole), check_companion(companion), warm_for)
 
     def selection_for(self, name: str, selection: Any = None, whole: Any = False) -> Any:
         """The files a request for NAME means: its own selection over the model's configured default
@@ -193,7 +194,7 @@ class NodeService:
         try:
             r = self.node.preload(req.name, req.version, tier=req.tier, strict=req.strict, lease_s=req.lease_s,
                                   timeout_s=req.timeout_s, progress=progress, holder=req.holder,
-                                  selection=req.selection, companion=req.companion)
+                                  selection=req.selection, companion=req.companion, warm_for=req.warm_for)
         except BaseException as exc:
             reason = self.outcomes.failed(req, exc)
             if isinstance(exc, Exception):
