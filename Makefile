@@ -42,8 +42,11 @@ demo: $(BASE)
 tools:
 	bash scripts/install-tools.sh
 
+# two workers, a test file each at a time (module fixtures stay in one process): many tests wait on
+# rate-capped swarms, daemons and timeouts, so two files overlap their waits on 2 cores (TEST_JOBS=0: serial)
+TEST_JOBS ?= 2
 test: $(STAMP) $(WHEELHOUSE) tools
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadfile)
 
 bench: $(STAMP) tools
 	$(BIN)/python bench/manifest.py
