@@ -11,7 +11,7 @@ import logging
 import queue
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Collection, Protocol
+from typing import TYPE_CHECKING, Callable, Collection, Protocol
 
 import libtorrent as lt
 
@@ -20,6 +20,9 @@ from .config import P2PConfig, endpoint
 from .errors import TransferFailed, TransferStalled
 from .members import Membership
 from .plan import HELD, PiecePlan
+
+if TYPE_CHECKING:
+    from .torrent import Subset
 
 
 class SessionSide(Protocol):
@@ -37,7 +40,6 @@ class SessionSide(Protocol):
                    origin_ips: set[str], now: float, progressed: bool, current: list[int] | None,
                    members: dict[str, str] | None = None, racks_seen: dict[str, str] | None = None, *,
                    others: Collection[str] = ()) -> list[int]: ...
-    from .torrent import Subset
 
 log = logging.getLogger(__name__)
 

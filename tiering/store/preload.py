@@ -18,7 +18,7 @@ from ..content.units import format_bytes
 from ..errors import NoSpace
 from ..layout import WARM, VersionDir, version_rel
 from ..pagecache import WarmOptions, page_cache_room, residency, warm
-from ..progress import ProgressFn, set_phase, watch_throttle
+from ..progress import ProgressFn, set_phase
 from ..safefs import Dir
 from ..state import State
 from ..versions import read_version

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from ..content.manifest import MANIFEST_RELPATH
-from ..errors import BadInput, NotOurs, TieringError
+from ..errors import BadInput, NotOurs
 from ..layout import COLD, LOCKS, TIER_MARKER, TRASH, TierSpec, lock_name, prune_empty_parents
 from ..locks import FileLock
 from ..ownership import unexpected_in_root, unlisted_entries

@@ -12,7 +12,7 @@ import sys
 
 import click
 
-from ..errors import EXIT_ERROR, UsageError, rule_for
+from ..errors import EXIT_ERROR, UsageError
 from .app import cli   # (its commands are imported when run: app.COMMANDS says from where)
 
 __all__ = ["cli", "run"]

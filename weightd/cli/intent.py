@@ -60,7 +60,7 @@ def check(app: AppContext, directory: Path | None, labels: tuple[str, ...], as_j
                f"{len(entries)} for this node (labels: {', '.join(f'{k}={v}' for k, v in sorted(have.items())) or 'none'})")
     for e in entries:
         from tiering import format_rate
-        extra = [f"pin" if e.pin else "", f"window {e.window}" if e.window else "",
+        extra = ["pin" if e.pin else "", f"window {e.window}" if e.window else "",
                  f"cap {format_rate(e.bandwidth)}" if e.bandwidth else "", f"versions {e.versions}" if e.versions > 1 else ""]
         click.echo(f"  {e.where:<24} {e.model:<40} {e.tier:<5} priority {e.priority:<6} "
                    + " ".join(x for x in extra if x))

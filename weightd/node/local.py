@@ -11,7 +11,9 @@ from tiering import HOT, WARM, LocalNode, TierSpec, WarmOptions
 from ..config import Config, TierSettings
 
 if TYPE_CHECKING:
-    from tiering import TrustPolicy
+    from pathlib import Path
+
+    from tiering import ObjectCold, TrustPolicy
 
     from ..metrics import Metrics
     from .service import NodeService
