@@ -8,12 +8,12 @@ import json
 import logging
 import math
 import os
-import secrets
 import stat
 from pathlib import Path
 
 from ..content.names import validate_name, validate_version
 from ..errors import InvalidName
+from ..safefs import Dir
 
 log = logging.getLogger("tiering.state")
 PINS_NAME = "pins.json"
@@ -54,29 +54,8 @@ def write_pins_file(state_dir: Path, rows: list[tuple[str, str, float]]) -> None
     the directory."""
     pins = [{"name": n, "version": v, "created_at": c} for n, v, c in rows]
     data = (json.dumps({"format": 1, "pins": pins}, indent=1) + "\n").encode()
-    dfd = os.open(state_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        tmp = f".{PINS_NAME}.{os.getpid()}.{secrets.token_hex(6)}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
-                     dir_fd=dfd)
-        try:
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, PINS_NAME, src_dir_fd=dfd, dst_dir_fd=dfd)
-        except BaseException:
-            try:
-                os.unlink(tmp, dir_fd=dfd)
-            except OSError:
-                pass
-            raise
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    with Dir(os.open(state_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC), Path(state_dir)) as d:
+        d.write_atomic(PINS_NAME, data, 0o600)
 
 
 def parse_pins(raw: bytes) -> list[tuple[str, str, float]]:

@@ -26,7 +26,6 @@ import hashlib
 import math
 import os
 import re
-import secrets
 import stat
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -235,36 +234,15 @@ def _unchanged(dfd: int, filename: str, data: bytes, refresh_s: float | None, cl
 
 
 def _replace(dfd: int, directory: Path, filename: str, data: bytes) -> None:
-    """``data`` into a new dot-named temporary in ``dfd`` (``directory``, for messages), fsynced,
-    renamed over ``filename``, and the directory fsynced; the temporary is removed if anything fails."""
-    path = Path(directory) / filename
-    tmp = f".{filename}.{secrets.token_hex(6)}.incomplete"
+    """``data`` replaces ``filename`` in ``dfd`` (``directory``, for messages) as a whole
+    (:meth:`tiering.safefs.Dir.write_atomic`: a temporary, fsync, rename, fsync of the directory)."""
+    from tiering import Dir, TieringError
+    d = Dir(os.dup(dfd), Path(directory))
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dfd)
-    except OSError as exc:
-        raise FeatureFileError(f"NFD feature file {path}: cannot create a temporary file beside it: "
-                               f"{exc.strerror}; weightd must be able to write {directory}") from None
-    try:
-        try:
-            os.fchmod(fd, 0o644)   # (whatever the umask)
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.rename(tmp, filename, src_dir_fd=dfd, dst_dir_fd=dfd)
-    except BaseException as exc:
-        try:
-            os.unlink(tmp, dir_fd=dfd)
-        except OSError:
-            pass
-        if isinstance(exc, OSError):
-            raise FeatureFileError(f"NFD feature file {path}: {exc.strerror}; weightd must be able to "
-                                   f"write {directory}, and {filename} must not be a directory") from None
-        raise
-    try:
-        os.fsync(dfd)
-    except OSError as exc:
-        raise FeatureFileError(f"NFD feature file {path}: written, but the directory was not synced: "
-                               f"{exc.strerror}") from None
+        d.write_atomic(filename, data, 0o644)
+    except (OSError, TieringError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else str(exc)
+        raise FeatureFileError(f"NFD feature file {Path(directory) / filename}: {why}; weightd must be able to "
+                               f"write {directory}, and {filename} must not be a directory") from None
+    finally:
+        d.close()
