@@ -43,19 +43,27 @@ class Weightd:
     def at_once(self, *argvs: Sequence[object], timeout: float = 120) -> list[subprocess.CompletedProcess[str]]:
         """Each of ``argvs`` run as ``self(*argv)`` runs it, all at the same time: for commands none of
         which depends on another's effect (each only reads, say), whose start-up then overlaps."""
-        procs = [subprocess.Popen([sys.executable, "-m", "weightd", *map(str, argv)], stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True, env=self.env, cwd=ROOT) for argv in argvs]
-        try:
-            done = []
-            for p in procs:
-                out, err = p.communicate(timeout=timeout)
-                done.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
-            return done
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.communicate()
+        return run_at_once([[sys.executable, "-m", "weightd", *map(str, argv)] for argv in argvs], env=self.env,
+                           timeout=timeout)
+
+
+def run_at_once(cmds: Sequence[Sequence[str]], *, env: dict[str, str] | None = None,
+                timeout: float = 120) -> list[subprocess.CompletedProcess[str]]:
+    """Each of ``cmds`` started at once (from the checkout), all waited for; any still running when
+    one times out is killed."""
+    procs = [subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+             for cmd in cmds]
+    try:
+        done = []
+        for p in procs:
+            out, err = p.communicate(timeout=timeout)
+            done.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
+        return done
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
 
 
 @pytest.fixture

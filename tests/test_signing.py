@@ -18,7 +18,7 @@ from tiering import build_manifest, make_checkpoint, mutate_tensor
 from tiering.content.manifest import MANIFEST_RELPATH
 from tiering.content.signature import SIGNATURE_RELPATH, generate_keypair
 
-from .conftest import assert_one_line_error
+from .conftest import assert_one_line_error, run_at_once
 
 MiB = 1 << 20
 
@@ -170,19 +170,7 @@ def _model_signing(*args: str) -> subprocess.CompletedProcess[str]:
 def _model_signing_at_once(*argvs: tuple[str, ...]) -> list[subprocess.CompletedProcess[str]]:
     """The OpenSSF tool, once for each of ``argvs``, all running at the same time."""
     tool = Path(sys.executable).parent / "model_signing"
-    procs = [subprocess.Popen([str(tool), *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for argv in argvs]
-    try:
-        done = []
-        for p in procs:
-            out, err = p.communicate(timeout=120)
-            done.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
-        return done
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
+    return run_at_once([[str(tool), *argv] for argv in argvs])
 
 
 def test_model_signing_tool_signs_what_weightd_checks(wd, node_env, tmp_path: Path, keys) -> None:
