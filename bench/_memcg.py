@@ -10,35 +10,17 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-import uuid
 from dataclasses import dataclass
-from pathlib import Path
-
-ROOT = Path("/sys/fs/cgroup/memory")
+from _cgroup import V1Child
 
 
-class MemoryLimit:
+class MemoryLimit(V1Child):
+    controller, needs = "memory", "memory.limit_in_bytes"
+
     def __init__(self, limit_bytes: int) -> None:
-        self.path = ROOT / f"weightd-bench-{uuid.uuid4().hex[:8]}"
+        super().__init__()
         self.limit = limit_bytes
-        self.active = False
-        self.why = ""
-        if os.geteuid() != 0:
-            self.why = "not root"
-            return
-        if not (ROOT / "memory.limit_in_bytes").is_file():
-            self.why = "no cgroup v1 memory controller"
-            return
-        try:
-            self.path.mkdir()
-            (self.path / "memory.limit_in_bytes").write_text(f"{limit_bytes}\n")
-            self.active = True
-        except OSError as exc:
-            self.why = str(exc)
-
-    def shell(self, line: str) -> str:
-        """A shell line run inside the limit (``sh`` moves itself in first)."""
-        return f"echo $$ > {self.path}/cgroup.procs && {line}" if self.active else line
+        self.create({"memory.limit_in_bytes": str(limit_bytes)})
 
     def max_usage(self) -> int | None:
         """The cgroup's peak charge (page cache included), bytes."""
@@ -46,30 +28,6 @@ class MemoryLimit:
             return int((self.path / "memory.max_usage_in_bytes").read_text())
         except (OSError, ValueError):
             return None
-
-    def close(self) -> None:
-        if not self.active:
-            return
-        try:   # (whatever is still inside goes back to the root group first, else rmdir fails)
-            for pid in (self.path / "cgroup.procs").read_text().split():
-                try:
-                    (ROOT / "cgroup.procs").write_text(f"{pid}\n")
-                except OSError:
-                    pass
-            for _ in range(50):
-                try:
-                    self.path.rmdir()
-                    return
-                except OSError:
-                    time.sleep(0.1)
-        except OSError:
-            pass
-
-    def __enter__(self) -> "MemoryLimit":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def device_of(path: "os.PathLike[str] | str") -> tuple[int, int]:

@@ -191,6 +191,15 @@ def size_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def positive_size_arg(text: str) -> int:
+    """:func:`size_arg` for the size of something to make or read: 0 is refused too."""
+    import argparse
+    n = size_arg(text)
+    if n <= 0:
+        raise argparse.ArgumentTypeError("give a size above zero")
+    return n
+
+
 def list_arg(item: Callable[[str], Any]) -> Callable[[str], list[Any]]:
     """argparse ``type=`` for a comma-separated list of ``item`` ('4,8'; '0,1GB,200MB' with size_arg)."""
     import argparse

@@ -47,7 +47,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _memcg import MemoryLimit, Run, device_of, run_counted  # noqa: E402
-from _rounds import list_arg, machine_state, report, rounds, size_arg, speedup, summary  # noqa: E402
+from _rounds import list_arg, machine_state, positive_size_arg, report, rounds, size_arg, speedup, summary  # noqa: E402
 
 from tiering.content.signature import generate_keypair  # noqa: E402
 from tiering.content.units import format_bytes  # noqa: E402
@@ -107,7 +107,7 @@ def main() -> int:
     ap.add_argument("--max-spread", type=float, default=0.5)
     ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
     ap.add_argument("--dir", default="/var/tmp", help="disk directory for the cold and warm tiers")
-    ap.add_argument("--rss-sizes", type=list_arg(size_arg), default=[],
+    ap.add_argument("--rss-sizes", type=list_arg(positive_size_arg), default=[],
                     help="checkpoint sizes to measure a preload's peak RSS at (e.g. 1GiB,8GiB)")
     args = ap.parse_args()
     cases = [c for c in args.cases.split(",") if c]
