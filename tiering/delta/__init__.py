@@ -13,17 +13,20 @@ a checkpoint they are configs, tokenizers and vocabularies (kilobytes to a few M
 identical (reused whole) or small enough to fetch whole; content-defined chunking would need a
 second, rolling-hash index in every manifest to save a few MB.
 
-Building from a plan never trusts a donor: the result is verified against the manifest in one pass
-(``build_verified``), and a donor part that fails (a donor rotted on disk) or a donor that vanished is
-fetched instead.
+Building from a plan never trusts a donor: ``build_verified`` reads every part once, from its donor or
+the source, hashes it from the buffer it writes it from and checks it against the manifest there; a
+donor part that fails (a donor rotted on disk) or a donor that vanished is read from the source
+instead, and nothing is read back.
 
-:mod:`.plan` makes the plan, :mod:`.build` builds from it.
+:mod:`.plan` makes the plan, :mod:`.verified` builds from it checking every part, :mod:`.build` without
+(a P2P prefill, whose pieces libtorrent checks).
 """
 
 from __future__ import annotations
 
-from .build import BuildResult, build, build_verified, prefill, repair
+from .build import BuildResult, build, prefill
 from .plan import DeltaPlan, Donor, FilePlan, Span, plan_delta
+from .verified import build_verified
 
 __all__ = ["BuildResult", "DeltaPlan", "Donor", "FilePlan", "Span", "build", "build_verified", "plan_delta",
-           "prefill", "repair"]
+           "prefill"]

@@ -1,6 +1,7 @@
-"""Building a version from a plan: donor parts copied to their new offsets, the rest read from the
-source at the same offsets (``build``), then verified in one pass with donor parts that fail fetched
-again (``build_verified``); or donor parts only, for a P2P download to complete (``prefill``)."""
+"""Building a version from a plan without checking it: donor parts copied (``copy_file_range``) to their
+new offsets, the rest read from the source at the same offsets (``build``: the caller checks what it
+needs); or donor parts only, for a P2P download to complete and check (``prefill``). A build that must
+be verified is :func:`tiering.delta.verified.build_verified`'s, in one pass."""
 
 from __future__ import annotations
 
@@ -9,10 +10,9 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable
 
 from .._syscalls import start_writeback
-from ..content.build import verify_checkpoint
 from ..content.hashing import open_for_read
 from ..copy import PROGRESS_CHUNK, run_all
 from ..errors import FileChanged, TimedOut
@@ -36,12 +36,6 @@ def _new_file(base: "Path | Dir", rel: str) -> int:
     return os.open(dst, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
 
 
-def _open_existing(base: "Path | Dir", rel: str) -> int:
-    if isinstance(base, Dir):
-        return base.open(rel, os.O_WRONLY)
-    return os.open(base / rel, os.O_WRONLY | os.O_CLOEXEC)
-
-
 def _exists(base: "Path | Dir", rel: str) -> bool:
     return base.lstat(rel) is not None if isinstance(base, Dir) else (base / rel).exists()
 
@@ -51,6 +45,8 @@ class BuildResult:
     reused: int = 0           # bytes taken from donors (and verified)
     fetched: int = 0          # bytes read from the source
     donor_failures: list[str] = field(default_factory=list)   # "ref/path [a, b): why" for each refetch
+    # every file's crypto digest (a signature's SHA-256) by manifest path, when the build was asked to take it
+    crypto_digests: dict[str, str] | None = None
 
 
 def _copy_range(sfd: int, soff: int, dfd: int, doff: int, n: int, method: list[str],
@@ -197,59 +193,12 @@ def build(plan: DeltaPlan, dest: "Path | Dir", source: "Path | Dir | None", *, t
           clock: Callable[[], float] = time.monotonic) -> BuildResult:
     """Write every file of ``plan.target`` under ``dest`` (which must not hold them yet): donor parts
     are copied, the rest is read from ``source`` (the new version's directory, e.g. in cold storage)
-    at the same offsets. Nothing is checked here: ``build_verified`` verifies and repairs."""
+    at the same offsets. Nothing is checked here (``build_verified`` checks every part on the way)."""
     result = BuildResult()
     order = sorted(plan.files, key=lambda fp: -fp.entry.size)
     run_all(lambda fp: _build_file(plan, fp, dest, source, result, deadline, progress, fsync, clock),
             order, threads=threads, name="weightd-delta", deadline=deadline, clock=clock)
     return result
-
-
-def build_verified(plan: DeltaPlan, dest: "Path | Dir", source: "Path | Dir", *, threads: int = 2, deadline: float | None = None,
-                   progress: Callable[[int], None] | None = None, fsync: bool = True,
-                   clock: Callable[[], float] = time.monotonic) -> BuildResult:
-    """``build``, then one verification pass over every byte against the manifest; donor parts it
-    rejects (a donor that rotted on disk) are fetched from ``source`` and checked again. Raises the
-    verification's IntegrityError if anything is still wrong (then ``source`` itself is bad)."""
-    r = build(plan, dest, source, threads=threads, deadline=deadline, progress=progress, fsync=fsync, clock=clock)
-    checked = verify_checkpoint(dest, plan.target)
-    if checked.problems and repair(plan, dest, source, checked.problems, r):
-        checked = verify_checkpoint(dest, plan.target)
-    checked.raise_for_problems()
-    return r
-
-
-def repair(plan: DeltaPlan, dest: "Path | Dir", source: "Path | Dir", problems: Iterable[Any], result: BuildResult) -> bool:
-    """Re-fetch from ``source`` every donor part that verification found bad (``problems``: the
-    VerifyReport's, with ``path`` and ``what`` = the part label). Returns whether anything was
-    repaired (the caller verifies again); problems in fetched parts are left for it to report."""
-    bad = {(p.path, p.what) for p in problems}
-    repaired = False
-    for fp in plan.files:
-        spans = [s for s in fp.spans if s.donor is not None and (fp.entry.path, s.label) in bad]
-        if not spans:
-            continue
-        sfd = open_for_read(_ref(source, fp.entry.path))
-        try:
-            dfd = _open_existing(dest, fp.entry.path)
-            try:
-                for s in spans:
-                    _copy_range(sfd, s.begin, dfd, s.begin, s.size, ["copy_file_range"])
-                    result.reused -= s.size
-                    result.fetched += s.size
-                    result.donor_failures.append(f"{plan.donors[s.donor].ref}/{s.donor_path} "  # type: ignore[index]
-                                                 f"[{s.donor_offset}, {s.donor_offset + s.size}) for {fp.entry.path} "
-                                                 f"{s.label}: content differs from the manifest")
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
-        except EOFError as exc:
-            raise FileChanged(str(_ref(source, fp.entry.path)), f"source shorter than its manifest says ({exc})") \
-                from None
-        finally:
-            os.close(sfd)
-        repaired = True
-    return repaired
 
 
 def prefill(plan: DeltaPlan, dest: "Path | Dir", *, deadline: float | None = None,

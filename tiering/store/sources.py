@@ -62,8 +62,8 @@ class Sources:
         """Fill staging from the nearest complete copy: the other local tier, else local donors plus
         the swarm or cold. ``origin``: the published version whose files these are, when ``version``
         is another object's label (a partial copy: only the files of ``m`` are read from it).
-        ``crypto``: a signature's hasher; a plain copy takes every file's digest on the way
-        (``Fill.crypto_digests``)."""
+        ``crypto``: a signature's hasher; a plain copy and a delta build take every file's digest on
+        the way (``Fill.crypto_digests``)."""
         fill = Fill()
         other = WARM if tier == HOT else HOT
         src_version = origin.version if origin is not None else version
@@ -83,7 +83,7 @@ class Sources:
         if cold is not None and not any(label == "local_reuse" for label, _, _ in labels):
             # no local copy: other local versions lend what they share with this one (a delta update),
             # then the swarm, then a copy from cold
-            if self._remote(fill, staging, m, cold, tier, name, version, deadline, progress):
+            if self._remote(fill, staging, m, cold, tier, name, version, deadline, progress, crypto):
                 return fill
         if not labels and self.roots.object is not None:
             self._from_object(fill, staging, m, tier, name, version, deadline, progress, origin)
@@ -94,7 +94,8 @@ class Sources:
         return fill
 
     def _remote(self, fill: Fill, staging: StagingArea, m: Manifest, cold: VersionDir, tier: str, name: str,
-                version: str, deadline: float | None, progress: ProgressFn | None) -> bool:
+                version: str, deadline: float | None, progress: ProgressFn | None,
+                crypto: Callable[[], Any] | None = None) -> bool:
         """Donors, then each fetcher, then a delta build from cold; False: copy from cold instead."""
         with self._lending(tier, name, version, m) as donors:
             plan = plan_delta(m, donors) if donors else None
@@ -106,7 +107,7 @@ class Sources:
             if self._try_fetchers(fill, cold, staging, plan, deadline, progress, _subset(m, cold), m):
                 return True
             if plan is not None:
-                self._build_delta(staging, plan, fill, name, cold.version, deadline, progress)
+                self._build_delta(staging, plan, fill, name, cold.version, deadline, progress, crypto)
                 return True
         return False
 
@@ -209,13 +210,15 @@ class Sources:
         fill.verified = True
 
     def _build_delta(self, staging: StagingArea, plan: DeltaPlan, fill: Fill, name: str, version: str,
-                     deadline: float | None, progress: ProgressFn | None) -> None:
+                     deadline: float | None, progress: ProgressFn | None,
+                     crypto: Callable[[], Any] | None = None) -> None:
         set_phase(progress, "copy", source="delta")
         staging.dir.clear()
-        # verified inside: a donor part that fails is fetched from cold and checked again
+        # verified on the way, in one pass: a donor part that fails is read from cold instead, and the
+        # commit reads nothing back (with ``crypto``, every file's digest is taken in the same pass)
         with self.roots.dir(COLD).sub(version_rel(name, version)) as cold_dir:   # (never made by a read)
             r = build_delta(plan, staging.dir, cold_dir, threads=self.copy_threads, deadline=deadline,
-                            progress=progress, clock=self.monotonic)
+                            progress=progress, clock=self.monotonic, crypto=crypto)
         fill.add("local_reuse", r.reused)
         fill.add("cold", r.fetched)
         assert fill.delta is not None
@@ -223,6 +226,7 @@ class Sources:
         for why in r.donor_failures:
             log.warning("donor bytes rejected, fetched instead name=%s version=%s: %s", name, version, why)
         fill.verified = True
+        fill.crypto_digests = r.crypto_digests
 
     def _copy(self, fill: Fill, staging: StagingArea, m: Manifest, labels: list[tuple[str, str, str]], other: str,
               name: str, version: str, deadline: float | None, progress: ProgressFn | None,
