@@ -47,6 +47,7 @@ class BuildResult:
     donor_failures: list[str] = field(default_factory=list)   # "ref/path [a, b): why" for each refetch
     # every file's crypto digest (a signature's SHA-256) by manifest path, when the build was asked to take it
     crypto_digests: dict[str, str] | None = None
+    parts: dict[str, set[str]] = field(default_factory=dict)   # build_verified: the parts checked, by file
 
 
 def _copy_range(sfd: int, soff: int, dfd: int, doff: int, n: int, method: list[str],

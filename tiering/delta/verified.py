@@ -33,7 +33,7 @@ from .build import BuildResult, _new_file, _ref
 from .plan import DeltaPlan, FilePlan, Span
 
 
-def build_verified(plan: DeltaPlan, dest: "Path | Dir", source: "Path | Dir", *, threads: int = 2,
+def build_verified(plan: DeltaPlan, dest: "Path | Dir", source: "Path | Dir | None", *, threads: int = 2,
                    deadline: float | None = None, progress: Callable[[int], None] | None = None,
                    fsync: bool = True, clock: Callable[[], float] = time.monotonic,
                    crypto: Callable[[], Any] | None = None) -> BuildResult:
@@ -42,8 +42,12 @@ def build_verified(plan: DeltaPlan, dest: "Path | Dir", source: "Path | Dir", *,
     part that fails) from ``source``, the new version's directory, at the same offsets. ``threads``
     files at a time, largest first. With ``crypto`` (a signature's hasher factory) every file's digest
     is taken in the same pass (``BuildResult.crypto_digests``). Raises ChecksumMismatch or FileChanged
-    when the source's own bytes are not the manifest's: what was written is the caller's to abort."""
-    result = BuildResult(crypto_digests={} if crypto is not None else None)
+    when the source's own bytes are not the manifest's: what was written is the caller's to abort.
+
+    ``source`` None: donor parts only (an object store fetches the rest): only files that borrow are
+    made, at their full size, and a donor part that fails is left for the caller to fetch; the parts
+    written and checked are ``BuildResult.parts``."""
+    result = BuildResult(crypto_digests={} if crypto is not None and source is not None else None)
     lock = threading.Lock()
 
     def one(fp: FilePlan) -> None:
@@ -54,10 +58,11 @@ def build_verified(plan: DeltaPlan, dest: "Path | Dir", source: "Path | Dir", *,
             result.reused += done.reused
             result.fetched += done.fetched
             result.donor_failures += done.failures
+            result.parts[fp.entry.path] = done.parts
             if result.crypto_digests is not None and done.digest is not None:
                 result.crypto_digests[fp.entry.path] = done.digest
 
-    order = sorted(plan.files, key=lambda fp: -fp.entry.size)
+    order = sorted((fp for fp in plan.files if source is not None or fp.reuse_bytes), key=lambda fp: -fp.entry.size)
     run_all(one, order, threads=threads, name="weightd-delta", deadline=deadline, clock=clock)
     return result
 
@@ -65,7 +70,7 @@ def build_verified(plan: DeltaPlan, dest: "Path | Dir", source: "Path | Dir", *,
 class _FileBuild:
     """One file of the new version, built part by part in offset order (see the module's docstring)."""
 
-    def __init__(self, plan: DeltaPlan, fp: FilePlan, source: "Path | Dir", crypto: Callable[[], Any] | None,
+    def __init__(self, plan: DeltaPlan, fp: FilePlan, source: "Path | Dir | None", crypto: Callable[[], Any] | None,
                  progress: Callable[[int], None] | None, deadline: float | None, clock: Callable[[], float]) -> None:
         self.plan, self.fp, self.path, self.source = plan, fp, fp.entry.path, source
         self.crypto = crypto() if crypto is not None else None
@@ -77,6 +82,7 @@ class _FileBuild:
         self.reused = self.fetched = self.unreported = self.clean = 0
         self.writeback = True
         self.failures: list[str] = []
+        self.parts: set[str] = set()   # (the labels of the parts written and checked)
         self.digest: str | None = None
         self.got = ""   # (the last part's xxh3-128 as read)
 
@@ -96,12 +102,17 @@ class _FileBuild:
             for s in sorted(self.fp.spans, key=lambda s: s.begin):
                 if self.deadline is not None and self.clock() > self.deadline:
                     raise TimedOut(f"timed out building {f.path}")
-                if s.donor is None or not self._from_donor(s):
+                if s.donor is not None and self._from_donor(s):
+                    self.parts.add(s.label)
+                elif self.source is not None:
                     self._from_source(s)
+                    self.parts.add(s.label)
+            if self.source is None and os.fstat(self.dfd).st_size != f.size:
+                os.ftruncate(self.dfd, f.size)   # (holes for the caller to fill)
             if self.sfd is not None and os.fstat(self.sfd).st_size != f.size:
                 raise FileChanged(str(_ref(self.source, f.path)), "source changed size while the delta was built")
             self._report(0, flush=True)
-            self.digest = self.crypto.hexdigest() if self.crypto is not None else None
+            self.digest = self.crypto.hexdigest() if self.crypto is not None and self.source is not None else None
             os.fchmod(self.dfd, sanitize_mode(f.mode))
             if fsync:
                 os.fsync(self.dfd)
@@ -141,6 +152,7 @@ class _FileBuild:
         return False
 
     def _from_source(self, s: Span) -> None:
+        assert self.source is not None
         if self.sfd is None and s.size:
             self.sfd = open_for_read(_ref(self.source, self.path))
             os.posix_fadvise(self.sfd, 0, 0, os.POSIX_FADV_SEQUENTIAL)

@@ -16,7 +16,6 @@ from ..content.manifest import MANIFEST_RELPATH, Manifest
 from .._syscalls import is_tmpfs
 from ..copy import CopyJob
 from ..delta import DeltaPlan, Donor, plan_delta
-from ..delta import build as build_delta_spans
 from ..delta import build_verified as build_delta
 from ..errors import CheckpointNotFound, StorageUnavailable, TimedOut
 from ..layout import COLD, HOT, LOCAL_TIERS, WARM, VersionDir, version_rel
@@ -186,17 +185,14 @@ class Sources:
                 staging.dir.clear()
                 if plan is not None:
                     set_phase(progress, "copy", source="delta", total=plan.reuse_bytes)
-                    r = build_delta_spans(plan, staging.dir, None, threads=self.copy_threads, deadline=deadline,
-                                          progress=progress, clock=self.monotonic)
-                    lent = {fp.entry.path: {sp.label for sp in fp.spans if sp.donor is not None} for fp in plan.files}
-                    have = good_parts(staging.dir, m, only=lent)
-                    reused = _part_bytes(m, have)
-                    fill.add("local_reuse", reused)
+                    # donor parts only, each checked as it is copied (none read back): the store fetches the
+                    # rest, and any donor part that failed
+                    r = build_delta(plan, staging.dir, None, threads=self.copy_threads, deadline=deadline,
+                                    progress=progress, clock=self.monotonic)
+                    have = r.parts
+                    fill.add("local_reuse", r.reused)
                     fill.delta = {"donors": [donors[i].ref for i in plan.donors_used()],
-                                  "planned_reuse_bytes": plan.reuse_bytes,
-                                  "refetched": r.donor_failures + ([f"{plan.reuse_bytes - reused} donor bytes did "
-                                                                    f"not match the manifest"]
-                                                                   if reused < plan.reuse_bytes else [])}
+                                  "planned_reuse_bytes": plan.reuse_bytes, "refetched": r.donor_failures}
         staging.info["digest"] = m.digest
         staging.mark_resumable()
         staging.keep_on_error = True
