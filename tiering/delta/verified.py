@@ -14,6 +14,7 @@ to be checked.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import threading
@@ -131,10 +132,8 @@ class _FileBuild:
         key = (s.donor, s.donor_path)
         if key not in self.donor_fds:
             try:
-                fd = open_for_read(FileRef(donor.dir, s.donor_path) if donor.dir is not None
-                                   else str(donor.path / s.donor_path))
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-                self.donor_fds[key] = fd
+                self.donor_fds[key] = _open_sequential(FileRef(donor.dir, s.donor_path) if donor.dir is not None
+                                                       else str(donor.path / s.donor_path))
             except (OSError, ValueError) as exc:  # evicted, deleted or replaced since the plan: fetch
                 self.donor_fds[key] = None
                 self.failures.append(f"{where}: {getattr(exc, 'strerror', None) or exc}")
@@ -154,8 +153,7 @@ class _FileBuild:
     def _from_source(self, s: Span) -> None:
         assert self.source is not None
         if self.sfd is None and s.size:
-            self.sfd = open_for_read(_ref(self.source, self.path))
-            os.posix_fadvise(self.sfd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+            self.sfd = _open_sequential(_ref(self.source, self.path))
         why = self._span(self.sfd if self.sfd is not None else -1, s.begin, s, donor=False)
         if why is not None:
             src = str(_ref(self.source, self.path))
@@ -210,3 +208,11 @@ class _FileBuild:
         if self.progress is not None and self.unreported and (flush or self.unreported >= PROGRESS_CHUNK):
             self.progress(self.unreported)
             self.unreported = 0
+
+
+def _open_sequential(ref: "str | FileRef") -> int:
+    """A donor or source file, read ahead as a sequence (its parts are read in offset order)."""
+    fd = open_for_read(ref)
+    with contextlib.suppress(OSError):
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+    return fd
