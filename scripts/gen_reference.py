@@ -160,7 +160,8 @@ def exit_page() -> str:
         by_code.setdefault(rule.code, []).append(f"`{kind.__name__}`" + (f" ({rule.hint})" if rule.hint else ""))
     import p2p.errors
     import tiering.errors
-    for mod in (tiering.errors, p2p.errors, errors):
+    import tiering.sources.hf   # (the Hub import's errors: no huggingface_hub import at module level)
+    for mod in (tiering.errors, tiering.sources.hf, p2p.errors, errors):
         for name in sorted(dir(mod)):
             obj = getattr(mod, name)
             code = getattr(obj, "exit_code", None)

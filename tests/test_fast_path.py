@@ -67,7 +67,7 @@ def test_fast_and_click_say_the_same(files: dict[str, str], tmp_path: Path, case
 
 #: never imported by the commands that answer in vmtouch time (each costs from ~3 to ~60 ms of a start)
 HEAVY = ("click", "pydantic", "aiohttp", "libtorrent", "rich", "numpy", "prometheus_client", "weightd.cli.full",
-         "tiering.store", "tiering.content.hashing", "p2p")
+         "tiering.store", "tiering.content.hashing", "p2p", "huggingface_hub")
 
 
 def heavy_imported(args: list[str], env: dict[str, str], also: tuple[str, ...] = ()) -> list[str]:

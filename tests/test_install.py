@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 WHEELHOUSE = ROOT / ".venv/wheelhouse"
 OWN = ("weightd", "tiering", "p2p")
 MiB = 1 << 20
-EXTRAS = ("pytest", "hypothesis", "moto", "boto3", "pyyaml", "fusepy", "torch")
+EXTRAS = ("pytest", "hypothesis", "moto", "boto3", "olah", "fusepy", "torch")   # (not pyyaml: huggingface-hub needs it)
 
 
 def _clean_env(home: Path) -> dict[str, str]:

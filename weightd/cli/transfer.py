@@ -17,9 +17,14 @@ from .tiers import Backend, companion_of, selection_body, selection_options
 
 
 @cli.command()
-@click.argument("directory", type=click.Path(file_okay=False))
-@click.option("--name", help="Checkpoint NAME ([A-Za-z0-9._-]+, at most one '/').")
-@click.option("--version", "version_label", metavar="VERSION", help="Immutable VERSION label.")
+@click.argument("directory", metavar="DIRECTORY|hf://ORG/REPO[@REVISION]")
+@click.option("--name", help="Checkpoint NAME ([A-Za-z0-9._-]+, at most one '/'; from hf://: ORG/REPO).")
+@click.option("--version", "version_label", metavar="VERSION", help="Immutable VERSION label (from hf://: the "
+              "commit SHA the revision names).")
+@click.option("--include", "include", multiple=True, metavar="GLOB", help="From hf://: only files matching GLOB "
+              "(repeatable).")
+@click.option("--exclude", "exclude", multiple=True, metavar="GLOB", help="From hf://: not files matching GLOB "
+              "(repeatable).")
 @click.option("--sign", "sign_key", type=click.Path(dir_okay=False, exists=True), default=None, metavar="KEY",
               help="Sign it with this PEM elliptic-curve private key (model-signing format; default: "
                    "[publish] signing_key).")
@@ -34,18 +39,35 @@ from .tiers import Backend, companion_of, selection_body, selection_options
               "size... ([A-Za-z0-9._-]+, e.g. vllm-0.8.4-h100-tp8).")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
-def publish(app: AppContext, directory: str, name: str | None, version_label: str | None, sign_key: str | None,
-            signature: str | None, companion_of_ref: str | None, kind: str | None, key: str | None,
-            as_json: bool) -> None:
-    """Copy a checkpoint (or an HF cache snapshot) into cold storage as NAME@VERSION, with its manifest.
+def publish(app: AppContext, directory: str, name: str | None, version_label: str | None, include: tuple[str, ...],
+            exclude: tuple[str, ...], sign_key: str | None, signature: str | None, companion_of_ref: str | None,
+            kind: str | None, key: str | None, as_json: bool) -> None:
+    """Copy a checkpoint (a directory, an HF cache snapshot, or a Hugging Face Hub repository) into cold storage.
 
     Example: weightd publish ./llama-8b --name acme/llama-8b --version v1 --sign /etc/weightd/signing-key.pem
+
+    From a Hugging Face Hub (HF_ENDPOINT, HF_TOKEN): weightd publish hf://meta-llama/Llama-3.1-8B@main
+    --exclude 'original/*' (every file checked against the Hub's sha256/sha1 before it is published).
 
     A companion artefact (a vLLM / torch.compile / Triton cache) is tied to a version and a key:
     weightd publish ~/.cache/vllm/torch_compile_cache --companion-of acme/llama-8b@v1 --kind compile-cache
     --key vllm-0.8.4-h100-tp1
     """
     from tiering import validate_name, validate_version
+    if sign_key and signature:
+        raise click.UsageError("give --sign or --signature, not both")
+    if directory.startswith("hf://"):
+        if companion_of_ref is not None or kind or key:
+            raise click.UsageError("--companion-of, --kind and --key publish a directory, not hf://")
+        from .hf_import import publish_from_hub
+        r, name, version = publish_from_hub(app, directory, name, version_label, include, exclude,
+                                            os.path.abspath(sign_key) if sign_key else None,
+                                            os.path.abspath(signature) if signature else None)
+        output.emit_json("publish", r) if as_json else output.show_published(r, name, version)
+        return
+    if include or exclude:
+        raise click.UsageError("--include and --exclude select files of an hf:// repository")
+    click.Path(file_okay=False).convert(directory, None, click.get_current_context())  # (as the argument's type did)
     companion = None
     if companion_of_ref is not None:
         if name is not None or version_label is not None or signature:
@@ -63,8 +85,6 @@ def publish(app: AppContext, directory: str, name: str | None, version_label: st
         raise click.UsageError("give --name and --version (or --companion-of NAME@VERSION --kind K --key KEY)")
     validate_name(name)
     validate_version(version_label)
-    if sign_key and signature:
-        raise click.UsageError("give --sign or --signature, not both")
     with Backend(app) as b:
         r = b.publish(directory, name, version_label, sign_key=os.path.abspath(sign_key) if sign_key else None,
                       signature=os.path.abspath(signature) if signature else None, companion=companion)

@@ -1,0 +1,225 @@
+"""``weightd publish hf://ORG/REPO[@REVISION]`` against a real Hub-protocol server: olah (a self-hosted
+Hugging Face mirror, offline) serving a git repository whose safetensors shards are git-lfs objects,
+on 127.0.0.1, driven through the installed CLI (huggingface_hub is never mocked)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tiering.sample import make_checkpoint
+
+from .conftest import assert_one_line_error, reserve_port
+
+pytest.importorskip("olah", reason="olah missing (pip install -e .[test])")
+pytest.importorskip("huggingface_hub", reason="huggingface_hub missing (pip install -e .)")
+if shutil.which("git-lfs") is None:
+    pytest.skip("git-lfs missing (scripts/install-tools.sh installs it)", allow_module_level=True)
+
+OLAH = Path(sys.executable).with_name("olah-cli")
+TOKEN = "hf_weightdTestTokenNeverLogged0123456789"
+
+
+def git(repo: Path, *args: str) -> str:
+    env = {**os.environ, "HOME": str(repo.parent), "GIT_CONFIG_NOSYSTEM": "1"}
+    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.com", *args], cwd=repo, env=env,
+                          check=True, capture_output=True, text=True, timeout=60).stdout.strip()
+
+
+class Hub:
+    """An olah server in offline mode over ``mirrors/models/org/repo`` (LFS shards, small JSON files)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.repo = root / "mirrors" / "models" / "org" / "repo"
+        make_checkpoint(self.repo, total_bytes=4 << 20, shards=2, layers=2, seed="hub1")
+        git(self.repo, "init", "-q", "-b", "main")
+        git(self.repo, "lfs", "install", "--local")
+        git(self.repo, "lfs", "track", "*.safetensors")
+        git(self.repo, "add", "-A")
+        git(self.repo, "commit", "-q", "-m", "first")
+        git(self.repo, "tag", "v1")
+        assert len(git(self.repo, "lfs", "ls-files").splitlines()) == 2
+        self.port = reserve_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        (root / "olah.toml").write_text(
+            f'[basic]\nhost = "127.0.0.1"\nport = {self.port}\nrepos-path = "{root / "repos"}"\n'
+            f'mirrors-path = ["{root / "mirrors"}"]\n[accessibility]\noffline = true\n')
+        self.log = open(root / "olah.out", "wb")
+        self.proc = subprocess.Popen([str(OLAH), "-c", str(root / "olah.toml")], cwd=root, stdout=self.log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+
+    def commit(self) -> str:
+        return git(self.repo, "rev-parse", "HEAD")
+
+    def wait_ready(self, timeout_s: float = 60) -> None:
+        url = f"{self.endpoint}/api/models/org/repo/revision/main"
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, (root_log := (self.root / "olah.out").read_text(errors="replace"))
+            try:
+                with urllib.request.urlopen(url, timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"olah not ready in {timeout_s} s: {(self.root / 'olah.out').read_text(errors='replace')}")
+
+    def env(self, **extra: str) -> dict[str, str]:
+        return {"HF_ENDPOINT": self.endpoint, "HF_HOME": str(self.root / "hf-home"), "HF_HUB_DISABLE_TELEMETRY": "1",
+                **extra}
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        self.log.close()
+
+
+@pytest.fixture
+def hub(tmp_path: Path):
+    h = Hub(tmp_path / "hub")
+    try:
+        h.wait_ready()
+        yield h
+    finally:
+        h.stop()
+
+
+def source_files(repo: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(repo)): p.read_bytes() for p in sorted(repo.rglob("*"))
+            if p.is_file() and ".git" not in p.relative_to(repo).parts[:1]}
+
+
+def tree(path: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*"))
+            if p.is_file() and not str(p.relative_to(path)).startswith(".weightd")}
+
+
+def published(wd, hub: Hub, *args: str) -> dict:
+    r = wd("publish", *args, "--json", env=hub.env())
+    assert r.returncode == 0, (r.returncode, r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr
+    return json.loads(r.stdout)
+
+
+def preloaded(wd, ref: str) -> Path:
+    r = wd("preload", ref, "--tier", "warm")
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    return Path(r.stdout.strip().splitlines()[-1])
+
+
+def nothing_published(wd) -> bool:
+    r = wd("ls", "--json")
+    assert r.returncode == 0, r.stderr
+    return "org/repo" not in r.stdout and "org/nope" not in r.stdout
+
+
+def test_import_labels_with_the_commit_sha_and_preloads_the_same_bytes(wd, hub: Hub, node_env) -> None:
+    sha = hub.commit()
+    doc = published(wd, hub, "hf://org/repo@main")
+    assert (doc["name"], doc["version"]) == ("org/repo", sha)
+    assert doc["source"]["commit"] == sha and doc["source"]["lfs_files"] == 2
+    assert not nothing_published(wd)
+    got = tree(preloaded(wd, f"org/repo@{sha}"))
+    assert got == source_files(hub.repo) and ".gitattributes" in got
+    # the download cache is gone once published (the bytes are in cold storage)
+    assert not (node_env.state / "imports" / "hf" / "models--org--repo").exists()
+    # the tag and the SHA itself name the same commit: the same version, unchanged
+    for rev in ("v1", sha):
+        again = published(wd, hub, f"hf://org/repo@{rev}")
+        assert again["version"] == sha and again["unchanged"] is True
+    # a new commit on main: @main is a new version, and the first one is still what it was
+    (hub.repo / "config.json").write_text('{"model_type": "llama", "edited": true}\n')
+    git(hub.repo, "commit", "-q", "-am", "second")
+    sha2 = hub.commit()
+    doc2 = published(wd, hub, "hf://org/repo")          # (no revision: main)
+    assert doc2["version"] == sha2 != sha
+    assert tree(preloaded(wd, f"org/repo@{sha2}"))["config.json"] == b'{"model_type": "llama", "edited": true}\n'
+    assert tree(preloaded(wd, f"org/repo@{sha}")) == got
+
+
+def test_include_exclude_name_and_version(wd, hub: Hub) -> None:
+    doc = published(wd, hub, "hf://org/repo@v1", "--name", "acme/configs", "--version", "cfg1",
+                    "--include", "*.json", "--include", "original/*", "--exclude", "tokenizer*")
+    assert (doc["name"], doc["version"]) == ("acme/configs", "cfg1")
+    got = tree(preloaded(wd, "acme/configs@cfg1"))
+    want = {k for k in source_files(hub.repo)
+            if (k.endswith(".json") and "/" not in k or k.startswith("original/")) and not k.startswith("tokenizer")}
+    assert set(got) == want and "config.json" in want and "original/params.json" in want
+    r = wd("publish", "hf://org/repo", "--include", "*.bin", env=hub.env())
+    assert_one_line_error(r, 2, "no file matches")
+    r = wd("publish", str(hub.repo), "--name", "x", "--version", "y", "--include", "*.json")
+    assert_one_line_error(r, 2, "--include and --exclude select files of an hf:// repository")
+
+
+def test_missing_repo_bad_revision_and_unreachable_hub_are_one_line_each(wd, hub: Hub) -> None:
+    r = wd("publish", "hf://org/nope@main", env=hub.env())
+    assert_one_line_error(r, 3, "no repository org/nope")
+    r = wd("publish", "hf://org/repo@nobranch", env=hub.env())
+    assert_one_line_error(r, 3, "no revision 'nobranch' in org/repo", "main", "v1")
+    dead = f"http://127.0.0.1:{reserve_port()}"
+    r = wd("publish", "hf://org/repo", env={**hub.env(), "HF_ENDPOINT": dead})
+    assert_one_line_error(r, 1, f"on {dead}", "does not answer")
+    r = wd("publish", "hf://org", env=hub.env())
+    assert_one_line_error(r, 2, "hf://ORG/REPO[@REVISION]")
+    assert nothing_published(wd)
+
+
+def test_a_tampered_lfs_object_publishes_nothing(wd, hub: Hub, node_env) -> None:
+    shard = "model-00001-of-00002.safetensors"
+    oid = hashlib.sha256((hub.repo / shard).read_bytes()).hexdigest()
+    obj = hub.repo / ".git" / "lfs" / "objects" / oid[:2] / oid[2:4] / oid
+    data = bytearray(obj.read_bytes())
+    data[len(data) // 2] ^= 0x01                       # same size, one bit: only the hash can tell
+    obj.write_bytes(bytes(data))
+    r = wd("publish", "hf://org/repo@main", env=hub.env())
+    assert_one_line_error(r, 5, shard, f"LFS sha256 {oid}", hashlib.sha256(bytes(data)).hexdigest())
+    assert nothing_published(wd)
+    assert not (node_env.cold / "org" / "repo").exists()
+    cache = node_env.state / "imports" / "hf" / "models--org--repo"
+    assert not cache.exists()                           # the bad bytes are not kept for a retry to reuse
+
+
+def test_the_token_is_never_printed_nor_logged(wd, hub: Hub, node_env, tmp_path: Path) -> None:
+    env = hub.env(HF_TOKEN=TOKEN)
+    runs = [wd("publish", "hf://org/repo@main", "--json", env=env),
+            wd("publish", "hf://org/nope", env=env),
+            wd("--debug", "publish", "hf://org/repo@nobranch", env=env),
+            wd("publish", "hf://org/repo@main", env={**env, "HF_ENDPOINT": f"http://127.0.0.1:{reserve_port()}"})]
+    assert [r.returncode for r in runs] == [0, 3, 3, 1], [(r.returncode, r.stderr) for r in runs]
+    for r in runs:
+        assert TOKEN not in r.stdout + r.stderr
+    for p in (node_env.state, node_env.cold, tmp_path / "home"):
+        for f in p.rglob("*"):
+            if f.is_file() and not f.is_symlink():
+                assert TOKEN.encode() not in f.read_bytes(), f
+
+
+def test_only_publish_hf_imports_huggingface_hub(node_env, isolated_env, ckpt: Path, hub: Hub) -> None:
+    """huggingface_hub (~100 ms of imports) is this command's only: a publish of a directory, ls and
+    preload never load it, nor the Hub source module."""
+    from .test_fast_path import heavy_imported
+    cfg = str(node_env.config)
+    also = ("tiering.sources.hf",)
+    for case in (["publish", str(ckpt), "--name", "m/x", "--version", "v1"], ["ls"], ["preload", "m/x@v1"]):
+        got = heavy_imported(["--config", cfg, *case], dict(isolated_env), also=also)
+        assert "huggingface_hub" not in got and "tiering.sources.hf" not in got, (case, got)
+    got = heavy_imported(["--config", cfg, "publish", "hf://org/repo@v1"], {**isolated_env, **hub.env()}, also=also)
+    assert "huggingface_hub" in got and "tiering.sources.hf" in got   # (the check above can see it)

@@ -1,0 +1,64 @@
+"""``weightd publish hf://ORG/REPO[@REVISION]``: a Hugging Face Hub repository into cold storage.
+
+This process downloads (``tiering.sources.hf``, through ``tiering``'s surface: resolve the revision to its commit SHA once, list the
+Hub's hashes, download in parallel and resumably, check every file), then publishes the verified
+snapshot exactly as ``weightd publish DIR`` does, through :class:`~weightd.cli.tiers.Backend` (the
+daemon when one answers, else in-process). The CLI downloads, not the daemon: the token stays in the
+caller's environment (the daemon never holds one), the caller's network and ``HF_ENDPOINT`` apply,
+and the daemon's part is the publish it already does (atomic, checked, its read-permission check on
+the caller's files).
+
+The download cache is ``STATE_DIR/imports/hf`` (an HF cache: ``models--ORG--REPO/blobs``), or
+``~/.cache/weightd/hf`` for a user who may not write the state directory. An interrupted import
+leaves it there, and the next one resumes; a published import, or bytes that failed their hash,
+are removed from it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+from . import output
+from .app import AppContext
+from .tiers import Backend
+
+
+def cache_dir(app: AppContext) -> Path:
+    """Where the download goes: under the state directory if this user may write it, else ~/.cache."""
+    for d in (Path(app.config.settings.state_dir) / "imports" / "hf", Path.home() / ".cache" / "weightd" / "hf"):
+        try:
+            d.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except PermissionError:
+            continue
+        if os.access(d, os.W_OK | os.X_OK):
+            return d
+    raise PermissionError(f"cannot write {d} (nor the state directory's imports/hf) for the download")
+
+
+def publish_from_hub(app: AppContext, source: str, name: str | None, version_label: str | None,
+                     include: Sequence[str], exclude: Sequence[str], sign_key: str | None,
+                     signature: str | None) -> tuple[dict[str, Any], str, str]:
+    """Import ``source`` (hf://ORG/REPO[@REVISION]); returns (publish report, name, version)."""
+    from tiering import discard_snapshot, fetch_snapshot, parse_hub_ref, validate_name, validate_version
+    ref = parse_hub_ref(source)
+    name = name or ref.repo_id
+    validate_name(name)
+    if version_label is not None:
+        validate_version(version_label)
+    output.note(f"{ref}: resolving and downloading into {cache_dir(app)}")
+    snap = fetch_snapshot(ref, cache_dir(app), include=include, exclude=exclude)
+    version = version_label or snap.commit
+    output.note(f"{ref}: commit {snap.commit}, {len(snap.files)} file(s) "
+                f"({output.format_bytes(snap.size)}) match the Hub's hashes; publishing {name}@{version}")
+    with Backend(app) as b:
+        r = b.publish(str(snap.path), name, version, sign_key=sign_key, signature=signature)
+    discard_snapshot(snap)
+    r["source"] = {"url": str(ref), "repo": ref.repo_id, "revision": ref.revision, "commit": snap.commit,
+                   "files": len(snap.files), "bytes": snap.size,
+                   "lfs_files": sum(1 for f in snap.files if f.sha256 is not None)}
+    return r, name, r.get("version", version)
+
+
+__all__ = ["cache_dir", "publish_from_hub"]
