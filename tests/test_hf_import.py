@@ -21,6 +21,7 @@ import pytest
 from tiering.sample import make_checkpoint
 
 from .conftest import assert_one_line_error, reserve_port
+from .test_daemon import daemon  # noqa: F401  (the real daemon fixture)
 
 pytest.importorskip("olah", reason="olah missing (pip install -e .[test])")
 pytest.importorskip("huggingface_hub", reason="huggingface_hub missing (pip install -e .)")
@@ -40,10 +41,10 @@ def git(repo: Path, *args: str) -> str:
 class Hub:
     """An olah server in offline mode over ``mirrors/models/org/repo`` (LFS shards, small JSON files)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, total_bytes: int = 4 << 20) -> None:
         self.root = root
         self.repo = root / "mirrors" / "models" / "org" / "repo"
-        make_checkpoint(self.repo, total_bytes=4 << 20, shards=2, layers=2, seed="hub1")
+        make_checkpoint(self.repo, total_bytes=total_bytes, shards=2, layers=2, seed="hub1")
         git(self.repo, "init", "-q", "-b", "main")
         git(self.repo, "lfs", "install", "--local")
         git(self.repo, "lfs", "track", "*.safetensors")
@@ -67,7 +68,7 @@ class Hub:
         url = f"{self.endpoint}/api/models/org/repo/revision/main"
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            assert self.proc.poll() is None, (root_log := (self.root / "olah.out").read_text(errors="replace"))
+            assert self.proc.poll() is None, (self.root / "olah.out").read_text(errors="replace")
             try:
                 with urllib.request.urlopen(url, timeout=2) as r:
                     if r.status == 200:
@@ -95,6 +96,17 @@ class Hub:
 @pytest.fixture
 def hub(tmp_path: Path):
     h = Hub(tmp_path / "hub")
+    try:
+        h.wait_ready()
+        yield h
+    finally:
+        h.stop()
+
+
+@pytest.fixture
+def big_hub(tmp_path: Path):
+    """As ``hub``, with 160 MiB of shards: olah serves ~34 MB/s, so an import is seconds long."""
+    h = Hub(tmp_path / "hub", total_bytes=160 << 20)
     try:
         h.wait_ready()
         yield h
@@ -223,3 +235,42 @@ def test_only_publish_hf_imports_huggingface_hub(node_env, isolated_env, ckpt: P
         assert "huggingface_hub" not in got and "tiering.sources.hf" not in got, (case, got)
     got = heavy_imported(["--config", cfg, "publish", "hf://org/repo@v1"], {**isolated_env, **hub.env()}, also=also)
     assert "huggingface_hub" in got and "tiering.sources.hf" in got   # (the check above can see it)
+
+
+def test_through_the_daemon_the_cli_downloads_and_the_daemon_publishes(daemon, wd, hub: Hub,  # noqa: F811
+                                                                       node_env) -> None:
+    """With a daemon running, this process downloads and checks (the token stays here), and the daemon
+    publishes the checked snapshot as it publishes a directory (--daemon-only: it answered)."""
+    r = wd("--daemon-only", "publish", "hf://org/repo@v1", "--json", env=hub.env(HF_TOKEN=TOKEN))
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    doc = json.loads(r.stdout)
+    assert doc["version"] == hub.commit() and doc["source"]["revision"] == "v1"
+    assert tree(preloaded(wd, f"org/repo@{hub.commit()}")) == source_files(hub.repo)
+    daemon.drain()
+    assert TOKEN not in daemon.log_path.read_text() + r.stdout + r.stderr
+
+
+def test_kill_9_mid_download_publishes_nothing_and_the_next_import_completes(wd, big_hub: Hub, node_env,
+                                                                              isolated_env) -> None:
+    blobs = node_env.state / "imports" / "hf" / "models--org--repo" / "blobs"
+    proc = subprocess.Popen([sys.executable, "-m", "weightd", "--config", str(node_env.config), "publish",
+                             "hf://org/repo@main"], env={**isolated_env, **big_hub.env()},
+                            cwd=Path(__file__).parent.parent, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            partial = list(blobs.glob("*.incomplete")) if blobs.is_dir() else []
+            if any(p.stat().st_size > (4 << 20) for p in partial if p.exists()):
+                break
+            time.sleep(0.02)
+        assert proc.poll() is None, "the import ended before a download was seen in flight"
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait(30)
+    assert list(blobs.glob("*.incomplete")), "a killed import leaves its partial download for the next one"
+    assert nothing_published(wd)
+    doc = published(wd, big_hub, "hf://org/repo@main")
+    assert doc["version"] == big_hub.commit()
+    assert tree(preloaded(wd, f"org/repo@{big_hub.commit()}")) == source_files(big_hub.repo)
+    assert not blobs.exists()

@@ -264,4 +264,5 @@ def fetch_snapshot(ref: HubRef, cache_dir: Path, *, include: Sequence[str] = (),
 
 __all__ = ["DEFAULT_REVISION", "HubAccessDenied", "HubError", "HubFile", "HubHashMismatch", "HubNotFound",
            "HubRateLimited", "HubRef", "HubSnapshot", "HubUnreachable", "SCHEME", "discard_snapshot",
-           "fetch_snapshot", "file_digest", "is_hub_ref", "list_files", "parse_hub_ref", "resolve", "selected", "verify"]
+           "fetch_snapshot", "file_digest", "is_hub_ref", "list_files", "parse_hub_ref", "resolve", "selected",
+           "verify"]

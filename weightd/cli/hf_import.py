@@ -1,9 +1,9 @@
 """``weightd publish hf://ORG/REPO[@REVISION]``: a Hugging Face Hub repository into cold storage.
 
-This process downloads (``tiering.sources.hf``, through ``tiering``'s surface: resolve the revision to its commit SHA once, list the
-Hub's hashes, download in parallel and resumably, check every file), then publishes the verified
-snapshot exactly as ``weightd publish DIR`` does, through :class:`~weightd.cli.tiers.Backend` (the
-daemon when one answers, else in-process). The CLI downloads, not the daemon: the token stays in the
+This process downloads (``tiering.sources.hf``, through ``tiering``'s surface: resolve the revision to
+its commit SHA once, list the Hub's hashes, download in parallel and resumably, check every file),
+then publishes the verified snapshot exactly as ``weightd publish DIR`` does, through
+:class:`~weightd.cli.tiers.Backend` (the daemon when one answers, else in-process). The CLI downloads, not the daemon: the token stays in the
 caller's environment (the daemon never holds one), the caller's network and ``HF_ENDPOINT`` apply,
 and the daemon's part is the publish it already does (atomic, checked, its read-permission check on
 the caller's files).
