@@ -268,16 +268,26 @@ class S3Client:
         async def get() -> bytes:
             res = await obstore.get_async(self.store, key)
             size = res.meta["size"]
-            if size > limit:   # (the response dropped unread, here: its connection is closed, nothing downloaded)
-                del res
-                raise BadInput(f"{self.url}/{key}: {what} of {size} bytes, more than the {limit} allowed; not read")
-            chunks, got = [], 0   # (joined once at the end: the body is never held twice)
-            async for chunk in res.stream(min_chunk_size=min(STREAM_CHUNK, max(limit, 1))):
-                got += len(chunk)
-                if got > limit:
-                    raise BadInput(f"{self.url}/{key}: {what} larger than the {limit} bytes allowed; not read further")
-                chunks.append(chunk)
-            return b"".join(chunks)
+            # The body is taken out of the response at once and dropped here on a refusal, which closes its
+            # connection: the response itself stays referenced by obstore's finished future until PyO3 next
+            # runs in this process (pyo3-async-runtimes drops that reference on a tokio thread, without the
+            # GIL), so a body left in it kept a hostile store's connection open for as long as that took.
+            body = res.stream(min_chunk_size=min(STREAM_CHUNK, max(limit, 1)))
+            chunks: list[bytes] = []   # (joined once at the end: the body is never held twice)
+            try:
+                if size > limit:
+                    raise BadInput(f"{self.url}/{key}: {what} of {size} bytes, more than the {limit} allowed; not read")
+                got = 0
+                async for chunk in body:
+                    got += len(chunk)
+                    if got > limit:
+                        chunks.clear()
+                        raise BadInput(f"{self.url}/{key}: {what} larger than the {limit} bytes allowed; not read "
+                                       f"further")
+                    chunks.append(chunk)
+                return b"".join(chunks)
+            finally:
+                del body   # (not kept alive by the traceback of the error raised here)
         try:
             raw = self.call("get", lambda: bounded(get, deadline_of(deadline), f"{self.url}/{key}"), key,
                              deadline=deadline_of(deadline))
