@@ -45,6 +45,7 @@ class Hub:
         self.root = root
         self.repo = root / "mirrors" / "models" / "org" / "repo"
         make_checkpoint(self.repo, total_bytes=total_bytes, shards=2, layers=2, seed="hub1")
+        (self.repo / "notes[v1].json").write_text('{"glob": "a name that is a pattern too"}\n')
         git(self.repo, "init", "-q", "-b", "main")
         git(self.repo, "lfs", "install", "--local")
         git(self.repo, "lfs", "track", "*.safetensors")

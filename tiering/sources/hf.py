@@ -14,6 +14,7 @@ token file) unless the caller passes them; the token is never put in a message.
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import re
 import shutil
@@ -223,6 +224,8 @@ def verify(snapshot: Path, files: Sequence[HubFile], workers: int = 4) -> None:
     """Every file hashed (in parallel: hashlib releases the GIL) against the Hub's hash; the first
     that differs raises HubHashMismatch."""
     def check(f: HubFile) -> None:
+        if not (snapshot / f.path).is_file():
+            raise HubError(f"{f.path}: listed by the Hub at this commit, but not downloaded")
         algorithm, expected, actual = file_digest(snapshot / f.path, f)
         if actual != expected.lower():
             raise HubHashMismatch(f.path, algorithm, expected, actual)
@@ -250,8 +253,9 @@ def fetch_snapshot(ref: HubRef, cache_dir: Path, *, include: Sequence[str] = (),
     with _hub_errors(ref, api.endpoint):
         commit = resolve(api, ref)
         files = list_files(api, ref, commit, include, exclude)
+        exact = [glob.escape(f.path) for f in files]   # (each listed path matches itself only)
         path = Path(snapshot_download(ref.repo_id, revision=commit, cache_dir=cache_dir, endpoint=api.endpoint,
-                                      token=token, allow_patterns=[f.path for f in files], max_workers=workers))
+                                      token=token, allow_patterns=exact, max_workers=workers))
     repo_cache = Path(cache_dir) / ("models--" + ref.repo_id.replace("/", "--"))
     snapshot = HubSnapshot(ref, commit, files, path, repo_cache)
     try:
