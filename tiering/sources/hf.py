@@ -241,14 +241,16 @@ def discard_snapshot(snapshot: HubSnapshot) -> None:
 
 
 def fetch_snapshot(ref: HubRef, cache_dir: Path, *, include: Sequence[str] = (), exclude: Sequence[str] = (),
-          endpoint: str | None = None, token: str | None = None, workers: int = 8) -> HubSnapshot:
+                   endpoint: str | None = None, token: str | None = None, workers: int = 8,
+                   progress_bars: bool = False) -> HubSnapshot:
     """Resolve, list, download and verify: a snapshot directory whose every file matched the Hub's hash.
 
     Bytes that fail their hash are removed from the cache before HubHashMismatch is raised (a retry
     downloads them again); other failures leave the cache as it is, for the next call to resume."""
     from huggingface_hub import HfApi, snapshot_download
-    from huggingface_hub.utils import disable_progress_bars
-    disable_progress_bars()   # (weightd prints its own lines; tqdm bars would flood a log)
+    from huggingface_hub.utils import disable_progress_bars, enable_progress_bars
+    # huggingface_hub's own bars on a terminal (``progress_bars``); never in a log, which they would flood
+    enable_progress_bars() if progress_bars else disable_progress_bars()
     api = HfApi(endpoint=endpoint, token=token)
     with _hub_errors(ref, api.endpoint):
         commit = resolve(api, ref)

@@ -17,6 +17,7 @@ are removed from it.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -48,7 +49,9 @@ def publish_from_hub(app: AppContext, source: str, name: str | None, version_lab
     if version_label is not None:
         validate_version(version_label)
     output.note(f"{ref}: resolving and downloading into {cache_dir(app)}")
-    snap = fetch_snapshot(ref, cache_dir(app), include=include, exclude=exclude)
+    from .progress import quiet
+    snap = fetch_snapshot(ref, cache_dir(app), include=include, exclude=exclude,
+                          progress_bars=sys.stderr.isatty() and not quiet())
     version = version_label or snap.commit
     output.note(f"{ref}: commit {snap.commit}, {len(snap.files)} file(s) "
                 f"({output.format_bytes(snap.size)}) match the Hub's hashes; publishing {name}@{version}")
