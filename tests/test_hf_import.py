@@ -275,3 +275,15 @@ def test_kill_9_mid_download_publishes_nothing_and_the_next_import_completes(wd,
     assert doc["version"] == big_hub.commit()
     assert tree(preloaded(wd, f"org/repo@{big_hub.commit()}")) == source_files(big_hub.repo)
     assert not blobs.exists()
+
+
+def test_two_imports_of_one_repository_at_once_both_succeed(wd, hub: Hub, node_env, weightd) -> None:
+    """The first to finish removes the repository's downloads: the second waits its turn instead of
+    losing its files (then finds the version published with the same content, or publishes its own)."""
+    cfg = ["--config", str(node_env.config)]
+    weightd.env = {**weightd.env, **hub.env()}
+    a, b = weightd.at_once([*cfg, "publish", "hf://org/repo@main", "--json"],
+                           [*cfg, "publish", "hf://org/repo@v1", "--name", "org/other", "--json"])
+    assert (a.returncode, b.returncode) == (0, 0), (a.stderr, b.stderr)
+    assert json.loads(a.stdout)["version"] == json.loads(b.stdout)["version"] == hub.commit()
+    assert tree(preloaded(wd, "org/other")) == tree(preloaded(wd, "org/repo")) == source_files(hub.repo)
