@@ -6,7 +6,9 @@ descriptor is shared by the workers hashing its parts and closed after its last 
 Two ways to read:
 
 - ``mmap`` in bounded windows with ``MAP_POPULATE`` (no copy: ~1.3x faster than ``pread`` on cached
-  data), used only while the file is under a kernel **read lease** (``F_SETLEASE``). A lease makes
+  data), used only for a file wholly in the page cache (``cachestat``: where the page cache is smaller
+  than the file, mapping its pages makes the kernel drop read-ahead not yet hashed, read again later)
+  and while the file is under a kernel **read lease** (``F_SETLEASE``). A lease makes
   anyone who opens the file for writing or truncates it wait (``/proc/sys/fs/lease-break-time``) until
   we let go, so the mapped file cannot shrink under us and a SIGBUS cannot happen. We poll the lease
   between windows and switch to ``pread`` the moment a break is pending.
@@ -30,7 +32,7 @@ from typing import Any, Callable, Sequence
 
 import xxhash
 
-from .._syscalls import leases_usable
+from .._syscalls import cachestat, leases_usable
 from ..errors import BadInput, CheckpointNotFound, FileChanged
 from ..safefs.paths import open_for_read  # noqa: F401  (its home is safefs; imported from here too)
 
@@ -108,7 +110,8 @@ class _SharedFd:
                     raise BadInput(f"{self.job.path}: {exc.strerror}") from None
                 if hasattr(os, "posix_fadvise"):
                     os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-                wants_map = any(e - b >= MMAP_MIN_PART for b, e in self.job.ranges)
+                wants_map = any(e - b >= MMAP_MIN_PART for b, e in self.job.ranges) \
+                    and _resident(self.fd, self.job.size)
                 if wants_map and take_read_lease(self.fd):
                     # under the lease the file cannot shrink; it must be as long as the caller saw
                     self.leased = os.fstat(self.fd).st_size >= max(e for _, e in self.job.ranges)
@@ -142,40 +145,66 @@ class _SharedFd:
                     raise FileChanged(self.job.path, "file changed while it was being read")
 
 
-def _hash_range(s: _SharedFd, fd: int, begin: int, end: int, progress: ProgressFn | None) -> str:
-    path = s.job.path
-    h = xxhash.xxh3_128()
-    off, unreported = begin, 0
-    if end - begin >= MMAP_MIN_PART:
-        page = mmap.ALLOCATIONGRANULARITY
-        while off < end and s.may_map():
-            start = off - off % page
-            stop = min(end, start + MMAP_WINDOW)
-            try:
-                m = mmap.mmap(fd, stop - start, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE,
-                              prot=mmap.PROT_READ, offset=start)
-            except (OSError, ValueError):  # shorter than expected, or cannot map: pread decides
-                break
-            try:
-                with memoryview(m) as view:
-                    h.update(view[off - start:])
-            finally:
-                m.close()
-            unreported += stop - off
-            off = stop
-            if progress is not None and unreported >= PROGRESS_EVERY:
-                progress(unreported)
-                unreported = 0
-    buf = bytearray(min(READ_BYTES, max(1, end - off)))
-    view = memoryview(buf)
-    while off < end:
-        want = min(len(buf), end - off)
-        n = os.preadv(fd, [view[:want]], off)
+def _resident(fd: int, size: int) -> bool:
+    """Whether every page of the file's first ``size`` bytes is in the page cache (``cachestat``; True
+    without it, so mapping goes on as before). A file that is not is read with ``pread``: where the page
+    cache is smaller than the file (a small memory cgroup), mapped pages are kept over the read-ahead
+    not yet hashed (dropped, then read again), and a fault on a page that is not resident reads around
+    it, behind too. A checkpoint read back in a 256 MiB cgroup: 1.2x-1.4x its bytes from the device
+    mapped, 0.75x-0.86x with ``pread``'s sequential read-ahead (the rest was still cached)."""
+    try:
+        n = cachestat(fd, 0, size)
+    except OSError:
+        return True
+    return n is None or n >= (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+
+
+def _hash_mapped(h: Any, fd: int, off: int, start: int, stop: int) -> bool:
+    """Hash [off, stop) through a ``MAP_POPULATE`` window mapped from ``start`` (page-aligned); False
+    when it cannot be mapped (shorter than expected, or not mappable: ``pread`` decides)."""
+    try:
+        m = mmap.mmap(fd, stop - start, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=mmap.PROT_READ,
+                      offset=start)
+    except (OSError, ValueError):
+        return False
+    try:
+        with memoryview(m) as view:
+            h.update(view[off - start:])
+    finally:
+        m.close()
+    return True
+
+
+def _hash_read(h: Any, path: str, fd: int, off: int, stop: int, view: memoryview) -> None:
+    """Hash [off, stop) read with ``pread`` into ``view``."""
+    while off < stop:
+        n = os.preadv(fd, [view[:min(len(view), stop - off)]], off)
         if n <= 0:
-            raise FileChanged(path, f"file ended at byte {off}, expected {end} (truncated while being read?)")
+            raise FileChanged(path, f"file ended at byte {off}, expected {stop} (truncated while being read?)")
         h.update(view[:n])
         off += n
-        unreported += n
+
+
+def _hash_range(s: _SharedFd, fd: int, begin: int, end: int, progress: ProgressFn | None) -> str:
+    """xxh3-128 of [begin, end) in windows: each mapped while the lease holds (a resident file), else
+    read with ``pread`` (into one buffer, reused); once a window could not be mapped, ``pread`` for the
+    rest."""
+    h = xxhash.xxh3_128()
+    off, unreported = begin, 0
+    mapping = end - begin >= MMAP_MIN_PART
+    view: memoryview | None = None
+    while off < end:
+        start = off - off % mmap.ALLOCATIONGRANULARITY
+        stop = min(end, start + MMAP_WINDOW)
+        mapped = False
+        if mapping and s.may_map():
+            mapped = mapping = _hash_mapped(h, fd, off, start, stop)
+        if not mapped:
+            if view is None:
+                view = memoryview(bytearray(min(READ_BYTES, max(1, end - off))))
+            _hash_read(h, s.job.path, fd, off, stop, view)
+        unreported += stop - off
+        off = stop
         if progress is not None and unreported >= PROGRESS_EVERY:
             progress(unreported)
             unreported = 0
