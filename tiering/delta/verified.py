@@ -153,7 +153,7 @@ class _FileBuild:
     def _from_source(self, s: Span) -> None:
         assert self.source is not None
         if self.sfd is None and s.size:
-            self.sfd = _open_sequential(_ref(self.source, self.path))
+            self.sfd = open_for_read(_ref(self.source, self.path))
         why = self._span(self.sfd if self.sfd is not None else -1, s.begin, s, donor=False)
         if why is not None:
             src = str(_ref(self.source, self.path))
@@ -211,7 +211,9 @@ class _FileBuild:
 
 
 def _open_sequential(ref: "str | FileRef") -> int:
-    """A donor or source file, read ahead as a sequence (its parts are read in offset order)."""
+    """A donor file, read ahead as a sequence (what it lends is mostly in offset order). The source is
+    not advised so: it gives only the changed ranges, and a doubled read-ahead past each would read
+    cold storage for nothing."""
     fd = open_for_read(ref)
     with contextlib.suppress(OSError):
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
