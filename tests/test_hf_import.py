@@ -287,3 +287,12 @@ def test_two_imports_of_one_repository_at_once_both_succeed(wd, hub: Hub, node_e
     assert (a.returncode, b.returncode) == (0, 0), (a.stderr, b.stderr)
     assert json.loads(a.stdout)["version"] == json.loads(b.stdout)["version"] == hub.commit()
     assert tree(preloaded(wd, "org/other")) == tree(preloaded(wd, "org/repo")) == source_files(hub.repo)
+
+
+def test_a_signed_import(wd, hub: Hub, node_env, tmp_path: Path) -> None:
+    """--sign signs the imported files as it signs a directory's (the same publish path)."""
+    assert wd("keygen", tmp_path / "k").returncode == 0
+    doc = published(wd, hub, "hf://org/repo@v1", "--sign", str(tmp_path / "k.pem"))
+    assert doc["signed_by"]
+    assert (node_env.cold / "org" / "repo" / hub.commit() / ".weightd" / "model.sig").is_file()
+    assert tree(preloaded(wd, f"org/repo@{hub.commit()}")) == source_files(hub.repo)
