@@ -115,6 +115,22 @@ def big_hub(tmp_path: Path):
         h.stop()
 
 
+def repo_cache(node_env, hub: Hub) -> Path:
+    """The import's HF cache of org/repo: STATE_DIR/imports/hf/endpoint-<hash>/models--org--repo."""
+    from tiering.sources.hf import endpoint_key
+    return node_env.state / "imports" / "hf" / endpoint_key(hub.endpoint) / "models--org--repo"
+
+
+def fetched(hub: Hub, root: Path, monkeypatch, **kw):
+    """fetch_snapshot in this process (no publish): the download and check steps on their own."""
+    from tiering.sources.hf import fetch_snapshot, parse_hub_ref
+    for k, v in hub.env().items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return fetch_snapshot(parse_hub_ref("hf://org/repo@main"), root, endpoint=hub.endpoint, **kw)
+
+
 def source_files(repo: Path) -> dict[str, bytes]:
     return {str(p.relative_to(repo)): p.read_bytes() for p in sorted(repo.rglob("*"))
             if p.is_file() and ".git" not in p.relative_to(repo).parts[:1]}
@@ -153,7 +169,7 @@ def test_import_labels_with_the_commit_sha_and_preloads_the_same_bytes(wd, hub: 
     got = tree(preloaded(wd, f"org/repo@{sha}"))
     assert got == source_files(hub.repo) and ".gitattributes" in got
     # the download cache is gone once published (the bytes are in cold storage)
-    assert not (node_env.state / "imports" / "hf" / "models--org--repo").exists()
+    assert not repo_cache(node_env, hub).exists()
     # the tag and the SHA itself name the same commit: the same version, unchanged
     for rev in ("v1", sha):
         again = published(wd, hub, f"hf://org/repo@{rev}")
@@ -178,6 +194,11 @@ def test_include_exclude_name_and_version(wd, hub: Hub) -> None:
     assert set(got) == want and "config.json" in want and "original/params.json" in want
     r = wd("publish", "hf://org/repo", "--include", "*.bin", env=hub.env())
     assert_one_line_error(r, 2, "no file matches")
+    # 'dir/' is everything beneath dir, as huggingface_hub's allow_patterns read it
+    doc = published(wd, hub, "hf://org/repo@v1", "--name", "acme/orig", "--version", "o1", "--include", "original/")
+    assert set(tree(preloaded(wd, "acme/orig@o1"))) == {k for k in source_files(hub.repo) if k.startswith("original/")}
+    doc = published(wd, hub, "hf://org/repo@v1", "--name", "acme/noorig", "--version", "n1", "--exclude", "original/")
+    assert not any(k.startswith("original/") for k in tree(preloaded(wd, "acme/noorig@n1")))
     r = wd("publish", str(hub.repo), "--name", "x", "--version", "y", "--include", "*.json")
     assert_one_line_error(r, 2, "--include and --exclude select files of an hf:// repository")
 
@@ -206,8 +227,12 @@ def test_a_tampered_lfs_object_publishes_nothing(wd, hub: Hub, node_env) -> None
     assert_one_line_error(r, 5, shard, f"LFS sha256 {oid}", hashlib.sha256(bytes(data)).hexdigest())
     assert nothing_published(wd)
     assert not (node_env.cold / "org" / "repo").exists()
-    cache = node_env.state / "imports" / "hf" / "models--org--repo"
-    assert not cache.exists()                           # the bad bytes are not kept for a retry to reuse
+    # the bad bytes are not kept for a retry to reuse: that file's blob and link only, the rest stays
+    cache = repo_cache(node_env, hub)
+    assert not (cache / "blobs" / oid).exists()
+    assert not (cache / "snapshots" / hub.commit() / shard).exists()
+    other = hashlib.sha256((hub.repo / "model-00002-of-00002.safetensors").read_bytes()).hexdigest()
+    assert (cache / "blobs" / other).is_file()
 
 
 def test_the_token_is_never_printed_nor_logged(wd, hub: Hub, node_env, tmp_path: Path) -> None:
@@ -253,7 +278,7 @@ def test_through_the_daemon_the_cli_downloads_and_the_daemon_publishes(daemon, w
 
 def test_kill_9_mid_download_publishes_nothing_and_the_next_import_completes(wd, big_hub: Hub, node_env,
                                                                               isolated_env) -> None:
-    blobs = node_env.state / "imports" / "hf" / "models--org--repo" / "blobs"
+    blobs = repo_cache(node_env, big_hub) / "blobs"
     proc = subprocess.Popen([sys.executable, "-m", "weightd", "--config", str(node_env.config), "publish",
                              "hf://org/repo@main"], env={**isolated_env, **big_hub.env()},
                             cwd=Path(__file__).parent.parent, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -296,3 +321,186 @@ def test_a_signed_import(wd, hub: Hub, node_env, tmp_path: Path) -> None:
     assert doc["signed_by"]
     assert (node_env.cold / "org" / "repo" / hub.commit() / ".weightd" / "model.sig").is_file()
     assert tree(preloaded(wd, f"org/repo@{hub.commit()}")) == source_files(hub.repo)
+
+
+def manifest_paths(node_env, name: str, version: str) -> set[str]:
+    doc = json.loads((node_env.cold / name / version / ".weightd" / "manifest.json").read_text())
+    return {f["path"] for f in doc["files"]}
+
+
+def test_files_an_earlier_download_left_in_the_snapshot_are_not_published(wd, hub: Hub, node_env,
+                                                                          monkeypatch) -> None:
+    """An earlier download of every file of the commit (killed, failed or another --include) left the
+    shards in the snapshot directory: an import that excludes them publishes exactly what it checked."""
+    root = node_env.state / "imports" / "hf"
+    first = fetched(hub, root, monkeypatch)                  # everything, downloaded and checked, not published
+    assert (first.path / "model-00001-of-00002.safetensors").is_file()
+    doc = published(wd, hub, "hf://org/repo@main", "--exclude", "*.safetensors")
+    paths = manifest_paths(node_env, "org/repo", hub.commit())
+    assert doc["source"]["files"] == len(paths) and paths
+    assert not any(p.endswith(".safetensors") for p in paths)
+    assert paths == {k for k in source_files(hub.repo) if not k.endswith(".safetensors")}
+    # the cache is keyed by endpoint: the same Hub by another name is another cache
+    other = Hub.__new__(Hub)
+    other.root, other.endpoint = hub.root, f"http://localhost:{hub.port}"
+    assert repo_cache(node_env, other) != repo_cache(node_env, hub)
+    again = fetched(other, root, monkeypatch, include=["config.json"])
+    assert again.repo_cache == repo_cache(node_env, other) and again.path.name == hub.commit()
+    assert [p.name for p in again.path.iterdir()] == ["config.json"]
+
+
+def test_bytes_changed_between_the_check_and_the_publish_are_refused(hub: Hub, node_env, monkeypatch) -> None:
+    """The publish is held to the inodes that were hashed, as they were: a blob rewritten in place (same
+    size, mtime put back) or swapped for another file is refused (FileChanged, exit 5), nothing published."""
+    from tiering.errors import FileChanged
+    from weightd.errors import exit_code_for
+    snap = fetched(hub, node_env.state / "imports" / "hf", monkeypatch)
+    node = node_env.node()
+    try:
+        # a shard swapped for another file (a new inode) with the Hub's bytes and the old mtime
+        shard = (snap.path / "model-00002-of-00002.safetensors").resolve()
+        fresh = shard.with_name("swap")
+        fresh.write_bytes(shard.read_bytes())
+        os.utime(fresh, ns=(shard.stat().st_atime_ns, shard.stat().st_mtime_ns))
+        os.replace(fresh, shard)
+        with pytest.raises(FileChanged) as exc:
+            node.publish(snap.path, "org/repo", "v1", check=snap.check)
+        assert "model-00002-of-00002.safetensors" in str(exc.value) and exit_code_for(exc.value) == 5
+        with pytest.raises(FileChanged, match="changed after its hash was checked"):
+            snap.publishable()
+        # config.json rewritten in place: its inode, size and mtime as verified, one bit not
+        blob = (snap.path / "config.json").resolve()
+        st = blob.stat()
+        data = bytearray(blob.read_bytes())
+        data[1] ^= 0x01
+        with open(blob, "r+b") as fh:
+            fh.write(bytes(data))
+        os.utime(blob, ns=(st.st_atime_ns, st.st_mtime_ns))
+        with pytest.raises(FileChanged) as exc:
+            node.publish(snap.path, "org/repo", "v1", check=snap.check)
+        assert "config.json" in str(exc.value) and exit_code_for(exc.value) == 5
+        with pytest.raises(FileChanged, match="config.json"):
+            snap.unchanged()
+    finally:
+        node.close()
+    assert not (node_env.cold / "org" / "repo").exists()
+
+
+class _Listing:
+    """The Hub's answers as JSON, through huggingface_hub's own RepoFile: a hostile Hub olah cannot be."""
+
+    def __init__(self, entries: list[dict], sha: str = "c" * 40) -> None:
+        from huggingface_hub.hf_api import RepoFile
+        self.endpoint, self.sha = "https://hub.example", sha
+        self.entries = [RepoFile(**e) for e in entries]
+
+    def list_repo_tree(self, repo_id, revision, recursive):
+        return iter(self.entries)
+
+    def model_info(self, repo_id, revision):
+        from types import SimpleNamespace
+        return SimpleNamespace(sha=self.sha)
+
+
+GOOD = {"path": "config.json", "size": 3, "oid": "a" * 40}
+LFS = {"path": "m.safetensors", "size": 9, "oid": "b" * 40, "lfs": {"size": 9, "oid": "d" * 64, "pointerSize": 130}}
+
+
+@pytest.mark.parametrize("entry, code, needle", [
+    ({**GOOD, "path": "/etc/passwd"}, 2, "absolute path"),
+    ({**GOOD, "path": "a/../../x"}, 2, "'..'"),
+    ({**GOOD, "path": "a//b"}, 2, "empty parts"),
+    ({**GOOD, "path": "a\\..\\b"}, 2, "backslash"),
+    ({**GOOD, "path": "x\x1b[2Jy"}, 2, "control character"),
+    ({**GOOD, "size": "3"}, 1, "not a byte count"),
+    ({**GOOD, "size": None}, 1, "not a byte count"),
+    ({**GOOD, "size": -1}, 1, "not a byte count"),
+    ({**GOOD, "oid": "zz"}, 1, "not 40 hex digits"),
+    ({**GOOD, "oid": None}, 1, "not 40 hex digits"),
+    ({**LFS, "lfs": {"size": 9, "oid": "../x", "pointerSize": 1}}, 1, "not 64 hex digits"),
+    ({**LFS, "lfs": {"size": 10, "oid": "d" * 64, "pointerSize": 1}}, 1, "LFS size 10"),
+])
+def test_a_hostile_listing_is_one_line_with_its_exit_code(entry: dict, code: int, needle: str) -> None:
+    from tiering.sources.hf import list_files, parse_hub_ref
+    from weightd.errors import exit_code_for
+    with pytest.raises(Exception) as exc:
+        list_files(_Listing([GOOD, entry]), parse_hub_ref("hf://org/repo"), "c" * 40)
+    assert exit_code_for(exc.value) == code, repr(exc.value)
+    assert needle in str(exc.value) and "\n" not in str(exc.value) and "\x1b" not in repr(str(exc.value))[1:-1]
+
+
+def test_a_listing_twice_the_same_path_and_a_well_formed_one() -> None:
+    from tiering.sources.hf import list_files, parse_hub_ref
+    from tiering.sources.hf_files import HubError
+    ref = parse_hub_ref("hf://org/repo")
+    with pytest.raises(HubError, match="twice"):
+        list_files(_Listing([GOOD, GOOD]), ref, "c" * 40)
+    files = list_files(_Listing([LFS, {**GOOD, "oid": "A" * 40}]), ref, "c" * 40)
+    assert [(f.path, f.size, f.blob_sha1, f.sha256) for f in files] == [
+        ("config.json", 3, "a" * 40, None), ("m.safetensors", 9, "b" * 40, "d" * 64)]
+
+
+def test_a_commit_sha_revision_names_only_that_commit() -> None:
+    from tiering.sources.hf import parse_hub_ref, resolve
+    from tiering.sources.hf_files import HubError
+    asked = "e" * 40
+    with pytest.raises(HubError, match=f"answered commit {'f' * 40} for the commit SHA {asked}"):
+        resolve(_Listing([GOOD], sha="f" * 40), parse_hub_ref(f"hf://org/repo@{asked}"))
+    assert resolve(_Listing([GOOD], sha=asked), parse_hub_ref(f"hf://org/repo@{asked.upper()}")) == asked
+    assert resolve(_Listing([GOOD], sha=asked), parse_hub_ref("hf://org/repo@main")) == asked
+
+
+def _mount_tmpfs(where: Path, options: str) -> None:
+    where.mkdir(parents=True, exist_ok=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs (root only)")
+def test_a_cache_too_small_is_no_space_before_any_download(wd, hub: Hub, node_env) -> None:
+    """1 MiB of tmpfs for 4 MiB of files: the size is said, then exit 6 before a byte is downloaded."""
+    cache = node_env.state / "imports" / "hf"
+    _mount_tmpfs(cache, "size=1m,mode=0700")
+    try:
+        r = wd("publish", "hf://org/repo@main", env=hub.env())
+        assert_one_line_error(r, 6, "still to download", "free there")
+        assert "selected" in r.stderr and "to download into" in r.stderr
+        assert not list(cache.rglob("blobs/*"))
+        assert nothing_published(wd)
+    finally:
+        subprocess.run(["umount", str(cache)], check=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a read-only tmpfs (root only)")
+def test_the_cache_directory_must_be_ours_and_private(wd, hub: Hub, node_env, tmp_path: Path) -> None:
+    imports = node_env.state / "imports"
+    imports.mkdir(parents=True)
+    (tmp_path / "elsewhere").mkdir(mode=0o700)
+    (imports / "hf").symlink_to(tmp_path / "elsewhere")
+    assert_one_line_error(wd("publish", "hf://org/repo@main", env=hub.env()), 2, "not a directory (a symlink?)")
+    (imports / "hf").unlink()
+    (imports / "hf").mkdir(mode=0o755)
+    os.chmod(imports / "hf", 0o755)
+    assert_one_line_error(wd("publish", "hf://org/repo@main", env=hub.env()), 2, "open to other users (mode 755)")
+    shutil.rmtree(imports)
+    _mount_tmpfs(imports, "ro,size=1m")                 # a read-only state directory: the user's ~/.cache
+    try:
+        doc = published(wd, hub, "hf://org/repo@main", "--include", "*.json")
+        assert doc["version"] == hub.commit()
+        assert (tmp_path / "home" / ".cache" / "weightd" / "hf").is_dir()
+    finally:
+        subprocess.run(["umount", str(imports)], check=True)
+
+
+def test_a_token_goes_over_https_or_loopback_only_and_no_userinfo_is_shown(wd, hub: Hub) -> None:
+    r = wd("publish", "hf://org/repo@main", env=hub.env(HF_TOKEN=TOKEN, HF_ENDPOINT="http://u:s3cret@192.0.2.1:9"))
+    assert_one_line_error(r, 2, "refusing to send the Hugging Face token over plain http://", "http://192.0.2.1:9")
+    dead = reserve_port()
+    r = wd("publish", "hf://org/repo@main", env=hub.env(HF_ENDPOINT=f"http://u:s3cret@127.0.0.1:{dead}"))
+    assert_one_line_error(r, 1, f"on http://127.0.0.1:{dead}", "does not answer")
+    for out in (r,):
+        assert "s3cret" not in out.stdout + out.stderr and TOKEN not in out.stdout + out.stderr
+    r = wd("publish", "hf://org/repo@main", "--include", "*.json", env=hub.env(HF_TOKEN=TOKEN))
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count("token goes over plain http://") == 1 and TOKEN not in r.stderr

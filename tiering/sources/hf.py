@@ -5,38 +5,43 @@ that commit are listed with the Hub's own hashes (``list_repo_tree``: an LFS fil
 file's git blob sha1), downloaded by ``huggingface_hub.snapshot_download`` into an HF cache under
 ``cache_dir`` (parallel, resumable: an interrupted import leaves ``blobs/*.incomplete`` that the next
 one continues), and every file is hashed and compared before anyone builds a manifest from it. The
-caller publishes the snapshot directory as any other directory, then calls :func:`discard_snapshot`.
+caller publishes the snapshot directory as any other directory, held to exactly the files checked
+(:meth:`HubSnapshot.publishable`, :attr:`HubSnapshot.check`, :meth:`HubSnapshot.unchanged`), then
+calls :func:`discard_snapshot`. The cache is keyed by endpoint (:func:`endpoint_cache`).
 
 ``huggingface_hub`` is imported inside the functions, never at module import: only this command pays
 for it. Endpoint and token come from where huggingface_hub looks (``HF_ENDPOINT``, ``HF_TOKEN``, its
-token file) unless the caller passes them; the token is never put in a message.
+token file) unless the caller passes them; the token is never put in a message, goes over https only
+(or http to loopback), and no message shows an endpoint's ``user:password@``.
 """
 
 from __future__ import annotations
 
 import glob
 import hashlib
+import ipaddress
+import os
 import re
 import shutil
-from concurrent.futures import ThreadPoolExecutor
+import stat
 from contextlib import contextmanager
 from dataclasses import dataclass
-from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
+from urllib.parse import urlsplit, urlunsplit
 
-from ..errors import BadInput, IntegrityError, TieringError
+from ..content.scan import CheckFn, scan_checkpoint
+from ..content.units import format_bytes
+from ..errors import BadInput, NoSpace, TieringError, UnsafePath
+from .hf_files import (HubError, HubFile, Identity, check_scanned, checked_listing, inode_check, prune_snapshot,
+                       still_checked, verify)
 
 SCHEME = "hf://"
 DEFAULT_REVISION = "main"
 _REPO_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 _REVISION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,254}")
 _SHA_RE = re.compile(r"[0-9a-f]{40}")
-HASH_BLOCK = 4 << 20
-
-
-class HubError(TieringError):
-    """The Hub refused or failed; exit 1 unless a subclass says otherwise."""
+_ANY_SHA_RE = re.compile(r"[0-9a-fA-F]{40}")
 
 
 class HubNotFound(HubError, FileNotFoundError):
@@ -57,12 +62,13 @@ class HubUnreachable(HubError):
     """The endpoint does not answer (refused, DNS, TLS, timeout); exit 1."""
 
 
-class HubHashMismatch(IntegrityError):
-    """Downloaded bytes that do not hash to what the Hub lists for the file; exit 5, nothing published."""
+class HubNoSpace(NoSpace):
+    """The download cache's file system has less free space than the bytes still to download; exit 6."""
 
-    def __init__(self, path: str, algorithm: str, expected: str, actual: str) -> None:
-        self.path, self.algorithm, self.expected, self.actual = path, algorithm, expected, actual
-        super().__init__(f"{path}: the Hub lists {algorithm} {expected}, the downloaded bytes hash to {actual}")
+    def __init__(self, where: str, need: int, available: int) -> None:
+        self.tier, self.need, self.available = "download cache", need, available
+        TieringError.__init__(self, f"{where}: {format_bytes(need)} still to download, {format_bytes(available)} "
+                                    f"free there: free some space (or publish fewer files: --include/--exclude)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,24 +81,34 @@ class HubRef:
 
 
 @dataclass(frozen=True, slots=True)
-class HubFile:
-    path: str
-    size: int
-    blob_sha1: str                # the git blob id (of the LFS pointer, for an LFS file)
-    sha256: str | None            # an LFS file's content hash, else None
-
-
-@dataclass(frozen=True, slots=True)
 class HubSnapshot:
     ref: HubRef
     commit: str                   # the 40-hex commit SHA the revision named when it was resolved
     files: tuple[HubFile, ...]
     path: Path                    # the snapshot directory (symlinks into the cache's blobs)
     repo_cache: Path              # the repository's directory in the cache (removed by discard_snapshot)
+    checked: Mapping[str, Identity]   # each file's inode as it was hashed (hf_files.Identity)
 
     @property
     def size(self) -> int:
         return sum(f.size for f in self.files)
+
+    def publishable(self) -> list[str]:
+        """Hold the snapshot directory to exactly the checked files before a publish: what an earlier
+        import left there is removed (returned), and a scan must then find each checked inode
+        unchanged (FileChanged otherwise)."""
+        gone = prune_snapshot(self.path, self.checked)
+        check_scanned(scan_checkpoint(self.path), self.checked, str(self.path))
+        return gone
+
+    @property
+    def check(self) -> CheckFn:
+        """The publish's ``check`` hook: only the inodes that were hashed, unchanged."""
+        return inode_check(self.path, self.checked)
+
+    def unchanged(self) -> None:
+        """After the publish: every checked file still the inode hashed, unchanged (FileChanged)."""
+        still_checked(self.path, self.checked)
 
 
 def is_hub_ref(text: str) -> bool:
@@ -112,6 +128,52 @@ def parse_hub_ref(text: str) -> HubRef:
     return HubRef(repo_id, revision)
 
 
+def shown_endpoint(endpoint: str) -> str:
+    """The endpoint as a message may show it: without any ``user:password@``."""
+    parts = urlsplit(endpoint)
+    if "@" not in parts.netloc:
+        return endpoint
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+
+
+def _scrub(text: str) -> str:
+    """Any ``scheme://user:password@`` in a third party's message, without its userinfo."""
+    return re.sub(r"(//)[^/@\s]*@", r"\1", text)
+
+
+def check_token_transport(endpoint: str, token: str | None, note: Callable[[str], None]) -> None:
+    """A token goes over https only, or over http to this machine (with a warning); BadInput otherwise."""
+    parts = urlsplit(endpoint)
+    if not token or parts.scheme != "http":
+        return
+    host = parts.hostname or ""
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        raise BadInput(f"{shown_endpoint(endpoint)}: refusing to send the Hugging Face token over plain http:// "
+                       f"(use https://, or unset HF_TOKEN for a mirror that needs none)")
+    note(f"warning: {shown_endpoint(endpoint)}: the Hugging Face token goes over plain http:// (loopback only)")
+
+
+def endpoint_key(endpoint: str) -> str:
+    """``endpoint-<16 hex of the sha256 of the endpoint URL>`` (without userinfo or a trailing ``/``)."""
+    return "endpoint-" + hashlib.sha256(shown_endpoint(endpoint).rstrip("/").encode()).hexdigest()[:16]
+
+
+def endpoint_cache(root: Path, endpoint: str) -> Path:
+    """The HF cache for one endpoint under ``root`` (:func:`endpoint_key`: files of one repository
+    from two Hubs or mirrors never meet), a real 0700 directory of ours."""
+    d = root / endpoint_key(endpoint)
+    d.mkdir(mode=0o700, exist_ok=True)
+    st = os.lstat(d)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise UnsafePath(str(d), "not a directory of ours with mode 0700 (a symlink, another user's, or open "
+                                 "to others): remove it")
+    return d
+
+
 def _status(exc: BaseException) -> int | None:
     response = getattr(exc, "response", None)
     return getattr(response, "status_code", None)
@@ -121,7 +183,7 @@ def _translate(exc: BaseException, ref: HubRef, endpoint: str) -> HubError | Non
     """One huggingface_hub (or HTTP client) error as weightd's; None for one that is not the Hub's."""
     from huggingface_hub import errors as hf
     status = _status(exc)
-    where = f"{ref} on {endpoint}"
+    where = f"{ref} on {shown_endpoint(endpoint)}"
     if isinstance(exc, hf.GatedRepoError) or status == 403:
         return HubAccessDenied(f"{where}: access denied ({status or 403}; a gated or private repository: "
                                f"accept its terms on the Hub and set HF_TOKEN, or log in with 'hf auth login')")
@@ -145,7 +207,8 @@ def _translate(exc: BaseException, ref: HubRef, endpoint: str) -> HubError | Non
         return HubUnreachable(f"{where}: the endpoint does not answer ({type(exc).__name__}): check HF_ENDPOINT "
                               f"and the network")
     if isinstance(exc, OSError) and exc.errno is None:   # (a local one, ENOSPC say, keeps its own code)
-        return HubError(f"{where}: download failed: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
+        line = _scrub(str(exc).splitlines()[0]) if str(exc) else type(exc).__name__
+        return HubError(f"{where}: download failed: {line}")
     return None
 
 
@@ -178,61 +241,53 @@ def resolve(api: Any, ref: HubRef) -> str:
         except Exception:
             raise exc from None
         names = sorted({r.name for r in (*refs.branches, *refs.tags)})
-        raise HubNotFound(f"{ref} on {api.endpoint}: no revision {ref.revision!r} in {ref.repo_id} "
+        raise HubNotFound(f"{ref} on {shown_endpoint(api.endpoint)}: no revision {ref.revision!r} in {ref.repo_id} "
                           f"(its branches and tags: {', '.join(names[:8]) or 'none'})") from None
     if not isinstance(sha, str) or not _SHA_RE.fullmatch(sha):
-        raise HubError(f"{ref} on {api.endpoint}: the Hub answered no commit SHA for {ref.revision!r}")
+        raise HubError(f"{ref} on {shown_endpoint(api.endpoint)}: the Hub answered no commit SHA for "
+                       f"{ref.revision!r}")
+    if _ANY_SHA_RE.fullmatch(ref.revision) and sha != ref.revision.lower():
+        raise HubError(f"{ref} on {shown_endpoint(api.endpoint)}: the Hub answered commit {sha} for the commit "
+                       f"SHA {ref.revision} (a SHA names only itself): refused")
     return sha
-
-
-def selected(path: str, include: Sequence[str], exclude: Sequence[str]) -> bool:
-    """As snapshot_download's allow/ignore patterns: any include (all if none), and no exclude."""
-    if include and not any(fnmatchcase(path, p) for p in include):
-        return False
-    return not any(fnmatchcase(path, p) for p in exclude)
 
 
 def list_files(api: Any, ref: HubRef, commit: str, include: Sequence[str] = (),
                exclude: Sequence[str] = ()) -> tuple[HubFile, ...]:
-    """The files of ``commit`` that the globs select, each with the hashes the Hub lists for it."""
-    from huggingface_hub.hf_api import RepoFile
-    out = []
-    for entry in api.list_repo_tree(ref.repo_id, revision=commit, recursive=True):
-        if not isinstance(entry, RepoFile) or not selected(entry.path, include, exclude):
-            continue
-        lfs = entry.lfs
-        out.append(HubFile(entry.path, int(entry.size), entry.blob_id, lfs.sha256 if lfs is not None else None))
-    if not out:
-        raise BadInput(f"{ref} ({commit[:12]}): no file matches --include/--exclude")
-    return tuple(sorted(out, key=lambda f: f.path))
+    """The files of ``commit`` that the globs select, each with the hashes the Hub lists for it, every
+    path, size and hash checked (:func:`~tiering.sources.hf_files.checked_listing`)."""
+    where = f"{ref} ({commit[:12]})"
+    files = checked_listing(api.list_repo_tree(ref.repo_id, revision=commit, recursive=True), where, include, exclude)
+    if not files:
+        raise BadInput(f"{where}: no file matches --include/--exclude")
+    return files
 
 
-def file_digest(path: Path, f: HubFile) -> tuple[str, str, str]:
-    """(algorithm, expected, actual) for one downloaded file: sha256 for LFS, git's blob sha1 otherwise."""
-    if f.sha256 is not None:
-        h, algorithm, expected = hashlib.sha256(), "LFS sha256", f.sha256
-    else:
-        h, algorithm, expected = hashlib.sha1(usedforsecurity=False), "git blob sha1", f.blob_sha1
-        h.update(b"blob %d\0" % path.stat().st_size)
-    with open(path, "rb") as fh:
-        while block := fh.read(HASH_BLOCK):
-            h.update(block)
-    return algorithm, expected, h.hexdigest()
-
-
-def verify(snapshot: Path, files: Sequence[HubFile], workers: int = 4) -> None:
-    """Every file hashed (in parallel: hashlib releases the GIL) against the Hub's hash; the first
-    that differs raises HubHashMismatch."""
-    def check(f: HubFile) -> None:
-        if not (snapshot / f.path).is_file():
-            raise HubError(f"{f.path}: listed by the Hub at this commit, but not downloaded")
-        algorithm, expected, actual = file_digest(snapshot / f.path, f)
-        if actual != expected.lower():
-            raise HubHashMismatch(f.path, algorithm, expected, actual)
-
-    with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="hf-verify") as pool:
-        for _ in pool.map(check, files):
+def bytes_to_download(repo_cache: Path, files: Sequence[HubFile]) -> int:
+    """What the download still has to write: each file not complete in ``blobs/`` (named by its LFS
+    sha256 or git blob id, as huggingface_hub names them), less what its ``.incomplete`` holds."""
+    need = 0
+    for f in files:
+        blob = repo_cache / "blobs" / (f.sha256 or f.blob_sha1)
+        try:
+            if os.lstat(blob).st_size == f.size:
+                continue
+        except OSError:
             pass
+        try:
+            have = os.lstat(f"{blob}.incomplete").st_size
+        except OSError:
+            have = 0
+        need += max(0, f.size - have)
+    return need
+
+
+def check_space(cache: Path, need: int) -> None:
+    """HubNoSpace (exit 6) when the cache's file system has less free space than ``need``."""
+    st = os.statvfs(cache)
+    free = st.f_bavail * st.f_frsize
+    if free < need:
+        raise HubNoSpace(str(cache), need, free)
 
 
 def discard_snapshot(snapshot: HubSnapshot) -> None:
@@ -242,33 +297,38 @@ def discard_snapshot(snapshot: HubSnapshot) -> None:
 
 def fetch_snapshot(ref: HubRef, cache_dir: Path, *, include: Sequence[str] = (), exclude: Sequence[str] = (),
                    endpoint: str | None = None, token: str | None = None, workers: int = 8,
-                   progress_bars: bool = False) -> HubSnapshot:
+                   progress_bars: bool = False, note: Callable[[str], None] = lambda line: None) -> HubSnapshot:
     """Resolve, list, download and verify: a snapshot directory whose every file matched the Hub's hash.
 
-    Bytes that fail their hash are removed from the cache before HubHashMismatch is raised (a retry
-    downloads them again); other failures leave the cache as it is, for the next call to resume."""
-    from huggingface_hub import HfApi, snapshot_download
+    The HF cache is ``cache_dir/endpoint-<hash>/`` (:func:`endpoint_cache`). ``note`` is told the
+    selection's size before anything is downloaded (and a warning for a token over loopback http).
+    Bytes that fail their hash are removed from the cache (that file only) before HubHashMismatch is
+    raised; other failures leave the cache as it is, for the next call to resume."""
+    from huggingface_hub import HfApi, get_token, snapshot_download
     from huggingface_hub.utils import disable_progress_bars, enable_progress_bars
     # huggingface_hub's own bars on a terminal (``progress_bars``); never in a log, which they would flood
     enable_progress_bars() if progress_bars else disable_progress_bars()
     api = HfApi(endpoint=endpoint, token=token)
+    check_token_transport(api.endpoint, token if token is not None else get_token(), note)
+    cache = endpoint_cache(Path(cache_dir), api.endpoint)
+    repo_cache = cache / ("models--" + ref.repo_id.replace("/", "--"))
     with _hub_errors(ref, api.endpoint):
         commit = resolve(api, ref)
         files = list_files(api, ref, commit, include, exclude)
+        need = bytes_to_download(repo_cache, files)
+        note(f"{ref}: commit {commit}: {len(files)} file(s), {format_bytes(sum(f.size for f in files))} selected, "
+             f"{format_bytes(need)} to download into {cache}")
+        check_space(cache, need)
         exact = [glob.escape(f.path) for f in files]   # (each listed path matches itself only)
-        path = Path(snapshot_download(ref.repo_id, revision=commit, cache_dir=cache_dir, endpoint=api.endpoint,
+        path = Path(snapshot_download(ref.repo_id, revision=commit, cache_dir=cache, endpoint=api.endpoint,
                                       token=token, allow_patterns=exact, max_workers=workers))
-    repo_cache = Path(cache_dir) / ("models--" + ref.repo_id.replace("/", "--"))
-    snapshot = HubSnapshot(ref, commit, files, path, repo_cache)
-    try:
-        verify(path, files, workers=min(workers, 4))
-    except IntegrityError:
-        discard_snapshot(snapshot)
-        raise
-    return snapshot
+    if path.name != commit or path.parent != repo_cache / "snapshots":
+        raise HubError(f"{ref}: huggingface_hub downloaded into {path}, not {repo_cache}/snapshots/{commit}: refused")
+    checked = verify(path, files, workers=min(workers, 4))
+    return HubSnapshot(ref, commit, files, path, repo_cache, checked)
 
 
-__all__ = ["DEFAULT_REVISION", "HubAccessDenied", "HubError", "HubFile", "HubHashMismatch", "HubNotFound",
-           "HubRateLimited", "HubRef", "HubSnapshot", "HubUnreachable", "SCHEME", "discard_snapshot",
-           "fetch_snapshot", "file_digest", "is_hub_ref", "list_files", "parse_hub_ref", "resolve", "selected",
-           "verify"]
+__all__ = ["DEFAULT_REVISION", "HubAccessDenied", "HubNoSpace", "HubNotFound", "HubRateLimited", "HubRef",
+           "HubSnapshot", "HubUnreachable", "SCHEME", "bytes_to_download", "check_space", "check_token_transport",
+           "discard_snapshot", "endpoint_cache", "endpoint_key", "fetch_snapshot", "is_hub_ref", "list_files",
+           "parse_hub_ref", "resolve", "shown_endpoint"]

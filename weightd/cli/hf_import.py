@@ -8,10 +8,12 @@ caller's environment (the daemon never holds one), the caller's network and ``HF
 and the daemon's part is the publish it already does (atomic, checked, its read-permission check on
 the caller's files).
 
-The download cache is ``STATE_DIR/imports/hf`` (an HF cache: ``models--ORG--REPO/blobs``), or
-``~/.cache/weightd/hf`` for a user who may not write the state directory. An interrupted import
-leaves it there, and the next one resumes; a published import, or bytes that failed their hash,
-are removed from it. Imports of one repository take turns (``repo_lock``), as that removal would
+The download cache is ``STATE_DIR/imports/hf`` (an HF cache per endpoint:
+``endpoint-<hash>/models--ORG--REPO/blobs``), or ``~/.cache/weightd/hf`` for a user who may not write
+the state directory (or a read-only one); either must be a real 0700 directory of this user's. An
+interrupted import leaves it there, and the next one resumes; a published import is removed from it,
+and so are bytes that fail their hash (that file's only). Only the files this import checked are published
+(``_publish_checked``). Imports of one repository take turns (``repo_lock``), as that removal would
 pull the files from under another one.
 """
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import stat
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -29,16 +32,34 @@ from .app import AppContext
 from .tiers import Backend
 
 
+def _ours(d: Path) -> bool:
+    """``d`` a real directory of this user's that no one else may enter; False if another user owns it
+    (this user then downloads under ~/.cache); UnsafePath for a symlink or a directory open to others."""
+    from tiering import UnsafePath
+    st = os.lstat(d)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise UnsafePath(str(d), "the download cache is not a directory (a symlink?): remove it")
+    if st.st_uid != os.geteuid():
+        return False
+    if st.st_mode & 0o077:
+        raise UnsafePath(str(d), f"the download cache is open to other users (mode {stat.S_IMODE(st.st_mode):o}): "
+                                 f"chmod 700 it")
+    return True
+
+
 def cache_dir(app: AppContext) -> Path:
-    """Where the download goes: under the state directory if this user may write it, else ~/.cache."""
+    """Where the download goes: under the state directory if this user may write it, else ~/.cache; a
+    real 0700 directory owned by this user either way."""
+    tried = []
     for d in (Path(app.config.settings.state_dir) / "imports" / "hf", Path.home() / ".cache" / "weightd" / "hf"):
+        tried.append(str(d))
         try:
             d.mkdir(mode=0o700, parents=True, exist_ok=True)
-        except PermissionError:
+        except OSError:        # (EACCES, EROFS, ...: the next place)
             continue
-        if os.access(d, os.W_OK | os.X_OK):
+        if _ours(d) and os.access(d, os.W_OK | os.X_OK):
             return d
-    raise PermissionError(f"cannot write {d} (nor the state directory's imports/hf) for the download")
+    raise PermissionError(f"cannot write {' nor '.join(tried)} for the download")
 
 
 @contextmanager
@@ -58,6 +79,27 @@ def repo_lock(cache: Path, repo_id: str) -> Iterator[None]:
         os.close(fd)
 
 
+def _publish_checked(b: Backend, snap: Any, name: str, version: str, sign_key: str | None,
+                     signature: str | None) -> dict[str, Any]:
+    """Publish exactly the checked files: the snapshot pruned to them and scanned first; in this process
+    the publish's scan admits only the inodes hashed (``snap.check``), and after it every file is
+    compared again (a daemon's publish gets the checks before and after)."""
+    gone = snap.publishable()
+    if gone:
+        output.note(f"{snap.ref}: {len(gone)} file(s) left in the snapshot by an earlier import removed from it "
+                    f"(not selected or not checked now)")
+    if b.client is not None:
+        r = b.publish(str(snap.path), name, version, sign_key=sign_key, signature=signature)
+    else:
+        from tiering import plan_size, scan_checkpoint
+        with output.progress_bar(f"publishing {name}@{version}", plan_size(scan_checkpoint(snap.path))) as advance:
+            r = b.service.publish(snap.path, name, version, progress=advance, check=snap.check,
+                                  sign_key=Path(sign_key) if sign_key else None,
+                                  signature=Path(signature) if signature else None)
+    snap.unchanged()
+    return r
+
+
 def publish_from_hub(app: AppContext, source: str, name: str | None, version_label: str | None,
                      include: Sequence[str], exclude: Sequence[str], sign_key: str | None,
                      signature: str | None) -> tuple[dict[str, Any], str, str]:
@@ -71,14 +113,13 @@ def publish_from_hub(app: AppContext, source: str, name: str | None, version_lab
     from .progress import quiet
     cache = cache_dir(app)
     with repo_lock(cache, ref.repo_id):
-        output.note(f"{ref}: resolving and downloading into {cache}")
-        snap = fetch_snapshot(ref, cache, include=include, exclude=exclude,
+        snap = fetch_snapshot(ref, cache, include=include, exclude=exclude, note=output.note,
                               progress_bars=sys.stderr.isatty() and not quiet())
         version = version_label or snap.commit
         output.note(f"{ref}: commit {snap.commit}, {len(snap.files)} file(s) "
                     f"({output.format_bytes(snap.size)}) match the Hub's hashes; publishing {name}@{version}")
         with Backend(app) as b:
-            r = b.publish(str(snap.path), name, version, sign_key=sign_key, signature=signature)
+            r = _publish_checked(b, snap, name, version, sign_key, signature)
         discard_snapshot(snap)
     r["source"] = {"url": str(ref), "repo": ref.repo_id, "revision": ref.revision, "commit": snap.commit,
                    "files": len(snap.files), "bytes": snap.size,
