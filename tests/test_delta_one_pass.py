@@ -96,7 +96,8 @@ def test_a_delta_build_reads_each_donor_and_cold_byte_once_and_nothing_back(wd, 
 
 def test_a_donor_that_rotted_after_it_was_verified_is_fetched_in_the_same_pass(tmp_path: Path) -> None:
     """Bytes of v1 change in place after its manifest was made: that part is read from the source
-    instead, the version is exact, and the signature's digests are those of the right bytes."""
+    instead, the version is exact, the signature's digests are those of the right bytes, and progress
+    counts every byte of the version once."""
     a, b, changed = versions(tmp_path)
     ma, mb = build_manifest(a), build_manifest(b)
     f, t = next((f, t) for f, t in ma.tensors() if t.name not in changed and t.nbytes > MiB)
@@ -106,7 +107,9 @@ def test_a_donor_that_rotted_after_it_was_verified_is_fetched_in_the_same_pass(t
     out = tmp_path / "out"
     out.mkdir()
     plan = plan_delta(mb, [Donor("org/m@v1", a, ma)])
-    r = build_verified(plan, out, b, crypto=hashlib.sha256, fsync=False)
+    reported: list[int] = []
+    r = build_verified(plan, out, b, crypto=hashlib.sha256, fsync=False, progress=reported.append)
+    assert sum(reported) == mb.total_bytes   # (the rotted part's bytes counted once, not once more from cold)
     assert len(r.donor_failures) == 1 and f.path in r.donor_failures[0] and repr(t.name) in r.donor_failures[0]
     assert "differs" in r.donor_failures[0]
     assert r.fetched == plan.fetch_bytes + t.nbytes and r.reused + r.fetched == mb.total_bytes

@@ -81,6 +81,8 @@ class _FileBuild:
         self.dfd = -1
         self.buf: memoryview = memoryview(b"")
         self.reused = self.fetched = self.unreported = self.clean = 0
+        self.written = 0   # (bytes the current part has written)
+        self.overcounted = 0   # (a failed donor part's bytes, reported already: not reported again)
         self.writeback = True
         self.failures: list[str] = []
         self.parts: set[str] = set()   # (the labels of the parts written and checked)
@@ -119,10 +121,12 @@ class _FileBuild:
                 os.fsync(self.dfd)
             return self
         finally:
-            os.close(self.dfd)
-            for fd in [*self.donor_fds.values(), self.sfd]:
+            for fd in [self.dfd, *self.donor_fds.values(), self.sfd]:
                 if fd is not None:
-                    os.close(fd)
+                    try:
+                        os.close(fd)
+                    except OSError:   # (EIO on a network file system: the others are closed all the same)
+                        pass
 
     def _from_donor(self, s: Span) -> bool:
         """The part from its donor; False (and why, in ``failures``) when it must be fetched instead."""
@@ -146,6 +150,7 @@ class _FileBuild:
             self.reused += s.size
             return True
         self.crypto = saved   # (the donor's bytes are written over: the digest goes on from before them)
+        self.overcounted += self.written   # (and their progress, reported once, is not reported again)
         self.failures.append(f"{where} [{s.donor_offset}, {s.donor_offset + s.size}) for {self.path} "
                              f"{s.label}: {why}")
         return False
@@ -167,6 +172,7 @@ class _FileBuild:
         part, else why not: "ended at byte N", a donor's read error, or "content differs from the
         manifest" (``self.got``: the hash read). Errors writing (ENOSPC), and the source's reading, raise."""
         self.got = ""
+        self.written = 0
         h = xxhash.xxh3_128()
         off = 0
         while off < s.size:
@@ -196,6 +202,7 @@ class _FileBuild:
     def _write(self, view: memoryview, off: int) -> None:
         _write_all(self.dfd, view, off)
         n = len(view)
+        self.written += n
         if self.writeback:   # started as it goes; waited for once WRITEBACK_BEHIND bytes are in flight
             start_writeback(self.dfd, off, n)
             if off + n - self.clean > WRITEBACK_BEHIND:
@@ -204,7 +211,9 @@ class _FileBuild:
         self._report(n)
 
     def _report(self, n: int, flush: bool = False) -> None:
-        self.unreported += n
+        absorbed = min(n, self.overcounted)
+        self.overcounted -= absorbed
+        self.unreported += n - absorbed
         if self.progress is not None and self.unreported and (flush or self.unreported >= PROGRESS_CHUNK):
             self.progress(self.unreported)
             self.unreported = 0
