@@ -158,10 +158,16 @@ def exit_page() -> str:
     by_code: dict[int, list[str]] = {}
     for kind, rule in rules:
         by_code.setdefault(rule.code, []).append(f"`{kind.__name__}`" + (f" ({rule.hint})" if rule.hint else ""))
+    import importlib
+    import pkgutil
+
     import p2p.errors
     import tiering.errors
-    import tiering.sources.hf   # (the Hub import's errors: no huggingface_hub import at module level)
-    for mod in (tiering.errors, tiering.sources.hf, p2p.errors, errors):
+    import tiering.sources
+    # every source's module (their errors; none imports its client library at module level)
+    sources = [importlib.import_module(i.name) for i in pkgutil.walk_packages(tiering.sources.__path__,
+                                                                               "tiering.sources.")]
+    for mod in (tiering.errors, *sources, p2p.errors, errors):
         for name in sorted(dir(mod)):
             obj = getattr(mod, name)
             code = getattr(obj, "exit_code", None)
