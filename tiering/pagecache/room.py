@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Callable, Iterable
 
 from ..content.units import format_bytes
 
@@ -107,23 +107,24 @@ def _dirs(mounts: list[tuple[str, str]], path: str) -> list[tuple[str, str]]:
 
 def _v1_room(d: str, total: int) -> tuple[int, int] | None:
     """(room, limit) of a v1 memory cgroup directory, or None when it has no limit below ``total``."""
-    limit = (_read(f"{d}/memory.limit_in_bytes") or "").strip()
-    usage = (_read(f"{d}/memory.usage_in_bytes") or "").strip()
-    if not limit.isdigit() or not usage.isdigit() or int(limit) >= total:
-        return None
-    st = _stat(f"{d}/memory.stat")
-    files = st.get("total_active_file", st.get("active_file", 0)) + st.get("total_inactive_file", st.get("inactive_file", 0))
-    return max(0, int(limit) - (int(usage) - files)), int(limit)
+    return _room(d, "memory.limit_in_bytes", "memory.usage_in_bytes", total,
+                 lambda st: st.get("total_active_file", st.get("active_file", 0))
+                 + st.get("total_inactive_file", st.get("inactive_file", 0)))
 
 
 def _v2_room(d: str, total: int) -> tuple[int, int] | None:
-    limit = (_read(f"{d}/memory.max") or "").strip()
-    current = (_read(f"{d}/memory.current") or "").strip()
-    if not limit.isdigit() or not current.isdigit() or int(limit) >= total:
+    return _room(d, "memory.max", "memory.current", total, lambda st: st.get("file", 0) - st.get("shmem", 0))
+
+
+def _room(d: str, limit_file: str, usage_file: str, total: int,
+          reclaimable: Callable[[dict[str, int]], int]) -> tuple[int, int] | None:
+    """The limit less the usage reclaim cannot drop (``reclaimable`` file pages, from memory.stat)."""
+    limit = (_read(f"{d}/{limit_file}") or "").strip()
+    usage = (_read(f"{d}/{usage_file}") or "").strip()
+    if not limit.isdigit() or not usage.isdigit() or int(limit) >= total:
         return None
-    st = _stat(f"{d}/memory.stat")
-    files = st.get("file", 0) - st.get("shmem", 0)
-    return max(0, int(limit) - (int(current) - files)), int(limit)
+    files = reclaimable(_stat(f"{d}/memory.stat"))
+    return max(0, int(limit) - (int(usage) - files)), int(limit)
 
 
 def page_cache_room(pids: Iterable[int] = ()) -> Room:
