@@ -47,7 +47,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _memcg import MemoryLimit, Run, device_of, run_counted  # noqa: E402
-from _rounds import list_arg, machine_state, positive_size_arg, report, rounds, size_arg, speedup, summary  # noqa: E402
+from _rounds import list_arg, machine_state, positive_size_arg, report, rounds, speedup, summary  # noqa: E402
 
 from tiering.content.signature import generate_keypair  # noqa: E402
 from tiering.content.units import format_bytes  # noqa: E402
@@ -101,8 +101,8 @@ def peak_rss(py: str, cfg: Path, env: dict[str, str], base: Path, size: int, dev
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--size", type=size_arg, default="2GiB")
-    ap.add_argument("--memory", type=size_arg, default="384MiB", help="the memory cgroup's limit")
+    ap.add_argument("--size", type=positive_size_arg, default="2GiB")
+    ap.add_argument("--memory", type=positive_size_arg, default="384MiB", help="the memory cgroup's limit")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--max-spread", type=float, default=0.5)
     ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
