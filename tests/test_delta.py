@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from tiering import build_manifest, verify_checkpoint
 from tiering.delta import Donor, build, build_verified, plan_delta, prefill
-from tiering.sample import SampleTensor, fill_bytes, make_checkpoint, mutate_tensor, write_safetensors
+from tiering.sample import SampleTensor, edited_copy, fill_bytes, make_checkpoint, write_safetensors
 
 MiB = 1 << 20
 
@@ -105,13 +105,7 @@ def test_random_edits_rebuild_exactly_and_fetch_only_what_no_donor_holds(data: s
 def two_versions(tmp_path: Path, changed: int = 3) -> tuple[Path, Path, list[str]]:
     a = make_checkpoint(tmp_path / "a", total_bytes=24 * MiB, shards=3, layers=4, seed="delta")
     b = tmp_path / "b"
-    shutil.copytree(a, b)
-    ma = build_manifest(a)
-    names = [t.name for _, t in ma.tensors() if t.nbytes > 64 << 10][::5][:changed]
-    by_file = {t.name: f.path for f, t in ma.tensors()}
-    for n in names:
-        mutate_tensor(b / by_file[n], n)
-    return a, b, names
+    return a, b, [n for _, n, _ in edited_copy(a, b, larger_than=64 << 10, every=5, count=changed)]
 
 
 def test_plan_reuses_tensors_that_moved_to_another_file_and_across_checkpoints(tmp_path: Path) -> None:

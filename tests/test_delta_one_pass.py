@@ -19,7 +19,7 @@ from tiering import build_manifest, verify_checkpoint
 from tiering.content.signature import generate_keypair
 from tiering.delta import Donor, build_verified, plan_delta
 from tiering.errors import ChecksumMismatch, IntegrityError
-from tiering.sample import make_checkpoint, mutate_tensor
+from tiering.sample import edited_copy, make_checkpoint
 
 from .test_promote_one_pass import _require_signature, _under, traced
 
@@ -32,12 +32,7 @@ def versions(tmp_path: Path) -> tuple[Path, Path, list[str]]:
     """v1, and v2 with four tensors changed (spread over the shards) and a new 1 MiB file."""
     a = make_checkpoint(tmp_path / "a", total_bytes=96 * MiB, shards=3, layers=6, seed="delta-one-pass")
     b = tmp_path / "b"
-    shutil.copytree(a, b)
-    ma = build_manifest(a)
-    by_file = {t.name: f.path for f, t in ma.tensors()}
-    changed = [t.name for _, t in ma.tensors() if t.nbytes > 256 << 10][::7][:4]
-    for n in changed:
-        mutate_tensor(b / by_file[n], n, seed="v2")
+    changed = [n for _, n, _ in edited_copy(a, b, larger_than=256 << 10, every=7, count=4, seed="v2")]
     (b / "extra.bin").write_bytes(hashlib.sha256(b"extra").digest() * (MiB // 32))
     return a, b, changed
 

@@ -380,15 +380,10 @@ def test_s3_config_errors_name_the_key(weightd, tmp_path: Path) -> None:
 
 
 def _two_versions(tmp_path: Path) -> tuple[Path, Path, int]:
-    import shutil
-    from tiering.sample import mutate_tensor
+    from tiering.sample import edited_copy
     a = make_checkpoint(tmp_path / "a", total_bytes=24 * MiB, shards=3, layers=4, seed="s3delta")
     b = tmp_path / "b"
-    shutil.copytree(a, b)
-    ma = build_manifest(a)
-    by_file = {t.name: f.path for f, t in ma.tensors()}
-    names = [t.name for _, t in ma.tensors() if t.nbytes > 64 << 10][::5][:3]
-    return a, b, sum(mutate_tensor(b / by_file[n], n) for n in names)
+    return a, b, sum(n for _, _, n in edited_copy(a, b, larger_than=64 << 10, every=5, count=3))
 
 
 def test_a_delta_update_from_s3_asks_only_for_the_changed_ranges(s3_node, wd, tmp_path: Path) -> None:

@@ -424,15 +424,11 @@ def test_swarm_finishes_after_the_origin_dies(cluster, tmp_path: Path) -> None:
 def test_delta_update_over_p2p_moves_only_changed_pieces(cluster, tmp_path: Path) -> None:
     """A worker holding v1 preloads v2 (three tensors changed) from the swarm: the staged files are
     pre-filled with v1's bytes, libtorrent's check passes their pieces, only changed pieces move."""
-    from tiering.sample import mutate_tensor
+    from tiering.sample import edited_copy
     origin = cluster("127.0.0.2", role="origin", p2p_extra='piece_size = "1MiB"\n')
     a = make_checkpoint(tmp_path / "a", total_bytes=32 * MiB, shards=2, layers=4, seed="p2p-delta")
     b = tmp_path / "b"
-    shutil.copytree(a, b)
-    ma = build_manifest(a)
-    changed = [(f, t) for f, t in ma.tensors() if t.nbytes > (256 << 10)][::6][:3]
-    for f, t in changed:
-        mutate_tensor(b / f.path, t.name)
+    changed = edited_copy(a, b, larger_than=256 << 10, every=6, count=3)
     for d, v in ((a, "v1"), (b, "v2")):
         assert origin.cli("publish", str(d), "--name", "org/delta", "--version", v).returncode == 0
     w = cluster("127.0.0.3", origin=origin.endpoint)
@@ -441,7 +437,7 @@ def test_delta_update_over_p2p_moves_only_changed_pieces(cluster, tmp_path: Path
     assert proc.returncode == 0, proc.stderr
     r = json.loads(proc.stdout.splitlines()[0])
     by = r["bytes_by_source"]
-    nbytes = sum(t.nbytes for _, t in changed)
+    nbytes = sum(n for _, _, n in changed)
     moved = by["origin"] + by["peer"]
     assert by["cold"] == 0 and r["source_fallbacks"] == [], r
     assert nbytes <= moved <= nbytes + len(changed) * 2 * MiB, r   # changed bytes + the pieces they touch

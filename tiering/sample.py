@@ -172,6 +172,19 @@ def mutate_tensor(path: str | os.PathLike[str], name: str, seed: str = "edit") -
     return t.nbytes
 
 
+def edited_copy(src: Path, dst: Path, *, larger_than: int, every: int, count: int,
+                seed: str = "edit") -> list[tuple[str, str, int]]:
+    """A copy of checkpoint ``src`` at ``dst`` (a new version of it) with ``count`` of its tensors over
+    ``larger_than`` bytes (every ``every``-th, in manifest order) given new bytes: (file, tensor, bytes)
+    of each."""
+    import shutil
+
+    from .content.build import build_manifest
+    shutil.copytree(src, dst)
+    picked = [(f.path, t.name) for f, t in build_manifest(src).tensors() if t.nbytes > larger_than][::every][:count]
+    return [(f, n, mutate_tensor(Path(dst) / f, n, seed)) for f, n in picked]
+
+
 _MULTIPART_LOCK = threading.Lock()
 
 
