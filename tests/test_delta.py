@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tiering import build_manifest, verify_checkpoint
-from tiering.delta import Donor, build, build_verified, plan_delta, prefill
+from tiering.delta import Donor, build_verified, plan_delta, prefill
 from tiering.sample import SampleTensor, edited_copy, fill_bytes, make_checkpoint, write_safetensors
 
 MiB = 1 << 20
@@ -128,7 +128,8 @@ def test_plan_reuses_tensors_that_moved_to_another_file_and_across_checkpoints(t
     assert plan.fetch_bytes == header  # only the new header: every tensor comes from A
     out = tmp_path / "out"
     out.mkdir()
-    build(plan, out, c)
+    r = build_verified(plan, out, c)
+    assert r.fetched == header and r.reused == mc.total_bytes - header and not r.donor_failures
     assert verify_checkpoint(out, mc).ok
 
 

@@ -18,15 +18,15 @@ the source, hashes it from the buffer it writes it from and checks it against th
 donor part that fails (a donor rotted on disk) or a donor that vanished is read from the source
 instead, and nothing is read back.
 
-:mod:`.plan` makes the plan, :mod:`.verified` builds from it checking every part, :mod:`.build` without
+:mod:`.plan` makes the plan, :mod:`.verified` builds from it checking every part, :mod:`.build` copies donor parts without checking them
 (a P2P prefill, whose pieces libtorrent checks).
 """
 
 from __future__ import annotations
 
-from .build import BuildResult, build, prefill
+from .build import BuildResult, prefill
 from .plan import DeltaPlan, Donor, FilePlan, Span, plan_delta
 from .verified import build_verified
 
-__all__ = ["BuildResult", "DeltaPlan", "Donor", "FilePlan", "Span", "build", "build_verified", "plan_delta",
+__all__ = ["BuildResult", "DeltaPlan", "Donor", "FilePlan", "Span", "build_verified", "plan_delta",
            "prefill"]

@@ -1,7 +1,6 @@
-"""Building a version from a plan without checking it: donor parts copied (``copy_file_range``) to their
-new offsets, the rest read from the source at the same offsets (``build``: the caller checks what it
-needs); or donor parts only, for a P2P download to complete and check (``prefill``). A build that must
-be verified is :func:`tiering.delta.verified.build_verified`'s, in one pass."""
+"""Donor parts copied (``copy_file_range``) to their new offsets without checking them, for a P2P
+download to complete and check (``prefill``: libtorrent checks every piece). A build that must be
+verified is :func:`tiering.delta.verified.build_verified`'s, in one pass."""
 
 from __future__ import annotations
 
@@ -10,12 +9,12 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable
 
 from .._syscalls import start_writeback
-from ..content.hashing import open_for_read
-from ..copy import PROGRESS_CHUNK, run_all
-from ..errors import FileChanged, TimedOut
+from ..safefs.paths import open_for_read
+from ..copy import PROGRESS_CHUNK
+from ..errors import TimedOut
 from ..safefs import Dir, FileRef, sanitize_mode
 from .plan import DeltaPlan, FilePlan, Span
 
@@ -81,19 +80,10 @@ def _copy_range(sfd: int, soff: int, dfd: int, doff: int, n: int, method: list[s
             progress(got)
 
 
-def _runs(spans: Iterable[Span]) -> list[tuple[int, int]]:
-    out: list[tuple[int, int]] = []
-    for s in spans:
-        if out and out[-1][1] == s.begin:
-            out[-1] = (out[-1][0], s.end)
-        elif s.size:
-            out.append((s.begin, s.end))
-    return out
-
-
-def _build_file(plan: DeltaPlan, fp: FilePlan, dest: "Path | Dir", source: "Path | Dir | None", result: BuildResult,
+def _build_file(plan: DeltaPlan, fp: FilePlan, dest: "Path | Dir", result: BuildResult,
                 deadline: float | None, progress: Callable[[int], None] | None, fsync: bool,
                 clock: Callable[[], float] = time.monotonic) -> None:
+    """One file of ``plan.target`` under ``dest``: its donor parts copied, what no donor holds left zero."""
     f = fp.entry
     dfd = _new_file(dest, f.path)
     donor_fds: dict[tuple[int, str], int | None] = {}
@@ -105,9 +95,7 @@ def _build_file(plan: DeltaPlan, fp: FilePlan, dest: "Path | Dir", source: "Path
                 if exc.errno == errno.ENOSPC:
                     raise
                 os.ftruncate(dfd, f.size)
-        to_fetch, reused = _reuse_donor_spans(plan, fp, dfd, donor_fds, result, deadline, progress, fsync, clock)
-        if to_fetch and source is not None:  # (no source: a prefill, the gaps stay zero for P2P to fill)
-            _fetch_gaps(f.path, to_fetch, dfd, source, result, deadline, progress, fsync, clock)
+        _, reused = _reuse_donor_spans(plan, fp, dfd, donor_fds, result, deadline, progress, fsync, clock)
         result.reused += reused
         os.fchmod(dfd, sanitize_mode(f.mode))
         if fsync:
@@ -168,40 +156,6 @@ def _reuse_donor_spans(plan: DeltaPlan, fp: FilePlan, dfd: int, donor_fds: dict[
     return to_fetch, reused
 
 
-def _fetch_gaps(path: str, to_fetch: list[Span], dfd: int, source: "Path | Dir", result: BuildResult,
-                deadline: float | None, progress: Callable[[int], None] | None, fsync: bool,
-                clock: Callable[[], float]) -> None:
-    """Read what no donor gave from ``source``, at the same offsets, in merged runs."""
-    sfd = open_for_read(_ref(source, path))
-    try:
-        method = ["copy_file_range"]
-        for begin, end in _runs(sorted(to_fetch, key=lambda s: s.begin)):
-            if deadline is not None and clock() > deadline:
-                raise TimedOut(f"timed out fetching {path}")
-            _copy_range(sfd, begin, dfd, begin, end - begin, method, progress)
-            if fsync:
-                start_writeback(dfd, begin, end - begin)
-            result.fetched += end - begin
-    except EOFError as exc:
-        raise FileChanged(str(_ref(source, path)), f"source shorter than its manifest says ({exc})") \
-            from None
-    finally:
-        os.close(sfd)
-
-
-def build(plan: DeltaPlan, dest: "Path | Dir", source: "Path | Dir | None", *, threads: int = 2, deadline: float | None = None,
-          progress: Callable[[int], None] | None = None, fsync: bool = True,
-          clock: Callable[[], float] = time.monotonic) -> BuildResult:
-    """Write every file of ``plan.target`` under ``dest`` (which must not hold them yet): donor parts
-    are copied, the rest is read from ``source`` (the new version's directory, e.g. in cold storage)
-    at the same offsets. Nothing is checked here (``build_verified`` checks every part on the way)."""
-    result = BuildResult()
-    order = sorted(plan.files, key=lambda fp: -fp.entry.size)
-    run_all(lambda fp: _build_file(plan, fp, dest, source, result, deadline, progress, fsync, clock),
-            order, threads=threads, name="weightd-delta", deadline=deadline, clock=clock)
-    return result
-
-
 def prefill(plan: DeltaPlan, dest: "Path | Dir", *, deadline: float | None = None,
             clock: Callable[[], float] = time.monotonic) -> BuildResult:
     """Donor bytes at their new offsets, holes elsewhere (for a P2P download to check and complete).
@@ -213,5 +167,5 @@ def prefill(plan: DeltaPlan, dest: "Path | Dir", *, deadline: float | None = Non
     result = BuildResult()
     for fp in only_donors.files:  # _build_file sizes the file; what no donor holds stays zero (libtorrent
         # then checks every piece: a rotten donor only fails its pieces, which are downloaded)
-        _build_file(only_donors, fp, dest, None, result, deadline, None, False, clock)
+        _build_file(only_donors, fp, dest, result, deadline, None, False, clock)
     return result

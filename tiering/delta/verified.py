@@ -25,7 +25,7 @@ from typing import Any, Callable
 import xxhash
 
 from .._syscalls import is_tmpfs, start_writeback, wait_writeback
-from ..content.hashing import open_for_read
+from ..safefs.paths import open_for_read
 from ..copy import PROGRESS_CHUNK, run_all
 from ..errors import ChecksumMismatch, FileChanged, TimedOut
 from ..safefs import Dir, FileRef, sanitize_mode
