@@ -110,6 +110,8 @@ def main() -> int:
     ap.add_argument("--rss-sizes", type=list_arg(positive_size_arg), default=[],
                     help="checkpoint sizes to measure a preload's peak RSS at (e.g. 1GiB,8GiB)")
     args = ap.parse_args()
+    if args.rounds < 1:
+        ap.error("--rounds: give at least 1")
     cases = [c for c in args.cases.split(",") if c]
     bad = [c for c in cases if c not in CASES]
     if bad:

@@ -26,9 +26,6 @@ class Room:
     bytes: int
     what: str
 
-    def to_dict(self) -> dict[str, object]:
-        return {"bytes": self.bytes, "limited_by": self.what}
-
 
 def _read(path: str) -> str | None:
     try:
