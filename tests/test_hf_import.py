@@ -493,6 +493,25 @@ def test_the_cache_directory_must_be_ours_and_private(wd, hub: Hub, node_env, tm
         subprocess.run(["umount", str(imports)], check=True)
 
 
+def test_an_endpoints_cache_must_be_ours_and_private(wd, hub: Hub, node_env, tmp_path: Path) -> None:
+    """The cache of one endpoint (imports/hf/endpoint-<hash>) swapped for a symlink to a directory
+    someone planted, or opened to others: refused in one line, nothing written through the link."""
+    from tiering.sources.hf import endpoint_key
+    published(wd, hub, "hf://org/repo@main", "--include", "*.json")
+    d = node_env.state / "imports" / "hf" / endpoint_key(hub.endpoint)
+    assert d.is_dir()
+    shutil.rmtree(d)
+    planted = tmp_path / "planted"
+    planted.mkdir(mode=0o700)
+    d.symlink_to(planted)
+    assert_one_line_error(wd("publish", "hf://org/repo@main", env=hub.env()), 2, "not a directory of ours")
+    assert list(planted.iterdir()) == []
+    d.unlink()
+    d.mkdir()
+    os.chmod(d, 0o755)
+    assert_one_line_error(wd("publish", "hf://org/repo@main", env=hub.env()), 2, "not a directory of ours")
+
+
 def test_a_token_goes_over_https_or_loopback_only_and_no_userinfo_is_shown(wd, hub: Hub) -> None:
     r = wd("publish", "hf://org/repo@main", env=hub.env(HF_TOKEN=TOKEN, HF_ENDPOINT="http://u:s3cret@192.0.2.1:9"))
     assert_one_line_error(r, 2, "refusing to send the Hugging Face token over plain http://", "http://192.0.2.1:9")
