@@ -523,3 +523,22 @@ def test_a_token_goes_over_https_or_loopback_only_and_no_userinfo_is_shown(wd, h
     r = wd("publish", "hf://org/repo@main", "--include", "*.json", env=hub.env(HF_TOKEN=TOKEN))
     assert r.returncode == 0, r.stderr
     assert r.stderr.count("token goes over plain http://") == 1 and TOKEN not in r.stderr
+
+
+def test_a_bad_download_removes_its_own_blob_and_nothing_a_planted_link_leads_to(tmp_path: Path) -> None:
+    """remove_download after a hash mismatch: a snapshot link into the repository's blobs/ takes its
+    blob with it; one planted to lead elsewhere (a file of the user's) loses the link only."""
+    from tiering.sources.hf_files import remove_download
+    repo = tmp_path / "models--org--repo"
+    blobs, snap = repo / "blobs", repo / "snapshots" / ("a" * 40)
+    blobs.mkdir(parents=True)
+    snap.mkdir(parents=True)
+    (blobs / "b1").write_bytes(b"bad")
+    (snap / "model.safetensors").symlink_to(blobs / "b1")
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"keep")
+    (snap / "config.json").symlink_to(victim)
+    remove_download(snap, "model.safetensors")
+    assert not (blobs / "b1").exists() and not (snap / "model.safetensors").is_symlink()
+    remove_download(snap, "config.json")
+    assert victim.read_bytes() == b"keep" and not (snap / "config.json").is_symlink()
