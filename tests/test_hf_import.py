@@ -170,10 +170,18 @@ def test_import_labels_with_the_commit_sha_and_preloads_the_same_bytes(wd, hub: 
     assert got == source_files(hub.repo) and ".gitattributes" in got
     # the download cache is gone once published (the bytes are in cold storage)
     assert not repo_cache(node_env, hub).exists()
-    # the tag and the SHA itself name the same commit: the same version, unchanged
+    # the tag and the SHA itself name the same commit: the same version, unchanged, and nothing is
+    # downloaded (the Hub's LFS objects moved away: a download would fail)
+    lfs = hub.repo / ".git" / "lfs" / "objects"
+    lfs.rename(lfs.with_name("objects.away"))
     for rev in ("v1", sha):
         again = published(wd, hub, f"hf://org/repo@{rev}")
-        assert again["version"] == sha and again["unchanged"] is True
+        assert again["version"] == sha and again["unchanged"] is True and again["source"]["downloaded"] == 0
+        assert again["digest"] == doc["digest"] and again["bytes"] == doc["bytes"]
+    # a label given with --version is not assumed to be that commit: the import downloads (and fails here)
+    r = wd("publish", "hf://org/repo@v1", "--version", "other", env=hub.env())
+    assert r.returncode != 0 and "Traceback" not in r.stderr and "2.5 MiB to download" in r.stderr, r.stderr
+    lfs.with_name("objects.away").rename(lfs)
     # a new commit on main: @main is a new version, and the first one is still what it was
     (hub.repo / "config.json").write_text('{"model_type": "llama", "edited": true}\n')
     git(hub.repo, "commit", "-q", "-am", "second")
@@ -272,6 +280,10 @@ def test_through_the_daemon_the_cli_downloads_and_the_daemon_publishes(daemon, w
     doc = json.loads(r.stdout)
     assert doc["version"] == hub.commit() and doc["source"]["revision"] == "v1"
     assert tree(preloaded(wd, f"org/repo@{hub.commit()}")) == source_files(hub.repo)
+    # again: the daemon says it is published, and nothing is downloaded
+    r = wd("--daemon-only", "publish", "hf://org/repo@main", env=hub.env(HF_TOKEN=TOKEN))
+    assert r.returncode == 0 and "already: nothing to download" in r.stderr, (r.stdout, r.stderr)
+    assert r.stdout.strip().splitlines()[-1].endswith(f"org/repo/{hub.commit()}")
     daemon.drain()
     assert TOKEN not in daemon.log_path.read_text() + r.stdout + r.stderr
 
@@ -497,7 +509,7 @@ def test_an_endpoints_cache_must_be_ours_and_private(wd, hub: Hub, node_env, tmp
     """The cache of one endpoint (imports/hf/endpoint-<hash>) swapped for a symlink to a directory
     someone planted, or opened to others: refused in one line, nothing written through the link."""
     from tiering.sources.hf import endpoint_key
-    published(wd, hub, "hf://org/repo@main", "--include", "*.json")
+    published(wd, hub, "hf://org/repo@main", "--include", "*.json", "--version", "json")
     d = node_env.state / "imports" / "hf" / endpoint_key(hub.endpoint)
     assert d.is_dir()
     shutil.rmtree(d)

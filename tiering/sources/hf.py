@@ -295,10 +295,24 @@ def discard_snapshot(snapshot: HubSnapshot) -> None:
     shutil.rmtree(snapshot.repo_cache, ignore_errors=True)
 
 
+def resolve_commit(ref: HubRef, *, endpoint: str | None = None, token: str | None = None,
+                   note: Callable[[str], None] = lambda line: None) -> str:
+    """The commit SHA ``ref`` names now, in one request to the Hub (:func:`resolve`), its errors as
+    weightd's: what a caller asks before downloading anything (is NAME@<that commit> published yet?).
+    The token goes only where :func:`check_token_transport` allows, as for the download."""
+    from huggingface_hub import HfApi, get_token
+    api = HfApi(endpoint=endpoint, token=token)
+    check_token_transport(api.endpoint, token if token is not None else get_token(), note)
+    with _hub_errors(ref, api.endpoint):
+        return resolve(api, ref)
+
+
 def fetch_snapshot(ref: HubRef, cache_dir: Path, *, include: Sequence[str] = (), exclude: Sequence[str] = (),
                    endpoint: str | None = None, token: str | None = None, workers: int = 8,
-                   progress_bars: bool = False, note: Callable[[str], None] = lambda line: None) -> HubSnapshot:
-    """Resolve, list, download and verify: a snapshot directory whose every file matched the Hub's hash.
+                   progress_bars: bool = False, note: Callable[[str], None] = lambda line: None,
+                   commit: str | None = None) -> HubSnapshot:
+    """Resolve (unless ``commit``, a SHA :func:`resolve_commit` gave, is passed), list, download and
+    verify: a snapshot directory whose every file matched the Hub's hash.
 
     The HF cache is ``cache_dir/endpoint-<hash>/`` (:func:`endpoint_cache`). ``note`` is told the
     selection's size before anything is downloaded (and a warning for a token over loopback http).
@@ -309,11 +323,12 @@ def fetch_snapshot(ref: HubRef, cache_dir: Path, *, include: Sequence[str] = (),
     # huggingface_hub's own bars on a terminal (``progress_bars``); never in a log, which they would flood
     enable_progress_bars() if progress_bars else disable_progress_bars()
     api = HfApi(endpoint=endpoint, token=token)
-    check_token_transport(api.endpoint, token if token is not None else get_token(), note)
+    check_token_transport(api.endpoint, token if token is not None else get_token(),
+                          note if commit is None else (lambda line: None))   # (resolve_commit said it)
     cache = endpoint_cache(Path(cache_dir), api.endpoint)
     repo_cache = cache / ("models--" + ref.repo_id.replace("/", "--"))
     with _hub_errors(ref, api.endpoint):
-        commit = resolve(api, ref)
+        commit = commit or resolve(api, ref)
         files = list_files(api, ref, commit, include, exclude)
         need = bytes_to_download(repo_cache, files)
         note(f"{ref}: commit {commit}: {len(files)} file(s), {format_bytes(sum(f.size for f in files))} selected, "
@@ -331,4 +346,4 @@ def fetch_snapshot(ref: HubRef, cache_dir: Path, *, include: Sequence[str] = (),
 __all__ = ["DEFAULT_REVISION", "HubAccessDenied", "HubNoSpace", "HubNotFound", "HubRateLimited", "HubRef",
            "HubSnapshot", "HubUnreachable", "SCHEME", "bytes_to_download", "check_space", "check_token_transport",
            "discard_snapshot", "endpoint_cache", "endpoint_key", "fetch_snapshot", "is_hub_ref", "list_files",
-           "parse_hub_ref", "resolve", "shown_endpoint"]
+           "parse_hub_ref", "resolve", "resolve_commit", "shown_endpoint"]

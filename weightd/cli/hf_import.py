@@ -104,7 +104,8 @@ def publish_from_hub(app: AppContext, source: str, name: str | None, version_lab
                      include: Sequence[str], exclude: Sequence[str], sign_key: str | None,
                      signature: str | None) -> tuple[dict[str, Any], str, str]:
     """Import ``source`` (hf://ORG/REPO[@REVISION]); returns (publish report, name, version)."""
-    from tiering import discard_snapshot, fetch_snapshot, parse_hub_ref, validate_name, validate_version
+    from tiering import (discard_snapshot, fetch_snapshot, parse_hub_ref, resolve_commit, validate_name,
+                         validate_version)
     ref = parse_hub_ref(source)
     name = name or ref.repo_id
     validate_name(name)
@@ -113,9 +114,22 @@ def publish_from_hub(app: AppContext, source: str, name: str | None, version_lab
     from .progress import quiet
     cache = cache_dir(app)
     with repo_lock(cache, ref.repo_id):
+        commit = resolve_commit(ref, note=output.note)
+        version = version_label or commit
+        done = None
+        if version_label is None:
+            # only under the default label: NAME@<commit> is that commit; a label given with --version may
+            # name other content, which the publish itself then refuses (VersionConflict), or finds the same
+            with Backend(app, query=True) as b:
+                done = _published(b, name, version)
+        if done is not None:
+            # (run again, from a CronJob say: the commit is published already, nothing is downloaded)
+            output.note(f"{ref}: commit {commit} is published as {name}@{version} already: nothing to download")
+            done["source"] = {"url": str(ref), "repo": ref.repo_id, "revision": ref.revision, "commit": commit,
+                              "downloaded": 0}
+            return done, name, version
         snap = fetch_snapshot(ref, cache, include=include, exclude=exclude, note=output.note,
-                              progress_bars=sys.stderr.isatty() and not quiet())
-        version = version_label or snap.commit
+                              progress_bars=sys.stderr.isatty() and not quiet(), commit=commit)
         output.note(f"{ref}: commit {snap.commit}, {len(snap.files)} file(s) "
                     f"({output.format_bytes(snap.size)}) match the Hub's hashes; publishing {name}@{version}")
         with Backend(app) as b:
@@ -125,6 +139,25 @@ def publish_from_hub(app: AppContext, source: str, name: str | None, version_lab
                    "files": len(snap.files), "bytes": snap.size,
                    "lfs_files": sum(1 for f in snap.files if f.sha256 is not None)}
     return r, name, r.get("version", version)
+
+
+def _published(b: Backend, name: str, version: str) -> dict[str, Any] | None:
+    """NAME@VERSION's publish report if cold storage has it already (as publishing the same content
+    again reports it: ``unchanged``), else None."""
+    from ..errors import EXIT_NOT_FOUND
+    try:
+        rows = b.ops.versions(name)["versions"]
+    except Exception as exc:   # (in-process CheckpointNotFound, or the daemon's answer with its exit code)
+        if getattr(exc, "exit_code", None) == EXIT_NOT_FOUND:
+            return None
+        raise
+    row = next((r for r in rows if r["version"] == version and r.get("published")), None)
+    if row is None:
+        return None
+    cold = b.app.config.settings.tiers.cold
+    where = f"{cold.url.rstrip('/')}/{name}/{version}" if cold.url else str(Path(cold.path) / name / version)
+    return {"name": name, "version": version, "path": where, "digest": row["digest"], "bytes": row["bytes"],
+            "unchanged": True, "seconds": 0.0, "signed_by": None}
 
 
 __all__ = ["cache_dir", "publish_from_hub", "repo_lock"]
