@@ -39,6 +39,7 @@ from .store.space import EvictFn, Space
 from .versions import read_version
 
 if TYPE_CHECKING:
+    from .sources.oci.cold import OciCold
     from .sources.s3.cold import ObjectCold
 
 log = logging.getLogger(__name__)
@@ -80,7 +81,7 @@ class LocalNode:
     when first needed; nothing is created for a query (``status``, ``path``), and cold storage is
     only ever written by ``publish``."""
 
-    def __init__(self, *, hot: TierSpec, warm: TierSpec, cold: "Path | ObjectCold", state_dir: Path,
+    def __init__(self, *, hot: TierSpec, warm: TierSpec, cold: "Path | ObjectCold | OciCold", state_dir: Path,
                  now: Callable[[], float] = time.time, copy_threads: int = 2, reconcile: bool = True,
                  warm_options: WarmOptions = WarmOptions(), on_evict: EvictFn | None = None,
                  fetchers: list[Fetcher] | None = None, on_placed: PlacedFn | None = None,

@@ -106,7 +106,8 @@ class Publisher:
         if uploaded:
             log.info("published name=%s version=%s digest=%s bytes=%d to=%s", name, version, m.digest,
                      m.total_bytes, obj.url)
-        return PublishReport(name, version, f"{obj.url.rstrip('/')}/{name}/{version}", m.digest, m.total_bytes,
+        where = obj.where(name, version) if hasattr(obj, "where") else f"{obj.url.rstrip('/')}/{name}/{version}"
+        return PublishReport(name, version, where, m.digest, m.total_bytes,
                              not uploaded, self.monotonic() - t0, who)
 
     def _object_signing(self, ref: str, m: Manifest, sign_key: Path | None, signature: bytes | None

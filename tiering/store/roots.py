@@ -32,15 +32,17 @@ _MARKER_TEXT = b"weightd local tier v1: weightd removes only what it made here\n
 
 if TYPE_CHECKING:
     from ..content.manifest import Manifest
+    from ..sources.oci.cold import OciCold
     from ..sources.s3.cold import ObjectCold
 
 
 class TierRoots:
-    def __init__(self, tiers: dict[str, TierSpec], cold: "Path | ObjectCold") -> None:
-        """``cold``: a path (shared storage), or an object store: then ``object`` is it, and the cold
-        tier has no directory (``dir(COLD)`` is None; what reads or writes cold asks ``object``)."""
+    def __init__(self, tiers: dict[str, TierSpec], cold: "Path | ObjectCold | OciCold") -> None:
+        """``cold``: a path (shared storage), or an object store or registry (the same calls): then
+        ``object`` is it, and the cold tier has no directory (``dir(COLD)`` is None; what reads or
+        writes cold asks ``object``)."""
         self.tiers = tiers
-        self.object: ObjectCold | None = None if isinstance(cold, (str, os.PathLike)) else cold
+        self.object: ObjectCold | OciCold | None = None if isinstance(cold, (str, os.PathLike)) else cold
         self.cold = Path(cold) if self.object is None else None
         self._dirs: dict[str, Dir] = {}
         self._ours: dict[str, tuple[int, int]] = {}   # tier -> (dev, ino) of a root known to carry the marker

@@ -1,5 +1,5 @@
 """``[tiers.hot]``, ``[tiers.warm]`` and ``[tiers.cold]``: each local tier's root and budget
-(``TierSettings``, ``Capacity``), cold storage as a path or object storage (``ColdSettings``); and
+(``TierSettings``, ``Capacity``), cold storage as a path, object storage or a registry (``ColdSettings``); and
 ``[warm]``, page-cache warming of the tiers' files (``WarmSettings``).
 """
 
@@ -69,21 +69,30 @@ class TierSettings(FrozenModel):
 
 
 class ColdSettings(FrozenModel):
-    """Shared storage (``path``) or object storage (``url = "s3://BUCKET/PREFIX"``), not both."""
+    """Shared storage (``path``), object storage (``url = "s3://BUCKET/PREFIX"``) or an OCI registry
+    (``url = "oci://REGISTRY/PREFIX"``), not both."""
     path: Path | None = Field(None, doc="shared storage (NFS, CephFS, Lustre) where weightd publish puts checkpoints "
                                         "and preloads copy from (absolute); give path or url, not both")
     url: str | None = Field(None, doc="object storage instead of path: s3://BUCKET/PREFIX (credentials from where AWS "
-                                      "tools look, never from this file)")
-    endpoint: str | None = Field(None, doc="with url: an S3-compatible store's address (MinIO, Ceph RGW, R2...); "
-                                           "unset: AWS")
-    region: str | None = Field(None, doc="with url: the bucket's region; unset: AWS_REGION / AWS_DEFAULT_REGION")
+                                      "tools look), or an OCI registry: oci://REGISTRY/PREFIX (NAME@VERSION is the "
+                                      "ModelPack artifact PREFIX/NAME:VERSION; credentials from docker/podman's auth "
+                                      "files); never credentials in this file")
+    endpoint: str | None = Field(None, doc="with an s3:// url: an S3-compatible store's address (MinIO, Ceph RGW, "
+                                           "R2...); unset: AWS")
+    region: str | None = Field(None, doc="with an s3:// url: the bucket's region; unset: AWS_REGION / "
+                                         "AWS_DEFAULT_REGION")
     range_size: int = Field(64 << 20, unit="bytes", doc="with url: bytes per ranged GET, read as a stream (memory "
                                                         "stays small); at least 64 KiB")
-    concurrency: int = Field(default=4, ge=1, le=256, doc="with url: ranged GETs (and multipart parts) in flight")
+    concurrency: int = Field(default=4, ge=1, le=256, doc="with url: ranged GETs (and multipart parts, or blob "
+                                                          "uploads) in flight")
     part_size: int = Field(16 << 20, unit="bytes", doc="with url: multipart upload part size (S3's limits: 5 MiB "
-                                                       "to 5 GiB)")
+                                                       "to 5 GiB), or a registry's upload chunk")
     bandwidth: int = Field(0, unit="bytes/s", doc="downloads from cold storage; 0: unlimited")
-    _path = field_validator("path", mode="before")(abs_path)
+    insecure: bool = Field(False, doc="with an oci:// url: talk plain HTTP to the registry (a registry on loopback "
+                                      "or a trusted network); unset: HTTPS only")
+    ca_file: Path | None = Field(None, doc="with an oci:// url: the CA certificate(s) (PEM) to trust for the "
+                                           "registry's TLS, besides the system's")
+    _path = field_validator("path", "ca_file", mode="before")(abs_path)
 
     @field_validator("range_size", "part_size", "bandwidth", mode="before")
     @classmethod
@@ -93,26 +102,33 @@ class ColdSettings(FrozenModel):
     @model_validator(mode="after")
     def _one(self) -> "ColdSettings":
         if (self.path is None) == (self.url is None):
-            raise ValueError("give path (shared storage) or url (s3://BUCKET/PREFIX), not both and not neither")
-        if self.url is not None:
+            raise ValueError("give path (shared storage) or url (s3://BUCKET/PREFIX, oci://REGISTRY/PREFIX), not both "
+                             "and not neither")
+        if self.url is not None and self.url.startswith("oci://"):
+            from tiering import RegistryLocation
+            RegistryLocation.parse(self.url)  # (BadInput, a ValueError: named with the key)
+            if self.endpoint is not None or self.region is not None:
+                raise ValueError("endpoint and region are for an s3:// url; a registry's address is in oci://")
+            if self.insecure and self.ca_file is not None:
+                raise ValueError("insecure (plain HTTP) and ca_file (TLS) contradict each other")
+            if self.part_size < (64 << 10):
+                raise ValueError("part_size must be at least 64KiB")
+        elif self.url is not None:
             from tiering import ObjectLocation
             ObjectLocation.parse(self.url)  # (BadInput, a ValueError: named with the key)
             if not (5 << 20) <= self.part_size <= (5 << 30):
                 raise ValueError("part_size must be from 5MiB to 5GiB (S3's multipart limits)")
-            if self.range_size < (64 << 10):
-                raise ValueError("range_size must be at least 64KiB")
+            if self.insecure or self.ca_file is not None:
+                raise ValueError("insecure and ca_file are for an oci:// url (an S3 endpoint's scheme says http)")
+        if self.url is not None and self.range_size < (64 << 10):
+            raise ValueError("range_size must be at least 64KiB")
         return self
-
-    @property
-    def where(self) -> str:
-        return self.url if self.url is not None else str(self.path)
-
 
 class Tiers(FrozenModel):
     hot: TierSettings = Field(doc="the hot tier: tmpfs (/dev/shm), what a serving engine loads from")
     warm: TierSettings = Field(doc="the warm tier: local disk (NVMe)")
-    cold: ColdSettings = Field(doc="cold storage: shared storage (path) or object storage (url), where versions are "
-                                   "published")
+    cold: ColdSettings = Field(doc="cold storage: shared storage (path), object storage or an OCI registry (url), "
+                                   "where versions are published")
 
 
 class WarmSettings(FrozenModel):

@@ -1,0 +1,388 @@
+"""The registry client under the OCI cold tier: one registry and repository prefix
+(:class:`RegistryLocation`), credentials as docker and podman keep them (:mod:`.auth`), and every
+request counted (:class:`~tiering.sources.s3.client.Stats`), classified, retried when transient and
+ended at the caller's deadline. The catalog, ranged reads and publishing (the modules beside this one)
+make their requests through :class:`RegistryClient` and nothing else.
+
+Library: the standard library's ``http.client``, one keep-alive connection per worker thread (and per
+host: a blob redirected to another host gets its own). oras-py cannot set a manifest's
+``artifactType`` (a ModelPack artifact needs it), and what remains of it here would be requests'
+sessions around the same calls: the distribution API is a dozen requests (docs/sources.md).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import socket
+import ssl
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+from urllib.parse import urljoin, urlsplit
+
+from ...content.names import validate_name, validate_version
+from ...errors import BadInput, CheckpointNotFound, TieringError, TimedOut
+from ..s3.client import Stats, deadline_of
+from . import auth
+from .errors import RegistryError, RegistrySetupError, ShortRead
+
+DEFAULT_RANGE = 64 << 20       # bytes per ranged GET
+STREAM_CHUNK = 4 << 20         # a response body is read in pieces of at most this size
+DEFAULT_CONCURRENCY = 4
+DEFAULT_CHUNK = 16 << 20       # bytes per PATCH of a chunked blob upload
+RETRIES = 4
+IO_TIMEOUT_S = 60.0            # a socket that says nothing for this long, without a nearer deadline
+OCI_MANIFEST_LIMIT = 4 << 20   # distribution refuses larger manifests itself
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+ACCEPT = f"{OCI_MANIFEST}, application/vnd.oci.image.index.v1+json"
+
+# the distribution spec's grammar: a repository path component, a tag
+REPO_COMPONENT = re.compile(r"[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*")
+TAG_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
+# tags the OCI referrers tag schema (and so weightd's torrents) use: never a version
+SIDE_TAG_RE = re.compile(r"sha256-[0-9a-f]{64}(?:\..*)?")
+DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+@dataclass(frozen=True, slots=True)
+class RegistryLocation:
+    """``oci://REGISTRY[/PREFIX]``: NAME@VERSION is the artifact ``PREFIX/NAME:VERSION``."""
+    host: str            # host[:port], as the registry is addressed (and as credentials are keyed)
+    prefix: str
+
+    @classmethod
+    def parse(cls, url: str) -> "RegistryLocation":
+        u = urlsplit(url)
+        if u.scheme != "oci" or not u.netloc or u.query or u.fragment or "@" in u.netloc:
+            raise BadInput(f"[tiers.cold] url: expected oci://REGISTRY[/PREFIX], got {url!r}")
+        prefix = u.path.strip("/")
+        for part in prefix.split("/") if prefix else []:
+            if not REPO_COMPONENT.fullmatch(part):
+                raise BadInput(f"[tiers.cold] url: {url!r}: {part!r} is not a repository path component "
+                               f"(lowercase [a-z0-9], separated by '.', '_', '__' or '-')")
+        return cls(u.netloc.lower(), prefix)
+
+    def repo(self, name: str) -> str:
+        """NAME's repository (``PREFIX/NAME``); BadInput when NAME is not one a registry takes."""
+        validate_name(name)
+        for part in name.split("/"):
+            if not REPO_COMPONENT.fullmatch(part):
+                raise BadInput(f"name {name!r}: not an OCI repository path (lowercase [a-z0-9], separated by "
+                               f"'.', '_', '__' or '-'): an oci:// cold tier needs such a name")
+        return f"{self.prefix}/{name}" if self.prefix else name
+
+    def name_of(self, repo: str) -> str | None:
+        """The NAME whose repository ``repo`` is, or None (outside the prefix, or not a NAME)."""
+        if self.prefix:
+            if not repo.startswith(self.prefix + "/"):
+                return None
+            repo = repo[len(self.prefix) + 1:]
+        return repo if repo.count("/") <= 1 else None
+
+    @staticmethod
+    def tag(version: str) -> str:
+        validate_version(version)
+        if not TAG_RE.fullmatch(version) or SIDE_TAG_RE.fullmatch(version):
+            raise BadInput(f"version {version!r}: not an OCI tag ([A-Za-z0-9_][A-Za-z0-9._-], at most 128, "
+                           f"and not sha256-<hex>): an oci:// cold tier needs such a version")
+        return version
+
+
+@dataclass(slots=True)
+class Reply:
+    status: int
+    headers: Any          # http.client.HTTPMessage
+    body: bytes = b""
+    url: str = ""
+
+
+class _Connections(threading.local):
+    def __init__(self) -> None:
+        self.by_origin: dict[tuple[str, str], http.client.HTTPConnection] = {}
+
+
+class RegistryClient:
+    """One registry (and prefix), with the tier's settings; thread-safe (each thread its own
+    connections). ``stats`` is what was asked and served."""
+
+    def __init__(self, url: str, *, range_bytes: int = DEFAULT_RANGE, concurrency: int = DEFAULT_CONCURRENCY,
+                 chunk_bytes: int = DEFAULT_CHUNK, bandwidth: int = 0, insecure: bool = False,
+                 ca_file: Path | None = None, env: dict[str, str] | None = None) -> None:
+        self.url, self.location = url.rstrip("/"), RegistryLocation.parse(url)
+        self.range_bytes, self.concurrency, self.chunk_bytes = range_bytes, max(1, concurrency), chunk_bytes
+        self.bandwidth, self.insecure = bandwidth, insecure
+        self.scheme = "http" if insecure else "https"
+        self.max_manifest_bytes = 64 << 20   # weightd's manifest blob (as for an object store)
+        self.stats = Stats()
+        self.auth_files = auth.auth_files(env)
+        self.creds = auth.find_credentials(self.location.host, env)
+        self._tls: ssl.SSLContext | None = None
+        if not insecure:
+            try:
+                self._tls = ssl.create_default_context(cafile=str(ca_file) if ca_file else None)
+            except (OSError, ssl.SSLError) as exc:
+                raise RegistrySetupError(f"[tiers.cold] ca_file {ca_file}: {exc}") from None
+        self._conns = _Connections()
+        self._auth_lock = threading.Lock()
+        self._challenge: auth.Challenge | None = None   # the registry's last 401 (basic, or a token realm)
+        self._tokens: dict[str, str] = {}               # bearer tokens by scope
+        from ...pagecache.throttle import TokenBucket
+        self.bucket = TokenBucket(bandwidth) if bandwidth else None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"
+
+    # -- connections ----------------------------------------------------------------------------------
+    def _conn(self, scheme: str, netloc: str, timeout: float) -> http.client.HTTPConnection:
+        c = self._conns.by_origin.get((scheme, netloc))
+        if c is None:
+            if scheme == "https":
+                c = http.client.HTTPSConnection(netloc, timeout=timeout, context=self._tls)
+            else:
+                c = http.client.HTTPConnection(netloc, timeout=timeout)
+            self._conns.by_origin[(scheme, netloc)] = c
+        c.timeout = timeout
+        if c.sock is not None:
+            c.sock.settimeout(timeout)
+        return c
+
+    def _drop(self, scheme: str, netloc: str) -> None:
+        c = self._conns.by_origin.pop((scheme, netloc), None)
+        if c is not None:
+            c.close()
+
+    # -- requests -------------------------------------------------------------------------------------
+    def request(self, method: str, path: str, *, what: str, headers: dict[str, str] | None = None,
+                body: Any = None, expect: Iterable[int] = (200,), deadline: float | None = None,
+                push: bool = False, stream: bool = False, retry: bool = True, limit: int | None = None) -> Any:
+        """One request to the registry (``path``: /v2/..., or an absolute upload URL), authenticated
+        (basic or bearer, as the registry's 401 asks), retried when transient (connection refused or
+        reset, 429, 5xx) within ``deadline`` (and the deadline this thread works for). Returns a
+        :class:`Reply` (its body read whole, at most ``limit`` bytes: BadInput above it), or with
+        ``stream`` the open response (the caller reads it to its end, or calls :meth:`abandon`).
+        A status outside ``expect`` is classified: 404 CheckpointNotFound, 401/403 RegistrySetupError."""
+        deadline = deadline_of(deadline)
+        expect = tuple(expect)
+        delay = 0.2
+        for attempt in range(RETRIES + 1):
+            try:
+                return self._once(method, path, what, headers or {}, body, expect, deadline, push, stream, limit)
+            except Transient as exc:
+                self.stats.error(exc.kind)
+                late = deadline is not None and time.monotonic() + delay > deadline
+                if not retry or attempt == RETRIES or late:
+                    raise exc.final(self, what) from None
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+        raise AssertionError("unreachable")
+
+    def _once(self, method: str, path: str, what: str, headers: dict[str, str], body: Any,
+              expect: tuple[int, ...], deadline: float | None, push: bool, stream: bool, limit: int | None) -> Any:
+        url = path if "://" in path else f"{self.scheme}://{self.location.host}{path}"
+        for hop in range(4):   # (redirects: a blob served from another host, S3 behind the registry)
+            u = urlsplit(url)
+            ours = u.netloc == self.location.host
+            if u.scheme == "http" and not self.insecure:
+                raise RegistrySetupError(f"{self.url}: {what}: the registry sent us to plain http ({u.netloc}); set "
+                                         f"[tiers.cold] insecure = true only if that is meant")
+            target = (u.path or "/") + (f"?{u.query}" if u.query else "")
+            hdrs = dict(headers)
+            if ours:
+                hdrs.update(self._auth_header(path_repo(u.path), push))
+            resp = self._send(u.scheme, u.netloc, method, target, hdrs, body, deadline, what)
+            if resp.status == 401 and ours:
+                challenge = resp.headers.get("WWW-Authenticate", "")
+                self._finish(resp, u, 64 << 10)
+                if hop < 3 and self._authenticate(challenge, path_repo(u.path), push, deadline, what,
+                                                  sent="Authorization" in hdrs):
+                    continue   # (the same request, now with what the challenge asked for)
+                raise auth.refused(self, what, challenge)
+            if resp.status in (301, 302, 303, 307, 308) and method in ("GET", "HEAD") and resp.getheader("Location"):
+                self._finish(resp, u, 64 << 10)
+                url = urljoin(url, resp.getheader("Location"))
+                continue
+            if resp.status in expect:
+                if stream:
+                    resp._weightd_origin = (u.scheme, u.netloc)   # type: ignore[attr-defined]
+                    return resp
+                data = self._finish(resp, u, limit, what=what)
+                return Reply(resp.status, resp.headers, data, url)
+            data = self._finish(resp, u, 64 << 10)
+            raise self._status_error(resp.status, data, what)
+        raise RegistryError(f"{self.url}: {what}: too many redirects")
+
+    def _send(self, scheme: str, netloc: str, method: str, target: str, headers: dict[str, str], body: Any,
+              deadline: float | None, what: str) -> http.client.HTTPResponse:
+        left = IO_TIMEOUT_S if deadline is None else deadline - time.monotonic()
+        if left <= 0:
+            raise TimedOut(f"{self.url}: {what}: not started before the deadline")
+        conn = self._conn(scheme, netloc, min(IO_TIMEOUT_S, left))
+        try:
+            conn.request(method, target, body=body, headers={"User-Agent": "weightd", **headers})
+            return conn.getresponse()
+        except ssl.SSLError as exc:
+            self._drop(scheme, netloc)
+            raise RegistrySetupError(f"{self.url}: {what}: TLS with {netloc} failed ({exc.reason or exc}): set "
+                                     f"[tiers.cold] ca_file to the CA that signed its certificate") from None
+        except (socket.timeout, TimeoutError):
+            self._drop(scheme, netloc)
+            if deadline is not None and time.monotonic() >= deadline - 0.05:
+                raise TimedOut(f"{self.url}: {what}: the registry did not answer before the deadline") from None
+            raise Transient("timeout", f"no answer in {IO_TIMEOUT_S:g} s") from None
+        except ConnectionRefusedError:
+            self._drop(scheme, netloc)
+            raise Transient("unreachable", "connection refused") from None
+        except socket.gaierror as exc:
+            self._drop(scheme, netloc)
+            raise Transient("unreachable", f"unknown host ({exc.strerror})") from None
+        except (OSError, http.client.HTTPException) as exc:
+            self._drop(scheme, netloc)   # (a kept-alive connection the registry closed: asked again)
+            raise Transient("error", f"{type(exc).__name__}: {exc}") from None
+
+    def _finish(self, resp: http.client.HTTPResponse, u: Any, limit: int | None, *, what: str = "") -> bytes:
+        """The body read to its end (the connection kept for the next request), at most ``limit``."""
+        n = resp.getheader("Content-Length")
+        if limit is not None and n is not None and n.isdigit() and int(n) > limit:
+            resp.close()
+            self._drop(u.scheme, u.netloc)
+            raise BadInput(f"{self.url}: {what}: {n} bytes, more than the {limit} allowed; not read")
+        try:
+            data = resp.read(limit + 1) if limit is not None else resp.read()
+            if limit is not None and len(data) > limit:
+                resp.close()
+                self._drop(u.scheme, u.netloc)
+                raise BadInput(f"{self.url}: {what}: more than the {limit} bytes allowed; not read further")
+            if not resp.isclosed():
+                resp.read()
+        except (OSError, http.client.HTTPException) as exc:
+            self._drop(u.scheme, u.netloc)
+            raise Transient("error", f"the response broke: {type(exc).__name__}") from None
+        if resp.will_close:
+            self._drop(u.scheme, u.netloc)
+        return data
+
+    def abandon(self, resp: http.client.HTTPResponse) -> None:
+        """A streamed response not read to its end: its connection is closed (never reused)."""
+        resp.close()
+        origin = getattr(resp, "_weightd_origin", None)
+        if origin is not None:
+            self._drop(*origin)
+
+    def read_timeout(self, resp: http.client.HTTPResponse, left_s: float) -> None:
+        """A streamed response's next read waits at most ``left_s`` (the caller's deadline)."""
+        origin = getattr(resp, "_weightd_origin", None)
+        conn = self._conns.by_origin.get(origin) if origin is not None else None
+        if conn is not None and conn.sock is not None:
+            conn.sock.settimeout(max(0.05, min(left_s, IO_TIMEOUT_S)))
+
+    def _status_error(self, status: int, data: bytes, what: str) -> TieringError:
+        codes = error_codes(data)
+        detail = f" ({', '.join(codes)})" if codes else ""
+        where = f"{self.url}: {what}"
+        if status == 404:
+            err: TieringError = CheckpointNotFound(where, f"not found{detail}")
+            err.codes = codes   # type: ignore[attr-defined]
+            return err
+        if status == 403:
+            return RegistrySetupError(f"{where}: access denied (403){detail}{auth.who(self)}: the registry does not "
+                                      f"let these credentials do that")
+        if status == 429 or status >= 500:
+            raise Transient("throttled" if status == 429 else "error", f"HTTP {status}{detail}")
+        err = RegistryError(f"{where}: HTTP {status}{detail}")
+        err.codes = codes   # type: ignore[attr-defined]
+        return err
+
+    # -- authentication -------------------------------------------------------------------------------
+    def _auth_header(self, repo: str | None, push: bool) -> dict[str, str]:
+        ch = self._challenge
+        if ch is None:
+            return {}
+        if ch.scheme == "basic":
+            return {"Authorization": auth.basic_header(self.creds)} if self.creds is not None else {}
+        token = self._tokens.get(auth.scope(repo, push))
+        return {"Authorization": f"Bearer {token}"} if token else {}
+
+    def _authenticate(self, header: str, repo: str | None, push: bool, deadline: float | None, what: str, *,
+                      sent: bool) -> bool:
+        """Act on a 401's challenge: basic (credentials from the auth file), or bearer (a token from
+        the realm, for this repository's scope). False when there is nothing new to send (``sent``:
+        the refused request carried credentials or a token already)."""
+        ch = auth.parse_challenge(header)
+        if ch is None:
+            return False
+        with self._auth_lock:
+            self._challenge = ch
+            if ch.scheme == "basic":
+                return self.creds is not None and not sent
+            key = auth.scope(repo, push)
+            old = self._tokens.get(key)
+            if old is not None and not sent:
+                return True   # (another thread has just fetched it)
+            token = auth.fetch_token(self, ch, repo, push, deadline, what)
+            if token is None or (sent and token == old):
+                return False
+            self._tokens[key] = token
+            return True
+
+    # -- small reads ----------------------------------------------------------------------------------
+    def ping(self, deadline: float | None = None) -> None:
+        """``GET /v2/``: the registry answers as one (BadInput-free: every refusal is one line)."""
+        try:
+            self.request("GET", "/v2/", what="the registry API (/v2/)", deadline=deadline, limit=64 << 10)
+        except CheckpointNotFound:
+            raise RegistrySetupError(f"{self.url}: {self.location.host} does not answer /v2/ as an OCI registry "
+                                     f"(check [tiers.cold] url)") from None
+        self.stats.count("ping")
+
+    def get_json(self, path: str, what: str, limit: int, *, accept: str | None = None,
+                 deadline: float | None = None) -> tuple[Any, Reply]:
+        r = self.request("GET", path, what=what, headers={"Accept": accept} if accept else None,
+                         deadline=deadline, limit=limit)
+        self.stats.count("get", len(r.body))
+        try:
+            return json.loads(r.body), r
+        except ValueError:
+            raise RegistryError(f"{self.url}: {what}: not JSON") from None
+
+
+class Transient(Exception):
+    """A failure worth asking again (connection refused or reset, 429, 5xx); ``final`` is what it
+    becomes when the retries are spent."""
+
+    def __init__(self, kind: str, detail: str) -> None:
+        super().__init__(detail)
+        self.kind, self.detail = kind, detail
+
+    def final(self, c: RegistryClient, what: str) -> TieringError:
+        if self.kind == "unreachable":
+            err: RegistryError = RegistrySetupError(f"{c.url}: cannot reach the registry {c.location.host} "
+                                                    f"({self.detail}): is it running? check [tiers.cold] url")
+        elif self.kind == "throttled":
+            err = RegistryError(f"{c.url}: {what}: the registry kept throttling (429) after {RETRIES} retries: "
+                                f"lower [tiers.cold] concurrency")
+        elif self.kind == "short_read":
+            err = ShortRead(f"{c.url}: {what}: {self.detail}")
+        else:
+            err = RegistryError(f"{c.url}: {what}: {self.detail}")
+        err.kind = self.kind
+        return err
+
+
+def path_repo(path: str) -> str | None:
+    """The repository a /v2/REPO/{manifests,blobs,tags}/... path is about (the bearer scope), or None."""
+    m = re.fullmatch(r"/v2/(.+?)/(?:manifests|blobs|tags)/.*", path)
+    return m.group(1) if m else None
+
+
+def error_codes(data: bytes) -> list[str]:
+    """The distribution error codes of an error body (``{"errors": [{"code": ...}]}``)."""
+    try:
+        doc = json.loads(data)
+        return [str(e.get("code")) for e in doc.get("errors", []) if isinstance(e, dict) and e.get("code")][:3]
+    except (ValueError, AttributeError):
+        return []
+
