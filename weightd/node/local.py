@@ -13,7 +13,7 @@ from ..config import Config, TierSettings
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from tiering import ObjectCold, TrustPolicy
+    from tiering import ObjectCold, OciCold, TrustPolicy
 
     from ..metrics import Metrics
     from .service import NodeService
@@ -37,12 +37,16 @@ def open_node(cfg: Config, *, reconcile: bool = True, **hooks: Any) -> LocalNode
                      trust=trust_policy(cfg), **hooks)
 
 
-def cold_tier(cfg: Config) -> "Path | ObjectCold":
-    """The cold tier: a path, or an object store (``url``) built from the [tiers.cold] settings."""
+def cold_tier(cfg: Config) -> "Path | ObjectCold | OciCold":
+    """The cold tier: a path, or an object store or registry (``url``) built from the [tiers.cold] settings."""
     c = cfg.settings.tiers.cold
     if c.url is None:
         assert c.path is not None
         return c.path
+    if c.url.startswith("oci://"):
+        from tiering import OciCold
+        return OciCold(c.url, range_bytes=c.range_size, concurrency=c.concurrency, chunk_bytes=c.part_size,
+                       bandwidth=c.bandwidth, insecure=c.insecure, ca_file=c.ca_file)
     from tiering import ObjectCold
     return ObjectCold(c.url, endpoint=c.endpoint, region=c.region, range_bytes=c.range_size,
                       concurrency=c.concurrency, part_bytes=c.part_size, bandwidth=c.bandwidth)
