@@ -45,9 +45,9 @@ class ObjectCold(S3Client):
               skip: set[str] | None = None, have: dict[str, set[str]] | None = None) -> int:
         return ranged.fetch(self, m, dest, deadline=deadline, progress=progress, skip=skip, have=have)
 
-    def _fetch_group(self, f: FileEntry, key: str, fd: int, group: ranged.Group, etag: str | None,
+    def _fetch_group(self, f: FileEntry, key: str, fd: int, group: ranged.Group, obj: ranged.ObjectVersion,
                      deadline: float | None, progress: ProgressFn | None) -> int:
-        return ranged.fetch_group(self, f, key, fd, group, etag, deadline, progress)
+        return ranged.fetch_group(self, f, key, fd, group, obj, deadline, progress)
 
     def publish(self, src: Path, m: Manifest, files: list[tuple[str, Any]], *, progress: ProgressFn | None = None,
                 extra: dict[str, bytes] | None = None, before_manifest: Callable[[], None] | None = None,

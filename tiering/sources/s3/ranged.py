@@ -1,10 +1,14 @@
 """Ranged reads: a version's files downloaded from an object store into a staging directory.
 
 A download is split into ranges along the manifest's parts (headers, tensors, chunks), ``concurrency``
-at a time; each part is hashed from the bytes as they are written, so the copy is verified without a
-second read, and every ranged GET carries ``If-Match`` with the object's ETag, so an object replaced
-mid-download is an error (:class:`ObjectChanged`), never a mix of two versions. A range that breaks
-midway is asked again with its parts' hashes restored to where it began.
+at a time, the ranges of a run of parts of about equal size (no small tail range: on a store that
+reads the whole object for every ranged GET, as moto does, a tail costs as much as a full range);
+each part is hashed from the bytes as they are written, so the copy is verified without a second
+read. No HEAD is asked: the object's size and ETag come with each ranged GET's response
+(:class:`ObjectVersion`): the first response of a file fixes its ETag, every later request carries
+it as ``If-Match`` and every response is checked against it, so an object replaced mid-download is
+an error (:class:`ObjectChanged`), never a mix of two versions. A range that breaks midway is asked
+again with its parts' hashes restored to where it began.
 
 Resuming is the same path: ``have`` names the parts already in the staging directory and verified
 (what an interrupted transfer left, a delta's donor bytes); :func:`groups` leaves them out, and their
@@ -14,6 +18,7 @@ files are written in place.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -38,13 +43,36 @@ class Group:
     hashers: dict[str, Any] = field(default_factory=dict)
 
 
+class ObjectVersion:
+    """The object a file is read from, as its responses describe it: the size the manifest says, and
+    one ETag, fixed by the first response when not known before (no HEAD), then sent as ``If-Match``
+    and compared with every other response's (ObjectChanged on a difference). Thread-safe."""
+
+    def __init__(self, where: str, size: int, etag: str | None = None) -> None:
+        self.where, self.size, self.etag = where, size, etag
+        self._lock = threading.Lock()
+
+    def check(self, meta: dict[str, Any]) -> None:
+        """A response's object: the manifest's size (IntegrityError) and the ETag of the others."""
+        if meta["size"] != self.size:
+            raise IntegrityError(f"{self.where}: {meta['size']} bytes in the store, the manifest says {self.size}")
+        tag = meta.get("e_tag")
+        with self._lock:
+            if self.etag is None:
+                self.etag = tag
+                return
+        if tag != self.etag:
+            raise ObjectChanged(f"{self.where}: the object changed during the download (its ETag is no longer "
+                                f"{self.etag}): republished under the same name? preload again")
+
+
 @dataclass
 class _Target:
     file: FileEntry
     key: str
     fd: int
     groups: list[Group]
-    etag: str | None
+    obj: ObjectVersion
 
 
 def fetch(s3: S3Client, m: Manifest, dest: Dir, *, deadline: float | None = None, progress: ProgressFn | None = None,
@@ -74,19 +102,14 @@ def fetch(s3: S3Client, m: Manifest, dest: Dir, *, deadline: float | None = None
 
 def _open_target(s3: S3Client, m: Manifest, f: FileEntry, dest: Dir, kept: set[str],
                  deadline: float | None) -> _Target | None:
-    """The file's object checked (its size, its ETag kept for If-Match) and its file in ``dest`` open
-    at the manifest's size; None when every part of it is here already."""
-    import obstore
+    """The file in ``dest`` open at the manifest's size, with the ranges still wanted; None when every
+    part of it is here already. Nothing is asked of the store here: its object's size and ETag are
+    checked from the ranged GETs' responses (:class:`ObjectVersion`)."""
     validate_relpath(f.path)
     wanted = groups(f, m.chunk_size, s3.range_bytes, kept)
     if kept and not wanted:
         return None
     key = f"{m.name}/{m.version}/{f.path}"
-    meta = s3.call("head", lambda: bounded(lambda: obstore.head_async(s3.store, key), deadline, f"{s3.url}/{key}"),
-                   key, deadline=deadline)
-    s3.stats.count("head")
-    if meta["size"] != f.size:
-        raise IntegrityError(f"{s3.url}/{key}: {meta['size']} bytes in the store, the manifest says {f.size}")
     if kept and dest.lstat(f.path) is not None:
         fd = dest.open(f.path, os.O_RDWR)
     else:
@@ -98,7 +121,7 @@ def _open_target(s3: S3Client, m: Manifest, f: FileEntry, dest: Dir, kept: set[s
     except BaseException:
         os.close(fd)
         raise
-    return _Target(f, key, fd, wanted, meta["e_tag"])
+    return _Target(f, key, fd, wanted, ObjectVersion(f"{s3.url}/{key}", f.size))
 
 
 def _download(s3: S3Client, targets: list[_Target], deadline: float | None, progress: ProgressFn | None) -> int:
@@ -107,7 +130,7 @@ def _download(s3: S3Client, targets: list[_Target], deadline: float | None, prog
         # preallocation (a full tier fails early) runs beside the first ranges, not before them:
         # on tmpfs it zero-fills every page (0.3 s a GiB here), and a range written first is kept
         futures = [pool.submit(preallocate, t.fd, t.file.size) for t in targets]
-        futures += [pool.submit(fetch_group, s3, t.file, t.key, t.fd, g, t.etag, deadline, progress)
+        futures += [pool.submit(fetch_group, s3, t.file, t.key, t.fd, g, t.obj, deadline, progress)
                     for t in targets for g in t.groups]
         try:
             for fut in futures:
@@ -119,7 +142,7 @@ def _download(s3: S3Client, targets: list[_Target], deadline: float | None, prog
     return total
 
 
-def fetch_group(s3: S3Client, f: FileEntry, key: str, fd: int, group: Group, etag: str | None,
+def fetch_group(s3: S3Client, f: FileEntry, key: str, fd: int, group: Group, obj: ObjectVersion,
                 deadline: float | None, progress: ProgressFn | None) -> int:
     """One worker's share: consecutive whole parts (or one large part in order). Each range is read
     as a stream of STREAM_CHUNK pieces (memory per worker stays at one piece, whatever the range
@@ -133,7 +156,7 @@ def fetch_group(s3: S3Client, f: FileEntry, key: str, fd: int, group: Group, eta
         delay = 0.2
         for attempt in range(RETRIES + 1):
             try:
-                fetch_range(s3, key, fd, start, end, parts, group, etag, progress, deadline)
+                fetch_range(s3, key, fd, start, end, parts, group, obj, progress, deadline)
                 break
             except ObjectStoreError as exc:
                 if exc.kind not in ("throttled", "error", "short_read") or attempt == RETRIES or \
@@ -183,13 +206,15 @@ class _RangeWriter:
 
 
 def fetch_range(s3: S3Client, key: str, fd: int, start: int, end: int, parts: list[Span], group: Group,
-                etag: str | None, progress: ProgressFn | None, deadline: float | None = None) -> None:
-    """One ranged GET, streamed to ``fd`` and hashed as it arrives, ended at ``deadline`` (TimedOut)
-    even when the store stops sending mid-body (the request is cancelled, its connection dropped)."""
+                obj: ObjectVersion, progress: ProgressFn | None, deadline: float | None = None) -> None:
+    """One ranged GET, its object checked (:meth:`ObjectVersion.check`) before a byte is written,
+    streamed to ``fd`` and hashed as it arrives, ended at ``deadline`` (TimedOut) even when the store
+    stops sending mid-body (the request is cancelled, its connection dropped)."""
     import obstore
     if s3.bucket is not None:
         s3.bucket.consume(end - start)
     opts: dict[str, Any] = {"range": (start, end)}
+    etag = obj.etag
     if etag:
         opts["if_match"] = etag  # replaced mid-download: 412, never a mix of two objects
     what = f"{key} bytes {start}-{end}"
@@ -197,10 +222,14 @@ def fetch_range(s3: S3Client, key: str, fd: int, start: int, end: int, parts: li
 
     async def get() -> None:
         res = await obstore.get_async(s3.store, key, options=opts)
+        obj.check(res.meta)
         async for chunk in res.stream(min_chunk_size=STREAM_CHUNK):
             write(chunk)
     try:
         bounded(get, deadline, f"{s3.url}/{what}")
+    except ObjectChanged:
+        s3.stats.error("precondition")
+        raise
     except (IntegrityError, TieringError):   # (TimedOut at the deadline: the request was cancelled)
         raise
     except Exception as exc:  # noqa: BLE001 (a refusal, or a stream that broke midway: obstore's errors, resets)
@@ -231,18 +260,32 @@ def _range_error(s3: S3Client, key: str, what: str, etag: str | None, write: _Ra
 def groups(f: FileEntry, chunk_size: int, range_bytes: int, have: set[str] | frozenset[str] = frozenset()
            ) -> list[Group]:
     """The file's parts still wanted (all but the labels in ``have``) as work: small consecutive parts
-    packed into one range up to ``range_bytes``; a part larger than that is one group of several ranges
+    packed into ranges of about equal size, none over ``range_bytes``; a part larger than that is one group of several ranges
     (fetched in order, so its hash is fed in order). Bytes no part covers (padding, a trailer) are
     fetched too, unhashed, as a verify ignores them."""
     parts = f.parts(chunk_size)
     out: list[Group] = []
-    cur: list[Any] = []
-    cur_start = cur_end = 0
+    run: list[Any] = []   # consecutive parts still wanted, each no larger than a range
+
+    def emit(cur: list[Any]) -> None:
+        out.append(Group([(cur[0].begin, cur[-1].end, [(q, q.begin, q.end) for q in cur])]))
 
     def flush() -> None:
-        if cur:
-            out.append(Group([(cur_start, cur_end, [(q, q.begin, q.end) for q in cur])]))
-            cur.clear()
+        """The run cut into as few ranges as fit ``range_bytes``, each ended at the part boundary nearest
+        an equal share of what is left (about equal ranges: no small tail range)."""
+        if not run:
+            return
+        last, cur = run[-1].end, []
+        for q in run:
+            if cur:
+                begin = cur[0].begin
+                share = begin + (last - begin) // -(-(last - begin) // range_bytes)
+                if q.end - begin > range_bytes or (q.end > share and share - cur[-1].end < q.end - share):
+                    emit(cur)
+                    cur = []
+            cur.append(q)
+        emit(cur)
+        run.clear()
 
     for p in parts:
         if p.label in have or p.length == 0:
@@ -253,12 +296,9 @@ def groups(f: FileEntry, chunk_size: int, range_bytes: int, have: set[str] | fro
             out.append(Group([(s, min(p.end, s + range_bytes), [(p, s, min(p.end, s + range_bytes))])
                                for s in range(p.begin, p.end, range_bytes)]))
             continue
-        if cur and (p.begin != cur_end or p.end - cur_start > range_bytes):
+        if run and p.begin != run[-1].end:
             flush()
-        if not cur:
-            cur_start = p.begin
-        cur.append(p)
-        cur_end = p.end
+        run.append(p)
     flush()
     pos = 0
     for s, e in sorted((p.begin, p.end) for p in parts) + [(f.size, f.size)]:
