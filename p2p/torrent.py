@@ -6,6 +6,12 @@ a piece never straddles two files and unchanged files keep identical piece hashe
 (delta updates). The cost: v1-only clients (aria2, transmission 3) cannot join, which a weightd fleet
 does not need.
 
+weightd writes the torrent itself (BEP 52: SHA-256 of every 16 KiB block, a merkle tree per file padded
+with zero leaves, the piece layer of every file larger than a piece), from the same read that checks
+every file against the manifest, so it cannot describe other bytes; its bytes are those libtorrent's own
+creator makes of the same files (tested), plus a record binding it to the manifest (``bound_to``). The
+2.1.1 binding cannot be handed hashes that were taken elsewhere (no ``create_torrent.set_hash2``).
+
 The torrent's root directory is the VERSION label, so a version directory ``<tier>/NAME/VERSION`` seeds
 with ``save_path = <tier>/NAME``. Files are exactly the manifest's, in its order; ``.weightd/`` is
 never part of it.
@@ -19,13 +25,14 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
 import libtorrent as lt
 
-from tiering import LABEL_SEP, Manifest, split_label, validate_relpath
+from tiering import LABEL_SEP, Dir, Manifest, split_label, validate_relpath, verify_checkpoint
 
 from .errors import TorrentRejected
 
@@ -45,20 +52,151 @@ def piece_size_for(total_bytes: int) -> int:
     return 16 * MiB
 
 
-def make_torrent(version_dir: Path, manifest: Manifest, *, piece_size: int | None = None,
-                 root_cert: bytes | None = None) -> bytes:
-    """Hash the files of ``version_dir`` (as listed in ``manifest``) into a v2 torrent. With ``root_cert``
-    (the fleet CA, PEM) it is an SSL torrent: libtorrent then exchanges its pieces only over TLS with
-    peers whose certificate that CA signed (the CA is part of the info dict: it changes the info-hash)."""
-    name = version_dir.name
-    entries = [lt.create_file_entry(f"{name}/{f.path}", f.size) for f in manifest.files]
-    ct = lt.create_torrent(entries, piece_size or piece_size_for(manifest.total_bytes), lt.create_torrent.v2_only)
+BINDING_KEY = b"weightd"   # top level, beside the info dict: {manifest: digest, info hash: v2 info-hash}
+BLOCK = 16 << 10   # BEP 52: the merkle trees' leaves are SHA-256 of 16 KiB blocks
+_ZERO = bytes(32)  # the leaf beyond a file's end
+
+
+def _reduce(layer: list[bytes], pad: bytes) -> bytes:
+    """The merkle root over ``layer`` padded with ``pad`` up to a power of two (at least one node)."""
+    width = 1
+    while width < len(layer):
+        width *= 2
+    nodes = layer + [pad] * (width - len(layer))
+    while len(nodes) > 1:
+        nodes = [hashlib.sha256(nodes[i] + nodes[i + 1]).digest() for i in range(0, len(nodes), 2)]
+    return nodes[0]
+
+
+class _MerkleHasher:
+    """One file's BEP 52 merkle tree, fed its bytes in order (``update``, as ``hashlib`` hashers are):
+    SHA-256 of every 16 KiB block (the last one shorter), reduced a piece at a time to the piece layer,
+    so only one piece's leaves and 32 bytes a piece are held. ``hexdigest``: the pieces root followed
+    by the piece layer (empty for an empty file), both hex. Given to ``verify_checkpoint`` as its
+    ``crypto`` hasher, it is fed from the very buffers the manifest's parts are hashed from."""
+
+    def __init__(self, piece_length: int) -> None:
+        self.per_piece = piece_length // BLOCK
+        self.leaves: list[bytes] = []
+        self.layer: list[bytes] = []
+        self.tail = bytearray()   # (the buffer handed in is reused by the reader: a partial block is copied)
+        self.size = 0
+
+    def _leaf(self, block: "bytes | memoryview") -> None:
+        self.leaves.append(hashlib.sha256(block).digest())
+        if len(self.leaves) == self.per_piece:
+            self.layer.append(_reduce(self.leaves, _ZERO))
+            self.leaves = []
+
+    def update(self, data: "bytes | memoryview") -> None:
+        view = memoryview(data).cast("B")
+        self.size += len(view)
+        if self.tail:
+            take = min(BLOCK - len(self.tail), len(view))
+            self.tail += view[:take]
+            view = view[take:]
+            if len(self.tail) < BLOCK:
+                return
+            self._leaf(bytes(self.tail))
+            self.tail = bytearray()
+        whole = len(view) - len(view) % BLOCK
+        for off in range(0, whole, BLOCK):
+            self._leaf(view[off:off + BLOCK])
+        self.tail += view[whole:]
+
+    def hexdigest(self) -> str:
+        if self.size == 0:
+            return ""
+        if self.tail:
+            self.leaves.append(hashlib.sha256(self.tail).digest())
+            self.tail = bytearray()
+        if not self.layer:   # (one piece or less: the tree is as wide as its blocks, to a power of two)
+            return _reduce(self.leaves, _ZERO).hex()
+        if self.leaves:      # (the last piece's subtree padded to a whole piece)
+            self.layer.append(_reduce(self.leaves + [_ZERO] * (self.per_piece - len(self.leaves)), _ZERO))
+            self.leaves = []
+        pad = _reduce([_ZERO] * self.per_piece, _ZERO)   # (a piece beyond the end: its zero subtree)
+        return (_reduce(self.layer, pad) + b"".join(self.layer)).hex()
+
+
+def torrent_bytes(name: str, files: "list[tuple[str, int, bytes, bytes]]", piece_length: int, *,
+                  root_cert: bytes | None = None, creator: str = "weightd", comment: str = "",
+                  creation_date: int = 0, manifest_digest: str | None = None) -> bytes:
+    """A BitTorrent v2-only torrent (BEP 52), bencoded, from each file's (path under ``name``, size,
+    pieces root, piece layer): what ``lt.create_torrent(..., v2_only)`` and ``lt.set_piece_hashes``
+    make of the same files, byte for byte. ``manifest_digest``: and the record that binds it to that
+    manifest (``BINDING_KEY``, outside the info dict: the info-hash is libtorrent's)."""
+    tree: dict[bytes, object] = {}
+    layers: dict[bytes, bytes] = {}
+    for path, size, root, layer in files:
+        node = tree
+        *dirs, leaf = path.encode().split(b"/")
+        for part in dirs:
+            node = node.setdefault(part, {})  # type: ignore[assignment]
+        meta: dict[bytes, object] = {b"length": size}
+        if size:
+            meta[b"pieces root"] = root
+        node[leaf] = {b"": meta}
+        if size > piece_length:
+            layers[root] = layer
+    info: dict[bytes, object] = {b"file tree": tree, b"meta version": 2, b"name": name.encode(),
+                                 b"piece length": piece_length}
     if root_cert:
-        ct.set_root_cert(root_cert.decode("ascii"))
-    ct.set_creator("weightd")
-    ct.set_comment(f"{manifest.name}@{manifest.version} {manifest.digest}")
-    lt.set_piece_hashes(ct, str(version_dir.parent))
-    return lt.bencode(ct.generate())
+        info[b"ssl-cert"] = root_cert
+    top: dict[bytes, object] = {b"info": info, b"piece layers": layers, b"created by": creator.encode(),
+                                b"creation date": creation_date}
+    if comment:
+        top[b"comment"] = comment.encode()
+    if manifest_digest is not None:
+        top[BINDING_KEY] = {b"manifest": manifest_digest.encode(),
+                            b"info hash": hashlib.sha256(lt.bencode(info)).digest()}
+    return lt.bencode(top)
+
+
+def make_torrent(version_dir: "Path | Dir", manifest: Manifest, *, piece_size: int | None = None,
+                 root_cert: bytes | None = None, threads: int | None = None,
+                 creation_date: int | None = None) -> bytes:
+    """The v2 torrent of the files of ``version_dir`` as listed in ``manifest``, hashed in the same read
+    that checks every part of every file against the manifest (xxh3-128): a byte that differs fails it
+    (IntegrityError naming the file and part), so the torrent describes exactly the manifest's bytes.
+    It says so at its top level (``BINDING_KEY``: the manifest's digest and the torrent's info-hash),
+    which lets a worker take libtorrent's SHA-256 piece checks as the check of an unsigned version
+    (``bound_to``). With ``root_cert`` (the fleet CA, PEM) it is an SSL torrent: libtorrent then
+    exchanges its pieces only over TLS with peers whose certificate that CA signed (the CA is part of
+    the info dict: it changes the info-hash)."""
+    plen = piece_size or piece_size_for(manifest.total_bytes)
+    if plen < BLOCK or plen & (plen - 1):
+        raise TorrentRejected(str(version_dir), f"piece size {plen} is not a power of two of at least 16 KiB")
+    if manifest.total_bytes == 0:
+        raise TorrentRejected(str(version_dir), "no bytes to share (every file is empty): no torrent")
+    report = verify_checkpoint(version_dir, manifest, threads=threads, crypto=lambda: _MerkleHasher(plen))
+    listed = {f.path for f in manifest.files}
+    report.problems = [p for p in report.problems if p.path in listed]   # (files beside the manifest's: not ours)
+    report.raise_for_problems()
+    files = []
+    for f in manifest.files:
+        tree = bytes.fromhex(report.crypto_digests.get(f.path, ""))
+        files.append((f.path, f.size, tree[:32], tree[32:]))
+    name = version_dir.path.name if isinstance(version_dir, Dir) else Path(version_dir).name
+    return torrent_bytes(name, files, plen, root_cert=root_cert,
+                         comment=f"{manifest.name}@{manifest.version} {manifest.digest}",
+                         creation_date=int(time.time()) if creation_date is None else creation_date,
+                         manifest_digest=manifest.digest)
+
+
+def bound_to(data: bytes, ti: lt.torrent_info, manifest: Manifest) -> bool:
+    """Whether the torrent ``data`` (parsed as ``ti``) says it was made by ``make_torrent`` from bytes
+    checked against ``manifest`` in the same read: its record names this manifest's digest and this
+    torrent's own info-hash (a torrent made by any other tool, for another manifest, or whose info dict
+    was replaced under a kept record, is not)."""
+    try:
+        rec = lt.bdecode(data).get(BINDING_KEY)
+    except (RuntimeError, TypeError, ValueError, AttributeError):
+        return False
+    if not isinstance(rec, dict):
+        return False
+    return rec.get(b"manifest") == manifest.digest.encode() and \
+        rec.get(b"info hash") == ti.info_hashes().v2.to_bytes()
 
 
 def _is_pad(fs: lt.file_storage, i: int) -> bool:

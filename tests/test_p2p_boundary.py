@@ -5,10 +5,11 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import libtorrent as lt
 import pytest
 
 from p2p import LibtorrentError, P2PConfig, P2PError, TransferFailed, make_torrent, map_libtorrent_errors
-from tiering import build_manifest, make_checkpoint
+from tiering import IntegrityError, build_manifest, make_checkpoint
 
 MiB = 1 << 20
 
@@ -19,10 +20,16 @@ def test_a_real_libtorrent_error_becomes_a_p2p_error_with_fields(tmp_path: Path)
     (ckpt / m.files[-1].path).unlink()  # a file vanished before it was hashed
     with pytest.raises(LibtorrentError) as info:
         with map_libtorrent_errors("org/x@v1: cannot make its torrent"):
-            make_torrent(ckpt, m)
+            ct = lt.create_torrent([lt.create_file_entry(f"v1/{f.path}", f.size) for f in m.files], 4 * MiB,
+                                   lt.create_torrent.v2_only)
+            lt.set_piece_hashes(ct, str(tmp_path))
     err = info.value
     assert isinstance(err, P2PError) and err.what == "org/x@v1: cannot make its torrent" and err.reason
     assert str(err) == f"{err.what}: {err.reason}" and err.__cause__ is None and err.exit_code == 1
+    # weightd's own torrent writer checks the files against the manifest as it hashes: ours, not libtorrent's
+    with pytest.raises(IntegrityError, match=m.files[-1].path):
+        with map_libtorrent_errors("org/x@v1: cannot make its torrent"):
+            make_torrent(ckpt, m)
 
 
 def test_the_boundary_passes_our_errors_and_others_unchanged() -> None:
