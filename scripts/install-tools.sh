@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the system tools weightd's tests and benchmarks compare against, when they are missing.
-# Debian packages: xxhash (xxhsum), vmtouch, fio, libfuse2, openssl, strace, git-lfs; util-linux (fincore) is part of the base system;
+# Debian packages: xxhash (xxhsum), vmtouch, fio, libfuse2, openssl, strace, git-lfs, docker-registry, apache2-utils
+# (htpasswd), skopeo; util-linux (fincore) is part of the base system;
 # promtool extracted from Debian's prometheus package into tools/bin (without installing the server).
 set -euo pipefail
 need=()
@@ -11,6 +12,10 @@ command -v fincore >/dev/null || need+=(util-linux)
 command -v openssl >/dev/null || need+=(openssl)   # tests/test_p2p_tls.py: the README's certificate recipe
 command -v strace >/dev/null || need+=(strace)     # tests/test_durability.py: observes every fsync/syncfs
 command -v git-lfs >/dev/null || need+=(git-lfs)   # tests/test_hf_import.py: builds the Hub mirror's LFS repository
+# tests/test_oci*.py: a real registry (distribution 2.8) with htpasswd basic auth; skopeo pushes as another tool
+command -v docker-registry >/dev/null || need+=(docker-registry)
+command -v htpasswd >/dev/null || need+=(apache2-utils)
+command -v skopeo >/dev/null || need+=(skopeo)
 # libfuse2: tests/fuse_hang.py (a real hung file server, via fusepy) for the "read that never returns" test
 ldconfig -p 2>/dev/null | grep -q 'libfuse.so.2' || need+=(libfuse2)
 promtool_missing=0

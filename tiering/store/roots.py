@@ -53,6 +53,9 @@ class TierRoots:
         for d in self._dirs.values():
             d.close()
         self._dirs.clear()
+        close = getattr(self.object, "close", None)   # (a registry's kept-alive connections)
+        if close is not None:
+            close()
 
     def dir(self, tier: str, *, create: bool = False) -> Dir | None:
         """The tier's root by descriptor (a local tier: None if it does not exist and ``create`` is

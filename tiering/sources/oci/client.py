@@ -100,11 +100,6 @@ class Reply:
     url: str = ""
 
 
-class _Connections(threading.local):
-    def __init__(self) -> None:
-        self.by_origin: dict[tuple[str, str], http.client.HTTPConnection] = {}
-
-
 class RegistryClient:
     """One registry (and prefix), with the tier's settings; thread-safe (each thread its own
     connections). ``stats`` is what was asked and served."""
@@ -126,7 +121,8 @@ class RegistryClient:
                 self._tls = ssl.create_default_context(cafile=str(ca_file) if ca_file else None)
             except (OSError, ssl.SSLError) as exc:
                 raise RegistrySetupError(f"[tiers.cold] ca_file {ca_file}: {exc}") from None
-        self._conns = _Connections()
+        self._idle: dict[tuple[str, str], list[http.client.HTTPConnection]] = {}   # kept-alive, by origin
+        self._idle_lock = threading.Lock()
         self._auth_lock = threading.Lock()
         self._challenge: auth.Challenge | None = None   # the registry's last 401 (basic, or a token realm)
         self._tokens: dict[str, str] = {}               # bearer tokens by scope
@@ -136,23 +132,54 @@ class RegistryClient:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"
 
-    # -- connections ----------------------------------------------------------------------------------
-    def _conn(self, scheme: str, netloc: str, timeout: float) -> http.client.HTTPConnection:
-        c = self._conns.by_origin.get((scheme, netloc))
+    # -- connections: kept alive, each used by one thread at a time ---------------------------------------
+    def _take(self, origin: tuple[str, str], timeout: float) -> http.client.HTTPConnection:
+        with self._idle_lock:
+            idle = self._idle.get(origin)
+            c = idle.pop() if idle else None
         if c is None:
-            if scheme == "https":
-                c = http.client.HTTPSConnection(netloc, timeout=timeout, context=self._tls)
-            else:
-                c = http.client.HTTPConnection(netloc, timeout=timeout)
-            self._conns.by_origin[(scheme, netloc)] = c
+            scheme, netloc = origin
+            c = (http.client.HTTPSConnection(netloc, timeout=timeout, context=self._tls) if scheme == "https"
+                 else http.client.HTTPConnection(netloc, timeout=timeout))
         c.timeout = timeout
         if c.sock is not None:
             c.sock.settimeout(timeout)
         return c
 
-    def _drop(self, scheme: str, netloc: str) -> None:
-        c = self._conns.by_origin.pop((scheme, netloc), None)
-        if c is not None:
+    def _give_back(self, resp: http.client.HTTPResponse) -> None:
+        """The response's connection back to the idle ones (its body read to the end), or closed."""
+        origin, conn = resp._weightd_conn   # type: ignore[attr-defined]
+        if resp.will_close or conn.sock is None:
+            conn.close()
+            return
+        with self._idle_lock:
+            idle = self._idle.setdefault(origin, [])
+            if len(idle) < self.concurrency + 2:
+                idle.append(conn)
+                return
+        conn.close()
+
+    def abandon(self, resp: http.client.HTTPResponse) -> None:
+        """A response not read to its end (an error, a refusal): its connection is closed, never reused."""
+        resp.close()
+        resp._weightd_conn[1].close()   # type: ignore[attr-defined]
+
+    def done(self, resp: http.client.HTTPResponse) -> None:
+        """A streamed response read to its end: its connection is kept for the next request."""
+        self._give_back(resp)
+
+    def read_timeout(self, resp: http.client.HTTPResponse, left_s: float) -> None:
+        """A streamed response's next read waits at most ``left_s`` (the caller's deadline)."""
+        conn = resp._weightd_conn[1]   # type: ignore[attr-defined]
+        if conn.sock is not None:
+            conn.sock.settimeout(max(0.05, min(left_s, IO_TIMEOUT_S)))
+
+    def close(self) -> None:
+        """Close the kept-alive connections (the node's close)."""
+        with self._idle_lock:
+            conns = [c for idle in self._idle.values() for c in idle]
+            self._idle.clear()
+        for c in conns:
             c.close()
 
     # -- requests -------------------------------------------------------------------------------------
@@ -196,22 +223,21 @@ class RegistryClient:
             resp = self._send(u.scheme, u.netloc, method, target, hdrs, body, deadline, what)
             if resp.status == 401 and ours:
                 challenge = resp.headers.get("WWW-Authenticate", "")
-                self._finish(resp, u, 64 << 10)
+                self._finish(resp, 64 << 10)
                 if hop < 3 and self._authenticate(challenge, path_repo(u.path), push, deadline, what,
                                                   sent="Authorization" in hdrs):
                     continue   # (the same request, now with what the challenge asked for)
                 raise auth.refused(self, what, challenge)
             if resp.status in (301, 302, 303, 307, 308) and method in ("GET", "HEAD") and resp.getheader("Location"):
-                self._finish(resp, u, 64 << 10)
+                self._finish(resp, 64 << 10)
                 url = urljoin(url, resp.getheader("Location"))
                 continue
             if resp.status in expect:
                 if stream:
-                    resp._weightd_origin = (u.scheme, u.netloc)   # type: ignore[attr-defined]
                     return resp
-                data = self._finish(resp, u, limit, what=what)
+                data = self._finish(resp, limit, what=what)
                 return Reply(resp.status, resp.headers, data, url)
-            data = self._finish(resp, u, 64 << 10)
+            data = self._finish(resp, 64 << 10)
             raise self._status_error(resp.status, data, what)
         raise RegistryError(f"{self.url}: {what}: too many redirects")
 
@@ -220,64 +246,48 @@ class RegistryClient:
         left = IO_TIMEOUT_S if deadline is None else deadline - time.monotonic()
         if left <= 0:
             raise TimedOut(f"{self.url}: {what}: not started before the deadline")
-        conn = self._conn(scheme, netloc, min(IO_TIMEOUT_S, left))
+        conn = self._take((scheme, netloc), min(IO_TIMEOUT_S, left))
         try:
             conn.request(method, target, body=body, headers={"User-Agent": "weightd", **headers})
-            return conn.getresponse()
-        except ssl.SSLError as exc:
-            self._drop(scheme, netloc)
-            raise RegistrySetupError(f"{self.url}: {what}: TLS with {netloc} failed ({exc.reason or exc}): set "
-                                     f"[tiers.cold] ca_file to the CA that signed its certificate") from None
-        except (socket.timeout, TimeoutError):
-            self._drop(scheme, netloc)
-            if deadline is not None and time.monotonic() >= deadline - 0.05:
-                raise TimedOut(f"{self.url}: {what}: the registry did not answer before the deadline") from None
-            raise Transient("timeout", f"no answer in {IO_TIMEOUT_S:g} s") from None
-        except ConnectionRefusedError:
-            self._drop(scheme, netloc)
-            raise Transient("unreachable", "connection refused") from None
-        except socket.gaierror as exc:
-            self._drop(scheme, netloc)
-            raise Transient("unreachable", f"unknown host ({exc.strerror})") from None
-        except (OSError, http.client.HTTPException) as exc:
-            self._drop(scheme, netloc)   # (a kept-alive connection the registry closed: asked again)
-            raise Transient("error", f"{type(exc).__name__}: {exc}") from None
+            resp = conn.getresponse()
+            resp._weightd_conn = ((scheme, netloc), conn)   # type: ignore[attr-defined]
+            return resp
+        except BaseException as exc:
+            conn.close()   # (a kept-alive connection the registry closed, a refusal, a reset: never reused)
+            if isinstance(exc, ssl.SSLError):
+                raise RegistrySetupError(f"{self.url}: {what}: TLS with {netloc} failed ({exc.reason or exc}): set "
+                                         f"[tiers.cold] ca_file to the CA that signed its certificate") from None
+            if isinstance(exc, (socket.timeout, TimeoutError)):
+                if deadline is not None and time.monotonic() >= deadline - 0.05:
+                    raise TimedOut(f"{self.url}: {what}: the registry did not answer before the deadline") from None
+                raise Transient("timeout", f"no answer in {IO_TIMEOUT_S:g} s") from None
+            if isinstance(exc, ConnectionRefusedError):
+                raise Transient("unreachable", "connection refused") from None
+            if isinstance(exc, socket.gaierror):
+                raise Transient("unreachable", f"unknown host ({exc.strerror})") from None
+            if isinstance(exc, (OSError, http.client.HTTPException)):
+                raise Transient("error", f"{type(exc).__name__}: {exc}") from None
+            raise
 
-    def _finish(self, resp: http.client.HTTPResponse, u: Any, limit: int | None, *, what: str = "") -> bytes:
+    def _finish(self, resp: http.client.HTTPResponse, limit: int | None, *, what: str = "") -> bytes:
         """The body read to its end (the connection kept for the next request), at most ``limit``."""
         n = resp.getheader("Content-Length")
-        if limit is not None and n is not None and n.isdigit() and int(n) > limit:
-            resp.close()
-            self._drop(u.scheme, u.netloc)
-            raise BadInput(f"{self.url}: {what}: {n} bytes, more than the {limit} allowed; not read")
         try:
+            if limit is not None and n is not None and n.isdigit() and int(n) > limit:
+                raise BadInput(f"{self.url}: {what}: {n} bytes, more than the {limit} allowed; not read")
             data = resp.read(limit + 1) if limit is not None else resp.read()
             if limit is not None and len(data) > limit:
-                resp.close()
-                self._drop(u.scheme, u.netloc)
                 raise BadInput(f"{self.url}: {what}: more than the {limit} bytes allowed; not read further")
             if not resp.isclosed():
                 resp.read()
+        except BadInput:
+            self.abandon(resp)
+            raise
         except (OSError, http.client.HTTPException) as exc:
-            self._drop(u.scheme, u.netloc)
+            self.abandon(resp)
             raise Transient("error", f"the response broke: {type(exc).__name__}") from None
-        if resp.will_close:
-            self._drop(u.scheme, u.netloc)
+        self._give_back(resp)
         return data
-
-    def abandon(self, resp: http.client.HTTPResponse) -> None:
-        """A streamed response not read to its end: its connection is closed (never reused)."""
-        resp.close()
-        origin = getattr(resp, "_weightd_origin", None)
-        if origin is not None:
-            self._drop(*origin)
-
-    def read_timeout(self, resp: http.client.HTTPResponse, left_s: float) -> None:
-        """A streamed response's next read waits at most ``left_s`` (the caller's deadline)."""
-        origin = getattr(resp, "_weightd_origin", None)
-        conn = self._conns.by_origin.get(origin) if origin is not None else None
-        if conn is not None and conn.sock is not None:
-            conn.sock.settimeout(max(0.05, min(left_s, IO_TIMEOUT_S)))
 
     def _status_error(self, status: int, data: bytes, what: str) -> TieringError:
         codes = error_codes(data)

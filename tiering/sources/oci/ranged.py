@@ -248,7 +248,6 @@ def fetch_range(c: RegistryClient, repo: str, t: _Target, start: int, end: int, 
     except BaseException:
         c.abandon(resp)
         raise
-    if resp.will_close:
-        c.abandon(resp)
+    c.done(resp)
     c.stats.count("get", pos - start)
 
