@@ -88,7 +88,7 @@ def test_a_good_file_and_what_selects_this_node(tmp_path: Path) -> None:
     ('[[keep]]\nmodel = "a/b@latest"\nbandwidth = "fast"\n', None),
     ('[[keep]]\nmodel = "a/b@latest"\npin = "yes"\n', "intent f.toml: keep #1.pin: expected true or false"),
     ('[[keep]]\nmodel = "../etc@latest"\n', None),
-    ('[model]\nx = 1\n', "intent f.toml: model: unknown table (an intent file holds [[keep]] entries)"),
+    ('[model]\nx = 1\n', "intent f.toml: model: unknown table (an intent file holds [[keep]] and [[import]] entries)"),
     ('keep = 3\n', "intent f.toml: keep: expected [[keep]] entries (an array of tables)"),
     ('[[keep]\n', None),
     ('[[keep]]\nmodel = "a/b@v1"\nlayers = "9-1"\n', "intent f.toml: keep #1.layers: expected A-B with 0 <= A <= B, got 9-1"),

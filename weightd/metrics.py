@@ -98,6 +98,9 @@ class Metrics:
                                      "running)", registry=registry)
         self.intent_failures = Counter("weightd_intent_fetch_failures", "Transfers fleet intent started that "
                                        "failed (retried after a back-off)", ["model"], registry=registry)
+        self.intent_imports = Counter("weightd_intent_imports", "Checks of intent's [[import]] entries, by result: "
+                                      "published (a new commit imported), up_to_date, failed", ["result"],
+                                      registry=registry)
         self.intent_prewarms = Counter("weightd_intent_prewarms", "Models prewarmed because the forecaster "
                                        "expected them", ["tier"], registry=registry)
         self.model_ready = Gauge("weightd_model_ready", "A complete copy of the version is in the tier (1)",

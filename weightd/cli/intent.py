@@ -32,9 +32,11 @@ def _daemon(app: AppContext, what: str) -> Any:
 @click.argument("directory", required=False, type=click.Path(path_type=Path))
 @click.option("--label", "labels", multiple=True, metavar="KEY=VALUE", help="A node label to select with "
               "(repeatable; default: [intent] labels and labels_file).")
+@click.option("--origin", "as_origin", is_flag=True, help="Select as a daemon run with --role origin would "
+              "([[import]] entries without nodes run there).")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
-def check(app: AppContext, directory: Path | None, labels: tuple[str, ...], as_json: bool) -> None:
+def check(app: AppContext, directory: Path | None, labels: tuple[str, ...], as_origin: bool, as_json: bool) -> None:
     """Read the intent files as the daemon would and show the entries that select this node.
 
     Example: weightd intent check /etc/weightd/intent.d --label pool=chat"""
@@ -52,8 +54,9 @@ def check(app: AppContext, directory: Path | None, labels: tuple[str, ...], as_j
         have[k] = v
     intent = load_intent(d.absolute())
     entries = intent.for_node(have)
+    imports = intent.imports_for(have, origin=as_origin)
     doc = {"dir": str(d), "labels": have, "entries_in_files": len(intent.entries),
-           "entries": [e.to_dict() for e in entries]}
+           "entries": [e.to_dict() for e in entries], "imports": [e.to_dict() for e in imports]}
     if as_json:
         return output.emit_json("intent.check", doc)
     click.echo(f"{d}: {len(intent.entries)} entr{'y' if len(intent.entries) == 1 else 'ies'}, "
@@ -64,6 +67,8 @@ def check(app: AppContext, directory: Path | None, labels: tuple[str, ...], as_j
                  f"cap {format_rate(e.bandwidth)}" if e.bandwidth else "", f"versions {e.versions}" if e.versions > 1 else ""]
         click.echo(f"  {e.where:<24} {e.model:<40} {e.tier:<5} priority {e.priority:<6} "
                    + " ".join(x for x in extra if x))
+    for i in imports:
+        click.echo(f"  {i.where:<24} {i.name:<40} from {i.source} every {output.format_duration(i.every_s)}")
 
 
 @intent_group.command("status")
@@ -90,6 +95,10 @@ def status(app: AppContext, as_json: bool) -> None:
         kept = f" kept {','.join(r['kept'])}" if r.get("kept") else ""
         click.echo(f"  {r['entry']:<22} {r['model']:<34} {r['tier']:<5} {r['state'].upper():<12} "
                    f"want {r.get('want') or '-'}{kept}")
+        if r.get("reason"):
+            click.echo(f"      {output.printable(r['reason'])}")
+    for r in st.get("imports") or []:
+        click.echo(f"  {r['entry']:<22} {r['name']:<34} {'':<5} {r['state'].upper():<12} from {r['source']}")
         if r.get("reason"):
             click.echo(f"      {output.printable(r['reason'])}")
     if st.get("report_error"):

@@ -24,9 +24,11 @@ from typing import TYPE_CHECKING, Any, Callable
 from ..errors import IntentError
 from ..intent.files import fingerprint, load_intent, read_labels
 from ..intent.reconcile import Failure, Fetch, Plan, plan
+from ..intent.imports import ImportEntry
 from ..intent.spec import KeepEntry
 from .intent_catalog import IntentCatalog, held_of
 from .intent_fleet import HoldingsReport, RolloutSlots, node_name, origin_client
+from .intent_import import HubImports
 from .intent_prewarm import Prewarmer
 from .intent_state import HISTORY_FILE, PINS_FILE, load_pins, save_pins
 
@@ -40,6 +42,7 @@ class IntentRunner:
     def __init__(self, d: "DaemonContext", *, clock: Callable[[], float] = time.time) -> None:
         self.d, self.clock = d, clock
         self.entries: list[KeepEntry] = []
+        self.import_entries: list[ImportEntry] = []   # [[import]] entries this node runs
         self.source: str | None = None          # the directory the running intent came from
         self.loaded_at: float | None = None
         self.error: dict[str, Any] | None = None
@@ -50,6 +53,7 @@ class IntentRunner:
         self.failures: dict[tuple[str, str, str], Failure] = {}
         self.fetching: dict[tuple[str, str, str], asyncio.Task[None]] = {}
         self.wake = asyncio.Event()
+        self.imports = HubImports(d, clock, self.wake)
         self.rounds = 0
         state = d.config.settings.state_dir
         self.catalog = IntentCatalog(d)
@@ -100,6 +104,7 @@ class IntentRunner:
         now = self.clock()
         self.rounds += 1
         await self._read_intent(fp)
+        self.imports.run(self.import_entries)
         # an entry without patterns keeps what a preload of the model keeps: its default patterns, if any
         entries = [e if e.selection is not None else replace(e, selection=d.service.selection_for(e.name))
                    for e in self.entries]
@@ -140,6 +145,7 @@ class IntentRunner:
                 log.info("intent: [intent] dir removed from the config; dropping the %d entries of %s",
                          len(self.entries), self.source)
                 self.entries, self.source, self.error, self.loaded_at = [], None, None, None
+                self.import_entries = []
             return
         try:
             if fp == ("missing",) and self.source is not None:
@@ -149,6 +155,7 @@ class IntentRunner:
             intent = await self.d.run_blocking("misc", load_intent, directory, trusted_uids=self._trusted())
             labels = await self.d.run_blocking("misc", read_labels, self.cfg.labels_file, self.cfg.labels)
             entries = intent.for_node(labels)
+            imports = intent.imports_for(labels, origin=self.d.role == "origin")
         except IntentError as exc:
             msg = str(exc)
             if self.error is None or self.error["error"] != msg:
@@ -162,7 +169,11 @@ class IntentRunner:
             log.info("intent: %d entr%s for this node (of %d in %s; labels %s)", len(entries),
                      "y" if len(entries) == 1 else "ies", len(intent.entries), directory,
                      ",".join(f"{k}={v}" for k, v in sorted(labels.items())) or "none")
+        if [e.to_dict() for e in imports] != [e.to_dict() for e in self.import_entries]:
+            log.info("intent: %d [[import]] entr%s for this node", len(imports), "y" if len(imports) == 1 else "ies")
+            changed = True
         self.entries, self.labels, self.source, self.error = entries, labels, str(directory), None
+        self.import_entries = imports
         self.loaded_at = self.clock() if changed or self.loaded_at is None else self.loaded_at
         self.fingerprint = fp
 
@@ -269,13 +280,14 @@ class IntentRunner:
     def close(self) -> bool:
         """At exit: True if a cold listing is still running (the daemon then exits hard, as it does
         for a copy still running: a hung cold server must not hold the exit)."""
+        self.imports.close()
         return self.catalog.close()
 
     # -- what `weightd intent status|explain` shows ----------------------------------------------------
     def status(self) -> dict[str, Any]:
         return {"dir": str(self.cfg.dir) if self.cfg.dir else None, "node": self.node_name, "labels": self.labels,
                 "loaded_at": self.loaded_at, "error": self.error, "rounds": self.rounds,
-                "entries": self.plan.rows,
+                "entries": self.plan.rows, "imports": self.imports.status(),
                 "serving": {m: {"version": v, "tier": t} for m, (v, t) in sorted(self.plan.serving.items())},
                 "report_error": self.report.error}
 

@@ -14,7 +14,8 @@ from typing import Any, Mapping
 
 from ..errors import IntentError
 from .selector import _check_key, _check_value
-from .spec import Intent, KeepEntry, parse_text
+from .imports import ImportEntry
+from .spec import Intent, KeepEntry, parse_document
 
 MAX_FILES = 256
 MAX_FILE_BYTES = 1 << 20
@@ -104,6 +105,7 @@ def load_intent(directory: Path, *, trusted_uids: tuple[int, ...] | None = None)
     if len(files) > MAX_FILES:
         raise IntentError(str(directory), f"{len(files)} intent files; at most {MAX_FILES}")
     entries: list[KeepEntry] = []
+    imports: list[ImportEntry] = []
     for n in files:
         path = directory / n
         try:   # (a ConfigMap's files are links: followed here)
@@ -127,10 +129,12 @@ def load_intent(directory: Path, *, trusted_uids: tuple[int, ...] | None = None)
             text = raw.decode()
         except UnicodeDecodeError:
             raise IntentError(n, "not UTF-8 text") from None
-        entries.extend(parse_text(n, text))
-        if len(entries) > MAX_ENTRIES:
+        keep, imp = parse_document(n, text)
+        entries.extend(keep)
+        imports.extend(imp)
+        if len(entries) + len(imports) > MAX_ENTRIES:
             raise IntentError(n, f"more than {MAX_ENTRIES} entries in {directory}")
-    return Intent(str(directory), tuple(entries), fp)
+    return Intent(str(directory), tuple(entries), fp, tuple(imports))
 
 
 def read_labels(path: Path | None, fixed: Mapping[str, str], *,

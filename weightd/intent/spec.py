@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
 from ..errors import IntentError
+from .imports import ImportEntry, imports_for, parse_imports
 from .selector import Selector, parse_selector
 from .window import Window, parse_window
 
@@ -212,18 +213,25 @@ _SETTINGS = (("tier", _tier), ("pin", _pin), ("nodes", _nodes), ("priority", _pr
              *((k, _pattern(k)) for k in _SELECTION_KEYS))
 
 
-def parse_text(file: str, text: str) -> list[KeepEntry]:
+def parse_document(file: str, text: str) -> tuple[list[KeepEntry], list[ImportEntry]]:
+    """An intent file's ``[[keep]]`` and ``[[import]]`` entries (:mod:`.imports`)."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise IntentError(file, f"invalid TOML: {exc}") from None
-    unknown = [k for k in data if k != "keep"]
+    unknown = [k for k in data if k not in ("keep", "import")]
     if unknown:
-        raise IntentError(file, "unknown table (an intent file holds [[keep]] entries)", unknown[0])
+        raise IntentError(file, "unknown table (an intent file holds [[keep]] and [[import]] entries)", unknown[0])
     keep = data.get("keep", [])
     if not isinstance(keep, list):
         raise IntentError(file, "expected [[keep]] entries (an array of tables)", "keep")
-    return [e for i, raw in enumerate(keep, 1) for e in _entries(file, i, raw)]
+    imports = parse_imports(file, data["import"]) if "import" in data else []
+    return [e for i, raw in enumerate(keep, 1) for e in _entries(file, i, raw)], imports
+
+
+def parse_text(file: str, text: str) -> list[KeepEntry]:
+    """The ``[[keep]]`` entries of an intent file (its ``[[import]]`` entries checked too)."""
+    return parse_document(file, text)[0]
 
 # -- the directory ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
@@ -232,6 +240,11 @@ class Intent:
     directory: str
     entries: tuple[KeepEntry, ...]
     fingerprint: tuple[Any, ...]
+    imports: tuple[ImportEntry, ...] = ()
+
+    def imports_for(self, labels: Mapping[str, str], origin: bool) -> list[ImportEntry]:
+        """The ``[[import]]`` entries this node runs (:func:`.imports.imports_for`)."""
+        return imports_for(self.imports, labels, origin)
 
     def for_node(self, labels: Mapping[str, str]) -> list[KeepEntry]:
         """The entries that select this node, one per model reference (the highest priority wins), in
