@@ -55,6 +55,51 @@ def test_publish_then_fetch_round_trip_hashing_as_bytes_arrive(s3_endpoint, buck
     assert "acme/m/v1/.weightd/manifest.json" in keys and not any("publishing" in k for k in keys)
 
 
+def test_every_file_s_sha256_is_taken_in_order_as_its_ranges_arrive(s3_endpoint, bucket, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A signed version's digests from the download itself: ranges arrive out of order (many small
+    ones, 4 at a time), some parts are already in the directory (not asked for, read there), and
+    each file's SHA-256 is still that of its whole content; nothing is held beyond the hash."""
+    import hashlib
+
+    from tiering.sources.s3 import ranged
+    src = make_checkpoint(tmp_path / "src", total_bytes=24 * MiB, shards=2, layers=8, seed="sha")
+    m = labelled(src, "acme/sha", "v1")
+    c = cold(s3_endpoint, bucket, range_bytes=1 * MiB, concurrency=4)
+    c.publish(src, m, files_of(src, m))
+    want = {f.path: hashlib.sha256((src / f.path).read_bytes()).hexdigest() for f in m.files}
+    read_back: list[int] = []
+    real = ranged.InOrderDigest.hexdigest
+
+    def counted(self) -> str:
+        read_back.append(self.read_back)
+        return real(self)
+    monkeypatch.setattr(ranged.InOrderDigest, "hexdigest", counted)
+    digests: dict[str, str] = {}
+    with open_dir(tmp_path / "dst") as d:
+        assert c.fetch(m, d, crypto=hashlib.sha256, digests=digests) == m.total_bytes
+    assert digests == want
+    assert sum(read_back) < m.total_bytes   # most bytes hashed as they streamed, not read back
+    # some parts already here (as a delta or a resumed transfer leaves them): read from the file
+    big = max(m.files, key=lambda f: f.size)
+    kept = big.parts(m.chunk_size)[::2]
+    body, partial = (src / big.path).read_bytes(), bytearray(big.size)   # only the kept parts' bytes here
+    for p in kept:
+        partial[p.begin:p.end] = body[p.begin:p.end]
+    with open_dir(tmp_path / "dst2") as d:
+        (tmp_path / "dst2" / big.path).write_bytes(partial)
+        digests = {}
+        got = c.fetch(m, d, crypto=hashlib.sha256, digests=digests, have={big.path: {p.label for p in kept}})
+    assert got < m.total_bytes and digests == want
+    # the whole file here: no request for it, its digest read from it
+    with open_dir(tmp_path / "dst3") as d:
+        (tmp_path / "dst3" / big.path).write_bytes((src / big.path).read_bytes())
+        digests = {}
+        c.fetch(m, d, crypto=hashlib.sha256, digests=digests,
+                have={big.path: {p.label for p in big.parts(m.chunk_size)}})
+    assert digests == want
+
+
 def test_a_version_is_invisible_until_its_manifest_exists(s3_endpoint, bucket, tmp_path: Path) -> None:
     src = make_checkpoint(tmp_path / "src", total_bytes=2 * MiB, shards=1, layers=2, seed="half")
     c = cold(s3_endpoint, bucket)
@@ -662,9 +707,13 @@ def test_a_response_cut_short_is_retried_then_a_one_line_error(s3_endpoint, buck
         c = cold(proxy.endpoint, bucket, range_bytes=2 * MiB, concurrency=2)
         with open_dir(tmp_path / "dst") as d:
             if cuts < 5:
-                assert c.fetch(m, d) == m.total_bytes
+                import hashlib
+                digests: dict[str, str] = {}
+                assert c.fetch(m, d, crypto=hashlib.sha256, digests=digests) == m.total_bytes
                 assert sum(c.stats.errors.values()) >= cuts  # each cut seen, counted, and the range asked again
                 assert not verify_checkpoint(tmp_path / "dst", m).problems
+                # the file's SHA-256 was being taken from the range that broke: restored, not fed twice
+                assert digests == {f.path: hashlib.sha256((src / f.path).read_bytes()).hexdigest() for f in m.files}
             else:
                 with pytest.raises(ObjectStoreError) as ei:
                     c.fetch(m, d)

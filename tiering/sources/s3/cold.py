@@ -42,8 +42,10 @@ class ObjectCold(S3Client):
         return catalog.versions(self, name)
 
     def fetch(self, m: Manifest, dest: Dir, *, deadline: float | None = None, progress: ProgressFn | None = None,
-              skip: set[str] | None = None, have: dict[str, set[str]] | None = None) -> int:
-        return ranged.fetch(self, m, dest, deadline=deadline, progress=progress, skip=skip, have=have)
+              skip: set[str] | None = None, have: dict[str, set[str]] | None = None,
+              crypto: Callable[[], Any] | None = None, digests: dict[str, str] | None = None) -> int:
+        return ranged.fetch(self, m, dest, deadline=deadline, progress=progress, skip=skip, have=have,
+                            crypto=crypto, digests=digests)
 
     def _fetch_group(self, f: FileEntry, key: str, fd: int, group: ranged.Group, obj: ranged.ObjectVersion,
                      deadline: float | None, progress: ProgressFn | None) -> int:

@@ -22,7 +22,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from ..._syscalls import fallocate, start_writeback
 from ...content.manifest import FileEntry, Manifest
@@ -66,6 +66,71 @@ class ObjectVersion:
                                 f"{self.etag}): republished under the same name? preload again")
 
 
+class InOrderDigest:
+    """A file's whole-file digest (a signature's SHA-256) taken in order while its ranges arrive out of
+    order, in no memory beyond the hash: the range that begins where the hashed prefix ends is hashed
+    as it streams (the one "live" range); a range that arrives ahead of the prefix, and bytes not
+    downloaded (parts already here), are read back from the file (the page cache) once the prefix
+    reaches them. ``read_back`` counts those bytes. Thread-safe (one live range at a time)."""
+
+    def __init__(self, crypto: Callable[[], Any], fd: int, size: int, fetched: list[tuple[int, int]]) -> None:
+        self.hasher, self.fd, self.size = crypto(), fd, size
+        self.next = 0            # bytes hashed so far
+        self.read_back = 0
+        self.done: dict[int, int] = {}   # start -> end: in the file, not yet hashed
+        pos = 0
+        for s, e in sorted(fetched):
+            if s > pos:
+                self.done[pos] = s
+            pos = max(pos, e)
+        if self.size > pos:
+            self.done[pos] = self.size
+        self._live = False
+        self._saved: Any = None
+        self._lock = threading.Lock()
+
+    def begin(self, start: int) -> Callable[[Any], None] | None:
+        """The hash's update to feed this range's bytes to as they stream, when it begins at the
+        prefix (else None: it is read back once the prefix reaches it)."""
+        with self._lock:
+            self._drain()
+            if self._live or self.next != start:
+                return None
+            self._live, self._saved = True, self.hasher.copy()
+            return self.hasher.update
+
+    def finish(self, start: int, end: int, live: bool) -> None:
+        with self._lock:
+            if live:
+                self.next, self._live = end, False
+            else:
+                self.done[start] = end
+            self._drain()
+
+    def abort(self, live: bool) -> None:
+        """The live range failed midway (asked again): the hash as it was where the range began."""
+        if live:
+            with self._lock:
+                self.hasher, self._live = self._saved, False
+
+    def hexdigest(self) -> str:
+        with self._lock:
+            self._drain()
+            assert self.next == self.size and not self.done, (self.next, self.size, self.done)
+            return self.hasher.hexdigest()
+
+    def _drain(self) -> None:
+        while not self._live and self.next in self.done:
+            end = self.done.pop(self.next)
+            while self.next < end:
+                piece = os.pread(self.fd, min(STREAM_CHUNK, end - self.next), self.next)
+                if not piece:
+                    raise IntegrityError(f"{self.size}-byte file ends at {self.next} while its digest is taken")
+                self.hasher.update(piece)
+                self.next += len(piece)
+                self.read_back += len(piece)
+
+
 @dataclass
 class _Target:
     file: FileEntry
@@ -73,15 +138,18 @@ class _Target:
     fd: int
     groups: list[Group]
     obj: ObjectVersion
+    digest: InOrderDigest | None = None
 
 
 def fetch(s3: S3Client, m: Manifest, dest: Dir, *, deadline: float | None = None, progress: ProgressFn | None = None,
-          skip: set[str] | None = None, have: dict[str, set[str]] | None = None) -> int:
+          skip: set[str] | None = None, have: dict[str, set[str]] | None = None,
+          crypto: Callable[[], Any] | None = None, digests: dict[str, str] | None = None) -> int:
     """Download every file of ``m`` (but ``skip``) into ``dest``, hashing each manifest part as its
     bytes arrive (IntegrityError naming the part on a mismatch). ``have``: parts (by label, per
     file) already in ``dest`` and verified (a delta's donor bytes, what an interrupted transfer
-    left): only the other parts are asked for, and those files are written in place. Returns the
-    bytes downloaded."""
+    left): only the other parts are asked for, and those files are written in place. With
+    ``crypto`` (a hasher factory, e.g. hashlib.sha256) every file's digest is taken on the way
+    (:class:`InOrderDigest`) and put in ``digests`` by path. Returns the bytes downloaded."""
     deadline = deadline_of(deadline)
     targets: list[_Target] = []
     try:
@@ -90,9 +158,20 @@ def fetch(s3: S3Client, m: Manifest, dest: Dir, *, deadline: float | None = None
                 continue
             target = _open_target(s3, m, f, dest, (have or {}).get(f.path, set()), deadline)
             if target is not None:
+                if crypto is not None:
+                    target.digest = InOrderDigest(crypto, target.fd, f.size,
+                                                  [(a, b) for g in target.groups for a, b, _ in g.ranges])
                 targets.append(target)
+            elif crypto is not None and digests is not None:   # every part of it here already: read it
+                fd = dest.open(f.path, os.O_RDONLY)
+                try:
+                    digests[f.path] = InOrderDigest(crypto, fd, f.size, []).hexdigest()
+                finally:
+                    os.close(fd)
         total = _download(s3, targets, deadline, progress)
         for t in targets:
+            if t.digest is not None and digests is not None:
+                digests[t.file.path] = t.digest.hexdigest()
             os.fsync(t.fd)
     finally:
         for t in targets:
@@ -130,8 +209,12 @@ def _download(s3: S3Client, targets: list[_Target], deadline: float | None, prog
         # preallocation (a full tier fails early) runs beside the first ranges, not before them:
         # on tmpfs it zero-fills every page (0.3 s a GiB here), and a range written first is kept
         futures = [pool.submit(preallocate, t.fd, t.file.size) for t in targets]
-        futures += [pool.submit(fetch_group, s3, t.file, t.key, t.fd, g, t.obj, deadline, progress)
-                    for t in targets for g in t.groups]
+        # every file's first group, then every file's second...: a file's next range tends to start
+        # once the one before it is done, so a whole-file digest is taken as the bytes stream
+        futures += [pool.submit(fetch_group, s3, t.file, t.key, t.fd, t.groups[i], t.obj, deadline, progress,
+                                t.digest)
+                    for i in range(max((len(t.groups) for t in targets), default=0))
+                    for t in targets if i < len(t.groups)]
         try:
             for fut in futures:
                 total += fut.result()
@@ -143,7 +226,7 @@ def _download(s3: S3Client, targets: list[_Target], deadline: float | None, prog
 
 
 def fetch_group(s3: S3Client, f: FileEntry, key: str, fd: int, group: Group, obj: ObjectVersion,
-                deadline: float | None, progress: ProgressFn | None) -> int:
+                deadline: float | None, progress: ProgressFn | None, digest: InOrderDigest | None = None) -> int:
     """One worker's share: consecutive whole parts (or one large part in order). Each range is read
     as a stream of STREAM_CHUNK pieces (memory per worker stays at one piece, whatever the range
     size), written at its offset and fed to its parts' hashes; a range that fails midway is asked
@@ -155,10 +238,12 @@ def fetch_group(s3: S3Client, f: FileEntry, key: str, fd: int, group: Group, obj
         saved = {p.label: group.hashers[p.label].copy() for p, _, _ in parts if p.label in group.hashers}
         delay = 0.2
         for attempt in range(RETRIES + 1):
+            feed = digest.begin(start) if digest is not None else None
             try:
-                fetch_range(s3, key, fd, start, end, parts, group, obj, progress, deadline)
-                break
+                fetch_range(s3, key, fd, start, end, parts, group, obj, progress, deadline, feed)
             except ObjectStoreError as exc:
+                if digest is not None:
+                    digest.abort(feed is not None)
                 if exc.kind not in ("throttled", "error", "short_read") or attempt == RETRIES or \
                         (deadline is not None and time.monotonic() + delay > deadline):
                     raise
@@ -169,6 +254,10 @@ def fetch_group(s3: S3Client, f: FileEntry, key: str, fd: int, group: Group, obj
                         group.hashers.pop(p.label, None)
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
+                continue
+            if digest is not None:
+                digest.finish(start, end, feed is not None)
+            break
         got += end - start
     return got
 
@@ -178,9 +267,9 @@ class _RangeWriter:
     hashes (IntegrityError when a part ends and does not match the manifest)."""
 
     def __init__(self, where: str, fd: int, start: int, end: int, parts: list[Span], group: Group,
-                 progress: ProgressFn | None) -> None:
+                 progress: ProgressFn | None, feed: Callable[[Any], None] | None = None) -> None:
         self.where, self.fd, self.start, self.end = where, fd, start, end
-        self.parts, self.group, self.progress = parts, group, progress
+        self.parts, self.group, self.progress, self.feed = parts, group, progress, feed
         self.pos = start
 
     def __call__(self, chunk: Any) -> None:
@@ -200,13 +289,16 @@ class _RangeWriter:
             if b == part.end and h.hexdigest() != part.xxh3_128:
                 raise IntegrityError(f"{self.where}: {part.label} does not match the manifest "
                                      f"(expected {part.xxh3_128}, got {h.hexdigest()})")
+        if self.feed is not None:
+            self.feed(view)
         self.pos += n
         if self.progress is not None:
             self.progress(n)
 
 
 def fetch_range(s3: S3Client, key: str, fd: int, start: int, end: int, parts: list[Span], group: Group,
-                obj: ObjectVersion, progress: ProgressFn | None, deadline: float | None = None) -> None:
+                obj: ObjectVersion, progress: ProgressFn | None, deadline: float | None = None,
+                feed: Callable[[Any], None] | None = None) -> None:
     """One ranged GET, its object checked (:meth:`ObjectVersion.check`) before a byte is written,
     streamed to ``fd`` and hashed as it arrives, ended at ``deadline`` (TimedOut) even when the store
     stops sending mid-body (the request is cancelled, its connection dropped)."""
@@ -218,7 +310,7 @@ def fetch_range(s3: S3Client, key: str, fd: int, start: int, end: int, parts: li
     if etag:
         opts["if_match"] = etag  # replaced mid-download: 412, never a mix of two objects
     what = f"{key} bytes {start}-{end}"
-    write = _RangeWriter(f"{s3.url}/{key}", fd, start, end, parts, group, progress)
+    write = _RangeWriter(f"{s3.url}/{key}", fd, start, end, parts, group, progress, feed)
 
     async def get() -> None:
         res = await obstore.get_async(s3.store, key, options=opts)
