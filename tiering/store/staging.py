@@ -89,7 +89,7 @@ class StagingArea:
         elif not verified:
             verify_checkpoint(self.dir, m, progress=progress).raise_for_problems()
         set_phase(progress, "fsync", total=0)
-        self.dir.fsync_tree()
+        fsync_dirs(self.dir)
         with root.sub(name, create=True, mode=DIR_MODE) as parent:
             self.area.rename(self.sid, parent, version)
             parent.fsync()
@@ -115,6 +115,23 @@ class StagingArea:
             if not keep:
                 self.area.unlink(f"{self.sid}.json")
             self.close()
+
+
+def fsync_dirs(d: Dir) -> None:
+    """fsync every directory beneath ``d``, then ``d`` (what :meth:`Dir.fsync_tree` does), telling
+    directories from files by the type the listing gives (``d_type``) instead of an ``lstat`` of every
+    entry: a compile cache's 10,000 files cost no system call here. Each directory is opened
+    ``O_NOFOLLOW | O_DIRECTORY`` beneath its parent's descriptor (a symlink is never entered)."""
+    fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=d.fd)   # (its own offset)
+    try:
+        with os.scandir(fd) as it:
+            names = [e.name for e in it if e.is_dir(follow_symlinks=False)]
+    finally:
+        os.close(fd)
+    for name in sorted(names):
+        with d.sub(name) as sub:
+            fsync_dirs(sub)
+    d.fsync()
 
 
 def _worth_keeping(exc: object) -> bool:
