@@ -399,3 +399,43 @@ def test_names_come_from_the_catalog_and_skip_what_is_not_weightds(registry: Reg
         c.read_manifest("foreign", "v1")
     with pytest.raises(BadInput, match="not an OCI repository path"):
         c.read_manifest("Acme/Up", "v1")
+
+
+def test_a_delta_update_fetches_only_the_changed_ranges(cli, oci_node, tmp_path: Path) -> None:
+    """v2 differs from v1 in two tensors: with v1 on the node, the registry serves those bytes only (the
+    report's cold bytes are what the registry sent, counted as the bodies arrive)."""
+    from tiering.sample import edited_copy
+    a = make_checkpoint(tmp_path / "a", total_bytes=16 * MiB, shards=2, layers=4, seed="da")
+    b = tmp_path / "b"
+    changed = sum(n for _, _, n in edited_copy(a, b, larger_than=64 << 10, every=3, count=2))
+    assert cli("publish", a, "--name", "acme/d", "--version", "v1").returncode == 0
+    assert cli("publish", b, "--name", "acme/d", "--version", "v2").returncode == 0
+    assert cli("preload", "acme/d@v1", "--tier", "warm").returncode == 0
+    r = cli("preload", "acme/d@v2", "--tier", "warm", "--json")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    mb = build_manifest(b)
+    assert rep["bytes_by_source"]["cold"] == changed == rep["store"]["bytes_read"], rep
+    assert rep["bytes_by_source"]["local_reuse"] == mb.total_bytes - changed
+    assert rep["delta"]["donors"] == ["acme/d@v1"] and rep["store"]["requests"]["get"] <= 2 + 3
+    assert not verify_checkpoint(Path(rep["path"]), mb).problems
+
+
+def test_publish_and_preload_through_a_daemon(oci_node, isolated_env, tmp_path: Path) -> None:
+    from .test_daemon import DaemonProc
+    d = DaemonProc(oci_node, isolated_env, tmp_path)
+    try:
+        def wd(*args: object) -> subprocess.CompletedProcess:
+            return subprocess.run([sys.executable, "-m", "weightd", "--daemon-only", "--config", str(oci_node.config),
+                                   *map(str, args)], capture_output=True, text=True, timeout=120, env=isolated_env,
+                                  cwd=ROOT)
+        src = make_checkpoint(tmp_path / "src", total_bytes=4 * MiB, shards=1, layers=2, seed="daemon")
+        r = wd("publish", src, "--name", "acme/dm", "--version", "v1")
+        assert r.returncode == 0, (r.stderr, d.log_path.read_text()[-2000:])
+        r = wd("preload", "acme/dm@v1", "--tier", "hot", "--json")
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["bytes_by_source"]["cold"] == build_manifest(src).total_bytes
+        assert_one_line_error(wd("preload", "acme/dm@v2"), 3, "acme/dm@v2")
+        assert d.metric('weightd_objstore_requests_total{op="get"}') > 0
+    finally:
+        d.stop()
