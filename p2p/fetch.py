@@ -2,9 +2,22 @@
 
 For a P2P-sized version with a torrent beside it, download from the swarm (starting at ``peers``, the
 origins; workers find each other by peer exchange and the tracker) into the staging area ``LocalNode``
-opened, then hand it back filled; the node verifies every file against the manifest and publishes
-atomically, as for any source. If no peer delivers for ``fallback_after_s`` (or libtorrent fails the
-transfer) the fetcher leaves the staging area as it found it and says so, and the node copies from cold.
+opened, then hand it back filled, and the node publishes it atomically, as for any source.
+
+Whether the node reads the files back to check them against the manifest (``FetchResult.verified``):
+libtorrent has checked every piece it wrote, and every donor piece it kept, against the torrent's
+SHA-256 merkle trees. That check is the manifest's when the torrent is **bound** to it (``bound_to``:
+made by ``make_torrent`` from bytes checked against this manifest in the same read) and the version is
+**unsigned** (a torrent beside the manifest in cold storage is then exactly as trusted as the manifest:
+whoever can rewrite one can rewrite the other). So the read-back is skipped when the torrent is bound,
+the version has no signature beside it, libtorrent confirmed its writes were flushed, and the staged
+files are exactly the manifest's names and sizes (a walk, no read). Otherwise (a torrent made by
+another tool or an older weightd, a signed version: its signature covers each file's SHA-256, not the
+torrent) the node reads every file back and checks it; bytes that fail there mark the torrent bad
+(``bad_torrents``: not used again by this daemon) and the node copies from cold.
+
+If no peer delivers for ``fallback_after_s`` (or libtorrent fails the transfer) the fetcher leaves the
+staging area as it found it and says so, and the node copies from cold.
 With fleet TLS (``P2PConfig.tls``), a torrent that carries no CA or another CA than the fleet's is not
 used at all: the same fallback, with the reason.
 
@@ -31,12 +44,12 @@ import logging
 import time
 from typing import TYPE_CHECKING, Callable
 
-from tiering import (DIR_MODE, DeltaPlan, Dir, FetchRequest, FetchResult, SourceFallback, is_whole, prefill_delta,
-                     set_phase)
+from tiering import (DIR_MODE, DeltaPlan, Dir, FetchRequest, FetchResult, Manifest, SourceFallback, TieringError,
+                     is_whole, prefill_delta, scan_dir, set_phase)
 
 from .config import P2PConfig
 from .errors import P2PError, TorrentRejected
-from .seeding import read_torrent
+from .seeding import is_signed, read_bound_torrent
 from .torrent import Subset, fleet_mismatch, subset_of
 
 if TYPE_CHECKING:
@@ -76,12 +89,13 @@ class P2PFetcher:
         if wanted < cfg.threshold or not cfg.peers:
             return FetchResult(False)
         try:
-            ti = read_torrent(src)
+            got = read_bound_torrent(src)
         except TorrentRejected as exc:
             log.warning("not using P2P for %s: %s", src.ref, exc)
             return FetchResult(False, fallback=SourceFallback("p2p", "cold", str(exc)))
-        if ti is None:
+        if got is None:
             return FetchResult(False)
+        ti, bound = got
         problem = fleet_mismatch(ti, cfg.tls)  # with fleet TLS: only torrents made with the fleet CA
         subset = None
         if problem is None and request.files is not None:
@@ -115,8 +129,16 @@ class P2PFetcher:
             (honest ones seeding that torrent would be), the torrent is not used again by this daemon."""
             session.bad_torrents.add(key)
             return f"; the torrent {key[:16]} describes other bytes than the manifest: not used again"
+        # libtorrent's piece checks are the manifest's check only for a bound torrent of an unsigned version
+        # (the module docstring says why); then the node reads nothing back
+        verified = bound and result.flushed and not is_signed(src) and \
+            _staged_as_listed(request.staging.dir, src.manifest, subset)
+        log.debug("p2p: %s downloaded, %s", src.ref, "checked by libtorrent against a torrent bound to the manifest"
+                  if verified else "to be read back and checked against the manifest")
         return FetchResult(True, {"origin": origin, "peer": peers, "local_reuse": result.local_bytes},
-                           swarm={"seconds": round(result.seconds, 2), **result.trace.to_dict()}, reject=reject)
+                           verified=verified, reject=reject,
+                           swarm={"seconds": round(result.seconds, 2), "read_back": not verified,
+                                  **result.trace.to_dict()})
 
     def _download(self, request: FetchRequest, ti: "lt.torrent_info", subset: Subset | None) -> "DownloadResult":
         """Download into ``staging/<version>/`` and move the files up into the staging directory; the
@@ -138,6 +160,22 @@ class P2PFetcher:
                                            files=subset.files if subset is not None else None)
             _move_up(inner, staging.dir, subset.files if subset is not None else None)
         return result
+
+
+def _staged_as_listed(staging: Dir, m: Manifest, subset: Subset | None) -> bool:
+    """The staging directory holds exactly the manifest's files (a partial copy: its files), each with
+    its size, and nothing else: read from the directory entries and inodes, not from the files."""
+    want = sorted((f.path, f.size) for f in m.files if subset is None or f.path in subset.files)
+    try:
+        have = sorted((f.relpath, f.size) for f in scan_dir(staging))
+    except (OSError, TieringError) as exc:
+        log.warning("p2p: cannot list the staged files (%s): they are read back and checked", exc)
+        return False
+    if have != want:
+        log.warning("p2p: the staged files are not the manifest's (%d staged, %d listed): they are read back and "
+                    "checked", len(have), len(want))
+        return False
+    return True
 
 
 def _move_up(inner: Dir, staging: Dir, files: frozenset[str] | None = None) -> None:

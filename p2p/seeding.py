@@ -3,7 +3,8 @@
 - ``ensure_torrent``: a version at or above ``P2PConfig.threshold`` gets ``.weightd/checkpoint.torrent``
   in cold storage, made from the published files (only once ``check_seedable`` passed: libtorrent hashes
   by path) and checked against the manifest; with fleet TLS it carries the fleet CA.
-- ``read_torrent``: that torrent, read by descriptor and checked.
+- ``read_torrent``: that torrent, read by descriptor and checked; ``read_bound_torrent`` also says whether
+  it is bound to the manifest (made by ``make_torrent`` from bytes checked against it: ``bound_to``).
 - ``seed_held``: a worker seeds every complete version it holds; the origin every published one that
   passes ``check_seedable``. A partial copy (``NAME/VERSION~p<hex>``) is seeded with the whole version's
   torrent, for the files it holds (``P2PSession.seed(files=...)``), unless the node holds the whole
@@ -17,12 +18,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
-from tiering import (DIR_MODE, LOCAL_TIERS, MANIFEST_RELPATH, Dir, StorageUnavailable, TieringError, VersionDir, check_unchangeable,
-                     is_whole, open_cold_root, scan_dir, split_label)
+from tiering import (DIR_MODE, LOCAL_TIERS, MANIFEST_RELPATH, SIGNATURE_RELPATH, Dir, StorageUnavailable, TieringError,
+                     VersionDir, check_unchangeable, is_whole, open_cold_root, scan_dir, split_label)
 
 from .config import P2PConfig
 from .errors import P2PError, TorrentRejected, map_libtorrent_errors
-from .torrent import TORRENT_RELPATH, load_torrent, make_torrent
+from .torrent import TORRENT_RELPATH, bound_to, load_torrent, make_torrent
 
 if TYPE_CHECKING:
     import libtorrent as lt
@@ -49,8 +50,9 @@ def ensure_torrent(config: P2PConfig, version: VersionDir) -> Path | None:
             return path
         check_seedable(version)  # libtorrent hashes by path: nothing in it may be swapped for a link
         # (libtorrent's errors stop here: a file vanished or changed while hashed)
+        # hashed from the files as they are checked against the manifest, in one read by descriptor
         with map_libtorrent_errors(f"{version.ref}: cannot make its torrent"):
-            data = make_torrent(version.path, version.manifest, piece_size=config.piece_size or None,
+            data = make_torrent(vdir, version.manifest, piece_size=config.piece_size or None,
                                 root_cert=config.tls.ca_pem if config.tls is not None else None)
         load_torrent(data, version.manifest, str(path))  # what we publish must pass our own checks
         with vdir.sub(meta, create=True, mode=DIR_MODE) as mdir:
@@ -61,22 +63,44 @@ def ensure_torrent(config: P2PConfig, version: VersionDir) -> Path | None:
 def read_torrent(version: VersionDir) -> "lt.torrent_info | None":
     """The torrent beside a version, read by descriptor (a symlink there reads as no torrent); in an
     object store, the object beside its manifest."""
+    got = read_bound_torrent(version)
+    return None if got is None else got[0]
+
+
+def read_bound_torrent(version: VersionDir) -> "tuple[lt.torrent_info, bool] | None":
+    """:func:`read_torrent`, and whether that torrent is bound to the version's manifest (``bound_to``:
+    made by ``make_torrent`` from bytes checked against this manifest in the same read)."""
     if version.store is not None:
         where = f"{version.store.url}/{version.rel}/{TORRENT_RELPATH}"
         try:
             data = version.store.read_meta(version.name, version.version, TORRENT_RELPATH, limit=16 << 20)
         except TieringError as exc:  # (the store failing or an oversized object: no P2P, not a failed preload)
             raise TorrentRejected(where, str(exc)) from None
-        return None if data is None else load_torrent(data, version.manifest, where)
-    path = version.path / TORRENT_RELPATH
-    with _open_version(version) as d:
-        if d is None or d.lstat(TORRENT_RELPATH) is None:
+        if data is None:
             return None
-        try:
-            data = d.read_bytes(TORRENT_RELPATH)
-        except (OSError, TieringError) as exc:
-            raise TorrentRejected(str(path), str(exc)) from None
-    return load_torrent(data, version.manifest, str(path))
+    else:
+        where = str(version.path / TORRENT_RELPATH)
+        with _open_version(version) as d:
+            if d is None or d.lstat(TORRENT_RELPATH) is None:
+                return None
+            try:
+                data = d.read_bytes(TORRENT_RELPATH)
+            except (OSError, TieringError) as exc:
+                raise TorrentRejected(where, str(exc)) from None
+    ti = load_torrent(data, version.manifest, where)
+    return ti, bound_to(data, ti, version.manifest)
+
+
+def is_signed(version: VersionDir) -> bool:
+    """Whether a signature is published beside the version (``.weightd/model.sig``); True when that
+    cannot be told (cold storage gone, the store failing): the caller then trusts nothing less."""
+    try:
+        if version.store is not None:
+            return version.store.read_meta(version.name, version.version, SIGNATURE_RELPATH) is not None
+        with _open_version(version) as d:
+            return d is None or d.lstat(SIGNATURE_RELPATH) is not None
+    except (OSError, TieringError):
+        return True
 
 
 def _cold_root_of(version: VersionDir) -> Path:
