@@ -350,6 +350,8 @@ def test_worker_killed_mid_download_resumes(cluster, tmp_path: Path) -> None:
     r = json.loads(out)
     moved = r["bytes_by_source"]["origin"] + r["bytes_by_source"]["peer"]
     assert r["bytes_by_source"]["cold"] == 0 and moved < 0.85 * r["bytes"], r  # verified pieces were kept
+    assert r["swarm"]["read_back"] is False, r   # (what the killed daemon left passed libtorrent's re-check)
+    assert worker.cli("verify", str(worker.dir / "warm/org/resume/v1")).returncode == 0
     assert not staging.exists()
 
 
@@ -442,6 +444,7 @@ def test_delta_update_over_p2p_moves_only_changed_pieces(cluster, tmp_path: Path
     assert by["cold"] == 0 and r["source_fallbacks"] == [], r
     assert nbytes <= moved <= nbytes + len(changed) * 2 * MiB, r   # changed bytes + the pieces they touch
     assert by["local_reuse"] >= r["bytes"] - moved - len(changed) * 2 * MiB, r
+    assert r["swarm"]["read_back"] is False, r   # (donor pieces passed libtorrent's check: nothing read back)
     assert w.cli("verify", r["path"]).returncode == 0
 
 
