@@ -2,7 +2,7 @@
 """Preload from an object-store cold tier against what a user would otherwise script, and against the
 server's own ceiling; all three on the same checkpoint, the same local S3 server (moto), interleaved.
 
-    .venv/bin/python bench/objstore.py [--size 1GiB] [--rounds 5] [--range 64MiB] [--concurrency 4]
+    .venv/bin/python bench/objstore.py [--size 1GiB] [--rounds 5] [--range best] [--concurrency best]
 
 (a) weightd: `weightd preload NAME --tier warm` end to end (the real CLI: ranged GETs along the
     manifest's parts, hashed as they arrive, fsync, rename), the copy evicted between rounds; the
@@ -12,7 +12,14 @@ server's own ceiling; all three on the same checkpoint, the same local S3 server
 (b) s3transfer with its defaults (boto3's download_file per file), then `weightd verify` of the
     result (what a user would script);
 (c) the ceiling: ranged GETs over the same objects with the best range size and concurrency found
-    (a small sweep), writing nothing.
+    (a sweep from 8 MiB to 256 MiB ranges, 2 to 8 at a time), each range read whole into memory
+    (obstore.get_range), writing nothing.
+
+weightd's [tiers.cold] range_size and concurrency are set to the ceiling's best setting (--range and
+--concurrency "best", the default; a deployment tunes these two for its store the same way): on moto
+every ranged GET reads the whole object on the server (FakeKey.value) before slicing it, so fewer,
+larger ranges win (one GET per object, when the checkpoint has a few files per worker), where S3
+itself serves many mid-sized ranges in parallel best.
 
 moto is pure Python and is the bottleneck here, so (c) is the figure to compare (a) against; the
 server runs in this process and shares the machine's cores with the client, so a client that does
@@ -115,10 +122,18 @@ def main() -> int:
                     help="rounds (every contender in each, rotating; up to twice as many while a spread is wide)")
     ap.add_argument("--max-spread", type=float, default=0.5,
                     help="no ratio when a contender's interquartile range over its median exceeds it")
-    ap.add_argument("--range", dest="range_size", default="64MiB")
-    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--range", dest="range_size", default="best",
+                    help="weightd's range_size (default: the ceiling sweep's best)")
+    ap.add_argument("--concurrency", default="best", help="weightd's concurrency (default: the ceiling sweep's best)")
     a = ap.parse_args()
     size = parse_size(a.size)
+    try:
+        if a.range_size != "best" and parse_size(a.range_size) <= 0 or a.concurrency != "best" and int(a.concurrency) < 1:
+            raise ValueError
+    except ValueError:
+        ap.error("--range takes a positive size and --concurrency a positive count (or best)")
+    if size <= 0 or a.rounds < 1:
+        ap.error("--size and --rounds take positive values")
     bucket = f"weightd-bench-{uuid.uuid4().hex[:8]}"
     with local_s3(bucket, key="bench") as ep:
         return run(a, size, ep, bucket)
@@ -130,13 +145,17 @@ def run(a: argparse.Namespace, size: int, ep: str, bucket: str) -> int:
     from obstore.store import S3Store
     env = dict(os.environ)  # (local_s3 set the keys)
     base = Path(tempfile.mkdtemp(prefix="weightd-bench-s3-"))
+    hot = Path(f"/dev/shm/weightd-bench-s3-{uuid.uuid4().hex[:8]}")   # (hot on tmpfs, as on a node)
     try:
         s3 = boto3.client("s3", endpoint_url=ep, region_name="us-east-1")
         cfg = base / "weightd.toml"
-        cfg.write_text(f'state_dir = "{base}/state"\n[tiers.hot]\npath = "{base}/hot"\ncapacity = "{2 * size}"\n'
-                       f'[tiers.warm]\npath = "{base}/warm"\ncapacity = "{2 * size}"\n[tiers.cold]\n'
-                       f'url = "s3://{bucket}/models"\nendpoint = "{ep}"\nregion = "us-east-1"\n'
-                       f'range_size = "{a.range_size}"\nconcurrency = {a.concurrency}\n')
+
+        def configure(range_bytes: int, concurrency: int) -> None:
+            cfg.write_text(f'state_dir = "{base}/state"\n[tiers.hot]\npath = "{hot}"\ncapacity = "{2 * size}"\n'
+                           f'[tiers.warm]\npath = "{base}/warm"\ncapacity = "{2 * size}"\n[tiers.cold]\n'
+                           f'url = "s3://{bucket}/models"\nendpoint = "{ep}"\nregion = "us-east-1"\n'
+                           f'range_size = "{range_bytes}"\nconcurrency = {concurrency}\n')
+        configure(64 << 20, 4)
         wd = [sys.executable, "-m", "weightd", "--config", str(cfg), "--no-daemon"]
         src = make_checkpoint(base / "src", total_bytes=size, shards=8, layers=32, seed="s3bench")
         subprocess.run([*wd, "-q", "publish", str(src), "--name", "bench/s3", "--version", "v1"], check=True,
@@ -145,17 +164,20 @@ def run(a: argparse.Namespace, size: int, ep: str, bucket: str) -> int:
                 if "/.weightd/" not in o["Key"]]
         total = sum(n for _, n in objs)
         store = S3Store(bucket, endpoint=ep, region="us-east-1", client_options={"allow_http": True})
-        # (c): a small sweep for the server's best, then that setting in every round
+        # (c): a sweep for the server's best, then that setting in every round
         sweep = {}
-        for rb in (8 << 20, 16 << 20, 64 << 20):
+        for rb in (8 << 20, 16 << 20, 64 << 20, 128 << 20, 256 << 20):
             for cc in (2, 4, 8):
                 sweep[(rb, cc)] = ceiling(store, objs, rb, cc)
         best = min(sweep, key=sweep.get)
+        range_bytes = best[0] if a.range_size == "best" else parse_size(a.range_size)
+        concurrency = best[1] if a.concurrency == "best" else int(a.concurrency)
+        configure(range_bytes, concurrency)
         from tiering import build_manifest
         from tiering import ObjectCold
         m = build_manifest(src).with_labels(name="bench/s3", version="v1")
         fetcher = ObjectCold(f"s3://{bucket}/models", endpoint=ep, region="us-east-1",
-                             range_bytes=parse_size(a.range_size), concurrency=a.concurrency)
+                             range_bytes=range_bytes, concurrency=concurrency)
         stats: dict[str, list] = {}
 
         def weightd(kind: str) -> float:
@@ -203,7 +225,9 @@ def run(a: argparse.Namespace, size: int, ep: str, bucket: str) -> int:
             rounds=a.rounds, max_spread=sp, machine=(m0, m1), **{
             "bytes": total, "files": len(objs),
             "server": "moto (ThreadedMotoServer, 127.0.0.1)",
-            "weightd": {"range": a.range_size, "concurrency": a.concurrency},
+            "weightd": {"range_bytes": range_bytes, "concurrency": concurrency,
+                        "chosen": "the ceiling's best" if (a.range_size, a.concurrency) == ("best", "best")
+                        else "--range/--concurrency"},
             "ceiling_setting": {"range_bytes": best[0], "concurrency": best[1]},
             "ceiling_sweep_s": {f"{rb >> 20}MiB x{cc}": round(t, 3) for (rb, cc), t in sorted(sweep.items())},
             "median_s": {k: round(v, 3) for k, v in med.items()},
@@ -223,6 +247,7 @@ def run(a: argparse.Namespace, size: int, ep: str, bucket: str) -> int:
         return 0
     finally:
         shutil.rmtree(base, ignore_errors=True)
+        shutil.rmtree(hot, ignore_errors=True)
 
 
 if __name__ == "__main__":

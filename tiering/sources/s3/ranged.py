@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..._syscalls import fallocate, start_writeback
+from ..._syscalls import fallocate, is_tmpfs, start_writeback
 from ...content.manifest import FileEntry, Manifest
 from ...content.names import validate_relpath
 from ...errors import IntegrityError, TieringError, TimedOut
@@ -206,9 +206,11 @@ def _open_target(s3: S3Client, m: Manifest, f: FileEntry, dest: Dir, kept: set[s
 def _download(s3: S3Client, targets: list[_Target], deadline: float | None, progress: ProgressFn | None) -> int:
     total = 0
     with ThreadPoolExecutor(max_workers=s3.concurrency, thread_name_prefix="weightd-s3") as pool:
-        # preallocation (a full tier fails early) runs beside the first ranges, not before them:
-        # on tmpfs it zero-fills every page (0.3 s a GiB here), and a range written first is kept
-        futures = [pool.submit(preallocate, t.fd, t.file.size) for t in targets]
+        # preallocation (a full tier fails early) runs beside the first ranges, not before them; never
+        # on tmpfs, where it zero-fills every page (0.3 s of CPU a GiB here, taken from a store that
+        # shares the machine) for the ranges to write them again: the reservation has checked the room
+        on_tmpfs = bool(targets) and is_tmpfs(targets[0].fd)
+        futures = [] if on_tmpfs else [pool.submit(preallocate, t.fd, t.file.size) for t in targets]
         # every file's first group, then every file's second...: a file's next range tends to start
         # once the one before it is done, so a whole-file digest is taken as the bytes stream
         futures += [pool.submit(fetch_group, s3, t.file, t.key, t.fd, t.groups[i], t.obj, deadline, progress,
