@@ -6,12 +6,13 @@ forced), and down to the low watermark (``gc``)."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from contextlib import nullcontext
 from typing import Any, Callable
 
 from ..content.units import format_bytes, format_duration
-from ..errors import Busy, CheckpointNotFound, NoSpace, NotOurs
+from ..errors import Busy, CheckpointNotFound, NoSpace, NotOurs, TimedOut
 from ..inuse import process_name, processes_using
 from ..layout import LOCAL_TIERS, version_rel
 from ..placement import Candidate, EvictionPlan, plan_eviction
@@ -29,17 +30,23 @@ class Space:
                  remaining: Callable[[float | None], float | None], on_evict: EvictFn | None = None) -> None:
         self.roots, self.state, self.now, self.remaining = roots, state, now, remaining
         self.on_evict = on_evict
+        # this process's preloads queue for a tier's lock here, each woken as the one before lets go:
+        # the file lock (other processes) is polled, and a set of hundreds fanned out over threads
+        # would otherwise spend 50 ms polls waiting on itself
+        self._reserving = {t: threading.Lock() for t in LOCAL_TIERS}
 
     def tier_used(self, tier: str, *, exclude: str | None = None) -> int:
         """Bytes of complete versions plus the expected size of every staging area in the tier but
         ``exclude`` (a retry's own staging area never counts against it)."""
         root = self.roots.dir(tier)
-        used = sum(v.size for v in list_versions(root))
+        # staging areas first, then versions: a version renamed out of staging between the two reads
+        # is counted twice (a moment's overestimate), never missed (its side file goes after the rename)
+        used = 0
         area, ids = staging_ids(root)
         if area is not None:
             with area:
                 used += sum(staging_expected_bytes(area, sid) for sid in ids if sid != exclude)
-        return used
+        return used + sum(v.size for v in list_versions(root))
 
     def candidates(self, tier: str, exclude: tuple[str, str] | None, *,
                    removable: bool = False) -> list[Candidate]:
@@ -74,7 +81,15 @@ class Space:
         spec = self.roots.tiers[tier]
         root = self.roots.must(tier)
         tlock = self.roots.tier_lock(tier)
-        tlock.acquire(self.remaining(deadline))
+        wait = self.remaining(deadline)
+        if not self._reserving[tier].acquire(timeout=-1 if wait is None else max(0.0, wait)):
+            raise TimedOut(f"timed out waiting for the {tier} tier's space reservation (another preload is "
+                           f"making room)")
+        try:
+            tlock.acquire(self.remaining(deadline))
+        except BaseException:
+            self._reserving[tier].release()
+            raise
         try:
             capacity = spec.capacity()
             own = staging_id(name, version)
@@ -109,6 +124,7 @@ class Space:
             return open_staging(root, name, version, need, now=self.now), evicted
         finally:
             tlock.release()
+            self._reserving[tier].release()
 
     def evict_one(self, tier: str, name: str, version: str, *, reason: str) -> bool:
         """Remove one version from a tier unless someone holds its lock; references before data.
