@@ -1,12 +1,16 @@
 """The caches that make a tier of hundreds of versions cheap to list (a LoRA set): parsed manifests
-kept by file identity, NAME-directory listings kept by mtime (never within the racy window), donor
-part indexes kept by digest. Each must notice every change that matters."""
+kept by file identity, NAME-directory listings kept by mtime (never within the racy window: the scan
+of a root the index cannot watch, tests/test_version_index.py has the index), donor part indexes kept
+by digest. Each must notice every change that matters."""
 
 from __future__ import annotations
 
 import os
 import time
 
+import pytest
+
+from tiering import version_index
 from tiering import versions as listing
 from tiering.content.manifest import MANIFEST_RELPATH
 from tiering.versions import list_versions, read_version
@@ -21,7 +25,9 @@ def _placed(node_env, tmp_path, versions, size=256 << 10):
             n.preload("org/m", v, tier="warm", lease_s=0)
 
 
-def test_a_listing_follows_every_version_that_comes_and_goes(node_env, tmp_path, monkeypatch):
+@pytest.mark.parametrize("indexed", [True, False])
+def test_a_listing_follows_every_version_that_comes_and_goes(node_env, tmp_path, monkeypatch, indexed):
+    monkeypatch.setattr(version_index, "ENABLED", indexed)
     monkeypatch.setattr(listing, "RACY_NS", 0)   # (keep every listing: the cache itself is under test)
     _placed(node_env, tmp_path, ["v1", "v2"])
     assert sorted(v.version for v in list_versions(node_env.warm)) == ["v1", "v2"]
@@ -33,7 +39,8 @@ def test_a_listing_follows_every_version_that_comes_and_goes(node_env, tmp_path,
     assert sorted(v.version for v in list_versions(node_env.warm)) == ["v1", "v3"]
 
 
-def test_a_listing_taken_in_the_racy_window_is_not_kept(node_env, tmp_path):
+def test_a_listing_taken_in_the_racy_window_is_not_kept(node_env, tmp_path, monkeypatch):
+    monkeypatch.setattr(version_index, "ENABLED", False)
     _placed(node_env, tmp_path, ["v1"])
     list_versions(node_env.warm)
     st = os.stat(node_env.warm / "org/m")

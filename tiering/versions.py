@@ -25,6 +25,7 @@ from .errors import BadInput, CheckpointNotFound, ColdUnreadable, LabelMismatch,
 from .layout import VersionDir, as_dir, version_rel
 from .safefs import Dir
 from .safefs.dir import read_limited
+from .version_index import list_indexed
 
 log = logging.getLogger(__name__)
 
@@ -214,12 +215,16 @@ def _version_in(d: Dir, b: str, name: str) -> "VersionDir | None":
 
 def list_versions(root: "Dir | Path | None") -> list[VersionDir]:
     """Every complete version under a tier root (``NAME`` may be ``org/model``); symlinks are skipped.
-    Each NAME directory's listing is kept while its mtime stays (see :func:`_children`): a tier of
-    hundreds of versions is listed in an ``fstatat`` per directory."""
+    From this process's index of the root (:mod:`tiering.version_index`: one read of the kernel's
+    change queue when nothing changed); a root it cannot index (a network file system, no watch left)
+    is scanned, each NAME directory's listing kept while its mtime stays (see :func:`_children`)."""
     out: list[VersionDir] = []
     with as_dir(root) as d:
         if d is None:
             return out
+        indexed = list_indexed(d, _version_in)
+        if indexed is not None:
+            return indexed
         for a in d.subdirs():
             if a.startswith("."):
                 continue

@@ -25,6 +25,7 @@ from ..safefs import FileRef
 from ..sources.base import Fetcher, FetchRequest, SourceFallback
 from ..verified_copy import copy_verified
 from ..versions import list_versions, read_version
+from .donors import PartHolders
 from .roots import TierRoots
 from .staging import StagingArea
 
@@ -54,6 +55,7 @@ class Sources:
     def __init__(self, roots: TierRoots, fetchers: list[Fetcher], *, copy_threads: int,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
         self.roots, self.fetchers, self.copy_threads, self.monotonic = roots, fetchers, copy_threads, monotonic
+        self.part_holders = PartHolders()
 
     def fill(self, staging: StagingArea, m: Manifest, tier: str, name: str, version: str,
              deadline: float | None, progress: ProgressFn | None, *, origin: VersionDir | None = None,
@@ -285,15 +287,17 @@ class Sources:
         locked and opened, so a node holding hundreds of adapters locks none of them for a new one."""
         candidates = [(t, v) for t in [tier] + [x for x in LOCAL_TIERS if x != tier]
                       for v in list_versions(self.roots.dir(t)) if (v.name, v.version) != (name, version)]
-        if not candidates:
+        # (only the versions that hold a part first: the plan over them is the plan over all)
+        sharing = [candidates[i] for i in self.part_holders.first_holders(m, candidates)]
+        if not sharing:
             return [], []
-        plan = plan_delta(m, [Donor(f"{v.name}@{v.version}", v.path, v.manifest) for _, v in candidates])
+        plan = plan_delta(m, [Donor(f"{v.name}@{v.version}", v.path, v.manifest) for _, v in sharing])
         if not worth_a_delta(plan):
             return [], []
         donors: list[Donor] = []
         held: list[FileLock] = []
         for i in plan.donors_used():
-            t, v = candidates[i]
+            t, v = sharing[i]
             root = self.roots.dir(t)
             lk = self.roots.lock(t, v.name, v.version)
             try:
