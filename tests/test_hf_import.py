@@ -12,13 +12,11 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tiering.sample import make_checkpoint
+from tiering.sample import LocalHub as Hub, git, local_hub
 
 from .conftest import assert_one_line_error, reserve_port
 from .test_daemon import daemon  # noqa: F401  (the real daemon fixture)
@@ -28,91 +26,20 @@ pytest.importorskip("huggingface_hub", reason="huggingface_hub missing (pip inst
 if shutil.which("git-lfs") is None:
     pytest.skip("git-lfs missing (scripts/install-tools.sh installs it)", allow_module_level=True)
 
-OLAH = Path(sys.executable).with_name("olah-cli")
 TOKEN = "hf_weightdTestTokenNeverLogged0123456789"
-
-
-def git(repo: Path, *args: str) -> str:
-    env = {**os.environ, "HOME": str(repo.parent), "GIT_CONFIG_NOSYSTEM": "1"}
-    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.com", *args], cwd=repo, env=env,
-                          check=True, capture_output=True, text=True, timeout=60).stdout.strip()
-
-
-class Hub:
-    """An olah server in offline mode over ``mirrors/models/org/repo`` (LFS shards, small JSON files)."""
-
-    def __init__(self, root: Path, total_bytes: int = 4 << 20) -> None:
-        self.root = root
-        self.repo = root / "mirrors" / "models" / "org" / "repo"
-        make_checkpoint(self.repo, total_bytes=total_bytes, shards=2, layers=2, seed="hub1")
-        (self.repo / "notes[v1].json").write_text('{"glob": "a name that is a pattern too"}\n')
-        git(self.repo, "init", "-q", "-b", "main")
-        git(self.repo, "lfs", "install", "--local")
-        git(self.repo, "lfs", "track", "*.safetensors")
-        git(self.repo, "add", "-A")
-        git(self.repo, "commit", "-q", "-m", "first")
-        git(self.repo, "tag", "v1")
-        assert len(git(self.repo, "lfs", "ls-files").splitlines()) == 2
-        self.port = reserve_port()
-        self.endpoint = f"http://127.0.0.1:{self.port}"
-        (root / "olah.toml").write_text(
-            f'[basic]\nhost = "127.0.0.1"\nport = {self.port}\nrepos-path = "{root / "repos"}"\n'
-            f'mirrors-path = ["{root / "mirrors"}"]\n[accessibility]\noffline = true\n')
-        self.log = open(root / "olah.out", "wb")
-        self.proc = subprocess.Popen([str(OLAH), "-c", str(root / "olah.toml")], cwd=root, stdout=self.log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
-
-    def commit(self) -> str:
-        return git(self.repo, "rev-parse", "HEAD")
-
-    def wait_ready(self, timeout_s: float = 60) -> None:
-        url = f"{self.endpoint}/api/models/org/repo/revision/main"
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, (self.root / "olah.out").read_text(errors="replace")
-            try:
-                with urllib.request.urlopen(url, timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.2)
-        raise AssertionError(f"olah not ready in {timeout_s} s: {(self.root / 'olah.out').read_text(errors='replace')}")
-
-    def env(self, **extra: str) -> dict[str, str]:
-        return {"HF_ENDPOINT": self.endpoint, "HF_HOME": str(self.root / "hf-home"), "HF_HUB_DISABLE_TELEMETRY": "1",
-                **extra}
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-        self.log.close()
 
 
 @pytest.fixture
 def hub(tmp_path: Path):
-    h = Hub(tmp_path / "hub")
-    try:
-        h.wait_ready()
+    with local_hub(tmp_path / "hub") as h:
         yield h
-    finally:
-        h.stop()
 
 
 @pytest.fixture
 def big_hub(tmp_path: Path):
     """As ``hub``, with 160 MiB of shards: olah serves ~34 MB/s, so an import is seconds long."""
-    h = Hub(tmp_path / "hub", total_bytes=160 << 20)
-    try:
-        h.wait_ready()
+    with local_hub(tmp_path / "hub", total_bytes=160 << 20) as h:
         yield h
-    finally:
-        h.stop()
 
 
 def repo_cache(node_env, hub: Hub) -> Path:
@@ -348,7 +275,8 @@ def test_files_an_earlier_download_left_in_the_snapshot_are_not_published(wd, hu
     first = fetched(hub, root, monkeypatch)                  # everything, downloaded and checked, not published
     assert (first.path / "model-00001-of-00002.safetensors").is_file()
     doc = published(wd, hub, "hf://org/repo@main", "--exclude", "*.safetensors")
-    paths = manifest_paths(node_env, "org/repo", hub.commit())
+    assert doc["version"].startswith(hub.commit() + "-")       # (a selection's label)
+    paths = manifest_paths(node_env, "org/repo", doc["version"])
     assert doc["source"]["files"] == len(paths) and paths
     assert not any(p.endswith(".safetensors") for p in paths)
     assert paths == {k for k in source_files(hub.repo) if not k.endswith(".safetensors")}
@@ -499,7 +427,7 @@ def test_the_cache_directory_must_be_ours_and_private(wd, hub: Hub, node_env, tm
     _mount_tmpfs(imports, "ro,size=1m")                 # a read-only state directory: the user's ~/.cache
     try:
         doc = published(wd, hub, "hf://org/repo@main", "--include", "*.json")
-        assert doc["version"] == hub.commit()
+        assert doc["version"].startswith(hub.commit() + "-")
         assert (tmp_path / "home" / ".cache" / "weightd" / "hf").is_dir()
     finally:
         subprocess.run(["umount", str(imports)], check=True)
@@ -516,12 +444,44 @@ def test_an_endpoints_cache_must_be_ours_and_private(wd, hub: Hub, node_env, tmp
     planted = tmp_path / "planted"
     planted.mkdir(mode=0o700)
     d.symlink_to(planted)
-    assert_one_line_error(wd("publish", "hf://org/repo@main", env=hub.env()), 2, "not a directory of ours")
+    assert_one_line_error(wd("publish", "hf://org/repo@main", env=hub.env()), 2,
+                          "the endpoint's download cache is not a directory (a symlink?)")
     assert list(planted.iterdir()) == []
     d.unlink()
     d.mkdir()
     os.chmod(d, 0o755)
-    assert_one_line_error(wd("publish", "hf://org/repo@main", env=hub.env()), 2, "not a directory of ours")
+    assert_one_line_error(wd("publish", "hf://org/repo@main", env=hub.env()), 2,
+                          "the endpoint's download cache is open to other users (mode 755)")
+    os.chmod(d, 0o700)
+    os.chown(d, 65534, 65534)
+    assert_one_line_error(wd("publish", "hf://org/repo@main", env=hub.env()), 2,
+                          "the endpoint's download cache belongs to uid 65534")
+
+
+def test_a_selection_has_a_label_of_its_own_and_a_later_whole_import_is_not_taken_for_it(wd, hub: Hub) -> None:
+    """--include without --version: the label is the commit and the selection (<sha>-<8 hex>); the whole
+    repository imported after it is the commit's own label, downloaded, never reported as the selection."""
+    part = published(wd, hub, "hf://org/repo@main", "--include", "*.json")
+    assert part["version"].startswith(hub.commit() + "-") and part["source"].get("downloaded") != 0
+    whole = published(wd, hub, "hf://org/repo@main")
+    assert whole["version"] == hub.commit() and not whole["unchanged"] and whole["bytes"] > part["bytes"]
+    again = published(wd, hub, "hf://org/repo@main", "--include", "*.json")
+    assert again["version"] == part["version"] and again["source"]["downloaded"] == 0
+
+
+def test_root_on_a_node_whose_state_directory_is_the_daemons_downloads_under_its_home(wd, hub: Hub, node_env,
+                                                                                      tmp_path: Path) -> None:
+    """The state directory owned by the daemon's user: a root CLI import must not leave a root-owned
+    cache there (the daemon's own imports would then fail), so it downloads under ~/.cache."""
+    node_env.state.mkdir(parents=True, exist_ok=True)
+    os.chown(node_env.state, 65534, 65534)
+    try:
+        doc = published(wd, hub, "hf://org/repo@main", "--include", "*.json")
+        assert doc["version"].startswith(hub.commit())
+        assert not (node_env.state / "imports").exists()
+        assert (tmp_path / "home" / ".cache" / "weightd" / "hf").is_dir()
+    finally:
+        os.chown(node_env.state, 0, 0)
 
 
 def test_a_token_goes_over_https_or_loopback_only_and_no_userinfo_is_shown(wd, hub: Hub) -> None:

@@ -243,3 +243,95 @@ def local_s3(*buckets: str, key: str = "local", set_keys: bool = True) -> Iterat
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+# -- a Hugging Face Hub on loopback ----------------------------------------------------------------
+def git(repo: Path, *args: str) -> str:
+    """``git`` in ``repo`` with a throw-away identity and no system or user config."""
+    import subprocess
+    env = {**os.environ, "HOME": str(repo.parent), "GIT_CONFIG_NOSYSTEM": "1"}
+    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.com", *args], cwd=repo, env=env,
+                          check=True, capture_output=True, text=True, timeout=60).stdout.strip()
+
+
+class LocalHub:
+    """A Hugging Face Hub-protocol server on 127.0.0.1: olah (a self-hosted mirror) in offline mode over
+    ``root/mirrors/models/org/repo``, a git repository of a sample checkpoint whose safetensors shards
+    are git-lfs objects, plus a small JSON file. Needs ``olah-cli`` beside this interpreter (the test
+    extra) and git with git-lfs (``scripts/install-tools.sh``)."""
+
+    def __init__(self, root: Path, total_bytes: int = 4 << 20, shards: int = 2) -> None:
+        import socket
+        import subprocess
+        import sys
+        self.root = root
+        self.repo = root / "mirrors" / "models" / "org" / "repo"
+        make_checkpoint(self.repo, total_bytes=total_bytes, shards=shards, layers=2, seed="hub1")
+        (self.repo / "notes[v1].json").write_text('{"glob": "a name that is a pattern too"}\n')
+        git(self.repo, "init", "-q", "-b", "main")
+        git(self.repo, "lfs", "install", "--local")
+        git(self.repo, "lfs", "track", "*.safetensors")
+        git(self.repo, "add", "-A")
+        git(self.repo, "commit", "-q", "-m", "first")
+        git(self.repo, "tag", "v1")
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        (root / "olah.toml").write_text(
+            f'[basic]\nhost = "127.0.0.1"\nport = {self.port}\nrepos-path = "{root / "repos"}"\n'
+            f'mirrors-path = ["{root / "mirrors"}"]\n[accessibility]\noffline = true\n')
+        self.log = open(root / "olah.out", "wb")
+        # (olah writes logs/ into its working directory: root)
+        self.proc = subprocess.Popen([str(Path(sys.executable).with_name("olah-cli")), "-c", str(root / "olah.toml")],
+                                     cwd=root, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def commit(self) -> str:
+        return git(self.repo, "rev-parse", "HEAD")
+
+    def wait_ready(self, timeout_s: float = 60) -> None:
+        import time
+        import urllib.error
+        import urllib.request
+        url = f"{self.endpoint}/api/models/org/repo/revision/main"
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"olah exited: {(self.root / 'olah.out').read_text(errors='replace')[-2000:]}")
+            try:
+                with urllib.request.urlopen(url, timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"olah not ready in {timeout_s} s: {(self.root / 'olah.out').read_text(errors='replace')}")
+
+    def env(self, **extra: str) -> dict[str, str]:
+        """What a client of this Hub needs in its environment (endpoint, a private HF_HOME)."""
+        return {"HF_ENDPOINT": self.endpoint, "HF_HOME": str(self.root / "hf-home"), "HF_HUB_DISABLE_TELEMETRY": "1",
+                **extra}
+
+    def stop(self) -> None:
+        import signal
+        import subprocess
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        self.log.close()
+
+
+@contextmanager
+def local_hub(root: Path, total_bytes: int = 4 << 20, shards: int = 2) -> Iterator[LocalHub]:
+    """A :class:`LocalHub` serving under ``root``, ready, stopped on exit."""
+    root.mkdir(parents=True, exist_ok=True)
+    hub = LocalHub(root, total_bytes, shards)
+    try:
+        hub.wait_ready()
+        yield hub
+    finally:
+        hub.stop()

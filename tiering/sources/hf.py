@@ -42,6 +42,7 @@ _REPO_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 _REVISION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,254}")
 _SHA_RE = re.compile(r"[0-9a-f]{40}")
 _ANY_SHA_RE = re.compile(r"[0-9a-fA-F]{40}")
+CONNECT_TIMEOUT_S, READ_TIMEOUT_S = 10.0, 60.0
 
 
 class HubNotFound(HubError, FileNotFoundError):
@@ -162,16 +163,35 @@ def endpoint_key(endpoint: str) -> str:
     return "endpoint-" + hashlib.sha256(shown_endpoint(endpoint).rstrip("/").encode()).hexdigest()[:16]
 
 
+def private_dir(d: Path, what: str = "the download cache") -> Path:
+    """``d``, created with mode 0700 if missing (its parents too); UnsafePath, one line saying which and
+    what to do, unless it is a real directory (not a symlink) of this user's that no one else may enter."""
+    d.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = os.lstat(d)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise UnsafePath(str(d), f"{what} is not a directory (a symlink?): remove it")
+    if st.st_uid != os.geteuid():
+        raise UnsafePath(str(d), f"{what} belongs to uid {st.st_uid}, not to this user (uid {os.geteuid()}): "
+                                 f"remove it, or run as its owner")
+    if st.st_mode & 0o077:
+        raise UnsafePath(str(d), f"{what} is open to other users (mode {stat.S_IMODE(st.st_mode):o}): chmod 700 it")
+    return d
+
+
 def endpoint_cache(root: Path, endpoint: str) -> Path:
     """The HF cache for one endpoint under ``root`` (:func:`endpoint_key`: files of one repository
-    from two Hubs or mirrors never meet), a real 0700 directory of ours."""
-    d = root / endpoint_key(endpoint)
-    d.mkdir(mode=0o700, exist_ok=True)
-    st = os.lstat(d)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
-        raise UnsafePath(str(d), "not a directory of ours with mode 0700 (a symlink, another user's, or open "
-                                 "to others): remove it")
-    return d
+    from two Hubs or mirrors never meet), a real 0700 directory of ours (:func:`private_dir`)."""
+    return private_dir(root / endpoint_key(endpoint), "the endpoint's download cache")
+
+
+def bound_requests() -> None:
+    """huggingface_hub's shared HTTP client waits for ever by default (``timeout=None``): a Hub that
+    accepts a connection and never answers would hold an import, and its repository's lock, for good.
+    Every request of this process now gives up after CONNECT_TIMEOUT_S to connect and READ_TIMEOUT_S
+    between two reads (an error that says the endpoint does not answer)."""
+    from huggingface_hub import get_session
+    session = get_session()
+    session.timeout = type(session.timeout)(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
 
 
 def _status(exc: BaseException) -> int | None:
@@ -232,7 +252,8 @@ def resolve(api: Any, ref: HubRef) -> str:
     listing its refs (a mirror may answer both with the Hub's "repository not found")."""
     from huggingface_hub import errors as hf
     try:
-        sha = api.model_info(ref.repo_id, revision=ref.revision).sha
+        # (model_info passes its own timeout to every request, None by default: never that)
+        sha = api.model_info(ref.repo_id, revision=ref.revision, timeout=READ_TIMEOUT_S).sha
     except hf.RepositoryNotFoundError as exc:
         if isinstance(exc, (hf.GatedRepoError, hf.RevisionNotFoundError)):
             raise
@@ -303,6 +324,7 @@ def resolve_commit(ref: HubRef, *, endpoint: str | None = None, token: str | Non
     from huggingface_hub import HfApi, get_token
     api = HfApi(endpoint=endpoint, token=token)
     check_token_transport(api.endpoint, token if token is not None else get_token(), note)
+    bound_requests()
     with _hub_errors(ref, api.endpoint):
         return resolve(api, ref)
 
@@ -325,6 +347,7 @@ def fetch_snapshot(ref: HubRef, cache_dir: Path, *, include: Sequence[str] = (),
     api = HfApi(endpoint=endpoint, token=token)
     check_token_transport(api.endpoint, token if token is not None else get_token(),
                           note if commit is None else (lambda line: None))   # (resolve_commit said it)
+    bound_requests()
     cache = endpoint_cache(Path(cache_dir), api.endpoint)
     repo_cache = cache / ("models--" + ref.repo_id.replace("/", "--"))
     with _hub_errors(ref, api.endpoint):
@@ -346,4 +369,4 @@ def fetch_snapshot(ref: HubRef, cache_dir: Path, *, include: Sequence[str] = (),
 __all__ = ["DEFAULT_REVISION", "HubAccessDenied", "HubNoSpace", "HubNotFound", "HubRateLimited", "HubRef",
            "HubSnapshot", "HubUnreachable", "SCHEME", "bytes_to_download", "check_space", "check_token_transport",
            "discard_snapshot", "endpoint_cache", "endpoint_key", "fetch_snapshot", "is_hub_ref", "list_files",
-           "parse_hub_ref", "resolve", "resolve_commit", "shown_endpoint"]
+           "parse_hub_ref", "private_dir", "resolve", "resolve_commit", "shown_endpoint"]

@@ -21,8 +21,8 @@ as that removal would pull the files from under another one.
 
 from __future__ import annotations
 
+import errno
 import os
-import stat
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -33,34 +33,33 @@ from .app import AppContext
 from .tiers import Backend
 
 
-def _ours(d: Path) -> bool:
-    """``d`` a real directory of this user's that no one else may enter; False if another user owns it
-    (this user then downloads under ~/.cache); UnsafePath for a symlink or a directory open to others."""
-    from tiering import UnsafePath
-    st = os.lstat(d)
-    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-        raise UnsafePath(str(d), "the download cache is not a directory (a symlink?): remove it")
-    if st.st_uid != os.geteuid():
-        return False
-    if st.st_mode & 0o077:
-        raise UnsafePath(str(d), f"the download cache is open to other users (mode {stat.S_IMODE(st.st_mode):o}): "
-                                 f"chmod 700 it")
-    return True
-
-
 def cache_dir(app: AppContext) -> Path:
-    """Where the download goes: under the state directory if this user may write it, else ~/.cache; a
-    real 0700 directory owned by this user either way."""
-    tried = []
-    for d in (Path(app.config.settings.state_dir) / "imports" / "hf", Path.home() / ".cache" / "weightd" / "hf"):
-        tried.append(str(d))
+    """Where the download goes: ``STATE_DIR/imports/hf`` when this user owns the state directory (the
+    daemon's user, whose intent imports share it; or it is not there yet), else ``~/.cache/weightd/hf`` (root running the CLI
+    on a node must not leave a root-owned cache in the daemon's way); a real 0700 directory of this
+    user's either way (:func:`tiering.private_dir`: a symlink, another user's or one open to others is
+    exit 2)."""
+    from tiering import private_dir
+    state = Path(app.config.settings.state_dir)
+    places = [Path.home() / ".cache" / "weightd" / "hf"]
+    try:
+        owner = os.stat(state).st_uid
+    except OSError:
+        owner = os.geteuid()   # (not there yet: this command makes it, as any in-process command does)
+    if owner == os.geteuid():
+        places.insert(0, state / "imports" / "hf")
+    for d in places:
         try:
-            d.mkdir(mode=0o700, parents=True, exist_ok=True)
-        except OSError:        # (EACCES, EROFS, ...: the next place)
+            d = private_dir(d)
+        except PermissionError:   # (EACCES, EROFS, ...: the next place)
             continue
-        if _ours(d) and os.access(d, os.W_OK | os.X_OK):
+        except OSError as exc:
+            if exc.errno in (errno.EACCES, errno.EROFS, errno.EPERM):
+                continue
+            raise
+        if os.access(d, os.W_OK | os.X_OK):
             return d
-    raise PermissionError(f"cannot write {' nor '.join(tried)} for the download")
+    raise PermissionError(f"cannot write {' nor '.join(map(str, places))} for the download")
 
 
 def _publish_checked(b: Backend, snap: Any, name: str, version: str, sign_key: str | None,
@@ -105,7 +104,7 @@ def publish_from_hub(app: AppContext, source: str, name: str | None, version_lab
         with Backend(app) as b:
             return _publish_checked(b, snap, name, version, sign_key, signature)
 
-    return import_from_hub(source, cache_dir(app), name=name, version_label=version_label, include=include,
+    return import_from_hub(source, lambda: cache_dir(app), name=name, version_label=version_label, include=include,
                            exclude=exclude, published=published, publish=publish, note=output.note,
                            progress_bars=sys.stderr.isatty() and not quiet())
 

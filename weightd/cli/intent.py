@@ -54,9 +54,14 @@ def check(app: AppContext, directory: Path | None, labels: tuple[str, ...], as_o
         have[k] = v
     intent = load_intent(d.absolute())
     entries = intent.for_node(have)
-    imports = intent.imports_for(have, origin=as_origin)
+    from ..intent.imports import not_allowed
+    imports, refused = intent.imports_for(have, origin=as_origin)
+    allow = cfg.import_allow
+    refused += [(e, why) for e in imports if (why := not_allowed(e, allow)) is not None]
+    imports = [e for e in imports if not_allowed(e, allow) is None]
     doc = {"dir": str(d), "labels": have, "entries_in_files": len(intent.entries),
-           "entries": [e.to_dict() for e in entries], "imports": [e.to_dict() for e in imports]}
+           "entries": [e.to_dict() for e in entries], "imports": [e.to_dict() for e in imports],
+           "imports_refused": [{**e.to_dict(), "reason": why} for e, why in refused]}
     if as_json:
         return output.emit_json("intent.check", doc)
     click.echo(f"{d}: {len(intent.entries)} entr{'y' if len(intent.entries) == 1 else 'ies'}, "
@@ -69,6 +74,8 @@ def check(app: AppContext, directory: Path | None, labels: tuple[str, ...], as_o
                    + " ".join(x for x in extra if x))
     for i in imports:
         click.echo(f"  {i.where:<24} {i.name:<40} from {i.source} every {output.format_duration(i.every_s)}")
+    for i, why in refused:
+        click.echo(f"  {i.where:<24} {i.name:<40} REFUSED: {output.printable(why)}")
 
 
 @intent_group.command("status")

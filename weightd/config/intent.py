@@ -68,6 +68,21 @@ class IntentSettings(FrozenModel):
     nfd_dir: Path | None = Field(None, doc="Node Feature Discovery's features.d: weightd writes labels "
                                            "weightd.io/<model>=hot|warm|ready there every round")
     prewarm: PrewarmSettings | None = Field(None, doc="prediction-driven prewarming; unset: off")
+    # [[import]] entries publish into cold storage with the daemon's rights and Hub token: the daemon's own
+    # config (root's) says which, never an intent file alone
+    import_allow: dict[str, str] = Field({}, doc="[[import]] entries this daemon runs: NAME glob = hf://ORG/REPO "
+                                                  "glob, e.g. { \"meta/*\" = \"hf://meta-llama/*\" }; empty: none "
+                                                  "(entries show as refused)")
+    import_sign: bool = Field(False, doc="sign [[import]] versions with [publish] signing_key (off: they are "
+                                         "published unsigned)")
+
+    @field_validator("import_allow")
+    @classmethod
+    def _import_allow(cls, v: Any) -> dict[str, str]:
+        for name, source in v.items():
+            if not name or not isinstance(source, str) or not source.startswith("hf://") or len(source) < 6:
+                raise ValueError(f"{name!r} = {source!r}: expected NAME-GLOB = \"hf://ORG/REPO-GLOB\"")
+        return v
 
     _paths = field_validator("dir", "labels_file", "nfd_dir", mode="before")(
         lambda v: None if v is None else abs_path(v))

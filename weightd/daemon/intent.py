@@ -42,7 +42,8 @@ class IntentRunner:
     def __init__(self, d: "DaemonContext", *, clock: Callable[[], float] = time.time) -> None:
         self.d, self.clock = d, clock
         self.entries: list[KeepEntry] = []
-        self.import_entries: list[ImportEntry] = []   # [[import]] entries this node runs
+        self.import_entries: list[ImportEntry] = []   # [[import]] entries that select this node
+        self.import_refused: list[tuple[ImportEntry, str]] = []   # ... and those it refuses (conflicts)
         self.source: str | None = None          # the directory the running intent came from
         self.loaded_at: float | None = None
         self.error: dict[str, Any] | None = None
@@ -104,7 +105,7 @@ class IntentRunner:
         now = self.clock()
         self.rounds += 1
         await self._read_intent(fp)
-        self.imports.run(self.import_entries)
+        self.imports.run(self.import_entries, self.import_refused)
         # an entry without patterns keeps what a preload of the model keeps: its default patterns, if any
         entries = [e if e.selection is not None else replace(e, selection=d.service.selection_for(e.name))
                    for e in self.entries]
@@ -145,7 +146,7 @@ class IntentRunner:
                 log.info("intent: [intent] dir removed from the config; dropping the %d entries of %s",
                          len(self.entries), self.source)
                 self.entries, self.source, self.error, self.loaded_at = [], None, None, None
-                self.import_entries = []
+                self.import_entries, self.import_refused = [], []
             return
         try:
             if fp == ("missing",) and self.source is not None:
@@ -155,7 +156,7 @@ class IntentRunner:
             intent = await self.d.run_blocking("misc", load_intent, directory, trusted_uids=self._trusted())
             labels = await self.d.run_blocking("misc", read_labels, self.cfg.labels_file, self.cfg.labels)
             entries = intent.for_node(labels)
-            imports = intent.imports_for(labels, origin=self.d.role == "origin")
+            imports, refused = intent.imports_for(labels, origin=self.d.role == "origin")
         except IntentError as exc:
             msg = str(exc)
             if self.error is None or self.error["error"] != msg:
@@ -173,7 +174,7 @@ class IntentRunner:
             log.info("intent: %d [[import]] entr%s for this node", len(imports), "y" if len(imports) == 1 else "ies")
             changed = True
         self.entries, self.labels, self.source, self.error = entries, labels, str(directory), None
-        self.import_entries = imports
+        self.import_entries, self.import_refused = imports, refused
         self.loaded_at = self.clock() if changed or self.loaded_at is None else self.loaded_at
         self.fingerprint = fp
 
@@ -280,8 +281,8 @@ class IntentRunner:
     def close(self) -> bool:
         """At exit: True if a cold listing is still running (the daemon then exits hard, as it does
         for a copy still running: a hung cold server must not hold the exit)."""
-        self.imports.close()
-        return self.catalog.close()
+        importing = self.imports.close()
+        return self.catalog.close() or importing
 
     # -- what `weightd intent status|explain` shows ----------------------------------------------------
     def status(self) -> dict[str, Any]:

@@ -18,6 +18,7 @@ it. Problems are :class:`IntentError` naming file, ``import #N`` and key, like `
 
 from __future__ import annotations
 
+import fnmatch
 import re
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -129,16 +130,32 @@ def parse_imports(file: str, raw: Any) -> list[ImportEntry]:
     return [parse_import(file, i, r) for i, r in enumerate(raw, 1)]
 
 
-def imports_for(entries: tuple[ImportEntry, ...], labels: Mapping[str, str], origin: bool) -> list[ImportEntry]:
-    """The imports this node runs; IntentError when two of them publish one name from two sources (or
-    two selections): a version label is a commit SHA, so they would race for the same NAME@SHA."""
+def imports_for(entries: tuple[ImportEntry, ...], labels: Mapping[str, str],
+                origin: bool) -> tuple[list[ImportEntry], list[tuple[ImportEntry, str]]]:
+    """The imports this node runs, and the ones it refuses with why: of two that publish one name from
+    two sources (or two selections) the first in file order runs and the other is refused (a row in
+    ``intent status``; the rest of the intent runs)."""
     chosen: dict[str, ImportEntry] = {}
+    refused: list[tuple[ImportEntry, str]] = []
     for e in entries:
         if not e.selects(labels, origin):
             continue
         old = chosen.get(e.name)
         if old is not None and (old.source, old.include, old.exclude) != (e.source, e.include, e.exclude):
-            raise IntentError(e.file, f"imports {e.name} as {old.where} does, from another source or selection; "
-                              f"give one another name", f"import #{e.index}")
+            refused.append((e, f"imports {e.name} as {old.where} does, from another source or selection: give "
+                               f"one another name"))
+            continue
         chosen.setdefault(e.name, e)
-    return list(chosen.values())
+    return list(chosen.values()), refused
+
+
+def not_allowed(e: ImportEntry, allow: Mapping[str, str]) -> str | None:
+    """Why the daemon's ``[intent] import_allow`` (NAME glob = hf://ORG/REPO glob) does not cover ``e``, or
+    None: an intent file alone never makes a daemon publish (with its rights, its Hub token and, if
+    ``import_sign``, its signing key)."""
+    repo = e.source.partition("@")[0]
+    for name_glob, source_glob in allow.items():
+        if fnmatch.fnmatchcase(e.name, name_glob) and fnmatch.fnmatchcase(repo, source_glob.partition("@")[0]):
+            return None
+    return (f"{e.name} from {repo} is not allowed by this daemon's [intent] import_allow "
+            f"({', '.join(f'{k} = {v}' for k, v in allow.items()) or 'empty'}): add it there to run this import")

@@ -242,8 +242,9 @@ class Intent:
     fingerprint: tuple[Any, ...]
     imports: tuple[ImportEntry, ...] = ()
 
-    def imports_for(self, labels: Mapping[str, str], origin: bool) -> list[ImportEntry]:
-        """The ``[[import]]`` entries this node runs (:func:`.imports.imports_for`)."""
+    def imports_for(self, labels: Mapping[str, str],
+                    origin: bool) -> tuple[list[ImportEntry], list[tuple[ImportEntry, str]]]:
+        """The ``[[import]]`` entries this node runs, and those it refuses (:func:`.imports.imports_for`)."""
         return imports_for(self.imports, labels, origin)
 
     def for_node(self, labels: Mapping[str, str]) -> list[KeepEntry]:

@@ -12,6 +12,8 @@ a caller's files, the inode checks of :class:`tiering.sources.hf.HubSnapshot`).
 from __future__ import annotations
 
 import fcntl
+import hashlib
+import json
 import os
 from contextlib import contextmanager
 from pathlib import Path
@@ -37,6 +39,15 @@ def repo_lock(cache: Path, repo_id: str, note: Note) -> Iterator[None]:
         os.close(fd)
 
 
+def default_label(commit: str, include: Sequence[str], exclude: Sequence[str]) -> str:
+    """The version label of an import: the commit SHA, or with --include/--exclude the SHA and 8 hex of
+    the selection (``<sha>-1a2b3c4d``), so one label is one commit and one selection of its files."""
+    if not include and not exclude:
+        return commit
+    sel = json.dumps([list(include), list(exclude)], separators=(",", ":")).encode()
+    return f"{commit}-{hashlib.sha256(sel).hexdigest()[:8]}"
+
+
 def published_report(rows: Sequence[Mapping[str, Any]], name: str, version: str,
                      cold_path: str) -> dict[str, Any] | None:
     """NAME@VERSION's publish report from a listing's rows (``weightd ls``) if it is published, as
@@ -45,7 +56,8 @@ def published_report(rows: Sequence[Mapping[str, Any]], name: str, version: str,
     if row is None:
         return None
     return {"name": name, "version": version, "path": f"{cold_path.rstrip('/')}/{name}/{version}",
-            "digest": row["digest"], "bytes": row["bytes"], "unchanged": True, "seconds": 0.0, "signed_by": None}
+            "digest": row["digest"], "bytes": row["bytes"], "unchanged": True, "seconds": 0.0, "signed_by": None,
+            "signed": bool(row.get("signed"))}
 
 
 def cold_location(settings: Any) -> str:
@@ -54,15 +66,18 @@ def cold_location(settings: Any) -> str:
     return cold.url if cold.url else str(cold.path)
 
 
-def import_from_hub(source: str, cache: Path, *, name: str | None, version_label: str | None,
+def import_from_hub(source: str, cache: Callable[[], Path], *, name: str | None, version_label: str | None,
                     include: Sequence[str], exclude: Sequence[str],
                     published: Callable[[str, str], dict[str, Any] | None],
                     publish: Callable[[Any, str, str], dict[str, Any]], note: Note,
-                    progress_bars: bool = False) -> tuple[dict[str, Any], str, str]:
+                    progress_bars: bool = False,
+                    cancelled: Callable[[], bool] = lambda: False) -> tuple[dict[str, Any], str, str]:
     """Import ``source`` (hf://ORG/REPO[@REVISION]) into cold storage through ``publish(snapshot, name,
     version)``; returns (publish report with a ``source`` section, name, version). Under the default
-    label (the commit SHA) a commit ``published(name, version)`` finds is not downloaded again; a label
-    given by the caller may name other content, which the publish then refuses (VersionConflict)."""
+    label (:func:`default_label`: the commit and the selection) a version ``published(name, version)``
+    finds is not downloaded again; a label given by the caller may name other content, which the publish
+    then refuses (VersionConflict). ``cache()`` is asked for the download directory once the reference
+    and names are checked; ``cancelled()`` between the steps (resolve, download, publish)."""
     from tiering import (discard_snapshot, fetch_snapshot, format_bytes, parse_hub_ref, resolve_commit,
                          validate_name, validate_version)
     ref = parse_hub_ref(source)
@@ -70,17 +85,21 @@ def import_from_hub(source: str, cache: Path, *, name: str | None, version_label
     validate_name(name)
     if version_label is not None:
         validate_version(version_label)
-    with repo_lock(cache, ref.repo_id, note):
+    where = cache()
+    with repo_lock(where, ref.repo_id, note):
+        _check(cancelled, ref)
         commit = resolve_commit(ref, note=note)
-        version = version_label or commit
+        version = version_label or default_label(commit, include, exclude)
         done = published(name, version) if version_label is None else None
         if done is not None:
             note(f"{ref}: commit {commit} is published as {name}@{version} already: nothing to download")
             done["source"] = {"url": str(ref), "repo": ref.repo_id, "revision": ref.revision, "commit": commit,
                               "downloaded": 0}
             return done, name, version
-        snap = fetch_snapshot(ref, cache, include=include, exclude=exclude, note=note,
+        _check(cancelled, ref)
+        snap = fetch_snapshot(ref, where, include=include, exclude=exclude, note=note,
                               progress_bars=progress_bars, commit=commit)
+        _check(cancelled, ref)
         note(f"{ref}: commit {snap.commit}, {len(snap.files)} file(s) ({format_bytes(snap.size)}) match the "
              f"Hub's hashes; publishing {name}@{version}")
         r = publish(snap, name, version)
@@ -91,4 +110,10 @@ def import_from_hub(source: str, cache: Path, *, name: str | None, version_label
     return r, name, r.get("version", version)
 
 
-__all__ = ["cold_location", "import_from_hub", "published_report", "repo_lock"]
+def _check(cancelled: Callable[[], bool], ref: Any) -> None:
+    if cancelled():
+        from tiering import TieringError
+        raise TieringError(f"{ref}: the import was called off (its entry removed, or the daemon stopping)")
+
+
+__all__ = ["cold_location", "default_label", "import_from_hub", "published_report", "repo_lock"]

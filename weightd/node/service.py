@@ -50,8 +50,9 @@ class NodeService:
 
     # -- publish ------------------------------------------------------------------------------------
     def publish(self, src: Path, name: str, version: str, *, progress: ProgressFn | None = None,
-                sign_key: Path | None = None, signature: Path | None = None, check: Any = None) -> dict[str, Any]:
-        """``sign_key`` (else ``[publish] signing_key``) signs the version; ``signature`` attaches a
+                sign_key: Path | None = None, signature: Path | None = None, check: Any = None,
+                default_key: bool = True) -> dict[str, Any]:
+        """``sign_key`` (else ``[publish] signing_key``, unless ``default_key`` is False) signs the version; ``signature`` attaches a
         model-signing bundle made elsewhere (checked to cover exactly these bytes); ``check(path, st)``
         is asked of every inode the scan pins (the daemon: could the caller read it?)."""
         from .swarm import ensure_torrent
@@ -59,7 +60,8 @@ class NodeService:
         validate_version(version)
         if sign_key is not None and signature is not None:
             raise InvalidRequest("sign_key", "give a key to sign with or a signature made elsewhere, not both")
-        key = sign_key if sign_key is not None or signature is not None else self.config.settings.publish.signing_key
+        key = sign_key if sign_key is not None or signature is not None or not default_key \
+            else self.config.settings.publish.signing_key
         bundle = None
         if signature is not None:
             try:
