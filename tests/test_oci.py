@@ -439,3 +439,61 @@ def test_publish_and_preload_through_a_daemon(oci_node, isolated_env, tmp_path: 
         assert d.metric('weightd_objstore_requests_total{op="get"}') > 0
     finally:
         d.stop()
+
+
+def _oci_layout(src: Path, layout_dir: Path, tag: str) -> None:
+    """``src`` as a ModelPack artifact in an OCI image layout directory (what skopeo copies from)."""
+    blobs = layout_dir / "blobs/sha256"
+    blobs.mkdir(parents=True)
+
+    def blob(data: bytes) -> tuple[str, int]:
+        h = hashlib.sha256(data).hexdigest()
+        (blobs / h).write_bytes(data)
+        return f"sha256:{h}", len(data)
+    layers = []
+    for p in sorted(x for x in src.rglob("*") if x.is_file()):
+        rel = str(p.relative_to(src))
+        digest, size = blob(p.read_bytes())
+        kind = "weight" if rel.endswith(".safetensors") else "weight.config"
+        layers.append({"mediaType": f"application/vnd.cncf.model.{kind}.v1.raw", "digest": digest, "size": size,
+                       "annotations": {"org.cncf.model.filepath": rel}})
+    cd, cn = blob(json.dumps({"descriptor": {"name": "tiny"}, "config": {},
+                              "modelfs": {"type": "layers", "diffIds": [x["digest"] for x in layers]}}).encode())
+    md, mn = blob(json.dumps({"schemaVersion": 2, "mediaType": OCI_MANIFEST, "artifactType": ARTIFACT_TYPE,
+                              "config": {"mediaType": "application/vnd.cncf.model.config.v1+json", "digest": cd,
+                                         "size": cn}, "layers": layers}).encode())
+    (layout_dir / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
+    ref = {"mediaType": OCI_MANIFEST, "digest": md, "size": mn,
+           "annotations": {"org.opencontainers.image.ref.name": tag}}
+    (layout_dir / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": [ref]}))
+
+
+def test_publish_imports_a_modelpack_artifact_another_tool_pushed(cli, oci_node, registry: Registry,
+                                                                    tmp_path: Path) -> None:
+    if shutil.which("skopeo") is None:
+        pytest.skip("skopeo missing (Debian package skopeo; scripts/install-tools.sh installs it)")
+    src = make_checkpoint(tmp_path / "src", total_bytes=4 * MiB, shards=2, layers=2, seed="import")
+    _oci_layout(src, tmp_path / "layout", "v1")
+    repo = f"{oci_node.prefix}-src/tiny"
+    subprocess.run(["skopeo", "copy", "--dest-tls-verify=false", "--dest-creds", f"{USER}:{PASSWORD}",
+                    f"oci:{tmp_path / 'layout'}:v1", f"docker://{registry.host}/{repo}:v1"], check=True,
+                   capture_output=True, timeout=120)
+    r = cli("publish", f"oci://{registry.host}/{repo}:v1", "--json")
+    assert r.returncode == 0, r.stderr
+    pub = json.loads(r.stdout)
+    assert (pub["name"], pub["version"]) == (f"{oci_node.prefix}-src/tiny", "v1") and not pub["unchanged"]
+    assert pub["digest"] == build_manifest(src).digest
+    r = cli("preload", f"{oci_node.prefix}-src/tiny@v1", "--tier", "warm", "--json")
+    assert r.returncode == 0, r.stderr
+    assert not verify_checkpoint(Path(json.loads(r.stdout)["path"]), build_manifest(src)).problems
+    # by digest, under a name and version of its own; a damaged blob is refused and nothing is published
+    _, raw = registry.manifest(repo, "v1")
+    digest = "sha256:" + hashlib.sha256(raw).hexdigest()
+    doc = json.loads(raw)
+    weights = next(x for x in doc["layers"] if x["annotations"]["org.cncf.model.filepath"].endswith(".safetensors"))
+    _flip(registry.blob_path(weights["digest"]), weights["size"] - 1)
+    r = cli("publish", f"oci://{registry.host}/{repo}@{digest}", "--name", "acme/imported", "--version", "v2")
+    assert_one_line_error(r, 5, "not the blob's digest")
+    assert_one_line_error(cli("preload", "acme/imported@v2"), 3)
+    assert_one_line_error(cli("publish", f"oci://{registry.host}/{repo}"), 2, "expected oci://REGISTRY/REPO:TAG")
+    assert_one_line_error(cli("publish", f"oci://{registry.host}/{repo}:v404"), 3, "no such artifact")

@@ -58,7 +58,8 @@ _SURFACE: dict[str, str] = {
     "resolve_commit": "sources.hf", "private_dir": "sources.hf",
     "Progress": "progress", "set_phase": "progress", "process_name": "inuse", "ObjectCold": "sources.s3.cold",
     "ObjectLocation": "sources.s3.client", "read_version": "versions",
-    "OciCold": "sources.oci.cold", "RegistryLocation": "sources.oci.client",
+    "OciCold": "sources.oci.cold", "RegistryLocation": "sources.oci.client", "ArtifactRef": "sources.oci.importer",
+    "pull_artifact": "sources.oci.importer",
     # page cache (tiering/pagecache/)
     "collect_files": "pagecache.files",
     "cool": "pagecache.resident", "residency": "pagecache.resident",

@@ -119,8 +119,9 @@ def refused(c: Any, what: str, challenge: str) -> Exception:
     from .errors import RegistrySetupError
     if c.creds is None:
         files = " or ".join(str(p) for p in c.auth_files)
-        err = RegistrySetupError(f"{c.url}: {what}: the registry asks for credentials (401) and there are none for "
-                                 f"{c.location.host} in {files}: docker login / podman login, or set REGISTRY_AUTH_FILE")
+        err = RegistrySetupError(f"{c.url}: {what}: the registry asks for credentials (401) and there are none "
+                                 f"for {c.location.host} in {files}: docker login / podman login, or set "
+                                 f"REGISTRY_AUTH_FILE")
     else:
         err = RegistrySetupError(f"{c.url}: {what}: the registry refused the credentials of user {c.creds.username} "
                                  f"(from {c.creds.source}) (401): log in again")
