@@ -5,9 +5,10 @@ of `cp -r` (one per adapter) and against one `weightd preload` call per adapter.
     .venv/bin/python bench/lora_set.py [--adapters 200] [--size 20MB] [--rounds 5] [--dir /var/tmp]
 
 Every adapter is a real safetensors file (+ adapter_config.json) published to a cold tier on disk.
-The cold files stay in the page cache for every contender (a warm-up read first): what bounds all of
-them is the first touch of tmpfs pages in /dev/shm. weightd also verifies every byte against the
-manifest (xxh3-128 of every tensor) before it renames an adapter into place; cp checks nothing.
+The cold files stay in the page cache for every contender (written back, then a warm-up read): what
+bounds all of them is the first touch of tmpfs pages in /dev/shm. weightd also verifies every byte
+against the manifest (xxh3-128 of every tensor) before it renames an adapter into place; cp checks
+nothing.
 The daemon runs (`weightd serve`) for the set and the single calls, as on a node; the set is also
 run in-process (`--no-daemon`). Contenders are interleaved round by round; the JSON has each one's
 median and min-max, and the ratios of medians with the per-round min-max.
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -81,6 +83,7 @@ def main() -> int:
         shutil.rmtree(hot, ignore_errors=True)
         cold_dirs = [base / "cold" / r.split("@")[0] / "v1" for r in refs]
         total = sum(f.stat().st_size for d in cold_dirs for f in d.iterdir() if f.is_file())
+        os.sync()   # (the set-up's write-back of the cold tier falls on no contender's first round)
         subprocess.run(["cat", *[str(f) for d in cold_dirs for f in d.iterdir() if f.is_file()]],
                        stdout=subprocess.DEVNULL, check=True)   # (in the page cache, for every contender)
         setfile = base / "adapters.txt"
