@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from tiering import copy as copy_mod
-from tiering.copy import CopyJob, copy_file, copy_files
+from tiering.copy import CopyJob, copy_file
+from tiering.copy_many import copy_files
 from tiering.errors import FileChanged
 
 

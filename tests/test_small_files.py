@@ -180,3 +180,82 @@ def test_scan_names_with_control_characters_are_still_refused(tmp_path: Path) ->
     ok.mkdir()
     (ok / "é ü.py").write_bytes(b"x")
     assert [f.relpath for f in scan_checkpoint(ok)] == ["é ü.py"]
+
+
+# -- publish: each small file hashed from the bytes it is written from --------------------------------
+
+def test_a_published_cache_s_manifest_is_what_reading_the_copy_back_gives(isolated_env, node_env, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+    from tiering.content.manifest_parse import parse_manifest
+    src = cache(tmp_path / "src")
+    (src / "empty.bin").write_bytes(b"")
+    r = subprocess.run([sys.executable, "-m", "weightd", "--config", str(node_env.config), "--no-daemon", "publish",
+                        src, "--name", "org/cache", "--version", "v1"], env=isolated_env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    published = node_env.cold / "org/cache/v1"
+    m = parse_manifest((published / ".weightd/manifest.json").read_bytes(), "test")
+    again = build_manifest(published)   # (every file read back and hashed)
+    assert m.digest == again.digest and len(m.files) == 301
+
+
+def test_build_manifest_takes_a_known_digest_only_for_the_very_file_hashed(tmp_path: Path) -> None:
+    """A staged file rewritten after its bytes were hashed (another inode, or another size or time) is
+    read back: the manifest says what is there, never what was hashed."""
+    import xxhash
+    from tiering.content.scan import scan_checkpoint as scan
+    d = tmp_path / "staged"
+    d.mkdir()
+    (d / "a").write_bytes(b"old bytes")
+    st = os.stat(d / "a")
+    known = {"a": (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, xxhash.xxh3_128_hexdigest(b"old bytes"))}
+    assert build_manifest(d, known=known).digest == build_manifest(d).digest
+    (d / "a").write_bytes(b"new bytes")             # same size, same inode, a later time
+    os.utime(d / "a", ns=(st.st_atime_ns, st.st_mtime_ns + 1000))
+    m = build_manifest(d, files=scan(d), known=known)
+    assert m.files[0].chunks == (xxhash.xxh3_128_hexdigest(b"new bytes"),)
+    (d / "b").write_bytes(b"old bytes")             # another inode, same bytes as hashed
+    os.replace(d / "b", d / "a")
+    os.utime(d / "a", ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert build_manifest(d, known=known).files[0].chunks == (xxhash.xxh3_128_hexdigest(b"old bytes"),)
+    # ... and a fake digest is never taken for another inode
+    fake = {"a": (*known["a"][:4], "0" * 32)}
+    assert build_manifest(d, known=fake).files[0].chunks == (xxhash.xxh3_128_hexdigest(b"old bytes"),)
+
+
+def test_a_source_file_changed_during_publish_is_caught(node_env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file of the cache rewritten after it was copied (and hashed): FileChanged, nothing published."""
+    from tiering import copy_many
+    from tiering.copy import CopyJob as Job
+    src = cache(tmp_path / "src")
+    real = copy_many._copy_hashed
+    victim = src / "rank_0/05/c0101.py"
+
+    def copy_then_touch(job: Job, key: str, hashed: dict, progress) -> None:
+        real(job, key, hashed, progress)
+        if key.endswith("c0101.py"):
+            victim.write_bytes(b"changed" + victim.read_bytes()[7:])
+            os.utime(victim, ns=(0, victim.stat().st_mtime_ns + 10_000_000))
+    monkeypatch.setattr(copy_many, "_copy_hashed", copy_then_touch)
+    with node_env.node() as n:
+        with pytest.raises(FileChanged):
+            n.publish(src, "org/c", "v1")
+    assert not (node_env.cold / "org/c/v1").exists()
+
+
+def test_many_small_files_are_published_durably_by_one_syncfs(isolated_env, node_env, tmp_path: Path) -> None:
+    """Publishing more than 256 small files: one syncfs of cold storage before the rename, every
+    staged directory fsynced before it, NAME/ after it; not an fsync a file."""
+    from .test_durability import commit_index, fs_synced, traced
+    src = cache(tmp_path / "src")
+    r, calls = traced(isolated_env, node_env.config, tmp_path / "publish.strace",
+                      "publish", src, "--name", "org/cache", "--version", "v1")
+    assert r.returncode == 0, r.stderr
+    i = commit_index(calls, node_env.cold / "org/cache", "v1")
+    assert fs_synced(calls, i, node_env.cold), calls[:i]
+    assert len([p for c, _, p in calls[:i] if c == "fsync" and p and p[0].endswith(".py")]) == 0
+    staged_dirs = {p[0].split("/.staging/", 1)[1].partition("/")[2] for c, _, p in calls[:i]
+                   if c == "fsync" and p and "/.staging/" in p[0]}
+    assert {"", "rank_0", *(f"rank_0/{k:02x}" for k in range(16))} <= staged_dirs, staged_dirs
+    assert any(c == "fsync" and p == [str(node_env.cold / "org/cache")] for c, _, p in calls[i + 1:])

@@ -1,4 +1,5 @@
-"""Plain copies in the kernel (publish's, whose source is hashed apart), and the deadlines every copy
+"""Plain copies in the kernel (publish's, whose source is hashed apart; many files at once in
+:mod:`tiering.copy_many`), and the deadlines every copy
 and read of cold storage runs under (:func:`run_all`, :func:`run_bounded`, the stuck-read count).
 
 ``copy_file_range`` within a file system, else ``sendfile`` (``copy_file_range`` across file systems
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence, TypeVar
 
 from ._syscalls import start_writeback, syncfs
-from .content.scan import Parents, create_file_at, open_file_at
+from .content.scan import create_file_at, open_file_at
 from .errors import FileChanged, TimedOut
 from .safefs import FileRef, open_source, sanitize_mode
 
@@ -159,28 +160,18 @@ def _copy_chunk(sfd: int, dfd: int, off: int, n: int, method: list[str], buf: li
             raise
 
 
-def prepare(sfd: int, dfd: int, size: int) -> None:
+def prepare(sfd: int, dfd: int, size: int, *, sequential: bool = True) -> None:
     """Before a copy: ``size`` bytes preallocated at the destination (a full tier fails here, before a
     byte is written; other refusals, e.g. tmpfs or NFS without fallocate, are not errors) and the
-    source read sequentially."""
+    source read sequentially (not asked for a file read in one call)."""
     if size:
         try:
             os.posix_fallocate(dfd, 0, size)
         except OSError as exc:
             if exc.errno == errno.ENOSPC:
                 raise
-    if hasattr(os, "posix_fadvise"):
+    if sequential and hasattr(os, "posix_fadvise"):
         os.posix_fadvise(sfd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-
-
-def _small_prepare(sfd: int, dfd: int, size: int) -> None:
-    """:func:`prepare` for a file read in one call (no read-ahead to ask for)."""
-    if size:
-        try:
-            os.posix_fallocate(dfd, 0, size)
-        except OSError as exc:
-            if exc.errno == errno.ENOSPC:
-                raise
 
 
 def copy_file(job: CopyJob, *, preallocate: bool = True, progress: Callable[[int], None] | None = None,
@@ -191,7 +182,7 @@ def copy_file(job: CopyJob, *, preallocate: bool = True, progress: Callable[[int
     try:
         dfd = _create_dst(job.dst)
         try:
-            (prepare if job.size > SMALL_FILE_BYTES else _small_prepare)(sfd, dfd, job.size if preallocate else 0)
+            prepare(sfd, dfd, job.size if preallocate else 0, sequential=job.size > SMALL_FILE_BYTES)
             method, buf = ["copy_file_range"], []
             off, step = 0, CHUNK if progress is None else PROGRESS_CHUNK
             while off < job.size:
@@ -220,47 +211,6 @@ def copy_file(job: CopyJob, *, preallocate: bool = True, progress: Callable[[int
 
 SMALL_FILES = 256          # more files than this, averaging under SMALL_FILE_BYTES: one syncfs, not an fsync each
 SMALL_FILE_BYTES = 1 << 20
-
-
-def copy_files(jobs: Sequence[CopyJob], *, threads: int = 2, preallocate: bool = True,
-               progress: Callable[[int], None] | None = None, deadline: float | None = None,
-               clock: Callable[[], float] = time.monotonic) -> None:
-    """Copy many files (largest first, ``threads`` at a time); the first error cancels the rest.
-    With a ``deadline`` even a read that never returns (a hung NFS server) cannot hold the caller.
-
-    Many small files (a compile cache: thousands of a few KB) are copied as such: every destination
-    directory is made and opened once, not walked again for each file, and the files are made durable
-    by one ``syncfs`` of their file system at the end instead of an ``fsync`` each (on a disk, those
-    cost more than the copies)."""
-    order = sorted(jobs, key=lambda j: -j.size)
-    small = len(order) > SMALL_FILES and sum(j.size for j in order) < SMALL_FILE_BYTES * len(order)
-    made = Parents(create=True)
-    try:
-        if small:
-            order = [in_parents(j, made) for j in order]
-        run_all(lambda j: copy_file(j, preallocate=preallocate, progress=progress, deadline=deadline, clock=clock,
-                                    fsync=not small),
-                order, threads=1 if small else threads,   # (see verified_copy: one thread for many small files)
-                name="weightd-copy", deadline=deadline, clock=clock)
-        if small:
-            roots = {id(j.dst.dir): j.dst.dir for j in order if isinstance(j.dst, FileRef)}
-            for d in roots.values():
-                syncfs(d.fd)
-                break   # (one file system: the staging area's)
-            for j in order:
-                if not isinstance(j.dst, FileRef):
-                    os.sync()   # (paths outside any tier: tools and tests)
-                    break
-    finally:
-        made.close()
-
-
-def in_parents(job: CopyJob, made: Parents) -> CopyJob:
-    """The job with its destination as a name in its (made, opened once) parent directory: each new
-    file is then one ``openat`` of one component, not a walk from the top (many small files)."""
-    if not isinstance(job.dst, FileRef) or "/" not in job.dst.rel:
-        return job
-    return CopyJob(job.src, FileRef(*made.split(job.dst)), job.size, job.mode)
 
 
 def run_all(fn: Callable[[T], object], items: Sequence[T], *, threads: int, name: str,

@@ -29,8 +29,9 @@ from ._syscalls import is_tmpfs, start_writeback, syncfs, wait_writeback
 from .content.manifest import tree_hash
 from .content.partcheck import PartCheck
 from .content.scan import Parents
-from .copy import (_BOUNDED, PROGRESS_CHUNK, SMALL_FILE_BYTES, SMALL_FILES, CopyJob, _create_dst, _open_src, in_parents,
-                   prepare, run_all, where)
+from .copy import (_BOUNDED, PROGRESS_CHUNK, SMALL_FILE_BYTES, SMALL_FILES, CopyJob, _create_dst, _open_src, prepare,
+                   run_all, where)
+from .copy_many import in_parents
 from .errors import ChecksumMismatch, FileChanged, TimedOut
 from .safefs import FileRef, open_source, sanitize_mode
 

@@ -6,7 +6,7 @@ import os
 import random
 import stat
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from ..errors import ChecksumMismatch, IntegrityError
 from ..safefs import Dir
@@ -25,21 +25,32 @@ def plan_size(files: list[ScannedFile]) -> int:
     return sum(f.size for f in files)
 
 
-def build_manifest(root: str | os.PathLike[str], *, threads: int | None = None,
+def build_manifest(root: "str | os.PathLike[str] | Dir", *, threads: int | None = None,
                    progress: ProgressFn | None = None, chunk_size: int = DEFAULT_CHUNK_SIZE,
-                   files: list[ScannedFile] | None = None) -> Manifest:
-    """Scan ``root`` and hash every file (safetensors by header + tensors, others by chunks)."""
+                   files: list[ScannedFile] | None = None,
+                   known: "Mapping[str, tuple[int, int, int, int, str]] | None" = None) -> Manifest:
+    """Scan ``root`` and hash every file (safetensors by header + tensors, others by chunks).
+
+    ``known``: relpath -> (st_dev, st_ino, st_size, st_mtime_ns, xxh3-128) of files whose bytes were
+    hashed as they were written (:func:`tiering.copy_many.copy_files`): a file that is one chunk and is
+    still that very inode, of that size and modification time, takes that digest instead of being read
+    back; any other is read and hashed."""
     scanned = files if files is not None else scan_checkpoint(root)
     headers = {f.relpath: read_header(f.path) for f in scanned if is_safetensors(f.relpath)}
-    jobs = []
+    jobs, taken = [], {}
     for f in scanned:
         hdr = headers.get(f.relpath)
+        k = known.get(f.relpath) if known is not None and hdr is None and f.size <= chunk_size else None
+        if k is not None and k[:4] == (f.dev, f.ino, f.size, f.mtime_ns):
+            taken[f.relpath] = [k[4]]
+            continue
         if hdr is not None:
             ranges = [(0, hdr.header_size)] + [(t.begin, t.end) for t in hdr.tensors]
         else:
             ranges = chunk_ranges(f.size, chunk_size)
         jobs.append(HashJob(f.path, ranges, f.size, f.mtime_ns))
-    digests = hash_files(jobs, threads=threads, progress=progress)
+    hashed = iter(hash_files(jobs, threads=threads, progress=progress))
+    digests = [taken[f.relpath] if f.relpath in taken else next(hashed) for f in scanned]
 
     entries = []
     for f, parts in zip(scanned, digests):
