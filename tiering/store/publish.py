@@ -18,7 +18,8 @@ from ..content.manifest import Manifest
 from ..content.signature import HASHERS, SIGNATURE_RELPATH, TrustPolicy, load_private_key, read_unverified, sign
 from ..content.names import validate_label, validate_name, validate_version
 from ..content.scan import CheckFn, ScannedFile, scan_checkpoint
-from ..copy import CopyJob, copy_files
+from ..copy import CopyJob
+from ..copy_many import copy_files
 from ..errors import BadInput, FileChanged, VersionConflict
 from ..layout import COLD, DIR_MODE, version_rel
 from ..safefs import Dir, FileRef
@@ -140,7 +141,8 @@ class Publisher:
                signature: bytes | None, of: dict[str, Any] | None = None) -> tuple[str, int, str | None]:
         """Copy, check nothing changed or was added, build the manifest from staging and commit."""
         jobs = [CopyJob(f.path, FileRef(staging.dir, f.relpath), f.size, f.mode) for f in files]
-        copy_files(jobs, threads=self.copy_threads, preallocate=False, progress=progress)
+        hashed: dict = {}   # (many small files: each hashed from the bytes written, not read back below)
+        copy_files(jobs, threads=self.copy_threads, preallocate=False, progress=progress, hashed=hashed)
         for f in files:  # the source must not have changed while it was copied
             st = os.stat(f.path)
             if (st.st_size, st.st_mtime_ns) != (f.size, f.mtime_ns):
@@ -150,7 +152,7 @@ class Publisher:
             extra = sorted({f.relpath for f in staged} - {f.relpath for f in files})[:3]
             raise FileChanged(str(staging.path), f"staging holds files that are not in {src}: "
                                                  f"{', '.join(extra)} (another writer?)")
-        m = build_manifest(staging.dir, files=staged)
+        m = build_manifest(staging.dir, files=staged, known=hashed)
         m = m.with_labels(name=name, version=version,
                           published_at=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"), of=of)
         signed_by = self._sign(staging, m, f"{name}@{version}", sign_key, signature)
