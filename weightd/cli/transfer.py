@@ -17,7 +17,7 @@ from .tiers import Backend, companion_of, selection_body, selection_options
 
 
 @cli.command()
-@click.argument("directory", metavar="DIRECTORY|hf://ORG/REPO[@REVISION]")
+@click.argument("directory", metavar="DIRECTORY|hf://ORG/REPO[@REVISION]|oci://REGISTRY/REPO:TAG")
 @click.option("--name", help="Checkpoint NAME ([A-Za-z0-9._-]+, at most one '/'; from hf://: ORG/REPO).")
 @click.option("--version", "version_label", metavar="VERSION", help="Immutable VERSION label (from hf://: the "
               "commit SHA the revision names).")
@@ -49,6 +49,9 @@ def publish(app: AppContext, directory: str, name: str | None, version_label: st
     From a Hugging Face Hub (HF_ENDPOINT, HF_TOKEN): weightd publish hf://meta-llama/Llama-3.1-8B@main
     --exclude 'original/*' (every file checked against the Hub's sha256/sha1 before it is published).
 
+    From an OCI registry (a ModelPack artifact another tool pushed; every blob checked by its sha256):
+    weightd publish oci://registry.internal/models/llama:v1 --name acme/llama --version v1
+
     A companion artefact (a vLLM / torch.compile / Triton cache) is tied to a version and a key:
     weightd publish ~/.cache/vllm/torch_compile_cache --companion-of acme/llama-8b@v1 --kind compile-cache
     --key vllm-0.8.4-h100-tp1
@@ -64,6 +67,21 @@ def publish(app: AppContext, directory: str, name: str | None, version_label: st
                                             os.path.abspath(sign_key) if sign_key else None,
                                             os.path.abspath(signature) if signature else None)
         output.emit_json("publish", r) if as_json else output.show_published(r, name, version)
+        return
+    if directory.startswith("oci://"):
+        if companion_of_ref is not None or kind or key or include or exclude:
+            raise click.UsageError("--companion-of, --kind, --key, --include and --exclude do not apply to oci://")
+        from tiering import ArtifactRef, RegistryLocation, pull_artifact
+        ref, cold = ArtifactRef.parse(directory), app.config.settings.tiers.cold
+        name, version_label = name or ref.default_name(), version_label or ref.default_version()
+        validate_name(name)
+        validate_version(version_label)
+        # (the cold tier's own registry: its insecure setting applies; its ca_file to any registry)
+        same = bool(cold.url and cold.url.startswith("oci://")) and RegistryLocation.parse(cold.url).host == ref.host
+        with pull_artifact(directory, insecure=same and cold.insecure, ca_file=cold.ca_file) as art, Backend(app) as b:
+            r = b.publish(str(art.dir), name, version_label, sign_key=os.path.abspath(sign_key) if sign_key else None,
+                          signature=os.path.abspath(signature) if signature else None)
+        output.emit_json("publish", r) if as_json else output.show_published(r, name, version_label)
         return
     if include or exclude:
         raise click.UsageError("--include and --exclude select files of an hf:// repository")
