@@ -337,7 +337,7 @@ class _Listing:
     def list_repo_tree(self, repo_id, revision, recursive):
         return iter(self.entries)
 
-    def model_info(self, repo_id, revision):
+    def model_info(self, repo_id, revision, timeout=None):
         from types import SimpleNamespace
         return SimpleNamespace(sha=self.sha)
 
