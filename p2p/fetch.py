@@ -130,8 +130,10 @@ class P2PFetcher:
             session.bad_torrents.add(key)
             return f"; the torrent {key[:16]} describes other bytes than the manifest: not used again"
         # libtorrent's piece checks are the manifest's check only for a bound torrent of an unsigned version
-        # (the module docstring says why); then the node reads nothing back
-        verified = bound and result.flushed and not is_signed(src) and \
+        # in a path cold tier (the module docstring says why); then the node reads nothing back. In object
+        # storage (S3, OCI) the torrent is not written by the publisher but by whichever origin reads the
+        # version first, so its record binds nothing a store credential could not forge: read back there.
+        verified = bound and src.store is None and result.flushed and not is_signed(src) and \
             _staged_as_listed(request.staging.dir, src.manifest, subset)
         log.debug("p2p: %s downloaded, %s", src.ref, "checked by libtorrent against a torrent bound to the manifest"
                   if verified else "to be read back and checked against the manifest")

@@ -284,6 +284,9 @@ def test_s3_cold_the_origin_seeds_from_its_local_copy(cluster, s3_endpoint, buck
     for r in reports:
         by = r["bytes_by_source"]
         assert by["cold"] == 0 and by["origin"] + by["peer"] >= size and r["source_fallbacks"] == [], r
+        # (the torrent in a bucket is an origin's, not the publisher's: its record binds nothing a store
+        # credential could not forge, so the swarm's bytes are read back against the manifest)
+        assert r["swarm"]["read_back"] is True, r
     for w in workers:
         assert w.cli("verify", str(w.dir / "warm/org/s3swarm/v1")).returncode == 0
     # the origin's metrics: its local copy came from the bucket, counted by request and byte
