@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from tiering import (DIR_MODE, DeltaPlan, Dir, FetchRequest, FetchResult, Manifest, SourceFallback, TieringError,
                      is_whole, prefill_delta, scan_dir, set_phase)
@@ -129,12 +129,7 @@ class P2PFetcher:
             (honest ones seeding that torrent would be), the torrent is not used again by this daemon."""
             session.bad_torrents.add(key)
             return f"; the torrent {key[:16]} describes other bytes than the manifest: not used again"
-        # libtorrent's piece checks are the manifest's check only for a bound torrent of an unsigned version
-        # in a path cold tier (the module docstring says why); then the node reads nothing back. In object
-        # storage (S3, OCI) the torrent is not written by the publisher but by whichever origin reads the
-        # version first, so its record binds nothing a store credential could not forge: read back there.
-        verified = bound and src.store is None and result.flushed and not is_signed(src) and \
-            _staged_as_listed(request.staging.dir, src.manifest, subset)
+        verified = _checked_by_libtorrent(src, bound, result.flushed, request.staging.dir, subset)
         log.debug("p2p: %s downloaded, %s", src.ref, "checked by libtorrent against a torrent bound to the manifest"
                   if verified else "to be read back and checked against the manifest")
         return FetchResult(True, {"origin": origin, "peer": peers, "local_reuse": result.local_bytes},
@@ -199,3 +194,13 @@ def _move_up(inner: Dir, staging: Dir, files: frozenset[str] | None = None) -> N
             inner.remove(child)
             continue
         inner.rename(child, staging, child)
+
+
+def _checked_by_libtorrent(src: Any, bound: bool, flushed: bool, staged: Any, subset: "Subset | None") -> bool:
+    """Whether libtorrent's piece checks were the manifest's check, so the node reads nothing back: a
+    torrent bound to the manifest, of an unsigned version, in a path cold tier (the module docstring
+    says why), its cache flushed and the staged files exactly the manifest's names and sizes. In object
+    storage (S3, OCI) the torrent is not written by the publisher but by whichever origin reads the
+    version first, so its record binds nothing a store credential could not forge: read back there."""
+    return bound and src.store is None and flushed and not is_signed(src) and \
+        _staged_as_listed(staged, src.manifest, subset)

@@ -71,16 +71,7 @@ def publish(app: AppContext, directory: str, name: str | None, version_label: st
     if directory.startswith("oci://"):
         if companion_of_ref is not None or kind or key or include or exclude:
             raise click.UsageError("--companion-of, --kind, --key, --include and --exclude do not apply to oci://")
-        from tiering import ArtifactRef, RegistryLocation, pull_artifact
-        ref, cold = ArtifactRef.parse(directory), app.config.settings.tiers.cold
-        name, version_label = name or ref.default_name(), version_label or ref.default_version()
-        validate_name(name)
-        validate_version(version_label)
-        # (the cold tier's own registry: its insecure setting applies; its ca_file to any registry)
-        same = bool(cold.url and cold.url.startswith("oci://")) and RegistryLocation.parse(cold.url).host == ref.host
-        with pull_artifact(directory, insecure=same and cold.insecure, ca_file=cold.ca_file) as art, Backend(app) as b:
-            r = b.publish(str(art.dir), name, version_label, sign_key=os.path.abspath(sign_key) if sign_key else None,
-                          signature=os.path.abspath(signature) if signature else None)
+        r, name, version_label = _publish_artifact(app, directory, name, version_label, sign_key, signature)
         output.emit_json("publish", r) if as_json else output.show_published(r, name, version_label)
         return
     if include or exclude:
@@ -107,6 +98,23 @@ def publish(app: AppContext, directory: str, name: str | None, version_label: st
         r = b.publish(directory, name, version_label, sign_key=os.path.abspath(sign_key) if sign_key else None,
                       signature=os.path.abspath(signature) if signature else None, companion=companion)
     output.emit_json("publish", r) if as_json else output.show_published(r, name, r.get("version", version_label))
+
+
+def _publish_artifact(app: AppContext, source: str, name: str | None, version_label: str | None,
+                      sign_key: str | None, signature: str | None) -> tuple[dict[str, Any], str, str]:
+    """``publish oci://REGISTRY/REPO:TAG|@sha256:...``: the artifact pulled (every blob checked by its
+    sha256) into a scratch directory, then published as a directory."""
+    from tiering import ArtifactRef, RegistryLocation, pull_artifact, validate_name, validate_version
+    ref, cold = ArtifactRef.parse(source), app.config.settings.tiers.cold
+    name, version_label = name or ref.default_name(), version_label or ref.default_version()
+    validate_name(name)
+    validate_version(version_label)
+    # (the cold tier's own registry: its insecure setting applies; its ca_file to any registry)
+    same = bool(cold.url and cold.url.startswith("oci://")) and RegistryLocation.parse(cold.url).host == ref.host
+    with pull_artifact(source, insecure=same and cold.insecure, ca_file=cold.ca_file) as art, Backend(app) as b:
+        r = b.publish(str(art.dir), name, version_label, sign_key=os.path.abspath(sign_key) if sign_key else None,
+                      signature=os.path.abspath(signature) if signature else None)
+    return r, name, version_label
 
 
 @cli.command()
