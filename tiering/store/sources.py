@@ -87,7 +87,7 @@ class Sources:
             if self._remote(fill, staging, m, cold, tier, name, version, deadline, progress, crypto):
                 return fill
         if not labels and self.roots.object is not None:
-            self._from_object(fill, staging, m, tier, name, version, deadline, progress, origin)
+            self._from_object(fill, staging, m, tier, name, version, deadline, progress, origin, crypto)
             return fill
         if not labels:
             raise CheckpointNotFound(f"{name}@{version}", "no complete copy to read from")
@@ -105,7 +105,7 @@ class Sources:
             if plan is not None:
                 fill.delta = {"donors": [donors[i].ref for i in plan.donors_used()],
                               "planned_reuse_bytes": plan.reuse_bytes, "refetched": []}
-            if self._try_fetchers(fill, cold, staging, plan, deadline, progress, _subset(m, cold), m):
+            if self._try_fetchers(fill, cold, staging, plan, deadline, progress, _subset(m, cold), m, crypto):
                 return True
             if plan is not None:
                 self._build_delta(staging, plan, fill, name, cold.version, deadline, progress, crypto)
@@ -114,13 +114,14 @@ class Sources:
 
     def _try_fetchers(self, fill: Fill, src: VersionDir, staging: StagingArea, plan: DeltaPlan | None,
                       deadline: float | None, progress: ProgressFn | None,
-                      files: frozenset[str] | None, m: Manifest) -> bool:
+                      files: frozenset[str] | None, m: Manifest, crypto: Callable[[], Any] | None = None) -> bool:
         """Each fetcher (the swarm) in turn; True when one filled the staging area with the bytes of
         ``m`` (``files``: only these files of ``src``, for a partial copy). What a fetcher filled is
         checked against ``m`` here, before it counts: bytes that fail (a torrent a cold writer replaced
         describes other bytes than the manifest, and its pieces pass the swarm's own check) are
         removed, the fetcher is told (it bans who sent them), and the next source is used, as a
-        fallback with the reason."""
+        fallback with the reason. With ``crypto`` (a signed version), that check takes every file's digest
+        in the same read, so the commit does not read the bytes again for the signature."""
         for fetcher in self.fetchers:
             got = fetcher.fetch(FetchRequest(src, staging, deadline, progress, plan, self.monotonic, files))
             if got.fallback is not None:
@@ -129,7 +130,8 @@ class Sources:
                 continue
             if not got.verified:
                 set_phase(progress, "verify", total=m.total_bytes)
-                report = verify_checkpoint(staging.dir, m, threads=self.copy_threads, progress=progress)
+                report = verify_checkpoint(staging.dir, m, threads=self.copy_threads, progress=progress,
+                                           crypto=crypto)
                 if report.problems:
                     label = "p2p"   # (the one fetcher there is)
                     why = f"its bytes failed the manifest check ({report.problems[0]}" + \
@@ -147,16 +149,21 @@ class Sources:
             for label, n in got.bytes_by_source.items():
                 fill.add(label, n)
             fill.verified, fill.swarm = True, got.swarm
+            if crypto is not None and not got.verified:
+                fill.crypto_digests = report.crypto_digests
             return True
         return False
 
     def _from_object(self, fill: Fill, staging: StagingArea, m: Manifest, tier: str, name: str, version: str,
-                     deadline: float | None, progress: ProgressFn | None, origin: VersionDir | None = None) -> None:
+                     deadline: float | None, progress: ProgressFn | None, origin: VersionDir | None = None,
+                     crypto: Callable[[], Any] | None = None) -> None:
         """Object storage: the swarm first (peers that hold it, the origin's local copy), else ranged
         GETs along the manifest's parts, each hashed as it arrives, for the parts not already here:
         what an interrupted transfer of this version left (checked part by part), else what other
         local versions share with it (a delta: donor bytes copied, checked). The staging area is kept
-        on a failure (every part is checked again on the next try)."""
+        on a failure (every part is checked again on the next try). With ``crypto`` (a signed version),
+        an S3 download takes every file's digest in order as its ranges arrive (reading back from the
+        page cache only what arrived ahead of the hashed prefix, or was here already)."""
         obj = self.roots.object
         assert obj is not None
         whole = origin.manifest if origin is not None else m   # what is published (its torrent, its keys)
@@ -173,7 +180,7 @@ class Sources:
                 plan = None
             if not resumed and self.fetchers and \
                     self._try_fetchers(fill, obj.as_version_dir(whole), staging, plan, deadline, progress,
-                                       _subset(m, obj.as_version_dir(whole)), m):
+                                       _subset(m, obj.as_version_dir(whole)), m, crypto):
                 if plan is not None:
                     fill.delta = {"donors": [donors[i].ref for i in plan.donors_used()],
                                   "planned_reuse_bytes": plan.reuse_bytes, "refetched": []}
@@ -200,12 +207,17 @@ class Sources:
         staging.keep_on_error = True
         set_phase(progress, "copy", source="cold", total=m.total_bytes - _part_bytes(m, have))
         before = obj.stats.snapshot()
+        # (the registry tier takes no digests on the way: a signed version is read back at commit there)
+        digests: dict[str, str] | None = {} if crypto is not None and getattr(obj, "takes_digests", False) else None
+        extra = {"crypto": crypto, "digests": digests} if digests is not None else {}
         try:
             fill.add("cold", obj.fetch(src_m, staging.dir, deadline=_wall(deadline, self.monotonic), progress=progress,
-                                       have=have))
+                                       have=have, **extra))
         finally:
             fill.store = obj.stats.since(before)
         fill.verified = True
+        if digests is not None and set(digests) == {f.path for f in m.files}:
+            fill.crypto_digests = digests
 
     def _build_delta(self, staging: StagingArea, plan: DeltaPlan, fill: Fill, name: str, version: str,
                      deadline: float | None, progress: ProgressFn | None,

@@ -74,7 +74,7 @@ class HubImports:
     def run(self, entries: list[ImportEntry], refused: list[tuple[ImportEntry, str]]) -> None:
         """(loop) Keep the entries this node selects (those ``[intent] import_allow`` leaves out join the
         refused); start the imports that are due, one after the other, if none is running."""
-        allow = self.d.config.settings.intent.import_allow
+        allow = self.d.config.settings.intent.import_allow if entries else {}
         self.refused = refused + [(e, why) for e in entries if (why := not_allowed(e, allow)) is not None]
         self.entries = [e for e in entries if not_allowed(e, allow) is None]
         names = {e.name for e in self.entries}
