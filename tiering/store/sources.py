@@ -205,6 +205,14 @@ class Sources:
         staging.info["digest"] = m.digest
         staging.mark_resumable()
         staging.keep_on_error = True
+        self._ranged(fill, staging, m, src_m, have, deadline, progress, crypto)
+
+    def _ranged(self, fill: Fill, staging: StagingArea, m: Manifest, src_m: Manifest, have: dict[str, set[str]],
+                deadline: float | None, progress: ProgressFn | None, crypto: Callable[[], Any] | None) -> None:
+        """The parts not in ``have`` by ranged GETs, each checked as it arrives (and with ``crypto``, on
+        a store that can, every file's digest in order: ``Fill.crypto_digests``)."""
+        obj = self.roots.object
+        assert obj is not None
         set_phase(progress, "copy", source="cold", total=m.total_bytes - _part_bytes(m, have))
         before = obj.stats.snapshot()
         # (the registry tier takes no digests on the way: a signed version is read back at commit there)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ..errors import IntentError
+from .keys import refuse_unknown_keys
 from .selector import Selector, parse_selector
 
 IMPORT_KEYS = ("source", "name", "include", "exclude", "nodes", "every")
@@ -86,12 +87,7 @@ def parse_import(file: str, index: int, raw: Any) -> ImportEntry:
     where = f"import #{index}"
     if not isinstance(raw, Mapping):
         raise IntentError(file, "expected a table", where)
-    unknown = [k for k in raw if k not in IMPORT_KEYS]
-    if unknown:
-        import difflib
-        near = difflib.get_close_matches(unknown[0], IMPORT_KEYS, n=1)
-        raise IntentError(file, "unknown key" + (f" (did you mean {near[0]}?)" if near else ""),
-                          f"{where}.{unknown[0]}")
+    refuse_unknown_keys(file, where, raw, IMPORT_KEYS)
     if "source" not in raw:
         raise IntentError(file, "missing key (hf://ORG/REPO[@REVISION])", f"{where}.source")
     if not isinstance(raw["source"], str):

@@ -30,6 +30,7 @@ from typing import Any, Callable, Mapping
 
 from ..errors import IntentError
 from .imports import ImportEntry, imports_for, parse_imports
+from .keys import refuse_unknown_keys
 from .selector import Selector, parse_selector
 from .window import Window, parse_window
 
@@ -107,12 +108,7 @@ def _entry(file: str, index: int, raw: Any, model_key: str | None = None) -> Kee
     where = f"keep #{index}"
     if not isinstance(raw, Mapping):
         raise IntentError(file, "expected a table", where)
-    unknown = [k for k in raw if k not in KEYS]
-    if unknown:
-        import difflib
-        near = difflib.get_close_matches(unknown[0], KEYS, n=1)
-        raise IntentError(file, "unknown key" + (f" (did you mean {near[0]}?)" if near else ""),
-                          f"{where}.{unknown[0]}")
+    refuse_unknown_keys(file, where, raw, KEYS)
     name, version = _model(file, raw.get("model"), model_key or f"{where}.model")
     kw: dict[str, Any] = {}
     key = "?"
