@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Checkpoints from where they live (issue 36): weightd's import against the tools a user would chain.
 
-    .venv/bin/python bench/sources.py [--sources hf] [--size 256MiB] [--rounds 5] [--dir /var/tmp]
+    .venv/bin/python bench/sources.py [--sources hf,oci] [--size 256MiB] [--oci-size 1GiB] [--rounds 5]
+                                      [--dir /var/tmp]
 
 One half per source, each a function in ``HALVES`` that starts its server on loopback and returns its
 contenders, what to clean before each, and its ratios; the selected halves' contenders run together in
@@ -27,9 +28,21 @@ its ``--json`` report: the copy into cold with its xxh3 pass; the two-step's dow
 in-process over a downloaded snapshot after the rounds (its bytes in the page cache, as the import's
 are when it checks them), with ``hub_rate_bytes_per_s``, the download's median rate.
 
-OCI registry (``oci``, not here yet): preload from a registry cold tier against ``oras pull`` +
-``weightd verify``, and a minimal parallel ranged-GET reader (the registry's ceiling); issue 36's
-targets: at least 1.3x the two tools, at least 0.9x the ceiling. It goes in ``HALVES`` as ``oci``.
+OCI registry (``oci``): Debian's ``docker-registry`` started on 127.0.0.1 (filesystem storage under the
+scratch directory, no auth), ``--oci-size`` of checkpoint published into it once (untimed) with
+``weightd --no-daemon publish`` from a node whose ``[tiers.cold]`` is ``url = "oci://HOST/bench"``,
+``insecure = true`` (the tier's defaults otherwise: 64 MiB ranges, 4 in flight).
+
+- ``oci_preload``: ``weightd --no-daemon preload bench/oci@v1 --tier warm --json`` (every part and blob
+  checked), the warm copy evicted before each round (untimed);
+- ``oci_ranged_get``: a minimal reader as a command, checking nothing: the OCI manifest's blob digests,
+  http.client, 4 threads, 64 MiB ranged GETs, pwrite + fsync into a fresh directory (the registry's
+  ceiling);
+- ``oras pull`` + ``weightd verify``: only with an oras client (``import oras`` or ``oras`` on PATH);
+  without one it is listed under ``oci.skipped`` with the reason.
+
+Ratios: ``oci_preload`` against ``oci_ranged_get`` (issue 36's target: at least 0.9x); against the two
+tools (target 1.3x) when they can run.
 """
 
 from __future__ import annotations
@@ -156,16 +169,211 @@ def hf_half(args: argparse.Namespace, base: Path, node: BenchNode, stack: contex
                 parts=parts, info=info)
 
 
-# Each source's half: NAME -> function(args, base, node, stack, log) -> Half. The OCI half (preload from a
-# registry cold tier vs `oras pull` + `weightd verify`, and vs a parallel ranged-GET reader) goes here as "oci".
-HALVES: dict[str, Callable[..., Half]] = {"hf": hf_half}
+RANGED_READER = r'''
+import http.client, json, os, sys, threading
+host, repo, ref, dst = sys.argv[1:5]
+threads, rng = int(sys.argv[5]), int(sys.argv[6])
+c = http.client.HTTPConnection(host, timeout=60)
+c.request("GET", f"/v2/{repo}/manifests/{ref}", headers={"Accept": "application/vnd.oci.image.manifest.v1+json"})
+r = c.getresponse()
+if r.status != 200:
+    sys.exit(f"manifest: HTTP {r.status}")
+doc = json.loads(r.read())
+c.close()
+os.makedirs(dst)
+blobs, jobs = {}, []
+for b in [doc["config"], *doc["layers"]]:
+    if b["digest"] in blobs:
+        continue
+    fd = os.open(os.path.join(dst, b["digest"].split(":", 1)[1]), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    blobs[b["digest"]] = fd
+    os.ftruncate(fd, b["size"])
+    jobs += [(b["digest"], fd, o, min(rng, b["size"] - o)) for o in range(0, b["size"], rng)]
+jobs.sort(key=lambda j: -j[3])
+lock, errors, total = threading.Lock(), [], [0]
+def work():
+    conn = http.client.HTTPConnection(host, timeout=60)
+    buf = bytearray(8 << 20)
+    view = memoryview(buf)
+    try:
+        while True:
+            with lock:
+                if not jobs or errors:
+                    return
+                digest, fd, off, n = jobs.pop(0)
+            conn.request("GET", f"/v2/{repo}/blobs/{digest}", headers={"Range": f"bytes={off}-{off + n - 1}"})
+            resp = conn.getresponse()
+            if resp.status not in (200, 206) or (resp.status == 200 and off):
+                raise RuntimeError(f"{digest} {off}: HTTP {resp.status}")
+            pos, end = off, off + n
+            while pos < end:
+                k = resp.readinto(view[:min(len(buf), end - pos)])
+                if not k:
+                    raise RuntimeError(f"{digest} {off}: short body at {pos}")
+                os.pwrite(fd, view[:k], pos)
+                pos += k
+            resp.read()
+            with lock:
+                total[0] += n
+    except Exception as e:
+        errors.append(repr(e))
+    finally:
+        conn.close()
+ts = [threading.Thread(target=work) for _ in range(threads)]
+for t in ts: t.start()
+for t in ts: t.join()
+if errors:
+    sys.exit("; ".join(errors[:3]))
+for fd in blobs.values():
+    os.fsync(fd)
+    os.close(fd)
+d = os.open(dst, os.O_RDONLY)
+os.fsync(d)
+os.close(d)
+print(json.dumps({"blobs": len(blobs), "bytes": total[0]}))
+'''
+
+
+def start_registry(d: Path, stack: contextlib.ExitStack, log: Callable[[str], None]) -> str:
+    """Debian's docker-registry on 127.0.0.1:<free port>, filesystem storage under ``d``, no auth; stopped
+    (SIGTERM, then SIGKILL) when ``stack`` closes, whatever happens. Returns HOST:PORT."""
+    import socket
+    d.mkdir(parents=True)
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    host = f"127.0.0.1:{port}"
+    (d / "config.yml").write_text(
+        "version: 0.1\nlog:\n  level: warn\n  accesslog:\n    disabled: true\nstorage:\n  filesystem:\n"
+        f"    rootdirectory: {d / 'data'}\n  delete:\n    enabled: true\nhttp:\n  addr: {host}\n")
+    fh = stack.enter_context(open(d / "registry.log", "wb"))
+    proc = subprocess.Popen(["docker-registry", "serve", str(d / "config.yml")], stdout=fh, stderr=fh)
+
+    def stop() -> None:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    stack.callback(stop)
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"docker-registry did not start: {(d / 'registry.log').read_text()[-2000:]}")
+            time.sleep(0.05)
+    log(f"oci: docker-registry on {host} (pid {proc.pid})")
+    return host
+
+
+def oci_half(args: argparse.Namespace, base: Path, node: BenchNode, stack: contextlib.ExitStack,
+             log: Callable[[str], None]) -> Half:
+    """The OCI registry half (see the module's docstring)."""
+    from tiering.sample import make_checkpoint
+    oras_skip = _oras_skip()
+    if oras_skip is None:
+        raise SystemExit("oci: an oras client is installed, but this bench has no oras pull + weightd verify "
+                         "contender yet (written without a client to run it against)")
+    host = start_registry(base / "registry", stack, log)
+    prefix = "bench"
+    # a node of its own whose cold tier is the registry (the tier's defaults: 64 MiB ranges, 4 in flight)
+    (base / "oci-node").mkdir()
+    onode = BenchNode(base / "oci-node", Path(f"/dev/shm/weightd-bench-sources-oci-{uuid.uuid4().hex[:8]}"))
+    stack.callback(onode.close)
+    text = onode.cfg.read_text()
+    cold = f'[tiers.cold]\npath = "{onode.base}/cold"\n'
+    assert cold in text, text
+    onode.cfg.write_text(text.replace(cold, f'[tiers.cold]\nurl = "oci://{host}/{prefix}"\ninsecure = true\n'))
+    env = onode.env
+    src = make_checkpoint(base / "oci-src", total_bytes=args.oci_size, shards=4, layers=16, seed="ocibench")
+    s, out = timed([*onode.wd, "--no-daemon", "publish", str(src), "--name", "bench/oci", "--version", "v1",
+                    "--json"], env)
+    pub = json.loads(out)
+    total = pub["bytes"]
+    shutil.rmtree(base / "oci-src")   # (the registry holds the only copy now)
+    log(f"oci: published {total} bytes to {pub['path']} in {s:.1f}s")
+    repo = f"{prefix}/bench/oci"
+    scratch = base / "oci-scratch"
+    parts: dict[str, list[float]] = {"oci_preload.report_s": []}
+    got: dict[str, Any] = {}
+
+    def oci_preload() -> float:
+        s, out = timed([*onode.wd, "--no-daemon", "preload", "bench/oci@v1", "--tier", "warm", "--json"], env)
+        rep = json.loads(out)
+        if rep.get("bytes") != total or rep.get("bytes_by_source", {}).get("cold") != total:
+            raise SystemExit(f"oci_preload: not a full preload from the registry: {out[:1000]}")
+        if "seconds" in rep:
+            parts["oci_preload.report_s"].append(rep["seconds"])
+        got["preload_report"] = rep
+        return s
+
+    def oci_ranged_get() -> float:
+        s, out = timed([sys.executable, "-c", RANGED_READER, host, repo, "v1", str(scratch / "blobs"), "4",
+                        str(64 << 20)], env)
+        doc = json.loads(out)
+        if doc["bytes"] < total:
+            raise SystemExit(f"oci_ranged_get: {doc['bytes']} bytes, the version has {total}")
+        got["ranged_get"] = doc
+        return s
+
+    def before(name: str) -> None:
+        shutil.rmtree(scratch, ignore_errors=True)
+        scratch.mkdir()
+        if name == "oci_preload":
+            ev = subprocess.run([*onode.wd, "--no-daemon", "-q", "evict", "bench/oci@v1", "--force"], env=env,
+                                capture_output=True, text=True)
+            warm = onode.base / "warm"
+            left = [f for f in warm.rglob("*") if f.is_file() and f.stat().st_size > (1 << 20)] \
+                if warm.exists() else []
+            if left:
+                raise SystemExit(f"oci: the warm copy is still there after evict ({ev.stderr.strip()[-300:]}): "
+                                 f"{left[:3]}")
+
+    def info(times: dict[str, list[float]]) -> dict[str, Any]:
+        med = summary(times["oci_ranged_get"])["median_s"]
+        rep = got.get("preload_report", {})
+        return {"oci": {"registry": "Debian docker-registry (distribution), filesystem storage, loopback, no auth",
+                        "bytes": total, "blobs": got.get("ranged_get", {}).get("blobs"),
+                        "tier": "oci:// cold tier, insecure, range_size 64MiB, concurrency 4 (defaults)",
+                        "ceiling": "http.client, 4 threads, 64 MiB ranged GETs of the manifest's blobs, pwrite + "
+                                   "fsync into a fresh directory, nothing checked",
+                        "ceiling_rate_bytes_per_s": round(total / med) if med else None,
+                        "preload_store": rep.get("store"), "preload_seconds_own": rep.get("seconds"),
+                        "publish_s": round(s, 3),
+                        "skipped": {"oras_two_step": oras_skip}}}
+
+    contenders: dict[str, Callable[[], float]] = {"oci_preload": oci_preload, "oci_ranged_get": oci_ranged_get}
+    ratios: list[tuple[str, str, float | None]] = [("oci_preload", "oci_ranged_get", 0.9)]
+    return Half(contenders=contenders, before=before, ratios=ratios, parts=parts, info=info)
+
+
+def _oras_skip() -> str | None:
+    """Why ``oras pull`` + ``weightd verify`` cannot run here (None when an oras client exists)."""
+    py = subprocess.run([sys.executable, "-c", "import oras"], capture_output=True).returncode == 0
+    cli = shutil.which("oras")
+    if py or cli:
+        return None
+    return ("no oras client: `import oras` fails in this venv and no `oras` on PATH (not installed, per the "
+            "brief: nothing pip-installed)")
+
+
+# Each source's half: NAME -> function(args, base, node, stack, log) -> Half.
+HALVES: dict[str, Callable[..., Half]] = {"hf": hf_half, "oci": oci_half}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sources", default=",".join(HALVES),
                     help=f"comma-separated halves to run, of: {', '.join(HALVES)} (default: all)")
-    ap.add_argument("--size", type=positive_size_arg, default="256MiB", help="bytes of shards to serve")
+    ap.add_argument("--size", type=positive_size_arg, default="256MiB", help="bytes of shards to serve (hf)")
+    ap.add_argument("--oci-size", type=positive_size_arg, default="1GiB",
+                    help="bytes of the version published to the registry (oci)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--dir", default="/var/tmp", help="disk directory for the servers, caches, cold tier and state")
     ap.add_argument("--max-spread", type=float, default=0.5)
@@ -202,7 +410,8 @@ def main() -> int:
             for h in halves.values():
                 extra.update(h.info(times))
             out = report("sources", times, ratios, rounds=args.rounds, max_spread=args.max_spread,
-                         machine=(state0, state1), size_bytes=args.size, sources=chosen, parts=parts,
+                         machine=(state0, state1), size_bytes=args.size if "hf" in chosen else None,
+                         sources=chosen, parts=parts,
                          note="ratio = the slower contender's median time / the faster's (above 1: 'of' is "
                               "faster than 'vs'); each contender is timed as a command, interpreter start-up "
                               "included; a part's figure is that step's own, inside its contender",
