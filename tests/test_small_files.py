@@ -209,18 +209,30 @@ def test_build_manifest_takes_a_known_digest_only_for_the_very_file_hashed(tmp_p
     d.mkdir()
     (d / "a").write_bytes(b"old bytes")
     st = os.stat(d / "a")
-    known = {"a": (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, xxhash.xxh3_128_hexdigest(b"old bytes"))}
+    known = {"a": (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns,
+                   xxhash.xxh3_128_hexdigest(b"old bytes"))}
     assert build_manifest(d, known=known).digest == build_manifest(d).digest
     (d / "a").write_bytes(b"new bytes")             # same size, same inode, a later time
     os.utime(d / "a", ns=(st.st_atime_ns, st.st_mtime_ns + 1000))
     m = build_manifest(d, files=scan(d), known=known)
     assert m.files[0].chunks == (xxhash.xxh3_128_hexdigest(b"new bytes"),)
+    # rewritten in place with its modification time set back (utimensat): only the change time, which
+    # no one can set back, tells (a red-team finding: the digest of the old bytes was taken)
+    (d / "a").write_bytes(b"old bytes")
+    st = os.stat(d / "a")
+    known = {"a": (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns,
+                   xxhash.xxh3_128_hexdigest(b"old bytes"))}
+    with open(d / "a", "r+b") as f:
+        f.write(b"EVIL")
+    os.utime(d / "a", ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert os.stat(d / "a").st_mtime_ns == st.st_mtime_ns and os.stat(d / "a").st_ctime_ns != st.st_ctime_ns
+    assert build_manifest(d, known=known).files[0].chunks == (xxhash.xxh3_128_hexdigest(b"EVILbytes"),)
     (d / "b").write_bytes(b"old bytes")             # another inode, same bytes as hashed
     os.replace(d / "b", d / "a")
     os.utime(d / "a", ns=(st.st_atime_ns, st.st_mtime_ns))
     assert build_manifest(d, known=known).files[0].chunks == (xxhash.xxh3_128_hexdigest(b"old bytes"),)
     # ... and a fake digest is never taken for another inode
-    fake = {"a": (*known["a"][:4], "0" * 32)}
+    fake = {"a": (*known["a"][:5], "0" * 32)}
     assert build_manifest(d, known=fake).files[0].chunks == (xxhash.xxh3_128_hexdigest(b"old bytes"),)
 
 

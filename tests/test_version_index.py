@@ -253,3 +253,49 @@ def test_the_donors_from_the_part_index_plan_as_every_version_would(tmp_path_fac
         donors = lambda sub: [Donor(f"{t}:{v.name}", v.path, v.manifest) for t, v in sub]  # noqa: E731
         picked = [cands[i] for i in holders.first_holders(ms[target], cands)]
         assert _spans(plan_delta(ms[target], donors(picked))) == _spans(plan_delta(ms[target], donors(cands)))
+
+
+def test_a_model_directory_made_again_where_one_was_is_watched_again(node_env, tmp_path):
+    """Eviction removes an emptied org/model directory; the next commit makes it again, and ext4 (tmp_path
+    here, unlike tmpfs) gives the new one the old inode number: it must not pass for the old one, still
+    watched, or every version placed in it afterwards is missed (a tier that overfills)."""
+    _publish(node_env, tmp_path, "org/m", ["v1", "v2"])
+    root = tmp_path / "tier"
+    shutil.copytree(node_env.cold, root, symlinks=True)
+    assert _listed(root) == _truth(root) and len(_listed(root)) == 2      # (the index warm, org/m watched)
+    keep = tmp_path / "keep"
+    keep.mkdir()
+    for v in ("v1", "v2"):
+        os.rename(root / "org/m" / v, keep / v)
+    ino = os.stat(root / "org/m").st_ino
+    for _ in range(20):       # (until the file system hands the number out again)
+        os.rmdir(root / "org/m")
+        os.mkdir(root / "org/m")
+        if os.stat(root / "org/m").st_ino == ino:
+            break
+    else:
+        import pytest
+        pytest.skip("this file system did not reuse the directory's inode number")
+    os.rename(keep / "v1", root / "org/m/v1")
+    assert _listed(root) == _truth(root) and len(_listed(root)) == 1
+    os.rename(keep / "v2", root / "org/m/v2")
+    assert _listed(root) == _truth(root) and len(_listed(root)) == 2
+
+
+def test_a_manifest_still_being_written_is_looked_at_again(node_env, tmp_path):
+    """A version copied in by hand: its manifest exists, empty or half-written, at one listing and whole
+    at the next, which must find it (a damaged manifest is absent, never settled as not ours)."""
+    _publish(node_env, tmp_path, "org/m", ["v1"])
+    root = tmp_path / "tier"
+    root.mkdir()
+    assert _listed(root) == []
+    (root / "org/m").mkdir(parents=True)
+    shutil.copytree(node_env.cold / "org/m/v1", root / "org/m/v1", ignore=shutil.ignore_patterns("manifest.json"))
+    manifest = root / "org/m/v1/.weightd/manifest.json"
+    whole = (node_env.cold / "org/m/v1/.weightd/manifest.json").read_bytes()
+    manifest.write_bytes(b"")
+    assert _listed(root) == []
+    manifest.write_bytes(whole[: len(whole) // 2])
+    assert _listed(root) == []
+    manifest.write_bytes(whole)
+    assert _listed(root) == _truth(root) and len(_listed(root)) == 1

@@ -17,7 +17,8 @@ from .copy import SMALL_FILE_BYTES, SMALL_FILES, CopyJob, _create_dst, _open_src
 from .errors import FileChanged, TimedOut
 from .safefs import FileRef, sanitize_mode
 
-Hashed = tuple[int, int, int, int, str]   # a copy's (st_dev, st_ino, st_size, st_mtime_ns, xxh3-128 of its bytes)
+# a copy's (st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns, xxh3-128 of its bytes)
+Hashed = tuple[int, int, int, int, int, str]
 
 
 def _copy_hashed(job: CopyJob, key: str, hashed: dict[str, Hashed], progress: Callable[[int], None] | None) -> None:
@@ -43,7 +44,7 @@ def _copy_hashed(job: CopyJob, key: str, hashed: dict[str, Hashed], progress: Ca
             os.close(dfd)
     finally:
         os.close(sfd)
-    hashed[key] = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, xxhash.xxh3_128_hexdigest(data))
+    hashed[key] = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, xxhash.xxh3_128_hexdigest(data))
     if progress is not None:
         progress(len(data))
 

@@ -51,7 +51,8 @@ ROOTS_KEPT = 64          # indexed roots per process (the least recently listed 
 UNUSABLE_RETRY_S = 60.0  # a root whose watch was refused is scanned for this long before trying again
 META = ".weightd"        # (the first component of MANIFEST_RELPATH: a version being copied in by hand)
 
-Classify = Callable[[Dir, str, str], Any]   # (parent, entry, NAME) -> VersionDir | NOT_OURS | None
+Classify = Callable[[Dir, str, str], Any]   # (parent, entry, NAME) -> VersionDir | NOT_OURS | DAMAGED | None
+DAMAGED: Any = object()   # a manifest that does not parse (damaged, or still being written): looked at again
 
 
 class Unusable(Exception):
@@ -158,6 +159,10 @@ class _Watcher:
                 if hit is None:
                     continue
                 idx, node = hit
+                if mask & IN_IGNORED:
+                    # (the kernel dropped the watch: a directory made again where this one was may get
+                    # its inode number back, and must not pass for this one, still watched)
+                    del self.wds[wd]
                 if mask & (IN_IGNORED | IN_DELETE_SELF | IN_MOVE_SELF | IN_UNMOUNT):
                     if node.parent is None:
                         idx.broken = True
@@ -251,6 +256,8 @@ class _Watcher:
             return
         if isinstance(v, VersionDir):
             node.versions[name] = v
+        elif v is DAMAGED:           # (a manifest being written by hand, or damaged: at every listing)
+            node.unsettled.add(name)
         elif v is not None:          # (a manifest that is not a version of this NAME: not ours)
             return
         elif len(node.parts) == 2:   # (no manifest under a model directory: not ours, or not yet)

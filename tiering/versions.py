@@ -25,7 +25,7 @@ from .errors import BadInput, CheckpointNotFound, ColdUnreadable, LabelMismatch,
 from .layout import VersionDir, as_dir, version_rel
 from .safefs import Dir
 from .safefs.dir import read_limited
-from .version_index import list_indexed
+from .version_index import DAMAGED, list_indexed
 
 log = logging.getLogger(__name__)
 
@@ -182,10 +182,11 @@ def _children(parent: Dir, entry: str, parts: list[str]) -> tuple[list[VersionDi
                 v = old[1]
             else:
                 v = _version_in(d, b, name)
-            seen[b] = (ident, v)
+            if v is not DAMAGED:     # (never kept: the next listing reads it again)
+                seen[b] = (ident, v)
             if v is None:
                 others.append(b)
-            elif v is not _NOT_OURS:
+            elif v is not _NOT_OURS and v is not DAMAGED:
                 versions.append(v)
         if os.fstat(d.fd).st_mtime_ns == st.st_mtime_ns and t0 - st.st_mtime_ns > RACY_NS:
             with _PARSED_LOCK:
@@ -207,9 +208,12 @@ def _version_in(d: Dir, b: str, name: str) -> "VersionDir | None":
         try:
             validate_name(name)
             validate_label(b)
-            m = cached_manifest(db, MANIFEST_RELPATH, str(db.path / MANIFEST_RELPATH))
-        except (BadInput, OSError):  # names outside the patterns are not ours; a damaged one is absent
+        except BadInput:             # names outside the patterns are not ours
             return _NOT_OURS
+        try:
+            m = cached_manifest(db, MANIFEST_RELPATH, str(db.path / MANIFEST_RELPATH))
+        except (BadInput, OSError):  # a damaged manifest, or one still being written: absent, and looked at again
+            return DAMAGED
     return VersionDir(name, b, d.path / b, m) if m.name == name and m.version == b else _NOT_OURS
 
 

@@ -28,21 +28,22 @@ def plan_size(files: list[ScannedFile]) -> int:
 def build_manifest(root: "str | os.PathLike[str] | Dir", *, threads: int | None = None,
                    progress: ProgressFn | None = None, chunk_size: int = DEFAULT_CHUNK_SIZE,
                    files: list[ScannedFile] | None = None,
-                   known: "Mapping[str, tuple[int, int, int, int, str]] | None" = None) -> Manifest:
+                   known: "Mapping[str, tuple[int, int, int, int, int, str]] | None" = None) -> Manifest:
     """Scan ``root`` and hash every file (safetensors by header + tensors, others by chunks).
 
-    ``known``: relpath -> (st_dev, st_ino, st_size, st_mtime_ns, xxh3-128) of files whose bytes were
-    hashed as they were written (:func:`tiering.copy_many.copy_files`): a file that is one chunk and is
-    still that very inode, of that size and modification time, takes that digest instead of being read
-    back; any other is read and hashed."""
+    ``known``: relpath -> (st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns, xxh3-128) of files whose
+    bytes were hashed as they were written (:func:`tiering.copy_many.copy_files`): a file that is one
+    chunk and is still that very inode, of that size, modification and change time (a write sets the
+    change time, and no one can set it back as utimensat sets back the modification time), takes that
+    digest instead of being read back; any other is read and hashed."""
     scanned = files if files is not None else scan_checkpoint(root)
     headers = {f.relpath: read_header(f.path) for f in scanned if is_safetensors(f.relpath)}
     jobs, taken = [], {}
     for f in scanned:
         hdr = headers.get(f.relpath)
         k = known.get(f.relpath) if known is not None and hdr is None and f.size <= chunk_size else None
-        if k is not None and k[:4] == (f.dev, f.ino, f.size, f.mtime_ns):
-            taken[f.relpath] = [k[4]]
+        if k is not None and k[:5] == (f.dev, f.ino, f.size, f.mtime_ns, f.ctime_ns):
+            taken[f.relpath] = [k[5]]
             continue
         if hdr is not None:
             ranges = [(0, hdr.header_size)] + [(t.begin, t.end) for t in hdr.tensors]

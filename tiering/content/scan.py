@@ -30,6 +30,7 @@ class ScannedFile:
     mtime_ns: int
     dev: int
     ino: int
+    ctime_ns: int = 0  # (changed by any write or chmod; unlike mtime, no one can set it back)
 
 
 def _allowed_roots(root: Path) -> list[Path]:
@@ -161,7 +162,7 @@ def scan_dir(top: Dir) -> list[ScannedFile]:
                     walk(sub, relpath + "/")
             elif stat.S_ISREG(st.st_mode):
                 out.append(ScannedFile(relpath, FileRef(top, relpath), st.st_size, stat.S_IMODE(st.st_mode),
-                                       st.st_mtime_ns, st.st_dev, st.st_ino))
+                                       st.st_mtime_ns, st.st_dev, st.st_ino, st.st_ctime_ns))
             elif stat.S_ISLNK(st.st_mode):
                 raise UnsafePath(str(d.path / name), "symlink inside a checkpoint in a tier (refused; weightd "
                                                      "never follows one there)")
@@ -240,7 +241,8 @@ class _Walk:
                 if self.check is not None:
                     self.check(path, lst)
                 self.out.append(ScannedFile(relpath, PinnedFile(path, lst.st_dev, lst.st_ino), lst.st_size,
-                                            stat.S_IMODE(lst.st_mode), lst.st_mtime_ns, lst.st_dev, lst.st_ino))
+                                            stat.S_IMODE(lst.st_mode), lst.st_mtime_ns, lst.st_dev, lst.st_ino,
+                                            lst.st_ctime_ns))
             else:
                 raise UnsafePath(path, "special file (FIFO, socket or device) in a checkpoint")
 
@@ -290,4 +292,4 @@ def _followed_symlink(where: Path, link: str, relpath: str, allowed: list[Path],
     if check is not None:
         check(str(target), tst)
     return ScannedFile(relpath, PinnedFile(str(target), tst.st_dev, tst.st_ino), tst.st_size, stat.S_IMODE(tst.st_mode),
-                       tst.st_mtime_ns, tst.st_dev, tst.st_ino)
+                       tst.st_mtime_ns, tst.st_dev, tst.st_ino, tst.st_ctime_ns)
