@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence, TypeVar
 
-from ._syscalls import start_writeback, syncfs
+from ._syscalls import start_writeback
 from .content.scan import create_file_at, open_file_at
 from .errors import FileChanged, TimedOut
 from .safefs import FileRef, open_source, sanitize_mode
