@@ -5,7 +5,6 @@ the manifest (in object storage a torrent is an origin's, not the publisher's: i
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from pathlib import Path
@@ -14,7 +13,7 @@ from p2p import TORRENT_RELPATH
 from tiering.sample import make_checkpoint
 
 from .test_oci import _cold, auth_file, registry  # noqa: F401  (the registry fixtures; skips without one)
-from .test_p2p import cluster, started  # noqa: F401  (the loopback cluster)
+from .test_p2p import cluster, preloaded_at_once, started  # noqa: F401  (the loopback cluster)
 
 MiB = 1 << 20
 
@@ -37,18 +36,7 @@ def test_an_origin_and_three_workers_over_a_registry_cold_tier(cluster, registry
     assert (origin.dir / "warm/org/ocswarm/v1/.weightd/manifest.json").is_file()
     workers = started([cluster(f"127.0.0.{i}", origin=origin.endpoint, limit="20MB", cold_toml=cold, wait=False)
                        for i in (3, 4, 5)])
-    procs = [w.popen("preload", "org/ocswarm@v1", "--tier", "warm", "--json", "--timeout", "120") for w in workers]
-    reports = []
-    try:
-        for p in procs:
-            out, err = p.communicate(timeout=150)
-            assert p.returncode == 0, err
-            reports.append(json.loads(out.splitlines()[0]))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
+    reports = preloaded_at_once(workers, "org/ocswarm@v1")
     for r in reports:
         by = r["bytes_by_source"]
         assert by["cold"] == 0 and by["origin"] + by["peer"] >= r["bytes"] and r["source_fallbacks"] == [], r

@@ -134,6 +134,23 @@ def started(nodes: list[Node]) -> list[Node]:
     return nodes
 
 
+def preloaded_at_once(workers: list[Node], ref: str) -> list[dict[str, Any]]:
+    """``preload REF --tier warm --json`` on every worker at once; their reports (each must succeed)."""
+    procs = [w.popen("preload", ref, "--tier", "warm", "--json", "--timeout", "120") for w in workers]
+    reports = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=150)
+            assert p.returncode == 0, err
+            reports.append(json.loads(out.splitlines()[0]))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    return reports
+
+
 def test_torrent_matches_manifest_and_rejects_escapes(tmp_path: Path) -> None:
     ckpt = make_checkpoint(tmp_path / "v1", total_bytes=6 * MiB, shards=2, layers=2)
     m = build_manifest(ckpt)
@@ -268,18 +285,7 @@ def test_s3_cold_the_origin_seeds_from_its_local_copy(cluster, s3_endpoint, buck
     assert (origin.dir / "warm/org/s3swarm/v1/.weightd/manifest.json").is_file()
     workers = started([cluster(f"127.0.0.{i}", origin=origin.endpoint, limit="20MB", cold_toml=cold, wait=False)
                        for i in (3, 4, 5)])
-    procs = [w.popen("preload", "org/s3swarm@v1", "--tier", "warm", "--json", "--timeout", "120") for w in workers]
-    reports = []
-    try:
-        for p in procs:
-            out, err = p.communicate(timeout=150)
-            assert p.returncode == 0, err
-            reports.append(json.loads(out.splitlines()[0]))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
+    reports = preloaded_at_once(workers, "org/s3swarm@v1")
     size = reports[0]["bytes"]
     for r in reports:
         by = r["bytes_by_source"]
