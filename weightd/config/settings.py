@@ -11,6 +11,7 @@ from typing import Any, Mapping
 from .intent import IntentSettings
 from .listeners import ApiSettings, ListenerSettings, MetricsSettings
 from .model import Field, field_validator, model_validator
+from .network import NetworkSettings
 from .p2p import P2PSettings
 from .tiers import Tiers, WarmSettings
 from .trust import PublishSettings, TrustSettings
@@ -55,6 +56,7 @@ class Settings(FrozenModel):
     trust: TrustSettings = Field(TrustSettings(), doc="signed checkpoints")
     publish: PublishSettings = Field(PublishSettings(), doc="publishing")
     intent: IntentSettings = Field(IntentSettings(), doc="fleet intent: what this node keeps, and prewarming")
+    network: NetworkSettings = Field(NetworkSettings(), doc="weight traffic yields the link to serving traffic")
     models: dict[str, ModelDefaults] = Field({}, doc="[models.\"NAME\"] (NAME may be a glob, \"meta-llama/*\"): the "
                                                      "files a preload of NAME moves when its caller names none")
 
