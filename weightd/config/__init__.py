@@ -18,6 +18,7 @@ import Config, load_config``). A name's module is imported when the name is firs
     listeners.py  [api] (the admin socket), [metrics] and [listeners] (every TCP listener's caps)
     trust.py      [trust] (signed checkpoints) and [publish] (the signing key)
     intent.py     [intent] and [intent.prewarm]
+    network.py    [network] (weight traffic yields the link to serving traffic)
     values.py     FrozenModel, the base of every table, and the value rules tables share (paths, CIDRs,
                   IP:PORT, groups)
     model.py      the settings models: the part of pydantic's API the tables use, without its start-up cost
@@ -41,7 +42,7 @@ _SURFACE: dict[str, str] = {
     "P2PSettings": "p2p", "P2PTLSSettings": "p2p",
     "ApiSettings": "listeners", "ListenerSettings": "listeners", "MetricsSettings": "listeners",
     "PublishSettings": "trust", "TrustSettings": "trust",
-    "IntentSettings": "intent", "PrewarmSettings": "intent",
+    "IntentSettings": "intent", "PrewarmSettings": "intent", "NetworkSettings": "network",
     "Key": "keys", "config_keys": "keys", "size_keys": "keys",
     "config_sources": "show", "config_to_dict": "show", "describe_source": "show", "show_config": "show",
     "to_toml": "show",
