@@ -1,35 +1,59 @@
-"""An OCI artifact another tool pushed (a CNCF ModelPack artifact: oras, modctl, skopeo...), pulled into
-a scratch directory to be published like any directory (``weightd publish oci://REGISTRY/REPO:TAG``).
+"""An OCI artifact another tool pushed (a CNCF ModelPack artifact: modctl, oras, skopeo...; a KitOps
+ModelKit), pulled into a scratch directory to be published like any directory (``weightd publish
+oci://REGISTRY/REPO:TAG``).
 
-Every layer with a path (``org.cncf.model.filepath``, else ``org.opencontainers.image.title``) and a raw
-(uncompressed, unarchived) media type becomes that file; each blob is checked against its sha256 as it
-is written (BlobMismatch, exit 5), and only then does weightd's manifest get built from the files, by
-the publish that follows. Archived layers (``.tar``, ``+gzip``, ``+zstd``: a KitOps ModelKit's, or
-ModelPack's archived variants) are refused in one line, not unpacked.
+Layers by media type (anything else is refused in one line, exit 2, before a byte is pulled):
+
+- raw, one file each, its path in ``org.cncf.model.filepath`` (else ``org.opencontainers.image.title``):
+  ModelPack's ``application/vnd.cncf.model.{weight,weight.config,doc,code,dataset}.v1.raw``;
+- tar archives, ``.tar`` or ``.tar+gzip``, whose entries are the files at their paths: ModelPack's
+  ``application/vnd.cncf.model.{...}.v1.tar[+gzip]`` and KitOps's
+  ``application/vnd.kitops.modelkit.{model,modelpart,dataset,code,docs,prompts}.v1.tar[+gzip]``
+  (``+zstd`` is refused: no zstd module is a dependency);
+- weightd's own ``.weightd/`` layers (an artifact weightd published) are left out.
+
+Each blob streams through its sha256 (and a count that may not pass the descriptor's size) as it is
+written or unpacked; a blob that is not its digest is refused when it ends (BlobMismatch, exit 5) and
+the scratch directory is removed, so nothing unpacked from it is ever published. A tar entry is
+refused (UnsafePath, exit 2) when its path is absolute, holds ``..`` or lands under ``.weightd/``,
+when it is a device, a fifo or a sparse file, when a path comes twice (across layers too), or when
+it is a link that leaves the tree (a hard link must name a file unpacked before it; symlinks are
+made after every layer, so nothing is written through one, and each must resolve inside the tree).
+What is unpacked is bounded by the scratch file system's free space (NoSpace, exit 6): a gzip
+bomb fills at most that, and is removed.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import posixpath
 import re
 import shutil
+import stat
+import tarfile
 import tempfile
+import threading
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 from urllib.parse import urlsplit
 
 from ...content.names import validate_relpath
-from ...errors import BadInput, CheckpointNotFound
+from ...errors import BadInput, CheckpointNotFound, NoSpace, UnsafePath
 from .catalog import resolve_ref
 from .client import DIGEST_RE, REPO_COMPONENT, STREAM_CHUNK, TAG_RE, RegistryClient
 from .errors import BlobMismatch
 from .layout import Layer
 
-_ARCHIVED = re.compile(r".*(\.tar|\+gzip|\+zstd|\.tar\.gz|\.tgz)$")
+_MODELPACK = r"application/vnd\.cncf\.model\.(?:weight|weight\.config|doc|code|dataset)\.v1"
+_KITOPS = r"application/vnd\.kitops\.modelkit\.(?:model|modelpart|dataset|code|docs|prompts)\.v1"
+RAW_TYPE = re.compile(_MODELPACK + r"\.raw")
+TAR_TYPE = re.compile(rf"(?:{_MODELPACK}|{_KITOPS})\.tar(\+gzip|\+zstd)?")
+OWN_PREFIX = ".weightd/"
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,25 +90,98 @@ class Pulled:
     digest: str          # the artifact's manifest digest
 
 
-def file_layers(layers: list[Layer], where: str) -> list[Layer]:
-    """The layers that are files: raw, with a path (weightd's own ``.weightd/`` files left out)."""
+@dataclass(frozen=True, slots=True)
+class Part:
+    """A layer to import: ``kind`` is ``raw`` (the file at ``layer.path``), ``tar`` or ``tar+gzip``."""
+    layer: Layer
+    kind: str
+
+
+def import_layers(layers: list[Layer], where: str) -> list[Part]:
+    """The layers to import, each with how (BadInput naming the first layer that cannot be: an unknown
+    or zstd media type, a raw layer without a path); weightd's own ``.weightd/`` layers left out."""
     out = []
-    for layer in layers:
-        if not layer.path or layer.path.startswith(".weightd/"):
+    for i, layer in enumerate(layers):
+        if layer.path.startswith(OWN_PREFIX) and layer.media_type.startswith("application/vnd.weightd."):
             continue
-        if _ARCHIVED.fullmatch(layer.media_type):
-            raise BadInput(f"{where}: layer {layer.path} is archived ({layer.media_type}): only raw layers are "
-                           f"imported (a ModelPack artifact with *.raw layers)")
-        validate_relpath(layer.path)
-        out.append(layer)
+        what = f"layer {i}" + (f" ({layer.path})" if layer.path else "")
+        if RAW_TYPE.fullmatch(layer.media_type):
+            if not layer.path:
+                raise BadInput(f"{where}: {what} is a raw {layer.media_type} layer without a path "
+                               f"(org.cncf.model.filepath)")
+            validate_relpath(layer.path)
+            if layer.path.startswith(OWN_PREFIX):
+                raise UnsafePath(f"{where}: {what}", "a path under .weightd/ (weightd's own files)")
+            out.append(Part(layer, "raw"))
+            continue
+        m = TAR_TYPE.fullmatch(layer.media_type)
+        if m is not None and m.group(1) == "+zstd":
+            raise BadInput(f"{where}: {what} is zstd-compressed ({layer.media_type}): not supported (no zstd "
+                           f"module); .tar, .tar+gzip and .raw layers are")
+        if m is None:
+            raise BadInput(f"{where}: {what} has the unknown media type {layer.media_type or '(none)'!r}: "
+                           f"imported are ModelPack *.raw, *.tar, *.tar+gzip and KitOps modelkit *.tar[+gzip] layers")
+        out.append(Part(layer, "tar" + (m.group(1) or "")))
     if not out:
-        raise BadInput(f"{where}: no file layers (no layer has an org.cncf.model.filepath or title annotation)")
+        raise BadInput(f"{where}: no layers to import (no ModelPack or KitOps file layers)")
     return out
+
+
+@dataclass(slots=True)
+class Staging:
+    """The scratch directory being filled, shared by the workers: paths claimed (each once), bytes
+    written against the free space found at the start, symlinks to make once every layer is in."""
+    root: Path
+    budget: int
+    used: int = 0
+    files: dict[str, int] = field(default_factory=dict)     # path -> size
+    dirs: set[str] = field(default_factory=set)
+    links: dict[str, str] = field(default_factory=dict)      # symlink path -> its target
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def claim(self, rel: str, size: int, where: str, *, link: str | None = None) -> None:
+        """``rel`` is ours to make (UnsafePath when another entry made it, or one of its parents is a
+        file or a symlink), ``size`` bytes counted against the budget (NoSpace)."""
+        with self.lock:
+            if rel in self.files or rel in self.links or rel in self.dirs:
+                raise UnsafePath(f"{where}: {rel}", "the artifact holds this path twice: refused")
+            parts = rel.split("/")
+            for k in range(1, len(parts)):
+                parent = "/".join(parts[:k])
+                if parent in self.files or parent in self.links:
+                    raise UnsafePath(f"{where}: {rel}", f"its directory {parent} is a file or a symlink: refused")
+            if self.used + size > self.budget:
+                raise NoSpace(f"import staging {self.root.parent}", self.used + size, self.budget,
+                              f"unpacking {where} needs more than the free space there: refused")
+            self.used += size
+            if link is not None:
+                self.links[rel] = link
+            else:
+                self.files[rel] = size
+            self.dirs.update("/".join(parts[:k]) for k in range(1, len(parts)))
+
+    def dir(self, rel: str) -> None:
+        with self.lock:
+            if rel in self.files or rel in self.links:
+                raise UnsafePath(f"{self.root}: {rel}", "the artifact holds this path twice: refused")
+            self.dirs.add(rel)
+
+    def open_new(self, rel: str) -> int:
+        """A new file at ``rel`` (0644), its directories made (0755) without following a symlink."""
+        parts = rel.split("/")
+        for k in range(1, len(parts)):
+            d = self.root.joinpath(*parts[:k])
+            try:
+                os.mkdir(d, 0o755)
+            except FileExistsError:
+                if not stat.S_ISDIR(os.lstat(d).st_mode):
+                    raise UnsafePath(str(d), "not a directory") from None
+        return os.open(self.root / rel, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
 
 
 @contextmanager
 def pull_artifact(text: str, *, insecure: bool = False, ca_file: Path | None = None, concurrency: int = 4,
-           env: dict[str, str] | None = None, scratch_parent: Path | None = None) -> Iterator[Pulled]:
+                  env: dict[str, str] | None = None, scratch_parent: Path | None = None) -> Iterator[Pulled]:
     """The artifact ``text`` (oci://REGISTRY/REPO:TAG|@sha256:...) pulled into a scratch directory (0755,
     files 0644: a daemon of another user publishes from it), every blob checked; removed afterwards."""
     ref = ArtifactRef.parse(text)
@@ -95,46 +192,188 @@ def pull_artifact(text: str, *, insecure: bool = False, ca_file: Path | None = N
         art = resolve_ref(c, ref.repo, ref.ref)
         if art is None:
             raise CheckpointNotFound(text, "no such artifact in the registry")
-        layers = file_layers(art.layers, text)
+        parts = import_layers(art.layers, text)
+        st = os.statvfs(scratch)
+        staging = Staging(scratch, st.f_bavail * st.f_frsize)
+        declared = sum(p.layer.size for p in parts)
+        if declared > staging.budget:
+            raise NoSpace(f"import staging {scratch.parent}", declared, staging.budget,
+                          f"{text}'s layers do not fit there: refused before a byte was pulled")
         with ThreadPoolExecutor(max_workers=c.concurrency, thread_name_prefix="weightd-oci-import") as pool:
-            for fut in [pool.submit(_pull_blob, c, ref.repo, layer, scratch) for layer in layers]:
-                fut.result()
-        yield Pulled(scratch, [x.path for x in layers], sum(x.size for x in layers), art.digest)
+            futures = [pool.submit(_pull_part, c, ref.repo, p, staging) for p in parts]
+            try:
+                for fut in futures:
+                    fut.result()
+            except BaseException:
+                for fut in futures:
+                    fut.cancel()
+                raise
+        _make_links(staging, text)
+        files = sorted(staging.files) + sorted(staging.links)
+        yield Pulled(scratch, files, sum(staging.files.values()), art.digest)
     finally:
         c.close()
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _pull_blob(c: RegistryClient, repo: str, layer: Layer, scratch: Path) -> None:
-    dest = scratch / layer.path
-    for parent in reversed(dest.relative_to(scratch).parents[:-1]):
-        (scratch / parent).mkdir(mode=0o755, exist_ok=True)
-    where = f"oci://{c.location.host}/{repo}@{layer.digest} ({layer.path})"
+class _Checked:
+    """A blob's response read through its sha256 and a count that may not pass the descriptor's size."""
+
+    def __init__(self, c: RegistryClient, resp: Any, layer: Layer, where: str) -> None:
+        self.c, self.resp, self.layer, self.where = c, resp, layer, where
+        self.sha = hashlib.sha256()
+        self.n = 0
+
+    def read(self, n: int = -1) -> bytes:
+        chunk = self.resp.read(STREAM_CHUNK if n is None or n < 0 else min(n, STREAM_CHUNK))
+        self.n += len(chunk)
+        if self.n > self.layer.size:
+            raise BlobMismatch(f"{self.where}: more than the layer's {self.layer.size} bytes: refused, nothing "
+                               f"published")
+        self.sha.update(chunk)
+        return chunk
+
+    def drain(self) -> None:
+        while self.read(STREAM_CHUNK):
+            pass
+
+    def check(self) -> None:
+        """BlobMismatch unless the bytes read are the blob's size and digest (call after the end)."""
+        if self.n != self.layer.size or "sha256:" + self.sha.hexdigest() != self.layer.digest:
+            raise BlobMismatch(f"{self.where}: the registry's bytes are not the blob's digest (sha256 of {self.n} "
+                               f"bytes: {self.sha.hexdigest()}): refused, nothing published")
+
+
+def _pull_part(c: RegistryClient, repo: str, part: Part, staging: Staging) -> None:
+    layer = part.layer
+    where = f"oci://{c.location.host}/{repo}@{layer.digest}" + (f" ({layer.path})" if layer.path else "")
     resp = c.request("GET", f"/v2/{repo}/blobs/{layer.digest}", what=f"{repo}@{layer.digest}", stream=True)
-    sha = hashlib.sha256()
-    n = 0
+    blob = _Checked(c, resp, layer, where)
     try:
-        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-        try:
-            while True:
-                chunk = resp.read(STREAM_CHUNK)
-                if not chunk:
-                    break
-                n += len(chunk)
-                if n > layer.size:
-                    raise BlobMismatch(f"{where}: more than the layer's {layer.size} bytes")
-                sha.update(chunk)
-                view = memoryview(chunk)
-                while view:
-                    view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        if part.kind == "raw":
+            staging.claim(layer.path, layer.size, where)
+            fd = staging.open_new(layer.path)
+            try:
+                _copy_to(fd, blob.read)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        else:
+            _untar(blob, part.kind == "tar+gzip", staging, where)
+        blob.drain()
     except BaseException:
         c.abandon(resp)
         raise
     c.done(resp)
-    c.stats.count("get", n)
-    if n != layer.size or "sha256:" + sha.hexdigest() != layer.digest:
-        raise BlobMismatch(f"{where}: the registry's bytes are not the blob's digest (sha256 of {n} bytes: "
-                           f"{sha.hexdigest()}): refused, nothing published")
+    c.stats.count("get", blob.n)
+    blob.check()
+
+
+def _copy_to(fd: int, read: Any, size: int | None = None) -> int:
+    n = 0
+    while size is None or n < size:
+        chunk = read(STREAM_CHUNK if size is None else min(STREAM_CHUNK, size - n))
+        if not chunk:
+            break
+        n += len(chunk)
+        view = memoryview(chunk)
+        while view:
+            view = view[os.write(fd, view):]
+    return n
+
+
+def _entry_path(name: str, where: str) -> str | None:
+    """A tar entry's path in the tree (None for the tree's root), or UnsafePath."""
+    rel = name.rstrip("/")
+    while rel.startswith("./"):
+        rel = rel[2:]
+    if rel in ("", "."):
+        return None
+    try:
+        validate_relpath(rel, "tar entry")
+    except UnsafePath as exc:
+        raise UnsafePath(f"{where}: tar entry {name!r}", exc.reason + ": refused, nothing published") from None
+    if rel == ".weightd" or rel.startswith(OWN_PREFIX):
+        raise UnsafePath(f"{where}: tar entry {name!r}", "a path under .weightd/ (weightd's own files): refused")
+    return rel
+
+
+def _untar(blob: _Checked, gzip: bool, staging: Staging, where: str) -> None:
+    """The tar stream's entries into the tree, as they arrive. A stream that is not a tar archive is
+    BadInput, unless its bytes are not the blob's digest (then BlobMismatch: checked first)."""
+    try:
+        with tarfile.open(fileobj=blob, mode="r|gz" if gzip else "r|", bufsize=1 << 20) as tf:   # type: ignore[arg-type]
+            for entry in tf:
+                _one_entry(tf, entry, staging, where)
+    except (tarfile.TarError, zlib.error, EOFError) as exc:
+        blob.drain()
+        blob.check()
+        raise BadInput(f"{where}: not a valid {'gzip-compressed ' if gzip else ''}tar archive ({exc}): refused, "
+                       f"nothing published") from None
+
+
+def _one_entry(tf: tarfile.TarFile, entry: tarfile.TarInfo, staging: Staging, where: str) -> None:
+    rel = _entry_path(entry.name, where)
+    what = f"{where}: tar entry {entry.name!r}"
+    if entry.isdir():
+        if rel is not None:
+            staging.dir(rel)
+        return
+    if rel is None:
+        raise UnsafePath(what, "not a directory at the tree's root: refused")
+    if entry.issym():
+        target = entry.linkname
+        inside = posixpath.normpath(posixpath.join(posixpath.dirname(rel), target))
+        if target.startswith("/") or inside == ".." or inside.startswith("../") or "\x00" in target:
+            raise UnsafePath(what, f"a symlink to {target!r}, outside the tree: refused, nothing published")
+        staging.claim(rel, 0, where, link=target)
+        return
+    if entry.islnk():
+        try:
+            src = _entry_path(entry.linkname, where)
+        except UnsafePath:
+            src = None
+        if src is None or src not in staging.files or src in staging.links:
+            raise UnsafePath(what, f"a hard link to {entry.linkname!r}, not a file unpacked before it: refused, "
+                                   f"nothing published")
+        size = staging.files[src]
+        staging.claim(rel, size, where)
+        fd = staging.open_new(rel)
+        try:
+            sfd = os.open(staging.root / src, os.O_RDONLY | os.O_NOFOLLOW)
+            try:
+                _copy_to(fd, lambda n: os.read(sfd, n), size)
+            finally:
+                os.close(sfd)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return
+    if not entry.isreg() or entry.issparse():
+        kind = "a device" if entry.ischr() or entry.isblk() else "a fifo" if entry.isfifo() else \
+            "a sparse file" if entry.issparse() else f"of tar type {entry.type!r}"
+        raise UnsafePath(what, f"{kind}: only files, directories and links inside the tree are imported: refused")
+    staging.claim(rel, entry.size, where)
+    f = tf.extractfile(entry)
+    assert f is not None
+    fd = staging.open_new(rel)
+    try:
+        if _copy_to(fd, f.read, entry.size) != entry.size:
+            raise BadInput(f"{what}: the archive ends inside it: refused, nothing published")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _make_links(staging: Staging, where: str) -> None:
+    """The archives' symlinks, made once every file is in, each resolving inside the tree."""
+    root = os.path.realpath(staging.root)
+    for rel, target in sorted(staging.links.items()):
+        parent = (staging.root / rel).parent
+        parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        os.symlink(target, staging.root / rel)
+    for rel in staging.links:
+        real = os.path.realpath(staging.root / rel)
+        if real != root and not real.startswith(root + "/"):
+            raise UnsafePath(f"{where}: tar entry {rel!r}", "a symlink that resolves outside the tree (through "
+                                                              "another symlink): refused, nothing published")
