@@ -318,3 +318,44 @@ def test_larger_than_nfd_reads(fdir: Path) -> None:
     with pytest.raises(FeatureFileError, match="NFD skips a file over 65536"):
         nfd.write_features(fdir, "weightd", text)
     assert os.listdir(fdir) == []
+
+
+# -- ready-in labels (issue 37: how soon a server could read the model here) ------------------------
+
+@settings(max_examples=400, deadline=None)
+@given(_names, _names)
+def test_ready_in_keys_are_label_names_and_never_another_label(a: str, b: str) -> None:
+    ra, rb = nfd.label_key(a, nfd.READY_SUFFIX), nfd.label_key(b, nfd.READY_SUFFIX)
+    assert_label_name(ra)
+    assert ra.endswith(".ready-in")
+    assert ra != nfd.label_key(b) and rb != nfd.label_key(a)   # (never a model's tier label, its own included)
+    if a != b:
+        assert ra != rb
+
+
+def test_a_name_ending_like_a_ready_in_key_is_hashed() -> None:
+    assert nfd.label_key("acme/llama.ready-in").startswith("acme.llama.ready-in-")
+    assert nfd.label_key("acme/llama", nfd.READY_SUFFIX) == "acme.llama.ready-in"
+    long = "acme/" + "x" * 55   # (plain as a tier key, 60 characters; hashed with the suffix)
+    assert nfd.label_key(long) == "acme." + "x" * 55
+    assert len(nfd.label_key(long, nfd.READY_SUFFIX)) == 63
+
+
+def test_render_ready_in_labels() -> None:
+    text = nfd.render({"acme/llama-70b": "hot"}, expiry_s=600, clock=lambda: T0,
+                      ready_in={"acme/llama-70b": "0s", "acme/embed": "5m", "llama-3.1": "long"})
+    assert nfd_labels(text, T0 + 1) == {"weightd.io/acme.llama-70b": "hot",
+                                        "weightd.io/acme.llama-70b.ready-in": "0s",
+                                        "weightd.io/acme.embed.ready-in": "5m",
+                                        f"weightd.io/llama-3.1-{h8('llama-3.1')}.ready-in": "long"}
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            name, _, value = line.partition("=")
+            assert_label_name(name.partition("/")[2])
+            assert re.fullmatch(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?", value)
+
+
+def test_render_refuses_a_bad_ready_in_value() -> None:
+    with pytest.raises(ValueError, match=re.escape("ready-in value for 'acme/x': expected one of 0s, 10s, 1m, 5m, "
+                                                   "long, got '2h'")):
+        nfd.render({}, clock=lambda: T0, ready_in={"acme/x": "2h"})

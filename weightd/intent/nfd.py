@@ -35,6 +35,8 @@ from ..errors import FeatureFileError
 
 PREFIX = "weightd.io"
 HOT, WARM, READY = "hot", "warm", "ready"
+READY_SUFFIX = ".ready-in"
+READY_IN = ("0s", "10s", "1m", "5m", "long")   # (weightd.node.ready_estimate.BUCKETS and LONG)
 VALUES = (HOT, WARM, READY)
 _RANK = {READY: 1, WARM: 2, HOT: 3}
 MAX_KEY_LEN = 63                  # the name part of a Kubernetes label key
@@ -49,8 +51,10 @@ _FILENAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
 _EXPIRY = "# +expiry-time"
 
 
-def label_key(model: str) -> str:
-    """The name part of a model's label (no version): ``weightd.io/<label_key(model)>``.
+def label_key(model: str, suffix: str = "") -> str:
+    """The name part of a model's label (no version): ``weightd.io/<label_key(model)>``; with
+    ``suffix`` (``.ready-in``), the key it ends, formed alike with the suffix's length taken off the
+    63 characters (a long name is hashed a little sooner there).
 
     Plain: the model name with its ``/`` turned into ``.`` (``acme/llama-70b`` -> ``acme.llama-70b``,
     case kept), when all of these hold, so that a plain key reads back to exactly one name:
@@ -59,7 +63,8 @@ def label_key(model: str) -> str:
       ``acme.llama/3`` would otherwise read ``acme.llama.3``; in a plain key the first ``.`` is the ``/``;
     - a valid label name: at most 63 characters, letters, digits, ``-``, ``_``, ``.``, first and last
       characters a letter or a digit;
-    - it does not end in ``-`` and 8 lowercase hex digits (the form below).
+    - it does not end in ``-`` and 8 lowercase hex digits (the form below), nor in ``.ready-in`` (a
+      model's ready-in label could otherwise be another model's tier label).
 
     Otherwise hashed: the name with ``/`` turned into ``.`` and any other character outside
     ``[A-Za-z0-9._-]`` into ``_``, leading and trailing ``.``, ``_``, ``-`` removed, cut to 54
@@ -71,17 +76,24 @@ def label_key(model: str) -> str:
         raise ValueError(f"model name: expected a non-empty string, got {model!r:.60}")
     org, slash, rest = model.partition("/")
     plain = f"{org}.{rest}" if slash else model
-    if ("." not in org and len(plain) <= MAX_KEY_LEN and _KEY.fullmatch(plain)
-            and not _HASHED_TAIL.search(plain)):
-        return plain
+    if ("." not in org and len(plain) + len(suffix) <= MAX_KEY_LEN and _KEY.fullmatch(plain)
+            and not _HASHED_TAIL.search(plain) and not plain.endswith(READY_SUFFIX)):
+        return plain + suffix
     digest = hashlib.sha256(model.encode("utf-8", "surrogatepass")).hexdigest()[:_HASH_HEX]
-    head = _OUTSIDE.sub("_", model.replace("/", ".")).lstrip(_EDGE)[:_HEAD_LEN].rstrip(_EDGE)
-    return f"{head or 'm'}-{digest}"
+    head = _OUTSIDE.sub("_", model.replace("/", ".")).lstrip(_EDGE)[:_HEAD_LEN - len(suffix)].rstrip(_EDGE)
+    return f"{head or 'm'}-{digest}{suffix}"
 
 
 def label_name(model: str) -> str:
     """The full label key of a model: ``weightd.io/`` and :func:`label_key`."""
     return f"{PREFIX}/{label_key(model)}"
+
+
+def ready_label_name(model: str) -> str:
+    """The key of a model's ready-in label: ``weightd.io/<key>.ready-in`` (the key as
+    :func:`label_key` forms it, with room for the suffix), valued ``0s``, ``10s``, ``1m``, ``5m`` or
+    ``long`` (:func:`weightd.node.ready_estimate.bucket`: how soon a server could read the model here)."""
+    return f"{PREFIX}/{label_key(model, READY_SUFFIX)}"
 
 
 def label_value(tier: str, resident_fraction: float, *, resident_min: float = 0.9) -> str:
@@ -117,11 +129,13 @@ def _rfc3339(t: float) -> str:
 
 
 def render(holdings: Mapping[str, str], *, expiry_s: float | None = None,
-           clock: Callable[[], float] = time.time) -> str:
+           clock: Callable[[], float] = time.time, ready_in: Mapping[str, str] | None = None) -> str:
     """The feature file: a header comment (written by weightd, when), with ``expiry_s`` an
     ``# +expiry-time=`` directive that far ahead (whole seconds, rounded up), then one
-    ``weightd.io/<key>=<value>`` line per model of ``holdings`` (model -> ``hot``/``warm``/``ready``),
-    sorted by label. ValueError on an unknown value, or two models that share a label."""
+    ``weightd.io/<key>=<value>`` line per model of ``holdings`` (model -> ``hot``/``warm``/``ready``)
+    and one ``weightd.io/<key>.ready-in=<bucket>`` line per model of ``ready_in`` (model -> ``0s``/
+    ``10s``/``1m``/``5m``/``long``), sorted by label. ValueError on an unknown value, or two labels
+    that share a key."""
     now = clock()
     lines = [f"# written by weightd at {_rfc3339(now)}: the models this node holds "
              "(weightd.io/<model>=hot|warm|ready); replaced when they change, do not edit"]
@@ -135,6 +149,13 @@ def render(holdings: Mapping[str, str], *, expiry_s: float | None = None,
         if value not in _RANK:
             raise ValueError(f"label value for {model!r:.80}: expected one of {', '.join(VALUES)}, got {value!r:.40}")
         name = label_name(model)
+        if name in labels:
+            raise ValueError(f"models {labels[name][0]!r} and {model!r} share the label {name}")
+        labels[name] = (model, value)
+    for model, value in (ready_in or {}).items():
+        if value not in READY_IN:
+            raise ValueError(f"ready-in value for {model!r:.80}: expected one of {', '.join(READY_IN)}, got {value!r:.40}")
+        name = ready_label_name(model)
         if name in labels:
             raise ValueError(f"models {labels[name][0]!r} and {model!r} share the label {name}")
         labels[name] = (model, value)
