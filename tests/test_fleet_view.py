@@ -28,6 +28,11 @@ def holding(model: str = "acme/llama-70b", version: str = "v3", tier: str = "war
             "since": 1_699_990_000.0, "serving": False, **kw}
 
 
+def estimate(model: str = "acme/llama-70b", version: str = "v3", tier: str = "hot", seconds: Any = 12.5
+             ) -> dict[str, Any]:
+    return {"model": model, "version": version, "tier": tier, "seconds": seconds}
+
+
 def report(node: str = "gpu-1", *holdings: dict[str, Any], **kw: Any) -> dict[str, Any]:
     return {"node": node, "rack": "r1", "labels": {"pool": "chat", "example.com/gpu": "h100"},
             "holdings": list(holdings) or [holding()], "intent": {"acme/llama-70b@latest": "v3"}, **kw}
@@ -69,10 +74,10 @@ def test_rows_one_per_node_model_version() -> None:
     assert fv.rows() == [
         {"node": "gpu-1", "ip": IP_A, "rack": "r1", "model": "acme/llama-70b", "version": "v2", "tier": "warm",
          "tiers": ["warm"], "resident_percent": 12.3, "bytes": 140_000_000_000, "serving": False,
-         "intended": False, "age_s": 5.0},
+         "intended": False, "ready_s": None, "age_s": 5.0},
         {"node": "gpu-1", "ip": IP_A, "rack": "r1", "model": "acme/llama-70b", "version": "v3", "tier": "hot",
          "tiers": ["hot", "warm"], "resident_percent": 100.0, "bytes": 140_000_000_000, "serving": True,
-         "intended": True, "age_s": 5.0},
+         "intended": True, "ready_s": None, "age_s": 5.0},
     ]
 
 
@@ -157,7 +162,7 @@ def test_a_newer_workers_keys_are_ignored_and_not_kept() -> None:
                      "weightd": "0.2.0+g1234", "admin": True, "gpus": [{"uuid": "GPU-0"}] * 3})
     fv.report(IP_B, {"node": "gpu-old", "holdings": [holding()]})
     new, old = sorted(fv.view()["nodes"], key=lambda n: n["node"])
-    assert set(new) == set(old) == {"node", "ip", "rack", "labels", "intent", "weightd", "age_s", "holdings"}
+    assert set(new) == set(old) == {"node", "ip", "rack", "labels", "intent", "weightd", "age_s", "holdings", "ready"}
     assert new["holdings"] == old["holdings"] == [holding()]
     assert (new["weightd"], old["weightd"]) == ("0.2.0+g1234", None)
     assert check_report({"node": "n", "v": 1, "weightd": "0.1.0"})["weightd"] == "0.1.0"
@@ -225,6 +230,23 @@ HOSTILE: list[tuple[str, Any, str]] = [
     ("intent bad ref", {**report(), "intent": {"acme/x@../v": "v1"}}, "intent['acme/x@../v']: invalid version '../v'"),
     ("intent bad version", {**report(), "intent": {"acme/x": None}},
      "intent['acme/x']: expected a version (a string), got null"),
+    ("ready an object", {**report(), "ready": {"model": "acme/x"}}, "ready: expected a list, got an object"),
+    ("2000 estimates", {**report(), "ready": [estimate(version=f"v{i}") for i in range(2000)]},
+     "ready: 2000 entries; at most 1024"),
+    ("estimate a string", {**report(), "ready": ["acme/x"]}, "ready[0]: expected an object, got a string"),
+    ("estimate without seconds", {**report(), "ready": [{"model": "acme/x", "version": "v1", "tier": "hot"}]},
+     "ready[0]: missing 'seconds'"),
+    ("estimate NaN", {**report(), "ready": [estimate(seconds=float("nan"))]}, "ready[0].seconds: expected seconds"),
+    ("estimate negative", {**report(), "ready": [estimate(seconds=-1)]}, "ready[0].seconds: expected seconds"),
+    ("estimate huge", {**report(), "ready": [estimate(seconds=1e300)]}, "ready[0].seconds: expected seconds"),
+    ("estimate a boolean", {**report(), "ready": [estimate(seconds=True)]},
+     "ready[0].seconds: expected seconds from 0 to 1e9, got a boolean"),
+    ("estimate tier cold", {**report(), "ready": [estimate(tier="cold")]}, "ready[0].tier: expected 'hot' or 'warm'"),
+    ("estimate model ../etc", {**report(), "ready": [estimate(model="../etc")]}, "ready[0].model: invalid model name"),
+    ("estimate huge model", {**report(), "ready": [estimate(model="a" * 1_000_000)]},
+     "ready[0].model: model name longer than 511"),
+    ("estimate twice", {**report(), "ready": [estimate(), estimate(seconds=3)]},
+     "ready[1]: acme/llama-70b@v3 in hot is listed twice"),
 ]
 
 
@@ -267,3 +289,24 @@ def test_one_address_cannot_fill_the_view_with_invented_nodes() -> None:
         f.report("10.0.0.9", {**body, "node": "n-extra"})
     f.report("10.0.0.9", {**body, "node": "n0"})          # (a known one reports again)
     f.report("10.0.0.10", {**body, "node": "n-extra"})    # (another address is another node)
+
+
+def test_ready_estimates_are_kept_shown_and_sort_nodes() -> None:
+    """A worker's ready estimates (issue 37): kept per node, narrowed by model like holdings, in
+    rows() as ready_s, and ``fleet status --model`` order: soonest first, nodes without one last."""
+    from weightd.fleet.view import by_readiness
+    clock = Clock()
+    fv = FleetView(clock=clock)
+    fv.report(IP_A, report("gpu-a", holding(resident=0.1), ready=[estimate(tier="warm", seconds=95.0),
+                                                                estimate(model="acme/embed", seconds=0.0)]))
+    fv.report(IP_B, report("gpu-b", holding(tier="hot", resident=1.0), ready=[estimate(seconds=0.0)]))
+    fv.report("10.0.0.3", report("gpu-c", holding(version="v2")))        # (an older worker: no estimates)
+    fv.report("10.0.0.4", report("gpu-d", holding(model="acme/other"),
+                                 ready=[estimate(version="v4", seconds=40.0)]))   # (intends it, holds none)
+    view = fv.view(model="acme/llama-70b")
+    assert [n["node"] for n in by_readiness(view["nodes"], "acme/llama-70b")] == ["gpu-b", "gpu-d", "gpu-a", "gpu-c"]
+    gpu_a = next(n for n in view["nodes"] if n["node"] == "gpu-a")
+    assert gpu_a["ready"] == [{"model": "acme/llama-70b", "version": "v3", "tier": "warm", "seconds": 95.0}]
+    assert {(r["node"], r["version"], r["ready_s"]) for r in fv.rows() if r["model"] == "acme/llama-70b"} == {
+        ("gpu-a", "v3", 95.0), ("gpu-b", "v3", 0.0), ("gpu-c", "v2", None)}
+    json.dumps(view)

@@ -143,18 +143,26 @@ def fleet_group() -> None:
 @fleet_group.command("status")
 @click.option("--origin", metavar="URL", help="The origin's tracker URL (default: [intent] origin, else the first "
               "[p2p] trackers URL).")
+@click.option("--model", metavar="NAME", help="Only the nodes that hold, intend or estimate NAME, soonest ready "
+              "first (by each node's ready estimate).")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
-def fleet_status(app: AppContext, origin: str | None, as_json: bool) -> None:
-    """Per node and version: tier, residency and age of the report (from GET /v1/fleet on the origin).
+def fleet_status(app: AppContext, origin: str | None, model: str | None, as_json: bool) -> None:
+    """Per node and version: tier, residency, how soon it could serve, and age of the report (from
+    GET /v1/fleet on the origin).
 
-    Example: weightd fleet status --origin https://10.0.0.1:6969"""
+    Example: weightd fleet status --origin https://10.0.0.1:6969 --model acme/llama-70b"""
     from ..errors import UsageError
     from ..fleet.client import OriginClient, origin_url
+    from ..fleet.view import by_readiness
     base = origin or origin_url(app.config)
     if base is None:
         raise UsageError("no origin: pass --origin URL, or set [intent] origin or [p2p] trackers")
-    doc = _fleet(OriginClient(base, app.config, timeout_s=15))
+    if model is not None:
+        _check_model(model)
+    doc = _fleet(OriginClient(base, app.config, timeout_s=15), model)
+    if model is not None:
+        doc["nodes"] = by_readiness(doc.get("nodes") or [], model)
     if as_json:
         return output.emit_json("fleet.status", doc)
     nodes = doc.get("nodes") or []
@@ -167,28 +175,50 @@ def fleet_status(app: AppContext, origin: str | None, as_json: bool) -> None:
     if runs:
         click.echo("weightd versions: " + ", ".join(f"{v} ({c} node{'s' if c != 1 else ''})"
                                                     for v, c in sorted(runs.items())))
-    click.echo(f"  {'NODE':<24} {'RACK':<8} {'MODEL@VERSION':<40} {'TIER':<5} {'RESIDENT':>8} {'SERVING':<7} AGE")
+    click.echo(f"  {'NODE':<24} {'RACK':<8} {'MODEL@VERSION':<40} {'TIER':<5} {'RESIDENT':>8} {'READY IN':>8} "
+               f"{'SERVING':<7} AGE")
     for n in nodes:
-        for h in n.get("holdings") or [{}]:
+        held = {(h["model"], h["version"]) for h in n.get("holdings") or []}
+        rows = [*(n.get("holdings") or []), *({"model": e["model"], "version": e["version"], "tier": e["tier"]}
+                                              for e in n.get("ready") or [] if (e["model"], e["version"]) not in held)]
+        for h in rows or [{}]:
             if not h:
                 click.echo(f"  {n['node']:<24} {n.get('rack') or '-':<8} (holds nothing)")
                 continue
+            resident = f"{100 * h['resident']:>7.0f}%" if "resident" in h else f"{'absent':>8}"
             click.echo(f"  {n['node']:<24} {n.get('rack') or '-':<8} {h['model'] + '@' + h['version']:<40} "
-                       f"{h['tier']:<5} {100 * h['resident']:>7.0f}% {'yes' if h.get('serving') else '':<7} "
-                       f"{n.get('age_s', 0):.0f}s")
+                       f"{h['tier']:<5} {resident} {_ready_in(n, h['model'], h['version']):>8} "
+                       f"{'yes' if h.get('serving') else '':<7} {n.get('age_s', 0):.0f}s")
 
 
-def _fleet(client: Any, max_pages: int = 10_000) -> dict[str, Any]:
-    """GET /v1/fleet a page at a time (each a few MiB at most), as one document: the first page's
-    versions and movers, every page's nodes."""
+def _ready_in(node: dict[str, Any], model: str, version: str) -> str:
+    from ..fleet.view import ready_seconds
+    s = ready_seconds(node, model, version)
+    return "-" if s is None else output.ready_in(s)
+
+
+def _check_model(model: str) -> None:
+    import tiering
+
+    from ..errors import UsageError
+    try:
+        tiering.validate_name(model)
+    except tiering.InvalidName as exc:
+        raise UsageError(f"--model {output.printable(model)[:80]}: {exc.reason}") from None
+
+
+def _fleet(client: Any, model: str | None = None, max_pages: int = 10_000) -> dict[str, Any]:
+    """GET /v1/fleet (of ``model``) a page at a time (each a few MiB at most), as one document: the
+    first page's versions and movers, every page's nodes."""
     import urllib.parse
-    doc = client.call("GET", "/v1/fleet")
+    narrow = {} if model is None else {"model": model}
+    doc = client.call("GET", "/v1/fleet" + (f"?{urllib.parse.urlencode(narrow)}" if narrow else ""))
     page = doc
     for _ in range(max_pages):
         after = page.get("next")
         if not isinstance(after, str) or not after:
             break
-        page = client.call("GET", "/v1/fleet?" + urllib.parse.urlencode({"after": after}))
+        page = client.call("GET", "/v1/fleet?" + urllib.parse.urlencode({**narrow, "after": after}))
         doc["nodes"] = [*(doc.get("nodes") or []), *(page.get("nodes") or [])]
     doc.pop("next", None)
     return doc

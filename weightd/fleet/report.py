@@ -27,6 +27,10 @@ MAX_MODEL_CHARS = 255 + 1 + 255  # (checked before a name is parsed, so a huge s
 MAX_VERSION_CHARS = 255
 TIERS = ("hot", "warm")
 HOLDING_KEYS = ("model", "version", "tier", "resident", "bytes", "since", "serving")
+READY_KEYS = ("model", "version", "tier", "seconds")
+MAX_READY = 1024
+MAX_READY_S = 1e9                 # (32 years: past that an estimate is garbage)
+_READY_BYTES = 64                 # a ready estimate's JSON besides its model and version
 _HOST = re.compile(r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,251}[A-Za-z0-9])?")
 _RACK = re.compile(r"[A-Za-z0-9._-]{1,63}")   # (as [p2p] rack)
 _LABEL_KEY = re.compile(r"(?:[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
@@ -110,7 +114,9 @@ def check_report(body: Any) -> dict[str, Any]:
     ``labels`` (optional) at most 64 Kubernetes-style labels; ``holdings`` (optional) at most 1024
     objects with exactly ``model``, ``version``, ``tier`` (``hot``/``warm``), ``resident`` (0..1),
     ``bytes`` (integer >= 0), ``since`` (unix time), ``serving`` (boolean), one per (model, version,
-    tier); ``intent`` (optional) at most 1024 entries ``NAME`` or ``NAME@REF`` -> version.
+    tier); ``intent`` (optional) at most 1024 entries ``NAME`` or ``NAME@REF`` -> version; ``ready``
+    (optional) at most 1024 ready estimates with exactly ``model``, ``version``, ``tier``
+    (``hot``/``warm``) and ``seconds`` (0 to 1e9), one per (model, version, tier).
     Other keys, at the top or in a holding, are a newer worker's: ignored, never kept."""
     if not isinstance(body, dict):
         raise ValueError(f"report: expected a JSON object, got {_kind(body)}")
@@ -120,7 +126,7 @@ def check_report(body: Any) -> dict[str, Any]:
         raise ValueError(f"report: {exc}") from None
     return {"node": _node(body), "rack": _rack(body.get("rack")), "labels": _labels(body.get("labels", {})),
             "holdings": _holdings(body.get("holdings", [])), "intent": _intent(body.get("intent", {})),
-            "weightd": sender}
+            "ready": _ready(body.get("ready", [])), "weightd": sender}
 
 
 def _node(body: dict[str, Any]) -> str:
@@ -193,9 +199,42 @@ def _intent(intent: Any) -> dict[str, str]:
     return wants
 
 
+def _estimate(e: Any, where: str) -> dict[str, Any]:
+    if not isinstance(e, dict):
+        raise ValueError(f"{where}: expected an object, got {_kind(e)}")
+    for k in READY_KEYS:
+        if k not in e:
+            raise ValueError(f"{where}: missing {k!r}")
+    if not isinstance(e["tier"], str) or e["tier"] not in TIERS:
+        raise ValueError(f"{where}.tier: expected 'hot' or 'warm', got {show(e['tier'])}")
+    return {"model": _name(e["model"], f"{where}.model"), "version": _version(e["version"], f"{where}.version"),
+            "tier": e["tier"],
+            "seconds": _number(e["seconds"], f"{where}.seconds", 0.0, MAX_READY_S, "seconds from 0 to 1e9")}
+
+
+def _ready(ready: Any) -> list[dict[str, Any]]:
+    """A worker's ready estimates (weightd.node.ready_estimate), checked as holdings are."""
+    if ready is None:
+        return []
+    if not isinstance(ready, list):
+        raise ValueError(f"ready: expected a list, got {_kind(ready)}")
+    if len(ready) > MAX_READY:
+        raise ValueError(f"ready: {len(ready)} entries; at most {MAX_READY}")
+    rows, seen = [], set()
+    for i, e in enumerate(ready):
+        row = _estimate(e, f"ready[{i}]")
+        key = (row["model"], row["version"], row["tier"])
+        if key in seen:
+            raise ValueError(f"ready[{i}]: {row['model']}@{row['version']} in {row['tier']} is listed twice")
+        seen.add(key)
+        rows.append(row)
+    return rows
+
+
 def report_bytes(r: dict[str, Any]) -> int:
     """What a checked report counts against the budget: about the size of its JSON in the view."""
     return (_REPORT_BYTES + len(r["node"]) + len(r["rack"] or "") + len(r["weightd"] or "")
             + sum(len(k) + len(v) + 6 for k, v in r["labels"].items())
             + sum(len(k) + len(v) + 6 for k, v in r["intent"].items())
-            + sum(_HOLDING_BYTES + len(h["model"]) + len(h["version"]) for h in r["holdings"]))
+            + sum(_HOLDING_BYTES + len(h["model"]) + len(h["version"]) for h in r["holdings"])
+            + sum(_READY_BYTES + len(e["model"]) + len(e["version"]) for e in r.get("ready", ())))

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import ReportRefused
-from .report import HOLDING_KEYS, TIERS, check_report, report_bytes, show
+from .report import HOLDING_KEYS, READY_KEYS, TIERS, check_report, report_bytes, show
 
 MAX_NODES_PER_IP = 4              # node names one address may report as, within ttl_s
 DEFAULT_BUDGET = 64 << 20         # bytes of reports held ([intent] fleet_budget)
@@ -131,6 +131,8 @@ class FleetView:
             self._drop(key)
         self._nodes[key] = {"node": r["node"], "rack": r["rack"], "labels": r["labels"], "intent": r["intent"],
                             "weightd": r["weightd"], "holdings": tuple(_holding_tuple(h) for h in r["holdings"]),
+                            "ready": tuple((sys.intern(e["model"]), sys.intern(e["version"]), e["tier"], e["seconds"])
+                                           for e in r["ready"]),
                             "ip": ip, "received_at": now, "size": size}
         self.held_bytes += size
 
@@ -151,7 +153,9 @@ class FleetView:
         """One row per (node, model, version), what ``weightd fleet status`` prints: ``node``, ``ip``,
         ``rack``, ``model``, ``version``, ``tier`` (the best it is in: hot, else warm), ``tiers`` (all),
         ``resident_percent`` (its most resident copy, one decimal), ``bytes``, ``serving`` (any copy),
-        ``intended`` (the node's intent names this version), ``age_s`` (since the node's report).
+        ``intended`` (the node's intent names this version), ``ready_s`` (the node's estimate of
+        the seconds until a server could read it, null when it sent none), ``age_s`` (since the
+        node's report).
         Sorted by node, address, model, version; expired nodes are forgotten as in :meth:`view`."""
         records, now = self.snapshot()
         out = []
@@ -165,7 +169,8 @@ class FleetView:
                             "resident_percent": round(100.0 * max(h["resident"] for h in copies), 1),
                             "bytes": max(h["bytes"] for h in copies),
                             "serving": any(h["serving"] for h in copies),
-                            "intended": (model, version) in wanted, "age_s": age})
+                            "intended": (model, version) in wanted,
+                            "ready_s": ready_seconds(r, model, version), "age_s": age})
         return out
 
 
@@ -174,7 +179,8 @@ def build_view(records: list[dict[str, Any]], now: float, *, model: str | None =
     """``{"nodes": [...], "versions": [...], "generated_at": t}`` of ``records`` (from
     :meth:`FleetView.snapshot`; pure, so it may run in a thread). A node: ``node``, ``ip``, ``rack``,
     ``labels``, ``intent``, ``weightd`` (the version it runs, null when its report did not say),
-    ``age_s`` (since its report), ``holdings`` (as reported, sorted). A version: ``model``,
+    ``age_s`` (since its report), ``holdings`` (as reported, sorted), ``ready`` (its ready estimates:
+    ``model``, ``version``, ``tier``, ``seconds``, sorted). A version: ``model``,
     ``version``, ``nodes`` (``hot``, ``warm``: nodes with a copy in that tier; ``total``: nodes with
     any copy), ``serving`` (nodes serving it), ``resident_avg`` (over those nodes, each by its most
     resident copy). Nodes sorted by name then address; versions by model then version.
@@ -184,13 +190,7 @@ def build_view(records: list[dict[str, Any]], now: float, *, model: str | None =
     nodes after the node ``after`` (``NODE@IP``, as the last page's ``next`` says); ``next`` is there
     when more nodes follow. ``versions`` count every node the filter keeps, on the first page only."""
     if model is not None:
-        kept = []
-        for r in records:
-            hs = tuple(h for h in r["holdings"] if h[0] == model)
-            wants = {k: v for k, v in r["intent"].items() if k.partition("@")[0] == model}
-            if hs or wants:
-                kept.append({**r, "holdings": hs, "intent": wants})
-        records = kept
+        records = _narrowed(records, model)
     doc: dict[str, Any] = {"nodes": [], "generated_at": now}
     if after is None:
         per_version: dict[tuple[str, str], dict[str, Any]] = {}
@@ -224,9 +224,22 @@ def build_view(records: list[dict[str, Any]], now: float, *, model: str | None =
         holdings = sorted((_holding_dict(h) for h in r["holdings"]), key=lambda h: (h["model"], h["version"], h["tier"]))
         nodes.append({"node": r["node"], "ip": r["ip"], "rack": r["rack"], "labels": dict(r["labels"]),
                       "intent": dict(r["intent"]), "weightd": r["weightd"],
-                      "age_s": round(max(0.0, now - r["received_at"]), 1), "holdings": holdings})
+                      "age_s": round(max(0.0, now - r["received_at"]), 1), "holdings": holdings,
+                      "ready": [dict(zip(READY_KEYS, e)) for e in sorted(r.get("ready", ()))]})
     return {"nodes": doc["nodes"], "versions": doc["versions"], "generated_at": now,
             **{k: doc[k] for k in ("versions_cut", "next") if k in doc}}
+
+
+def _narrowed(records: list[dict[str, Any]], model: str) -> list[dict[str, Any]]:
+    """The records of nodes that hold, intend or estimate ``model``, with only what concerns it."""
+    kept = []
+    for r in records:
+        hs = tuple(h for h in r["holdings"] if h[0] == model)
+        wants = {k: v for k, v in r["intent"].items() if k.partition("@")[0] == model}
+        ready = tuple(e for e in r.get("ready", ()) if e[0] == model)
+        if hs or wants or ready:
+            kept.append({**r, "holdings": hs, "intent": wants, "ready": ready})
+    return kept
 
 
 def encode(doc: dict[str, Any]) -> bytes:
@@ -243,3 +256,21 @@ def _by_version(holdings: list[dict[str, Any]]) -> dict[tuple[str, str], list[di
     for h in holdings:
         out.setdefault((h["model"], h["version"]), []).append(h)
     return out
+
+
+def ready_seconds(node: dict[str, Any], model: str, version: str | None = None) -> float | None:
+    """A node's (a held record or a view's node) least ready estimate for ``model`` (of ``version``,
+    or of any version), or None when it sent none."""
+    rows = [(e["model"], e["version"], e["seconds"]) if isinstance(e, dict) else (e[0], e[1], e[3])
+            for e in node.get("ready", ())]
+    values = [sec for m, v, sec in rows if m == model and (version is None or v == version)]
+    return min(values) if values else None
+
+
+def by_readiness(nodes: list[dict[str, Any]], model: str) -> list[dict[str, Any]]:
+    """The view's ``nodes`` sorted by how soon each could serve ``model`` (its least ready estimate;
+    nodes without one last), then by name: ``weightd fleet status --model``."""
+    def key(n: dict[str, Any]) -> tuple[bool, float, str]:
+        s = ready_seconds(n, model)
+        return (s is None, s or 0.0, str(n.get("node")))
+    return sorted(nodes, key=key)
