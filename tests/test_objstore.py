@@ -62,19 +62,19 @@ def test_every_file_s_sha256_is_taken_in_order_as_its_ranges_arrive(s3_endpoint,
     each file's SHA-256 is still that of its whole content; nothing is held beyond the hash."""
     import hashlib
 
-    from tiering.sources.s3 import ranged
+    from tiering.sources.ranged.digest import InOrderDigest
     src = make_checkpoint(tmp_path / "src", total_bytes=24 * MiB, shards=2, layers=8, seed="sha")
     m = labelled(src, "acme/sha", "v1")
     c = cold(s3_endpoint, bucket, range_bytes=1 * MiB, concurrency=4)
     c.publish(src, m, files_of(src, m))
     want = {f.path: hashlib.sha256((src / f.path).read_bytes()).hexdigest() for f in m.files}
     read_back: list[int] = []
-    real = ranged.InOrderDigest.hexdigest
+    real = InOrderDigest.hexdigest
 
     def counted(self) -> str:
         read_back.append(self.read_back)
         return real(self)
-    monkeypatch.setattr(ranged.InOrderDigest, "hexdigest", counted)
+    monkeypatch.setattr(InOrderDigest, "hexdigest", counted)
     digests: dict[str, str] = {}
     with open_dir(tmp_path / "dst") as d:
         assert c.fetch(m, d, crypto=hashlib.sha256, digests=digests) == m.total_bytes
@@ -185,9 +185,10 @@ def test_rot_in_the_store_is_caught_naming_the_part(s3_endpoint, bucket, tmp_pat
 
 
 def test_an_object_replaced_mid_download_is_an_error(s3_endpoint, bucket, tmp_path: Path) -> None:
+    from tiering.sources.ranged.cut import groups as _groups
+    from tiering.sources.ranged.fetch import Target, fetch_group, fetch_range
     from tiering.sources.s3.client import ObjectChanged
-    from tiering.sources.s3.ranged import ObjectVersion, fetch_range
-    from tiering.sources.s3.ranged import groups as _groups
+    from tiering.sources.s3.ranged import ObjectRanges, ObjectVersion
     src = make_checkpoint(tmp_path / "src", total_bytes=4 * MiB, shards=1, layers=2, seed="chg")
     m = labelled(src, "acme/x", "v1")
     c = cold(s3_endpoint, bucket)
@@ -197,32 +198,34 @@ def test_an_object_replaced_mid_download_is_an_error(s3_endpoint, bucket, tmp_pa
     body = (src / "model.safetensors").read_bytes()
     obstore.put(c.store, key, body[::-1])  # replaced after its ETag was known: If-Match refuses it
     f = next(f for f in m.files if f.path == "model.safetensors")
+    ranges = ObjectRanges(c)
     with open_dir(tmp_path / "dst") as d:
         fd = d.create("model.safetensors", 0o600, flags=os.O_RDWR)
         try:
+            first = _groups(f, m.chunk_size, c.range_bytes)[0]
             with pytest.raises(ObjectChanged, match="changed during the download"):
-                c._fetch_group(f, key, fd, _groups(f, m.chunk_size, c.range_bytes)[0],
-                               ObjectVersion(key, f.size, tag), None, None)
+                fetch_group(ranges, Target(f, fd, ObjectVersion(c.url, key, f.size, tag), [first]), first, None, None)
             # no ETag known ahead (no HEAD is asked): the first range's response fixes it, and a range
             # of the object put again since is refused, whether its request carried If-Match or not
             obstore.put(c.store, key, body)
             halves = _groups(f, m.chunk_size, f.size // 2)
             assert len(halves) >= 2
-            obj = ObjectVersion(key, f.size)
+            obj = ObjectVersion(c.url, key, f.size)
+            target = Target(f, fd, obj, halves)
             (start, end, parts), = halves[0].ranges
-            fetch_range(c, key, fd, start, end, parts, halves[0], obj, None)
+            fetch_range(ranges, target, start, end, parts, halves[0], None)
             assert obj.etag == obstore.head(c.store, key)["e_tag"]
             obstore.put(c.store, key, body[::-1])
             (start, end, parts), = halves[1].ranges
             with pytest.raises(ObjectChanged, match="changed during the download"):
-                fetch_range(c, key, fd, start, end, parts, halves[1], obj, None)
+                fetch_range(ranges, target, start, end, parts, halves[1], None)
             # two ranges sent before either answered (neither carried If-Match): the responses disagree
-            both = ObjectVersion(key, f.size)
+            both = ObjectVersion(c.url, key, f.size)
             both.check({"size": f.size, "e_tag": obj.etag})
             with pytest.raises(ObjectChanged):
                 both.check({"size": f.size, "e_tag": obstore.head(c.store, key)["e_tag"]})
             with pytest.raises(IntegrityError, match="bytes in the store, the manifest says"):
-                ObjectVersion(key, f.size).check({"size": f.size + 1, "e_tag": tag})
+                ObjectVersion(c.url, key, f.size).check({"size": f.size + 1, "e_tag": tag})
         finally:
             os.close(fd)
 
@@ -240,7 +243,7 @@ def test_a_missing_bucket_and_bad_urls_say_so(s3_endpoint, tmp_path: Path) -> No
 
 
 def test_ranges_follow_the_parts_and_cover_every_byte(tmp_path: Path) -> None:
-    from tiering.sources.s3.ranged import groups as _groups
+    from tiering.sources.ranged.cut import groups as _groups
     src = make_checkpoint(tmp_path / "src", total_bytes=12 * MiB, shards=1, layers=4, seed="g")
     m = build_manifest(src)
     for f in m.files:

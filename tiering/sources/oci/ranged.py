@@ -1,6 +1,6 @@
 """Ranged reads: a version's files downloaded from their blobs into a staging directory.
 
-As from an object store (:mod:`tiering.sources.s3.ranged`, whose cut :func:`groups` this uses): a
+As from an object store (:mod:`tiering.sources.ranged`, whose cut :func:`groups` this uses): a
 download is split into ranges along the manifest's parts, ``concurrency`` at a time, each worker
 thread on its own keep-alive connection; each part is hashed (xxh3-128) as its bytes arrive. Blobs
 are addressed by digest, so a tag moved during a download changes nothing read. And each file's
@@ -27,7 +27,8 @@ from ...content.names import validate_relpath
 from ...errors import IntegrityError, TimedOut
 from ...progress import ProgressFn
 from ...safefs import Dir, sanitize_mode
-from ..s3.ranged import Group, Span, groups, preallocate
+from ..ranged.cut import Group, Span, groups
+from ..ranged.fetch import preallocate
 from .client import RETRIES, STREAM_CHUNK, RegistryClient, Transient
 from .errors import BlobMismatch, RegistryError, ShortRead
 from .layout import Artifact, Layer

@@ -5,7 +5,7 @@ By concern::
 
     client.py   S3Client: the bucket, credentials, every request counted, classified, retried, bounded
     catalog.py  names, versions, a version's manifest and the small objects beside it
-    ranged.py   a version's files downloaded in ranges, each part hashed as it arrives; resuming
+    ranged.py   one ranged GET of an object, its ETag held (the download itself: tiering.sources.ranged)
     publish.py  the claim, the uploads (each part hashed as it is sent), the manifest last
     cold.py     ObjectCold: the cold tier the tier code holds, made of the above
 

@@ -4,15 +4,17 @@ publishing's, on its own client."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Callable
 
-from ...content.manifest import FileEntry, Manifest
+from ...content.manifest import Manifest
 from ...layout import VersionDir
 from ...progress import ProgressFn
 from ...safefs import Dir
-from . import catalog, publish, ranged
-from .client import OBJECT_MANIFEST_LIMIT, S3Client
+from ..ranged.fetch import fetch as ranged_fetch
+from . import catalog
+from . import publish as publishing
+from .client import OBJECT_MANIFEST_LIMIT, S3Client, deadline_of
+from .ranged import ObjectRanges
 
 
 class ObjectCold(S3Client):
@@ -46,19 +48,13 @@ class ObjectCold(S3Client):
     def fetch(self, m: Manifest, dest: Dir, *, deadline: float | None = None, progress: ProgressFn | None = None,
               skip: set[str] | None = None, have: dict[str, set[str]] | None = None,
               crypto: Callable[[], Any] | None = None, digests: dict[str, str] | None = None) -> int:
-        return ranged.fetch(self, m, dest, deadline=deadline, progress=progress, skip=skip, have=have,
-                            crypto=crypto, digests=digests)
+        """``m``'s files by ranged GETs (:func:`tiering.sources.ranged.fetch.fetch`), within ``deadline``
+        and the deadline this thread works for."""
+        return ranged_fetch(ObjectRanges(self), m, dest, deadline=deadline_of(deadline), progress=progress, skip=skip,
+                            have=have, crypto=crypto, digests=digests)
 
-    def _fetch_group(self, f: FileEntry, key: str, fd: int, group: ranged.Group, obj: ranged.ObjectVersion,
-                     deadline: float | None, progress: ProgressFn | None) -> int:
-        return ranged.fetch_group(self, f, key, fd, group, obj, deadline, progress)
-
-    def publish(self, src: Path, m: Manifest, files: list[tuple[str, Any]], *, progress: ProgressFn | None = None,
-                extra: dict[str, bytes] | None = None, before_manifest: Callable[[], None] | None = None,
-                crypto: Callable[[], Any] | None = None,
-                signed: Callable[[dict[str, str]], dict[str, bytes]] | None = None) -> bool:
-        return publish.publish(self, src, m, files, progress=progress, extra=extra, before_manifest=before_manifest,
-                               crypto=crypto, signed=signed)
+    # publish(src, m, files, *, progress, extra, before_manifest, crypto, signed) -> bool (see .publish)
+    publish = publishing.publish
 
     def _claim(self, key: str, name: str, version: str) -> None:
-        publish.claim(self, key, name, version)
+        publishing.claim(self, key, name, version)

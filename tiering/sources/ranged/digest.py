@@ -1,5 +1,5 @@
-"""A file's whole-file digest (a signature's SHA-256) taken in order while its ranges arrive out of order
-(:class:`InOrderDigest`), for :mod:`.ranged`'s downloads."""
+"""A file's whole-file digest (a signature's SHA-256, a registry blob's sha256) taken in order while its
+ranges arrive out of order (:class:`InOrderDigest`), for :mod:`.fetch`'s downloads."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import threading
 from typing import Any, Callable
 
 from ...errors import IntegrityError
-from .client import STREAM_CHUNK
+
+READ_BACK = 4 << 20   # bytes read back from the file at a time (what arrived ahead of the hashed prefix)
 
 
 class InOrderDigest:
@@ -68,7 +69,7 @@ class InOrderDigest:
         while not self._live and self.next in self.done:
             end = self.done.pop(self.next)
             while self.next < end:
-                piece = os.pread(self.fd, min(STREAM_CHUNK, end - self.next), self.next)
+                piece = os.pread(self.fd, min(READ_BACK, end - self.next), self.next)
                 if not piece:
                     raise IntegrityError(f"{self.size}-byte file ends at {self.next} while its digest is taken")
                 self.hasher.update(piece)
