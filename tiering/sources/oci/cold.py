@@ -5,15 +5,15 @@ publishing's, on its own client."""
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ...content.manifest import Manifest
 from ...errors import BadInput, CheckpointNotFound, IntegrityError
 from ...layout import VersionDir
 from ...progress import ProgressFn
 from ...safefs import Dir
-from . import catalog, layout, publish, ranged
+from . import catalog, layout, ranged
+from . import publish as publishing
 from .client import RegistryClient
 from .layout import Artifact
 
@@ -58,7 +58,7 @@ class OciCold(RegistryClient):
     def put_meta_if_absent(self, name: str, version: str, rel: str, data: bytes) -> bool:
         if rel != layout.TORRENT_RELPATH:
             raise BadInput(f"{self.url}: only a torrent is added beside a published version, not {rel}")
-        return publish.put_torrent_if_absent(self, name, version, data, self.artifact(name, version))
+        return publishing.put_torrent_if_absent(self, name, version, data, self.artifact(name, version))
 
     def names(self) -> list[str]:
         return catalog.names(self)
@@ -76,7 +76,7 @@ class OciCold(RegistryClient):
                 if layer is None:
                     break
                 repo = self.location.repo(got[1].name)
-                if not publish.has_blob(self, repo, layer.digest):
+                if not publishing.has_blob(self, repo, layer.digest):
                     raise CheckpointNotFound(f"{self.url}/{repo}@{layer.digest}", "the blob is missing")
                 return {"size": layer.size, "digest": layer.digest}
         raise CheckpointNotFound(f"{self.url}/{key}")
@@ -96,9 +96,5 @@ class OciCold(RegistryClient):
         return ranged.fetch(self, self.location.repo(m.name), art, m, dest, deadline=deadline, progress=progress,
                             skip=skip, have=have)
 
-    def publish(self, src: Path, m: Manifest, files: list[tuple[str, Any]], *, progress: ProgressFn | None = None,
-                extra: dict[str, bytes] | None = None, before_manifest: Callable[[], None] | None = None,
-                crypto: Callable[[], Any] | None = None,
-                signed: Callable[[dict[str, str]], dict[str, bytes]] | None = None) -> bool:
-        return publish.publish(self, src, m, files, progress=progress, extra=extra, before_manifest=before_manifest,
-                               crypto=crypto, signed=signed)
+    # publish(src, m, files, *, progress, extra, before_manifest, crypto, signed) -> bool (see .publish)
+    publish = publishing.publish
