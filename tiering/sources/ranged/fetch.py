@@ -87,12 +87,8 @@ def fetch(t: Transport, m: Manifest, dest: Dir, *, deadline: float | None = None
                     target.digest = InOrderDigest(crypto, target.fd, f.size,
                                                   [(a, b) for g in target.groups for a, b, _ in g.ranges])
                 targets.append(target)
-            elif crypto is not None and digests is not None:   # every part of it here already: read it
-                fd = dest.open(f.path, os.O_RDONLY)
-                try:
-                    digests[f.path] = InOrderDigest(crypto, fd, f.size, []).hexdigest()
-                finally:
-                    os.close(fd)
+            else:
+                _kept_whole(dest, f, crypto, digests)
         total = _download(t, targets, deadline, progress)
         for target in targets:
             if target.digest is not None and digests is not None:
@@ -102,6 +98,18 @@ def fetch(t: Transport, m: Manifest, dest: Dir, *, deadline: float | None = None
         for target in targets:
             os.close(target.fd)
     return total
+
+
+def _kept_whole(dest: Dir, f: FileEntry, crypto: Callable[[], Any] | None, digests: dict[str, str] | None) -> None:
+    """A file every part of which is here already: its digest read from it (with ``crypto``), and
+    synced (what an interrupted transfer left may be in the page cache only)."""
+    fd = dest.open(f.path, os.O_RDONLY)
+    try:
+        if crypto is not None and digests is not None:
+            digests[f.path] = InOrderDigest(crypto, fd, f.size, []).hexdigest()
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def open_target(t: Transport, m: Manifest, f: FileEntry, dest: Dir, kept: set[str]) -> Target | None:
