@@ -24,6 +24,7 @@ import os
 import re
 import shutil
 import stat
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,7 @@ from ..content.units import format_bytes
 from ..errors import BadInput, NoSpace, TieringError, UnsafePath
 from .hf_files import (HubError, HubFile, Identity, check_scanned, checked_listing, inode_check, prune_snapshot,
                        still_checked, verify)
+from .hf_http import READ_TIMEOUT_S, RetriesSpent, asked_wait, bound_requests
 
 SCHEME = "hf://"
 DEFAULT_REVISION = "main"
@@ -42,7 +44,6 @@ _REPO_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 _REVISION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,254}")
 _SHA_RE = re.compile(r"[0-9a-f]{40}")
 _ANY_SHA_RE = re.compile(r"[0-9a-fA-F]{40}")
-CONNECT_TIMEOUT_S, READ_TIMEOUT_S = 10.0, 60.0
 
 
 class HubNotFound(HubError, FileNotFoundError):
@@ -184,19 +185,17 @@ def endpoint_cache(root: Path, endpoint: str) -> Path:
     return private_dir(root / endpoint_key(endpoint), "the endpoint's download cache")
 
 
-def bound_requests() -> None:
-    """huggingface_hub's shared HTTP client waits for ever by default (``timeout=None``): a Hub that
-    accepts a connection and never answers would hold an import, and its repository's lock, for good.
-    Every request of this process now gives up after CONNECT_TIMEOUT_S to connect and READ_TIMEOUT_S
-    between two reads (an error that says the endpoint does not answer)."""
-    from huggingface_hub import get_session
-    session = get_session()
-    session.timeout = type(session.timeout)(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
-
-
 def _status(exc: BaseException) -> int | None:
     response = getattr(exc, "response", None)
     return getattr(response, "status_code", None)
+
+
+def _when(retry_after_s: float | None) -> str:
+    """When to try again: ``after HH:MM:SS UTC (in N s, as the Hub asks)``, or ``later``."""
+    if retry_after_s is None:
+        return "later"
+    at = time.strftime("%H:%M:%S", time.gmtime(time.time() + retry_after_s))
+    return f"after {at} UTC (in {retry_after_s:g} s, as the Hub asks)"
 
 
 def _translate(exc: BaseException, ref: HubRef, endpoint: str) -> HubError | None:
@@ -204,6 +203,19 @@ def _translate(exc: BaseException, ref: HubRef, endpoint: str) -> HubError | Non
     from huggingface_hub import errors as hf
     status = _status(exc)
     where = f"{ref} on {shown_endpoint(endpoint)}"
+    if isinstance(exc, RetriesSpent):
+        tries = "" if exc.tries == 1 else f", {exc.tries} tries"
+        if exc.status == 429:
+            from huggingface_hub import get_token
+            return HubRateLimited(f"{where}: rate-limited (429{tries}): try again {_when(exc.retry_after_s)}"
+                                  f"{'' if get_token() else ', or with a token (HF_TOKEN)'}")
+        return HubError(f"{where}: the Hub answered {exc.status} (a server error{tries}): try again "
+                        f"{_when(exc.retry_after_s)}")
+    if isinstance(exc, hf.LocalEntryNotFoundError) and exc.__cause__ is not None:
+        # (hf_hub_download's "cannot find the file in the local cache" over the HEAD request's own error)
+        cause = _translate(exc.__cause__, ref, endpoint)
+        if cause is not None:
+            return cause
     if isinstance(exc, hf.GatedRepoError) or status == 403:
         return HubAccessDenied(f"{where}: access denied ({status or 403}; a gated or private repository: "
                                f"accept its terms on the Hub and set HF_TOKEN, or log in with 'hf auth login')")
@@ -217,8 +229,11 @@ def _translate(exc: BaseException, ref: HubRef, endpoint: str) -> HubError | Non
             return HubAccessDenied(f"{where}: unauthorized (401): set HF_TOKEN to a token that may read it")
         if status == 404:
             return HubNotFound(f"{where}: not found (404)")
+        wait = asked_wait(getattr(exc, "response").headers)
         if status == 429:
-            return HubRateLimited(f"{where}: rate-limited (429): try again later, or with a token (HF_TOKEN)")
+            return HubRateLimited(f"{where}: rate-limited (429): try again {_when(wait)}")
+        if status >= 500:
+            return HubError(f"{where}: the Hub answered {status} (a server error): try again {_when(wait)}")
         return HubError(f"{where}: the Hub answered {status}")
     if isinstance(exc, hf.OfflineModeIsEnabled):
         return HubUnreachable(f"{where}: HF_HUB_OFFLINE is set: unset it to import from the Hub")
@@ -324,7 +339,7 @@ def resolve_commit(ref: HubRef, *, endpoint: str | None = None, token: str | Non
     from huggingface_hub import HfApi, get_token
     api = HfApi(endpoint=endpoint, token=token)
     check_token_transport(api.endpoint, token if token is not None else get_token(), note)
-    bound_requests()
+    bound_requests(note)
     with _hub_errors(ref, api.endpoint):
         return resolve(api, ref)
 
@@ -347,7 +362,7 @@ def fetch_snapshot(ref: HubRef, cache_dir: Path, *, include: Sequence[str] = (),
     api = HfApi(endpoint=endpoint, token=token)
     check_token_transport(api.endpoint, token if token is not None else get_token(),
                           note if commit is None else (lambda line: None))   # (resolve_commit said it)
-    bound_requests()
+    bound_requests(note)
     cache = endpoint_cache(Path(cache_dir), api.endpoint)
     repo_cache = cache / ("models--" + ref.repo_id.replace("/", "--"))
     with _hub_errors(ref, api.endpoint):
