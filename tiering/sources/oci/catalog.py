@@ -25,7 +25,7 @@ from ...content.names import validate_label, validate_name, validate_version
 from ...errors import BadInput, CheckpointNotFound, VersionConflict
 from ...layout import VersionDir
 from . import layout
-from .client import ACCEPT, OCI_MANIFEST_LIMIT, SIDE_TAG_RE, RegistryClient
+from .client import ACCEPT, OCI_MANIFEST_LIMIT, RegistryClient
 from .errors import BlobMismatch, RegistryError, RegistrySetupError
 
 if TYPE_CHECKING:
@@ -92,7 +92,7 @@ def read_manifest(c: RegistryClient, name: str, version: str, *, deadline: float
     art = resolve(c, name, version, deadline=deadline)
     if art is None:
         return None
-    where = f"oci://{c.location.host}/{c.location.repo(name)}:{version}"
+    where = f"oci://{c.location.host}/{c.location.repo(name)}:{c.location.tag(version)}"
     layer = art.weightd_manifest
     if layer is None:
         raise BadInput(f"{where}: an OCI artifact without weightd's manifest (made by another tool?): not a "
@@ -179,26 +179,41 @@ def names(c: RegistryClient) -> list[str]:
 
 
 def versions(c: RegistryClient, name: str) -> list[str]:
-    """The versions of NAME: its repository's tags that are version labels and weightd artifacts (their
-    OCI manifest carries weightd's manifest digest); a tag another tool pushed is not one."""
+    """The versions of NAME: its repository's tags that stand for version labels (decoded: see
+    :mod:`.layout`; a companion's label is not a version) and are weightd artifacts (their OCI
+    manifest carries weightd's manifest layer); a tag another tool pushed is not one."""
     repo = c.location.repo(name)
     tags = _paged(c, f"/v2/{repo}/tags/list?n=1000", "tags", f"{repo} tags", missing_ok=True)
     out = []
     for tag in tags or []:
-        try:
-            validate_version(tag)
-            c.location.tag(tag)
-        except BadInput:
+        if layout.SIDE_TAG_RE.fullmatch(tag):
             continue
-        if SIDE_TAG_RE.fullmatch(tag):
+        label = layout.label_of(tag)
+        if label is None and not tag.startswith(layout.TAG_HASHED):
+            continue
+        if label is not None and not _is_version(label, tag):
             continue
         try:
             art = resolve_ref(c, repo, tag)
         except BadInput:
             continue   # (not an OCI image manifest: an index, another tool's)
-        if art is not None and art.weightd_manifest is not None:
-            out.append(tag)
+        if art is None or art.weightd_manifest is None:
+            continue
+        if label is None:   # (a hashed tag: the label is the artifact's annotation)
+            label = art.annotations.get(layout.VERSION_ANNOTATION, "")
+            if not _is_version(label, tag):
+                continue
+        out.append(label)
     return sorted(out)
+
+
+def _is_version(label: str, tag: str) -> bool:
+    """``label`` is a whole version's (not a companion's) and ``tag`` is its tag."""
+    try:
+        validate_version(label)
+    except BadInput:
+        return False
+    return layout.tag_of(label) == tag
 
 
 def torrent_tag(art: "Artifact") -> str:
@@ -216,6 +231,6 @@ def read_meta(c: RegistryClient, name: str, version: str, rel: str, limit: int, 
     if layer is None:
         return None
     if layer.size > limit:
-        raise BadInput(f"oci://{c.location.host}/{repo}:{version}: {rel} of {layer.size} bytes, more than the "
+        raise BadInput(f"oci://{c.location.host}/{repo}:{c.location.tag(version)}: {rel} of {layer.size} bytes, more than the "
                        f"{limit} allowed; not read")
     return get_blob(c, repo, layer.digest, limit, rel)

@@ -24,10 +24,11 @@ from pathlib import Path
 from typing import Any, Iterable
 from urllib.parse import urljoin, urlsplit
 
-from ...content.names import validate_name, validate_version
+from ...content.names import validate_label, validate_name
 from ...errors import BadInput, CheckpointNotFound, TieringError, TimedOut
 from ..s3.client import Stats, deadline_of
 from . import auth
+from .layout import OCI_MANIFEST, REPO_COMPONENT, name_component, repo_component, tag_of
 from .errors import RegistryError, RegistrySetupError, ShortRead
 
 DEFAULT_RANGE = 64 << 20       # bytes per ranged GET
@@ -37,15 +38,8 @@ DEFAULT_CHUNK = 16 << 20       # bytes per PATCH of a chunked blob upload
 RETRIES = 4
 IO_TIMEOUT_S = 60.0            # a socket that says nothing for this long, without a nearer deadline
 OCI_MANIFEST_LIMIT = 4 << 20   # distribution refuses larger manifests itself
-OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 ACCEPT = f"{OCI_MANIFEST}, application/vnd.oci.image.index.v1+json"
-
-# the distribution spec's grammar: a repository path component, a tag
-REPO_COMPONENT = re.compile(r"[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*")
-TAG_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
-# tags the OCI referrers tag schema (and so weightd's torrents) use: never a version
-SIDE_TAG_RE = re.compile(r"sha256-[0-9a-f]{64}(?:\..*)?")
-DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
+MAX_REPO_NAME = 255            # distribution's bound on REGISTRY/REPOSITORY
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,29 +61,36 @@ class RegistryLocation:
         return cls(u.netloc.lower(), prefix)
 
     def repo(self, name: str) -> str:
-        """NAME's repository (``PREFIX/NAME``); BadInput when NAME is not one a registry takes."""
+        """NAME's repository (``PREFIX/NAME``, each component escaped when a registry would not take it:
+        :func:`.layout.repo_component`); BadInput when that is too long for a registry."""
         validate_name(name)
-        for part in name.split("/"):
-            if not REPO_COMPONENT.fullmatch(part):
-                raise BadInput(f"name {name!r}: not an OCI repository path (lowercase [a-z0-9], separated by "
-                               f"'.', '_', '__' or '-'): an oci:// cold tier needs such a name")
-        return f"{self.prefix}/{name}" if self.prefix else name
+        repo = "/".join(repo_component(p) for p in name.split("/"))
+        repo = f"{self.prefix}/{repo}" if self.prefix else repo
+        if len(self.host) + 1 + len(repo) > MAX_REPO_NAME:
+            raise BadInput(f"name {name!r}: its repository {self.host}/{repo} is longer than a registry takes "
+                           f"({MAX_REPO_NAME} characters): an oci:// cold tier needs a shorter name")
+        return repo
 
     def name_of(self, repo: str) -> str | None:
         """The NAME whose repository ``repo`` is, or None (outside the prefix, or not a NAME)."""
+        full = repo
         if self.prefix:
             if not repo.startswith(self.prefix + "/"):
                 return None
             repo = repo[len(self.prefix) + 1:]
-        return repo if repo.count("/") <= 1 else None
+        parts = [name_component(p) for p in repo.split("/")]
+        if len(parts) > 2 or any(p is None for p in parts):
+            return None
+        name = "/".join(parts)   # type: ignore[arg-type]
+        try:
+            return name if self.repo(name) == full else None
+        except BadInput:
+            return None
 
     @staticmethod
     def tag(version: str) -> str:
-        validate_version(version)
-        if not TAG_RE.fullmatch(version) or SIDE_TAG_RE.fullmatch(version):
-            raise BadInput(f"version {version!r}: not an OCI tag ([A-Za-z0-9_][A-Za-z0-9._-], at most 128, "
-                           f"and not sha256-<hex>): an oci:// cold tier needs such a version")
-        return version
+        """A version's (or a companion's label's) tag: :func:`.layout.tag_of`."""
+        return tag_of(validate_label(version))
 
 
 @dataclass(slots=True)

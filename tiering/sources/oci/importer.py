@@ -45,9 +45,9 @@ from urllib.parse import urlsplit
 from ...content.names import validate_relpath
 from ...errors import BadInput, CheckpointNotFound, NoSpace, UnsafePath
 from .catalog import resolve_ref
-from .client import DIGEST_RE, REPO_COMPONENT, STREAM_CHUNK, TAG_RE, RegistryClient
+from .client import STREAM_CHUNK, RegistryClient
 from .errors import BlobMismatch
-from .layout import Layer
+from .layout import DIGEST_RE, REPO_COMPONENT, TAG_RE, Layer
 
 _MODELPACK = r"application/vnd\.cncf\.model\.(?:weight|weight\.config|doc|code|dataset)\.v1"
 _KITOPS = r"application/vnd\.kitops\.modelkit\.(?:model|modelpart|dataset|code|docs|prompts)\.v1"

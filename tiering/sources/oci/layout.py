@@ -4,12 +4,33 @@ its path in the annotation ``org.cncf.model.filepath`` (weights ``...weight.v1.r
 tokenizers ``...weight.config.v1.raw``, docs, code), uncompressed so a byte range of a layer is a
 byte range of the file. weightd's own files (``.weightd/manifest.json``, the signature bundle, the
 torrent) are layers of their own media types, with their paths annotated the same way, so a ModelPack
-tool that extracts the artifact lays out the path tier's layout."""
+tool that extracts the artifact lays out the path tier's layout.
+
+NAME@VERSION is the repository ``PREFIX/NAME`` and its tag VERSION when both are what a registry
+takes; otherwise each is escaped, so the mapping is injective and reversible for every valid weightd
+name and label (a companion's ``V~KIND~KEY`` included):
+
+- a NAME component that is not a repository path component (``[a-z0-9]+`` separated by ``.``, ``_``,
+  ``__`` or ``-+``: ``Acme``, ``x_``, ``-y``), or that starts with ``w--``, is ``w--`` followed by the
+  unpadded lowercase base32 of its bytes (``Acme`` -> ``w--ifrwg3i``);
+- a label that is not a tag (``[A-Za-z0-9_][A-Za-z0-9._-]{0,127}``: a ``~``, a leading ``.`` or
+  ``-``, more than 128 characters), that starts with ``_``, or that looks like a referrers tag
+  (``sha256-<hex>...``), is ``_`` followed by the label with ``_`` doubled and ``~`` as ``_-``
+  (``v1~compile-cache~k`` -> ``_v1_-compile-cache_-k``); when that is longer than 128 characters,
+  the tag is ``__.`` and the sha256 (hex) of the label, and the label is read back from the
+  artifact's ``org.opencontainers.image.version`` annotation (and its weightd manifest).
+
+No escaped form is ever a plain one (a plain NAME component never starts with ``w--``, a plain tag
+never with ``_``), and ``_.`` occurs in no escaped label, so a hashed tag is never a decoded one.
+"""
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +38,18 @@ from ...content.manifest import MANIFEST_RELPATH, Manifest
 from ...content.names import validate_relpath
 from ...content.signature import SIGNATURE_RELPATH
 from ...errors import BadInput
-from .client import DIGEST_RE, OCI_MANIFEST
+
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+# the distribution spec's grammar: a repository path component, a tag
+REPO_COMPONENT = re.compile(r"[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*")
+TAG_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
+# tags the OCI referrers tag schema (and so weightd's torrents) use: never a version
+SIDE_TAG_RE = re.compile(r"sha256-[0-9a-f]{64}(?:\..*)?")
+DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
+NAME_ESCAPE = "w--"       # a NAME component escaped: w--<base32>
+TAG_ESCAPE = "_"          # a label escaped: _<label, '_' doubled, '~' as '_-'>
+TAG_HASHED = "__."        # a label too long to escape: __.<sha256 hex of the label>
+VERSION_ANNOTATION = "org.opencontainers.image.version"   # the label, on every artifact weightd pushes
 
 ARTIFACT_TYPE = "application/vnd.cncf.model.manifest.v1+json"
 CONFIG_TYPE = "application/vnd.cncf.model.config.v1+json"
@@ -39,6 +71,55 @@ _WEIGHT_EXT = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".ggml",
 _DOC_EXT = (".md", ".rst", ".txt", ".pdf", ".html")
 _CODE_EXT = (".py", ".sh", ".ipynb", ".c", ".cc", ".cpp", ".cu", ".h", ".js", ".go", ".rs")
 _OWN = {MANIFEST_RELPATH: WEIGHTD_MANIFEST, SIGNATURE_RELPATH: WEIGHTD_SIGNATURE, TORRENT_RELPATH: WEIGHTD_TORRENT}
+
+
+def repo_component(part: str) -> str:
+    """A NAME component's repository path component (itself, or escaped)."""
+    if REPO_COMPONENT.fullmatch(part) and not part.startswith(NAME_ESCAPE):
+        return part
+    return NAME_ESCAPE + base64.b32encode(part.encode()).decode().rstrip("=").lower()
+
+
+def name_component(comp: str) -> str | None:
+    """The NAME component a repository path component stands for, or None (not one weightd makes)."""
+    if not comp.startswith(NAME_ESCAPE):
+        return comp if REPO_COMPONENT.fullmatch(comp) else None
+    body = comp[len(NAME_ESCAPE):]
+    try:
+        part = base64.b32decode(body + "=" * (-len(body) % 8), casefold=True).decode()
+    except (binascii.Error, ValueError):
+        return None
+    return part if repo_component(part) == comp else None
+
+
+def tag_of(label: str) -> str:
+    """A (valid) label's tag: itself, escaped, or hashed (see the module's docstring)."""
+    if TAG_RE.fullmatch(label) and not label.startswith(TAG_ESCAPE) and not SIDE_TAG_RE.fullmatch(label):
+        return label
+    tag = TAG_ESCAPE + label.replace("_", "__").replace("~", "_-")
+    return tag if len(tag) <= 128 else TAG_HASHED + hashlib.sha256(label.encode()).hexdigest()
+
+
+def label_of(tag: str) -> str | None:
+    """The label a tag stands for; None for a hashed tag (its label is in the artifact) and for a tag
+    weightd never makes. The caller validates the label."""
+    if not tag.startswith(TAG_ESCAPE):
+        return tag
+    out = []
+    i = len(TAG_ESCAPE)
+    while i < len(tag):
+        ch = tag[i]
+        if ch == "_":
+            nxt = tag[i + 1:i + 2]
+            if nxt not in ("_", "-"):
+                return None
+            out.append("_" if nxt == "_" else "~")
+            i += 2
+        else:
+            out.append(ch)
+            i += 1
+    label = "".join(out)
+    return label if tag_of(label) == tag else None
 
 
 def media_type_for(path: str) -> str:

@@ -30,9 +30,9 @@ from ...progress import ProgressFn
 from ...safefs import open_source
 from . import layout
 from .catalog import read_manifest, resolve_ref, torrent_tag
-from .client import OCI_MANIFEST, RETRIES, RegistryClient
+from .client import RETRIES, RegistryClient
 from .errors import RegistryError, RegistrySetupError
-from .layout import Artifact
+from .layout import OCI_MANIFEST, Artifact
 
 READ_BLOCK = 4 << 20
 
@@ -70,7 +70,7 @@ def publish(c: RegistryClient, src: Path, m: Manifest, files: list[tuple[str, An
     config = push_bytes(c, repo, layout.config_blob(m, file_layers), "", media_type=layout.CONFIG_TYPE)
     if before_manifest is not None:
         before_manifest()
-    annotations = {layout.DIGEST_ANNOTATION: m.digest, "org.opencontainers.image.version": version}
+    annotations = {layout.DIGEST_ANNOTATION: m.digest, layout.VERSION_ANNOTATION: version}
     if m.published_at:
         annotations["org.opencontainers.image.created"] = m.published_at
     raw = layout.manifest_bytes(config, file_layers + extra_layers + [own], annotations)
