@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 from tiering import verified_copy as copy_mod
 from tiering.content.build import build_manifest
 from tiering.content.partcheck import PartCheck
-from tiering.content.manifest import FileEntry, SafetensorsInfo, TensorEntry, tree_hash
+from tiering.content.manifest import FileEntry, SafetensorsInfo, tree_hash
+from tiering.content.tensor_table import TensorEntry
 from tiering.copy import PROGRESS_CHUNK, CopyJob, stuck_reads
 from tiering.errors import ChecksumMismatch, FileChanged, TimedOut
 from tiering.sample import make_checkpoint

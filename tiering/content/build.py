@@ -11,9 +11,10 @@ from typing import Any, Callable, Mapping
 from ..errors import ChecksumMismatch, IntegrityError
 from ..safefs import Dir
 from .hashing import HashJob, ProgressFn, hash_files
-from .manifest import (DEFAULT_CHUNK_SIZE, FileEntry, Manifest, SafetensorsInfo, TensorEntry,
+from .manifest import (DEFAULT_CHUNK_SIZE, FileEntry, Manifest, SafetensorsInfo,
                        chunk_ranges, tree_hash)
 from .safetensors_header import read_header
+from .tensor_table import TensorEntry
 from .scan import ScannedFile, scan_checkpoint
 
 

@@ -1,0 +1,137 @@
+"""The tensors of one safetensors file in a manifest, held as columns (issue 40).
+
+A mixture-of-experts checkpoint lists ~90,000 tensors; as one frozen object per tensor (a name, a
+dtype, a shape tuple, two offsets and a hex digest) that was ~450 bytes each, 40 MB of Python objects
+for every copy a process held. :class:`TensorTable` keeps the same facts as columns: every name in one
+string with their end offsets, dtypes as one byte each, shapes flattened, offsets in ``array('q')``,
+digests as 16 raw bytes each: ~100 bytes a tensor. It is a read-only ``Sequence[TensorEntry]``: an
+entry is made when it is asked for (``table[i]``, iteration) and not kept, so code that reads tensors
+one by one is unchanged; bulk readers use the column accessors (:meth:`hex_digests`, :meth:`spans`).
+"""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass
+from collections.abc import Sequence
+from itertools import accumulate, chain
+from typing import Iterable, Iterator, overload
+
+from .safetensors_header import DTYPE_BITS
+
+DTYPES: tuple[str, ...] = tuple(sorted(DTYPE_BITS))
+_DTYPE_CODE = {d: i for i, d in enumerate(DTYPES)}
+
+
+@dataclass(frozen=True, slots=True)
+class TensorEntry:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int  # absolute offsets in the file
+    end: int
+    xxh3_128: str
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.begin
+
+
+class TensorTable(Sequence):  # Sequence[TensorEntry]
+    __slots__ = ("_names", "_name_ends", "_dtypes", "_dims", "_dim_ends", "_begins", "_ends", "_digests",
+                 "__weakref__")
+
+    def __init__(self, names: list[str], dtypes: list[str], shapes: Iterable[Iterable[int]], begins: Iterable[int],
+                 ends: Iterable[int], digests: bytes) -> None:
+        """Columns already checked by the caller (a manifest reader or builder): ``digests`` holds 16
+        bytes per tensor. A dtype outside :data:`DTYPES` is a KeyError, a negative or oversized integer
+        an OverflowError."""
+        shapes = list(shapes)
+        self._names = "".join(names)
+        self._name_ends = array("q", accumulate(map(len, names)))
+        self._dtypes = bytes(map(_DTYPE_CODE.__getitem__, dtypes))
+        self._dims = array("q", chain.from_iterable(shapes))
+        self._dim_ends = array("q", accumulate(map(len, shapes)))
+        self._begins, self._ends = array("q", begins), array("q", ends)
+        self._digests = bytes(digests)
+        n = len(self._name_ends)
+        if not (len(self._dtypes) == len(self._dim_ends) == len(self._begins) == len(self._ends) == n
+                and len(self._digests) == 16 * n):
+            raise ValueError("tensor columns of different lengths")
+
+    @classmethod
+    def of(cls, entries: Iterable[TensorEntry]) -> "TensorTable":
+        """A table of TensorEntry objects (the manifest builder's, or a test's)."""
+        if isinstance(entries, TensorTable):
+            return entries
+        es = list(entries)
+        return cls([e.name for e in es], [e.dtype for e in es], [e.shape for e in es],
+                   [e.begin for e in es], [e.end for e in es],
+                   bytes.fromhex("".join(e.xxh3_128 for e in es)))
+
+    def __len__(self) -> int:
+        return len(self._begins)
+
+    def _entry(self, i: int) -> TensorEntry:
+        a = self._name_ends[i - 1] if i else 0
+        c = self._dim_ends[i - 1] if i else 0
+        return TensorEntry(self._names[a:self._name_ends[i]], DTYPES[self._dtypes[i]],
+                             tuple(self._dims[c:self._dim_ends[i]]), self._begins[i], self._ends[i],
+                             self._digests[16 * i:16 * i + 16].hex())
+
+    @overload
+    def __getitem__(self, i: int) -> TensorEntry: ...
+    @overload
+    def __getitem__(self, i: slice) -> tuple: ...
+
+    def __getitem__(self, i: "int | slice") -> TensorEntry:
+        if isinstance(i, slice):
+            return tuple(self._entry(j) for j in range(*i.indices(len(self))))
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError("tensor index out of range")
+        return self._entry(i)
+
+    def __iter__(self) -> Iterator[TensorEntry]:
+        return (self._entry(i) for i in range(len(self)))
+
+    def names(self) -> list[str]:
+        s, ends = self._names, self._name_ends
+        return [s[a:b] for a, b in zip((0, *ends[:-1]), ends)] if ends else []
+
+    def hex_digests(self) -> list[str]:
+        d = self._digests
+        return [d[i:i + 16].hex() for i in range(0, len(d), 16)]
+
+    @property
+    def digest_bytes(self) -> bytes:
+        """Every tensor's xxh3-128, 16 raw bytes each, in file order (what a file's tree hash is taken over)."""
+        return self._digests
+
+    def spans(self) -> list[tuple[int, int]]:
+        return list(zip(self._begins, self._ends))
+
+    def _key(self) -> tuple:
+        return (self._names, self._name_ends, self._dtypes, self._dims, self._dim_ends, self._begins, self._ends,
+                self._digests)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, TensorTable):
+            return self._key() == other._key()
+        if isinstance(other, (tuple, list)):
+            return len(other) == len(self) and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((self._names, self._digests, self._begins.tobytes()))
+
+    def __repr__(self) -> str:
+        return f"TensorTable({len(self)} tensors)"
+
+    def nbytes(self) -> int:
+        """What the columns occupy (for tests and the memory figures of docs/benchmarks.md)."""
+        return (len(self._names) + len(self._dtypes) + len(self._digests)
+                + sum(a.itemsize * len(a) for a in (self._name_ends, self._dims, self._dim_ends, self._begins, self._ends)))
+
