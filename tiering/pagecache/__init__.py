@@ -30,7 +30,7 @@ _SURFACE: dict[str, str] = {
     "FileRef": "files", "Skipped": "files", "collect_files": "files", "loader_order": "files",
     "LockedFiles": "mlock", "check_memlock": "mlock",
     "FileResidency": "resident", "ResidencyReport": "resident", "cool": "resident", "drop_from_cache": "resident",
-    "file_residency": "resident", "residency": "resident",
+    "file_residency": "resident", "residency": "resident", "resident_bytes": "resident",
     "Room": "room", "page_cache_room": "room",
     "AwaitMonitor": "throttle", "LatencyProbe": "throttle", "TokenBucket": "throttle",
     "WINDOW": "warming", "WarmOptions": "warming", "WarmReport": "warming", "warm": "warming",

@@ -84,6 +84,18 @@ def residency(paths: Iterable[str | os.PathLike[str]], *, method: str | None = N
     return report
 
 
+def resident_bytes(paths: Iterable[str | os.PathLike[str]]) -> int:
+    """How many bytes of these files (or the files under these directories) are in the page cache."""
+    files, _ = collect_files(paths, ordered=False)
+    total = 0
+    for f in files:
+        try:
+            total += file_residency(f).resident_bytes
+        except OSError:
+            continue
+    return total
+
+
 def drop_from_cache(path: str | os.PathLike[str]) -> None:
     """Write back and drop a file's pages from the page cache (POSIX_FADV_DONTNEED; no root needed)."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)

@@ -17,7 +17,7 @@ from ..content.units import format_rate
 from ..errors import PageCacheError
 from ..progress import watch_throttle
 from .files import FileRef, Skipped, collect_files
-from .resident import residency, resident_pages
+from .resident import resident_bytes, resident_pages
 from .throttle import AwaitMonitor, LatencyProbe, TokenBucket
 
 WINDOW = 16 << 20          # mapped at a time per file in flight: RSS stays ~concurrency x 16 MiB
@@ -173,7 +173,7 @@ def warm(paths: Iterable[str | os.PathLike[str]], *, concurrency: int = 2, rate_
             list(pool.map(one, files))
     finally:
         probe.close()
-    report.resident_bytes = residency([f.path for f in files]).resident_bytes if files else 0
+    report.resident_bytes = resident_bytes([f.path for f in files]) if files else 0
     report.max_await_ms, report.backoffs, report.backoff_seconds = monitor.max_await_ms, monitor.backoffs, monitor.backoff_s
     report.max_probe_ms, report.probes = monitor.max_probe_ms, monitor.probes
     if monitor.backoffs:

@@ -17,7 +17,7 @@ from ..content.signature import HASHERS
 from ..content.units import format_bytes
 from ..errors import NoSpace
 from ..layout import WARM, VersionDir, version_rel
-from ..pagecache import WarmOptions, page_cache_room, residency, warm
+from ..pagecache import WarmOptions, page_cache_room, resident_bytes, warm
 from ..progress import ProgressFn, set_phase
 from ..safefs import Dir
 from ..state import State
@@ -113,7 +113,7 @@ class Preloader:
             if report.bytes > room.bytes:
                 report.warm_skipped = (f"checkpoint {format_bytes(report.bytes)} > {format_bytes(room.bytes)} "
                                        f"{room.what} can hold")
-                report.resident_bytes = residency([report.path]).resident_bytes
+                report.resident_bytes = resident_bytes([report.path])
                 log.info("not warming name=%s version=%s: %s", report.name, report.version, report.warm_skipped)
             else:
                 o = self.warm_options
@@ -127,7 +127,7 @@ class Preloader:
         elif _tmpfs_without_swap(self.roots.dir(report.tier)):
             report.resident_bytes = report.bytes   # (tmpfs pages can only leave memory for swap: none here)
         else:
-            report.resident_bytes = residency([report.path]).resident_bytes
+            report.resident_bytes = resident_bytes([report.path])
         report.warm_seconds = self.monotonic() - t0
 
     def lease(self, report: PreloadReport, lease_s: float, holder: str | None = None) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..inuse import process_name, processes_using
 from ..layout import LOCAL_TIERS, VersionDir
-from ..pagecache import residency
+from ..pagecache import resident_bytes
 from ..sources.base import SourceFallback, as_dicts
 from ..state import State
 from ..versions import list_versions
@@ -153,7 +153,7 @@ def status(roots: TierRoots, state: State) -> dict[str, Any]:
                 "pinned": (v.name, v.version) in pinned, "tiers": {},
                 **({"part_of": v.manifest.of, "files": len(v.manifest.files)} if v.manifest.of is not None else {})})
             row = rows.get((t, v.name, v.version))
-            res = residency([v.path]).resident_bytes
+            res = resident_bytes([v.path])
             rec = read_trust(roots.dir(t), v.rel)
             c["tiers"][t] = {"path": str(v.path), "last_access": row.last_access if row else None,
                              "signature": None if rec is None else {
