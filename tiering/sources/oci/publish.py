@@ -9,9 +9,11 @@ and, only when the registry does not have that blob already (a HEAD by digest), 
 in chunks (``PATCH``, each retried from where the registry says the upload is). The registry checks
 the digest of what it received when the upload is closed: what is published is exactly what was
 hashed. Versions are immutable: a tag that exists with other content is refused (VersionConflict),
-checked before the first blob and again just before the manifest is pushed (a registry has no
-conditional manifest PUT: two publishers of the same version in that last instant are told apart by
-reading the tag back; the loser's VersionConflict says so).
+checked before the first blob and again just before the manifest is pushed. A registry has no
+conditional manifest PUT, so two publishers of the same version in that last instant both put
+their tag, and the last PUT wins: each reads the tag back at once and again ``SETTLE_S`` later,
+and the one whose manifest is not there gets VersionConflict. Both are told they won only if one's
+last check and its PUT were more than ``SETTLE_S`` apart (docs/sources.md).
 """
 
 from __future__ import annotations
@@ -83,11 +85,28 @@ def publish(c: RegistryClient, src: Path, m: Manifest, files: list[tuple[str, An
     named = r.headers.get("Docker-Content-Digest")
     if named and named != ours:
         raise IntegrityError(f"{c.url}/{repo}:{tag}: the registry stored the manifest as {named}, not {ours}")
-    back = read_manifest(c, name, version)
-    if back is None or back[1].digest != ours:
-        raise VersionConflict(f"{name}@{version}", back[0].digest if back is not None else "(removed meanwhile)",
-                              f"{m.digest}: another publisher pushed the tag at the same time")
+    _still_ours(c, m, ours)
+    time.sleep(SETTLE_S)   # (a racing publisher whose last check came before our PUT has put its tag by now)
+    _still_ours(c, m, ours)
     return True
+
+
+SETTLE_S = 0.5   # how long after its tag PUT a publisher reads the tag back a second time
+
+
+def _still_ours(c: RegistryClient, m: Manifest, ours: str) -> None:
+    """The tag holds the OCI manifest ``ours`` (VersionConflict: another publisher's PUT came after ours)."""
+    try:
+        back = read_manifest(c, m.name, m.version)
+    except (BadInput, IntegrityError) as exc:
+        if isinstance(exc, VersionConflict):
+            raise
+        back, detail = None, f"(something else: {exc})"
+    else:
+        detail = back[0].digest if back is not None else "(removed meanwhile)"
+    if back is None or (back[1].digest != ours and back[0].digest != m.digest):   # (the same content: fine)
+        raise VersionConflict(f"{m.name}@{m.version}", detail, f"{m.digest}: another publisher pushed the tag at "
+                              f"the same time, after this one")
 
 
 def _existing(c: RegistryClient, m: Manifest) -> Manifest | None:
