@@ -514,3 +514,10 @@ def test_a_bad_download_removes_its_own_blob_and_nothing_a_planted_link_leads_to
     assert not (blobs / "b1").exists() and not (snap / "model.safetensors").is_symlink()
     remove_download(snap, "config.json")
     assert victim.read_bytes() == b"keep" and not (snap / "config.json").is_symlink()
+
+
+def test_the_first_import_into_a_cold_store_not_made_yet_makes_it(wd, hub: Hub, node_env) -> None:
+    """As the first publish of a directory does: no store yet is not 'published already?' failing."""
+    shutil.rmtree(node_env.cold)
+    doc = published(wd, hub, "hf://org/repo@main", "--include", "*.json")
+    assert (node_env.cold / "org" / "repo" / doc["version"] / ".weightd" / "manifest.json").is_file()

@@ -91,6 +91,9 @@ def publish_from_hub(app: AppContext, source: str, name: str | None, version_lab
     from .progress import quiet
 
     def published(name: str, version: str) -> dict[str, Any] | None:
+        cold = app.config.settings.tiers.cold
+        if not cold.url and not os.path.lexists(cold.path):
+            return None   # (no store yet: the publish makes it, as a publish of a directory does)
         with Backend(app, query=True) as b:
             try:
                 rows = b.ops.versions(name)["versions"]
