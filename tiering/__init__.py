@@ -35,6 +35,7 @@ _SURFACE: dict[str, str] = {
     "generate_keypair": "content.signature", "load_public_key": "content.signature",
     "read_unverified_signature": "content.signature",
     "make_checkpoint": "sample", "make_ranked_checkpoint": "sample", "mutate_tensor": "sample", "local_s3": "sample",
+    "local_hub": "sample", "local_registry": "sample",
     # errors
     "BadInput": "errors", "Busy": "errors", "CheckpointNotFound": "errors", "ColdUnreadable": "errors",
     "ChecksumMismatch": "errors",
