@@ -256,16 +256,16 @@ def git(repo: Path, *args: str) -> str:
 
 class LocalHub:
     """A Hugging Face Hub-protocol server on 127.0.0.1: olah (a self-hosted mirror) in offline mode over
-    ``root/mirrors/models/org/repo``, a git repository of a sample checkpoint whose safetensors shards
-    are git-lfs objects, plus a small JSON file. Needs ``olah-cli`` beside this interpreter (the test
-    extra) and git with git-lfs (``scripts/install-tools.sh``)."""
+    ``root/mirrors/models/<repo_id>`` (``org/repo`` unless told), a git repository of a sample checkpoint
+    whose safetensors shards are git-lfs objects, plus a small JSON file. Needs ``olah-cli`` beside this
+    interpreter (the test extra) and git with git-lfs (``scripts/install-tools.sh``)."""
 
-    def __init__(self, root: Path, total_bytes: int = 4 << 20, shards: int = 2) -> None:
+    def __init__(self, root: Path, total_bytes: int = 4 << 20, shards: int = 2, repo_id: str = "org/repo") -> None:
         import socket
         import subprocess
         import sys
-        self.root = root
-        self.repo = root / "mirrors" / "models" / "org" / "repo"
+        self.root, self.repo_id = root, repo_id
+        self.repo = root / "mirrors" / "models" / repo_id
         make_checkpoint(self.repo, total_bytes=total_bytes, shards=shards, layers=2, seed="hub1")
         (self.repo / "notes[v1].json").write_text('{"glob": "a name that is a pattern too"}\n')
         git(self.repo, "init", "-q", "-b", "main")
@@ -293,7 +293,7 @@ class LocalHub:
         import time
         import urllib.error
         import urllib.request
-        url = f"{self.endpoint}/api/models/org/repo/revision/main"
+        url = f"{self.endpoint}/api/models/{self.repo_id}/revision/main"
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -326,12 +326,61 @@ class LocalHub:
 
 
 @contextmanager
-def local_hub(root: Path, total_bytes: int = 4 << 20, shards: int = 2) -> Iterator[LocalHub]:
+def local_hub(root: Path, total_bytes: int = 4 << 20, shards: int = 2, repo_id: str = "org/repo") -> Iterator[LocalHub]:
     """A :class:`LocalHub` serving under ``root``, ready, stopped on exit."""
     root.mkdir(parents=True, exist_ok=True)
-    hub = LocalHub(root, total_bytes, shards)
+    hub = LocalHub(root, total_bytes, shards, repo_id)
     try:
         hub.wait_ready()
         yield hub
     finally:
         hub.stop()
+
+
+# -- an OCI registry on loopback -------------------------------------------------------------------
+@contextmanager
+def local_registry(root: Path, *, htpasswd: Path | None = None, start_timeout_s: float = 15) -> Iterator[str]:
+    """Debian's ``docker-registry`` (distribution 2.8) on 127.0.0.1 for demos, benchmarks and tests:
+    filesystem storage under ``root/data``, plain HTTP (a client needs ``insecure = true``), htpasswd
+    basic auth when ``htpasswd`` is given; yields ``HOST:PORT`` once it accepts connections (RuntimeError
+    with its log's end if it does not within ``start_timeout_s``), stopped on exit (SIGTERM, then
+    SIGKILL). FileNotFoundError when ``docker-registry`` is not installed (``scripts/install-tools.sh``)."""
+    import shutil
+    import signal
+    import socket
+    import subprocess
+    import time
+    exe = shutil.which("docker-registry")
+    if exe is None:
+        raise FileNotFoundError("docker-registry is not installed (Debian package docker-registry; make tools)")
+    root.mkdir(parents=True, exist_ok=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    host = f"127.0.0.1:{port}"
+    auth = f"auth:\n  htpasswd:\n    realm: weightd\n    path: {htpasswd}\n" if htpasswd is not None else ""
+    (root / "config.yml").write_text(
+        "version: 0.1\nlog:\n  level: warn\n  accesslog:\n    disabled: true\nstorage:\n  filesystem:\n"
+        f"    rootdirectory: {root / 'data'}\n  delete:\n    enabled: true\nhttp:\n  addr: {host}\n{auth}")
+    with open(root / "registry.log", "wb") as log:
+        proc = subprocess.Popen([exe, "serve", str(root / "config.yml")], stdout=log, stderr=log)
+        try:
+            deadline = time.monotonic() + start_timeout_s
+            while True:
+                try:
+                    with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                        break
+                except OSError:
+                    if proc.poll() is not None or time.monotonic() > deadline:
+                        raise RuntimeError(f"docker-registry did not start: "
+                                           f"{(root / 'registry.log').read_text(errors='replace')[-2000:]}") from None
+                    time.sleep(0.05)
+            yield host
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(15)

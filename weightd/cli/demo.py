@@ -26,9 +26,15 @@ from .demo_cluster import run_cluster
 _CONFIG: list[str] = []
 
 
-def _run(args: list[str], expect: int | tuple[int, ...] = 0) -> subprocess.CompletedProcess[str]:
-    click.secho("$ weightd " + " ".join(shlex.quote(a) for a in args), fg="cyan", bold=True)
-    proc = subprocess.run([sys.executable, "-m", "weightd", *_CONFIG, *args], text=True, capture_output=True)
+def _run(args: list[str], expect: int | tuple[int, ...] = 0, env: dict[str, str] | None = None,
+         shown_env: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+    """``weightd ARGS`` in a subprocess (in ``env``, if given, else this one's environment; the variables
+    named in ``shown_env`` shown before the command), its output shown; ClickException unless it exits
+    ``expect``."""
+    prefix = "".join(f"{k}={shlex.quote((env or {})[k])} " for k in shown_env)
+    click.secho(f"$ {prefix}weightd " + " ".join(shlex.quote(a) for a in args), fg="cyan", bold=True)
+    proc = subprocess.run([sys.executable, "-m", "weightd", *_CONFIG, *args], text=True, capture_output=True,
+                          env=env)
     if proc.stdout:
         click.echo(proc.stdout.rstrip("\n"))
     if proc.stderr:
@@ -49,8 +55,7 @@ def _demo_daemon(base: Path, config: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    config.write_text(config.read_text() + f'[api]\nsocket = "{base}/weightd.sock"\n'
-                      f'[metrics]\nlisten = "127.0.0.1:{port}"\n'
+    config.write_text(config.read_text() + f'[metrics]\nlisten = "127.0.0.1:{port}"\n'
                       f'[intent]\ndir = "{base}/intent.d"\nreconcile_s = 2\npoll_s = 0.5\n'
                       f'nfd_dir = "{base}/features.d"\nlabels = {{pool = "chat"}}\n')
     (base / "intent.d").mkdir(exist_ok=True)
@@ -137,9 +142,10 @@ def _demo_node(base: Path, hot: Path, v1: Path, v2: Path, victim: Path) -> Path:
     """Steps 6-9: a node of its own; publish, preload through the tiers, a delta update; returns its config."""
     # a node of its own: the embedded default's layout, kept inside the demo directory
     config = base / "weightd.toml"
+    # (its own socket too: a daemon of this machine's at the default one must not take the commands)
     config.write_text(f'state_dir = "{base}/state"\n[tiers.hot]\npath = "{hot}"\ncapacity = "25%"\n'
                       f'[tiers.warm]\npath = "{base}/warm"\ncapacity = "10GiB"\n'
-                      f'[tiers.cold]\npath = "{base}/cold"\n')
+                      f'[tiers.cold]\npath = "{base}/cold"\n[api]\nsocket = "{base}/weightd.sock"\n')
     _CONFIG[:] = ["--config", str(config)]
     click.secho(f"# 6. publish both versions to cold storage (here {base}/cold; in a fleet, the shared mount)",
                 bold=True)
@@ -199,6 +205,67 @@ def _demo_object_store(base: Path, hot: Path, v1: Path) -> None:
         shutil.rmtree(f"{hot}-s3", ignore_errors=True)
 
 
+def _own_node(base: Path, hot: Path, tag: str, cold: str) -> None:
+    """A node of its own for one step (``weightd-TAG.toml``: its state, hot and warm tiers; ``cold`` is
+    the ``[tiers.cold]`` table's body), the one the next commands use."""
+    cfg = base / f"weightd-{tag}.toml"
+    cfg.write_text(f'state_dir = "{base}/state-{tag}"\n[tiers.hot]\npath = "{hot}-{tag}"\ncapacity = "1GiB"\n'
+                   f'[tiers.warm]\npath = "{base}/warm-{tag}"\ncapacity = "2GiB"\n[tiers.cold]\n{cold}')
+    _CONFIG[:] = ["--config", str(cfg)]
+
+
+def _demo_hub(base: Path, hot: Path) -> None:
+    """Import from a Hugging Face Hub mirror on this machine (olah, from the test extra, serving a git
+    repository whose shards are git-lfs objects): publish hf://, preload, ls."""
+    from importlib.util import find_spec
+    if find_spec("olah") is None or not Path(sys.executable).with_name("olah-cli").exists():
+        click.secho("# 11c. (skipped: a local Hugging Face Hub mirror needs olah, from pip install -e .[test])",
+                    bold=True)
+        return
+    if shutil.which("git") is None or shutil.which("git-lfs") is None:
+        click.secho("# 11c. (skipped: a local Hugging Face Hub mirror needs git and git-lfs: make tools)", bold=True)
+        return
+    from tiering import local_hub
+    click.secho("# 11c. import from a Hugging Face Hub mirror: olah on 127.0.0.1 serving demo/tiny, a git "
+                "repository whose shards are LFS objects;\n#      the revision becomes its commit SHA (the version), "
+                "every file is checked against the Hub's hashes", bold=True)
+    saved = list(_CONFIG)
+    try:
+        with local_hub(base / "hub", total_bytes=4 << 20, repo_id="demo/tiny") as hub:
+            _own_node(base, hot, "hf", f'path = "{base}/cold-hf"\n')
+            # (a token of the user's is not for this mirror)
+            env = {**{k: v for k, v in os.environ.items() if k != "HF_TOKEN"}, **hub.env()}
+            _run(["--no-daemon", "publish", "hf://demo/tiny@main"], env=env, shown_env=("HF_ENDPOINT",))
+        _run(["--no-daemon", "preload", "demo/tiny", "--tier", "warm"])
+        _run(["--no-daemon", "ls"])
+    finally:
+        _CONFIG[:] = saved
+        shutil.rmtree(f"{hot}-hf", ignore_errors=True)
+
+
+def _demo_registry(base: Path, hot: Path, v1: Path) -> None:
+    """An OCI registry as cold storage (Debian's docker-registry on 127.0.0.1, plain HTTP): publish
+    there as CNCF ModelPack artifacts, preload from it, ls."""
+    if shutil.which("docker-registry") is None:
+        click.secho("# 11d. (skipped: a registry as cold storage needs docker-registry: make tools)", bold=True)
+        return
+    from tiering import local_registry
+    click.secho("# 11d. a registry as cold storage: docker-registry on 127.0.0.1 as [tiers.cold] url = \"oci://...\";"
+                "\n#      NAME@VERSION is the artifact PREFIX/NAME:VERSION, one layer per file", bold=True)
+    saved = list(_CONFIG)
+    try:
+        with local_registry(base / "registry") as host:
+            _own_node(base, hot, "oci", f'url = "oci://{host}/demo"\ninsecure = true\n')
+            click.secho(f"$ cat {base}/weightd-oci.toml | tail -3", fg="cyan", bold=True)
+            click.echo("\n".join((base / "weightd-oci.toml").read_text().splitlines()[-3:]) + "\n")
+            _run(["--no-daemon", "publish", str(v1), "--name", "demo/tiny-llama", "--version", "v1"])
+            _run(["--no-daemon", "preload", "demo/tiny-llama@v1", "--tier", "warm"])
+            _run(["--no-daemon", "ls"])
+    finally:
+        _CONFIG[:] = saved
+        shutil.rmtree(f"{hot}-oci", ignore_errors=True)
+
+
 def _demo_intent(base: Path) -> None:
     """Declare what the node should hold; the daemon converges and says so (intent status, NFD labels)."""
     import json
@@ -238,6 +305,8 @@ def run_demo(workdir: str | None, size: str = "64MiB") -> None:
         _demo_daemon(base, config)
         run_cluster(base, parse_size(size))
         _demo_object_store(base, hot, v1)
+        _demo_hub(base, hot)
+        _demo_registry(base, hot, v1)
         click.secho("# 12. weightd doctor: is anything on this node slowing model loading? (exit 7 = critical)",
                     bold=True)
         _run(["--no-daemon", "doctor", "--sample-s", "1"], expect=(0, 7))
