@@ -131,12 +131,6 @@ def test_debug_shows_traceback(weightd) -> None:
     assert proc.returncode == 3 and "Traceback" in proc.stderr
 
 
-def test_demo_runs(weightd, tmp_path: Path) -> None:
-    proc = weightd("demo", "--dir", tmp_path / "demo", "--size", "8MiB", timeout=180)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "demo complete" in proc.stdout and "(exit 5)" in proc.stdout
-
-
 def test_torch_is_never_imported(weightd, ckpt: Path) -> None:
     code = ("import sys; from weightd.cli import main; rc = main(['manifest', 'build', sys.argv[1], '-o', '-']); "
             "assert 'torch' not in sys.modules and 'numpy' not in sys.modules, 'heavy import'; sys.exit(rc)")
