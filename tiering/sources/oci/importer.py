@@ -17,7 +17,7 @@ written or unpacked; a blob that is not its digest is refused when it ends (Blob
 the scratch directory is removed, so nothing unpacked from it is ever published. A tar entry is
 refused (UnsafePath, exit 2) when its path is absolute, holds ``..`` or lands under ``.weightd/``,
 when it is a device, a fifo or a sparse file, when a path comes twice (across layers too), or when
-it is a link that leaves the tree (a hard link must name a file unpacked before it; symlinks are
+it is a link that leaves the tree (a hard link must name a file its archive unpacked before it; symlinks are
 made after every layer, so nothing is written through one, and each must resolve inside the tree).
 What is unpacked is bounded by the scratch file system's free space (NoSpace, exit 6): a gzip
 bomb fills at most that, and is removed.
@@ -303,8 +303,9 @@ def _untar(blob: _Checked, gzip: bool, staging: Staging, where: str) -> None:
     BadInput, unless its bytes are not the blob's digest (then BlobMismatch: checked first)."""
     try:
         with tarfile.open(fileobj=blob, mode="r|gz" if gzip else "r|", bufsize=1 << 20) as tf:   # type: ignore[arg-type]
+            mine: set[str] = set()   # (the files of this archive: what a hard link in it may name)
             for entry in tf:
-                _one_entry(tf, entry, staging, where)
+                _one_entry(tf, entry, staging, where, mine)
     except (tarfile.TarError, zlib.error, EOFError) as exc:
         blob.drain()
         blob.check()
@@ -312,7 +313,7 @@ def _untar(blob: _Checked, gzip: bool, staging: Staging, where: str) -> None:
                        f"nothing published") from None
 
 
-def _one_entry(tf: tarfile.TarFile, entry: tarfile.TarInfo, staging: Staging, where: str) -> None:
+def _one_entry(tf: tarfile.TarFile, entry: tarfile.TarInfo, staging: Staging, where: str, mine: set[str]) -> None:
     rel = _entry_path(entry.name, where)
     what = f"{where}: tar entry {entry.name!r}"
     if entry.isdir():
@@ -333,11 +334,12 @@ def _one_entry(tf: tarfile.TarFile, entry: tarfile.TarInfo, staging: Staging, wh
             src = _entry_path(entry.linkname, where)
         except UnsafePath:
             src = None
-        if src is None or src not in staging.files or src in staging.links:
-            raise UnsafePath(what, f"a hard link to {entry.linkname!r}, not a file unpacked before it: refused, "
-                                   f"nothing published")
+        if src is None or src not in mine:
+            raise UnsafePath(what, f"a hard link to {entry.linkname!r}, not a file this archive unpacked before "
+                                   f"it: refused, nothing published")
         size = staging.files[src]
         staging.claim(rel, size, where)
+        mine.add(rel)
         fd = staging.open_new(rel)
         try:
             sfd = os.open(staging.root / src, os.O_RDONLY | os.O_NOFOLLOW)
@@ -354,6 +356,7 @@ def _one_entry(tf: tarfile.TarFile, entry: tarfile.TarInfo, staging: Staging, wh
             "a sparse file" if entry.issparse() else f"of tar type {entry.type!r}"
         raise UnsafePath(what, f"{kind}: only files, directories and links inside the tree are imported: refused")
     staging.claim(rel, entry.size, where)
+    mine.add(rel)
     f = tf.extractfile(entry)
     assert f is not None
     fd = staging.open_new(rel)
