@@ -41,6 +41,13 @@ class Metrics:
         registry.register(_PressureCollector())
         registry.register(_P2PCollector(p2p or (lambda: {})))
         registry.register(_ObjectStoreCollector(objstore or (lambda: None)))
+        self._ready_estimates: Callable[[], list[dict[str, Any]]] = lambda: []
+        registry.register(_ReadyEstimateCollector(lambda: self._ready_estimates()))
+
+    def watch_ready_estimates(self, estimates: Callable[[], list[dict[str, Any]]]) -> None:
+        """``weightd_model_ready_estimate_seconds`` reads ``estimates()`` at each scrape (the node
+        service's :class:`~weightd.node.ready_estimate.ReadyEstimator`; the last service set wins)."""
+        self._ready_estimates = estimates
 
     def _preload_metrics(self, registry: CollectorRegistry) -> None:
         """What preloads do: latency, bytes by source, evictions, failures, fallbacks, refusals."""
@@ -119,6 +126,27 @@ class Metrics:
             for labels in now:
                 gauge.labels(*labels).set(1)
             self._ready_labels[gauge._name] = now
+
+
+class _ReadyEstimateCollector(Collector):
+    """Seconds until a server could start reading each version the node knows from its best tier
+    (``weightd.node.ready_estimate``: 0 when resident; unknown estimates are left out)."""
+
+    def __init__(self, estimates: Callable[[], list[dict[str, Any]]]) -> None:
+        self.estimates = estimates
+
+    def collect(self) -> Iterable[Any]:
+        g = GaugeMetricFamily("weightd_model_ready_estimate_seconds", "Estimated seconds until a server could start "
+                              "reading the version from the tier (0: resident now), from rates this node measured",
+                              labels=["model", "version", "tier"])
+        try:
+            rows = self.estimates()
+        except Exception:  # noqa: BLE001 (a scrape never fails for an estimate; the next one tries again)
+            rows = []
+        for e in rows:
+            if e.get("seconds") is not None:
+                g.add_metric([e["model"], e["version"], e["tier"]], e["seconds"])
+        yield g
 
 
 class _ObjectStoreCollector(Collector):
