@@ -29,6 +29,7 @@ from ..config import Config, describe_source, load_config
 from ..errors import DaemonAlreadyRunning, WeightdError
 from ..exiting import finish, leave
 from ..metrics import Metrics
+from ..node.network import Gauges, NetworkYield, network_loop
 from ..node.service import NodeService
 from ..node.swarm import p2p_config, seed_held
 from .authz import claim_socket
@@ -66,6 +67,7 @@ class Daemon(DaemonContext):
                                lambda: self.session.stats() if self.session is not None else {},
                                lambda: self.node.roots.object.stats if self.node.roots.object is not None else None)
         self.session = None  # the P2P session, started in serve() once we own the state directory
+        self.network = NetworkYield(Gauges(self.registry))   # [network]: weight traffic yields the link
         self.service: NodeService = open_node_service(self, self.config)
         self.old_services: list[NodeService] = []
         self.pools = open_pools()
@@ -189,7 +191,7 @@ class Daemon(DaemonContext):
     def _start_duties(self, loop: asyncio.AbstractEventLoop) -> None:
         """The background duties (:mod:`.loops`, the intent runner), cancelled when the daemon stops."""
         tasks = [loop.create_task(gc_loop(self)), loop.create_task(pressure_loop(self)),
-                 loop.create_task(storage_loop(self))]
+                 loop.create_task(storage_loop(self)), loop.create_task(network_loop(self))]
         if self.role == "origin" and self.session is not None and self.node.roots.object is not None:
             tasks.append(loop.create_task(origin_mirror_loop(self)))
         self.tasks = tasks
