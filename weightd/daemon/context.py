@@ -63,6 +63,7 @@ class DaemonContext:
     intent: IntentView
     fleet: Any                             # the origin's FleetView and MoverSlots (with tracker_listen)
     movers: Any
+    network: Any                           # node.network.NetworkYield: the link's share and weightd's limits
     storage_problems: list[dict[str, str]]
     storage_check: "asyncio.Future[Any] | None"
     pressure: deque[tuple[float, dict[str, str]]]
