@@ -87,7 +87,7 @@ class Api:
         if body.get("stream") is not True:
             return web.json_response(await self.flights.preload(body, holder=holder, caller=caller))
         return await stream_preload(request, body, lambda joined: self.flights.preload(
-            body, holder=holder, joined=joined, caller=caller))
+            body, holder=holder, joined=joined, caller=caller), network=lambda: self.d.network.view)
 
     async def _preload_set_route(self, request: web.Request) -> web.Response:
         """POST /v1/preload-set ``{"refs": [...], tier, lease_s, timeout_s, strict, selection, whole}``:
@@ -162,6 +162,7 @@ class Api:
         # ("query": local tiers and the last storage check only, never behind work that reads cold storage)
         st = await self.d.run_blocking("query", self.d.service.status, self.d.storage_problems)
         st["transfers"] = self.flights.transfer_rows()
+        st["network"] = self.d.network.view   # ([network]: the link's share, weightd's limits; {} before a sample)
         st["answered_by"] = "daemon"
         return st
 
