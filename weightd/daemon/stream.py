@@ -23,10 +23,11 @@ PROGRESS_EVERY_S = 0.5         # a streamed preload's progress lines (and heartb
 
 
 async def stream_preload(request: web.Request, body: dict[str, Any],
-                         start: Callable[[Callable[[Progress], None]], Awaitable[dict[str, Any]]]
-                         ) -> web.StreamResponse:
+                         start: Callable[[Callable[[Progress], None]], Awaitable[dict[str, Any]]],
+                         network: Callable[[], dict[str, Any]] | None = None) -> web.StreamResponse:
     """The NDJSON answer to ``body``'s preload; ``start(joined)`` runs the preload, calling
-    ``joined(progress)`` once it shares in a flight."""
+    ``joined(progress)`` once it shares in a flight; ``network()``: the ``[network]`` state, in each
+    progress line while weightd yields the link (the progress bar says so)."""
     resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-store"})
     await resp.prepare(request)
     seen: list[Progress] = []
@@ -41,6 +42,9 @@ async def stream_preload(request: web.Request, body: dict[str, Any],
             snap = seen[0].snapshot() if seen else {
                 "label": ref[:200], "phase": "resolve", "done": 0, "total": 0,
                 "detail": f"waiting for {ref[:200]} to be published" if wait else "resolving"}
+            net = network() if network is not None else None
+            if net and net.get("yielding"):
+                snap = {**snap, "network": net}
             await resp.write(_line({"progress": snap}))
         await resp.write(_line(_last_line(job)))
         await resp.write_eof()
