@@ -53,9 +53,29 @@ def describe(snap: dict[str, Any]) -> str:
     throttle = snap.get("throttle")
     if phase == "warm" and isinstance(throttle, dict) and throttle.get("cap_bytes_per_s"):
         what += f" (yielding to serving: capped at {format_bytes(throttle['cap_bytes_per_s'])}/s)"
+    note = network_note(snap.get("network"))
+    if note:
+        what += f" ({note})"
     if snap.get("waiters", 0) > 1:
         what += f" [{snap['waiters']} waiting]"
     return f"{head}  {what}"
+
+
+def network_note(net: Any) -> str:
+    """``yielding to serving traffic: 3.1 GiB/s of 12.5``: weightd's own limit (the lower of its two
+    directions) of the link's capacity, while ``[network]`` holds weightd back (status's ``network``
+    block); "" otherwise."""
+    if not isinstance(net, dict) or not net.get("yielding"):
+        return ""
+    from tiering import format_bytes
+    limits = [d.get("limit_bytes_per_s") for d in (net.get("download"), net.get("upload")) if isinstance(d, dict)]
+    limit = min((x for x in limits if isinstance(x, (int, float))), default=None)
+    cap = net.get("capacity_bytes_per_s") or 0
+    if limit is None or not cap:
+        return ""
+    mine, of = format_bytes(limit).split(" "), format_bytes(cap).split(" ")
+    capacity = of[0] if mine[1] == of[1] else " ".join(of)
+    return f"yielding to serving traffic: {' '.join(mine)}/s of {capacity}"
 
 
 def figures(snap: dict[str, Any]) -> str:
