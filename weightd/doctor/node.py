@@ -77,6 +77,7 @@ def gather_node(*, client: Any, socket_path: Path, in_process: Callable[[], Any]
         st = ops.status()
         facts["tiers"] = st["tiers"]
         facts["recent_events"] = st.get("recent_events", [])
+        facts["network"] = st.get("network") or {}   # ([network]: weightd's share of the link, its limits)
         try:
             facts["cold"] = ops.check_cold()
             facts["cold"]["by"] = "daemon" if ops is client else "this process"

@@ -98,12 +98,13 @@ def _probe_findings(i: Inputs, r: Report) -> None:
 def _network_findings(i: Inputs, r: Report, dt: float) -> list[str]:
     """NICs, TCP retransmits and softirqs; the saturated NICs are returned."""
     nics = {}
+    net = (i.node or {}).get("network") or {}   # (the daemon's [network] state: its capacity, weightd's share)
     for name, (rx, tx) in i.after.nics.items():
         b = i.before.nics.get(name)
         if b is None:
             continue
         rate = max(rx - b[0], tx - b[1]) / dt
-        speed = i.nic_speed.get(name)
+        speed = i.nic_speed.get(name) or (net.get("capacity_bytes_per_s") if name in net.get("interfaces", ()) else None)
         nics[name] = {"bytes_per_s": round(rate), "speed_bytes_per_s": speed,
                       "util": round(rate / speed, 3) if speed else None, "mtu": i.nic_mtu.get(name)}
     r.measurements["nics"] = nics
@@ -113,14 +114,20 @@ def _network_findings(i: Inputs, r: Report, dt: float) -> list[str]:
     retrans = dret / dseg if dseg > 0 else 0.0
     r.measurements["tcp_retransmit_ratio"] = round(retrans, 4)
     r.measurements["net_softirqs_per_s"] = round((i.after.net_softirq - i.before.net_softirq) / dt)
+    if net.get("download") or net.get("upload"):
+        r.measurements["weightd_network"] = net
     for n in busy:
         d = nics[n]
         r.findings.append(Finding(
             "nic-saturated", "critical", "network",
-            f"{n} runs at {d['util']:.0%} of its {d['speed_bytes_per_s'] * 8 / 1e9:.0f} Gbit/s (> {NIC_UTIL:.0%})",
-            {"interface": n, **d},
-            "weight traffic competes with inference: set `[p2p] upload_limit`/`download_limit` below the link "
-            "(e.g. 30-50% of it), let P2P spread the load (`[p2p] threshold`), preload before the restart"))
+            f"{n} runs at {d['util']:.0%} of its {d['speed_bytes_per_s'] * 8 / 1e9:.0f} Gbit/s (> {NIC_UTIL:.0%})"
+            + _weightd_share(net, n, d["speed_bytes_per_s"]),
+            {"interface": n, **d, "weightd": net or None},
+            ("weightd already yields to the other traffic ([network]); the rest is others': "
+             if net.get("enabled") and n in net.get("interfaces", ()) else
+             "weight traffic competes with inference: let weightd yield (`[network]`, with `capacity` on virtual "
+             "NICs) or set `[p2p] upload_limit`/`download_limit` below the link (e.g. 30-50% of it); ")
+            + "let P2P spread the load (`[p2p] threshold`), preload before the restart"))
         if (d["mtu"] or 0) < 9000:
             r.findings.append(Finding("no-jumbo-frames", "warning", "network",
                                       f"{n} has MTU {d['mtu']}: jumbo frames (9000) cut per-packet overhead",
@@ -135,6 +142,18 @@ def _network_findings(i: Inputs, r: Report, dt: float) -> list[str]:
                                   {"retransmit_ratio": round(retrans, 4), "out_segs": dseg, "retrans_segs": dret},
                                   "check for congestion or a faulty link; lower the P2P rate limits"))
     return busy
+
+
+def _weightd_share(net: dict[str, Any], name: str, speed: int) -> str:
+    """``; weightd's own share: 12% (download 1.2 MiB/s, upload 0 B/s)`` from the daemon's ``network``
+    block, when it watches ``name``; "" otherwise."""
+    if name not in net.get("interfaces", ()) or not speed:
+        return ""
+    from tiering import format_bytes
+    rates = {k: (net.get(k) or {}).get("weightd_bytes_per_s") or 0 for k in ("download", "upload")}
+    share = max(rates.values()) / speed
+    return (f"; weightd's own share: {share:.0%} (download {format_bytes(rates['download'])}/s, upload "
+            f"{format_bytes(rates['upload'])}/s){', yielding' if net.get('yielding') else ''}")
 
 
 def _tier_findings(i: Inputs, r: Report, t: Tier) -> None:
