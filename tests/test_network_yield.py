@@ -259,3 +259,25 @@ def test_metrics_show_the_shares_and_the_limits() -> None:
     assert reg.get_sample_value("weightd_network_limit_bytes_per_second", {"direction": "download"}) == \
         pytest.approx(0.2 * C)
     assert reg.get_sample_value("weightd_network_limit_bytes_per_second", {"direction": "upload"}) == 0
+
+
+def test_doctor_names_weightds_share_of_a_saturated_nic(tmp_path: Path) -> None:
+    """The daemon's network block (as ``weightd doctor`` gathers it from status) in the nic-saturated
+    finding; an interface with no reported speed is judged against [network] capacity."""
+    import dataclasses
+
+    from weightd.doctor import diagnose, gather_snapshot
+
+    from .test_doctor import Snap
+    snap = Snap(tmp_path / "snap")
+    snap.nic_delta["eth0"] = (22 * 10 ** 9, 10 ** 9)        # 11 GB/s on a 100 Gbit/s link: 88%
+    net = {"enabled": True, "yielding": True, "interfaces": ["eth0"], "capacity_bytes_per_s": 12_500_000_000,
+           "download": {"weightd_bytes_per_s": 1_250_000_000, "others_bytes_per_s": 9_750_000_000,
+                        "limit_bytes_per_s": 1_250_000_000}, "upload": {"weightd_bytes_per_s": 0}}
+    inputs = dataclasses.replace(gather_snapshot(snap.write(), []), node={"network": net})
+    r = diagnose(inputs)
+    nic = next(f for f in r.findings if f.id == "nic-saturated")
+    assert "weightd's own share: 10%" in nic.summary and "yielding" in nic.summary, nic.summary
+    assert "already yields" in nic.recommendation and r.measurements["weightd_network"] == net
+    speedless = dataclasses.replace(inputs, nic_speed={})
+    assert any(f.id == "nic-saturated" for f in diagnose(speedless).findings)
