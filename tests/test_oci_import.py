@@ -299,3 +299,27 @@ def test_a_gzip_bomb_is_bounded_by_the_scratch_free_space(cli, oci_node, registr
         assert list(small.iterdir()) == []
     finally:
         subprocess.run(["umount", str(small)], capture_output=True)
+
+
+def test_the_scratch_tree_is_readable_by_a_daemon_whatever_the_umask(oci_node, registry: Registry,
+                                                                       auth_file: Path) -> None:
+    """Directories 0755 and files 0644 under umask 077 (a daemon of another user publishes from there)."""
+    import os
+    import stat
+    from tiering.sources.oci.importer import pull_artifact
+    repo = f"{oci_node.prefix}-umask/tiny"
+    _push(registry, repo, "v1", [(f"{KIT}.model.v1.tar+gzip", "deep", _tar([_file("deep/er/w.bin", b"w" * 1000)],
+                                                                            gz=True)),
+                                 (f"{MP}.weight.config.v1.raw", "cfg/config.json", b"{}")])
+    old = os.umask(0o077)
+    try:
+        with pull_artifact(f"oci://{registry.host}/{repo}:v1", insecure=True,
+                           env={"REGISTRY_AUTH_FILE": str(auth_file)}) as got:
+            assert sorted(got.files) == ["cfg/config.json", "deep/er/w.bin"] and got.bytes == 1002
+            modes = {str(p.relative_to(got.dir)): stat.S_IMODE(p.stat().st_mode) for p in got.dir.rglob("*")}
+            assert stat.S_IMODE(got.dir.stat().st_mode) == 0o755
+    finally:
+        os.umask(old)
+    assert modes == {"cfg": 0o755, "cfg/config.json": 0o644, "deep": 0o755, "deep/er": 0o755,
+                     "deep/er/w.bin": 0o644}, modes
+    assert not got.dir.exists()

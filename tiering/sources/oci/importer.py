@@ -167,16 +167,23 @@ class Staging:
             self.dirs.add(rel)
 
     def open_new(self, rel: str) -> int:
-        """A new file at ``rel`` (0644), its directories made (0755) without following a symlink."""
+        """A new file at ``rel`` (0644), its directories made (0755) without following a symlink (the
+        modes set whatever the umask: a daemon of another user publishes from here)."""
+        self.parents(rel)
+        fd = os.open(self.root / rel, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        os.fchmod(fd, 0o644)
+        return fd
+
+    def parents(self, rel: str) -> None:
         parts = rel.split("/")
         for k in range(1, len(parts)):
             d = self.root.joinpath(*parts[:k])
             try:
                 os.mkdir(d, 0o755)
+                os.chmod(d, 0o755, follow_symlinks=False)
             except FileExistsError:
                 if not stat.S_ISDIR(os.lstat(d).st_mode):
                     raise UnsafePath(str(d), "not a directory") from None
-        return os.open(self.root / rel, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
 
 
 @contextmanager
@@ -372,8 +379,7 @@ def _make_links(staging: Staging, where: str) -> None:
     """The archives' symlinks, made once every file is in, each resolving inside the tree."""
     root = os.path.realpath(staging.root)
     for rel, target in sorted(staging.links.items()):
-        parent = (staging.root / rel).parent
-        parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        staging.parents(rel)
         os.symlink(target, staging.root / rel)
     for rel in staging.links:
         real = os.path.realpath(staging.root / rel)
