@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from tiering import IntegrityError, NoSpace, SignatureRefused
 
-from .ready_times import ReadyTimes
+from .ready_times import ReadyTimes, TransferRates
 
 if TYPE_CHECKING:
     from ..metrics import Metrics
@@ -29,6 +29,7 @@ class Outcomes:
         self.metrics = metrics
         self.events: deque[dict[str, Any]] = deque(maxlen=EVENTS_KEPT)  # fallbacks and failures, for doctor
         self.ready_times = ReadyTimes()
+        self.rates = TransferRates()   # what the ready estimate reads (weightd.node.ready_estimate)
 
     def failed(self, req: "PreloadRequest", exc: BaseException) -> str:
         """Count a preload that ended with ``exc``; its reason (``integrity``, ``no_space``, ``timeout``,
@@ -58,6 +59,7 @@ class Outcomes:
             self.events.append({"at": time.time(), "kind": "source_fallback", "ref": ref, "from": f.source,
                                 "to": f.to, "reason": f.reason})
         by_source = d["bytes_by_source"]
+        self.rates.observe(d, seconds)
         m.last_success.labels(r.name).set(time.time())
         if not d.get("already_present"):  # (a no-op must not pull the loading latency down)
             # the byte counter's source names: where most bytes came from (a promotion between local tiers
