@@ -47,6 +47,10 @@ class NodeService:
         self.on_loaded: Callable[[str, str, str], None] | None = None   # (name, version, tier) after a preload
         self.monotonic = monotonic
         self.outcomes = Outcomes(metrics)
+        from .ready_estimate import ReadyEstimator
+        self.estimates = ReadyEstimator(config, self.outcomes.rates)   # how soon each known version is ready
+        if hasattr(type(metrics), "watch_ready_estimates"):             # (a Tally has no such gauge)
+            metrics.watch_ready_estimates(lambda: self.estimates.current(self.node.status))
 
     # -- publish ------------------------------------------------------------------------------------
     def publish(self, src: Path, name: str, version: str, *, progress: ProgressFn | None = None,
@@ -301,9 +305,11 @@ class NodeService:
     def status(self, problems: list[dict[str, str]] | None = None) -> dict[str, Any]:
         """``problems``: the storage problems the caller already knows (the daemon's storage check);
         None: look now."""
-        return {**self.node.status(), "transfers": [], "answered_by": "in-process",
+        st = self.node.status()
+        return {**st, "transfers": [], "answered_by": "in-process",
                 "problems": self.node.storage_problems() if problems is None else problems,
                 "time_to_ready": self.outcomes.ready_times.summary(),
+                "ready_estimates": self.estimates.from_status(st),
                 "recent_events": self.outcomes.recent()}
 
     def join_lease(self, req: PreloadRequest, report: dict[str, Any]) -> dict[str, Any]:
@@ -343,7 +349,8 @@ class NodeService:
         rows = self.node.listing(name)
         if name is not None and not rows:
             raise self.node.not_found(name)
-        return {"versions": rows}
+        st = self.node.status() if any(r["local"] for r in rows) else {}   # (residency of the local copies)
+        return {"versions": self.estimates.for_listing(rows, st)}
 
     def pin(self, ref: str) -> dict[str, Any]:
         return self._pin(ref, True)
