@@ -41,7 +41,8 @@ def test_status_shows_who_holds_each_copy(daemon, wd, node_env, tmp_path: Path) 
     assert r.returncode == 0 and r.stderr == "", r.stderr  # through the daemon: no note
     lines = r.stdout.splitlines()
     row = next(line for line in lines if line.startswith("acme/x@v1 "))
-    assert row.split()[5:8] == ["yes", "1", "1"], row  # PIN, LEASES, IN USE
+    assert row.split()[5] == "now", row                 # READY IN: in the hot tier, resident
+    assert row.split()[6:9] == ["yes", "1", "1"], row  # PIN, LEASES, IN USE
     held = [line for line in lines[lines.index(next(x for x in lines if x.startswith("HELD"))) + 1:]]
     me = f"pid {os.getpid()}"
     assert any(h.startswith("acme/x@v1") and "pinned" in h for h in held), held
@@ -57,7 +58,8 @@ def test_status_shows_who_holds_each_copy(daemon, wd, node_env, tmp_path: Path) 
     ls = wd("ls")
     assert ls.returncode == 0, ls.stderr
     rows = {line.split()[0]: line.split() for line in ls.stdout.splitlines()[1:]}
-    assert rows["acme/x@v1"][-2] == "hot" and rows["acme/x@v2"][-2] == "-"  # published, not local
+    assert rows["acme/x@v1"][-3] == "hot" and rows["acme/x@v2"][-3] == "-"  # published, not local
+    assert rows["acme/x@v1"][-2] == "now"                                     # READY IN: resident in hot
     assert [v["version"] for v in json.loads(wd("ls", "acme/x", "--json").stdout)["versions"]] == ["v1", "v2"]
     none = wd("ls", "acme/none", "--json")   # a name nothing is known of: not found, as for every command
     assert none.returncode == 3 and none.stdout == "" and "acme/none" in none.stderr, none.stderr

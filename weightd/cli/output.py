@@ -200,11 +200,12 @@ def show_status(st: dict[str, Any], *, wide: bool = False) -> None:
     if not st["checkpoints"]:
         echo("\nno checkpoints on this node")
         return
-    echo(f"\n{'CHECKPOINT':<40} {'SIZE':>10}  {'HOT':<5} {'WARM':<5} {'PIN':<3}  {'LEASES':<6} "
+    echo(f"\n{'CHECKPOINT':<40} {'SIZE':>10}  {'HOT':<5} {'WARM':<5} {'READY IN':<8} {'PIN':<3}  {'LEASES':<6} "
                f"{'IN USE':<6} {'LAST USE':<10} SIGNED BY" + ("  DIGEST" if wide else ""))
-    echo("(hot/warm: % resident in the page cache; '-': not in that tier; signed by: the key whose signature "
-               "was checked here)")
+    echo("(hot/warm: % resident in the page cache; '-': not in that tier; ready in: estimated time until a server "
+         "could read it; signed by: the key whose signature was checked here)")
     held: list[tuple[str, str, str, str]] = []
+    ready = {(e["model"], e["version"]): e["seconds"] for e in st.get("ready_estimates") or []}
     for c in st["checkpoints"]:
         ref = f"{c['name']}@{c['version']}"
         leases = [le for t in c["tiers"].values() for le in t["leases"]]
@@ -213,7 +214,8 @@ def show_status(st: dict[str, Any], *, wide: bool = False) -> None:
         cols = [f"{c['tiers'][t]['resident_percent']:.0f}%" if t in c["tiers"] else "-" for t in ("hot", "warm")]
         signers = sorted({t["signature"]["signed_by"] for t in c["tiers"].values() if t.get("signature")})
         echo(f"{ref:<40} {format_bytes(c['bytes']):>10}  "
-                   f"{cols[0]:<5} {cols[1]:<5} {'yes' if c['pinned'] else '-':<3}  {len(leases) or '-':<6} "
+                   f"{cols[0]:<5} {cols[1]:<5} {ready_in(ready.get((c['name'], c['version']))):<8} "
+                   f"{'yes' if c['pinned'] else '-':<3}  {len(leases) or '-':<6} "
                    f"{len(users) or '-':<6} {ago(last) + ' ago':<10} {', '.join(signers) or '-'}"
                    + (f"  {c['digest']}" if wide else ""))
         if c["pinned"]:
@@ -235,11 +237,18 @@ def show_versions(rows: list[dict[str, Any]]) -> None:
     if not rows:
         echo("nothing published")
         return
-    echo(f"{'CHECKPOINT':<40} {'SIZE':>10}  {'PUBLISHED':<20} {'LOCAL':<10} SIGNED")
+    echo(f"{'CHECKPOINT':<40} {'SIZE':>10}  {'PUBLISHED':<20} {'LOCAL':<10} {'READY IN':<8} SIGNED")
     for r in rows:
         echo(f"{r['name'] + '@' + r['version']:<40} {format_bytes(r['bytes']):>10}  "
                    f"{(r['published_at'] or '-')[:19]:<20} {','.join(r['local']) or '-':<10} "
-                   f"{'yes' if r['signed'] else '-'}")
+                   f"{ready_in(r.get('ready_in_s')) if 'ready_in_s' in r else '-':<8} {'yes' if r['signed'] else '-'}")
+
+
+def ready_in(seconds: float | None) -> str:
+    """A ready estimate for a column: ``now`` (under a second), ``42s``, ``3m10s``; ``?`` unknown."""
+    if seconds is None:
+        return "?"
+    return "now" if seconds < 1 else format_duration(seconds)
 
 
 def show_gc(r: dict[str, Any]) -> None:
