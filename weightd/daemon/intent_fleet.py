@@ -105,9 +105,10 @@ class HoldingsReport:
         cfg = self.d.config.settings.intent
         holdings = holdings_of(status, plan)
         self.d.metrics.set_model_ready(holdings)
+        estimates = await self.d.run_blocking("misc", ready_estimates, self.d, status, plan)
         if cfg.nfd_dir is not None:
             try:
-                await self.d.run_blocking("misc", self._write_nfd, holdings)
+                await self.d.run_blocking("misc", self._write_nfd, holdings, estimates)
             except Exception as exc:  # noqa: BLE001 (said once per round at most; the next round retries)
                 log.warning("intent: node feature file not written: %s", exc)
         client = origin_client(self.d)
@@ -115,7 +116,9 @@ class HoldingsReport:
             self.last_report = now
             body = {"node": node_name(self.d), "rack": self.d.config.settings.p2p.rack or None,
                     "labels": dict(list(labels.items())[:64]), "holdings": holdings[:1024],
-                    "intent": {m: v for m, (v, _t) in list(plan.serving.items())[:1024]}}
+                    "intent": {m: v for m, (v, _t) in list(plan.serving.items())[:1024]},
+                    "ready": [{k: e[k] for k in ("model", "version", "tier", "seconds")}
+                              for e in estimates if e["seconds"] is not None][:1024]}
             try:
                 await self.d.run_blocking("misc", client.call, "POST", "/v1/fleet/report", body)
                 self.error = None
@@ -124,12 +127,34 @@ class HoldingsReport:
                     log.warning("intent: holdings not reported to the origin: %s", exc)
                 self.error = str(exc)
 
-    def _write_nfd(self, holdings: list[dict[str, Any]]) -> None:
+    def _write_nfd(self, holdings: list[dict[str, Any]], estimates: list[dict[str, Any]]) -> None:
         from ..intent import nfd
+        from ..node.ready_estimate import best_per_model
         cfg = self.d.config.settings.intent
         best = nfd.best_values([(h["model"], nfd.label_value(h["tier"], h["resident"])) for h in holdings])
         expiry = max(600.0, 4 * cfg.reconcile_s)
-        nfd.write_features(cfg.nfd_dir, "weightd", nfd.render(best, expiry_s=expiry), refresh_s=expiry / 2)
+        nfd.write_features(cfg.nfd_dir, "weightd", nfd.render(best, expiry_s=expiry,
+                                                               ready_in=best_per_model(estimates)), refresh_s=expiry / 2)
+
+
+def ready_estimates(d: "DaemonContext", status: dict[str, Any], p: Plan) -> list[dict[str, Any]]:
+    """The ready estimates of what the node holds and of the versions intent wants here that it does
+    not hold (their sizes from cold storage's manifests; one that cannot be read is left out this
+    round). Blocking: run in a pool."""
+    held = {(c["name"], c["version"]) for c in status["checkpoints"]}
+    wanted = []
+    for key, (version, tier) in p.serving.items():
+        name = key.partition("@")[0]
+        if (name, version) in held:
+            continue
+        try:
+            v = d.node.published_version(name, version)
+        except Exception:  # noqa: BLE001 (cold storage unreadable now: the storage check says why)
+            v = None
+        if v is not None:
+            wanted.append((name, version, tier, v.size))
+    d.service.estimates.set_wanted(wanted)
+    return d.service.estimates.from_status(status)
 
 
 def holdings_of(status: dict[str, Any], p: Plan) -> list[dict[str, Any]]:
