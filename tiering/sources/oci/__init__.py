@@ -6,7 +6,10 @@ By concern::
     client.py   RegistryClient: the registry, every request authenticated, counted, classified,
                 retried, bounded; one keep-alive connection per worker thread
     auth.py     credentials as docker/podman keep them; the basic and bearer-token flows
-    layout.py   a version as a ModelPack artifact (config, one layer per file, weightd's own layers)
+    layout.py   a version as a ModelPack artifact (config, one layer per file, weightd's own layers);
+                NAME@VERSION <-> repository:tag, escaped where a registry could not hold it
+    importer.py an artifact made elsewhere (ModelPack raw or tar layers, a KitOps ModelKit) pulled
+                and unpacked, every blob checked, to be published as a directory
     catalog.py  names, versions, a version's artifact and manifest (every blob checked by sha256)
     ranged.py   a version's files downloaded in ranges, each part hashed as it arrives, each blob's
                 sha256 in order; resuming
@@ -14,6 +17,7 @@ By concern::
     cold.py     OciCold: the cold tier the tier code holds, made of the above
 
 Guarantees: a version exists when its tag exists (the OCI manifest is pushed last); a tag holding
-other content is never overwritten, nor followed once read (versions are immutable); every byte is
+other content is never overwritten (short of two publishers racing, where the last PUT wins and
+the other is told: publish.py), nor followed once read (versions are immutable); every byte is
 checked as it arrives, against weightd's manifest (xxh3-128 per part) and the blob's digest (sha256).
 """
