@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -180,3 +181,39 @@ def test_the_metric_reads_the_estimates_at_scrape_time() -> None:
         raise OSError("status failed")
     m.watch_ready_estimates(broken)
     assert "weightd_model_ready_estimate_seconds" in generate_latest(m.registry).decode()   # the scrape still answers
+
+
+def test_a_daemon_publishes_its_estimates(node_env, isolated_env, wd, tmp_path: Path) -> None:
+    """Through a real daemon with intent: what it holds is ``0s`` in the NFD file, status, ls and the
+    metric; a version intent wants that cannot be placed (hot too small for it) is estimated from
+    cold storage, with its basis, in status and its NFD label."""
+    from .test_daemon import DaemonProc, publish
+    from .test_intent_daemon import until
+    from weightd.intent import nfd as nfd_mod
+    publish(wd, tmp_path, "acme/chat", "v1", size=4 * MiB)
+    publish(wd, tmp_path, "acme/big", "v1", size=24 * MiB)
+    idir, features = tmp_path / "intent.d", tmp_path / "features.d"
+    idir.mkdir()
+    features.mkdir()
+    node_env.write_config("256MiB", "16MiB")   # (warm too small for acme/big: it stays wanted, absent)
+    node_env.config.write_text(node_env.config.read_text() + (
+        f'[intent]\ndir = "{idir}"\nreconcile_s = 1\npoll_s = 0.2\nnfd_dir = "{features}"\n'))
+    (idir / "m.toml").write_text('[[keep]]\nmodel = "acme/chat@v1"\ntier = "hot"\n'
+                                 '[[keep]]\nmodel = "acme/big@v1"\ntier = "warm"\n')
+    d = DaemonProc(node_env, isolated_env, tmp_path)
+    try:
+        label = nfd_mod.ready_label_name("acme/chat")
+        text = until("the ready-in labels", lambda: (features / "weightd").is_file()
+                     and f"{label}=0s" in (p := (features / "weightd").read_text())
+                     and nfd_mod.ready_label_name("acme/big") in p and p)
+        assert re.search(rf"^{re.escape(nfd_mod.ready_label_name('acme/big'))}=(0s|10s|1m|5m|long)$", text, re.M), text
+        st = json.loads(wd("status", "--json").stdout)
+        est = {(e["model"], e["version"]): e for e in st["ready_estimates"]}
+        assert est[("acme/chat", "v1")]["seconds"] == 0.0 and est[("acme/chat", "v1")]["tier"] == "hot"
+        big = est[("acme/big", "v1")]
+        assert (big["source"], big["tier"]) == ("cold", "warm") and big["basis"], big
+        assert d.metric('weightd_model_ready_estimate_seconds{model="acme/chat",tier="hot",version="v1"}') == 0.0
+        ls = json.loads(wd("ls", "acme/chat", "--json").stdout)["versions"]
+        assert [(r["version"], r["ready_in"], r["ready_source"]) for r in ls] == [("v1", "0s", "resident")]
+    finally:
+        d.stop()

@@ -143,9 +143,9 @@ def ready_estimates(d: "DaemonContext", status: dict[str, Any], p: Plan) -> list
     round). Blocking: run in a pool."""
     held = {(c["name"], c["version"]) for c in status["checkpoints"]}
     wanted = []
-    for key, (version, tier) in p.serving.items():
-        name = key.partition("@")[0]
-        if (name, version) in held:
+    for row in p.rows:   # (each entry's target version, once something is published to aim at)
+        name, version, tier = row["model"].partition("@")[0], row.get("want"), row["tier"]
+        if version is None or (name, version) in held:
             continue
         try:
             v = d.node.published_version(name, version)
