@@ -188,6 +188,9 @@ def show_status(st: dict[str, Any], *, wide: bool = False) -> None:
         marks = f" {info['high_watermark']:.0%}/{info['low_watermark']:.0%}".rjust(10) if wide else ""
         echo(f"{t:<5} {format_bytes(info['used_bytes']):>10} {format_bytes(cap):>10} {pct:>5} "
                    f"{info['checkpoints']:>5} {info['transfers_in_flight']:>9}{marks}  {info['path']}")
+    from .progress import network_note
+    if network_note(st.get("network")):   # ([network] holds weightd back: others use the link)
+        echo(f"\n{network_note(st.get('network'))}")
     transfers = st.get("transfers") or []
     if transfers:
         from .progress import figures
