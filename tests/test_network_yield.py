@@ -230,6 +230,8 @@ def test_weights_yield_to_a_serving_flow_on_a_shaped_link(tmp_path: Path) -> Non
         assert net["enabled"] and net["yielding"], net
         assert net["download"]["limit_bytes_per_s"] is not None, net
         assert net["download"]["others_bytes_per_s"] > 0.5 * rate, net
+        plain = worker.cli("status", timeout=30).stdout
+        assert "yielding to serving traffic: " in plain, plain
         flow.stop_sending()
         assert preload.poll() is None or preload.returncode == 0
     finally:
