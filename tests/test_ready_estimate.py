@@ -217,3 +217,9 @@ def test_a_daemon_publishes_its_estimates(node_env, isolated_env, wd, tmp_path: 
         assert [(r["version"], r["ready_in"], r["ready_source"]) for r in ls] == [("v1", "0s", "resident")]
     finally:
         d.stop()
+
+
+def test_fleet_status_model_is_checked_before_the_origin_is_asked(wd) -> None:
+    from .conftest import assert_one_line_error
+    assert_one_line_error(wd("fleet", "status", "--origin", "http://127.0.0.1:1", "--model", "../x"), 2,
+                          "--model ../x: '.' and '..' are not names")
