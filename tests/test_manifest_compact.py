@@ -15,8 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tiering import build_manifest, load_manifest, manifest_from_dict, write_manifest
-from tiering.content.manifest import FileEntry, Manifest, SafetensorsInfo, compute_digest, tree_hash
+from tiering.content.manifest import FileEntry, Manifest, SafetensorsInfo, _file_dict, compute_digest, tree_hash
 from tiering.content.manifest_parse import _Reader, _tensor_columns, _tensors_one_by_one, parse_manifest
+from tiering.content.safetensors_header import DTYPE_BITS
 from tiering.content.tensor_table import TensorEntry, TensorTable
 from tiering.errors import BadInput, ManifestError
 from tiering.sample_moe import make_moe_checkpoint, moe_tensors
@@ -64,37 +65,48 @@ def test_a_table_is_the_sequence_of_its_entries() -> None:
     assert len(TensorTable.of([])) == 0 and list(TensorTable.of([])) == []
 
 
-def test_digest_over_the_read_dicts_is_the_builders(ckpt: Path, moe_json: Path) -> None:
-    """The reader hashes the dicts it checked; the builder hashes what it wrote: the same bytes, also
-    for a file whose metadata was left out and for names outside ASCII."""
+def reference_digest(m: Manifest) -> str:
+    """The digest as weightd has always taken it (one json.dumps of the whole body): every manifest
+    already in cold storage was published with these bytes."""
+    body = {"format": m.format, "chunk_size": m.chunk_size, "files": [_file_dict(f) for f in m.files]}
+    return xxhash.xxh3_128(json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+                           .encode()).hexdigest()
+
+
+def reference_json(m: Manifest) -> list[str]:
+    """Each tensor line of to_json as json.dumps writes the tensor's dict."""
+    return [json.dumps(t, ensure_ascii=False, separators=(", ", ": "))
+            for f in m.to_dict()["files"] if "safetensors" in f for t in f["safetensors"]["tensors"]]
+
+
+def test_digest_and_json_from_columns_are_json_dumps_bytes(ckpt: Path, moe_json: Path) -> None:
     for m in (build_manifest(ckpt), load_manifest(moe_json)):
-        assert compute_digest(m) == m.digest
-        back = manifest_from_dict(json.loads(m.to_json()))
-        assert back == m and back.digest == m.digest
-    d = build_manifest(ckpt).to_dict()
-    st_file = next(f for f in d["files"] if "safetensors" in f)
-    assert st_file["safetensors"].pop("metadata")  # (optional in the format: read as {})
-    st_file["safetensors"]["tensors"][0]["name"] = "\u00e9\u4e2d\U0001f600"
-    with pytest.raises(ManifestError, match="does not match"):  # (renamed: the old digest is stale)
-        manifest_from_dict(copy.deepcopy(d))
-    m = manifest_from_dict({**d, "digest": _builder_digest(d)})
-    assert m.digest == compute_digest(m)
+        assert compute_digest(m) == m.digest == reference_digest(m)
+        lines = m.to_json().split("\n")
+        assert [ln.strip().rstrip(",") for ln in lines if ln.startswith("   {")] == reference_json(m)
+        assert manifest_from_dict(json.loads(m.to_json())) == m
 
 
-def _builder_digest(d: dict) -> str:
-    """The digest the builder would write for ``d`` (the files as the reader reads them)."""
-    files = []
-    for f in d["files"]:
-        if "safetensors" not in f:
-            files.append(FileEntry(f["path"], f["size"], int(f["mode"], 8), f["xxh3_128"], tuple(f["chunks"])))
-            continue
-        s = f["safetensors"]
-        ts = [TensorEntry(t["name"], t["dtype"], tuple(t["shape"]), t["begin"], t["end"], t["xxh3_128"])
-              for t in s["tensors"]]
-        files.append(FileEntry(f["path"], f["size"], int(f["mode"], 8), f["xxh3_128"],
-                               safetensors=SafetensorsInfo(s["header_size"], s["header_xxh3_128"],
-                                                           s.get("metadata", {}), ts)))
-    return compute_digest(Manifest(tuple(sorted(files, key=lambda f: f.path))))
+NAMES = st.text(st.characters(blacklist_categories=("Cs",)), max_size=12) | st.sampled_from(
+    ["a\"b", "back\\slash", "tab\t", "\u2028", "\x7f", "\U0001f600", "\u00e9"])
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(NAMES, st.sampled_from(sorted(DTYPE_BITS)), st.lists(st.integers(0, 2**40), max_size=4),
+                          st.integers(0, 2**20)), max_size=6),
+       st.dictionaries(NAMES, NAMES, max_size=3), NAMES.filter(lambda p: p.isalnum()))
+def test_columns_write_what_json_dumps_writes(rows: list, metadata: dict, path: str) -> None:
+    off, entries = 16, []
+    for name, dtype, shape, n in rows:
+        entries.append(TensorEntry(name, dtype, tuple(shape), off, off + n, xxhash.xxh3_128_hexdigest(name.encode())))
+        off += n
+    head = xxhash.xxh3_128_hexdigest(b"h")
+    f = FileEntry(path + ".safetensors", off, 0o640, tree_hash([head] + [e.xxh3_128 for e in entries]),
+                  safetensors=SafetensorsInfo(16, head, metadata, entries))
+    m = Manifest(tuple(sorted((f, FileEntry("z", 3, 0o755, tree_hash(["1" * 32]), ("1" * 32,))), key=lambda e: e.path)))
+    assert m.digest == reference_digest(m)
+    assert [ln.strip().rstrip(",") for ln in m.to_json().split("\n") if ln.startswith("   {")] == reference_json(m)
+    assert manifest_from_dict(json.loads(m.to_json())) == m
 
 
 GOOD = [{"name": "a", "dtype": "U8", "shape": [4], "begin": 8, "end": 12, "xxh3_128": "1" * 32},
@@ -176,5 +188,23 @@ def test_a_moe_checkpoint_builds_and_reads_back(tmp_path: Path) -> None:
     m = build_manifest(root)
     index = json.loads((root / "model.safetensors.index.json").read_text())
     assert {t.name: f.path for f, t in m.tensors()} == index["weight_map"]
+    for f, t in list(m.tensors())[::997]:  # (hashed in runs of small tensors: each still its own digest)
+        with open(root / f.path, "rb") as fh:
+            fh.seek(t.begin)
+            assert xxhash.xxh3_128_hexdigest(fh.read(t.nbytes)) == t.xxh3_128
     write_manifest(m, tmp_path / "m.json")
     assert load_manifest(tmp_path / "m.json") == m
+
+
+def test_a_run_of_small_parts_that_ends_early_is_file_changed(tmp_path: Path) -> None:
+    """Small consecutive parts are hashed from one read: a file shorter than its parts say (truncated
+    after it was listed) is FileChanged, never a digest of missing bytes."""
+    from tiering.content.hashing import HashJob, hash_files
+    from tiering.errors import FileChanged
+    f = tmp_path / "f"
+    f.write_bytes(b"x" * 1000)
+    spans = [(i, i + 100) for i in range(0, 1200, 100)]
+    with pytest.raises(FileChanged):
+        hash_files([HashJob(str(f), spans, 1200, None)], threads=1)
+    assert hash_files([HashJob(str(f), spans[:10], 1000, None)], threads=1)[0] == \
+        [xxhash.xxh3_128_hexdigest(b"x" * 100)] * 10

@@ -14,7 +14,7 @@ from .hashing import HashJob, ProgressFn, hash_files
 from .manifest import (DEFAULT_CHUNK_SIZE, FileEntry, Manifest, SafetensorsInfo,
                        chunk_ranges, tree_hash)
 from .safetensors_header import read_header
-from .tensor_table import TensorEntry
+from .tensor_table import TensorTable
 from .scan import ScannedFile, scan_checkpoint
 
 
@@ -58,9 +58,10 @@ def build_manifest(root: "str | os.PathLike[str] | Dir", *, threads: int | None 
     for f, parts in zip(scanned, digests):
         hdr = headers.get(f.relpath)
         if hdr is not None:
-            tensors = tuple(TensorEntry(t.name, t.dtype, t.shape, t.begin, t.end, h)
-                            for t, h in zip(hdr.tensors, parts[1:]))
-            info = SafetensorsInfo(hdr.header_size, parts[0], dict(hdr.metadata), tensors)
+            ts = hdr.tensors
+            table = TensorTable([t.name for t in ts], [t.dtype for t in ts], [t.shape for t in ts],
+                                [t.begin for t in ts], [t.end for t in ts], bytes.fromhex("".join(parts[1:])))
+            info = SafetensorsInfo(hdr.header_size, parts[0], dict(hdr.metadata), table)
             entries.append(FileEntry(f.relpath, f.size, f.mode, tree_hash(parts), (), info))
         else:
             entries.append(FileEntry(f.relpath, f.size, f.mode, tree_hash(parts), tuple(parts)))
@@ -125,8 +126,7 @@ def verify_checkpoint(root: "str | os.PathLike[str] | Dir", manifest: Manifest, 
         if f.size != entry.size:
             report.problems.append(Problem(entry.path, "size", f"{entry.size} bytes", f"{f.size} bytes"))
             continue
-        parts = entry.parts(manifest.chunk_size)
-        jobs.append(HashJob(f.path, [(p.begin, p.end) for p in parts], f.size, f.mtime_ns))
+        jobs.append(HashJob(f.path, entry.spans(manifest.chunk_size), f.size, f.mtime_ns))
         checked.append(entry)
     for extra in scanned:
         report.problems.append(Problem(extra, "unexpected file (not in the manifest)"))
@@ -136,6 +136,8 @@ def verify_checkpoint(root: "str | os.PathLike[str] | Dir", manifest: Manifest, 
     report.crypto_digests = {e.path: d for e, d in zip(checked, whole)}
     for entry, got in zip(checked, digests):
         report.bytes_checked += entry.size
+        if entry.part_digests() == got:
+            continue
         for part, actual in zip(entry.parts(manifest.chunk_size), got):
             if part.xxh3_128 != actual:
                 report.problems.append(Problem(entry.path, part.label, part.xxh3_128 or "", actual))

@@ -23,8 +23,9 @@ import json
 import os
 import stat
 import tempfile
+from json.encoder import encode_basestring as _js  # (a str as json.dumps(..., ensure_ascii=False) writes it)
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple
 
 import xxhash
 
@@ -42,9 +43,9 @@ def tree_hash(part_digests: list[str]) -> str:
     return xxhash.xxh3_128(b"".join(bytes.fromhex(d) for d in part_digests)).hexdigest()
 
 
-@dataclass(frozen=True, slots=True)
-class Part:
-    """A hashed byte range of one file: a safetensors header, a tensor, or a chunk."""
+class Part(NamedTuple):
+    """A hashed byte range of one file: a safetensors header, a tensor, or a chunk. (A named tuple: a
+    preload of a 90,000-tensor version makes one per tensor, several times.)"""
     label: str
     begin: int
     end: int
@@ -75,6 +76,18 @@ class FileEntry:
     xxh3_128: str
     chunks: tuple[str, ...] = ()               # non-safetensors files
     safetensors: SafetensorsInfo | None = None  # safetensors files
+
+    def spans(self, chunk_size: int) -> list[tuple[int, int]]:
+        """Each part's ``(begin, end)``, in the order of :meth:`parts` (without making the parts)."""
+        if self.safetensors is not None:
+            return [(0, self.safetensors.header_size)] + self.safetensors.tensors.spans()
+        return [(i * chunk_size, min(self.size, (i + 1) * chunk_size)) for i in range(len(self.chunks))]
+
+    def part_digests(self) -> list[str]:
+        """Each part's xxh3-128, in the order of :meth:`parts`."""
+        if self.safetensors is not None:
+            return [self.safetensors.header_xxh3_128] + self.safetensors.tensors.hex_digests()
+        return list(self.chunks)
 
     def parts(self, chunk_size: int) -> list[Part]:
         if self.safetensors is not None:
@@ -120,6 +133,10 @@ class Manifest:
     def file(self, path: str) -> FileEntry | None:
         return next((f for f in self.files if f.path == path), None)
 
+    @property
+    def tensor_count(self) -> int:
+        return sum(len(f.safetensors.tensors) for f in self.files if f.safetensors is not None)
+
     def tensors(self) -> Iterator[tuple[FileEntry, TensorEntry]]:
         for f in self.files:
             if f.safetensors is not None:
@@ -138,7 +155,8 @@ class Manifest:
         return Manifest(files, self.chunk_size, self.format, self.name, label, self.published_at, None, dict(of))
 
     # -- JSON -------------------------------------------------------------------------------------
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, *, tensors: bool = True) -> dict[str, Any]:
+        """As JSON has it; without ``tensors``, each safetensors file's list of them is left out."""
         return {
             "format": self.format,
             "name": self.name,
@@ -148,7 +166,8 @@ class Manifest:
             "piece_size": self.piece_size,
             **({"of": self.of} if self.of is not None else {}),
             "total_bytes": self.total_bytes,
-            **_body(self),
+            "chunk_size": self.chunk_size,
+            "files": [_file_dict(f, tensors) for f in self.files],
         }
 
     def to_json(self) -> str:
@@ -156,24 +175,24 @@ class Manifest:
         def dump(v: Any) -> str:
             return json.dumps(v, ensure_ascii=False, separators=(", ", ": "))
 
-        d = self.to_dict()
+        d = self.to_dict(tensors=False)
         lines = ["{"] + [f" {dump(k)}: {dump(v)}," for k, v in d.items() if k != "files"] + [' "files": [']
-        for i, f in enumerate(d["files"]):
-            end = "," if i < len(d["files"]) - 1 else ""
+        for i, (f, entry) in enumerate(zip(d["files"], self.files)):
+            end = "," if i < len(self.files) - 1 else ""
             st = f.pop("safetensors", None)
             if st is None:
                 lines.append(f"  {dump(f)}{end}")
                 continue
-            tensors = st.pop("tensors")
+            rows = entry.safetensors.tensors.json_rows(canonical=False)  # type: ignore[union-attr]
             head = dump(f)[:-1] + ', "safetensors": ' + dump(st)[:-1] + ', "tensors": ['
             lines.append("  " + head)
-            lines += [f"   {dump(t)}{',' if j < len(tensors) - 1 else ''}" for j, t in enumerate(tensors)]
+            lines += [f"   {row}," for row in rows[:-1]] + [f"   {row}" for row in rows[-1:]]
             lines.append(f"  ]}}}}{end}")
         lines += [" ]", "}"]
         return "\n".join(lines) + "\n"
 
 
-def _file_dict(f: FileEntry) -> dict[str, Any]:
+def _file_dict(f: FileEntry, tensors: bool = True) -> dict[str, Any]:
     d: dict[str, Any] = {"path": f.path, "size": f.size, "mode": f"{f.mode:04o}", "xxh3_128": f.xxh3_128}
     if f.safetensors is not None:
         st = f.safetensors
@@ -181,31 +200,39 @@ def _file_dict(f: FileEntry) -> dict[str, Any]:
             "header_size": st.header_size,
             "header_xxh3_128": st.header_xxh3_128,
             "metadata": dict(sorted(st.metadata.items())),
-            "tensors": [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape),
-                         "begin": t.begin, "end": t.end, "xxh3_128": t.xxh3_128} for t in st.tensors],
+            **({"tensors": [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "begin": t.begin,
+                             "end": t.end, "xxh3_128": t.xxh3_128} for t in st.tensors]} if tensors else {}),
         }
     else:
         d["chunks"] = list(f.chunks)
     return d
 
 
-def _body(m: Manifest) -> dict[str, Any]:
-    return {"chunk_size": m.chunk_size, "files": [_file_dict(f) for f in m.files]}
-
-
 def compute_digest(m: Manifest) -> str:
-    return body_digest(m.chunk_size, [_file_dict(f) for f in m.files], m.format)
-
-
-def body_digest(chunk_size: int, files: list[dict[str, Any]], fmt: int = FORMAT) -> str:
-    """The content id: xxh3-128 of the canonical JSON of ``{format, chunk_size, files}``, ``files`` being
-    the entries as :func:`_file_dict` writes them, in path order."""
-    h = xxhash.xxh3_128(b'{"chunk_size":%d,"files":[' % chunk_size)
-    for i, f in enumerate(files):  # (a file at a time: one json.dumps of 90,000 tensors peaks at 500 MB)
-        h.update((b"," if i else b"") + json.dumps(f, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode())
-    h.update(b'],"format":%d}' % fmt)
+    """The content id: xxh3-128 of the canonical JSON of ``{format, chunk_size, files}`` (sorted keys, no
+    spaces, files in path order, each as :func:`_file_dict` has it), hashed a file at a time."""
+    h = xxhash.xxh3_128(b'{"chunk_size":%d,"files":[' % m.chunk_size)
+    for i, f in enumerate(m.files):
+        h.update((b"," if i else b"") + _canonical_file(f).encode())
+    h.update(b'],"format":%d}' % m.format)
     return h.hexdigest()
 
+
+def _canonical(v: Any) -> str:
+    return json.dumps(v, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _canonical_file(f: FileEntry) -> str:
+    """``_canonical(_file_dict(f))``, with a safetensors file's tensors written from their columns."""
+    st = f.safetensors
+    if st is None:
+        return _canonical(_file_dict(f))
+    rows = ",".join(st.tensors.json_rows(canonical=True))
+    # (the keys in sorted order: mode, path, safetensors {header_size, header_xxh3_128, metadata, tensors},
+    # size, xxh3_128)
+    return ('{"mode":%s,"path":%s,"safetensors":{"header_size":%d,"header_xxh3_128":%s,"metadata":%s,"tensors":[%s]},'
+            '"size":%d,"xxh3_128":%s}' % (_js(f"{f.mode:04o}"), _js(f.path), st.header_size, _js(st.header_xxh3_128),
+                                          _canonical(st.metadata), rows, f.size, _js(f.xxh3_128)))
 
 
 def write_manifest(m: Manifest, path: str | os.PathLike[str]) -> None:

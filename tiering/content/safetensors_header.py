@@ -14,14 +14,18 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 import os
 import struct
 from dataclasses import dataclass
+from itertools import chain, repeat
+from typing import NamedTuple
 
 from ..errors import SafetensorsHeaderError
 
 MAX_HEADER_BYTES = 100_000_000  # the safetensors reference implementation's own bound
 MAX_DIMS = 64
+MAX_INT = (1 << 63) - 1  # a dimension or an offset (a manifest keeps them as 64-bit integers)
 
 #: dtype -> size in bits (sub-byte types F4/F6 pack several elements per byte)
 DTYPE_BITS: dict[str, int] = {
@@ -34,8 +38,8 @@ DTYPE_BITS: dict[str, int] = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class TensorInfo:
+class TensorInfo(NamedTuple):
+    """One tensor of a header (a named tuple: a MoE shard lists hundreds, a checkpoint ~90,000)."""
     name: str
     dtype: str
     shape: tuple[int, ...]
@@ -56,11 +60,11 @@ class SafetensorsHeader:
 
 
 def _reject_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
-    out: dict[str, object] = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError(f"duplicate key {key!r}")
-        out[key] = value
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        dup = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+        raise ValueError(f"duplicate key {dup!r}")
     return out
 
 
@@ -95,12 +99,45 @@ def parse_header_bytes(path: str, prefix: bytes, header_json: bytes, file_size: 
         metadata = raw_meta
 
     data_size = file_size - header_size
-    tensors: list[TensorInfo] = []
-    for name, info in obj.items():
-        tensors.append(_tensor_info(path, name, info, header_size, data_size))
+    tensors = _tensors_by_column(obj, header_size, data_size)
+    if tensors is None:  # (something is off: checked one by one, which names the first bad entry)
+        tensors = [_tensor_info(path, name, info, header_size, data_size) for name, info in obj.items()]
     tensors.sort(key=lambda t: (t.begin, t.end))
     _check_layout(path, tensors, header_size, file_size)
     return SafetensorsHeader(header_size, file_size, metadata, tuple(tensors))
+
+
+_FIELDS = frozenset({"dtype", "shape", "data_offsets"})
+
+
+def _tensors_by_column(obj: dict[str, object], header_size: int, data_size: int) -> list[TensorInfo] | None:
+    """The entries of a well-formed header, checked a column at a time (what :func:`_tensor_info` checks,
+    for a MoE shard's hundreds of tensors at C speed); None when any is off."""
+    infos = list(obj.values())
+    if not (_exactly(dict, infos) and all(map(operator.eq, map(dict.keys, infos), repeat(_FIELDS)))):
+        return None
+    dtypes, shapes, offsets = ([i[k] for i in infos] for k in ("dtype", "shape", "data_offsets"))  # type: ignore[index]
+    if not (_exactly(str, dtypes) and set(dtypes) <= DTYPE_BITS.keys() and _exactly(list, shapes)
+            and _exactly(list, offsets) and all(len(s) <= MAX_DIMS for s in shapes) and set(map(len, offsets)) <= {2}):
+        return None
+    dims = list(chain.from_iterable(shapes))
+    begins, ends = [o[0] for o in offsets], [o[1] for o in offsets]
+    if not (_naturals(dims) and _naturals(begins) and _naturals(ends)) or (ends and max(ends) > data_size):
+        return None
+    bits = list(map(operator.mul, map(math.prod, shapes), map(DTYPE_BITS.__getitem__, dtypes)))
+    if any(b % 8 for b in bits) or list(map(operator.floordiv, bits, repeat(8))) != list(map(operator.sub, ends, begins)):
+        return None  # (also catches begin > end: a size is never negative)
+    return list(map(TensorInfo, obj.keys(), dtypes, map(tuple, shapes), map(operator.add, begins, repeat(header_size)),
+                    map(operator.add, ends, repeat(header_size))))
+
+
+def _exactly(kind: type, values: list[object]) -> bool:
+    """Every value of exactly this type (a bool is not an int here)."""
+    return set(map(type, values)) <= {kind}
+
+
+def _naturals(values: list[object]) -> bool:
+    return _exactly(int, values) and (not values or (min(values) >= 0 and max(values) <= MAX_INT))  # type: ignore[type-var]
 
 
 def _tensor_info(path: str, name: str, info: object, header_size: int, data_size: int) -> TensorInfo:
@@ -115,7 +152,7 @@ def _tensor_info(path: str, name: str, info: object, header_size: int, data_size
     if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
         raise SafetensorsHeaderError(path, f"{where}: unknown dtype {str(dtype)[:40]!r}")
     if (not isinstance(shape, list) or len(shape) > MAX_DIMS
-            or not all(_is_int(d) and d >= 0 for d in shape)):
+            or not all(_is_int(d) and 0 <= d <= MAX_INT for d in shape)):
         raise SafetensorsHeaderError(path, f"{where}: shape must be a list of at most {MAX_DIMS} non-negative integers")
     if (not isinstance(offsets, list) or len(offsets) != 2
             or not all(_is_int(o) and o >= 0 for o in offsets) or offsets[0] > offsets[1]):

@@ -17,9 +17,11 @@ from collections.abc import Sequence
 from itertools import accumulate, chain
 from typing import Iterable, Iterator, overload
 
+from json.encoder import encode_basestring as _js  # (a str as json.dumps(..., ensure_ascii=False) writes it)
+
 from .safetensors_header import DTYPE_BITS
 
-DTYPES: tuple[str, ...] = tuple(sorted(DTYPE_BITS))
+DTYPES: tuple[str, ...] = tuple(sorted(DTYPE_BITS))  # (plain ASCII names: written into JSON as they are)
 _DTYPE_CODE = {d: i for i, d in enumerate(DTYPES)}
 
 
@@ -35,6 +37,10 @@ class TensorEntry:
     @property
     def nbytes(self) -> int:
         return self.end - self.begin
+
+
+_READABLE_ROW = '{"name": %s, "dtype": "%s", "shape": [%s], "begin": %d, "end": %d, "xxh3_128": "%s"}'
+_CANONICAL_ROW = '{"begin":%d,"dtype":"%s","end":%d,"name":%s,"shape":[%s],"xxh3_128":"%s"}'
 
 
 class TensorTable(Sequence):  # Sequence[TensorEntry]
@@ -112,6 +118,20 @@ class TensorTable(Sequence):  # Sequence[TensorEntry]
 
     def spans(self) -> list[tuple[int, int]]:
         return list(zip(self._begins, self._ends))
+
+    def json_rows(self, *, canonical: bool) -> list[str]:
+        """Each tensor as the JSON object a manifest writes: readable (``", "``/``": "``, fields in the
+        manifest's order, one line each in :meth:`Manifest.to_json`) or canonical (sorted keys, no
+        spaces: the bytes the digest is taken over). The same text ``json.dumps(..., ensure_ascii=False)``
+        writes for the tensor's dict (tests/test_manifest_compact.py holds them equal), without a dict
+        and an encoder per tensor: 90,000 of them cost 0.6 s that way."""
+        ends, dims = self._dim_ends, self._dims
+        sep = "," if canonical else ", "
+        shapes = [sep.join(map(str, dims[a:b])) for a, b in zip((0, *ends[:-1]), ends)] if ends else []
+        fmt = (_CANONICAL_ROW if canonical else _READABLE_ROW)
+        return [fmt % (b, DTYPES[d], e, _js(n), sh, h) if canonical else fmt % (_js(n), DTYPES[d], sh, b, e, h)
+                for n, d, sh, b, e, h in zip(self.names(), self._dtypes, shapes, self._begins, self._ends,
+                                              self.hex_digests())]
 
     def _key(self) -> tuple:
         return (self._names, self._name_ends, self._dtypes, self._dims, self._dim_ends, self._begins, self._ends,

@@ -62,7 +62,7 @@ def manifest_build(directory: str, output_path: str | None, as_json: bool, threa
     if not as_json:
         return _show_built(m, target, seconds)
     output.emit_json("manifest.build", {"path": target, "digest": m.digest, "files": len(m.files),
-                                        "tensors": sum(1 for _ in m.tensors()), "bytes": m.total_bytes,
+                                        "tensors": m.tensor_count, "bytes": m.total_bytes,
                                         "seconds": round(seconds, 4),
                                         "bytes_per_s": round(m.total_bytes / seconds) if seconds > 0 else None})
 
@@ -243,7 +243,7 @@ def _local_copy(app: Any, target: str) -> Path:
 # -- how the results read as text ------------------------------------------------------------------
 
 def _show_built(m: Any, target: str, seconds: float) -> None:
-    tensors = sum(1 for _ in m.tensors())
+    tensors = m.tensor_count
     echo(f"{len(m.files)} files, {tensors} tensors, {format_bytes(m.total_bytes)} hashed in "
                f"{seconds:.2f} s ({rate(m.total_bytes, seconds)})")
     echo(f"digest {m.digest}")

@@ -1,0 +1,206 @@
+#!/usr/bin/env python3
+"""Checkpoints of real MoE shape (issue 40): what ~90,000 tensors cost weightd, against the same bytes
+in few tensors, and what holding such versions costs the daemon.
+
+    .venv/bin/python bench/moe.py [--pad 8MiB] [--rounds 5] [--dir DIR] [--part all|speed|memory]
+
+speed: a DeepSeek-V3-shaped checkpoint (tiering/sample_moe.py: 90,427 tensors in 163 shards, each shard
+padded with ``--pad`` real bytes) and a "flat" one with the same shards and bytes, one tensor each.
+Interleaved rounds of `weightd manifest build` (files cached), `weightd preload` from a path cold tier
+into warm (the warm copy evicted before each), and `weightd verify` of the warm copy, each as the real
+CLI. The per-tensor overhead is (median MoE - median flat) / (tensors MoE - tensors flat), in us
+(issue 40's target: <= 3 us), and the ratio flat/MoE is the speed on this shape against few tensors
+(target for build: >= 0.9).
+
+memory: four MoE versions (different bytes) published; a daemon started with none, one and four of
+them in warm (and the first also in hot), its RSS after start-up and after a `status`; `weightd status`
+through the daemon (median of 7, target <= 100 ms) and in-process `weightd path` (median of 5,
+target <= 300 ms), against the same with a small llama-shaped model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _rounds import machine_state, report, rounds, run_timed, size_arg, speedup  # noqa: E402
+
+from tiering.sample import SampleTensor, fill_bytes, make_checkpoint, write_safetensors  # noqa: E402
+from tiering.sample_moe import make_moe_checkpoint  # noqa: E402
+
+ENV = {**os.environ, "PYTHONPATH": str(REPO)}
+WD = [sys.executable, "-m", "weightd"]
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def config(base: Path, tag: str) -> Path:
+    (base / "cold").mkdir(exist_ok=True)
+    (base / "cold" / ".weightd-cold").touch()
+    cfg = base / f"{tag}.toml"
+    cfg.write_text(f'state_dir = "{base}/state-{tag}"\n[tiers.hot]\npath = "/dev/shm/weightd-moe-{os.getpid()}-{tag}"\n'
+                   f'capacity = "2GiB"\n[tiers.warm]\npath = "{base}/warm-{tag}"\ncapacity = "64GiB"\n'
+                   f'[tiers.cold]\npath = "{base}/cold"\n[api]\nsocket = "{base}/{tag}.sock"\n'
+                   f'[metrics]\nlisten = "127.0.0.1:0"\n')
+    return cfg
+
+
+def wd(cfg: Path, *args: str) -> list[str]:
+    return [*WD, "--config", str(cfg), "-q", *args]
+
+
+def flat_like(moe: Path, dst: Path) -> Path:
+    """The MoE checkpoint's shards with their bytes in one tensor each (same files, same sizes give or
+    take a header), its index and config."""
+    dst.mkdir(parents=True)
+    for shard in sorted(moe.glob("*.safetensors")):
+        n = shard.stat().st_size - 4096
+        write_safetensors(dst / shard.name, [SampleTensor("w", "U8", (n,))], lambda t: fill_bytes(shard.name, t.nbytes))
+    for f in ("config.json", "model.safetensors.index.json"):
+        shutil.copy(moe / f, dst / f)
+    return dst
+
+
+def tensors_of(ckpt: Path) -> int:
+    from tiering.content.safetensors_header import read_header
+    return sum(len(read_header(p).tensors) for p in ckpt.glob("*.safetensors"))
+
+
+def speed(base: Path, pad: int, n: int) -> dict:
+    moe = make_moe_checkpoint(base / "moe", pad_bytes=pad)
+    flat = flat_like(moe, base / "flat")
+    counts = {"moe": tensors_of(moe), "flat": tensors_of(flat)}
+    cfg = config(base, "speed")
+    for k, d in (("moe", moe), ("flat", flat)):
+        subprocess.run(wd(cfg, "--no-daemon", "publish", str(d), "--name", f"bench/{k}", "--version", "v1"),
+                       env=ENV, check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(["cat", *map(str, d.glob("*"))], stdout=subprocess.DEVNULL, check=True)  # (cached)
+    contenders = {}
+    for k, d in (("moe", moe), ("flat", flat)):
+        contenders[f"build_{k}"] = (lambda d=d: run_timed(wd(cfg, "--no-daemon", "manifest", "build", str(d),
+                                                             "-o", os.devnull), ENV))
+        contenders[f"preload_{k}"] = (lambda k=k: run_timed(wd(cfg, "--no-daemon", "preload", f"bench/{k}@v1",
+                                                               "--tier", "warm"), ENV))
+        contenders[f"verify_{k}"] = (lambda k=k: run_timed(wd(cfg, "--no-daemon", "verify", f"bench/{k}@v1"), ENV))
+
+    def before(name: str) -> None:
+        if name.startswith("preload_"):
+            subprocess.run(wd(cfg, "--no-daemon", "evict", f"bench/{name.split('_')[1]}@v1", "--tier", "warm"),
+                           env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    order = sorted(contenders, key=lambda c: (c.split("_")[0] != "build", c.split("_")[0] == "verify"))
+    times = rounds({k: contenders[k] for k in order}, n, before=before, log=log)
+    extra = counts["moe"] - counts["flat"]
+    per_tensor = {op: round((statistics.median(times[f"{op}_moe"]) - statistics.median(times[f"{op}_flat"]))
+                            / extra * 1e6, 2) for op in ("build", "preload", "verify")}
+    ratios = [speedup(times, f"{op}_moe", f"{op}_flat", target=0.9 if op == "build" else None)
+              for op in ("build", "preload", "verify")]
+    return {"tensors": counts, "bytes": sum(p.stat().st_size for p in moe.glob("*")), "pad_per_shard": pad,
+            "per_tensor_overhead_us": per_tensor, "per_tensor_target_us": 3.0, "times": times, "ratios": ratios}
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("VmRSS:")) / 1024
+
+
+def daemon(cfg: Path) -> subprocess.Popen:
+    p = subprocess.Popen(wd(cfg, "serve"), env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if subprocess.run(wd(cfg, "--daemon-only", "status", "--json"), env=ENV, capture_output=True).returncode == 0:
+            return p
+        time.sleep(0.3)
+    p.kill()
+    raise SystemExit("the daemon did not answer in 60 s")
+
+
+def median_run(cmd: list[str], k: int) -> float:
+    return statistics.median(run_timed(cmd, ENV) for _ in range(k))
+
+
+def holding(base: Path, tag: str, refs: list[str], hot: str | None) -> dict:
+    """A daemon over a node holding ``refs`` in warm (and ``hot`` in hot): its RSS, status and path."""
+    cfg = config(base, tag)
+    for r in refs:
+        subprocess.run(wd(cfg, "--no-daemon", "preload", r, "--tier", "warm"), env=ENV, check=True,
+                       stdout=subprocess.DEVNULL)
+    if hot:
+        subprocess.run(wd(cfg, "--no-daemon", "preload", hot, "--tier", "hot"), env=ENV, check=True,
+                       stdout=subprocess.DEVNULL)
+    p = daemon(cfg)
+    try:
+        started = rss_mb(p.pid)
+        status = median_run(wd(cfg, "--daemon-only", "status"), 7)
+        out = {"copies": len(refs) + bool(hot), "rss_after_start_mb": round(started, 1),
+               "rss_after_status_mb": round(rss_mb(p.pid), 1), "status_via_daemon_s": round(status, 4)}
+    finally:
+        p.terminate()
+        p.wait(30)
+    if refs:
+        out["path_in_process_s"] = round(median_run(wd(cfg, "--no-daemon", "path", refs[0]), 5), 4)
+    shutil.rmtree(f"/dev/shm/weightd-moe-{os.getpid()}-{tag}", ignore_errors=True)
+    return out
+
+
+def memory(base: Path) -> dict:
+    cfg = config(base, "pub")
+    refs = []
+    for i in range(1, 5):
+        d = make_moe_checkpoint(base / f"m{i}", seed=f"v{i}")
+        subprocess.run(wd(cfg, "--no-daemon", "publish", str(d), "--name", "ds/v3", "--version", f"v{i}"),
+                       env=ENV, check=True, stdout=subprocess.DEVNULL)
+        refs.append(f"ds/v3@v{i}")
+        shutil.rmtree(d)
+    small = make_checkpoint(base / "small", total_bytes=64 << 20, shards=2)
+    subprocess.run(wd(cfg, "--no-daemon", "publish", str(small), "--name", "acme/small", "--version", "v1"),
+                   env=ENV, check=True, stdout=subprocess.DEVNULL)
+    rows = {"none": holding(base, "none", [], None), "small_model": holding(base, "small", ["acme/small@v1"], None),
+            "one_moe": holding(base, "one", refs[:1], None), "four_moe": holding(base, "four", refs, refs[0])}
+    per_version = (rows["four_moe"]["rss_after_status_mb"] - rows["one_moe"]["rss_after_status_mb"]) / 3
+    return {"daemon": rows, "rss_per_further_version_mb": round(per_version, 1),
+            "first_version_mb": round(rows["one_moe"]["rss_after_status_mb"] - rows["none"]["rss_after_status_mb"], 1),
+            "targets": {"per_version_mb": 25, "four_versions_daemon_mb": 250, "status_s": 0.1, "path_s": 0.3}}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pad", type=size_arg, default="8MiB", help="real bytes added to each of the 163 shards")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--part", choices=("all", "speed", "memory"), default="all")
+    ap.add_argument("--dir", help="where to generate (a disk, not tmpfs; default /var/tmp)")
+    args = ap.parse_args()
+    base = Path(tempfile.mkdtemp(prefix="weightd-bench-moe-", dir=args.dir or "/var/tmp"))
+    m0 = machine_state()
+    try:
+        out: dict = {}
+        if args.part in ("all", "speed"):
+            out["speed"] = speed(base / "speed", args.pad, args.rounds)
+        if args.part in ("all", "memory"):
+            (base / "memory").mkdir()
+            out["memory"] = memory(base / "memory")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    times = out.get("speed", {}).pop("times", {})
+    ratios = out.get("speed", {}).pop("ratios", [])
+    print(json.dumps(report("moe", times, ratios, rounds=args.rounds, max_spread=0.5, machine=(m0, machine_state()),
+                            command=" ".join(sys.argv), **out), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
