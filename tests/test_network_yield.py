@@ -249,9 +249,9 @@ def test_metrics_show_the_shares_and_the_limits() -> None:
     from prometheus_client import CollectorRegistry
 
     from weightd.config.network import NetworkSettings
-    from weightd.node.network import Gauges
+    from weightd.metrics import NetworkGauges
     reg = CollectorRegistry()
-    ctl = NetworkYield(Gauges(reg))
+    ctl = NetworkYield(NetworkGauges(reg))
     ctl.configure(NetworkSettings(capacity=C, interfaces=("x0",)), [])
     ctl.tick(Sample(0.0, {"x0": (0, 0)}), None)
     ctl.tick(Sample(1.0, {"x0": (int(0.6 * C), 0)}), None)

@@ -295,3 +295,14 @@ class _PressureCollector(Collector):
         if soft is not None:
             yield CounterMetricFamily("weightd_node_cpu_softirq_seconds", "CPU time in softirq, all CPUs", value=soft)
             yield GaugeMetricFamily("weightd_node_cpus", "Online CPUs", value=os.cpu_count() or 1)
+
+
+class NetworkGauges:
+    """What [network] does (weightd/node/network.py), on the daemon's registry."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.share = Gauge("weightd_network_share_bytes_per_second", "The link's traffic by who moves it (weightd: "
+                           "its P2P and object-store bytes; others: the rest, serving), per direction (download: rx, "
+                           "upload: tx)", ["direction", "who"], registry=registry)
+        self.limit = Gauge("weightd_network_limit_bytes_per_second", "weightd's own rate limit, set to yield the "
+                           "link to other traffic ([network]); 0: none of its own", ["direction"], registry=registry)

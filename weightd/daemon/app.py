@@ -28,8 +28,8 @@ from .. import __version__
 from ..config import Config, describe_source, load_config
 from ..errors import DaemonAlreadyRunning, WeightdError
 from ..exiting import finish, leave
-from ..metrics import Metrics
-from ..node.network import Gauges, NetworkYield, network_loop
+from ..metrics import Metrics, NetworkGauges
+from ..node.network import NetworkYield, network_loop
 from ..node.service import NodeService
 from ..node.swarm import p2p_config, seed_held
 from .authz import claim_socket
@@ -67,7 +67,7 @@ class Daemon(DaemonContext):
                                lambda: self.session.stats() if self.session is not None else {},
                                lambda: self.node.roots.object.stats if self.node.roots.object is not None else None)
         self.session = None  # the P2P session, started in serve() once we own the state directory
-        self.network = NetworkYield(Gauges(self.registry))   # [network]: weight traffic yields the link
+        self.network = NetworkYield(NetworkGauges(self.registry))   # [network]: weight traffic yields the link
         self.service: NodeService = open_node_service(self, self.config)
         self.old_services: list[NodeService] = []
         self.pools = open_pools()

@@ -63,10 +63,13 @@ import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 from urllib.parse import urlsplit
 
 from .pressure import link_info, parse_netdev, read_text
+
+if TYPE_CHECKING:
+    from ..metrics import NetworkGauges
 
 log = logging.getLogger(__name__)
 
@@ -144,24 +147,11 @@ def rates(a: Sample, b: Sample) -> dict[str, Any]:
     return {"dt": dt, "links": links, "p2p": per_s(a.p2p, b.p2p), "store": per_s(a.store, b.store)}
 
 
-class Gauges:
-    """``weightd_network_share_bytes_per_second{direction,who}`` and
-    ``weightd_network_limit_bytes_per_second{direction}`` on ``registry``."""
-
-    def __init__(self, registry: Any) -> None:
-        from prometheus_client import Gauge
-        self.share = Gauge("weightd_network_share_bytes_per_second", "The link's traffic by who moves it (weightd: "
-                           "its P2P and object-store bytes; others: the rest, serving), per direction (download: rx, "
-                           "upload: tx)", ["direction", "who"], registry=registry)
-        self.limit = Gauge("weightd_network_limit_bytes_per_second", "weightd's own rate limit, set to yield the "
-                           "link to other traffic ([network]); 0: none of its own", ["direction"], registry=registry)
-
-
 @dataclass
 class NetworkYield:
     """The controller: samples, the rules per (interface, direction), the limits it sets, its state
     for status and the metrics (``gauges``). ``tick`` is called from one thread at a time."""
-    gauges: Gauges | None = None
+    gauges: "NetworkGauges | None" = None   # (weightd.metrics: where every metric is declared)
     rules: dict[tuple[str, str], YieldRule] = field(default_factory=dict)
     last: Sample | None = None
     settings: Any = None
