@@ -54,12 +54,12 @@ def test_a_table_is_the_sequence_of_its_entries() -> None:
                TensorEntry("b.\u00e9\u4e2d", "F8_E4M3", (), 20, 21, "2" * 32),
                TensorEntry("c", "F32", (0, 4), 21, 21, "a" * 32)]
     table = TensorTable.of(entries)
-    assert len(table) == 3 and list(table) == entries and table == tuple(entries)
+    assert len(table) == 3 and list(table) == entries and tuple(table) == tuple(entries)
     assert table[-1] == entries[2] and table[1:] == tuple(entries[1:]) and table[::2] == (entries[0], entries[2])
     assert table.names() == [e.name for e in entries]
     assert table.spans() == [(8, 20), (20, 21), (21, 21)] and table.hex_digests() == ["1" * 32, "2" * 32, "a" * 32]
     assert table == TensorTable.of(list(entries)) and hash(table) == hash(TensorTable.of(entries))
-    assert table != TensorTable.of(entries[:2]) and table != tuple(entries[:2])
+    assert table != TensorTable.of(entries[:2]) and table != tuple(entries)  # (a table equals tables only)
     with pytest.raises(IndexError):
         table[3]
     assert len(TensorTable.of([])) == 0 and list(TensorTable.of([])) == []
@@ -208,3 +208,41 @@ def test_a_run_of_small_parts_that_ends_early_is_file_changed(tmp_path: Path) ->
         hash_files([HashJob(str(f), spans, 1200, None)], threads=1)
     assert hash_files([HashJob(str(f), spans[:10], 1000, None)], threads=1)[0] == \
         [xxhash.xxh3_128_hexdigest(b"x" * 100)] * 10
+
+
+def test_hostile_manifests_found_by_review_are_one_line_errors(ckpt: Path) -> None:
+    """Two digests that together are 64 hex digits but 48 + 16 each, a chunk list claiming a file of
+    10**18 one-byte chunks (was built in memory before it was counted), a lone surrogate in a tensor
+    name or a metadata value (valid JSON, not text: the digest could not be taken)."""
+    d = build_manifest(ckpt).to_dict()
+    i = next(k for k, f in enumerate(d["files"]) if "safetensors" in f)
+    ts = d["files"][i]["safetensors"]["tensors"]
+    a, b = ts[0]["xxh3_128"], ts[1]["xxh3_128"]
+    split = copy.deepcopy(d)
+    split["files"][i]["safetensors"]["tensors"][0]["xxh3_128"] = a + b[:16]
+    split["files"][i]["safetensors"]["tensors"][1]["xxh3_128"] = b[16:]
+    with pytest.raises(ManifestError, match="hex"):
+        manifest_from_dict(split)
+    huge = {"format": 1, "digest": "0" * 32, "chunk_size": 1, "files": [
+        {"path": "x", "size": 10**18, "mode": "0644", "xxh3_128": "1" * 32, "chunks": ["2" * 32]}]}
+    with pytest.raises(ManifestError, match="chunk hashes"):
+        manifest_from_dict(huge)
+    for where in (["tensors", 0, "name"], ["metadata", "k"]):
+        bad = copy.deepcopy(d)
+        node = bad["files"][i]["safetensors"]
+        for k in where[:-1]:
+            node = node[k]
+        node[where[-1]] = "\ud800"
+        with pytest.raises(ManifestError, match="surrogate"):
+            parse_manifest(json.dumps(bad).encode(), "m")
+
+
+def test_a_header_with_a_lone_surrogate_is_refused(tmp_path: Path) -> None:
+    from tiering.content.safetensors_header import read_header
+    from tiering.errors import SafetensorsHeaderError
+    raw = b'{"\\ud800x": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}}'
+    raw += b" " * (-(len(raw) + 8) % 8)
+    f = tmp_path / "s.safetensors"
+    f.write_bytes(len(raw).to_bytes(8, "little") + raw + b"z")
+    with pytest.raises(SafetensorsHeaderError, match="surrogate"):
+        read_header(f)

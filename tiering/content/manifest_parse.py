@@ -21,9 +21,8 @@ from typing import Any
 import xxhash
 
 from ..errors import ManifestError
-from .manifest import (FORMAT, MAX_MANIFEST_BYTES, FileEntry, Manifest, SafetensorsInfo,
-                       chunk_ranges, tree_hash)
-from .names import TAG_RE, VERSION_RE, split_label, validate_label, validate_name, validate_relpath, validate_version
+from .manifest import FORMAT, MAX_MANIFEST_BYTES, FileEntry, Manifest, SafetensorsInfo, tree_hash
+from .names import TAG_RE, has_lone_surrogate, VERSION_RE, split_label, validate_label, validate_name, validate_relpath, validate_version
 from .safetensors_header import DTYPE_BITS
 from .tensor_table import TensorEntry, TensorTable
 
@@ -163,7 +162,7 @@ def _read_file_entry(r: _Reader, i: int, fd: Any, source: str, chunk_size: int, 
         if not isinstance(raw, list):
             raise r.fail(where, "missing 'chunks' list")
         chunks = tuple(r.hex(h, f"{where}: chunks[{j}]") for j, h in enumerate(raw))
-        if len(chunks) != len(chunk_ranges(size, chunk_size)):
+        if len(chunks) != max(1, -(-size // chunk_size)):  # (as many as chunk_ranges makes, without making them)
             raise r.fail(where, f"{len(chunks)} chunk hashes for a {size}-byte file in {chunk_size}-byte chunks")
         file_hash = tree_hash(list(chunks))
     if file_hash != fhash:
@@ -214,7 +213,7 @@ def _tensor_columns(raw: list[Any], header_size: int, size: int) -> TensorTable 
     if not _all_of(str, digests):
         return None
     joined = "".join(digests)
-    if len(joined) != 32 * len(raw) or not _HEX_RUN.fullmatch(joined):
+    if set(map(len, digests)) != {32} or not _HEX_RUN.fullmatch(joined):  # (each 32: else two could share)
         return None
     return TensorTable(names, dtypes, shapes, begins, ends, bytes.fromhex(joined))
 
@@ -292,9 +291,12 @@ def parse_manifest(raw: bytes, source: str) -> Manifest:
     if m is not None:
         return m
     try:
-        data = json.loads(raw.decode("utf-8"))
+        text = raw.decode("utf-8")
+        data = json.loads(text)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise ManifestError(source, f"not valid JSON: {str(exc)[:200]}") from None
+    if has_lone_surrogate(text, data):
+        raise ManifestError(source, "a string holds a lone UTF-16 surrogate (\\ud800-\\udfff): not text")
     m = manifest_from_dict(data, source)
     with _SHARED_LOCK:
         return _SHARED.setdefault(key, m)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from ..errors import InvalidName, UnsafePath
 
@@ -100,3 +101,27 @@ def validate_relpath(path: str, source: str = "manifest") -> str:
     except UnicodeEncodeError:
         raise UnsafePath(f"{source}: {path!r}", "file name is not valid UTF-8") from None
     return path
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def has_lone_surrogate(text: str, data: Any) -> bool:
+    """Whether JSON ``text``, parsed as ``data``, holds a string with a lone UTF-16 surrogate: valid
+    JSON (``"\\ud800"``) that is not text, which no file name, tensor name or manifest written as UTF-8
+    can hold. A pair of escapes is one character once parsed; only text with such an escape is walked."""
+    if not _SURROGATE_ESCAPE.search(text):
+        return False
+    stack = [data]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            if _SURROGATE.search(v):
+                return True
+        elif isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return False

@@ -22,6 +22,7 @@ from itertools import chain, repeat
 from typing import NamedTuple
 
 from ..errors import SafetensorsHeaderError
+from .names import has_lone_surrogate
 
 MAX_HEADER_BYTES = 100_000_000  # the safetensors reference implementation's own bound
 MAX_DIMS = 64
@@ -90,6 +91,8 @@ def parse_header_bytes(path: str, prefix: bytes, header_json: bytes, file_size: 
         raise SafetensorsHeaderError(path, f"header is not valid JSON: {str(exc)[:200]}") from None
     if not isinstance(obj, dict):
         raise SafetensorsHeaderError(path, "header is not a JSON object")
+    if has_lone_surrogate(text, obj):
+        raise SafetensorsHeaderError(path, "a name or value holds a lone UTF-16 surrogate (\\ud800-\\udfff): not text")
 
     metadata: dict[str, str] = {}
     raw_meta = obj.pop("__metadata__", None)

@@ -138,11 +138,7 @@ class TensorTable(Sequence):  # Sequence[TensorEntry]
                 self._digests)
 
     def __eq__(self, other: object) -> bool:
-        if isinstance(other, TensorTable):
-            return self._key() == other._key()
-        if isinstance(other, (tuple, list)):
-            return len(other) == len(self) and all(a == b for a, b in zip(self, other))
-        return NotImplemented
+        return self._key() == other._key() if isinstance(other, TensorTable) else NotImplemented
 
     def __hash__(self) -> int:
         return hash((self._names, self._digests, self._begins.tobytes()))

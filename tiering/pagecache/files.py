@@ -33,7 +33,7 @@ def loader_order(directory: Path, files: list[Path]) -> list[Path]:
             wm = json.loads(idx.read_text()).get("weight_map", {})
             for shard in dict.fromkeys(wm.values()):  # (a shard per name of ~90,000 tensors: each once)
                 index_order.setdefault(str(idx.parent / shard), len(index_order))
-        except (OSError, ValueError, AttributeError, TypeError):  # (an index written by anyone: a list for a shard)
+        except (OSError, ValueError, AttributeError, TypeError, RecursionError):  # (an index written by anyone)
             continue
 
     def key(p: Path) -> tuple[int, int, str]:
