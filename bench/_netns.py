@@ -5,8 +5,9 @@ serving-like socket flow: what ``bench/nic.py`` and ``tests/test_network_yield.p
     origin daemon, flow sender                                  worker daemon, flow receiver
 
 Weights and the flow both go A -> B through the shaped egress. Everything made here is removed by
-``Link.close`` (namespaces, veths, processes), also when the caller fails. Root only: :func:`usable`
-says why not.
+``Link.close`` (namespaces, veths, processes) and ``Daemon.close`` (its hot tier in /dev/shm), also when
+the caller fails, a daemon does not start, or the run gets SIGTERM (:func:`exit_on_sigterm`: the
+``finally`` blocks run). Root only: :func:`usable` says why not.
 """
 
 from __future__ import annotations
@@ -39,6 +40,14 @@ def usable() -> str | None:
         return f"ip netns add failed: {r.stderr.strip()}"
     subprocess.run(["ip", "netns", "del", name], capture_output=True)
     return None
+
+
+def exit_on_sigterm() -> None:
+    """SIGTERM raises SystemExit (143), so the caller's ``finally`` blocks remove what was made
+    (Python's default on SIGTERM is to die at once, leaving namespaces and daemons behind)."""
+    def handler(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+    signal.signal(signal.SIGTERM, handler)
 
 
 def _ip(*args: str) -> None:
@@ -131,13 +140,19 @@ class Daemon:
             + (f'tracker_listen = "{ip}:{TRACKER_PORT}"\n' if role == "origin" else peer)
             + f'[network]\ncapacity = {capacity}\n{network}')
         self.log = open(self.dir / "daemon.log", "a")
-        self.proc = link.spawn(ns, [sys.executable, "-m", "weightd", "-v", "--config", str(self.config), "serve",
-                                    "--role", role], stdout=self.log, stderr=subprocess.STDOUT, env=self.env, cwd=ROOT)
-        deadline = time.monotonic() + 30
-        while not (self.dir / "weightd.sock").exists():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError((self.dir / "daemon.log").read_text()[-3000:])
-            time.sleep(0.1)
+        self.proc: subprocess.Popen[Any] | None = None
+        try:   # (a daemon that does not start is stopped and its hot tier removed here: nobody else can)
+            self.proc = link.spawn(ns, [sys.executable, "-m", "weightd", "-v", "--config", str(self.config),
+                                        "serve", "--role", role], stdout=self.log, stderr=subprocess.STDOUT,
+                                   env=self.env, cwd=ROOT)
+            deadline = time.monotonic() + 30
+            while not (self.dir / "weightd.sock").exists():
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError((self.dir / "daemon.log").read_text()[-3000:])
+                time.sleep(0.1)
+        except BaseException:
+            self.close()
+            raise
 
     def cli(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "weightd", "--config", str(self.config), *args],
@@ -155,7 +170,8 @@ class Daemon:
             return {"error": r.stderr.strip()[-300:]}
 
     def close(self) -> None:
-        stop(self.proc)
+        if self.proc is not None:
+            stop(self.proc)
         self.log.close()
         shutil.rmtree(self.hot, ignore_errors=True)
 
