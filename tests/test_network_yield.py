@@ -5,21 +5,50 @@ serving-like socket flow (root only; bounded in time, never a timed benchmark: b
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
-from weightd.node.network import (BACKOFF, FULL, QUIET_ENTER, RAISE_PER_S, NetworkYield, Sample, YieldRule,
-                                  endpoints_of, wire)
+from weightd.config.network import NetworkSettings
+from weightd.node import network
+from weightd.node.network import BACKOFF, FULL, QUIET_ENTER, RAISE_PER_S, NetworkYield, Sample, YieldRule, wire
+from weightd.node.network_routes import endpoints_of, find_interfaces
 
 from .conftest import assert_one_line_error
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 C = 25_000_000   # bytes/s: a 200 Mbit/s link
+
+
+def nics(tmp_path: Path, *names: str) -> str:
+    """A /sys/class/net with these interfaces (no speed files: [network] capacity gives it)."""
+    for n in names:
+        (tmp_path / "net" / n).mkdir(parents=True, exist_ok=True)
+    return str(tmp_path / "net")
+
+
+class Session:
+    """What the controller calls on a P2PSession, recorded (the real one: the fixed-caps test)."""
+
+    def __init__(self) -> None:
+        self.limits: list[tuple[int, int, bool]] = []
+        self.traffic_calls = 0
+
+    def set_yield_limits(self, download: int, upload: int, *, watched: bool = True) -> tuple[int, int]:
+        self.limits.append((download, upload, watched))
+        return download, upload
+
+    def traffic(self) -> tuple[int, int]:
+        self.traffic_calls += 1
+        return 0, 0
 
 
 def simulate(rule: YieldRule, ask: "list[float]", steps: int) -> list[tuple[float, float, float]]:
@@ -109,15 +138,15 @@ def test_hysteresis_at_the_quiet_edge() -> None:
         assert not rule.quiet and rule.limit < C
 
 
-def test_controller_limits_reach_the_session_under_fixed_caps() -> None:
+def test_controller_limits_reach_the_session_under_fixed_caps(tmp_path: Path) -> None:
     """The controller sets the session's limits (0 at capacity), and P2PSession keeps the lower of its
     fixed caps and the controller's (a real libtorrent session)."""
     from p2p import P2PConfig, P2PSession
-    from weightd.config.network import NetworkSettings
+    net = nics(tmp_path, "lo0x")
     ses = P2PSession(P2PConfig(listen="127.0.0.1:0", upload_limit=1_000_000, download_limit=0))
     try:
         ctl = NetworkYield()
-        ctl.configure(NetworkSettings(capacity=C, interfaces=("lo0x",)), [])
+        ctl.configure(NetworkSettings(capacity=C, interfaces=("lo0x",)), [], net)
         ctl.tick(Sample(0.0, {"lo0x": (0, 0)}), ses)
         view = ctl.tick(Sample(1.0, {"lo0x": (0, int(0.9 * C))}), ses)    # others at 90% of the link
         assert view["yielding"] and view["upload"]["others_bytes_per_s"] == int(0.9 * C)
@@ -129,7 +158,7 @@ def test_controller_limits_reach_the_session_under_fixed_caps() -> None:
         assert ses.ses.get_settings()["download_rate_limit"] == int(0.05 * C)
         assert ses.ses.get_peer_class(ses.ses.local_peer_class_id)["download_limit"] == int(0.05 * C)
         assert ses.ses.get_peer_class(ses.ses.local_peer_class_id)["upload_limit"] == 1_000_000
-        ctl.configure(NetworkSettings(enabled=False, capacity=C, interfaces=("lo0x",)), [])
+        ctl.configure(NetworkSettings(enabled=False, capacity=C, interfaces=("lo0x",)), [], net)
         for t in (3.0, 4.0):
             ctl.tick(Sample(t, {"lo0x": (int(1.8 * C), int(1.8 * C))}), ses)
         s = ses.ses.get_settings()                                          # off: the fixed caps again
@@ -138,10 +167,9 @@ def test_controller_limits_reach_the_session_under_fixed_caps() -> None:
         ses.close()
 
 
-def test_own_bytes_are_not_others() -> None:
+def test_own_bytes_are_not_others(tmp_path: Path) -> None:
     ctl = NetworkYield()
-    from weightd.config.network import NetworkSettings
-    ctl.configure(NetworkSettings(capacity=C, interfaces=("x0",)), [])
+    ctl.configure(NetworkSettings(capacity=C, interfaces=("x0",)), [], nics(tmp_path, "x0"))
     ctl.tick(Sample(0.0, {"x0": (0, 0)}, p2p=(0, 0)), None)
     own_rx = 20_000_000
     view = ctl.tick(Sample(1.0, {"x0": (int(wire((own_rx, 0))[0]), int(wire((own_rx, 0))[1]))}, p2p=(own_rx, 0)),
@@ -158,10 +186,9 @@ def test_endpoints_and_off_states(tmp_path: Path, isolated_env) -> None:
     s = load_config(cfg, env=isolated_env).settings
     assert endpoints_of(s) == ["10.9.0.1", "10.9.0.5", "tracker.example"]
     ctl = NetworkYield()
-    from weightd.config.network import NetworkSettings
-    ctl.configure(NetworkSettings(interfaces=("nosuchif0",)), [], sys_net=str(tmp_path))
-    assert not ctl.enabled and "reports no speed" in ctl.reason
-    ctl.configure(NetworkSettings(enabled=False, capacity=C, interfaces=("x0",)), [])
+    ctl.configure(NetworkSettings(interfaces=("speedless0",)), [], sys_net=nics(tmp_path, "speedless0"))
+    assert not ctl.enabled and "speedless0 reports no speed" in ctl.reason
+    ctl.configure(NetworkSettings(enabled=False, capacity=C, interfaces=("x0",)), [], nics(tmp_path, "x0"))
     assert not ctl.enabled and "enabled = false" in ctl.reason
 
 
@@ -171,6 +198,11 @@ def test_endpoints_and_off_states(tmp_path: Path, isolated_env) -> None:
     ('interfaces = ["eth0/x"]', "'eth0/x' is not an interface name"),
     ('capacity = "fast"', "network.capacity"),
     ('ceiling = "eighty%"', "network.ceiling"),
+    ('floor = 0', "network.floor: must be above 0"),
+    ('floor = "0%"', "network.floor: must be above 0"),
+    ('capacity = 100', "100 is 100 bytes/s, under 1 MB/s (a bare number is bytes/s)"),
+    ('capacity = "100kbit"', "under 1 MB/s"),
+    ('capacity = "10GBps"', "expected a rate like '100Gbit'"),
 ])
 def test_bad_network_config_is_one_line(weightd, tmp_path: Path, body: str, needle: str) -> None:
     cfg = tmp_path / "w.toml"
@@ -184,6 +216,185 @@ def test_good_network_config(weightd, tmp_path: Path) -> None:
     r = weightd("--config", cfg, "config", "show")
     assert r.returncode == 0, r.stderr
     assert "ceiling = 0.75" in r.stdout and "interfaces = [\"eth0\"]" in r.stdout
+    for text, n in (("10Gbit", 1_250_000_000), ("100 Gbit/s", 12_500_000_000), ("25Gbps", 3_125_000_000),
+                    ("400Mbit", 50_000_000), ("12.5GB/s", 12_500_000_000), ("12.5GB", 12_500_000_000), (0, 0),
+                    (1_000_000, 1_000_000)):
+        assert NetworkSettings(capacity=text).capacity == n, text
+    cfg.write_text('[network]\ncapacity = "10Gbit"\n')
+    r = weightd("--config", cfg, "config", "show")
+    assert r.returncode == 0 and "capacity = 1250000000  # 1.2 GiB" in r.stdout, (r.stdout, r.stderr)
+
+
+# -- review findings: each fails without its fix -------------------------------------------------------
+
+def test_a_bad_host_name_is_skipped_not_raised() -> None:
+    # "a..b" makes getaddrinfo raise UnicodeError (a ValueError), not OSError
+    assert find_interfaces(["tracker..example"]) == ()
+
+
+def _daemon(settings: Any, session: Any, ctl: NetworkYield) -> Any:
+    return SimpleNamespace(network=ctl, config=SimpleNamespace(settings=settings), stopping=asyncio.Event(),
+                           node=SimpleNamespace(roots=SimpleNamespace(object=None)), session=session)
+
+
+def _settings(net: NetworkSettings, trackers: tuple[str, ...] = ()) -> Any:
+    return SimpleNamespace(network=net, tiers=SimpleNamespace(cold=SimpleNamespace(url=None)),
+                           p2p=SimpleNamespace(peers=(), listen="", tracker_listen=None, trackers=trackers))
+
+
+def _run_loop(d: Any, seconds: float, check: Any = None) -> None:
+    async def go() -> None:
+        task = asyncio.create_task(network.network_loop(d))
+        await asyncio.sleep(seconds)
+        assert not task.done(), task    # (never dies: a task that ended would re-raise below)
+        if check is not None:
+            check()
+        d.stopping.set()
+        await asyncio.wait_for(task, 5)
+    asyncio.run(go())
+
+
+def test_the_loop_survives_a_failing_configure_and_lifts_the_limits(tmp_path: Path, monkeypatch, caplog) -> None:
+    """configure raising (a reload to a config it cannot use) leaves the rule off with its limits lifted,
+    the error logged once, and the loop ticking; a bad tracker name does not fail it at all."""
+    ses = Session()
+    ctl = NetworkYield()
+    ctl.configure(NetworkSettings(capacity=C, interfaces=("x0",)), [], nics(tmp_path, "x0"))
+    ctl.tick(Sample(0.0, {"x0": (0, 0)}), ses)
+    ctl.tick(Sample(1.0, {"x0": (int(0.9 * C), 0)}), ses)
+    assert ses.limits[-1][0] == int(0.05 * C) and ctl.view["yielding"]          # yielding, low
+
+    def boom(hosts: Any) -> tuple[str, ...]:
+        raise RuntimeError("no routes today")
+    monkeypatch.setattr(network, "find_interfaces", boom)
+    monkeypatch.setattr(network, "SAMPLE_S", 0.01)
+    caplog.set_level(logging.DEBUG, "weightd.node.network")
+    d = _daemon(_settings(NetworkSettings()), ses, ctl)
+    _run_loop(d, 0.3, lambda: ctl.enabled is False and "no routes today" in ctl.view["state"]
+              and not ctl.view["yielding"] or pytest.fail(str(ctl.view)))
+    assert ses.limits[1] == (0, 0, False), ses.limits                          # lifted at once
+    assert ses.traffic_calls >= 5                                              # and still sampling
+    warned = [r for r in caplog.records if r.levelno >= logging.WARNING and "no routes today" in r.getMessage()]
+    assert len(warned) == 1, warned
+
+    monkeypatch.undo()
+    monkeypatch.setattr(network, "SAMPLE_S", 0.01)
+    d = _daemon(_settings(NetworkSettings(), ("http://tracker..example:6969/announce",)), Session(), NetworkYield())
+    _run_loop(d, 0.1, lambda: "no interface carries" in d.network.reason or pytest.fail(d.network.reason))
+
+
+def test_the_loop_lifts_its_limits_when_it_ends(tmp_path: Path, monkeypatch) -> None:
+    ses = Session()
+    ctl = NetworkYield()
+    net = NetworkSettings(capacity=C, interfaces=("x0",))
+    ctl.configure(net, [], nics(tmp_path, "x0"))
+    ctl.tick(Sample(0.0, {"x0": (0, 0)}), ses)
+    ctl.tick(Sample(1.0, {"x0": (int(0.9 * C), 0)}), ses)
+    monkeypatch.setattr(network, "SAMPLE_S", 0.01)
+    monkeypatch.setattr(NetworkYield, "configure", lambda self, *a: None)   # (keep the x0 set up above)
+    d = _daemon(_settings(net), ses, ctl)
+
+    async def go() -> None:   # (the daemon cancels its duties when it stops)
+        task = asyncio.create_task(network.network_loop(d))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    asyncio.run(go())
+    assert ses.limits[-1] == (0, 0, False) and "stopped" in ctl.view["state"]
+
+
+def test_the_limit_never_reaches_0_which_is_no_limit(tmp_path: Path) -> None:
+    ses = Session()
+    ctl = NetworkYield()
+    ctl.configure(NetworkSettings(capacity=C, floor=1e-9, interfaces=("x0",)), [], nics(tmp_path, "x0"))
+    ctl.tick(Sample(0.0, {"x0": (0, 0)}), ses)
+    view = ctl.tick(Sample(1.0, {"x0": (C, 0)}), ses)          # others take the whole link: the floor, 0.025 B/s
+    assert ses.limits[-1] == (1, 0, True) and view["download"]["limit_bytes_per_s"] == 1
+
+
+def test_a_missing_interface_is_named_and_a_vanished_one_holds_the_limits(tmp_path: Path) -> None:
+    ctl = NetworkYield()
+    ctl.configure(NetworkSettings(capacity=C, interfaces=("eht0",)), [], nics(tmp_path, "eth0"))
+    assert not ctl.enabled and ctl.reason == "off: no such interface eht0 ([network] interfaces)"
+    ses = Session()
+    ctl.configure(NetworkSettings(capacity=C, interfaces=("eth0",)), [], nics(tmp_path, "eth0"))
+    ctl.tick(Sample(0.0, {"eth0": (0, 0)}), ses)
+    ctl.tick(Sample(1.0, {"eth0": (int(0.6 * C), 0)}), ses)
+    held = ses.limits[-1]
+    assert held[0] == pytest.approx(0.2 * C, abs=1)
+    for t in (2.0, 3.0, 4.0):                                    # eth0 gone from /proc/net/dev
+        view = ctl.tick(Sample(t, {}), ses)
+    assert ses.limits[-1] == held and view["enabled"] and view["yielding"], (ses.limits, view)
+    assert view["state"] == "on, but eth0 is missing: the last limits hold"
+    assert view["download"]["limit_bytes_per_s"] == held[0]
+
+
+def test_nics_of_different_speeds_take_the_busy_ones_limit(tmp_path: Path) -> None:
+    """A busy fast NIC (10x C) beside a quiet slow one (C): the fast one's limit holds, though it is over
+    the slow one's capacity (the quiet slow NIC sets no limit, not one at its capacity)."""
+    ses = Session()
+    ctl = NetworkYield()
+    net = nics(tmp_path, "fast0", "slow0")
+    (Path(net) / "fast0" / "speed").write_text(str(10 * C * 8 // 10**6))   # Mbit/s
+    (Path(net) / "slow0" / "speed").write_text(str(C * 8 // 10**6))
+    ctl.configure(NetworkSettings(interfaces=("fast0", "slow0")), [], net)
+    assert ctl.enabled and ctl.capacity == {"fast0": 10 * C, "slow0": C}, ctl.capacity
+    ctl.tick(Sample(0.0, {"fast0": (0, 0), "slow0": (0, 0)}), ses)
+    view = ctl.tick(Sample(1.0, {"fast0": (5 * C, 0), "slow0": (0, 0)}), ses)    # others: 50% of fast0
+    assert ses.limits[-1] == (3 * C, 0, True), ses.limits                        # 0.8 * 10C - 5C
+    assert view["download"]["limit_bytes_per_s"] == 3 * C and view["yielding"]
+
+
+def test_a_late_sample_keeps_the_one_before(tmp_path: Path) -> None:
+    ses = Session()
+    ctl = NetworkYield()
+    ctl.configure(NetworkSettings(capacity=C, interfaces=("x0",)), [], nics(tmp_path, "x0"))
+    rate = 0.6 * C
+    for t in (0.0, 1.0, 2.0):
+        ctl.tick(Sample(t, {"x0": (int(rate * t), 0)}), ses)
+    view = ctl.tick(Sample(6.0, {"x0": (int(rate * 6), 0)}), ses)              # 4 s late, the flow still on
+    assert view["download"]["others_bytes_per_s"] == pytest.approx(rate, rel=1e-6)
+    assert ses.limits[-1][0] == pytest.approx(0.2 * C, abs=1) and view["yielding"]
+
+
+def test_an_s3_cold_tier_routes_by_its_endpoint_or_regional_host(tmp_path: Path, isolated_env, monkeypatch) -> None:
+    from weightd.config import load_config
+    for var in ("AWS_REGION", "AWS_DEFAULT_REGION"):
+        monkeypatch.delenv(var, raising=False)
+    cfg = tmp_path / "w.toml"
+
+    def hosts(cold: str) -> list[str]:
+        cfg.write_text(f'[tiers.cold]\nurl = "s3://weights-bucket/models"\n{cold}')
+        return endpoints_of(load_config(cfg, env=isolated_env).settings)
+    assert hosts('endpoint = "http://minio.lan:9000"\n') == ["minio.lan"]
+    assert hosts('region = "eu-west-1"\n') == ["s3.eu-west-1.amazonaws.com"]
+    assert hosts("") == []                                                     # not the bucket's name
+    monkeypatch.setenv("AWS_REGION", "us-east-2")
+    assert hosts("") == ["s3.us-east-2.amazonaws.com"]
+
+
+def test_interfaces_are_found_again_while_off_or_discovered(tmp_path: Path, monkeypatch) -> None:
+    asked: list[list[str]] = []
+
+    def found(hosts: Any) -> tuple[str, ...]:
+        asked.append(list(hosts))
+        return ()
+    monkeypatch.setattr(network, "find_interfaces", found)
+    monkeypatch.setattr(network, "SAMPLE_S", 0.01)
+    monkeypatch.setattr(network, "RECONFIGURE_S", 0.05)
+    d = _daemon(_settings(NetworkSettings(), ("http://10.9.0.1:6969/announce",)), Session(), NetworkYield())
+    _run_loop(d, 0.4)
+    assert len(asked) >= 3 and asked[0] == ["10.9.0.1"], asked
+    # configured again with the same outcome: the rules and samples carry on
+    ctl = NetworkYield()
+    net = NetworkSettings(capacity=C, interfaces=("x0",))
+    ctl.configure(net, [], nics(tmp_path, "x0"))
+    ctl.tick(Sample(0.0, {"x0": (0, 0)}), None)
+    ctl.tick(Sample(1.0, {"x0": (int(0.6 * C), 0)}), None)
+    rules, last = dict(ctl.rules), ctl.last
+    ctl.configure(net, [], nics(tmp_path, "x0"))
+    assert ctl.rules == rules and all(ctl.rules[k] is rules[k] for k in rules) and ctl.last is last
 
 
 # -- for real: namespaces, tc, daemons -----------------------------------------------------------------
@@ -245,14 +456,13 @@ def test_weights_yield_to_a_serving_flow_on_a_shaped_link(tmp_path: Path) -> Non
     assert "weightd_bytes_per_s" in out
 
 
-def test_metrics_show_the_shares_and_the_limits() -> None:
+def test_metrics_show_the_shares_and_the_limits(tmp_path: Path) -> None:
     from prometheus_client import CollectorRegistry
 
-    from weightd.config.network import NetworkSettings
     from weightd.metrics import NetworkGauges
     reg = CollectorRegistry()
     ctl = NetworkYield(NetworkGauges(reg))
-    ctl.configure(NetworkSettings(capacity=C, interfaces=("x0",)), [])
+    ctl.configure(NetworkSettings(capacity=C, interfaces=("x0",)), [], nics(tmp_path, "x0"))
     ctl.tick(Sample(0.0, {"x0": (0, 0)}), None)
     ctl.tick(Sample(1.0, {"x0": (int(0.6 * C), 0)}), None)
     share = lambda d, who: reg.get_sample_value("weightd_network_share_bytes_per_second",  # noqa: E731
@@ -283,3 +493,45 @@ def test_doctor_names_weightds_share_of_a_saturated_nic(tmp_path: Path) -> None:
     assert "already yields" in nic.recommendation and r.measurements["weightd_network"] == net
     speedless = dataclasses.replace(inputs, nic_speed={})
     assert any(f.id == "nic-saturated" for f in diagnose(speedless).findings)
+
+
+def _leftovers() -> set[str]:
+    """What bench/_netns.py and bench/nic.py make and must remove: namespaces, hot tiers in /dev/shm,
+    the bench's directory."""
+    import glob
+    import subprocess
+    ns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+    return {x for x in ns if x.startswith("wd")} | set(glob.glob("/dev/shm/weightd-nic-*")) | \
+        set(glob.glob("/var/tmp/weightd-nic-*"))
+
+
+@pytest.mark.skipif(_netns_skip() is not None, reason=f"network namespaces: {_netns_skip()}")
+def test_netns_leaves_nothing_when_a_daemon_fails_or_the_bench_gets_sigterm(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+
+    from bench._netns import Daemon, Link
+    before = _leftovers()
+    link = Link(200)
+    try:   # (an address not in the namespace: the daemon starts, makes its tiers, then fails on metrics)
+        with pytest.raises(RuntimeError, match="Cannot assign requested address"):
+            Daemon(link, tmp_path, link.a, "10.77.0.9", tmp_path / "cold", role="origin", capacity=link.rate_bytes)
+        assert not set(__import__("glob").glob("/dev/shm/weightd-nic-*")) - before
+    finally:
+        link.close()
+    assert _leftovers() == before
+    with (tmp_path / "bench.err").open("w") as err:
+        bench = subprocess.Popen([sys.executable, str(ROOT / "bench" / "nic.py"), "--size", "8MiB"],
+                                 stdout=subprocess.DEVNULL, stderr=err)
+        try:
+            deadline = time.monotonic() + 60
+            while not __import__("glob").glob("/var/tmp/weightd-nic-*/node-*/weightd.sock"):   # (a daemon is up)
+                assert bench.poll() is None and time.monotonic() < deadline, (tmp_path / "bench.err").read_text()
+                time.sleep(0.1)
+            bench.send_signal(signal.SIGTERM)
+            assert bench.wait(60) == 128 + signal.SIGTERM
+        finally:
+            if bench.poll() is None:
+                bench.kill()
+                bench.wait()
+    assert _leftovers() == before

@@ -46,7 +46,9 @@ instead of seconds of silence and bursts).
 No oscillation: weightd's own bytes are never others', so lowering its rate does not lower the target;
 a step in others' traffic gives one fall, held while the flow lasts (max with the EWMA), and one
 bounded rise after it. With several interfaces the session takes the lowest limit (its counters are
-not per interface: its bytes are taken as on each). The session's limits are the lower of this and
+not per interface: its bytes are taken as on each); a rule at its own link's capacity sets none. A
+limit is never below 1 byte/s (0 is libtorrent's "no limit"); a watched interface gone from
+``/proc/net/dev`` holds the last limits. The session's limits are the lower of this and
 the fixed ``[p2p] upload_limit``/``download_limit``; intent windows and ``bandwidth`` caps still apply
 to each transfer, ``[tiers.cold] bandwidth`` to cold reads (object-store reads are measured, not
 slowed: their rate comes off P2P's share).
@@ -55,17 +57,15 @@ slowed: their rate comes off P2P's share).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
-import socket
-import subprocess
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable
-from urllib.parse import urlsplit
 
+from .network_routes import endpoints_of, find_interfaces
 from .pressure import link_info, parse_netdev, read_text
 
 if TYPE_CHECKING:
@@ -81,6 +81,7 @@ QUIET_ENTER, QUIET_LEAVE = 0.03, 0.06
 FULL, BACKOFF = 0.9, 0.5
 WIRE, ACKS = 1.06, 0.03
 DIRECTIONS = ("download", "upload")
+RECONFIGURE_S = 60.0   # while off or on interfaces found from the routes: configure again this often
 
 
 @dataclass
@@ -164,22 +165,38 @@ class NetworkYield:
     history: list[Sample] = field(default_factory=list)   # the samples of the last WINDOW_S
 
     def configure(self, settings: Any, endpoints: Iterable[str], sys_net: str = "/sys/class/net") -> None:
-        """(Re)read ``[network]``: interfaces, capacities, whether the rule is on, and why not."""
+        """(Re)read ``[network]``: interfaces, capacities, whether the rule is on, and why not. Again with
+        the same outcome (every RECONFIGURE_S while off or on found interfaces), the rules and the
+        samples carry on."""
+        before = (self.interfaces, dict(self.capacity), self.reason)
         self.settings = settings
-        self.interfaces = tuple(settings.interfaces) or find_interfaces(endpoints)
+        interfaces = tuple(settings.interfaces) or find_interfaces(endpoints)
+        absent = [n for n in interfaces if not os.path.isdir(os.path.join(sys_net, n))]
         self.capacity = {}
-        for n in self.interfaces:
+        for n in interfaces:
             c = settings.capacity or (link_info(sys_net, n)[0] or 0)
-            if c:
+            if c and n not in absent:
                 self.capacity[n] = c
-        unknown = [n for n in self.interfaces if n not in self.capacity]
-        self.rules = {(n, d): YieldRule(c, settings.ceiling, settings.floor)
-                      for n, c in self.capacity.items() for d in DIRECTIONS}
-        self.last = None
+        unknown = [n for n in interfaces if n not in self.capacity]
+        old = self.rules
+        self.rules = {}
+        for n, c in self.capacity.items():
+            for d in DIRECTIONS:
+                rule = old.get((n, d))
+                same = rule is not None and (rule.capacity, rule.ceiling, rule.floor) == \
+                    (c, settings.ceiling, settings.floor)
+                self.rules[(n, d)] = rule if same else YieldRule(c, settings.ceiling, settings.floor)
+        if interfaces != self.interfaces:
+            self.last, self.history = None, []
+        self.interfaces = interfaces
         if settings.enabled is False:
             self.enabled, self.reason = False, "off ([network] enabled = false)"
         elif not self.interfaces:
             self.enabled, self.reason = False, "off: no interface carries weightd's traffic (set [network] interfaces)"
+        elif absent:
+            self.enabled = False
+            self.reason = f"off: no such interface {absent[0]} ([network] interfaces)"
+            log.warning("network: %s", self.reason.removeprefix("off: "))
         elif unknown:
             self.enabled = False
             self.reason = f"off: {unknown[0]} reports no speed (set [network] capacity)"
@@ -187,7 +204,22 @@ class NetworkYield:
                 log.warning("network: [network] enabled, but %s", self.reason.removeprefix("off: "))
         else:
             self.enabled, self.reason = True, "on"
-        log.info("network: interfaces=%s capacity=%s %s", ",".join(self.interfaces) or "-", self.capacity, self.reason)
+        if (self.interfaces, self.capacity, self.reason) != before:
+            log.info("network: interfaces=%s capacity=%s %s", ",".join(self.interfaces) or "-", self.capacity,
+                     self.reason)
+
+    @property
+    def rediscover(self) -> bool:
+        """Configure again every RECONFIGURE_S: while off (an interface may appear, a route change) or
+        on interfaces found from the routes; not when ``[network] enabled = false``."""
+        s = self.settings
+        return s is None or (s.enabled is not False and (not self.enabled or not s.interfaces))
+
+    def off(self, reason: str, session: Any) -> None:
+        """The rule off (configure failed, the loop stopped): no limit of the rule's on ``session``."""
+        self.enabled, self.reason, self.rules, self.last, self.history = False, reason, {}, None, []
+        self._apply({d: math.inf for d in DIRECTIONS}, session)
+        self.view = self._view(None, None)
 
     def tick(self, sample: Sample, session: Any) -> dict[str, Any]:
         """One sample in: rates over the last ``WINDOW_S``, the rule's limits (stepped by the time since
@@ -195,8 +227,14 @@ class NetworkYield:
         prev, self.last = self.last, sample
         if prev is None:
             self.history = [sample]
+            if not self.enabled:
+                self._apply({d: math.inf for d in DIRECTIONS}, session)
+            self.view = self._view(None, None)
             return self.view
-        self.history = [s for s in self.history if sample.t - s.t < WINDOW_S + SAMPLE_S / 2][-8:] + [sample]
+        # the samples of the window, and always the one before this (a late sample must not leave this
+        # one alone: rates over nothing are 0, everyone would look quiet and the limits lift)
+        kept = [s for s in self.history[:-1] if sample.t - s.t < WINDOW_S + SAMPLE_S / 2]
+        self.history = [*kept, prev][-8:] + [sample]
         r = rates(self.history[0], sample)
         r["dt"] = sample.t - prev.t
         own = wire(tuple(a + b for a, b in zip(r["p2p"], r["store"])))   # type: ignore[arg-type]
@@ -212,15 +250,23 @@ class NetworkYield:
                 v["link"], v["weightd"], v["others"] = v["link"] + link[i], own[i], v["others"] + others
                 rule = self.rules.get((n, d))
                 if rule is not None:
-                    limits[d] = min(limits[d], rule.step(others, r["dt"], own[i] - store[i], store[i]))
+                    lim = rule.step(others, r["dt"], own[i] - store[i], store[i])
+                    # (a rule at its own link's capacity sets no limit: a quiet fast NIC's whole link
+                    # must not read as a limit, nor hide a busy slower NIC's)
+                    limits[d] = min(limits[d], lim if lim < rule.capacity else math.inf)
+        missing = [n for n in self.interfaces if n not in r["links"]]
+        if self.enabled and missing:
+            # a watched interface is gone (or just back): nothing to measure it by, the last limits hold
+            self.view = self._view(view, None, f"on, but {missing[0]} is missing: the last limits hold")
+            return self.view
         self._apply(limits, session)
         self.view = self._view(view, limits)
         return self.view
 
     def _apply(self, limits: dict[str, float], session: Any) -> None:
-        """The rule's limits on the session (0: no limit of the rule's: at capacity, or the rule off)."""
-        cap = min(self.capacity.values(), default=0)
-        want = tuple(0 if not self.enabled or lim == math.inf or lim >= cap else int(lim)
+        """The rule's limits on the session (0: no limit of the rule's: at capacity, or the rule off;
+        a limit is never below 1 byte/s, since 0 is libtorrent's "no limit")."""
+        want = tuple(0 if not self.enabled or lim == math.inf else max(1, int(lim))
                      for lim in (limits["download"], limits["upload"]))
         state = (*want, self.enabled)
         if session is None or state == self.applied:
@@ -232,16 +278,25 @@ class NetworkYield:
         log.info("network: weightd's limits download=%d upload=%d bytes/s (in force: %s)", want[0], want[1], got)
         self.applied = state
 
-    def _view(self, view: dict[str, Any], limits: dict[str, float]) -> dict[str, Any]:
-        """The state for ``status --json`` and the metrics."""
+    def _view(self, view: dict[str, Any] | None, limits: dict[str, float] | None,
+              state: str | None = None) -> dict[str, Any]:
+        """The state for ``status --json`` and the metrics; ``view`` None: no rates yet; ``limits`` None:
+        those in force on the session."""
         cap = min(self.capacity.values(), default=0)
-        out: dict[str, Any] = {"enabled": self.enabled, "state": self.reason, "interfaces": list(self.interfaces),
-                               "capacity_bytes_per_s": cap, "ceiling": self.settings.ceiling,
-                               "floor": self.settings.floor}
+        if view is None:
+            view = {d: {"link": 0.0, "weightd": 0.0, "others": 0.0} for d in DIRECTIONS}
+        if limits is None:
+            now = self.applied if self.applied is not None and self.applied[2] else (0, 0, False)
+            limits = {d: float(now[i]) or math.inf for i, d in enumerate(DIRECTIONS)}
+        s = self.settings
+        out: dict[str, Any] = {"enabled": self.enabled, "state": state or self.reason,
+                               "interfaces": list(self.interfaces), "capacity_bytes_per_s": cap,
+                               "ceiling": s.ceiling if s is not None else None,
+                               "floor": s.floor if s is not None else None}
         yielding = False
         for d in DIRECTIONS:
             lim = limits[d]
-            limit = int(lim) if self.enabled and lim != math.inf and lim < cap else None
+            limit = max(1, int(lim)) if self.enabled and lim != math.inf else None
             yielding = yielding or limit is not None
             out[d] = {"link_bytes_per_s": round(view[d]["link"]), "weightd_bytes_per_s": round(view[d]["weightd"]),
                       "others_bytes_per_s": round(view[d]["others"]), "limit_bytes_per_s": limit}
@@ -265,75 +320,49 @@ def read_sample(interfaces: Iterable[str], session: Any, store_stats: Any, path:
     return Sample(time.monotonic(), links, p2p, store)
 
 
-def endpoints_of(settings: Any) -> list[str]:
-    """The addresses weightd's traffic goes to or comes from: [p2p] peers, trackers, listen addresses,
-    and the cold tier's host."""
-    p = settings.p2p
-    hosts = [x.rpartition(":")[0].strip("[]") for x in (*p.peers, p.listen, p.tracker_listen or "") if x]
-    for url in (*p.trackers, getattr(settings.tiers.cold, "url", None) or ""):
-        host = urlsplit(url).hostname if url else None
-        if host:
-            hosts.append(host)
-    return [h for h in hosts if h not in ("0.0.0.0", "::")]
-
-
-def find_interfaces(hosts: Iterable[str]) -> tuple[str, ...]:
-    """The interfaces the routes to ``hosts`` leave by (a local address: the interface holding it);
-    loopback is left out (it has no link to share)."""
-    found: list[str] = []
-    for host in hosts:
-        try:
-            addr = socket.getaddrinfo(host, None)[0][4][0]
-        except (OSError, IndexError):
-            continue
-        dev = _ip_json(["route", "get", addr])
-        name = dev[0].get("dev") if dev else None
-        if name == "lo":
-            name = _holder(addr)
-        if name and name != "lo" and name not in found:
-            found.append(name)
-    return tuple(found)
-
-
-def _holder(addr: str) -> str | None:
-    """The interface holding the local address ``addr``."""
-    for link in _ip_json(["addr", "show"]):
-        if any(a.get("local") == addr for a in link.get("addr_info", ())):
-            return link.get("ifname")
-    return None
-
-
-def _ip_json(args: list[str]) -> list[dict[str, Any]]:
-    try:
-        out = subprocess.run(["ip", "-j", *args], capture_output=True, text=True, timeout=5, check=True).stdout
-        got = json.loads(out or "[]")
-    except (OSError, subprocess.SubprocessError, ValueError):
-        return []
-    return got if isinstance(got, list) else []
-
-
 async def network_loop(d: Any) -> None:
-    """The daemon's duty: configure from ``d.config`` (again after a reload), sample every SAMPLE_S,
-    apply the limits to ``d.session``; the state is ``d.network.view``."""
+    """The daemon's duty: configure from ``d.config`` (again after a reload, and every RECONFIGURE_S
+    while off or on interfaces found from the routes), sample every SAMPLE_S, apply the limits to
+    ``d.session``; the state is ``d.network.view``. It never stops on an error: each new one is logged
+    once, the rule is off while configure fails, and when the loop ends the rule's limits are lifted
+    (a session left at a low limit would starve the weights with nobody watching the link)."""
     ctl: NetworkYield = d.network
     pool = ThreadPoolExecutor(1, "weightd-network")   # (never behind the daemon's busy pools)
     loop = asyncio.get_running_loop()
-    seen = None
+    seen, again, logged = None, 0.0, set()
+
+    def once(what: str, exc: BaseException) -> None:
+        key = f"{what}: {type(exc).__name__}: {exc}"
+        if key in logged:
+            log.debug("network: %s", key)
+            return
+        logged.add(key)
+        log.warning("network: %s failed: %s: %s", what, type(exc).__name__, exc,
+                    exc_info=not isinstance(exc, (OSError, ValueError)))
     try:
         while not d.stopping.is_set():
-            settings = d.config.settings
-            if settings is not seen:
-                await loop.run_in_executor(pool, ctl.configure, settings.network, endpoints_of(settings))
-                seen = settings
             try:
+                settings = d.config.settings
+                if settings is not seen or (ctl.rediscover and time.monotonic() >= again):
+                    seen, again = settings, time.monotonic() + RECONFIGURE_S
+                    try:
+                        await loop.run_in_executor(pool, ctl.configure, settings.network, endpoints_of(settings))
+                    except Exception as exc:
+                        once("configure", exc)
+                        await loop.run_in_executor(pool, ctl.off, f"off: [network] could not be set up: {exc}",
+                                                   d.session)
                 store = d.node.roots.object.stats if d.node.roots.object is not None else None
                 sample = await loop.run_in_executor(pool, read_sample, ctl.interfaces, d.session, store)
                 await loop.run_in_executor(pool, ctl.tick, sample, d.session)
             except Exception as exc:   # (one bad sample: logged, the next one tries again)
-                log.warning("network: sample failed: %s", exc)
+                once("sample", exc)
             try:
                 await asyncio.wait_for(d.stopping.wait(), SAMPLE_S)
             except asyncio.TimeoutError:
                 pass
     finally:
         pool.shutdown(wait=False)
+        try:
+            ctl.off("off: the network loop stopped", d.session)
+        except Exception as exc:
+            log.warning("network: lifting weightd's limits failed: %s", exc)
