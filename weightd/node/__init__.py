@@ -7,5 +7,6 @@
 - :mod:`.swarm`: the adapter to ``p2p`` (``P2PConfig`` from the config, seeding what the node holds);
 - :mod:`.sets`, :mod:`.companion`, :mod:`.hold`: LoRA sets, companion artefacts, ``weightd hold``;
 - :mod:`.pressure`, :mod:`.ready_times`, :mod:`.diskbench`: what the node measures of itself.
-- :mod:`.network`: weight traffic yields the link to serving traffic (``[network]``, ``NetworkYield``).
+- :mod:`.network`: weight traffic yields the link to serving traffic (``[network]``, ``NetworkYield``);
+  :mod:`.network_routes`: which interfaces carry weightd's traffic (the routes to its peers, trackers and cold storage).
 """
