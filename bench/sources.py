@@ -235,40 +235,14 @@ print(json.dumps({"blobs": len(blobs), "bytes": total[0]}))
 
 
 def start_registry(d: Path, stack: contextlib.ExitStack, log: Callable[[str], None]) -> str:
-    """Debian's docker-registry on 127.0.0.1:<free port>, filesystem storage under ``d``, no auth; stopped
-    (SIGTERM, then SIGKILL) when ``stack`` closes, whatever happens. Returns HOST:PORT."""
-    import socket
-    d.mkdir(parents=True)
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    host = f"127.0.0.1:{port}"
-    (d / "config.yml").write_text(
-        "version: 0.1\nlog:\n  level: warn\n  accesslog:\n    disabled: true\nstorage:\n  filesystem:\n"
-        f"    rootdirectory: {d / 'data'}\n  delete:\n    enabled: true\nhttp:\n  addr: {host}\n")
-    fh = stack.enter_context(open(d / "registry.log", "wb"))
-    proc = subprocess.Popen(["docker-registry", "serve", str(d / "config.yml")], stdout=fh, stderr=fh)
-
-    def stop() -> None:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-    stack.callback(stop)
-    deadline = time.monotonic() + 15
-    while True:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"docker-registry did not start: {(d / 'registry.log').read_text()[-2000:]}")
-            time.sleep(0.05)
-    log(f"oci: docker-registry on {host} (pid {proc.pid})")
+    """Debian's docker-registry on 127.0.0.1:<free port> (tiering.sample.local_registry: filesystem
+    storage under ``d``, no auth), stopped when ``stack`` closes, whatever happens. Returns HOST:PORT."""
+    from tiering.sample import local_registry
+    try:
+        host = stack.enter_context(local_registry(d))
+    except (FileNotFoundError, RuntimeError) as exc:
+        raise SystemExit(f"docker-registry: {exc}") from None
+    log(f"oci: docker-registry on {host}")
     return host
 
 

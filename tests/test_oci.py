@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from tiering import build_manifest, verify_checkpoint
-from tiering.sample import make_checkpoint
+from tiering.sample import local_registry, make_checkpoint
 
 from .conftest import ROOT, assert_one_line_error, stop_process
 
@@ -94,27 +94,8 @@ def registry(tmp_path_factory: pytest.TempPathFactory):
     d = tmp_path_factory.mktemp("registry")
     pw = subprocess.run(["htpasswd", "-Bbn", USER, PASSWORD], capture_output=True, text=True, check=True).stdout
     (d / "htpasswd").write_text(pw)
-    host = f"127.0.0.1:{_free_port()}"
-    (d / "config.yml").write_text(
-        "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: " + str(d / "data") +
-        "\n  delete:\n    enabled: true\nhttp:\n  addr: " + host + "\nauth:\n  htpasswd:\n    realm: weightd-test\n"
-        "    path: " + str(d / "htpasswd") + "\n")
-    log = open(d / "registry.log", "wb")
-    proc = subprocess.Popen(["docker-registry", "serve", str(d / "config.yml")], stdout=log, stderr=log)
-    try:
-        deadline = time.monotonic() + 15
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", int(host.rsplit(":", 1)[1])), timeout=0.5):
-                    break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"docker-registry did not start: {(d / 'registry.log').read_text()[-2000:]}")
-                time.sleep(0.05)
+    with local_registry(d, htpasswd=d / "htpasswd") as host:
         yield Registry(host, d / "data")
-    finally:
-        stop_process(proc)
-        log.close()
 
 
 @pytest.fixture
