@@ -154,7 +154,7 @@ def fleet_status(app: AppContext, origin: str | None, model: str | None, as_json
     Example: weightd fleet status --origin https://10.0.0.1:6969 --model acme/llama-70b"""
     from ..errors import UsageError
     from ..fleet.client import OriginClient, origin_url
-    from ..fleet.view import by_readiness
+    from ..fleet.view import by_readiness, ready_index
     base = origin or origin_url(app.config)
     if base is None:
         raise UsageError("no origin: pass --origin URL, or set [intent] origin or [p2p] trackers")
@@ -179,6 +179,7 @@ def fleet_status(app: AppContext, origin: str | None, model: str | None, as_json
                f"{'SERVING':<7} AGE")
     for n in nodes:
         held = {(h["model"], h["version"]) for h in n.get("holdings") or []}
+        ready = ready_index(n)   # (once per node: a node of 1024 rows is not scanned per row)
         rows = [*(n.get("holdings") or []), *({"model": e["model"], "version": e["version"], "tier": e["tier"]}
                                               for e in n.get("ready") or [] if (e["model"], e["version"]) not in held)]
         for h in rows or [{}]:
@@ -187,13 +188,11 @@ def fleet_status(app: AppContext, origin: str | None, model: str | None, as_json
                 continue
             resident = f"{100 * h['resident']:>7.0f}%" if "resident" in h else f"{'absent':>8}"
             click.echo(f"  {n['node']:<24} {n.get('rack') or '-':<8} {h['model'] + '@' + h['version']:<40} "
-                       f"{h['tier']:<5} {resident} {_ready_in(n, h['model'], h['version']):>8} "
+                       f"{h['tier']:<5} {resident} {_ready_in(ready.get((h['model'], h['version']))):>8} "
                        f"{'yes' if h.get('serving') else '':<7} {n.get('age_s', 0):.0f}s")
 
 
-def _ready_in(node: dict[str, Any], model: str, version: str) -> str:
-    from ..fleet.view import ready_seconds
-    s = ready_seconds(node, model, version)
+def _ready_in(s: float | None) -> str:
     return "-" if s is None else output.ready_in(s)
 
 

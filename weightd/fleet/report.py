@@ -30,7 +30,9 @@ HOLDING_KEYS = ("model", "version", "tier", "resident", "bytes", "since", "servi
 READY_KEYS = ("model", "version", "tier", "seconds")
 MAX_READY = 1024
 MAX_READY_S = 1e9                 # (32 years: past that an estimate is garbage)
-_READY_BYTES = 64                 # a ready estimate's JSON besides its model and version
+_READY_BYTES = 170                # a ready estimate besides its model and version: its JSON in the view
+                                  # ({"model":,"version":,"tier":"warm","seconds":123456.789}, ~70 B) and the
+                                  # held tuple, its float and two interned-string references (~90 B)
 _HOST = re.compile(r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,251}[A-Za-z0-9])?")
 _RACK = re.compile(r"[A-Za-z0-9._-]{1,63}")   # (as [p2p] rack)
 _LABEL_KEY = re.compile(r"(?:[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
@@ -107,7 +109,7 @@ def _holding(h: Any, where: str) -> dict[str, Any]:
 
 def check_report(body: Any) -> dict[str, Any]:
     """A worker's report, checked and copied (only plain values that were checked are kept):
-    ``{"node", "rack", "labels", "holdings", "intent", "weightd"}``; ValueError naming the first problem.
+    ``{"node", "rack", "labels", "holdings", "intent", "ready", "ready_dropped", "weightd"}``; ValueError naming the first problem.
 
     Shape: ``v`` (optional) the message revision, an integer >= 1; ``weightd`` (optional) the worker's
     weightd version; ``node`` a host name (at most 253 characters); ``rack`` a rack name or null/absent;
@@ -115,8 +117,11 @@ def check_report(body: Any) -> dict[str, Any]:
     objects with exactly ``model``, ``version``, ``tier`` (``hot``/``warm``), ``resident`` (0..1),
     ``bytes`` (integer >= 0), ``since`` (unix time), ``serving`` (boolean), one per (model, version,
     tier); ``intent`` (optional) at most 1024 entries ``NAME`` or ``NAME@REF`` -> version; ``ready``
-    (optional) at most 1024 ready estimates with exactly ``model``, ``version``, ``tier``
-    (``hot``/``warm``) and ``seconds`` (0 to 1e9), one per (model, version, tier).
+    (optional) ready estimates with ``model``, ``version``, ``tier`` (``hot``/``warm``) and ``seconds``
+    (0 to 1e9), one per (model, version, tier), each of a version the report holds or of a model its
+    intent names: a row that is not (a bad number from a broken worker, a model the node neither
+    holds nor intends, past the first 1024) is dropped and counted in ``ready_dropped``, never the
+    report (the node stays in the view and keeps its rollout slots).
     Other keys, at the top or in a holding, are a newer worker's: ignored, never kept."""
     if not isinstance(body, dict):
         raise ValueError(f"report: expected a JSON object, got {_kind(body)}")
@@ -124,9 +129,11 @@ def check_report(body: Any) -> dict[str, Any]:
         _v, sender = check_envelope(body)
     except ValueError as exc:
         raise ValueError(f"report: {exc}") from None
-    return {"node": _node(body), "rack": _rack(body.get("rack")), "labels": _labels(body.get("labels", {})),
-            "holdings": _holdings(body.get("holdings", [])), "intent": _intent(body.get("intent", {})),
-            "ready": _ready(body.get("ready", [])), "weightd": sender}
+    node, rack, labels = _node(body), _rack(body.get("rack")), _labels(body.get("labels", {}))
+    holdings, intent = _holdings(body.get("holdings", [])), _intent(body.get("intent", {}))
+    ready, dropped = _ready(body.get("ready", []), {(h["model"], h["version"]) for h in holdings},
+                            {k.partition("@")[0] for k in intent})
+    return {"node": node, "rack": rack, "labels": labels, "holdings": holdings, "intent": intent, "ready": ready, "ready_dropped": dropped, "weightd": sender}
 
 
 def _node(body: dict[str, Any]) -> str:
@@ -212,23 +219,27 @@ def _estimate(e: Any, where: str) -> dict[str, Any]:
             "seconds": _number(e["seconds"], f"{where}.seconds", 0.0, MAX_READY_S, "seconds from 0 to 1e9")}
 
 
-def _ready(ready: Any) -> list[dict[str, Any]]:
-    """A worker's ready estimates (weightd.node.ready_estimate), checked as holdings are."""
+def _ready(ready: Any, held: set[tuple[str, str]], intended: set[str]) -> tuple[list[dict[str, Any]], int]:
+    """A worker's ready estimates (weightd.node.ready_estimate), each checked as a holding is, and how
+    many were dropped: a bad row, a duplicate, one past MAX_READY, or an estimate of a version the
+    report neither holds (``held``) nor of a model its intent names (``intended``): the worker's claim
+    about a model it has nothing to do with is not kept."""
     if ready is None:
-        return []
+        return [], 0
     if not isinstance(ready, list):
-        raise ValueError(f"ready: expected a list, got {_kind(ready)}")
-    if len(ready) > MAX_READY:
-        raise ValueError(f"ready: {len(ready)} entries; at most {MAX_READY}")
+        return [], 1
     rows, seen = [], set()
-    for i, e in enumerate(ready):
-        row = _estimate(e, f"ready[{i}]")
+    for i, e in enumerate(ready[:MAX_READY]):
+        try:
+            row = _estimate(e, f"ready[{i}]")
+        except ValueError:
+            continue
         key = (row["model"], row["version"], row["tier"])
-        if key in seen:
-            raise ValueError(f"ready[{i}]: {row['model']}@{row['version']} in {row['tier']} is listed twice")
+        if key in seen or ((row["model"], row["version"]) not in held and row["model"] not in intended):
+            continue
         seen.add(key)
         rows.append(row)
-    return rows
+    return rows, len(ready) - len(rows)
 
 
 def report_bytes(r: dict[str, Any]) -> int:

@@ -63,6 +63,7 @@ class FleetView:
         self._nodes: dict[tuple[str, str], dict[str, Any]] = {}   # (ip, node) -> checked report
         self.held_bytes = 0
         self.evicted = 0          # reports evicted to make room (the largest first)
+        self.ready_dropped = 0    # ready estimates dropped from kept reports (weightd.fleet.report._ready)
 
     def __len__(self) -> int:
         return len(self._nodes)
@@ -133,8 +134,9 @@ class FleetView:
                             "weightd": r["weightd"], "holdings": tuple(_holding_tuple(h) for h in r["holdings"]),
                             "ready": tuple((sys.intern(e["model"]), sys.intern(e["version"]), e["tier"], e["seconds"])
                                            for e in r["ready"]),
-                            "ip": ip, "received_at": now, "size": size}
+                            "ready_dropped": r["ready_dropped"], "ip": ip, "received_at": now, "size": size}
         self.held_bytes += size
+        self.ready_dropped += r["ready_dropped"]
 
     def snapshot(self) -> tuple[list[dict[str, Any]], float]:
         """The held reports (records never changed once kept) sorted by node then address, and now:
@@ -161,6 +163,7 @@ class FleetView:
         out = []
         for r in records:
             wanted = {(k.partition("@")[0], v) for k, v in r["intent"].items()}
+            ready = ready_index(r)
             age = round(max(0.0, now - r["received_at"]), 1)
             for (model, version), copies in sorted(_by_version([_holding_dict(h) for h in r["holdings"]]).items()):
                 tiers = [t for t in TIERS if any(h["tier"] == t for h in copies)]
@@ -170,7 +173,7 @@ class FleetView:
                             "bytes": max(h["bytes"] for h in copies),
                             "serving": any(h["serving"] for h in copies),
                             "intended": (model, version) in wanted,
-                            "ready_s": ready_seconds(r, model, version), "age_s": age})
+                            "ready_s": ready.get((model, version)), "age_s": age})
         return out
 
 
@@ -180,7 +183,8 @@ def build_view(records: list[dict[str, Any]], now: float, *, model: str | None =
     :meth:`FleetView.snapshot`; pure, so it may run in a thread). A node: ``node``, ``ip``, ``rack``,
     ``labels``, ``intent``, ``weightd`` (the version it runs, null when its report did not say),
     ``age_s`` (since its report), ``holdings`` (as reported, sorted), ``ready`` (its ready estimates:
-    ``model``, ``version``, ``tier``, ``seconds``, sorted). A version: ``model``,
+    ``model``, ``version``, ``tier``, ``seconds``, sorted; the worker's own claim, of versions it holds
+    or models its intent names), ``ready_dropped`` (only when its last report had estimates dropped). A version: ``model``,
     ``version``, ``nodes`` (``hot``, ``warm``: nodes with a copy in that tier; ``total``: nodes with
     any copy), ``serving`` (nodes serving it), ``resident_avg`` (over those nodes, each by its most
     resident copy). Nodes sorted by name then address; versions by model then version.
@@ -225,7 +229,8 @@ def build_view(records: list[dict[str, Any]], now: float, *, model: str | None =
         nodes.append({"node": r["node"], "ip": r["ip"], "rack": r["rack"], "labels": dict(r["labels"]),
                       "intent": dict(r["intent"]), "weightd": r["weightd"],
                       "age_s": round(max(0.0, now - r["received_at"]), 1), "holdings": holdings,
-                      "ready": [dict(zip(READY_KEYS, e)) for e in sorted(r.get("ready", ()))]})
+                      "ready": [dict(zip(READY_KEYS, e)) for e in sorted(r.get("ready", ()))],
+                      **({"ready_dropped": r["ready_dropped"]} if r.get("ready_dropped") else {})})
     return {"nodes": doc["nodes"], "versions": doc["versions"], "generated_at": now,
             **{k: doc[k] for k in ("versions_cut", "next") if k in doc}}
 
@@ -258,19 +263,22 @@ def _by_version(holdings: list[dict[str, Any]]) -> dict[tuple[str, str], list[di
     return out
 
 
-def ready_seconds(node: dict[str, Any], model: str, version: str | None = None) -> float | None:
-    """A node's (a held record or a view's node) least ready estimate for ``model`` (of ``version``,
-    or of any version), or None when it sent none."""
-    rows = [(e["model"], e["version"], e["seconds"]) if isinstance(e, dict) else (e[0], e[1], e[3])
-            for e in node.get("ready", ())]
-    values = [sec for m, v, sec in rows if m == model and (version is None or v == version)]
-    return min(values) if values else None
+def ready_index(node: dict[str, Any]) -> dict[tuple[str, str | None], float]:
+    """A node's (a held record or a view's node) least ready estimate per (model, version) and per
+    (model, None) (any version): built once per node, looked up per printed row."""
+    out: dict[tuple[str, str | None], float] = {}
+    for e in node.get("ready", ()):
+        m, v, sec = (e["model"], e["version"], e["seconds"]) if isinstance(e, dict) else (e[0], e[1], e[3])
+        for key in ((m, v), (m, None)):
+            if key not in out or sec < out[key]:
+                out[key] = sec
+    return out
 
 
 def by_readiness(nodes: list[dict[str, Any]], model: str) -> list[dict[str, Any]]:
     """The view's ``nodes`` sorted by how soon each could serve ``model`` (its least ready estimate;
     nodes without one last), then by name: ``weightd fleet status --model``."""
     def key(n: dict[str, Any]) -> tuple[bool, float, str]:
-        s = ready_seconds(n, model)
+        s = ready_index(n).get((model, None))
         return (s is None, s or 0.0, str(n.get("node")))
     return sorted(nodes, key=key)
