@@ -359,3 +359,21 @@ def test_render_refuses_a_bad_ready_in_value() -> None:
     with pytest.raises(ValueError, match=re.escape("ready-in value for 'acme/x': expected one of 0s, 10s, 1m, 5m, "
                                                    "long, got '2h'")):
         nfd.render({}, clock=lambda: T0, ready_in={"acme/x": "2h"})
+
+
+def test_ready_in_labels_only_while_they_fit(fdir: Path) -> None:
+    """900 models: their tier labels fit NFD's 65,536 bytes, with their ready-in lines they would not
+    (and NFD would then skip the file, tier labels too): every tier label is written, ready-in labels
+    while they fit, and a comment says how many were left out."""
+    models = {f"acme/model-number-{i:04d}": "hot" for i in range(900)}
+    text = nfd.render(models, expiry_s=600, clock=lambda: T0, ready_in={m: "long" for m in models})
+    assert len(text.encode()) <= nfd.MAX_FEATURE_FILE_BYTES
+    labels = nfd_labels(text, T0 + 1)
+    assert {nfd.label_name(m) for m in models} <= set(labels)
+    ready = [k for k in labels if k.endswith(nfd.READY_SUFFIX)]
+    assert 0 < len(ready) < 900
+    assert re.search(rf"^# {900 - len(ready)} of 900 ready-in labels left out", text, re.M)
+    assert nfd.write_features(fdir, "weightd", text)
+    assert nfd_labels((fdir / "weightd").read_text(), T0 + 1) == labels
+    few = nfd.render(dict(list(models.items())[:10]), clock=lambda: T0, ready_in={m: "0s" for m in list(models)[:10]})
+    assert "left out" not in few and len(nfd_labels(few, T0)) == 20

@@ -16,7 +16,8 @@ import pytest
 
 from weightd.config import load_config
 from weightd.node.diskbench import save_baseline
-from weightd.node.ready_estimate import ReadyEstimator, best_per_model, bucket, hash_rate
+from weightd.node.ready_estimate import (MAX_SECONDS, ReadyEstimator, bench_rate, best_per_model, bucket,
+                                         finite_seconds, guarded, hash_rate)
 from weightd.node.ready_times import TransferRates
 
 MiB = 1 << 20
@@ -118,7 +119,7 @@ def test_from_status_best_copy_then_wanted(node_env: Any) -> None:
          "tiers": {"hot": {"resident_bytes": 100 * MiB}, "warm": {"resident_bytes": 0}}},
         {"name": "a/x", "version": "v1~part", "bytes": 1, "part_of": {"version": "v1"}, "tiers": {"warm": {}}},
     ]}
-    est.set_wanted([("a/x", "v1", "hot", 100 * MiB), ("b/y", "v2", "warm", 50 * MiB)])
+    est.set_wanted([("a/x", "v1", "hot", 100 * MiB, None), ("b/y", "v2", "warm", 50 * MiB, None)])
     rows = est.from_status(status)
     assert [(r["model"], r["version"], r["tier"], r["source"]) for r in rows] == [
         ("a/x", "v1", "hot", "resident"), ("b/y", "v2", "warm", "cold")]
@@ -126,6 +127,112 @@ def test_from_status_best_copy_then_wanted(node_env: Any) -> None:
     listed = est.for_listing([{"name": "a/x", "version": "v1", "bytes": 100 * MiB, "local": ["hot", "warm"]},
                               {"name": "a/x", "version": "v2", "bytes": 100 * MiB, "local": []}], status)
     assert [(r["ready_in"], r["ready_source"]) for r in listed] == [("0s", "resident"), ("1m", "cold")]
+
+
+@pytest.mark.parametrize("rate", ["fast", -5e8, 1e-300, float("nan"), float("inf"), 0, None, [1], True])
+def test_a_damaged_disk_baseline_is_no_rate(node_env: Any, rate: Any) -> None:
+    """state/disk-baseline.json edited or damaged: only a finite rate of at least 1 B/s counts (else
+    "fast" raised ValueError, -5e8 gave negative seconds, 1e-300 gave inf)."""
+    save_baseline(node_env.state, {"device": "0:2", "path": str(node_env.cold), "seqread_16m": {"bytes_per_s": rate}})
+    assert bench_rate(node_env.state, node_env.cold) is None
+    est = ReadyEstimator(config(node_env), TransferRates(), capacity=lambda c: 16 * MiB)
+    e = est.of_absent("a/x", "v1", 64 * MiB, "hot")
+    assert e["basis"].startswith("not measured yet: the link capacity") and 4.0 < e["seconds"] < 1e3
+
+
+def test_seconds_are_finite_and_within_what_the_origin_keeps(node_env: Any) -> None:
+    """A forged cold manifest of 2**62 bytes is "long", 1e9 s (the origin's bound), not 6.2e9 s."""
+    assert [finite_seconds(x) for x in (None, -3.0, 2.5, 6.2e9, float("inf"), float("nan"), "x")] == [
+        None, 0.0, 2.5, MAX_SECONDS, None, None, None]
+    est = ReadyEstimator(config(node_env), TransferRates(), capacity=lambda c: 750 * MiB)
+    e = est.of_absent("a/x", "v1", 2 ** 62, "hot")
+    assert (e["seconds"], e["bucket"]) == (MAX_SECONDS, "long")
+    from weightd.fleet.report import MAX_READY_S
+    assert MAX_SECONDS == MAX_READY_S
+
+
+def test_a_failing_estimate_is_unknown_and_said_once(caplog: pytest.LogCaptureFixture) -> None:
+    def broken() -> Any:
+        raise OverflowError("cannot convert float infinity to integer")
+    with caplog.at_level("WARNING", logger="weightd.node.ready_estimate"):
+        assert guarded("ls", broken, ["?"]) == ["?"]
+        assert guarded("ls", broken, ["?"]) == ["?"]
+    assert [r.getMessage() for r in caplog.records] == [
+        "ready estimate unknown (ls: OverflowError: cannot convert float infinity to integer)"]
+
+
+def test_ls_and_status_with_a_damaged_disk_baseline(node_env: Any, wd: Any, tmp_path: Path) -> None:
+    """`weightd ls` and `status` answer (no internal error) whatever disk-baseline.json says."""
+    from .test_daemon import publish
+    publish(wd, tmp_path, "acme/chat", "v1", size=4 * MiB)
+    (node_env.state / "disk-baseline.json").write_text(json.dumps({
+        "0:1": {"path": str(node_env.cold), "seqread_16m": {"bytes_per_s": "fast"}},
+        "0:2": {"path": str(node_env.warm), "seqread_16m": {"bytes_per_s": 1e-300}}}))
+    ls = wd("ls", "--json")
+    assert ls.returncode == 0, ls.stderr
+    assert [r["version"] for r in json.loads(ls.stdout)["versions"]] == ["v1"]
+    assert wd("ls").returncode == 0
+    st = wd("status", "--json")
+    assert st.returncode == 0, st.stderr
+
+
+def test_a_partial_copy_is_estimated_as_the_copy_intent_keeps(node_env: Any) -> None:
+    """An entry with patterns keeps V~p<hex>: a fully hot 40 GiB partial of a 140 GiB version is ready
+    now (was: estimated as the absent 140 GiB version, 5m)."""
+    from types import SimpleNamespace
+
+    from weightd.daemon.intent_fleet import ObjectSizes, ready_estimates
+    from weightd.intent.reconcile import Plan
+    GiB = 1 << 30
+    est = ReadyEstimator(config(node_env), TransferRates(), capacity=lambda c: 1250 * MiB)
+    sel = {"include": ["*.safetensors"], "exclude": ["*-00003-*"]}
+    status = {"checkpoints": [
+        {"name": "acme/big", "version": "v1~p0123abcd", "bytes": 40 * GiB,
+         "part_of": {"kind": "partial", "version": "v1", "selection": {"exclude": ["*-00003-*"],
+                                                                      "include": ["*.safetensors"]}},
+         "tiers": {"hot": {"resident_bytes": 40 * GiB}}}]}
+    plan = Plan(rows=[{"model": "acme/big", "tier": "hot", "want": "v1", "selection": sel},
+                      {"model": "acme/big@v2", "tier": "warm", "want": "v2", "selection": sel}])
+    reads: list[Any] = []
+    sizes = ObjectSizes(lambda k: reads.append(k) or 30 * GiB)
+    d = SimpleNamespace(service=SimpleNamespace(estimates=est))
+    rows = {(e["model"], e["version"]): e for e in ready_estimates(d, status, plan, sizes)}
+    assert (rows[("acme/big", "v1")]["seconds"], rows[("acme/big", "v1")]["bucket"]) == (0.0, "0s")
+    assert ("acme/big", "v2") not in rows          # (its size is read in the background, not in the round)
+    sizes._busy.join(5)
+    rows = {(e["model"], e["version"]): e for e in ready_estimates(d, status, plan, sizes)}
+    assert rows[("acme/big", "v2")]["seconds"] == pytest.approx(30 * GiB / (1250 * MiB) + 30 * GiB / hash_rate(),
+                                                                rel=1e-3)
+    assert [k[:2] for k in reads] == [("acme/big", "v2")] and json.loads(reads[0][2]) == sel
+
+
+def test_a_hung_cold_store_never_holds_the_intent_round(node_env: Any) -> None:
+    """The size of a wanted version comes from a manifest in cold storage: a hung NFS read holds the
+    sizes' own thread; the round returns at once, without that version, and has it once the read ends."""
+    import threading
+    import time as _time
+    from types import SimpleNamespace
+
+    from weightd.daemon.intent_fleet import HoldingsReport, ready_estimates
+    from weightd.intent.reconcile import Plan
+    release = threading.Event()
+
+    def published_version(name: str, version: str) -> Any:
+        release.wait(30)
+        return SimpleNamespace(size=64 * MiB)
+    est = ReadyEstimator(config(node_env), TransferRates(), capacity=lambda c: 64 * MiB)
+    d = SimpleNamespace(service=SimpleNamespace(estimates=est), node=SimpleNamespace(published_version=published_version))
+    report = HoldingsReport(d)   # type: ignore[arg-type]
+    plan = Plan(rows=[{"model": "acme/x", "tier": "hot", "want": "v1"}])
+    status = {"checkpoints": []}
+    for _ in range(3):
+        t0 = _time.monotonic()
+        assert ready_estimates(d, status, plan, report.sizes) == []
+        assert _time.monotonic() - t0 < 1.0
+    release.set()
+    report.sizes._busy.join(5)
+    rows = ready_estimates(d, status, plan, report.sizes)
+    assert [(r["model"], r["version"], r["source"]) for r in rows] == [("acme/x", "v1", "cold")]
 
 
 # -- honest: the estimate against the preload's measured time to ready, real daemons ---------------

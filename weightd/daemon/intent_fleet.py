@@ -7,11 +7,13 @@ feature file a scheduler places servers by, and (every ``[intent] report_s``) a 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 import socket
+import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..intent.reconcile import Fetch, Plan
 
@@ -92,6 +94,48 @@ class RolloutSlots:
             log.info("intent: releasing the rollout slot: %s", exc)
 
 
+SIZES_KEPT = 100_000       # sizes of wanted copies remembered (a bound, never reached by a sane intent)
+
+SizeKey = tuple[str, str, str]   # (name, version, the selection's key, "" for the whole version)
+
+
+class ObjectSizes:
+    """The bytes of the copies intent wants here and does not hold, for their ready estimates: read
+    from cold storage's manifests on a thread of its own, never in the intent round (a hung cold
+    server holds that thread, not the round: the round estimates what it has sizes for, and a copy
+    whose size is not known yet is left out). A published version never changes: a size is read once."""
+
+    def __init__(self, read: Callable[[SizeKey], int]) -> None:
+        self.read = read
+        self.sizes: dict[SizeKey, int] = {}
+        self._lock = threading.Lock()
+        self._busy: threading.Thread | None = None
+
+    def get(self, keys: list[SizeKey]) -> dict[SizeKey, int]:
+        """The sizes known of ``keys`` now; the others are read in the background (one batch at a
+        time: while one hangs, no other starts)."""
+        with self._lock:
+            known = {k: self.sizes[k] for k in keys if k in self.sizes}
+        missing = [k for k in dict.fromkeys(keys) if k not in known]
+        if missing and (self._busy is None or not self._busy.is_alive()):
+            # (a daemon thread: one hung on a dead NFS mount never holds the process at exit)
+            self._busy = threading.Thread(target=self._fill, args=(missing,), name="weightd-ready-sizes", daemon=True)
+            self._busy.start()
+        return known
+
+    def _fill(self, keys: list[SizeKey]) -> None:
+        for k in keys:
+            try:
+                size = int(self.read(k))
+            except Exception as exc:  # noqa: BLE001 (unreadable now: asked again next round)
+                log.debug("intent: size of %s@%s not known yet: %s", k[0], k[1], exc)
+                continue
+            with self._lock:
+                if len(self.sizes) >= SIZES_KEPT:
+                    self.sizes.clear()
+                self.sizes[k] = size
+
+
 class HoldingsReport:
     """What the node holds, told to the scheduler and the origin each round."""
 
@@ -99,13 +143,17 @@ class HoldingsReport:
         self.d = d
         self.last_report = 0.0
         self.error: str | None = None   # why the last report to the origin failed (intent status shows it)
+        self.sizes = ObjectSizes(lambda k: object_size(d, k))
+        self.nfd_cut_said = False
 
     async def publish(self, status: dict[str, Any], plan: Plan, labels: dict[str, str], now: float) -> None:
         """The NFD feature file, the model-ready gauges, and (every report_s) the origin's report."""
         cfg = self.d.config.settings.intent
         holdings = holdings_of(status, plan)
         self.d.metrics.set_model_ready(holdings)
-        estimates = await self.d.run_blocking("misc", ready_estimates, self.d, status, plan)
+        from ..node.ready_estimate import guarded
+        estimates = await self.d.run_blocking(
+            "misc", lambda: guarded("intent round", lambda: ready_estimates(self.d, status, plan, self.sizes), []))
         if cfg.nfd_dir is not None:
             try:
                 await self.d.run_blocking("misc", self._write_nfd, holdings, estimates)
@@ -114,9 +162,15 @@ class HoldingsReport:
         client = origin_client(self.d)
         if client is not None and now - self.last_report >= cfg.report_s:
             self.last_report = now
+            # intent: what each entry serves, else (nothing of it here yet) the version it wants: the
+            # origin keeps ready estimates only of models a report holds or intends
+            intent = {m: v for m, (v, _t) in plan.serving.items()}
+            for row in plan.rows:
+                if row.get("want") is not None and row["model"] not in intent:
+                    intent[row["model"]] = row["want"]
             body = {"node": node_name(self.d), "rack": self.d.config.settings.p2p.rack or None,
                     "labels": dict(list(labels.items())[:64]), "holdings": holdings[:1024],
-                    "intent": {m: v for m, (v, _t) in list(plan.serving.items())[:1024]},
+                    "intent": dict(list(intent.items())[:1024]),
                     "ready": [{k: e[k] for k in ("model", "version", "tier", "seconds")}
                               for e in estimates if e["seconds"] is not None][:1024]}
             try:
@@ -133,27 +187,74 @@ class HoldingsReport:
         cfg = self.d.config.settings.intent
         best = nfd.best_values([(h["model"], nfd.label_value(h["tier"], h["resident"])) for h in holdings])
         expiry = max(600.0, 4 * cfg.reconcile_s)
-        nfd.write_features(cfg.nfd_dir, "weightd", nfd.render(best, expiry_s=expiry,
-                                                               ready_in=best_per_model(estimates)), refresh_s=expiry / 2)
+        text = nfd.render(best, expiry_s=expiry, ready_in=best_per_model(estimates))
+        if "ready-in labels left out" in text and not self.nfd_cut_said:
+            self.nfd_cut_said = True
+            log.info("intent: node feature file: %s", text.rstrip().rpartition("\n")[2].lstrip("# "))
+        nfd.write_features(cfg.nfd_dir, "weightd", text, refresh_s=expiry / 2)
 
 
-def ready_estimates(d: "DaemonContext", status: dict[str, Any], p: Plan) -> list[dict[str, Any]]:
-    """The ready estimates of what the node holds and of the versions intent wants here that it does
-    not hold (their sizes from cold storage's manifests; one that cannot be read is left out this
-    round). Blocking: run in a pool."""
-    held = {(c["name"], c["version"]) for c in status["checkpoints"]}
-    wanted = []
+def object_size(d: "DaemonContext", k: SizeKey) -> int:
+    """(the sizes' thread) The bytes of the copy ``k`` names: the published version, or the partial
+    copy its selection keeps of it (from the version's manifest in cold storage)."""
+    name, version, skey = k
+    v = d.node.published_version(name, version)
+    if v is None:
+        raise LookupError(f"{name}@{version} is not published")
+    if not skey:
+        return v.size
+    from tiering import selection_from_dict
+    return d.node.object_of(v, selection_from_dict(json.loads(skey)))[0].size
+
+
+def _part_key(of: dict[str, Any]) -> str | None:
+    from tiering import selection_from_dict
+
+    from .intent_catalog import sel_key
+    try:
+        return sel_key(selection_from_dict(of["selection"]))
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def ready_estimates(d: "DaemonContext", status: dict[str, Any], p: Plan, sizes: ObjectSizes) -> list[dict[str, Any]]:
+    """The ready estimates of what the node holds and of the copies intent wants here: for an entry
+    that keeps a partial copy (patterns, or the model's default patterns), that copy, from its local
+    copies' residency when it is here, else its size (:class:`ObjectSizes`; a copy whose size is not
+    known yet is left out this round). Never reads cold storage itself. Blocking: run in a pool."""
+    from tiering import selection_from_dict
+
+    from .intent_catalog import sel_key
+    held = {(c["name"], c["version"]) for c in status["checkpoints"] if c.get("part_of") is None}
+    parts: dict[tuple[str, str, str], dict[str, Any]] = {}   # (name, version, selection) -> the partial copy here
+    for c in status["checkpoints"]:
+        of = c.get("part_of") or {}
+        if of.get("kind") == "partial" and isinstance(of.get("selection"), dict) and (k := _part_key(of)):
+            parts[(c["name"], str(of.get("version")), k)] = c
+    wanted: list[tuple[str, str, str, SizeKey, dict[str, int] | None]] = []
     for row in p.rows:   # (each entry's target version, once something is published to aim at)
         name, version, tier = row["model"].partition("@")[0], row.get("want"), row["tier"]
         if version is None or (name, version) in held:
             continue
-        try:
-            v = d.node.published_version(name, version)
-        except Exception:  # noqa: BLE001 (cold storage unreadable now: the storage check says why)
-            v = None
-        if v is not None:
-            wanted.append((name, version, tier, v.size))
-    d.service.estimates.set_wanted(wanted)
+        skey = ""
+        if row.get("selection") is not None:
+            try:
+                sel = selection_from_dict(row["selection"])
+            except (ValueError, KeyError, TypeError):
+                continue
+            skey = "" if sel.whole else sel_key(sel)
+        c = parts.get((name, version, skey)) if skey else None
+        copies = None if c is None else {t: int(i.get("resident_bytes") or 0) for t, i in c["tiers"].items()}
+        wanted.append((name, version, tier, (name, version, skey), copies))
+    known = sizes.get([w[3] for w in wanted if w[4] is None])
+    entries = []
+    for name, version, tier, key, copies in wanted:
+        if copies is not None:
+            c = parts[(name, version, key[2])]
+            entries.append((name, version, tier, int(c["bytes"]), copies))
+        elif key in known:
+            entries.append((name, version, tier, known[key], None))
+    d.service.estimates.set_wanted(entries)
     return d.service.estimates.from_status(status)
 
 

@@ -41,6 +41,7 @@ VALUES = (HOT, WARM, READY)
 _RANK = {READY: 1, WARM: 2, HOT: 3}
 MAX_KEY_LEN = 63                  # the name part of a Kubernetes label key
 MAX_FEATURE_FILE_BYTES = 65536    # NFD skips a larger feature file
+_CUT_NOTE_BYTES = 128             # room kept for the comment that says ready-in labels were left out
 _HASH_HEX = 8
 _HEAD_LEN = MAX_KEY_LEN - 1 - _HASH_HEX
 _KEY = re.compile(r"[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?")
@@ -134,8 +135,12 @@ def render(holdings: Mapping[str, str], *, expiry_s: float | None = None,
     ``# +expiry-time=`` directive that far ahead (whole seconds, rounded up), then one
     ``weightd.io/<key>=<value>`` line per model of ``holdings`` (model -> ``hot``/``warm``/``ready``)
     and one ``weightd.io/<key>.ready-in=<bucket>`` line per model of ``ready_in`` (model -> ``0s``/
-    ``10s``/``1m``/``5m``/``long``), sorted by label. ValueError on an unknown value, or two labels
-    that share a key."""
+    ``10s``/``1m``/``5m``/``long``), each kind sorted by label. ValueError on an unknown value, or two
+    labels that share a key.
+
+    The tier labels come first and always fit where they did alone; the ready-in lines (about as many
+    again, and longer) follow only while the file stays within NFD's 65,536 bytes: past that NFD
+    would skip the whole file, tier labels too. A comment line says how many were left out."""
     now = clock()
     lines = [f"# written by weightd at {_rfc3339(now)}: the models this node holds "
              "(weightd.io/<model>=hot|warm|ready); replaced when they change, do not edit"]
@@ -145,6 +150,7 @@ def render(holdings: Mapping[str, str], *, expiry_s: float | None = None,
             raise ValueError(f"expiry_s: expected a positive number of seconds, got {expiry_s!r}")
         lines.append(f"{_EXPIRY}={_rfc3339(math.ceil(now + expiry_s))}")
     labels: dict[str, tuple[str, str]] = {}
+    ready: dict[str, str] = {}
     for model, value in holdings.items():
         if value not in _RANK:
             raise ValueError(f"label value for {model!r:.80}: expected one of {', '.join(VALUES)}, got {value!r:.40}")
@@ -159,7 +165,24 @@ def render(holdings: Mapping[str, str], *, expiry_s: float | None = None,
         if name in labels:
             raise ValueError(f"models {labels[name][0]!r} and {model!r} share the label {name}")
         labels[name] = (model, value)
-    lines += [f"{name}={value}" for name, (_model, value) in sorted(labels.items())]
+        ready[name] = value
+    lines += [f"{name}={value}" for name, (_model, value) in sorted(labels.items()) if name not in ready]
+    size = sum(len(line) + 1 for line in lines)
+    ready_lines = [f"{name}={value}" for name, value in sorted(ready.items())]
+    room = MAX_FEATURE_FILE_BYTES - size - _CUT_NOTE_BYTES
+    kept = 0
+    if size + sum(len(line) + 1 for line in ready_lines) <= MAX_FEATURE_FILE_BYTES:
+        kept = len(ready_lines)
+    else:
+        for line in ready_lines:
+            if len(line) + 1 > room:
+                break
+            room -= len(line) + 1
+            kept += 1
+    lines += ready_lines[:kept]
+    if kept < len(ready_lines):
+        lines.append(f"# {len(ready_lines) - kept} of {len(ready_lines)} ready-in labels left out: the file would "
+                     f"pass the {MAX_FEATURE_FILE_BYTES} bytes NFD reads (tier labels first)")
     return "\n".join(lines) + "\n"
 
 

@@ -40,6 +40,8 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import logging
+import math
 import os
 import threading
 import time
@@ -56,6 +58,9 @@ LONG = "long"
 HASH_SAMPLE_BYTES = 64 << 20
 CACHE_S = 2.0        # an estimate of every copy is kept this long (a scrape storm reads residency once)
 MAX_WANTED = 1024    # absent versions intent wants, estimated each round
+MAX_SECONDS = 1e9    # (the origin's bound, weightd.fleet.report.MAX_READY_S: past that an estimate is "long")
+
+log = logging.getLogger(__name__)
 
 
 def bucket(seconds: float | None) -> str:
@@ -104,15 +109,32 @@ def bench_rate(state_dir: Path, directory: Path | None) -> float | None:
     for result in load_baselines(state_dir).values():
         try:
             where = Path(result["path"])
-            rate = result["seqread_16m"]["bytes_per_s"]
-        except (KeyError, TypeError):
+            raw = result["seqread_16m"]["bytes_per_s"]
+            if isinstance(raw, bool):
+                continue
+            rate = float(raw)
+        except (KeyError, TypeError, ValueError, OverflowError):
             continue
-        if rate and (where == directory or directory in where.parents):
-            return float(rate)
+        # (a hand-edited or damaged record: only a finite rate of at least a byte a second counts)
+        if math.isfinite(rate) and rate >= 1.0 and (where == directory or directory in where.parents):
+            return rate
     return None
 
 
+def finite_seconds(seconds: float | None) -> float | None:
+    """``seconds`` as an estimate may say it: None (unknown) when not a finite number, else clamped
+    to [0, MAX_SECONDS] (a forged manifest of 2**62 bytes is "long", not 6e9 s the origin refuses)."""
+    if seconds is None:
+        return None
+    try:
+        s = float(seconds)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return min(max(s, 0.0), MAX_SECONDS) if math.isfinite(s) else None
+
+
 def _row(model: str, version: str, tier: str, seconds: float | None, source: str, basis: str) -> dict[str, Any]:
+    seconds = finite_seconds(seconds)
     return {"model": model, "version": version, "tier": tier,
             "seconds": None if seconds is None else round(seconds, 3), "bucket": bucket(seconds),
             "source": source, "basis": basis}
@@ -199,8 +221,8 @@ class ReadyEstimator:
         return absent if absent["seconds"] is not None or not rows else rows[0]
 
     def from_status(self, status: dict[str, Any]) -> list[dict[str, Any]]:
-        """One estimate per whole version of the ``status`` document (its copies), then the absent
-        versions intent wants (:attr:`wanted`); sorted by model and version."""
+        """One estimate per whole version of the ``status`` document (its copies), then the copies
+        intent wants (:attr:`wanted`: absent, or partial copies here); sorted by model and version."""
         out: dict[tuple[str, str], dict[str, Any]] = {}
         for c in status.get("checkpoints", ()):
             if c.get("part_of") is not None:   # (a part or a companion is not what a server loads)
@@ -209,8 +231,8 @@ class ReadyEstimator:
             out[(c["name"], c["version"])] = self.of_version(c["name"], c["version"], int(c["bytes"]), copies, "hot")
         for w in self.wanted:
             key = (w["model"], w["version"])
-            if key not in out:
-                out[key] = self.of_absent(w["model"], w["version"], w["bytes"], w["tier"])
+            if key not in out:   # (a partial copy intent keeps: its own bytes and residency, if here)
+                out[key] = self.of_version(w["model"], w["version"], w["bytes"], w["copies"], w["tier"])
         return [out[k] for k in sorted(out)]
 
     def current(self, status: Callable[[], dict[str, Any]]) -> list[dict[str, Any]]:
@@ -237,11 +259,38 @@ class ReadyEstimator:
                         "ready_basis": e["basis"]})
         return out
 
-    def set_wanted(self, entries: list[tuple[str, str, str, int]]) -> None:
-        """The versions fleet intent wants here, ``(model, version, tier, bytes)`` (at most MAX_WANTED)."""
-        self.wanted = [{"model": m, "version": v, "tier": t, "bytes": int(b)} for m, v, t, b in entries[:MAX_WANTED]]
+    def set_wanted(self, entries: list[tuple[str, str, str, int, dict[str, int] | None]]) -> None:
+        """The copies fleet intent wants here and no whole version of which is here, ``(model,
+        version, tier, bytes, copies)`` (at most MAX_WANTED): ``bytes`` and ``copies`` (tier ->
+        resident bytes, None when absent) are of the copy the entry keeps (a partial copy's own,
+        ``V~p<hex>``, for an entry with patterns: estimated as the version it is part of)."""
+        self.wanted = [{"model": m, "version": v, "tier": t, "bytes": int(b), "copies": dict(c or {})}
+                       for m, v, t, b, c in entries[:MAX_WANTED]]
         with self._lock:
             self._cache = None
+
+
+_said: set[str] = set()
+
+
+def guarded(what: str, fn: Callable[[], Any], fallback: Any) -> Any:
+    """``fn()``, else ``fallback`` and one log line per distinct error: an estimate that fails (a
+    damaged record in the state dir, a bug) is "unknown", never a failed ``status``, ``ls`` or
+    intent round."""
+    try:
+        return fn()
+    except Exception as exc:  # noqa: BLE001 (an estimate is advice: unknown beats an internal error)
+        key = f"{what}: {type(exc).__name__}: {exc}"
+        if key not in _said and len(_said) < 64:
+            _said.add(key)
+            log.warning("ready estimate unknown (%s)", key)
+        return fallback
+
+
+def unknown_listing(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``weightd ls`` rows when no estimate could be made: ready in ``?``."""
+    return [{**r, "ready_in_s": None, "ready_in": "?", "ready_source": None, "ready_basis": "the estimate failed"}
+            for r in rows]
 
 
 def best_per_model(estimates: list[dict[str, Any]]) -> dict[str, str]:

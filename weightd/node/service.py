@@ -20,6 +20,7 @@ from tiering import DEFAULT_LEASE_S, run_bounded, HOT, LOCAL_TIERS, SignatureRef
 
 from ..errors import InvalidRequest
 from .outcomes import Outcomes
+from .ready_estimate import guarded, unknown_listing
 from .requests import DEFAULT, PreloadRequest, check_companion, check_seconds, check_tier, split_ref
 
 if TYPE_CHECKING:
@@ -309,7 +310,7 @@ class NodeService:
         return {**st, "transfers": [], "answered_by": "in-process",
                 "problems": self.node.storage_problems() if problems is None else problems,
                 "time_to_ready": self.outcomes.ready_times.summary(),
-                "ready_estimates": self.estimates.from_status(st),
+                "ready_estimates": guarded("status", lambda: self.estimates.from_status(st), []),
                 "recent_events": self.outcomes.recent()}
 
     def join_lease(self, req: PreloadRequest, report: dict[str, Any]) -> dict[str, Any]:
@@ -350,7 +351,7 @@ class NodeService:
         if name is not None and not rows:
             raise self.node.not_found(name)
         st = self.node.status() if any(r["local"] for r in rows) else {}   # (residency of the local copies)
-        return {"versions": self.estimates.for_listing(rows, st)}
+        return {"versions": guarded("ls", lambda: self.estimates.for_listing(rows, st), unknown_listing(rows))}
 
     def pin(self, ref: str) -> dict[str, Any]:
         return self._pin(ref, True)
