@@ -3,8 +3,9 @@
 (``weightd ls NAME --json``: ``ready_in_s``) against that preload's measured time to ready (the
 daemon's own ``status --json`` ``time_to_ready`` ``last_s``), on a contended node:
 
-    .venv/bin/python bench/ready_estimate.py [--rounds 5] [--size 192MiB] [--cold-cap 48MB]
-                                             [--swarm-cap 24MB] [--cases cold,swarm] [--dir /var/tmp]
+    .venv/bin/python bench/ready_estimate.py [--rounds 5] [--size 192MiB] [--other-size 96MiB]
+                                             [--cold-cap 48MB] [--swarm-cap 24MB] [--cases cold,swarm]
+                                             [--dir /var/tmp]
 
 ``cold``: one daemon started inside a cgroup-v1 blkio child whose ``read_bps_device`` caps reads of
 the device holding cold storage (a directory under --dir) at --cold-cap; ``weightd bench disk COLD``
@@ -14,13 +15,16 @@ from the capped device. ``swarm``: an origin daemon on 127.0.0.2 seeds from cold
 its page cache first) and a worker daemon on 127.0.0.3 with ``[p2p] download_limit`` = --swarm-cap
 and the origin as its only peer preloads (threshold 1 MiB: every version travels over P2P).
 
-Each case publishes rounds + 1 versions of --size (different content: nothing is reused as a delta).
-The first preload (``first``) is estimated from the fallback alone (nothing measured yet: bench disk
-or the configured download limit, plus hashing); each of the next --rounds preloads is estimated from
-the rates the daemon measured from its own earlier preloads. Each version is evicted after its round.
-Reported per case: each round's estimate, time to ready and error (estimate / measured - 1), and the
-median and min-max of the estimates, the measured times and |error|; target: |error| <= 25% in every
-round. Root and cgroup v1 blkio are needed for ``cold`` (the case says why it is skipped otherwise).
+Each case publishes rounds + 1 versions of --size and one of --other-size (different content:
+nothing is reused as a delta). The first preload (``first``) is estimated from the fallback alone
+(nothing measured yet: bench disk or the configured download limit, plus hashing); each of the next
+--rounds preloads is estimated from the rates the daemon measured from its own earlier preloads; the
+last (``other_size``) is of another size, estimated from those same rates (a rate, not a remembered
+time). Each version is evicted after its round. Reported per case: each round's estimate, time to
+ready and error (estimate / measured - 1); the median and min-max of the measured rounds' estimates,
+times and |error|; and the |error| of the first and of the other-size round on their own lines.
+Target: |error| <= 25% in every round, the first and the other-size round included
+(``within_target``); ``within_target_measured`` judges the measured rounds of --size alone. Root and cgroup v1 blkio are needed for ``cold`` (the case says why it is skipped otherwise).
 """
 
 from __future__ import annotations
@@ -108,12 +112,14 @@ class Node:
         shutil.rmtree(self.hot, ignore_errors=True)
 
 
-def publish(base: Path, cold: Path, size: int, versions: list[str]) -> None:
-    """``versions`` of NAME, each of ``size`` with its own content, published to ``cold`` (torrents made)."""
+def publish(base: Path, cold: Path, size: int, versions: list[str], sizes: dict[str, int] | None = None) -> None:
+    """``versions`` of NAME, each of ``size`` (or ``sizes[v]``) with its own content, published to
+    ``cold`` (torrents made)."""
     cfg, hot = node_config(base, cold, "127.0.0.1", 'threshold = "1MiB"\n')
     try:
         for v in versions:
-            src = make_checkpoint(base / f"src-{v}", total_bytes=size, shards=4, layers=8, seed=f"ready-{v}")
+            size_v = (sizes or {}).get(v, size)
+            src = make_checkpoint(base / f"src-{v}", total_bytes=size_v, shards=4, layers=8, seed=f"ready-{v}")
             p = weightd(cfg, "--no-daemon", "publish", str(src), "--name", NAME, "--version", v)
             shutil.rmtree(src, ignore_errors=True)
             if p.returncode != 0:
@@ -153,10 +159,18 @@ def one_round(node: Node, cold: Path, version: str, drop: bool) -> dict[str, Any
             "error": None if row["ready_in_s"] is None else round(row["ready_in_s"] / measured - 1, 4)}
 
 
-def cold_case(base: Path, size: int, cap: int, n: int) -> dict[str, Any]:
-    cold = base / "cold-c"
+def _versions(n: int, other_size: int | None) -> tuple[list[str], dict[str, int]]:
+    """rounds + 1 versions of --size, then one of ``other_size`` (if any)."""
     versions = [f"v{i}" for i in range(n + 1)]
-    publish(base, cold, size, versions)
+    if other_size is None:
+        return versions, {}
+    return [*versions, "other"], {"other": other_size}
+
+
+def cold_case(base: Path, size: int, cap: int, n: int, other_size: int | None = None) -> dict[str, Any]:
+    cold = base / "cold-c"
+    versions, sizes = _versions(n, other_size)
+    publish(base, cold, size, versions, sizes)
     throttle = Throttle.for_path(cold, cap)
     if not throttle.active:
         return {"skipped": f"no blkio cap: {throttle.why}"}
@@ -175,13 +189,13 @@ def cold_case(base: Path, size: int, cap: int, n: int) -> dict[str, Any]:
             node.stop()
     finally:
         throttle.close()
-    return {"cap_bytes_per_s": cap, "bench_disk_seqread": disk, **judged(runs)}
+    return {"cap_bytes_per_s": cap, "bench_disk_seqread": disk, **judged(runs, bool(sizes))}
 
 
-def swarm_case(base: Path, size: int, cap: int, n: int) -> dict[str, Any]:
+def swarm_case(base: Path, size: int, cap: int, n: int, other_size: int | None = None) -> dict[str, Any]:
     cold = base / "cold-s"
-    versions = [f"v{i}" for i in range(n + 1)]
-    publish(base, cold, size, versions)
+    versions, sizes = _versions(n, other_size)
+    publish(base, cold, size, versions, sizes)
     allow = f'allow = ["{ORIGIN_IP}/32", "{WORKER_IP}/32"]\n'
     port = free_port(ORIGIN_IP)
     ocfg, ohot = node_config(base, cold, ORIGIN_IP, f'threshold = "1MiB"\n{allow}', port)
@@ -196,19 +210,29 @@ def swarm_case(base: Path, size: int, cap: int, n: int) -> dict[str, Any]:
             node.stop()
     finally:
         origin.stop()
-    return {"cap_bytes_per_s": cap, **judged(runs)}
+    return {"cap_bytes_per_s": cap, **judged(runs, bool(sizes))}
 
 
-def judged(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """The first run (estimated from the fallback) apart; the rounds' medians, min-max and errors."""
-    first, rest = runs[0], runs[1:]
+def _abs_error(r: dict[str, Any] | None) -> float | None:
+    return None if r is None or r["error"] is None else abs(r["error"])
+
+
+def judged(runs: list[dict[str, Any]], other: bool = False) -> dict[str, Any]:
+    """The first run (estimated from the fallback), the measured rounds, the other-size run (the last,
+    when ``other``): medians, min-max and errors of the measured rounds; every run judged against the
+    target, the first and the other-size one included (an unknown estimate fails it)."""
+    first, rest, last = runs[0], runs[1:len(runs) - other], runs[-1] if other else None
     errors = [abs(r["error"]) for r in rest if r["error"] is not None]
-    return {"first": first, "rounds": rest,
+    every = [_abs_error(r) for r in [first, *rest, *([last] if last else [])]]
+    return {"first": first, "rounds": rest, "other_size": last,
             "estimate": summary([r["estimate_s"] for r in rest if r["estimate_s"] is not None] or [0.0]),
             "time_to_ready": summary([r["time_to_ready_s"] for r in rest]),
             "abs_error": summary(errors) if errors else None,
             "max_abs_error": max(errors) if errors else None,
-            "within_target": bool(errors) and len(errors) == len(rest) and max(errors) <= TARGET}
+            "first_abs_error": _abs_error(first),
+            "other_size_abs_error": _abs_error(last),
+            "within_target_measured": bool(errors) and len(errors) == len(rest) and max(errors) <= TARGET,
+            "within_target": all(e is not None and e <= TARGET for e in every)}
 
 
 CASES = {"cold": (cold_case, "cold_cap"), "swarm": (swarm_case, "swarm_cap")}
@@ -218,6 +242,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--size", type=positive_size_arg, default=positive_size_arg("192MiB"))
+    ap.add_argument("--other-size", type=positive_size_arg, default=None,
+                    help="the size of the last round (default: half of --size)")
     ap.add_argument("--cold-cap", type=positive_size_arg, default=positive_size_arg("48MB"))
     ap.add_argument("--swarm-cap", type=positive_size_arg, default=positive_size_arg("24MB"))
     ap.add_argument("--cases", default="cold,swarm")
@@ -226,14 +252,16 @@ def main() -> int:
     cases = [c for c in args.cases.split(",") if c]
     if not cases or any(c not in CASES for c in cases) or not 1 <= args.rounds <= 50:
         ap.error(f"--cases: some of {', '.join(CASES)}; --rounds: 1 to 50")
+    other = args.other_size or max(32 << 20, args.size // 2)
     m0 = machine_state()
     out: dict[str, Any] = {"benchmark": "ready_estimate", "date": stamp(), "rounds": args.rounds, "size": args.size,
+                           "other_size": other,
                            "target_abs_error": TARGET, "cases": {}}
     base = Path(tempfile.mkdtemp(prefix="weightd-bench-ready-", dir=args.dir))
     try:
         for c in cases:
             fn, cap = CASES[c]
-            out["cases"][c] = fn(base, args.size, getattr(args, cap), args.rounds)
+            out["cases"][c] = fn(base, args.size, getattr(args, cap), args.rounds, other)
     finally:
         shutil.rmtree(base, ignore_errors=True)
     out["machine"] = {"before": m0, "after": machine_state()}
