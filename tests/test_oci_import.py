@@ -9,6 +9,7 @@ import gzip
 import hashlib
 import io
 import json
+import random
 import shutil
 import subprocess
 import tarfile
@@ -199,6 +200,25 @@ def _entry(name: str, kind: bytes = tarfile.REGTYPE, linkname: str = "") -> tarf
     return info
 
 
+def _sparse(pax: dict[str, str]) -> bytes:
+    """A file whose pax header holds GNU.sparse keys tarfile parses without bounds (or raises on)."""
+    info = _entry("w.bin")
+    info.pax_headers = pax
+    return _tar([(info, b"abcd")])
+
+
+def _big_meta(kind: bytes, body: bytes) -> bytes:
+    """A gzip tar whose pax (x/g) or GNU long-name (L/K) header body is 2 MiB (``body`` padded with
+    NULs: tarfile would read it whole into memory), then a file."""
+    meta = _entry("././@LongLink" if kind in (b"L", b"K") else "pax", kind)
+    meta.size = 2 * MiB
+    raw = meta.tobuf(format=tarfile.GNU_FORMAT) + body + bytes(2 * MiB - len(body))
+    f = _entry("w.bin")
+    f.size = 4
+    raw += f.tobuf(format=tarfile.USTAR_FORMAT) + b"abcd" + bytes(508) + bytes(1024)
+    return gzip.compress(raw, mtime=0)
+
+
 @pytest.mark.parametrize("case, layers, code, needle", [
     ("dotdot", [(f"{KIT}.model.v1.tar", "m", _hostile(_entry("../x"), b"escape"))], 2, "tar entry '../x'"),
     ("nested-dotdot", [(f"{KIT}.model.v1.tar+gzip", "m", gzip.compress(_hostile(_entry("a/../../x"), b"e")))], 2,
@@ -231,6 +251,28 @@ def _entry(name: str, kind: bytes = tarfile.REGTYPE, linkname: str = "") -> tarf
                       ("application/vnd.example.weights", "w.bin", b"123")], 2,
      "unknown media type 'application/vnd.example.weights'"),
     ("zstd", [(f"{MP}.weight.v1.tar+zstd", "w", b"(zstd)")], 2, "zstd-compressed"),
+    # headers tarfile would read whole into memory, refused before it does
+    ("pax-2mib", [(f"{KIT}.model.v1.tar+gzip", "m", _big_meta(b"x", b"20 path=w2.bin\n"))], 2,
+     "a pax header of 2097152 bytes, over 1 MiB"),
+    ("pax-global-2mib", [(f"{KIT}.model.v1.tar+gzip", "m", _big_meta(b"g", b"20 path=w2.bin\n"))], 2,
+     "a pax header of 2097152 bytes, over 1 MiB"),
+    ("longname-2mib", [(f"{KIT}.model.v1.tar+gzip", "m", _big_meta(b"L", b"w2.bin"))], 2,
+     "a GNU long name header of 2097152 bytes, over 1 MiB"),
+    ("longlink-2mib", [(f"{KIT}.model.v1.tar+gzip", "m", _big_meta(b"K", b"w2.bin"))], 2,
+     "a GNU long name header of 2097152 bytes, over 1 MiB"),
+    # GNU sparse pax keys: bare ValueErrors in tarfile, or a map read without bounds
+    *[(f"sparse-{i}", [(f"{KIT}.model.v1.tar", "m", _sparse(pax))], 2, "GNU.sparse") for i, pax in enumerate([
+        {"GNU.sparse.map": "abc"}, {"GNU.sparse.size": "x"}, {"GNU.sparse.realsize": "x"},
+        {"GNU.sparse.major": "1", "GNU.sparse.minor": "0"}])],
+    ("name-too-long", [(f"{KIT}.model.v1.tar", "m", _hostile(_entry("d/" + "x" * 300), b"long"))], 2,
+     "a name over 255 bytes"),
+    ("path-too-long", [(f"{KIT}.model.v1.tar", "m", _hostile(_entry("/".join(["d" * 200] * 20)), b"long"))], 2,
+     "a path over 3072"),
+    ("symlink-too-long", [(f"{KIT}.model.v1.tar", "m", _hostile(_entry("s", tarfile.SYMTYPE, "a/" * 3000)))], 2,
+     "a symlink target over 3072 bytes"),
+    ("truncated-gzip", [(f"{KIT}.model.v1.tar+gzip", "m",
+                         gzip.compress(_hostile(_entry("w.bin"), random.Random(0).randbytes(64 << 10)))[:8192])], 2,
+     "not a valid gzip-compressed tar archive"),
 ])
 def test_a_hostile_or_unsupported_artifact_is_one_line_and_nothing_is_published(
         cli, oci_node, registry: Registry, scratch: Path, case: str, layers: list, code: int, needle: str) -> None:
@@ -263,6 +305,53 @@ def test_a_tar_layer_whose_bytes_are_not_its_digest_is_refused_after_unpacking(
             env={"TMPDIR": str(scratch)})
     assert_one_line_error(r, 5, "not the blob's digest", digests[-1])
     assert list(scratch.iterdir()) == []
+
+
+_BOMB = r"""
+import hashlib, io, json, resource, sys, tarfile, time, zlib
+from pathlib import Path
+from tiering.errors import NoSpace
+from tiering.sources.oci import importer, unpack
+from tiering.sources.oci.layout import Layer
+info = tarfile.TarInfo("zeros.bin")
+info.size = 256 << 20
+co = zlib.compressobj(9, zlib.DEFLATED, 31)
+out = [co.compress(info.tobuf(format=tarfile.USTAR_FORMAT))]
+for _ in range(256):
+    out.append(co.compress(bytes(1 << 20)))
+out += [co.compress(bytes(1024)), co.flush()]
+data = b"".join(out)
+layer = Layer("application/vnd.kitops.modelkit.model.v1.tar+gzip", "sha256:" + hashlib.sha256(data).hexdigest(),
+              len(data), "")
+staging = unpack.Staging(Path(sys.argv[1]), int(sys.argv[2]))
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+t = time.monotonic()
+try:
+    unpack.untar(importer._Checked(None, io.BytesIO(data), layer, "bomb"), True, staging, "bomb")
+    outcome = "unpacked"
+except NoSpace:
+    outcome = "NoSpace"
+print(json.dumps({"layer": len(data), "outcome": outcome, "files": staging.files, "secs": time.monotonic() - t,
+                  "rss_mib": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) >> 10}))
+"""
+
+
+@pytest.mark.parametrize("budget, outcome", [(1 * MiB, "NoSpace"), (1 << 30, "unpacked")])
+def test_a_gzip_bomb_is_inflated_in_bounded_pieces(tmp_path: Path, budget: int, outcome: str) -> None:
+    """A 256 KiB gzip layer that inflates to 256 MiB: refused by a 1 MiB budget with the header read
+    (tarfile's own gzip inflated the whole layer at once to read it), or unpacked within the budget,
+    memory flat (tarfile's own gzip held each inflated chunk and copied it on every read)."""
+    import sys
+    r = subprocess.run([sys.executable, "-c", _BOMB, str(tmp_path), str(budget)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert got["layer"] < 1 * MiB and got["outcome"] == outcome, got
+    assert got["files"] == ({"zeros.bin": 256 * MiB} if outcome == "unpacked" else {}), got
+    assert got["rss_mib"] < 64, got
+    assert got["secs"] < 30, got
+    if outcome == "unpacked":
+        assert (tmp_path / "zeros.bin").stat().st_size == 256 * MiB
 
 
 def _mount_tmpfs(where: Path, size: str) -> None:

@@ -19,25 +19,24 @@ refused (UnsafePath, exit 2) when its path is absolute, holds ``..`` or lands un
 when it is a device, a fifo or a sparse file, when a path comes twice (across layers too), or when
 it is a link that leaves the tree (a hard link must name a file its archive unpacked before it; symlinks are
 made after every layer, so nothing is written through one, and each must resolve inside the tree).
+A name component over 255 bytes, a path or link target over 4095, a pax or GNU long-name header over
+1 MiB (refused before tarfile reads it into memory) and any ``GNU.sparse.*`` pax key are refused in
+one line (exit 2), as is anything tarfile cannot read.
 What is unpacked is bounded by the scratch file system's free space (NoSpace, exit 6): a gzip
-bomb fills at most that, and is removed.
+bomb fills at most that, and is removed; it is inflated in bounded pieces (``gzip.GzipFile``), so
+memory stays flat whatever the ratio. (The tar layers are unpacked by tiering/sources/oci/unpack.py.)
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import posixpath
 import re
 import shutil
-import stat
-import tarfile
 import tempfile
-import threading
-import zlib
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 from urllib.parse import urlsplit
@@ -48,12 +47,12 @@ from .catalog import resolve_ref
 from .client import STREAM_CHUNK, RegistryClient
 from .errors import BlobMismatch
 from .layout import DIGEST_RE, REPO_COMPONENT, TAG_RE, Layer
+from .unpack import OWN_PREFIX, Staging, copy_to, make_links, untar
 
 _MODELPACK = r"application/vnd\.cncf\.model\.(?:weight|weight\.config|doc|code|dataset)\.v1"
 _KITOPS = r"application/vnd\.kitops\.modelkit\.(?:model|modelpart|dataset|code|docs|prompts)\.v1"
 RAW_TYPE = re.compile(_MODELPACK + r"\.raw")
 TAR_TYPE = re.compile(rf"(?:{_MODELPACK}|{_KITOPS})\.tar(\+gzip|\+zstd)?")
-OWN_PREFIX = ".weightd/"
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,65 +126,6 @@ def import_layers(layers: list[Layer], where: str) -> list[Part]:
     return out
 
 
-@dataclass(slots=True)
-class Staging:
-    """The scratch directory being filled, shared by the workers: paths claimed (each once), bytes
-    written against the free space found at the start, symlinks to make once every layer is in."""
-    root: Path
-    budget: int
-    used: int = 0
-    files: dict[str, int] = field(default_factory=dict)     # path -> size
-    dirs: set[str] = field(default_factory=set)
-    links: dict[str, str] = field(default_factory=dict)      # symlink path -> its target
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def claim(self, rel: str, size: int, where: str, *, link: str | None = None) -> None:
-        """``rel`` is ours to make (UnsafePath when another entry made it, or one of its parents is a
-        file or a symlink), ``size`` bytes counted against the budget (NoSpace)."""
-        with self.lock:
-            if rel in self.files or rel in self.links or rel in self.dirs:
-                raise UnsafePath(f"{where}: {rel}", "the artifact holds this path twice: refused")
-            parts = rel.split("/")
-            for k in range(1, len(parts)):
-                parent = "/".join(parts[:k])
-                if parent in self.files or parent in self.links:
-                    raise UnsafePath(f"{where}: {rel}", f"its directory {parent} is a file or a symlink: refused")
-            if self.used + size > self.budget:
-                raise NoSpace(f"import staging {self.root.parent}", self.used + size, self.budget,
-                              f"unpacking {where} needs more than the free space there: refused")
-            self.used += size
-            if link is not None:
-                self.links[rel] = link
-            else:
-                self.files[rel] = size
-            self.dirs.update("/".join(parts[:k]) for k in range(1, len(parts)))
-
-    def dir(self, rel: str) -> None:
-        with self.lock:
-            if rel in self.files or rel in self.links:
-                raise UnsafePath(f"{self.root}: {rel}", "the artifact holds this path twice: refused")
-            self.dirs.add(rel)
-
-    def open_new(self, rel: str) -> int:
-        """A new file at ``rel`` (0644), its directories made (0755) without following a symlink (the
-        modes set whatever the umask: a daemon of another user publishes from here)."""
-        self.parents(rel)
-        fd = os.open(self.root / rel, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-        os.fchmod(fd, 0o644)
-        return fd
-
-    def parents(self, rel: str) -> None:
-        parts = rel.split("/")
-        for k in range(1, len(parts)):
-            d = self.root.joinpath(*parts[:k])
-            try:
-                os.mkdir(d, 0o755)
-                os.chmod(d, 0o755, follow_symlinks=False)
-            except FileExistsError:
-                if not stat.S_ISDIR(os.lstat(d).st_mode):
-                    raise UnsafePath(str(d), "not a directory") from None
-
-
 @contextmanager
 def pull_artifact(text: str, *, insecure: bool = False, ca_file: Path | None = None, concurrency: int = 4,
                   env: dict[str, str] | None = None, scratch_parent: Path | None = None) -> Iterator[Pulled]:
@@ -215,7 +155,7 @@ def pull_artifact(text: str, *, insecure: bool = False, ca_file: Path | None = N
                 for fut in futures:
                     fut.cancel()
                 raise
-        _make_links(staging, text)
+        make_links(staging, text)
         files = sorted(staging.files) + sorted(staging.links)
         yield Pulled(scratch, files, sum(staging.files.values()), art.digest)
     finally:
@@ -261,12 +201,12 @@ def _pull_part(c: RegistryClient, repo: str, part: Part, staging: Staging) -> No
             staging.claim(layer.path, layer.size, where)
             fd = staging.open_new(layer.path)
             try:
-                _copy_to(fd, blob.read)
+                copy_to(fd, blob.read)
                 os.fsync(fd)
             finally:
                 os.close(fd)
         else:
-            _untar(blob, part.kind == "tar+gzip", staging, where)
+            untar(blob, part.kind == "tar+gzip", staging, where)
         blob.drain()
     except BaseException:
         c.abandon(resp)
@@ -276,113 +216,3 @@ def _pull_part(c: RegistryClient, repo: str, part: Part, staging: Staging) -> No
     blob.check()
 
 
-def _copy_to(fd: int, read: Any, size: int | None = None) -> int:
-    n = 0
-    while size is None or n < size:
-        chunk = read(STREAM_CHUNK if size is None else min(STREAM_CHUNK, size - n))
-        if not chunk:
-            break
-        n += len(chunk)
-        view = memoryview(chunk)
-        while view:
-            view = view[os.write(fd, view):]
-    return n
-
-
-def _entry_path(name: str, where: str) -> str | None:
-    """A tar entry's path in the tree (None for the tree's root), or UnsafePath."""
-    rel = name.rstrip("/")
-    while rel.startswith("./"):
-        rel = rel[2:]
-    if rel in ("", "."):
-        return None
-    try:
-        validate_relpath(rel, "tar entry")
-    except UnsafePath as exc:
-        raise UnsafePath(f"{where}: tar entry {name!r}", exc.reason + ": refused, nothing published") from None
-    if rel == ".weightd" or rel.startswith(OWN_PREFIX):
-        raise UnsafePath(f"{where}: tar entry {name!r}", "a path under .weightd/ (weightd's own files): refused")
-    return rel
-
-
-def _untar(blob: _Checked, gzip: bool, staging: Staging, where: str) -> None:
-    """The tar stream's entries into the tree, as they arrive. A stream that is not a tar archive is
-    BadInput, unless its bytes are not the blob's digest (then BlobMismatch: checked first)."""
-    try:
-        with tarfile.open(fileobj=blob, mode="r|gz" if gzip else "r|", bufsize=1 << 20) as tf:   # type: ignore[arg-type]
-            mine: set[str] = set()   # (the files of this archive: what a hard link in it may name)
-            for entry in tf:
-                _one_entry(tf, entry, staging, where, mine)
-    except (tarfile.TarError, zlib.error, EOFError) as exc:
-        blob.drain()
-        blob.check()
-        raise BadInput(f"{where}: not a valid {'gzip-compressed ' if gzip else ''}tar archive ({exc}): refused, "
-                       f"nothing published") from None
-
-
-def _one_entry(tf: tarfile.TarFile, entry: tarfile.TarInfo, staging: Staging, where: str, mine: set[str]) -> None:
-    rel = _entry_path(entry.name, where)
-    what = f"{where}: tar entry {entry.name!r}"
-    if entry.isdir():
-        if rel is not None:
-            staging.dir(rel)
-        return
-    if rel is None:
-        raise UnsafePath(what, "not a directory at the tree's root: refused")
-    if entry.issym():
-        target = entry.linkname
-        inside = posixpath.normpath(posixpath.join(posixpath.dirname(rel), target))
-        if target.startswith("/") or inside == ".." or inside.startswith("../") or "\x00" in target:
-            raise UnsafePath(what, f"a symlink to {target!r}, outside the tree: refused, nothing published")
-        staging.claim(rel, 0, where, link=target)
-        return
-    if entry.islnk():
-        try:
-            src = _entry_path(entry.linkname, where)
-        except UnsafePath:
-            src = None
-        if src is None or src not in mine:
-            raise UnsafePath(what, f"a hard link to {entry.linkname!r}, not a file this archive unpacked before "
-                                   f"it: refused, nothing published")
-        size = staging.files[src]
-        staging.claim(rel, size, where)
-        mine.add(rel)
-        fd = staging.open_new(rel)
-        try:
-            sfd = os.open(staging.root / src, os.O_RDONLY | os.O_NOFOLLOW)
-            try:
-                _copy_to(fd, lambda n: os.read(sfd, n), size)
-            finally:
-                os.close(sfd)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        return
-    if not entry.isreg() or entry.issparse():
-        kind = "a device" if entry.ischr() or entry.isblk() else "a fifo" if entry.isfifo() else \
-            "a sparse file" if entry.issparse() else f"of tar type {entry.type!r}"
-        raise UnsafePath(what, f"{kind}: only files, directories and links inside the tree are imported: refused")
-    staging.claim(rel, entry.size, where)
-    mine.add(rel)
-    f = tf.extractfile(entry)
-    assert f is not None
-    fd = staging.open_new(rel)
-    try:
-        if _copy_to(fd, f.read, entry.size) != entry.size:
-            raise BadInput(f"{what}: the archive ends inside it: refused, nothing published")
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _make_links(staging: Staging, where: str) -> None:
-    """The archives' symlinks, made once every file is in, each resolving inside the tree."""
-    root = os.path.realpath(staging.root)
-    for rel, target in sorted(staging.links.items()):
-        staging.parents(rel)
-        os.symlink(target, staging.root / rel)
-    for rel in staging.links:
-        real = os.path.realpath(staging.root / rel)
-        if real != root and not real.startswith(root + "/"):
-            raise UnsafePath(f"{where}: tar entry {rel!r}", "a symlink that resolves outside the tree (through "
-                                                              "another symlink): refused, nothing published")
