@@ -412,3 +412,37 @@ def test_the_scratch_tree_is_readable_by_a_daemon_whatever_the_umask(oci_node, r
     assert modes == {"cfg": 0o755, "cfg/config.json": 0o644, "deep": 0o755, "deep/er": 0o755,
                      "deep/er/w.bin": 0o644}, modes
     assert not got.dir.exists()
+
+
+def test_a_failed_layer_stops_the_layers_in_flight(oci_node, registry: Registry, auth_file: Path, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hostile layer refused while a slow one streams: the slow one stops at its next read (it is not
+    read to its end first), the hostile layer's error is the one raised, and the scratch is removed."""
+    import time
+    from tiering.errors import UnsafePath
+    from tiering.sources.oci import importer
+    repo = f"{oci_node.prefix}-stop/tiny"
+    slow = random.Random(1).randbytes(4 * MiB)
+    _push(registry, repo, "v1", [(f"{MP}.weight.v1.raw", "slow.bin", slow),
+                                 (f"{KIT}.model.v1.tar", "m", _hostile(_entry("../x"), b"escape"))])
+    reads: list[int] = []
+    read = importer._Checked.read
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+
+    def slow_read(self: importer._Checked, n: int = -1) -> bytes:   # a registry at 640 KiB/s for slow.bin
+        if self.layer.size == len(slow):
+            time.sleep(0.1)
+            reads.append(self.n)
+            return read(self, min(n, 64 << 10) if n is not None and n >= 0 else 64 << 10)
+        return read(self, n)
+
+    monkeypatch.setattr(importer._Checked, "read", slow_read)
+    t = time.monotonic()
+    with pytest.raises(UnsafePath, match=r"tar entry '\.\./x'"):
+        with importer.pull_artifact(f"oci://{registry.host}/{repo}:v1", insecure=True, scratch_parent=scratch,
+                                    env={"REGISTRY_AUTH_FILE": str(auth_file)}) as got:
+            raise AssertionError(f"published {got}")
+    assert list(scratch.iterdir()) == []
+    assert time.monotonic() - t < 3, (time.monotonic() - t, len(reads))
+    assert 0 < len(reads) < 20 and reads[-1] < len(slow) // 2, (len(reads), reads[-1:])

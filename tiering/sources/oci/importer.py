@@ -34,7 +34,8 @@ import os
 import re
 import shutil
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +43,7 @@ from typing import Any, Iterator
 from urllib.parse import urlsplit
 
 from ...content.names import validate_relpath
-from ...errors import BadInput, CheckpointNotFound, NoSpace, UnsafePath
+from ...errors import BadInput, CheckpointNotFound, NoSpace, TieringError, UnsafePath
 from .catalog import resolve_ref
 from .client import STREAM_CHUNK, RegistryClient
 from .errors import BlobMismatch
@@ -146,15 +147,7 @@ def pull_artifact(text: str, *, insecure: bool = False, ca_file: Path | None = N
         if declared > staging.budget:
             raise NoSpace(f"import staging {scratch.parent}", declared, staging.budget,
                           f"{text}'s layers do not fit there: refused before a byte was pulled")
-        with ThreadPoolExecutor(max_workers=c.concurrency, thread_name_prefix="weightd-oci-import") as pool:
-            futures = [pool.submit(_pull_part, c, ref.repo, p, staging) for p in parts]
-            try:
-                for fut in futures:
-                    fut.result()
-            except BaseException:
-                for fut in futures:
-                    fut.cancel()
-                raise
+        _pull_parts(c, ref.repo, parts, staging)
         make_links(staging, text)
         files = sorted(staging.files) + sorted(staging.links)
         yield Pulled(scratch, files, sum(staging.files.values()), art.digest)
@@ -163,15 +156,44 @@ def pull_artifact(text: str, *, insecure: bool = False, ca_file: Path | None = N
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+def _pull_parts(c: RegistryClient, repo: str, parts: list[Part], staging: Staging) -> None:
+    """Every part, ``c.concurrency`` at a time. The first to fail stops the others at their next read
+    (and those not started), and its error is raised once they have (nothing is left writing)."""
+    stop = threading.Event()
+    with ThreadPoolExecutor(max_workers=c.concurrency, thread_name_prefix="weightd-oci-import") as pool:
+        futures = [pool.submit(_pull_part, c, repo, p, staging, stop) for p in parts]
+        try:
+            done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+        except BaseException:
+            stop.set()
+            for fut in futures:
+                fut.cancel()
+            raise
+        failed = [fut for fut in futures if fut in done and fut.exception() is not None]
+        if failed:
+            stop.set()
+            for fut in futures:
+                fut.cancel()
+    if failed:
+        raise failed[0].exception()   # type: ignore[misc]
+
+
+class _Stopped(TieringError):
+    """A part stopped because another failed (never the error reported)."""
+
+
 class _Checked:
     """A blob's response read through its sha256 and a count that may not pass the descriptor's size."""
 
-    def __init__(self, c: RegistryClient, resp: Any, layer: Layer, where: str) -> None:
-        self.c, self.resp, self.layer, self.where = c, resp, layer, where
+    def __init__(self, c: RegistryClient, resp: Any, layer: Layer, where: str,
+                 stop: threading.Event | None = None) -> None:
+        self.c, self.resp, self.layer, self.where, self.stop = c, resp, layer, where, stop
         self.sha = hashlib.sha256()
         self.n = 0
 
     def read(self, n: int = -1) -> bytes:
+        if self.stop is not None and self.stop.is_set():
+            raise _Stopped(f"{self.where}: stopped (another layer failed)")
         chunk = self.resp.read(STREAM_CHUNK if n is None or n < 0 else min(n, STREAM_CHUNK))
         self.n += len(chunk)
         if self.n > self.layer.size:
@@ -191,11 +213,11 @@ class _Checked:
                                f"bytes: {self.sha.hexdigest()}): refused, nothing published")
 
 
-def _pull_part(c: RegistryClient, repo: str, part: Part, staging: Staging) -> None:
+def _pull_part(c: RegistryClient, repo: str, part: Part, staging: Staging, stop: threading.Event) -> None:
     layer = part.layer
     where = f"oci://{c.location.host}/{repo}@{layer.digest}" + (f" ({layer.path})" if layer.path else "")
     resp = c.request("GET", f"/v2/{repo}/blobs/{layer.digest}", what=f"{repo}@{layer.digest}", stream=True)
-    blob = _Checked(c, resp, layer, where)
+    blob = _Checked(c, resp, layer, where, stop)
     try:
         if part.kind == "raw":
             staging.claim(layer.path, layer.size, where)
