@@ -215,7 +215,8 @@ class Sources:
         assert obj is not None
         set_phase(progress, "copy", source="cold", total=m.total_bytes - _part_bytes(m, have))
         before = obj.stats.snapshot()
-        # (the registry tier takes no digests on the way: a signed version is read back at commit there)
+        # (the registry tier hashes every blob in order on the way, against its layer digest, but takes no
+        # digests here (no takes_digests): a signed version is read back at commit there)
         digests: dict[str, str] | None = {} if crypto is not None and getattr(obj, "takes_digests", False) else None
         extra = {"crypto": crypto, "digests": digests} if digests is not None else {}
         try:
