@@ -8,11 +8,13 @@ By concern::
     auth.py     credentials as docker/podman keep them; the basic and bearer-token flows
     layout.py   a version as a ModelPack artifact (config, one layer per file, weightd's own layers);
                 NAME@VERSION <-> repository:tag, escaped where a registry could not hold it
-    importer.py an artifact made elsewhere (ModelPack raw or tar layers, a KitOps ModelKit) pulled
-                and unpacked, every blob checked, to be published as a directory
+    importer.py an artifact made elsewhere (ModelPack raw or tar layers, a KitOps ModelKit) pulled,
+                every blob checked, to be published as a directory
+    unpack.py   the import's scratch tree and its tar layers unpacked in bounded memory, every hostile
+                entry or header refused in one line
     catalog.py  names, versions, a version's artifact and manifest (every blob checked by sha256)
-    ranged.py   a version's files downloaded in ranges, each part hashed as it arrives, each blob's
-                sha256 in order; resuming
+    ranged.py   the registry's ranged GET for the shared core (tiering/sources/ranged/: a version's
+                files in ranges, each part hashed as it arrives, resuming) and each blob's sha256
     publish.py  the blobs (skipped when present), weightd's manifest, the OCI manifest last
     cold.py     OciCold: the cold tier the tier code holds, made of the above
 
