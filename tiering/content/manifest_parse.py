@@ -23,7 +23,7 @@ import xxhash
 from ..errors import ManifestError
 from .manifest import FORMAT, MAX_MANIFEST_BYTES, FileEntry, Manifest, SafetensorsInfo, tree_hash
 from .names import TAG_RE, has_lone_surrogate, VERSION_RE, split_label, validate_label, validate_name, validate_relpath, validate_version
-from .safetensors_header import DTYPE_BITS
+from .safetensors_header import DTYPE_BITS, all_exactly, all_int64
 from .tensor_table import TensorEntry, TensorTable
 
 _HEX128 = re.compile(r"[0-9a-f]{32}")
@@ -194,15 +194,15 @@ def _tensor_columns(raw: list[Any], header_size: int, size: int) -> TensorTable 
     when anything is off, and :func:`_tensors_one_by_one` then names the first bad tensor. Checks the same
     as that: exactly the six fields, a string name, a known dtype, a list of integers >= 0 for the shape,
     ranges tiling the file in order from the header's end to its size, 32 lowercase hex digits."""
-    if not (_all_of(dict, raw) and all(map(operator.eq, map(dict.keys, raw), repeat(_TENSOR_KEYS)))):
+    if not (all_exactly(dict, raw) and all(map(operator.eq, map(dict.keys, raw), repeat(_TENSOR_KEYS)))):
         return None
     names, dtypes, shapes = [t["name"] for t in raw], [t["dtype"] for t in raw], [t["shape"] for t in raw]
     begins, ends, digests = [t["begin"] for t in raw], [t["end"] for t in raw], [t["xxh3_128"] for t in raw]
-    if not (_all_of(str, names) and _all_of(str, dtypes) and set(dtypes) <= DTYPE_BITS.keys()
-            and _all_of(list, shapes)):
+    if not (all_exactly(str, names) and all_exactly(str, dtypes) and set(dtypes) <= DTYPE_BITS.keys()
+            and all_exactly(list, shapes)):
         return None
     dims = list(chain.from_iterable(shapes))
-    if not _naturals(dims) or not _naturals(begins) or not _naturals(ends):
+    if not all_int64(dims) or not all_int64(begins) or not all_int64(ends):
         return None
     if not raw:
         return TensorTable([], [], [], [], [], b"") if header_size == size else None
@@ -210,7 +210,7 @@ def _tensor_columns(raw: list[Any], header_size: int, size: int) -> TensorTable 
         return None
     if not all(map(operator.le, begins, ends)):
         return None
-    if not _all_of(str, digests):
+    if not all_exactly(str, digests):
         return None
     joined = "".join(digests)
     if set(map(len, digests)) != {32} or not _HEX_RUN.fullmatch(joined):  # (each 32: else two could share)
@@ -224,16 +224,6 @@ def _own(s: str) -> str:
     to the system only once nothing in it is alive, and one kept path or digest per file (made in the
     middle of its tensors) held 73 MB of it resident for good. Copies made now sit together elsewhere."""
     return s.encode("utf-8", "surrogatepass").decode("utf-8", "surrogatepass")
-
-
-def _all_of(kind: type, values: list[Any]) -> bool:
-    """Every value of exactly this type (a bool is not an int here)."""
-    return set(map(type, values)) <= {kind}
-
-
-def _naturals(values: list[Any]) -> bool:
-    """Every value an integer (not a bool) in 0 .. 2**63-1."""
-    return _all_of(int, values) and (not values or (min(values) >= 0 and max(values) < 1 << 63))
 
 
 def _tensors_one_by_one(r: _Reader, raw: list[Any], where: str, header_size: int, size: int) -> TensorTable:

@@ -117,15 +117,15 @@ def _tensors_by_column(obj: dict[str, object], header_size: int, data_size: int)
     """The entries of a well-formed header, checked a column at a time (what :func:`_tensor_info` checks,
     for a MoE shard's hundreds of tensors at C speed); None when any is off."""
     infos = list(obj.values())
-    if not (_exactly(dict, infos) and all(map(operator.eq, map(dict.keys, infos), repeat(_FIELDS)))):
+    if not (all_exactly(dict, infos) and all(map(operator.eq, map(dict.keys, infos), repeat(_FIELDS)))):
         return None
     dtypes, shapes, offsets = ([i[k] for i in infos] for k in ("dtype", "shape", "data_offsets"))  # type: ignore[index]
-    if not (_exactly(str, dtypes) and set(dtypes) <= DTYPE_BITS.keys() and _exactly(list, shapes)
-            and _exactly(list, offsets) and all(len(s) <= MAX_DIMS for s in shapes) and set(map(len, offsets)) <= {2}):
+    if not (all_exactly(str, dtypes) and set(dtypes) <= DTYPE_BITS.keys() and all_exactly(list, shapes)
+            and all_exactly(list, offsets) and all(len(s) <= MAX_DIMS for s in shapes) and set(map(len, offsets)) <= {2}):
         return None
     dims = list(chain.from_iterable(shapes))
     begins, ends = [o[0] for o in offsets], [o[1] for o in offsets]
-    if not (_naturals(dims) and _naturals(begins) and _naturals(ends)) or (ends and max(ends) > data_size):
+    if not (all_int64(dims) and all_int64(begins) and all_int64(ends)) or (ends and max(ends) > data_size):
         return None
     bits = list(map(operator.mul, map(math.prod, shapes), map(DTYPE_BITS.__getitem__, dtypes)))
     if any(b % 8 for b in bits) or list(map(operator.floordiv, bits, repeat(8))) != list(map(operator.sub, ends, begins)):
@@ -134,13 +134,14 @@ def _tensors_by_column(obj: dict[str, object], header_size: int, data_size: int)
                     map(operator.add, ends, repeat(header_size))))
 
 
-def _exactly(kind: type, values: list[object]) -> bool:
+def all_exactly(kind: type, values: list[object]) -> bool:
     """Every value of exactly this type (a bool is not an int here)."""
     return set(map(type, values)) <= {kind}
 
 
-def _naturals(values: list[object]) -> bool:
-    return _exactly(int, values) and (not values or (min(values) >= 0 and max(values) <= MAX_INT))  # type: ignore[type-var]
+def all_int64(values: list[object]) -> bool:
+    """Every value an integer (not a bool) in 0 .. 2**63-1 (what an array('q') of a manifest holds)."""
+    return all_exactly(int, values) and (not values or (min(values) >= 0 and max(values) <= MAX_INT))  # type: ignore[type-var]
 
 
 def _tensor_info(path: str, name: str, info: object, header_size: int, data_size: int) -> TensorInfo:
