@@ -250,7 +250,8 @@ class P2PSession:
         the configured ``download_limit``/``upload_limit``, which still hold (the lower of the two
         wins), on the global and the local (LAN, loopback) peer class. ``watched``: the controller is on
         (libtorrent ticks every YIELD_TICK_MS). Returns the limits now in force (0: unlimited)."""
-        dl, ul = _lower(self.cfg.download_limit, download), _lower(self.cfg.upload_limit, upload)
+        dl, ul = (min(2**31 - 1, _lower(fixed, mine))   # (libtorrent's limits are 32-bit ints: larger ones wrap)
+                  for fixed, mine in ((self.cfg.download_limit, download), (self.cfg.upload_limit, upload)))
         tick = YIELD_TICK_MS if watched else DEFAULT_TICK_MS
         self.ses.apply_settings({"download_rate_limit": dl, "upload_rate_limit": ul, "tick_interval": tick})
         self.update_class(lt.session.local_peer_class_id, upload_limit=ul, download_limit=dl)

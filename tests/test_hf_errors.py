@@ -24,7 +24,6 @@ import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Callable
 
 import pytest
@@ -261,8 +260,8 @@ def test_a_gated_repository_is_access_denied(wd, node_env, hub: LocalHub, front:
 def test_429_on_the_first_request_says_when_to_try_again(wd, node_env, hub: LocalHub, front: HubFront) -> None:
     front.answer("GET", r"^/api/models/org/repo/revision/", 429, hf_429(3600))
     t0 = time.monotonic()
-    r = refused(wd, node_env, hub, front, "hf://org/repo@main", 1, "hf://org/repo@main", "rate-limited (429)",
-                "3600 s")
+    refused(wd, node_env, hub, front, "hf://org/repo@main", 1, "hf://org/repo@main", "rate-limited (429)",
+            "3600 s")
     assert time.monotonic() - t0 < 30, "a wait longer than the cap is not waited for"
     assert len(front.statuses("^/api/models/org/repo/revision/")) == 1
 
@@ -313,3 +312,18 @@ def test_through_a_daemon_the_refusals_are_the_same_and_its_log_holds_no_token(d
     refused(wd, node_env, hub, front, "hf://org/repo@main", 1, "rate-limited (429)", "in 600 s", daemon_only=True)
     daemon.drain()
     assert_token_hidden(node_env, daemon.log_path.read_text())
+
+
+@pytest.mark.parametrize("headers,wait,when", [
+    ({"retry-after": "\u00b2"}, None, "later"),                         # a digit to isdigit(), not to float()
+    ({"retry-after": "9" * 20}, None, "later"),
+    ({"ratelimit": '"api";r=0;t=' + "9" * 400}, None, "later"),
+    ({"retry-after": "7"}, 7.0, "in 7 s"),
+])
+def test_what_a_reply_asks_to_wait_is_read_safely(headers: dict, wait: float | None, when: str) -> None:
+    """A hostile or broken Retry-After / RateLimit never raises while the wait or its message is made."""
+    from tiering.sources.hf import _when
+    from tiering.sources.hf_http import asked_wait
+    assert asked_wait(headers) == wait
+    assert when in _when(asked_wait(headers))
+    assert _when(1e20) == "later" and _when(float("inf")) == "later"

@@ -397,6 +397,39 @@ def test_interfaces_are_found_again_while_off_or_discovered(tmp_path: Path, monk
     assert ctl.rules == rules and all(ctl.rules[k] is rules[k] for k in rules) and ctl.last is last
 
 
+
+def test_limits_above_libtorrents_32_bits_are_held_at_its_highest(tmp_path: Path) -> None:
+    """A 100 Gbit link with others at 3 GB/s: the rule's 7 GB/s is more than libtorrent's 32-bit limit
+    can hold (it would wrap to 205 MB/s or to 0, no limit): the session gets its highest, 2**31-1."""
+    ses = Session()
+    ctl = NetworkYield()
+    big = 12_500_000_000
+    ctl.configure(NetworkSettings(capacity=big, interfaces=("x0",)), [], nics(tmp_path, "x0"))
+    ctl.tick(Sample(0.0, {"x0": (0, 0)}), ses)
+    ctl.tick(Sample(1.0, {"x0": (3_000_000_000, 0)}), ses)
+    assert ses.limits[-1] == (2**31 - 1, 0, True), ses.limits
+
+
+def test_a_rediscovery_that_finds_nothing_keeps_the_interfaces(tmp_path: Path, monkeypatch) -> None:
+    """Interfaces found from the routes, then a DNS blip at the next discovery: the rule stays on over
+    the interfaces it had (it switched off and lifted every limit for a minute)."""
+    net = nics(tmp_path, "x0")
+    found = iter([("x0",), ()])
+    monkeypatch.setattr(network, "find_interfaces", lambda hosts: next(found))
+    settings = NetworkSettings(capacity=C)
+    ctl = NetworkYield()
+    ctl.configure(settings, ["10.9.0.1"], net)
+    assert ctl.enabled and ctl.interfaces == ("x0",)
+    ctl.configure(settings, ["10.9.0.1"], net)
+    assert ctl.enabled and ctl.interfaces == ("x0",), ctl.reason
+
+
+@pytest.mark.parametrize("capacity", ["9" * 310 + "Gbit", "9" * 400, 10**30])
+def test_an_absurd_capacity_is_a_config_error_not_a_traceback(capacity: Any) -> None:
+    from weightd.config.network import parse_capacity
+    with pytest.raises(ValueError):
+        parse_capacity(capacity)
+
 # -- for real: namespaces, tc, daemons -----------------------------------------------------------------
 
 def _netns_skip() -> str | None:

@@ -192,7 +192,7 @@ def _status(exc: BaseException) -> int | None:
 
 def _when(retry_after_s: float | None) -> str:
     """When to try again: ``after HH:MM:SS UTC (in N s, as the Hub asks)``, or ``later``."""
-    if retry_after_s is None:
+    if retry_after_s is None or not 0 <= retry_after_s <= 10**9:
         return "later"
     at = time.strftime("%H:%M:%S", time.gmtime(time.time() + retry_after_s))
     return f"after {at} UTC (in {retry_after_s:g} s, as the Hub asks)"

@@ -29,7 +29,8 @@ CONNECT_TIMEOUT_S, READ_TIMEOUT_S = 10.0, 60.0
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 RETRIES = 3
 MAX_WAIT_S = 30.0
-_RATELIMIT_T = re.compile(r";\s*t\s*=\s*(\d+)")
+_RATELIMIT_T = re.compile(r";\s*t\s*=\s*([0-9]{1,9})\b")
+_SECONDS = re.compile(r"[0-9]{1,9}")   # (a wait over 31 years is no wait: not read)
 
 _note: list[Callable[[str], None]] = [lambda line: None]
 _installed = [False]
@@ -48,7 +49,7 @@ def asked_wait(headers: Mapping[str, str]) -> float | None:
     """The seconds a reply asks a client to wait: ``Retry-After: N`` (an HTTP date is not read), else
     the IETF ``RateLimit: "api";r=0;t=N`` huggingface.co sends; None when it asks nothing."""
     value = (headers.get("retry-after") or "").strip()
-    if value.isdigit():
+    if _SECONDS.fullmatch(value):   # (ASCII digits only: str.isdigit takes "²", which float() refuses)
         return float(value)
     m = _RATELIMIT_T.search(headers.get("ratelimit") or "")
     return float(m.group(1)) if m else None

@@ -36,6 +36,7 @@ def floor_above_0(v: Any) -> Any:
 _BITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12,
          "bps": 1, "kbps": 10**3, "mbps": 10**6, "gbps": 10**9, "tbps": 10**12}
 _RATE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*(/s)?\s*")
+MAX_CAPACITY = 10**13  # bytes/s (80 Tbit/s): anything above is a typo
 MIN_CAPACITY = 10**6   # bytes/s: under 1 MB/s is no link weights travel on (a bare 100 meant as 100 Gbit)
 
 
@@ -45,19 +46,23 @@ def parse_capacity(v: Any) -> int:
     if isinstance(v, str):
         m = _RATE.fullmatch(v)
         unit = m.group(2) if m else ""
-        if m and (unit.lower().endswith("bit") or unit.endswith("bps")) and unit.lower() in _BITS:
-            n = int(float(m.group(1)) * _BITS[unit.lower()] / 8)
-        elif m:
-            try:
+        n = -1
+        try:
+            if m and (unit.lower().endswith("bit") or unit.endswith("bps")) and unit.lower() in _BITS:
+                n = int(float(m.group(1)) * _BITS[unit.lower()] / 8)
+            elif m:
                 n = parse_size(m.group(1) + unit)
-            except ValueError:
-                n = -1
-        else:
+        except (ValueError, OverflowError):  # (OverflowError: 10**310 as a float)
             n = -1
         if n < 0:
-            raise ValueError(f"expected a rate like '100Gbit', '25Gbit/s' or '12.5GB' (bytes/s), got {v!r}")
+            raise ValueError(f"expected a rate like '100Gbit', '25Gbit/s' or '12.5GB' (bytes/s), got {v[:40]!r}")
     else:
-        n = parse_size(v)
+        try:
+            n = parse_size(v)
+        except OverflowError:
+            n = MAX_CAPACITY + 1
+    if n > MAX_CAPACITY:
+        raise ValueError(f"{str(v)[:40]!r} is over {MAX_CAPACITY // 10**12} TB/s: write the link's rate, like '100Gbit'")
     if 0 < n < MIN_CAPACITY:
         raise ValueError(f"{v!r} is {n} bytes/s, under 1 MB/s (a bare number is bytes/s): write the link's "
                          f"rate with its unit, like '100Gbit' or '12.5GB'")

@@ -81,6 +81,8 @@ QUIET_ENTER, QUIET_LEAVE = 0.03, 0.06
 FULL, BACKOFF = 0.9, 0.5
 WIRE, ACKS = 1.06, 0.03
 DIRECTIONS = ("download", "upload")
+LT_MAX_RATE = 2**31 - 1   # libtorrent keeps rate limits in 32-bit ints (a larger one wraps): ~2.1 GB/s is the
+                          # highest limit it can hold, so on links above ~17 Gbit/s a yield caps weightd there
 RECONFIGURE_S = 60.0   # while off or on interfaces found from the routes: configure again this often
 
 
@@ -169,8 +171,10 @@ class NetworkYield:
         the same outcome (every RECONFIGURE_S while off or on found interfaces), the rules and the
         samples carry on."""
         before = (self.interfaces, dict(self.capacity), self.reason)
-        self.settings = settings
         interfaces = tuple(settings.interfaces) or find_interfaces(endpoints)
+        if not interfaces and not settings.interfaces and self.enabled and self.settings is settings:
+            interfaces = self.interfaces   # (a re-discovery that found nothing, a DNS blip: keep what worked)
+        self.settings = settings
         absent = [n for n in interfaces if not os.path.isdir(os.path.join(sys_net, n))]
         self.capacity = {}
         for n in interfaces:
@@ -266,7 +270,7 @@ class NetworkYield:
     def _apply(self, limits: dict[str, float], session: Any) -> None:
         """The rule's limits on the session (0: no limit of the rule's: at capacity, or the rule off;
         a limit is never below 1 byte/s, since 0 is libtorrent's "no limit")."""
-        want = tuple(0 if not self.enabled or lim == math.inf else max(1, int(lim))
+        want = tuple(0 if not self.enabled or lim == math.inf else min(LT_MAX_RATE, max(1, int(lim)))
                      for lim in (limits["download"], limits["upload"]))
         state = (*want, self.enabled)
         if session is None or state == self.applied:
