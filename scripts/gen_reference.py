@@ -168,7 +168,7 @@ def exit_page() -> str:
     sources = [importlib.import_module(i.name) for i in pkgutil.walk_packages(tiering.sources.__path__,
                                                                                "tiering.sources.")]
     for mod in (tiering.errors, *sources, p2p.errors, errors):
-        for name in sorted(dir(mod)):
+        for name in sorted(n for n in dir(mod) if not n.startswith("_")):   # (a module's private signals)
             obj = getattr(mod, name)
             code = getattr(obj, "exit_code", None)
             if isinstance(obj, type) and issubclass(obj, BaseException) and isinstance(code, int) \
