@@ -422,31 +422,35 @@ def test_publish_and_preload_through_a_daemon(oci_node, isolated_env, tmp_path: 
         d.stop()
 
 
-def _oci_layout(src: Path, layout_dir: Path, tag: str) -> None:
-    """``src`` as a ModelPack artifact in an OCI image layout directory (what skopeo copies from)."""
+def oci_layout(layout_dir: Path, layers: list[tuple[str, "str | None", bytes]], config: tuple[str, bytes], tag: str,
+               artifact_type: str | None = None) -> None:
+    """An OCI image layout directory made by hand (what skopeo copies from): ``layers`` as (media type,
+    path annotation or None, bytes), ``config`` as (media type, bytes), one manifest tagged ``tag``."""
     blobs = layout_dir / "blobs/sha256"
     blobs.mkdir(parents=True)
 
-    def blob(data: bytes) -> tuple[str, int]:
+    def blob(data: bytes) -> dict:
         h = hashlib.sha256(data).hexdigest()
         (blobs / h).write_bytes(data)
-        return f"sha256:{h}", len(data)
-    layers = []
-    for p in sorted(x for x in src.rglob("*") if x.is_file()):
-        rel = str(p.relative_to(src))
-        digest, size = blob(p.read_bytes())
-        kind = "weight" if rel.endswith(".safetensors") else "weight.config"
-        layers.append({"mediaType": f"application/vnd.cncf.model.{kind}.v1.raw", "digest": digest, "size": size,
-                       "annotations": {"org.cncf.model.filepath": rel}})
-    cd, cn = blob(json.dumps({"descriptor": {"name": "tiny"}, "config": {},
-                              "modelfs": {"type": "layers", "diffIds": [x["digest"] for x in layers]}}).encode())
-    md, mn = blob(json.dumps({"schemaVersion": 2, "mediaType": OCI_MANIFEST, "artifactType": ARTIFACT_TYPE,
-                              "config": {"mediaType": "application/vnd.cncf.model.config.v1+json", "digest": cd,
-                                         "size": cn}, "layers": layers}).encode())
-    (layout_dir / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
-    ref = {"mediaType": OCI_MANIFEST, "digest": md, "size": mn,
+        return {"digest": f"sha256:{h}", "size": len(data)}
+    descs = [{"mediaType": mt, **blob(data), **({"annotations": {"org.cncf.model.filepath": path}} if path else {})}
+             for mt, path, data in layers]
+    doc = {"schemaVersion": 2, "mediaType": OCI_MANIFEST, **({"artifactType": artifact_type} if artifact_type else {}),
+           "config": {"mediaType": config[0], **blob(config[1])}, "layers": descs}
+    ref = {"mediaType": OCI_MANIFEST, **blob(json.dumps(doc).encode()),
            "annotations": {"org.opencontainers.image.ref.name": tag}}
+    (layout_dir / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
     (layout_dir / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": [ref]}))
+
+
+def _modelpack_layout(src: Path, layout_dir: Path, tag: str) -> None:
+    """``src`` as a ModelPack artifact (one raw layer per file) in an OCI image layout directory."""
+    files = [(str(p.relative_to(src)), p.read_bytes()) for p in sorted(x for x in src.rglob("*") if x.is_file())]
+    layers = [(f"application/vnd.cncf.model.{'weight' if rel.endswith('.safetensors') else 'weight.config'}.v1.raw",
+               rel, data) for rel, data in files]
+    config = json.dumps({"descriptor": {"name": "tiny"}, "config": {}, "modelfs": {
+        "type": "layers", "diffIds": [f"sha256:{hashlib.sha256(d).hexdigest()}" for _, d in files]}}).encode()
+    oci_layout(layout_dir, layers, ("application/vnd.cncf.model.config.v1+json", config), tag, ARTIFACT_TYPE)
 
 
 def test_publish_imports_a_modelpack_artifact_another_tool_pushed(cli, oci_node, registry: Registry,
@@ -454,7 +458,7 @@ def test_publish_imports_a_modelpack_artifact_another_tool_pushed(cli, oci_node,
     if shutil.which("skopeo") is None:
         pytest.skip("skopeo missing (Debian package skopeo; scripts/install-tools.sh installs it)")
     src = make_checkpoint(tmp_path / "src", total_bytes=4 * MiB, shards=2, layers=2, seed="import")
-    _oci_layout(src, tmp_path / "layout", "v1")
+    _modelpack_layout(src, tmp_path / "layout", "v1")
     repo = f"{oci_node.prefix}-src/tiny"
     subprocess.run(["skopeo", "copy", "--dest-tls-verify=false", "--dest-creds", f"{USER}:{PASSWORD}",
                     f"oci:{tmp_path / 'layout'}:v1", f"docker://{registry.host}/{repo}:v1"], check=True,

@@ -6,7 +6,6 @@ by tests/test_oci.py's fixture for this module), the ModelKit pushed from an OCI
 from __future__ import annotations
 
 import gzip
-import hashlib
 import io
 import json
 import random
@@ -21,7 +20,7 @@ from tiering import build_manifest, verify_checkpoint
 from tiering.sample import make_checkpoint
 
 from .conftest import assert_one_line_error
-from .test_oci import (OCI_MANIFEST, PASSWORD, USER, WEIGHTD, Registry, _flip, auth_file, cli,  # noqa: F401
+from .test_oci import (OCI_MANIFEST, PASSWORD, USER, WEIGHTD, oci_layout, Registry, _flip, auth_file, cli,  # noqa: F401
                        oci_node, registry)
 
 MiB = 1 << 20
@@ -98,24 +97,6 @@ def _kitfile(src: Path) -> bytes:
                        "docs": [{"path": "README.md"}]}).encode()
 
 
-def _oci_layout(layout_dir: Path, layers: list[tuple[str, str, bytes]], config: bytes, tag: str) -> None:
-    """An OCI image layout directory by hand: oci-layout, index.json, blobs/sha256/*."""
-    blobs = layout_dir / "blobs/sha256"
-    blobs.mkdir(parents=True)
-
-    def blob(data: bytes) -> tuple[str, int]:
-        h = hashlib.sha256(data).hexdigest()
-        (blobs / h).write_bytes(data)
-        return f"sha256:{h}", len(data)
-    descs = [(mt, path, *blob(data)) for mt, path, data in layers]
-    raw = _manifest(descs, (KIT_CONFIG, *blob(config)))
-    md, mn = blob(raw)
-    (layout_dir / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
-    (layout_dir / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": [
-        {"mediaType": OCI_MANIFEST, "digest": md, "size": mn,
-         "annotations": {"org.opencontainers.image.ref.name": tag}}]}))
-
-
 def _push(registry: Registry, repo: str, tag: str, layers: list[tuple[str, str | None, bytes]],
           config_type: str = KIT_CONFIG, config: bytes = b"{}") -> list[str]:
     """An artifact pushed straight to the registry (the hostile cases); the layers' digests."""
@@ -144,7 +125,7 @@ def test_a_kitops_modelkit_pushed_by_skopeo_is_imported_and_preloads_byte_identi
     if shutil.which("skopeo") is None:
         pytest.skip("skopeo missing (Debian package skopeo; scripts/install-tools.sh installs it)")
     src = _src(tmp_path, "kit")
-    _oci_layout(tmp_path / "layout", _kitfile_layers(src), _kitfile(src), "v1")
+    oci_layout(tmp_path / "layout", _kitfile_layers(src), (KIT_CONFIG, _kitfile(src)), "v1")
     repo = f"{oci_node.prefix}-kit/tiny"
     subprocess.run(["skopeo", "copy", "--dest-tls-verify=false", "--dest-creds", f"{USER}:{PASSWORD}",
                     f"oci:{tmp_path / 'layout'}:v1", f"docker://{registry.host}/{repo}:v1"], check=True,
