@@ -247,6 +247,17 @@ class Flow:
             return 0
 
 
+def tear_down(preload: "subprocess.Popen[Any] | None", daemons: "list[Daemon]", link: Link) -> None:
+    """The end of a run, whatever happened: the preload killed if still running, the daemons stopped
+    (their hot tiers and logs removed), the namespaces deleted."""
+    if preload is not None and preload.poll() is None:
+        preload.kill()
+        preload.communicate()
+    for d in daemons:
+        d.close()
+    link.close()
+
+
 def publish(origin: Daemon, base: Path, size: int, name: str = "org/nic", version: str = "v1") -> str:
     """A checkpoint of ``size`` bytes published through the origin (its torrent made); the ref."""
     from tiering.sample import make_checkpoint

@@ -38,7 +38,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._netns import A_IP, B_IP, Daemon, Flow, Link, exit_on_sigterm, publish, sampler, usable  # noqa: E402
+from bench._netns import A_IP, B_IP, Daemon, Flow, Link, exit_on_sigterm, publish, sampler, tear_down, usable  # noqa: E402
 from tiering import parse_size  # noqa: E402
 
 STEP_S = 0.5
@@ -99,12 +99,7 @@ def one_run(base: Path, args: argparse.Namespace, network: str, src_size: int) -
                 "worker_network_in_b": state_b, "transfer_done_before_c_ended": done,
                 "limits_set": {d.dir.name: limit_lines(d) for d in daemons}}
     finally:
-        if preload is not None and preload.poll() is None:
-            preload.kill()
-            preload.communicate()
-        for d in daemons:
-            d.close()
-        link.close()
+        tear_down(preload, daemons, link)
 
 
 def limit_lines(d: Daemon) -> list[str]:

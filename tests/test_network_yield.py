@@ -441,7 +441,7 @@ def _netns_skip() -> str | None:
 def test_weights_yield_to_a_serving_flow_on_a_shaped_link(tmp_path: Path) -> None:
     """200 Mbit/s A -> B: the transfer alone near the link rate; a flow asking 70% of the link joins and
     gets >= 85% of its ask while weights still arrive; the state shows in status --json."""
-    from bench._netns import A_IP, B_IP, Daemon, Flow, Link, publish
+    from bench._netns import A_IP, B_IP, Daemon, Flow, Link, publish, tear_down
     link = Link(200)
     rate = link.rate_bytes
     daemons: list[Daemon] = []
@@ -479,12 +479,7 @@ def test_weights_yield_to_a_serving_flow_on_a_shaped_link(tmp_path: Path) -> Non
         flow.stop_sending()
         assert preload.poll() is None or preload.returncode == 0
     finally:
-        if preload is not None and preload.poll() is None:
-            preload.kill()
-            preload.communicate()
-        for d in daemons:
-            d.close()
-        link.close()
+        tear_down(preload, daemons, link)
     out = json.dumps(net)
     assert "weightd_bytes_per_s" in out
 
