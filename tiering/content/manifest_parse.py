@@ -167,7 +167,7 @@ def _read_file_entry(r: _Reader, i: int, fd: Any, source: str, chunk_size: int, 
         file_hash = tree_hash(list(chunks))
     if file_hash != fhash:
         raise r.fail(where, "file hash does not match its part hashes")
-    return FileEntry(_own(path), size, int(mode_s, 8), _own(fhash), tuple(map(_own, chunks)), st_info)
+    return FileEntry(path, size, int(mode_s, 8), fhash, chunks, st_info)
 
 
 def _read_safetensors(r: _Reader, v: Any, where: str, size: int) -> SafetensorsInfo:
@@ -181,8 +181,7 @@ def _read_safetensors(r: _Reader, v: Any, where: str, size: int) -> SafetensorsI
         raise r.fail(where, "tensors must be a list")
     table = _tensor_columns(v["tensors"], header_size, size) or _tensors_one_by_one(r, v["tensors"], where,
                                                                                    header_size, size)
-    return SafetensorsInfo(header_size, _own(r.hex(v["header_xxh3_128"], where)),
-                           {_own(k): _own(x) for k, x in meta.items()}, table)
+    return SafetensorsInfo(header_size, r.hex(v["header_xxh3_128"], where), dict(meta), table)
 
 
 _TENSOR_KEYS = frozenset({"name", "dtype", "shape", "begin", "end", "xxh3_128"})
@@ -216,14 +215,6 @@ def _tensor_columns(raw: list[Any], header_size: int, size: int) -> TensorTable 
     if set(map(len, digests)) != {32} or not _HEX_RUN.fullmatch(joined):  # (each 32: else two could share)
         return None
     return TensorTable(names, dtypes, shapes, begins, ends, bytes.fromhex(joined))
-
-
-def _own(s: str) -> str:
-    """A copy of a string of the parsed JSON that the manifest keeps: the tree of a 90,000-tensor
-    manifest (75 MB of small objects) is freed after the parse, but the allocator returns a block of it
-    to the system only once nothing in it is alive, and one kept path or digest per file (made in the
-    middle of its tensors) held 73 MB of it resident for good. Copies made now sit together elsewhere."""
-    return s.encode("utf-8", "surrogatepass").decode("utf-8", "surrogatepass")
 
 
 def _tensors_one_by_one(r: _Reader, raw: list[Any], where: str, header_size: int, size: int) -> TensorTable:

@@ -146,8 +146,4 @@ class TensorTable(Sequence):  # Sequence[TensorEntry]
     def __repr__(self) -> str:
         return f"TensorTable({len(self)} tensors)"
 
-    def nbytes(self) -> int:
-        """What the columns occupy (for tests and the memory figures of docs/benchmarks.md)."""
-        return (len(self._names) + len(self._dtypes) + len(self._digests)
-                + sum(a.itemsize * len(a) for a in (self._name_ends, self._dims, self._dim_ends, self._begins, self._ends)))
 
