@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
+from .content import parse_cache
 from .content.names import LABEL_SEP, validate_label, validate_name, validate_version
 from .content.select import PARTIAL_TAG, Selection, choose
 from .content.signature import TrustPolicy
@@ -96,6 +97,7 @@ class LocalNode:
         for t in LOCAL_TIERS:  # a foreign, loose or symlinked root is refused before anything else
             self.roots.dir(t, create=False)
         self.state = State(state_dir, now=now)
+        parse_cache.use(Path(state_dir) / "manifests")
         self.roots.recorded = lambda t: {(r.name, r.version): r.digest for r in self.state.copies(t)}
         self.catalog = Catalog(self.roots, monotonic=monotonic)
         self.space = Space(self.roots, self.state, now=now, remaining=self._remaining, on_evict=on_evict)
@@ -235,6 +237,8 @@ class LocalNode:
             return comp, None, {"kind": kind, "key": key, "version": src.version, "files": len(comp.manifest.files)}
         if selection is None or selection.whole:
             return src, None, None
+        if selection.experts is not None:   # an expert-parallel rank's copy (tiering.experts)
+            return self.preloader.experts.object_of(src, selection)
         choice = choose(src.manifest, selection)
         if choice.whole:
             return src, None, None

@@ -21,6 +21,7 @@ from typing import Any
 import xxhash
 
 from ..errors import ManifestError
+from . import parse_cache
 from .manifest import FORMAT, MAX_MANIFEST_BYTES, FileEntry, Manifest, SafetensorsInfo, tree_hash
 from .names import TAG_RE, has_lone_surrogate, VERSION_RE, split_label, validate_label, validate_name, validate_relpath, validate_version
 from .safetensors_header import DTYPE_BITS, all_exactly, all_int64
@@ -271,6 +272,10 @@ def parse_manifest(raw: bytes, source: str) -> Manifest:
         m = _SHARED.get(key)
     if m is not None:
         return m
+    kept = parse_cache.load(key) if len(raw) >= parse_cache.MIN_BYTES else None
+    if kept is not None:
+        with _SHARED_LOCK:
+            return _SHARED.setdefault(key, kept)
     try:
         text = raw.decode("utf-8")
         data = json.loads(text)
@@ -279,6 +284,8 @@ def parse_manifest(raw: bytes, source: str) -> Manifest:
     if has_lone_surrogate(text, data):
         raise ManifestError(source, "a string holds a lone UTF-16 surrogate (\\ud800-\\udfff): not text")
     m = manifest_from_dict(data, source)
+    if len(raw) >= parse_cache.MIN_BYTES:
+        parse_cache.store(key, m)
     with _SHARED_LOCK:
         return _SHARED.setdefault(key, m)
 

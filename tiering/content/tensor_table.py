@@ -133,6 +133,28 @@ class TensorTable(Sequence):  # Sequence[TensorEntry]
                 for n, d, sh, b, e, h in zip(self.names(), self._dtypes, shapes, self._begins, self._ends,
                                               self.hex_digests())]
 
+    def columns(self) -> list[bytes]:
+        """The table as eight byte strings (names as UTF-8, the rest as stored), for
+        :meth:`from_columns` in another process (the manifest parse cache)."""
+        return [self._names.encode(), self._name_ends.tobytes(), self._dtypes, self._dims.tobytes(),
+                self._dim_ends.tobytes(), self._begins.tobytes(), self._ends.tobytes(), self._digests]
+
+    @classmethod
+    def from_columns(cls, cols: list[bytes]) -> "TensorTable":
+        """The table :meth:`columns` gave; ValueError when they do not fit together (a damaged cache)."""
+        if len(cols) != 8:
+            raise ValueError("expected 8 tensor columns")
+        t = cls.__new__(cls)
+        t._names = cols[0].decode()
+        t._name_ends, t._dims, t._dim_ends, t._begins, t._ends = (array("q", cols[i]) for i in (1, 3, 4, 5, 6))
+        t._dtypes, t._digests = bytes(cols[2]), bytes(cols[7])
+        n = len(t._name_ends)
+        if not (len(t._dtypes) == len(t._dim_ends) == len(t._begins) == len(t._ends) == n
+                and len(t._digests) == 16 * n and (not n or t._name_ends[-1] == len(t._names))
+                and (not n or t._dim_ends[-1] == len(t._dims)) and max(t._dtypes, default=0) < len(DTYPES)):
+            raise ValueError("tensor columns that do not fit together")
+        return t
+
     def _key(self) -> tuple:
         return (self._names, self._name_ends, self._dtypes, self._dims, self._dim_ends, self._begins, self._ends,
                 self._digests)

@@ -7,6 +7,7 @@ import errno
 import os
 import stat
 from collections import namedtuple
+from pathlib import Path
 from typing import Any
 
 from ..errors import BadInput, FileChanged, UnsafePath
@@ -110,3 +111,18 @@ def open_for_read(path: "str | os.PathLike[str] | PinnedFile | Any") -> int:
     except PermissionError:
         fd = os.open(path, flags)
     return regular_or_close(fd, str(path))
+
+
+def private_dir(d: Path, what: str = "the download cache") -> Path:
+    """``d``, created with mode 0700 if missing (its parents too); UnsafePath, one line saying which and
+    what to do, unless it is a real directory (not a symlink) of this user's that no one else may enter."""
+    d.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = os.lstat(d)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise UnsafePath(str(d), f"{what} is not a directory (a symlink?): remove it")
+    if st.st_uid != os.geteuid():
+        raise UnsafePath(str(d), f"{what} belongs to uid {st.st_uid}, not to this user (uid {os.geteuid()}): "
+                                 f"remove it, or run as its owner")
+    if st.st_mode & 0o077:
+        raise UnsafePath(str(d), f"{what} is open to other users (mode {stat.S_IMODE(st.st_mode):o}): chmod 700 it")
+    return d

@@ -23,7 +23,6 @@ import ipaddress
 import os
 import re
 import shutil
-import stat
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -33,7 +32,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 from ..content.scan import CheckFn, scan_checkpoint
 from ..content.units import format_bytes
-from ..errors import BadInput, NoSpace, TieringError, UnsafePath
+from ..errors import BadInput, NoSpace, TieringError
+from ..safefs.paths import private_dir
 from .hf_files import (HubError, HubFile, Identity, check_scanned, checked_listing, inode_check, prune_snapshot,
                        still_checked, verify)
 from .hf_http import READ_TIMEOUT_S, RetriesSpent, asked_wait, bound_requests
@@ -162,21 +162,6 @@ def check_token_transport(endpoint: str, token: str | None, note: Callable[[str]
 def endpoint_key(endpoint: str) -> str:
     """``endpoint-<16 hex of the sha256 of the endpoint URL>`` (without userinfo or a trailing ``/``)."""
     return "endpoint-" + hashlib.sha256(shown_endpoint(endpoint).rstrip("/").encode()).hexdigest()[:16]
-
-
-def private_dir(d: Path, what: str = "the download cache") -> Path:
-    """``d``, created with mode 0700 if missing (its parents too); UnsafePath, one line saying which and
-    what to do, unless it is a real directory (not a symlink) of this user's that no one else may enter."""
-    d.mkdir(mode=0o700, parents=True, exist_ok=True)
-    st = os.lstat(d)
-    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-        raise UnsafePath(str(d), f"{what} is not a directory (a symlink?): remove it")
-    if st.st_uid != os.geteuid():
-        raise UnsafePath(str(d), f"{what} belongs to uid {st.st_uid}, not to this user (uid {os.geteuid()}): "
-                                 f"remove it, or run as its owner")
-    if st.st_mode & 0o077:
-        raise UnsafePath(str(d), f"{what} is open to other users (mode {stat.S_IMODE(st.st_mode):o}): chmod 700 it")
-    return d
 
 
 def endpoint_cache(root: Path, endpoint: str) -> Path:
@@ -384,4 +369,4 @@ def fetch_snapshot(ref: HubRef, cache_dir: Path, *, include: Sequence[str] = (),
 __all__ = ["DEFAULT_REVISION", "HubAccessDenied", "HubNoSpace", "HubNotFound", "HubRateLimited", "HubRef",
            "HubSnapshot", "HubUnreachable", "SCHEME", "bytes_to_download", "check_space", "check_token_transport",
            "discard_snapshot", "endpoint_cache", "endpoint_key", "fetch_snapshot", "is_hub_ref", "list_files",
-           "parse_hub_ref", "private_dir", "resolve", "resolve_commit", "shown_endpoint"]
+           "parse_hub_ref", "resolve", "resolve_commit", "shown_endpoint"]
