@@ -1,7 +1,8 @@
-"""Fleet intent between this node and the rest of the fleet: rollout slots asked of the origin
-(``[intent] max_movers`` nodes move at once fleet-wide; a refused node asks again at about the next
-round, jittered), and what the node holds, published each round: the model-ready gauges, the NFD
-feature file a scheduler places servers by, and (every ``[intent] report_s``) a report to the origin.
+"""Fleet intent between this node and the rest of the fleet: rollout slots asked of the origins
+(``[intent] max_movers`` nodes move at once fleet-wide; a slot counts when a strict majority of the
+origins grant it; a refused node asks again at about the next round, jittered), and what the node
+holds, published each round: the model-ready gauges, the NFD feature file a scheduler places servers
+by, and (every ``[intent] report_s``) a report to every origin (docs/origins.md).
 """
 
 from __future__ import annotations
@@ -33,36 +34,78 @@ def node_name(d: "DaemonContext") -> str:
 
 
 def origin_client(d: "DaemonContext") -> Any:
-    """A client of the origin (``[intent] origin``, else the tracker's), or None: none configured, or
-    this daemon is the origin."""
-    from ..fleet.client import OriginClient, origin_url
-    base = origin_url(d.config)
-    return None if base is None or d.role == "origin" else OriginClient(base, d.config)
+    """The origins this node reports to and asks slots of (:class:`~weightd.fleet.client.Origins`:
+    ``[intent] origin``, else one per tracker host), or None: none configured, or this daemon is an origin."""
+    from ..fleet.client import Origins, origin_urls
+    urls = origin_urls(d.config)
+    return None if not urls or d.role == "origin" else Origins(urls, d.config)
+
+
+def majority(n: int) -> int:
+    """How many of ``n`` origins must grant a slot: a strict majority (all of 1 or 2, 2 of 3, 3 of 4 or 5)."""
+    return n // 2 + 1
+
+
+def next_number(answers: list[Any], need: int, current: int) -> int:
+    """The slot number to ask for next: the lowest one free at ``need`` of the origins that answered
+    (their ``free`` lists; a number granted counts as free there), else ``current``."""
+    counts: dict[int, int] = {}
+    for a in answers:
+        if not isinstance(a, dict):
+            continue
+        free = {n for n in a.get("free") or [] if isinstance(n, int)}
+        if a.get("granted") is True and isinstance(a.get("slot"), int):
+            free.add(a["slot"])
+        for n in free:
+            counts[n] = counts.get(n, 0) + 1
+    ok = sorted(n for n, c in counts.items() if c >= need)
+    return ok[0] if ok else current
+
+
+def refusal(answers: list[tuple[str, Any]], granted: int, need: int) -> str:
+    """Why a node waits for a slot, as its intent row says it (one origin: as before several were)."""
+    if len(answers) == 1:
+        a = answers[0][1]
+        return (f"waiting for a rollout slot: {a}" if not isinstance(a, dict) else
+                f"waiting for a rollout slot ({a.get('movers')} of {a.get('cap')} nodes are moving fleet-wide)")
+    said = "; ".join(f"{u}: " + (f"unreachable ({str(a)[:120]})" if not isinstance(a, dict) else
+                                 "granted" if a.get("granted") is True else
+                                 f"{a.get('movers')} of {a.get('cap')} nodes moving")
+                     for u, a in answers)
+    return f"waiting for a rollout slot: granted by {granted} of {len(answers)} origins, {need} needed ({said})"
 
 
 class RolloutSlots:
-    """The rollout slots this node asks the origin for, and why each refused fetch waits."""
+    """The rollout slots this node asks the origins for, and why each refused fetch waits. A node
+    moves only while a strict majority of the origins grant it the same slot number
+    (:mod:`weightd.fleet.rollout`): with one origin, that one."""
 
     def __init__(self, d: "DaemonContext") -> None:
         self.d = d
         self.waiting: dict[FetchKey, str] = {}       # a fetch waiting for a slot -> the reason its row shows
         self.retry_at: dict[FetchKey, float] = {}    # (monotonic) a refused slot is asked again then
+        self.number = 0                              # the slot number asked for (held while moving)
 
-    async def ask(self, f: Fetch) -> bool:
-        """True if the origin grants a slot for ``f`` (or renews it); else the fetch's row says why not."""
-        from ..fleet.client import OriginUnavailable
+    async def ask(self, f: Fetch, *, renewing: bool = False) -> bool:
+        """True if a majority of the origins grant slot ``self.number`` for ``f`` (or renew it); else
+        the fetch's row says why not, and (unless ``renewing``) the grants short of a majority are
+        given back, and the next ask is for a number free at a majority."""
         key = (f.entry.name, f.version, f.entry.tier)
-        client = origin_client(self.d)
-        try:
-            got = await self.d.run_blocking("misc", client.call, "POST", "/v1/rollout/slot",
-                                            {"node": node_name(self.d), "moving": f"{f.entry.name}@{f.version}"})
-        except OriginUnavailable as exc:
-            self.waiting[key] = f"waiting for a rollout slot: {exc}"
-            return False
-        if got.get("granted") is True:
+        origins = origin_client(self.d)
+        body = {"node": node_name(self.d), "moving": f"{f.entry.name}@{f.version}", "slot": self.number}
+        answers = await self.d.run_blocking("misc", origins.each, "POST", "/v1/rollout/slot", body)
+        granted = [u for u, a in answers if isinstance(a, dict) and a.get("granted") is True]
+        need = majority(len(answers))
+        if len(granted) >= need:
             return True
-        self.waiting[key] = (f"waiting for a rollout slot ({got.get('movers')} of {got.get('cap')} nodes are "
-                             "moving fleet-wide)")
+        if renewing:
+            log.warning("intent: the rollout slot is renewed by %d of %d origins (%d needed): it expires at "
+                        "the others unless they answer", len(granted), len(answers), need)
+            return False
+        self.waiting[key] = refusal(answers, len(granted), need)
+        if granted:   # (short of a majority: not a mover; the slots granted go back at once)
+            await self.release(granted)
+        self.number = next_number([a for _u, a in answers], need, self.number)
         return False
 
     def refused(self, key: FetchKey, reconcile_s: float) -> None:
@@ -76,20 +119,27 @@ class RolloutSlots:
         self.retry_at.pop(key, None)
 
     async def renew(self, f: Fetch) -> None:
-        """While ``f`` moves: its slot renewed every SLOT_RENEW_S (cancelled when the move ends)."""
+        """While ``f`` moves: its slot renewed at every origin every SLOT_RENEW_S (cancelled when the move ends)."""
         while True:
             await asyncio.sleep(SLOT_RENEW_S)
             try:
-                await self.ask(f)
-            except Exception:  # noqa: BLE001 (the slot expires at the origin; the move goes on)
+                await self.ask(f, renewing=True)
+            except Exception:  # noqa: BLE001 (the slot expires at the origins; the move goes on)
                 pass
 
-    async def release(self) -> None:
+    async def release(self, urls: list[str] | None = None) -> None:
+        """The slot given back at every origin (or at ``urls``); one that does not answer lets it expire."""
         try:
-            client = origin_client(self.d)   # (a certificate being rotated can fail here: the slot expires)
-            if client is None:
+            origins = origin_client(self.d)   # (a certificate being rotated can fail here: the slot expires)
+            if origins is None:
                 return
-            await self.d.run_blocking("misc", client.call, "POST", "/v1/rollout/release", {"node": node_name(self.d)})
+            if urls is not None:
+                origins = origins.only(urls)
+            answers = await self.d.run_blocking("misc", origins.each, "POST", "/v1/rollout/release",
+                                                {"node": node_name(self.d)})
+            for u, a in answers:
+                if not isinstance(a, dict):
+                    log.info("intent: releasing the rollout slot at %s: %s", u, a)
         except Exception as exc:  # noqa: BLE001 (it expires at the origin)
             log.info("intent: releasing the rollout slot: %s", exc)
 
@@ -173,13 +223,17 @@ class HoldingsReport:
                     "intent": dict(list(intent.items())[:1024]),
                     "ready": [{k: e[k] for k in ("model", "version", "tier", "seconds")}
                               for e in estimates if e["seconds"] is not None][:1024]}
-            try:
-                await self.d.run_blocking("misc", client.call, "POST", "/v1/fleet/report", body)
-                self.error = None
-            except Exception as exc:  # noqa: BLE001
-                if self.error != str(exc):
-                    log.warning("intent: holdings not reported to the origin: %s", exc)
-                self.error = str(exc)
+            await self._send(client, body)
+
+    async def _send(self, origins: Any, body: dict[str, Any]) -> None:
+        """The report to every origin at once; ``error`` says which did not take it (one origin down
+        is not a failure: the others' views have the node)."""
+        answers = await self.d.run_blocking("misc", origins.each, "POST", "/v1/fleet/report", body)
+        failed = "; ".join(str(a) for _u, a in answers if not isinstance(a, dict))
+        if failed and self.error != failed:
+            log.warning("intent: holdings not reported to %d of %d origin(s): %s",
+                        sum(not isinstance(a, dict) for _u, a in answers), len(answers), failed)
+        self.error = failed or None
 
     def _write_nfd(self, holdings: list[dict[str, Any]], estimates: list[dict[str, Any]]) -> None:
         from ..intent import nfd

@@ -1,7 +1,9 @@
 """The origin's fleet endpoints, on the tracker's listener (the same allowlist, and with fleet TLS the
 same client certificates): workers report what they hold (``POST /v1/fleet/report``), anyone allowed
 reads the aggregate (``GET /v1/fleet``, ``weightd fleet status``), and rollout movers take and give
-back slots (``POST /v1/rollout/slot``, ``/v1/rollout/release``) under ``[intent] max_movers``.
+back slots (``POST /v1/rollout/slot``, ``/v1/rollout/release``) under ``[intent] max_movers``. Several
+origins run side by side, each a full origin on its own (docs/origins.md): workers report to all of
+them, and a rollout slot counts only when a majority of them grant it (:mod:`weightd.fleet.rollout`).
 
 Bounded: reports held fit ``[intent] fleet_budget`` (:class:`~weightd.fleet.view.FleetView`), one address
 sends at most ``[intent] fleet_reports_per_s`` reports a second (429 past that, before its body is
@@ -50,7 +52,7 @@ class FleetEndpoints:
         intent = d.config.settings.intent
         self.d, self.tracker = d, tracker
         d.fleet = FleetView(ttl_s=max(300.0, 4 * intent.report_s), budget_bytes=intent.fleet_budget)
-        d.movers = MoverSlots(intent.max_movers)
+        d.movers = MoverSlots(intent.max_movers, path=d.config.settings.state_dir / "rollout-slots.json")
         self.rate = RateLimit(intent.fleet_reports_per_s, max(16.0, 4 * intent.fleet_reports_per_s))
 
     def _refuse(self, request: web.Request) -> web.Response | None:
@@ -119,7 +121,7 @@ class FleetEndpoints:
             return r
         try:
             b = _request(await _body(request))
-            node, moving = _short(b, "node"), _short(b, "moving")
+            node, moving, number = _short(b, "node"), _short(b, "moving"), _number(b)
         except ValueError as exc:
             return web.json_response({"error": str(exc)[:300]}, status=400)
         # one slot per address: a peer cannot take the fleet's slots by inventing node names, nor
@@ -132,7 +134,7 @@ class FleetEndpoints:
             return web.json_response({"error": f"{key} is not a member of this fleet: no report from it is "
                                       "held (a worker reports every [intent] report_s; ask again after its "
                                       "report)"}, status=403)
-        got = d.movers.ask(key, f"{node}: {moving}")
+        got = d.movers.ask(key, f"{node}: {moving}", number)
         if got["granted"]:
             log.debug("rollout slot for %s (%s): %d of %d", key, moving, got["movers"], got["cap"])
         return web.json_response(got)
@@ -172,6 +174,14 @@ def _request(b: Any) -> dict[str, Any]:
         raise ValueError("body: expected a JSON object")
     check_envelope(b)
     return b
+
+
+def _number(b: dict[str, Any]) -> int | None:
+    """The slot number a worker asks for (absent: any; an older worker's request)."""
+    v = b.get("slot")
+    if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 1 << 20):
+        raise ValueError("'slot' must be a slot number (a whole number from 0)")
+    return v
 
 
 def _short(b: dict[str, Any], key: str) -> str:

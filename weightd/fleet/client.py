@@ -1,4 +1,4 @@
-"""A worker's (and ``weightd fleet status``'s) calls to the origin's fleet endpoints: JSON over the
+"""A worker's (and ``weightd fleet status``'s) calls to the origins' fleet endpoints: JSON over the
 tracker's HTTP(S) listener, with the node's fleet certificate when ``[p2p.tls]`` is on (the tracker
 requires one from the fleet CA). Synchronous and bounded in time; the daemon runs it in a pool. Every
 body carries this weightd's message version and its own (:func:`weightd.compat.stamped`)."""
@@ -20,15 +20,19 @@ if TYPE_CHECKING:
 MAX_ANSWER = 8 << 20
 
 
-def origin_url(cfg: "Config") -> str | None:
-    """``[intent] origin``, else the scheme and host of the first ``[p2p] trackers`` URL."""
-    if cfg.settings.intent.origin:
-        return cfg.settings.intent.origin
+def origin_urls(cfg: "Config") -> list[str]:
+    """The origins this node reports to and asks rollout slots of: ``[intent] origin`` (one or several),
+    else one per host of the ``[p2p] trackers`` URLs (scheme and host, in their order): every origin
+    serves its fleet endpoints on its tracker's listener."""
+    given = cfg.settings.intent.origin
+    if given:
+        return [given] if isinstance(given, str) else list(given)
+    out: dict[str, None] = {}
     for t in cfg.settings.p2p.trackers:
         u = urllib.parse.urlsplit(t)
         if u.scheme in ("http", "https") and u.netloc:
-            return f"{u.scheme}://{u.netloc}"
-    return None
+            out[f"{u.scheme}://{u.netloc}"] = None
+    return list(out)
 
 
 class OriginClient:
@@ -79,3 +83,33 @@ class OriginClient:
         if status != 200:
             raise OriginUnavailable(f"origin {self.base}{path}: HTTP {status}: {str(doc.get('error', ''))[:200]}")
         return doc
+
+
+class Origins:
+    """Every origin this node reports to (:func:`origin_urls`), asked at once: the fleet has no leader,
+    each origin holds what its workers told it."""
+
+    def __init__(self, urls: list[str], cfg: "Config", **kw: Any) -> None:
+        self.urls = list(urls)
+        self.clients = [OriginClient(u, cfg, **kw) for u in self.urls]
+
+    def only(self, urls: list[str]) -> "Origins":
+        """These origins, those of ``urls`` only."""
+        o = Origins([], None)   # type: ignore[arg-type]
+        kept = [(u, c) for u, c in zip(self.urls, self.clients) if u in urls]
+        o.urls, o.clients = [u for u, _c in kept], [c for _u, c in kept]
+        return o
+
+    def each(self, method: str, path: str, body: Any = None) -> list[tuple[str, "dict[str, Any] | OriginUnavailable"]]:
+        """(url, its answer or the OriginUnavailable it raised) of every origin, in their order; each
+        bounded by its client's timeout, all asked together (a thread each)."""
+        def one(c: OriginClient) -> "dict[str, Any] | OriginUnavailable":
+            try:
+                return c.call(method, path, body)
+            except OriginUnavailable as exc:
+                return exc
+        if len(self.clients) == 1:
+            return [(self.urls[0], one(self.clients[0]))]
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(max_workers=len(self.clients), thread_name_prefix="weightd-origins") as pool:
+            return list(zip(self.urls, pool.map(one, self.clients)))

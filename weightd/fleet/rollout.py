@@ -1,36 +1,101 @@
-"""The origin's fleet-wide cap on rollout movers (``[intent] max_movers``): a node rolling an
-``@latest`` entry forward to a new version holds a slot while it moves, renewing it; a slot not
-renewed within ``ttl_s`` (a node that died mid-move) is taken back. Owned by the origin's asyncio
-loop (no lock)."""
+"""The origin's fleet-wide cap on rollout movers (``[intent] max_movers``): ``cap`` numbered slots
+(0 to cap-1). A node rolling an ``@latest`` entry forward to a new version holds one while it moves,
+renewing it; a slot not renewed within ``ttl_s`` (a node that died mid-move) is taken back.
+
+With several origins (docs/origins.md) a worker moves only while it holds the SAME slot number from a
+strict majority of them: two majorities share an origin, and that origin gives a number to one node
+at a time, so at most ``cap`` nodes move fleet-wide whichever origins are down. A worker names the
+number it asks for (``number``); an answer says which numbers are free here, so a refused worker asks
+next for one free at a majority. Held slots are kept in ``path`` (written on every change, read at
+start), so an origin that restarts still knows who holds what and never hands out a slot leased
+elsewhere. Owned by the origin's asyncio loop (no lock)."""
 
 from __future__ import annotations
 
+import json
+import logging
+import os
 import time
+from pathlib import Path
 from typing import Any, Callable
+
+log = logging.getLogger(__name__)
+SLOT_TTL_S = 120.0
 
 
 class MoverSlots:
-    def __init__(self, cap: int, *, ttl_s: float = 120.0, clock: Callable[[], float] = time.monotonic) -> None:
-        self.cap, self.ttl_s, self.clock = cap, ttl_s, clock
-        self.held: dict[str, tuple[float, str]] = {}   # node -> (renewed at, what it moves)
+    def __init__(self, cap: int, *, ttl_s: float = SLOT_TTL_S, clock: Callable[[], float] = time.time,
+                 path: Path | None = None) -> None:
+        self.cap, self.ttl_s, self.clock, self.path = cap, ttl_s, clock, path
+        self.held: dict[str, tuple[float, str, int]] = {}   # node -> (renewed at, what it moves, slot number)
+        self._said: str | None = None
+        if path is not None:
+            self.held = self._load(path)
 
     def _expire(self) -> None:
         now = self.clock()
-        for node in [n for n, (t, _) in self.held.items() if now - t > self.ttl_s]:
+        for node in [n for n, (t, _w, _s) in self.held.items() if now - t > self.ttl_s]:
             del self.held[node]
 
-    def ask(self, node: str, what: str) -> dict[str, Any]:
-        """Grant (or renew) ``node``'s slot unless ``cap`` others hold one (cap 0: no cap)."""
+    def _free(self, node: str) -> list[int]:
+        """The slot numbers nobody but ``node`` holds (none without a cap)."""
+        taken = {s for n, (_t, _w, s) in self.held.items() if n != node}
+        return [i for i in range(self.cap) if i not in taken]
+
+    def ask(self, node: str, what: str, number: int | None = None) -> dict[str, Any]:
+        """Grant (or renew) slot ``number`` to ``node`` if nobody else holds it (None: the one it holds,
+        else the lowest free; cap 0: no cap, always granted). The answer: ``granted``, ``slot`` (when
+        granted), ``free`` (the numbers free for it), ``movers`` and ``cap``."""
         self._expire()
-        granted = node in self.held or self.cap <= 0 or len(self.held) < self.cap
+        free = self._free(node)
+        if number is None:
+            mine = self.held.get(node)
+            number = mine[2] if mine is not None and mine[2] in free else (free[0] if free else None)
+        granted = self.cap <= 0 or number in free
         if granted:
-            self.held[node] = (self.clock(), what)
-        return {"granted": granted, "movers": len(self.held), "cap": self.cap}
+            self.held[node] = (self.clock(), what, number or 0)
+            self._save()
+        return {"granted": granted, "movers": len(self.held), "cap": self.cap, "free": free,
+                **({"slot": number or 0} if granted else {})}
 
     def release(self, node: str) -> None:
-        self.held.pop(node, None)
+        if self.held.pop(node, None) is not None:
+            self._save()
 
     def movers(self) -> list[dict[str, Any]]:
         self._expire()
         now = self.clock()
-        return [{"node": n, "moving": w, "renewed_s_ago": round(now - t, 1)} for n, (t, w) in sorted(self.held.items())]
+        return [{"node": n, "moving": w, "slot": s, "renewed_s_ago": round(now - t, 1)}
+                for n, (t, w, s) in sorted(self.held.items())]
+
+    def _load(self, path: Path) -> dict[str, tuple[float, str, int]]:
+        """The slots held when this origin last wrote them, those not expired since (a missing or
+        unreadable file: none, said in the log)."""
+        try:
+            rows = json.loads(path.read_text())["held"]
+            held = {str(r["node"]): (float(r["renewed_at"]), str(r["moving"]), int(r["slot"])) for r in rows}
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("rollout slots: %s not read (%s): starting with none held", path, exc)
+            return {}
+        now = self.clock()
+        kept = {n: h for n, h in held.items() if now - h[0] <= self.ttl_s}
+        if kept:
+            log.info("rollout slots: %d held slot(s) restored from %s", len(kept), path)
+        return kept
+
+    def _save(self) -> None:
+        """The held slots into ``path`` (replaced whole: a crash leaves the old file or the new one)."""
+        if self.path is None:
+            return
+        rows = [{"node": n, "renewed_at": t, "moving": w, "slot": s} for n, (t, w, s) in sorted(self.held.items())]
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        try:
+            tmp.write_text(json.dumps({"format": 1, "held": rows}))
+            os.replace(tmp, self.path)
+            self._said = None
+        except OSError as exc:
+            if self._said != str(exc):
+                log.warning("rollout slots: not written to %s: %s (an origin restart forgets them)", self.path, exc)
+            self._said = str(exc)

@@ -197,23 +197,7 @@ def build_view(records: list[dict[str, Any]], now: float, *, model: str | None =
         records = _narrowed(records, model)
     doc: dict[str, Any] = {"nodes": [], "generated_at": now}
     if after is None:
-        per_version: dict[tuple[str, str], dict[str, Any]] = {}
-        for r in records:
-            for (m, version), copies in _by_version([_holding_dict(h) for h in r["holdings"]]).items():
-                v = per_version.setdefault((m, version), {"hot": 0, "warm": 0, "total": 0, "serving": 0,
-                                                          "resident": []})
-                for tier in TIERS:
-                    v[tier] += any(h["tier"] == tier for h in copies)
-                v["total"] += 1
-                v["serving"] += any(h["serving"] for h in copies)
-                v["resident"].append(max(h["resident"] for h in copies))
-        ordered = sorted(per_version.items())
-        doc["versions"] = [{"model": m, "version": version,
-                            "nodes": {"hot": v["hot"], "warm": v["warm"], "total": v["total"]},
-                            "serving": v["serving"], "resident_avg": round(sum(v["resident"]) / len(v["resident"]), 4)}
-                           for (m, version), v in ordered[:MAX_VERSIONS]]
-        if len(ordered) > MAX_VERSIONS:
-            doc["versions_cut"] = len(ordered) - MAX_VERSIONS
+        doc.update(versions_of([_holding_dict(h) for h in r["holdings"]] for r in records))
     else:
         node, _, ip = after.partition("@")
         records = [r for r in records if (r["node"], r["ip"]) > (node, ip)]
@@ -233,6 +217,51 @@ def build_view(records: list[dict[str, Any]], now: float, *, model: str | None =
                       **({"ready_dropped": r["ready_dropped"]} if r.get("ready_dropped") else {})})
     return {"nodes": doc["nodes"], "versions": doc["versions"], "generated_at": now,
             **{k: doc[k] for k in ("versions_cut", "next") if k in doc}}
+
+
+def versions_of(per_node: Any) -> dict[str, Any]:
+    """``{"versions": [...]}`` (and ``versions_cut`` past MAX_VERSIONS) of the nodes' holdings, one
+    list of holding dicts per node: how many nodes hold each version in each tier, serve it, and its
+    average residency (each node by its most resident copy)."""
+    per_version: dict[tuple[str, str], dict[str, Any]] = {}
+    for holdings in per_node:
+        for (m, version), copies in _by_version(holdings).items():
+            v = per_version.setdefault((m, version), {"hot": 0, "warm": 0, "total": 0, "serving": 0, "resident": []})
+            for tier in TIERS:
+                v[tier] += any(h["tier"] == tier for h in copies)
+            v["total"] += 1
+            v["serving"] += any(h["serving"] for h in copies)
+            v["resident"].append(max(h["resident"] for h in copies))
+    ordered = sorted(per_version.items())
+    out: dict[str, Any] = {"versions": [
+        {"model": m, "version": version, "nodes": {"hot": v["hot"], "warm": v["warm"], "total": v["total"]},
+         "serving": v["serving"], "resident_avg": round(sum(v["resident"]) / len(v["resident"]), 4)}
+        for (m, version), v in ordered[:MAX_VERSIONS]]}
+    if len(ordered) > MAX_VERSIONS:
+        out["versions_cut"] = len(ordered) - MAX_VERSIONS
+    return out
+
+
+def merged(answers: list[tuple[str, Any]]) -> dict[str, Any]:
+    """One view of the views several origins answered (``(url, doc)``; a doc that is not a dict is
+    that origin's error): each node as the origin with its newest report has it (the smallest
+    ``age_s``), versions counted again over those nodes, and ``origins``: per origin its url and
+    either ``nodes`` and ``movers`` (with ``max_movers``) or ``error``. Each origin counts its own
+    slots: a worker moves while a majority of them grant it one (:mod:`.rollout`)."""
+    nodes: dict[tuple[str, str], dict[str, Any]] = {}
+    origins = []
+    for url, doc in answers:
+        if not isinstance(doc, dict):
+            origins.append({"url": url, "error": str(doc)[:300]})
+            continue
+        origins.append({"url": url, "nodes": len(doc.get("nodes") or []), "movers": doc.get("movers") or [],
+                        "max_movers": doc.get("max_movers")})
+        for n in doc.get("nodes") or []:
+            key = (str(n.get("node")), str(n.get("ip")))
+            if key not in nodes or n.get("age_s", 0.0) < nodes[key].get("age_s", 0.0):
+                nodes[key] = n
+    kept = [nodes[k] for k in sorted(nodes)]
+    return {"nodes": kept, **versions_of(n.get("holdings") or [] for n in kept), "origins": origins}
 
 
 def _narrowed(records: list[dict[str, Any]], model: str) -> list[dict[str, Any]]:
