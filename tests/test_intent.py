@@ -268,7 +268,7 @@ def test_mover_slots_cap_renew_expire_release() -> None:
     now = [0.0]
     s = MoverSlots(2, ttl_s=120, clock=lambda: now[0])
     assert s.ask("10.0.0.1", "w1: a/x@v2")["granted"] and s.ask("10.0.0.2", "w2: a/x@v2")["granted"]
-    assert s.ask("10.0.0.3", "w3: a/x@v2") == {"granted": False, "movers": 2, "cap": 2}
+    assert s.ask("10.0.0.3", "w3: a/x@v2") == {"granted": False, "movers": 2, "cap": 2, "free": []}
     assert s.ask("10.0.0.1", "w1: a/x@v2")["granted"]            # a holder renews
     now[0] = 100
     s.ask("10.0.0.1", "w1: a/x@v2")
