@@ -141,33 +141,37 @@ def fleet_group() -> None:
 
 
 @fleet_group.command("status")
-@click.option("--origin", metavar="URL", help="The origin's tracker URL (default: [intent] origin, else the first "
-              "[p2p] trackers URL).")
+@click.option("--origin", "origins", metavar="URL", multiple=True, help="An origin's tracker URL (repeat for "
+              "several; default: [intent] origin, else one per [p2p] trackers host).")
 @click.option("--model", metavar="NAME", help="Only the nodes that hold, intend or estimate NAME, soonest ready "
               "first (by each node's ready estimate).")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
-def fleet_status(app: AppContext, origin: str | None, model: str | None, as_json: bool) -> None:
+def fleet_status(app: AppContext, origins: tuple[str, ...], model: str | None, as_json: bool) -> None:
     """Per node and version: tier, residency, how soon it could serve, and age of the report (from
-    GET /v1/fleet on the origin).
+    GET /v1/fleet on every origin, merged: a node's newest report wins; an origin that does not
+    answer is a warning while another does).
 
     Example: weightd fleet status --origin https://10.0.0.1:6969 --model acme/llama-70b"""
     from ..errors import UsageError
-    from ..fleet.client import OriginClient, origin_url
+    from ..fleet.client import origin_urls
     from ..fleet.view import by_readiness, ready_index
-    base = origin or origin_url(app.config)
-    if base is None:
+    bases = list(dict.fromkeys(u.rstrip("/") for u in origins)) or origin_urls(app.config)
+    if not bases:
         raise UsageError("no origin: pass --origin URL, or set [intent] origin or [p2p] trackers")
     if model is not None:
         _check_model(model)
-    doc = _fleet(OriginClient(base, app.config, timeout_s=15), model)
+    doc = _fleets(app, bases, model)
     if model is not None:
         doc["nodes"] = by_readiness(doc.get("nodes") or [], model)
     if as_json:
         return output.emit_json("fleet.status", doc)
     nodes = doc.get("nodes") or []
-    click.echo(f"{len(nodes)} node(s) reporting to {base}" + (f"; rollout movers {len(doc.get('movers') or [])}"
-                                                              f" of {doc.get('max_movers') or 'any'}"))
+    answered = [o for o in doc["origins"] if "error" not in o]
+    movers = ", ".join(f"{len(o['movers'])} of {o.get('max_movers') or 'any'}" for o in answered)
+    click.echo(f"{len(nodes)} node(s) reporting to " + (bases[0] if len(bases) == 1 else
+               f"{len(answered)} of {len(bases)} origins ({', '.join(o['url'] for o in answered)})")
+               + f"; rollout movers {movers}")
     runs: dict[str, int] = {}   # (two adjacent versions during a rollout of weightd itself)
     for n in nodes:
         v = n.get("weightd") or "not said"
@@ -221,6 +225,32 @@ def _fleet(client: Any, model: str | None = None, max_pages: int = 10_000) -> di
         doc["nodes"] = [*(doc.get("nodes") or []), *(page.get("nodes") or [])]
     doc.pop("next", None)
     return doc
+
+
+def _fleets(app: AppContext, bases: list[str], model: str | None) -> dict[str, Any]:
+    """Every origin's view (asked at once), merged (:func:`weightd.fleet.view.merged`); an origin that
+    does not answer is a warning, all of them an error (OriginUnavailable)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ..errors import OriginUnavailable
+    from ..fleet.client import OriginClient
+    from ..fleet.view import merged
+
+    def one(base: str) -> Any:
+        try:
+            return _fleet(OriginClient(base, app.config, timeout_s=15), model)
+        except OriginUnavailable as exc:
+            return exc
+    with ThreadPoolExecutor(max_workers=len(bases)) as pool:
+        answers = list(zip(bases, pool.map(one, bases)))
+    failed = [a for _u, a in answers if not isinstance(a, dict)]
+    if len(failed) == len(answers):
+        raise failed[0]
+    for a in failed:
+        output.warn(f"{a} (the view is the other origins')")
+    if len(answers) == 1:   # (one origin: its document as it is, with the origins list)
+        return {**answers[0][1], "origins": merged(answers)["origins"]}
+    return merged(answers)
 
 
 def _t(ts: float) -> str:
