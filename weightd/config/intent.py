@@ -57,8 +57,8 @@ class IntentSettings(FrozenModel):
     jitter_s: float = Field(default=30.0, ge=0, le=86400, unit="s",
                             doc="a rollout starts within this long of a new version (per node, stable)")
     max_movers: int = Field(default=0, ge=0, doc="on the origin: nodes rolling forward at once, fleet-wide; 0: no cap")
-    origin: str | None = Field(None, doc="the origin's base URL, where holdings are reported; unset: from the first "
-                                         "[p2p] trackers URL")
+    origin: tuple[str, ...] = Field((), doc="the origins' base URLs (one, or a list of several), where holdings are "
+                                            "reported and rollout slots asked; empty: one per [p2p] trackers host")
     report_s: float = Field(default=30.0, ge=1, le=3600, unit="s", doc="how often holdings are sent to the origin")
     # origin: bytes of worker reports held for the fleet view, and reports one address may send a second
     fleet_budget: int = Field(64 << 20, unit="bytes", doc="on the origin: worker reports held for the fleet view "
@@ -105,10 +105,12 @@ class IntentSettings(FrozenModel):
 
     @field_validator("origin", mode="before")
     @classmethod
-    def _origin(cls, v: Any) -> str | None:
-        if v is not None and (not isinstance(v, str) or not v.startswith(("http://", "https://"))):
-            raise ValueError("expected the origin's tracker base URL, like 'https://10.0.0.1:6969'")
-        return v.rstrip("/") if v else None
+    def _origin(cls, v: Any) -> tuple[str, ...]:
+        urls = [] if v is None or v == "" else [v] if isinstance(v, str) else v
+        if not isinstance(urls, (list, tuple)) or not all(isinstance(u, str) and u.startswith(("http://", "https://"))
+                                                          for u in urls):
+            raise ValueError("expected an origin's tracker base URL, like 'https://10.0.0.1:6969', or a list of them")
+        return tuple(dict.fromkeys(u.rstrip("/") for u in urls))
 
     @field_validator("node_name", mode="before")
     @classmethod
