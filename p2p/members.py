@@ -1,15 +1,22 @@
-"""The list of workers downloading one torrent, read from the origin's tracker (``GET /swarm``) in the
-background while the download runs, so every worker's piece plan starts from the same list.
+"""The list of workers downloading one torrent, read from every origin's tracker (``GET /swarm``) in
+the background while the download runs, so every worker's piece plan starts from the same list.
 
 Connected peers alone are a poor list: at the start of a restart storm a worker knows only the peers
 that announced before it, and a connection whose handshake waits behind a capped upload can take
 seconds (measured: at N = 16 on 10 MB/s caps, ten of sixteen workers never saw more than ten others
 during the whole download). The tracker sees every announce.
 
-One request per ``every_s`` (a small JSON answer), bounded by ``timeout_s``; a tracker that is not
-weightd's (404, not JSON) or keeps failing makes ``members`` None again after ``stale_s``, and the
-plan falls back to the connected peers. With fleet TLS the request presents this node's certificate
-and checks the tracker's against the fleet CA, as libtorrent does.
+**Several trackers** (one per origin): each round asks every tracker, and the list is the union of
+the answers not older than ``stale_s``. Every worker registers with every tracker it reaches, so
+while one tracker answers, every worker plans on the same union; a tracker that dies, or comes back
+empty and fills within a round, changes nothing. What differs: a worker that reaches only some
+trackers is on the union anyway, and one that died stays on it until the last answer naming it is
+``stale_s`` old (the plan's stalled-owner rule covers that time).
+
+One request per tracker per ``every_s`` (a small JSON answer), bounded by ``timeout_s``; a tracker
+that is not weightd's (404, not JSON) is asked no more; when no tracker has answered for ``stale_s``,
+``members`` is None again and the plan falls back to the connected peers. With fleet TLS the request
+presents this node's certificate and checks the tracker's against the fleet CA, as libtorrent does.
 """
 
 from __future__ import annotations
@@ -60,9 +67,9 @@ class Membership:
             if tls.cert_path and tls.key_path:
                 ctx.load_cert_chain(tls.cert_path, tls.key_path)
             self._ctx = ctx
-        self._members: dict[str, str] | None = None
-        self._others: dict[str, str] = {}   # workers downloading other files of the torrent: ip -> rack
-        self._at = 0.0
+        # per tracker: (downloading workers, workers downloading other files of the torrent: ip -> rack,
+        # when it answered)
+        self._lists: dict[str, tuple[dict[str, str], dict[str, str], float]] = {}
         self.changed_at = 0.0   # when the list last changed (a list still growing is not settled)
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -73,9 +80,7 @@ class Membership:
     def members(self) -> dict[str, str] | None:
         """ip -> rack of the downloading workers, as of the last good answer (None: none lately)."""
         with self._lock:
-            if self._members is None or time.monotonic() - self._at > self.stale_s:
-                return None
-            return self._members
+            return self._merged(0)
 
     @property
     def others(self) -> dict[str, str]:
@@ -83,9 +88,20 @@ class Membership:
         whole when this node wants a part), as of the last good answer: none of them owns a piece of
         this node's plan."""
         with self._lock:
-            if self._members is None or time.monotonic() - self._at > self.stale_s:
-                return {}
-            return self._others
+            return self._merged(1) or {}
+
+    def _merged(self, which: int) -> dict[str, str] | None:
+        """The union of the trackers' answers not older than ``stale_s`` (``which``: 0 the list, 1 the
+        others); None when there is none. With the lock held."""
+        now = time.monotonic()
+        fresh = [got for got in self._lists.values() if now - got[2] <= self.stale_s]
+        if not fresh:
+            return None
+        out: dict[str, str] = {}
+        for got in fresh:
+            for ip, rack in got[which].items():
+                out.setdefault(ip, rack)
+        return out
 
     def settled(self, quiet_s: float) -> dict[str, str] | None:
         """The list, once it has not changed for ``quiet_s`` (workers still joining move slices)."""
@@ -113,28 +129,30 @@ class Membership:
         gone: set[str] = set()   # trackers that answered 404/403 or not JSON: not asked again
         while not self._stop.is_set():
             for url in self.urls:
-                if url in gone:
-                    continue
-                self.requests += 1
-                try:
-                    got = self._get(url)
-                except _NotOurs as exc:
-                    log.info("p2p: %s gives no member list (%s): planning on connected peers", url, exc)
+                if url not in gone and not self._ask(url):
                     gone.add(url)
-                    continue
-                except (OSError, ValueError) as exc:
-                    self.failures += 1
-                    log.debug("p2p: member list from %s: %s", url, exc)
-                    continue
-                got, others = got
-                with self._lock:
-                    if got != self._members:
-                        self.changed_at = time.monotonic()
-                    self._members, self._others, self._at = got, others, time.monotonic()
-                break
             if len(gone) == len(self.urls):
                 return
             self._stop.wait(self.every_s)
+
+    def _ask(self, url: str) -> bool:
+        """One request to one tracker, its answer kept; False: the tracker is not weightd's."""
+        self.requests += 1
+        try:
+            got, others = self._get(url)
+        except _NotOurs as exc:
+            log.info("p2p: %s gives no member list (%s): planning on connected peers", url, exc)
+            return False
+        except (OSError, ValueError) as exc:
+            self.failures += 1
+            log.debug("p2p: member list from %s: %s", url, exc)
+            return True
+        with self._lock:
+            before = self._merged(0)
+            self._lists[url] = (got, others, time.monotonic())
+            if self._merged(0) != before:
+                self.changed_at = time.monotonic()
+        return True
 
     def _request(self, url: str, timeout_s: float) -> tuple[int, bytes]:
         u = urllib.parse.urlsplit(url)

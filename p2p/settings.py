@@ -83,6 +83,9 @@ def session_settings(cfg: P2PConfig, host: str, port: int) -> dict[str, object]:
         # the filter is for peers (the origin is filtered for a while, see apply_plan); trackers are
         # configured explicitly
         "apply_ip_filter_to_trackers": False,
+        # several origins, one tracker each (all in tier 0): announce to every one of them, not only
+        # the first that answers, so each tracker knows every peer and any one of them is enough
+        "announce_to_all_trackers": True, "announce_to_all_tiers": True,
     }
     if host not in ("0.0.0.0", "::"):
         settings["outgoing_interfaces"] = host

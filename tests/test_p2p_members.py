@@ -1,0 +1,84 @@
+"""The member list read from several trackers (one per origin): the union of the fresh answers, the same
+whichever tracker is down, None only when none has answered lately."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+import time
+
+from p2p.members import Membership
+
+KNOWN = b"k" * 20
+
+
+class _Tracker:
+    """A local ``/swarm`` endpoint answering the list the test sets; ``close`` makes its port refuse."""
+
+    def __init__(self, rows: list[list[str]]) -> None:
+        self.body, self.hits = json.dumps({"downloading": rows, "others": []}).encode(), 0
+        outer = self
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                outer.hits += 1
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(outer.body)))
+                self.end_headers()
+                self.wfile.write(outer.body)
+
+            def log_message(self, *a) -> None:
+                pass
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/announce"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        if self.server.socket.fileno() >= 0:
+            self.server.shutdown()
+            self.server.server_close()
+
+
+def _until(ok, timeout_s: float = 10) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not ok():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+
+
+def test_the_list_is_the_union_of_every_trackers_fresh_answer() -> None:
+    a = _Tracker([["127.0.0.4", "r1"], ["127.0.0.5", "r1"]])
+    b = _Tracker([["127.0.0.5", "r1"], ["127.0.0.6", "r2"]])
+    m = Membership((a.url, b.url), KNOWN, every_s=0.05, timeout_s=1, stale_s=0.5).start()
+    try:
+        _until(lambda: a.hits >= 2 and b.hits >= 2)   # (every tracker is asked every round, not the first only)
+        assert m.members == {"127.0.0.4": "r1", "127.0.0.5": "r1", "127.0.0.6": "r2"}
+        a.close()   # one tracker down (its port refusing): its last answer counts until it is stale_s old
+        time.sleep(0.7)
+        assert m.members == {"127.0.0.5": "r1", "127.0.0.6": "r2"} and m.failures > 0
+        b.close()   # every tracker down: no list (the plan falls back to the connected peers)
+        _until(lambda: m.members is None)
+        assert m.others == {}
+    finally:
+        m.stop()
+        a.close()
+        b.close()
+
+
+def test_a_list_is_settled_only_once_the_union_stops_changing() -> None:
+    a = _Tracker([["127.0.0.4", ""]])
+    b = _Tracker([["127.0.0.4", ""]])
+    m = Membership((a.url, b.url), KNOWN, every_s=0.05, timeout_s=1).start()
+    try:
+        _until(lambda: m.members is not None)
+        changed = m.changed_at
+        b.body = json.dumps({"downloading": [["127.0.0.4", ""], ["127.0.0.7", ""]]}).encode()
+        _until(lambda: m.members is not None and "127.0.0.7" in m.members)
+        assert m.changed_at > changed and m.settled(5.0) is None
+        _until(lambda: m.settled(0.3) is not None)
+        assert m.settled(0.3) == {"127.0.0.4": "", "127.0.0.7": ""}
+    finally:
+        m.stop()
+        a.close()
+        b.close()
