@@ -6,7 +6,8 @@ sensitive, ``*`` also crossing ``/``, a pattern ending in ``/`` meaning everythi
 kept when it matches some include pattern, or there are none, and no exclude pattern), a pipeline
 stage (``layers``: ``model.layers.N.*`` from A to B inclusive) and a tensor-parallel rank (``tp_rank``
 R of N, for checkpoints laid out per rank as vLLM's ``sharded_state`` writes them:
-``model-rank-R-part-K.safetensors``).
+``model-rank-R-part-K.safetensors``), and an expert-parallel rank (``experts`` R of N: every tensor
+but the routed experts of other ranks, repacked: :mod:`tiering.experts`).
 
 :func:`choose` resolves it against a manifest into the exact set of files and says why each file
 that holds both wanted and unwanted tensors moves whole (a server opens files, not tensors). The
@@ -42,10 +43,11 @@ class Selection:
     exclude: tuple[str, ...] = ()
     layers: tuple[int, int] | None = None     # A-B inclusive
     tp_rank: tuple[int, int] | None = None    # (R, N)
+    experts: tuple[int, int] | None = None    # (R, N): an expert-parallel rank's copy (tiering.experts)
 
     @property
     def whole(self) -> bool:
-        return not (self.include or self.exclude or self.layers or self.tp_rank)
+        return not (self.include or self.exclude or self.layers or self.tp_rank or self.experts)
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {}
@@ -57,6 +59,8 @@ class Selection:
             d["layers"] = list(self.layers)
         if self.tp_rank is not None:
             d["tp_rank"] = list(self.tp_rank)
+        if self.experts is not None:
+            d["experts"] = list(self.experts)
         return d
 
     def describe(self) -> str:
@@ -64,11 +68,13 @@ class Selection:
         parts += [f"exclude {','.join(self.exclude)}"] if self.exclude else []
         parts += [f"layers {self.layers[0]}-{self.layers[1]}"] if self.layers else []
         parts += [f"tp-rank {self.tp_rank[0]}/{self.tp_rank[1]}"] if self.tp_rank else []
+        parts += [f"experts {self.experts[0]}/{self.experts[1]}"] if self.experts else []
         return "; ".join(parts) or "whole"
 
     def merged_with(self, default: "Selection") -> "Selection":
         """This selection, with a configured default's patterns where it names none."""
-        return Selection(self.include or default.include, self.exclude or default.exclude, self.layers, self.tp_rank)
+        return Selection(self.include or default.include, self.exclude or default.exclude, self.layers, self.tp_rank,
+                         self.experts)
 
 
 def _patterns(v: Any, where: str) -> tuple[str, ...]:
@@ -118,19 +124,26 @@ def parse_rank(v: Any, where: str = "--tp-rank") -> tuple[int, int] | None:
 
 
 def selection_from(include: Any = None, exclude: Any = None, layers: Any = None, tp_rank: Any = None,
-                   *, where: str = "") -> Selection:
-    """A Selection from a caller's values (CLI flags, an intent entry, a request), every one checked."""
+                   *, where: str = "", experts: Any = None) -> Selection:
+    """A Selection from a caller's values (CLI flags, an intent entry, a request), every one checked
+    (``experts`` goes with file patterns only: an expert-parallel rank reads every layer)."""
     pre = f"{where}." if where else "--"
-    return Selection(_patterns(include, f"{pre}include"), _patterns(exclude, f"{pre}exclude"),
-                     parse_layers(layers, f"{pre}layers"), parse_rank(tp_rank, f"{pre}tp-rank"))
+    sel = Selection(_patterns(include, f"{pre}include"), _patterns(exclude, f"{pre}exclude"),
+                    parse_layers(layers, f"{pre}layers"), parse_rank(tp_rank, f"{pre}tp-rank"),
+                    parse_rank(experts, f"{pre}experts"))
+    if sel.experts is not None and (sel.layers is not None or sel.tp_rank is not None):
+        raise BadInput(f"{pre}experts: not with {pre}layers or {pre}tp-rank (an expert-parallel rank reads "
+                       f"every layer of a whole checkpoint)")
+    return sel
 
 
 def selection_from_dict(d: Any, where: str = "selection") -> Selection:
     if d is None:
         return Selection()
-    if not isinstance(d, dict) or set(d) - {"include", "exclude", "layers", "tp_rank"}:
-        raise BadInput(f"{where}: expected an object with include, exclude, layers, tp_rank")
-    return selection_from(d.get("include"), d.get("exclude"), d.get("layers"), d.get("tp_rank"), where=where)
+    if not isinstance(d, dict) or set(d) - {"include", "exclude", "layers", "tp_rank", "experts"}:
+        raise BadInput(f"{where}: expected an object with include, exclude, layers, tp_rank, experts")
+    return selection_from(d.get("include"), d.get("exclude"), d.get("layers"), d.get("tp_rank"), where=where,
+                          experts=d.get("experts"))
 
 
 @dataclass(slots=True)
@@ -159,11 +172,10 @@ def _layer_of(tensor: str) -> int | None:
 
 def choose(m: Manifest, sel: Selection) -> Choice:
     """The files of ``m`` that ``sel`` keeps (BadInput when it keeps none, or asks for layers or a
-    rank the checkpoint does not have)."""
+    rank the checkpoint does not have). For ``sel.experts``, the files its patterns keep (the
+    tensors within are chosen by :func:`tiering.experts.expert_manifest`)."""
     ref = f"{m.name}@{m.version}"
-    files = [f for f in m.files
-             if (not sel.include or any(fnmatchcase(f.path, p) for p in sel.include))
-             and not any(fnmatchcase(f.path, p) for p in sel.exclude)]
+    files = [f for f in m.files if matches(f.path, sel)]
     notes: list[str] = []
     mixed: list[dict[str, Any]] = []
     if sel.tp_rank is not None:
@@ -174,6 +186,17 @@ def choose(m: Manifest, sel: Selection) -> Choice:
         raise BadInput(f"{ref}: the selection ({sel.describe()}) keeps none of its {len(m.files)} files")
     paths = frozenset(f.path for f in files)
     return Choice(paths, len(paths) == len(m.files), sum(f.size for f in files), m.total_bytes, mixed, notes)
+
+
+def matches(path: str, sel: Selection) -> bool:
+    """Whether ``sel``'s file patterns keep ``path``."""
+    return (not sel.include or any(fnmatchcase(path, p) for p in sel.include)) \
+        and not any(fnmatchcase(path, p) for p in sel.exclude)
+
+
+def is_rank_file(path: str) -> bool:
+    """A file of a checkpoint laid out per tensor-parallel rank (vLLM sharded_state)."""
+    return _RANK_FILE.search(path) is not None
 
 
 def _by_rank(m: Manifest, files: list[FileEntry], rank: tuple[int, int], ref: str) -> list[FileEntry]:

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import errno
 import logging
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from .._syscalls import is_tmpfs
 from ..content.signature import HASHERS
 from ..content.units import format_bytes
 from ..errors import NoSpace
+from ..experts.fill import ExpertSources, is_expert_copy
 from ..layout import WARM, VersionDir, version_rel
 from ..pagecache import WarmOptions, page_cache_room, resident_bytes, warm
 from ..progress import ProgressFn, set_phase
@@ -40,6 +41,7 @@ class Preloader:
         self.roots, self.state, self.space, self.sources, self.trust = roots, state, space, sources, trust
         self.now, self.monotonic, self.remaining = now, monotonic, remaining
         self.warm_options, self.on_placed = warm_options, on_placed
+        self.experts = ExpertSources(sources, trust, monotonic)
 
     def preload_into(self, src: VersionDir, tier: str, deadline: float | None,
                      progress: ProgressFn | None, lease_s: float, holder: str | None = None,
@@ -64,7 +66,7 @@ class Preloader:
         try:
             have = read_version(root, name, version)
             if have is not None and have.manifest.digest == m.digest:
-                self.trust.adopt_copy(root, have, signed)  # placed before signatures were checked here
+                self.trust.adopt_copy(root, have, None if is_expert_copy(m) else signed)  # (placed before checks)
                 self.state.record_copy(tier, name, version, m.digest, m.total_bytes)
                 report.already_present = True
                 self.lease(report, lease_s, holder)
@@ -78,9 +80,7 @@ class Preloader:
             with staging:  # aborted on any exception
                 try:
                     # (signed: every file's digest is taken in the copy's own pass where the source allows)
-                    fill = self.sources.fill(staging, m, tier, name, version, deadline, progress, origin=origin,
-                                             crypto=HASHERS[signed.statement.algorithm] if signed is not None
-                                             else None)
+                    fill, signed = self._fill(staging, m, tier, name, version, deadline, progress, origin, signed)
                     _record(report, fill)
                     staging.commit(root, name, version, m, verified=fill.verified, signed=signed,
                                    checked_at=self.now(), progress=progress, crypto_digests=fill.crypto_digests)
@@ -100,6 +100,18 @@ class Preloader:
             return report
         finally:
             lock.release()
+
+    def _fill(self, staging: Any, m: Any, tier: str, name: str, version: str, deadline: float | None,
+              progress: ProgressFn | None, origin: VersionDir | None, signed: Any) -> tuple[Fill, Any]:
+        """Fill staging (and the signature its commit checks): an expert-parallel copy is repacked from
+        its version's tensors, each checked against the version's manifest, whose signature was
+        checked before (the copy's own files were never signed); anything else from :class:`Sources`
+        (with a signed version, every file's digest taken on the way)."""
+        if origin is not None and is_expert_copy(m):
+            return self.experts.fill(staging, m, origin, deadline, progress), None
+        return self.sources.fill(staging, m, tier, name, version, deadline, progress, origin=origin,
+                                 crypto=HASHERS[signed.statement.algorithm] if signed is not None
+                                 else None), signed
 
     def warm(self, report: PreloadReport, progress: ProgressFn | None = None, warm_for: Sequence[int] = ()) -> None:
         """Bring a warm-tier copy into the page cache (a tmpfs copy is resident by nature), when it can

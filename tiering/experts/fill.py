@@ -1,0 +1,190 @@
+"""Where an expert-parallel copy's bytes come from, and the object a request for one names.
+
+Nearest first: a complete local copy of the whole version (hot or warm, held with a shared lock), then
+a cold tier on a path: the kept tensors' ranges are read from it directly (:func:`.repack.repack`).
+From a cold tier in an object store or a registry, the same ranges (neighbours coalesced, each part
+hashed as it arrives) are fetched by the ranged core into sparse files under the staging area, then
+repacked from there. The swarm is not used for it yet: a copy is one log line and one
+``source_fallbacks`` entry saying so, then comes from cold.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+from contextlib import contextmanager
+
+import xxhash
+
+from ..content.manifest import Manifest
+from ..errors import BadInput, CheckpointNotFound, IntegrityError, StorageUnavailable, TimedOut
+from ..layout import COLD, HOT, LOCAL_TIERS, WARM, VersionDir, version_rel
+from ..content.select import Selection
+from ..progress import ProgressFn, set_phase
+from ..safefs import Dir
+from ..sources.base import SourceFallback
+from ..store.sources import Fill, Sources
+from ..store.staging import StagingArea
+from ..store.trust import Trust
+from ..versions import read_version
+from .plan import CONFIG, expert_manifest, label_of, split_for
+from .repack import Job, jobs_for, repack
+
+log = logging.getLogger(__name__)
+KIND = "experts"
+SPARSE = ".weightd-ranges"   # (inside the staging area while a ranged download fills it; removed before commit)
+P2P_NOT_USED = ("an expert-parallel copy is not fetched over P2P yet (only whole files are); "
+                "its tensors' ranges come from cold")
+
+
+def is_expert_copy(m: Manifest) -> bool:
+    return (m.of or {}).get("kind") == KIND
+
+
+class ExpertSources:
+    """The expert-parallel side of a preload, over the preload's :class:`Sources`."""
+
+    def __init__(self, sources: Sources, trust: Trust, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.sources, self.roots, self.trust, self.monotonic = sources, sources.roots, trust, monotonic
+
+    def object_of(self, src: VersionDir, sel: Selection) -> tuple[VersionDir, VersionDir, dict[str, Any]]:
+        """Rank R of N's copy of ``src``: (the object, ``src``, what it is part of). Refused where
+        signatures are required: a signature covers whole files, and the copy's files are new."""
+        if self.trust.required:
+            raise BadInput(f"{src.ref}: --experts makes files no signature covers (a signature covers the "
+                           f"version's whole files); not with [trust] require_signature")
+        split = split_for(src.manifest, sel, self.config_of(src))
+        label = label_of(src.version, sel)
+        of = {"version": src.version, "digest": src.manifest.digest, "kind": KIND, "selection": sel.to_dict()}
+        cm = expert_manifest(src.manifest, sel, split, label, of)
+        root = self.roots.dir(HOT) or self.roots.dir(WARM)
+        obj = VersionDir(src.name, label, (root.path if root is not None else Path(".")) / src.name / label, cm)
+        shards = [f for f in cm.files if f.safetensors is not None]
+        part = {**of, "label": label, "files": len(cm.files), "bytes": cm.total_bytes,
+                "of_bytes": src.manifest.total_bytes, "experts": [split.kept.start, split.kept.stop - 1],
+                "of_experts": split.experts, "shards": len(shards),
+                "tensors": sum(len(f.safetensors.tensors) for f in shards if f.safetensors is not None)}
+        return obj, src, part
+
+    def config_of(self, src: VersionDir) -> bytes | None:
+        """The version's config.json, checked against its manifest (None: it has none)."""
+        f = src.manifest.file(CONFIG)
+        if f is None or f.size > 16 << 20:
+            return None
+        with self._reader(src) as (_, d):
+            raw = d.read_bytes(CONFIG, f.size) if d is not None else self._object_meta(src)
+        if raw is None or len(raw) != f.size or [xxhash.xxh3_128(raw).hexdigest()] != list(f.chunks):
+            raise IntegrityError(f"{src.ref}: its config.json does not match the manifest")
+        return raw
+
+    def _object_meta(self, src: VersionDir) -> bytes | None:
+        obj = self.roots.object
+        if obj is None:
+            raise CheckpointNotFound(src.ref, "no complete copy to read from")
+        return obj.read_meta(src.name, src.version, CONFIG)
+
+    def fill(self, staging: StagingArea, m: Manifest, origin: VersionDir, deadline: float | None,
+             progress: ProgressFn | None) -> Fill:
+        """Fill ``staging`` with the copy ``m`` of ``origin``, every byte checked as it is written."""
+        fill = Fill(verified=True)
+        if self.sources.fetchers:
+            log.warning("expert-parallel copy name=%s version=%s: %s", origin.name, m.version, P2P_NOT_USED)
+            fill.source_fallbacks.append(SourceFallback("p2p", "cold", P2P_NOT_USED))
+        jobs = jobs_for(m, origin.manifest)
+        need = sum(j.read_bytes for j in jobs)
+        with self._reader(origin) as (label, d):
+            set_phase(progress, "copy", source=label, total=need)
+            if d is not None:
+                fill.add(label, repack(jobs, d, staging.dir, progress=progress, deadline=deadline,
+                                       clock=self.monotonic))
+                return fill
+        self._ranged(fill, staging, jobs, origin, deadline, progress)
+        return fill
+
+    def _ranged(self, fill: Fill, staging: StagingArea, jobs: list[Job], origin: VersionDir,
+                deadline: float | None, progress: ProgressFn | None) -> None:
+        """The kept ranges by ranged GETs into sparse files (each part checked as it arrives), then the
+        repack from them; the sparse files are removed before the commit."""
+        obj = self.roots.object
+        if obj is None:
+            raise CheckpointNotFound(origin.ref, "no complete copy to read from")
+        sub, have = wanted_parts(jobs, origin.manifest)
+        before = obj.stats.snapshot()
+        staging.dir.remove(SPARSE)
+        with staging.dir.sub(SPARSE, create=True) as sparse:
+            try:
+                fill.add("cold", obj.fetch(sub, sparse, deadline=_wall(deadline, self.monotonic), have=have))
+            finally:
+                fill.store = obj.stats.since(before)
+            set_phase(progress, "copy", source="staging", total=sum(j.read_bytes for j in jobs))
+            repack(jobs, sparse, staging.dir, progress=progress, deadline=deadline, clock=self.monotonic)
+        staging.dir.remove(SPARSE)
+
+    @contextmanager
+    def _reader(self, src: VersionDir) -> Iterator[tuple[str, Dir | None]]:
+        """(label, directory) of the nearest complete copy of ``src`` on a path (a local tier's, held
+        with a shared lock, else cold's), or ("cold", None) when cold is an object store."""
+        for tier in LOCAL_TIERS:
+            held = self._local(tier, src)
+            if held is not None:
+                d, lk = held
+                try:
+                    yield "local_reuse", d
+                finally:
+                    d.close()
+                    lk.release()
+                return
+        try:
+            cold = read_version(self.roots.dir(COLD), src.name, src.version)
+        except StorageUnavailable:
+            cold = None
+        if cold is not None and cold.manifest.digest == src.manifest.digest:
+            with self.roots.must(COLD).sub(version_rel(src.name, src.version)) as d:
+                yield "cold", d
+            return
+        if self.roots.object is None:
+            raise CheckpointNotFound(src.ref, "no complete copy to read from")
+        yield "cold", None
+
+    def _local(self, tier: str, src: VersionDir) -> tuple[Dir, Any] | None:
+        root = self.roots.dir(tier)
+        v = read_version(root, src.name, src.version)
+        if root is None or v is None or v.manifest.digest != src.manifest.digest:
+            return None
+        lk = self.roots.lock(tier, src.name, src.version)
+        try:
+            lk.acquire(0, shared=True)
+        except TimedOut:
+            return None
+        d = root.sub_if_exists(v.rel)
+        if d is None:
+            lk.release()
+            return None
+        return d, lk
+
+
+def wanted_parts(jobs: list[Job], version: Manifest) -> tuple[Manifest, dict[str, set[str]]]:
+    """The version's files a copy reads (a sub-manifest under the version's name) and, per file, the
+    labels of the parts it does not read (for the ranged core's ``have``: never asked for)."""
+    want: dict[str, set[str] | None] = {}
+    for j in jobs:
+        if j.src is None:
+            continue
+        want[j.src.path] = {f"tensor {t[0]!r}" for r in j.runs for t in r.tensors} if j.runs else None
+    files, have = [], {}
+    for f in version.files:
+        if f.path not in want:
+            continue
+        files.append(f)
+        kept = want[f.path]
+        if kept is not None:
+            have[f.path] = {p.label for p in f.parts(version.chunk_size) if p.label not in kept}
+    sub = Manifest(tuple(files), version.chunk_size, version.format, version.name, version.version,
+                   version.published_at, version.piece_size)
+    return sub, have
+
+
+def _wall(deadline: float | None, clock: Callable[[], float]) -> float | None:
+    return None if deadline is None else time.monotonic() + (deadline - clock())
