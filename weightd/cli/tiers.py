@@ -125,7 +125,7 @@ class Backend:
 
 
 def selection_options(f: Any) -> Any:
-    """--include/--exclude/--layers/--tp-rank/--all: which files of the version (a partial copy)."""
+    """--include/--exclude/--layers/--tp-rank/--experts/--all: which files of the version (a partial copy)."""
     for opt in reversed([
         click.option("--include", multiple=True, metavar="GLOB",
                      help="Only files matching GLOB (repeatable; huggingface_hub allow_patterns: fnmatch on the "
@@ -136,6 +136,9 @@ def selection_options(f: Any) -> Any:
                      "(with the embeddings for the first stage, the final norm and head for the last)."),
         click.option("--tp-rank", "tp_rank", metavar="R/N", help="Rank R of N of a checkpoint laid out per rank "
                      "(vLLM sharded_state: model-rank-R-part-K.safetensors)."),
+        click.option("--experts", metavar="R/N", help="Expert-parallel rank R of N of a mixture of experts: every "
+                     "tensor but the other ranks' routed experts, repacked into shards of the same names "
+                     "(vLLM's split: n_routed_experts from config.json in contiguous blocks)."),
         click.option("--all", "whole", is_flag=True, help="Every file, ignoring the model's default patterns "
                      "([models.\"NAME\"] in the config)."),
         click.option("--with", "with_kind", metavar="KIND", help="Also bring the version's companion artefact of "
@@ -147,16 +150,17 @@ def selection_options(f: Any) -> Any:
 
 
 def selection_body(include: tuple[str, ...], exclude: tuple[str, ...], layers: str | None, tp_rank: str | None,
-                   whole: bool) -> dict[str, Any]:
+                   whole: bool, experts: str | None = None) -> dict[str, Any]:
     """The request's ``selection`` / ``whole`` from the flags, checked here (exit 2 before anything runs)."""
     from tiering import selection_from
-    sel = selection_from(list(include) or None, list(exclude) or None, layers, tp_rank)
+    sel = selection_from(list(include) or None, list(exclude) or None, layers, tp_rank, experts=experts)
     if whole and not sel.whole:
-        raise click.UsageError("--all moves every file: not with --include, --exclude, --layers or --tp-rank")
+        raise click.UsageError("--all moves every file: not with --include, --exclude, --layers, --tp-rank or "
+                               "--experts")
     out: dict[str, Any] = {}
     if not sel.whole:
         out["selection"] = {k: v for k, v in {"include": list(include), "exclude": list(exclude), "layers": layers,
-                                              "tp_rank": tp_rank}.items() if v}
+                                              "tp_rank": tp_rank, "experts": experts}.items() if v}
     if whole:
         out["whole"] = True
     return out
@@ -179,7 +183,7 @@ def companion_of(with_kind: str | None, key: str | None) -> dict[str, str] | Non
 @click.pass_obj
 def path_cmd(app: AppContext, ref: str, as_json: bool, include: tuple[str, ...], exclude: tuple[str, ...],
              layers: str | None, tp_rank: str | None, whole: bool, with_kind: str | None,
-             companion_key: str | None) -> None:
+             companion_key: str | None, experts: str | None = None) -> None:
     """Print the local path of the best complete copy (hot before warm); exit 3 if none.
 
     With the flags a preload was given (--include, --layers, --with ...), the path of that partial copy
@@ -187,7 +191,7 @@ def path_cmd(app: AppContext, ref: str, as_json: bool, include: tuple[str, ...],
     names one directly."""
     from tiering import parse_ref
     parse_ref(ref, local=True)
-    kw = {**selection_body(include, exclude, layers, tp_rank, whole), "companion": companion_of(with_kind, companion_key)}
+    kw = {**selection_body(include, exclude, layers, tp_rank, whole, experts), "companion": companion_of(with_kind, companion_key)}
     with Backend(app, query=True) as b:
         r = b.path(ref, **{k: v for k, v in kw.items() if v})
     output.emit_json("path", r) if as_json else output.emit_path(r["path"])
