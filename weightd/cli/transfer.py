@@ -139,10 +139,11 @@ def _publish_artifact(app: AppContext, source: str, name: str | None, version_la
 def preload(app: AppContext, ref: str | None, tier: str, strict: bool, lease_s: float | None, timeout_s: float | None,
             wait: bool, as_json: bool, include: tuple[str, ...], exclude: tuple[str, ...], layers: str | None,
             tp_rank: str | None, whole: bool, with_kind: str | None, companion_key: str | None,
-            companion_dir: str | None, set_file: str | None) -> None:
+            companion_dir: str | None, set_file: str | None, experts: str | None = None) -> None:
     """Make a checkpoint local, verified and ready; the last stdout line is its path (without --json).
 
-    A partial copy: --include/--exclude GLOB, --layers A-B, --tp-rank R/N (its own object, NAME/V~p<hex>).
+    A partial copy: --include/--exclude GLOB, --layers A-B, --tp-rank R/N (its own object, NAME/V~p<hex>);
+    --experts R/N: an expert-parallel rank's repacked copy (NAME/V~e<R>of<N>).
     A companion: --with compile-cache --key K [--companion-dir DIR]. A set: --set FILE.
     """
     kw: dict[str, Any] = {"tier": tier, "strict": strict, "timeout_s": timeout_s, "wait": wait}
@@ -153,7 +154,7 @@ def preload(app: AppContext, ref: str | None, tier: str, strict: bool, lease_s: 
             raise click.UsageError("--set FILE preloads what FILE lists: no NAME, --with or --companion-dir with it")
         from ..node.sets import read_set_file
         refs = read_set_file(set_file)
-        kw.update(selection_body(include, exclude, layers, tp_rank, whole))
+        kw.update(selection_body(include, exclude, layers, tp_rank, whole, experts))
         kw.pop("wait")
         with Backend(app) as b:
             r = b.preload_set(refs, **kw)
@@ -168,7 +169,7 @@ def preload(app: AppContext, ref: str | None, tier: str, strict: bool, lease_s: 
     comp = companion_of(with_kind, companion_key)
     if companion_dir is not None and comp is None:
         raise click.UsageError("--companion-dir goes with --with KIND --key KEY")
-    kw.update(selection_body(include, exclude, layers, tp_rank, whole))
+    kw.update(selection_body(include, exclude, layers, tp_rank, whole, experts))
     dest = None
     if companion_dir is not None:   # refused before anything is fetched (a planted symlink, another uid's)
         from ..node.companion import open_dest
