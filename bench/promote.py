@@ -5,7 +5,9 @@
 
 cold->warm: the cold copy is dropped from the page cache before every run (weightd and cp alike).
 warm->hot: the warm copy is in cache (as it is right after a preload), the hot tier is /dev/shm.
-weightd runs as the real CLI (`weightd preload`), interpreter start included; cp runs as `cp -r`.
+weightd runs as the real CLI (`weightd preload`), interpreter start included, both in-process
+(`--no-daemon`: the command does the copy) and through a running daemon (`--daemon-only`: the daemon
+does it, as on a node where weightd runs as a service); cp runs as `cp -r`.
 `cp -r && sync` is reported too, since weightd fsyncs before it publishes and cp does not.
 Every case runs once per round, in a rotating order (bench/_rounds.py: up to twice the rounds while a
 case's spread is wide, no ratio past --max-spread); each case's set-up (evict, drop the cold copy
@@ -24,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -38,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tiering.content.signature import generate_keypair  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _rounds import machine_state, report, rounds, speedup  # noqa: E402
+from _rounds import BenchNode, machine_state, report, rounds, speedup  # noqa: E402
 from tiering.content.units import parse_size  # noqa: E402
 from tiering.pagecache import drop_from_cache  # noqa: E402
 from tiering.sample import make_checkpoint  # noqa: E402
@@ -61,16 +62,14 @@ def main() -> int:
     args = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="weightd-bench-promote-", dir=args.dir))
     hot = Path(f"/dev/shm/weightd-bench-{uuid.uuid4().hex[:8]}")
-    cfg = base / "weightd.toml"
-    cfg.write_text(f'state_dir = "{base}/state"\n[tiers.hot]\npath = "{hot}"\ncapacity = "90%"\n'
-                   f'[tiers.warm]\npath = "{base}/warm"\ncapacity = "90%"\n[tiers.cold]\npath = "{base}/cold"\n')
-    wd = [sys.executable, "-m", "weightd", "--config", str(cfg)]
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    node = BenchNode(base, hot, hot_capacity="90%", warm_capacity="90%")
+    wd, env = node.wd, node.env
     try:
         generate_keypair(base / "sign.pem", base / "sign.pub.pem")
         cfg_signed = base / "weightd-signed.toml"
-        cfg_signed.write_text(cfg.read_text() + f'[trust]\nrequire_signature = true\npublic_keys = ["{base}/sign.pub.pem"]\n')
-        wd_signed = [sys.executable, "-m", "weightd", "--config", str(cfg_signed)]
+        cfg_signed.write_text(node.cfg.read_text().replace("weightd.sock", "weightd-signed.sock")
+                              + f'[trust]\nrequire_signature = true\npublic_keys = ["{base}/sign.pub.pem"]\n')
+        wd_signed = [sys.executable, "-m", "weightd", "--config", str(cfg_signed), "--no-daemon"]
         src = make_checkpoint(base / "src", total_bytes=parse_size(args.size), shards=4, layers=16, seed="bench")
         subprocess.run([*wd, "publish", str(src), "--name", "bench/model", "--version", "v1",
                         "--sign", str(base / "sign.pem")], check=True, env=env, stdout=subprocess.DEVNULL)
@@ -82,6 +81,8 @@ def main() -> int:
         def drop_cold() -> None:
             for p in files:
                 drop_from_cache(p)
+
+        node.serve()
 
         def evict(tier: str) -> None:
             subprocess.run([*wd, "evict", "bench/model@v1", "--tier", tier, "--force"], env=env,
@@ -103,11 +104,16 @@ def main() -> int:
                 subprocess.run([*wd, "preload", "bench/model@v1", "--tier", "warm", "--lease", "0"], check=True,
                                env=env, stdout=subprocess.DEVNULL)
 
+        def preload(tier: str, how: str) -> float:
+            return timed([*wd, how, "preload", "bench/model@v1", "--tier", tier, "--lease", "0"], env)
+
         cases = {
-            "cw_weightd": lambda: timed([*wd, "preload", "bench/model@v1", "--tier", "warm", "--lease", "0"], env),
+            "cw_weightd": lambda: preload("warm", "--no-daemon"),
+            "cw_daemon": lambda: preload("warm", "--daemon-only"),
             "cw_cp": lambda: timed(["cp", "-r", str(cold), str(dst)]),
             "cw_cp_sync": lambda: timed(["sh", "-c", f"cp -r '{cold}' '{dst}' && sync"]),
-            "wh_weightd": lambda: timed([*wd, "preload", "bench/model@v1", "--tier", "hot", "--lease", "0"], env),
+            "wh_weightd": lambda: preload("hot", "--no-daemon"),
+            "wh_daemon": lambda: preload("hot", "--daemon-only"),
             "wh_cp": lambda: timed(["cp", "-r", str(warm_copy), str(hdst)]),
             # signatures required: the same two preloads, interleaved with the plain ones
             "cw_weightd_signed": lambda: timed([*wd_signed, "preload", "bench/model@v1", "--tier", "warm",
@@ -129,6 +135,8 @@ def main() -> int:
             "promote", res, [speedup(res, "cw_weightd", "cw_cp", max_spread=sp),
                              speedup(res, "cw_weightd", "cw_cp_sync", max_spread=sp, target=1.0),
                              speedup(res, "wh_weightd", "wh_cp", max_spread=sp, target=0.9),
+                             speedup(res, "cw_daemon", "cw_cp_sync", max_spread=sp, target=1.0),
+                             speedup(res, "wh_daemon", "wh_cp", max_spread=sp, target=0.9),
                              # what a required signature costs: signed time over unsigned (1.0 = free)
                              speedup(res, "cw_weightd", "cw_weightd_signed", max_spread=sp, target_at_most=1.15),
                              speedup(res, "wh_weightd", "wh_weightd_signed", max_spread=sp, target_at_most=1.15)],
@@ -136,9 +144,11 @@ def main() -> int:
             "cold_to_warm": {"weightd_gbps": gbps("cw_weightd"), "cp_r_gbps": gbps("cw_cp"),
                              "cp_r_sync_gbps": gbps("cw_cp_sync"),
                              "ratio_vs_cp_r": round(med["cw_cp"] / med["cw_weightd"], 3),
-                             "ratio_vs_cp_r_sync": round(med["cw_cp_sync"] / med["cw_weightd"], 3), "target": 1.0},
+                             "ratio_vs_cp_r_sync": round(med["cw_cp_sync"] / med["cw_weightd"], 3), "target": 1.0,
+                             "daemon_ratio_vs_cp_r_sync": round(med["cw_cp_sync"] / med["cw_daemon"], 3)},
             "warm_to_hot": {"weightd_gbps": gbps("wh_weightd"), "cp_r_gbps": gbps("wh_cp"),
-                            "ratio_vs_cp_r": round(med["wh_cp"] / med["wh_weightd"], 3), "target": 0.9},
+                            "ratio_vs_cp_r": round(med["wh_cp"] / med["wh_weightd"], 3), "target": 0.9,
+                            "daemon_ratio_vs_cp_r": round(med["wh_cp"] / med["wh_daemon"], 3)},
             "signatures": {
                 "cold_to_warm": {"unsigned_s": round(med["cw_weightd"], 3), "signed_s": round(med["cw_weightd_signed"], 3),
                                  "signed_over_unsigned": round(med["cw_weightd_signed"] / med["cw_weightd"], 3),
@@ -153,9 +163,7 @@ def main() -> int:
             }}), indent=2))
         return 0
     finally:
-        shutil.rmtree(base, ignore_errors=True)
-        shutil.rmtree(hot, ignore_errors=True)
-        shutil.rmtree(f"{hot}-cp", ignore_errors=True)
+        node.close(f"{hot}-cp")
 
 
 if __name__ == "__main__":
