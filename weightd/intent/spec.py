@@ -36,7 +36,7 @@ from .window import Window, parse_window
 
 MAX_VERSIONS = 16
 KEYS = ("model", "models", "tier", "pin", "nodes", "priority", "versions", "window", "window_minutes", "bandwidth",
-        "include", "exclude", "layers", "tp_rank")
+        "include", "exclude", "layers", "tp_rank", "experts")
 MAX_SET_MODELS = 10_000
 LATEST = "latest"
 
@@ -118,7 +118,8 @@ def _entry(file: str, index: int, raw: Any, model_key: str | None = None) -> Kee
                 kw.update(check(raw[key], raw, version))
         if any(k in raw for k in _SELECTION_KEYS):   # (each was checked alone above: an error there names it)
             from tiering import selection_from
-            sel = selection_from(raw.get("include"), raw.get("exclude"), raw.get("layers"), raw.get("tp_rank"))
+            sel = selection_from(raw.get("include"), raw.get("exclude"), raw.get("layers"), raw.get("tp_rank"),
+                                 experts=raw.get("experts"))
             kw["selection"] = None if sel.whole else sel
     except (ValueError, TypeError) as exc:
         raise IntentError(file, str(exc) or "bad value", f"{where}.{key}") from None
@@ -203,7 +204,7 @@ def _pattern(key: str) -> Callable[[Any, Mapping[str, Any], str | None], dict[st
     return check
 
 
-_SELECTION_KEYS = ("include", "exclude", "layers", "tp_rank")
+_SELECTION_KEYS = ("include", "exclude", "layers", "tp_rank", "experts")
 _SETTINGS = (("tier", _tier), ("pin", _pin), ("nodes", _nodes), ("priority", _priority), ("versions", _versions),
              ("window", _window), ("window_minutes", _window_minutes), ("bandwidth", _bandwidth),
              *((k, _pattern(k)) for k in _SELECTION_KEYS))
