@@ -90,7 +90,7 @@ class IntentCatalog:
         and kept pinned while an entry wants it."""
         for c in status["checkpoints"]:
             of = c.get("part_of") or {}
-            if of.get("kind") == "partial" and isinstance(of.get("selection"), dict):
+            if of.get("kind") in ("partial", "experts") and isinstance(of.get("selection"), dict):
                 try:
                     from tiering import selection_from_dict
                     k = (c["name"], of["version"], sel_key(selection_from_dict(of["selection"])))
