@@ -6,7 +6,8 @@ server's own ceiling; all three on the same checkpoint, the same local S3 server
 
 (a) weightd: `weightd preload NAME --tier warm` end to end (the real CLI: ranged GETs along the
     manifest's parts, hashed as they arrive, fsync, rename), the copy evicted between rounds; the
-    same into hot (tmpfs: no disk write or fsync), to show what the local disk costs; and the
+    same through a running daemon (`--daemon-only`: the daemon downloads, as on a node where weightd
+    is a service); the same into hot (tmpfs: no disk write or fsync), to show what the local disk costs; and the
     download alone in this process (`fetch_only`: ObjectCold.fetch into tmpfs), to show what the
     interpreter start, catalog and commit cost;
 (b) s3transfer with its defaults (boto3's download_file per file), then `weightd verify` of the
@@ -146,6 +147,7 @@ def run(a: argparse.Namespace, size: int, ep: str, bucket: str) -> int:
     env = dict(os.environ)  # (local_s3 set the keys)
     base = Path(tempfile.mkdtemp(prefix="weightd-bench-s3-"))
     hot = Path(f"/dev/shm/weightd-bench-s3-{uuid.uuid4().hex[:8]}")   # (hot on tmpfs, as on a node)
+    daemon = None
     try:
         s3 = boto3.client("s3", endpoint_url=ep, region_name="us-east-1")
         cfg = base / "weightd.toml"
@@ -154,7 +156,8 @@ def run(a: argparse.Namespace, size: int, ep: str, bucket: str) -> int:
             cfg.write_text(f'state_dir = "{base}/state"\n[tiers.hot]\npath = "{hot}"\ncapacity = "{2 * size}"\n'
                            f'[tiers.warm]\npath = "{base}/warm"\ncapacity = "{2 * size}"\n[tiers.cold]\n'
                            f'url = "s3://{bucket}/models"\nendpoint = "{ep}"\nregion = "us-east-1"\n'
-                           f'range_size = "{range_bytes}"\nconcurrency = {concurrency}\n')
+                           f'range_size = "{range_bytes}"\nconcurrency = {concurrency}\n'
+                           f'[api]\nsocket = "{base}/api.sock"\n')
         configure(64 << 20, 4)
         wd = [sys.executable, "-m", "weightd", "--config", str(cfg), "--no-daemon"]
         src = make_checkpoint(base / "src", total_bytes=size, shards=8, layers=32, seed="s3bench")
@@ -180,17 +183,25 @@ def run(a: argparse.Namespace, size: int, ep: str, bucket: str) -> int:
                              range_bytes=range_bytes, concurrency=concurrency)
         stats: dict[str, list] = {}
 
+        daemon = subprocess.Popen([*wd[:-1], "serve"], env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL)
+        wait_for(base / "api.sock", daemon)
+        by_daemon = [*wd[:-1], "--daemon-only"]
+
         def weightd(kind: str) -> float:
-            subprocess.run([*wd, "-q", "evict", "bench/s3@v1", "--force"], env=env, cwd=ROOT, capture_output=True)
-            tier = "warm" if kind == "weightd" else "hot"
+            subprocess.run([*by_daemon, "-q", "evict", "bench/s3@v1", "--force"], env=env, cwd=ROOT,
+                           capture_output=True)
+            tier = "hot" if kind == "weightd_hot" else "warm"
+            cli = by_daemon if kind == "weightd_daemon" else wd
             t0 = time.perf_counter()
-            p = subprocess.run(["/usr/bin/time", "-f", "%M %U %S", *wd, "-q", "preload", "bench/s3@v1",
+            p = subprocess.run(["/usr/bin/time", "-f", "%M %U %S", *cli, "-q", "preload", "bench/s3@v1",
                                 "--tier", tier, "--strict", "--json"], env=env, cwd=ROOT, capture_output=True,
                                text=True, check=True)
             seconds = time.perf_counter() - t0
             rss, user, system = p.stderr.strip().splitlines()[-1].split()
-            stats.setdefault("peak_rss_kib", []).append(int(rss))
-            stats.setdefault(f"cpu_s_{kind}", []).append(float(user) + float(system))
+            if kind != "weightd_daemon":   # (the command's own: the daemon's are its process's)
+                stats.setdefault("peak_rss_kib", []).append(int(rss))
+                stats.setdefault(f"cpu_s_{kind}", []).append(float(user) + float(system))
             rep = json.loads(p.stdout)
             assert rep["bytes_by_source"]["cold"] == rep["bytes"] == total, rep
             stats.setdefault("requests", []).append(rep["store"]["requests"])
@@ -209,6 +220,7 @@ def run(a: argparse.Namespace, size: int, ep: str, bucket: str) -> int:
             return time.perf_counter() - t0
 
         contenders = {"weightd": lambda: weightd("weightd"), "weightd_hot": lambda: weightd("weightd_hot"),
+                      "weightd_daemon": lambda: weightd("weightd_daemon"),
                       "fetch_only": lambda: fetch_only(fetcher, m), "s3transfer_verify": s3transfer_verify,
                       "ceiling": lambda: ceiling(store, objs, *best)}
         m0 = machine_state()
@@ -220,6 +232,7 @@ def run(a: argparse.Namespace, size: int, ep: str, bucket: str) -> int:
         print(json.dumps(report(
             "objstore", times, [speedup(times, "weightd", "ceiling", max_spread=sp, target=0.9),
                                 speedup(times, "weightd", "s3transfer_verify", max_spread=sp, target=1.3),
+                                speedup(times, "weightd_daemon", "ceiling", max_spread=sp, target=0.9),
                                 speedup(times, "weightd_hot", "ceiling", max_spread=sp),
                                 speedup(times, "fetch_only", "ceiling", max_spread=sp)],
             rounds=a.rounds, max_spread=sp, machine=(m0, m1), **{
@@ -235,6 +248,7 @@ def run(a: argparse.Namespace, size: int, ep: str, bucket: str) -> int:
             "mb_per_s": {k: round(total / v / 1e6, 1) for k, v in med.items()},
             "ratio_weightd_over_ceiling": round(med["ceiling"] / med["weightd"], 3),
             "ratio_weightd_over_s3transfer_verify": round(med["s3transfer_verify"] / med["weightd"], 3),
+            "ratio_weightd_daemon_over_ceiling": round(med["ceiling"] / med["weightd_daemon"], 3),
             "ratio_weightd_hot_over_ceiling": round(med["ceiling"] / med["weightd_hot"], 3),
             "ratio_fetch_only_over_ceiling": round(med["ceiling"] / med["fetch_only"], 3),
             "weightd_peak_rss_mib": round(max(stats["peak_rss_kib"]) / 1024, 1),
@@ -246,8 +260,19 @@ def run(a: argparse.Namespace, size: int, ep: str, bucket: str) -> int:
         }), indent=2))
         return 0
     finally:
+        if daemon is not None:
+            daemon.terminate()
+            daemon.wait(30)
         shutil.rmtree(base, ignore_errors=True)
         shutil.rmtree(hot, ignore_errors=True)
+
+
+def wait_for(sock: Path, daemon: subprocess.Popen, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not sock.exists():
+        if daemon.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit("bench/objstore.py: the daemon did not start")
+        time.sleep(0.1)
 
 
 if __name__ == "__main__":
