@@ -2,7 +2,8 @@
 """Checkpoints of real MoE shape (issue 40): what ~90,000 tensors cost weightd, against the same bytes
 in few tensors, and what holding such versions costs the daemon.
 
-    .venv/bin/python bench/moe.py [--pad 8MiB] [--rounds 5] [--dir DIR] [--part all|speed|memory]
+    .venv/bin/python bench/moe.py [--pad 8MiB] [--rounds 5] [--dir DIR] [--part all|speed|memory|experts]
+                                  [--expert-dim 128] [--ranks 8]
 
 speed: a DeepSeek-V3-shaped checkpoint (tiering/sample_moe.py: 90,427 tensors in 163 shards, each shard
 padded with ``--pad`` real bytes) and a "flat" one with the same shards and bytes, one tensor each.
@@ -16,6 +17,13 @@ memory: four MoE versions (different bytes) published; a daemon started with non
 them in warm (and the first also in hot), its RSS after start-up and after a `status`; `weightd status`
 through the daemon (median of 7, target <= 100 ms) and in-process `weightd path` (median of 5,
 target <= 300 ms), against the same with a small llama-shaped model.
+
+experts (not in "all"): the same 90,427-tensor shape with real bytes in every tensor (``--expert-dim``
+D: each FP8 expert weight D x D bytes; 128 gives 0.74 GB, 437 about 8 GiB), published into a path cold
+tier; interleaved rounds of `weightd --no-daemon preload --tier warm` of the whole version and of rank
+``--ranks - 1`` of ``--ranks`` (`--experts R/N`), each evicted before its run. Per contender: seconds,
+bytes read (the report's bytes_by_source: from cold), bytes placed, and the peak RSS of the process
+(wait4's ru_maxrss); ratios whole/rank of each. The cold files are in the page cache for both.
 """
 
 from __future__ import annotations
@@ -113,6 +121,59 @@ def speed(base: Path, pad: int, n: int) -> dict:
             "per_tensor_overhead_us": per_tensor, "per_tensor_target_us": 3.0, "times": times, "ratios": ratios}
 
 
+def run_measured(cmd: list[str]) -> tuple[float, float, dict]:
+    """Seconds, peak RSS (MB, the process's own: wait4) and the --json report of one CLI run."""
+    with tempfile.TemporaryFile() as out:
+        t0 = time.perf_counter()
+        p = subprocess.Popen(cmd, env=ENV, stdout=out, stderr=subprocess.PIPE)
+        _, status, ru = os.wait4(p.pid, 0)
+        s = time.perf_counter() - t0
+        p.returncode = os.waitstatus_to_exitcode(status)
+        err = p.stderr.read().decode(errors="replace") if p.stderr else ""
+        if p.returncode != 0:
+            raise SystemExit(f"{' '.join(cmd)[:200]}: exit {p.returncode}: {err[-500:]}")
+        out.seek(0)
+        return s, ru.ru_maxrss / 1024, json.loads(out.read())
+
+
+def experts(base: Path, dim: int, ranks: int, n: int) -> dict:
+    """A rank's expert-parallel copy against the whole version (see the module's docstring)."""
+    moe = make_moe_checkpoint(base / "moe", d=dim)
+    cfg = config(base, "experts")
+    subprocess.run(wd(cfg, "--no-daemon", "publish", str(moe), "--name", "bench/moe", "--version", "v1"),
+                   env=ENV, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(["cat", *map(str, moe.glob("*"))], stdout=subprocess.DEVNULL, check=True)  # (cached)
+    rank = f"{ranks - 1}/{ranks}"
+    args = {"whole": [], "rank": ["--experts", rank]}
+    figures: dict[str, dict[str, list[float]]] = {k: {"read_bytes": [], "placed_bytes": [], "rss_mb": []} for k in args}
+    labels: dict[str, str] = {}
+
+    def contender(k: str):
+        def run() -> float:
+            s, rss, r = run_measured(wd(cfg, "--no-daemon", "preload", "bench/moe@v1", "--tier", "warm", "--json",
+                                        *args[k]))
+            labels[k] = r["version"]
+            for key, v in (("read_bytes", sum(r["bytes_by_source"].values())), ("placed_bytes", r["bytes"]),
+                           ("rss_mb", rss)):
+                figures[k][key].append(v)
+            return s
+        return run
+
+    def before(_: str) -> None:   # (both evicted: the rank's copy would read a local whole copy instead of cold)
+        for label in labels.values():
+            subprocess.run(wd(cfg, "--no-daemon", "evict", f"bench/moe@{label}", "--tier", "warm", "--force"),
+                           env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    times = rounds({f"preload_{k}": contender(k) for k in args}, n, before=before, log=log)
+    med = {k: {f: statistics.median(v) for f, v in figs.items()} for k, figs in figures.items()}
+    return {"tensors": tensors_of(moe), "bytes": sum(p.stat().st_size for p in moe.glob("*")), "expert_dim": dim,
+            "rank": rank, "figures": {k: {f: {"median": round(statistics.median(v), 1), "min": round(min(v), 1),
+                                               "max": round(max(v), 1)} for f, v in figs.items()}
+                                      for k, figs in figures.items()},
+            "ratios_whole_over_rank": {f: round(med["whole"][f] / med["rank"][f], 3) for f in med["rank"]},
+            "times": times, "ratios": [speedup(times, "preload_rank", "preload_whole")]}
+
+
 def rss_mb(pid: int) -> float:
     with open(f"/proc/{pid}/status") as fh:
         return next(int(line.split()[1]) for line in fh if line.startswith("VmRSS:")) / 1024
@@ -181,7 +242,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pad", type=size_arg, default="8MiB", help="real bytes added to each of the 163 shards")
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--part", choices=("all", "speed", "memory"), default="all")
+    ap.add_argument("--part", choices=("all", "speed", "memory", "experts"), default="all")
+    ap.add_argument("--expert-dim", type=int, default=128, help="experts: each FP8 expert weight D x D bytes "
+                    "(128: 0.74 GB in all; 437: about 8 GiB)")
+    ap.add_argument("--ranks", type=int, default=8, help="experts: N of --experts R/N (R = N - 1)")
     ap.add_argument("--dir", help="where to generate (a disk, not tmpfs; default /var/tmp)")
     args = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="weightd-bench-moe-", dir=args.dir or "/var/tmp"))
@@ -193,10 +257,14 @@ def main() -> int:
         if args.part in ("all", "memory"):
             (base / "memory").mkdir()
             out["memory"] = memory(base / "memory")
+        if args.part == "experts":
+            (base / "experts").mkdir()
+            out["experts"] = experts(base / "experts", args.expert_dim, args.ranks, args.rounds)
     finally:
         shutil.rmtree(base, ignore_errors=True)
-    times = out.get("speed", {}).pop("times", {})
-    ratios = out.get("speed", {}).pop("ratios", [])
+    part = out.get("speed") or out.get("experts") or {}
+    times = part.pop("times", {})
+    ratios = part.pop("ratios", [])
     print(json.dumps(report("moe", times, ratios, rounds=args.rounds, max_spread=0.5, machine=(m0, machine_state()),
                             command=" ".join(sys.argv), **out), indent=1))
     return 0

@@ -255,3 +255,30 @@ def test_signed_versions(wd, node_env, tmp_path):
     with open(node_env.config, "a") as fh:
         fh.write(f'[trust]\nrequire_signature = true\npublic_keys = ["{tmp_path / "k.pub.pem"}"]\n')
     assert_one_line_error(wd("--no-daemon", "preload", "org/moe@v1", "--experts", "1/2"), 2, "require_signature")
+
+
+def test_intent_keeps_a_ranks_copy(node_env, isolated_env, wd, tmp_path):
+    """An intent entry with ``experts = "R/N"`` keeps that rank's copy of the version, leased by it."""
+    from tests.test_daemon import DaemonProc
+    from tests.test_intent_daemon import intent_status, until
+    ck = _ck(tmp_path)
+    assert wd("publish", ck, "--name", "org/moe", "--version", "v1").returncode == 0
+    idir = tmp_path / "intent.d"
+    idir.mkdir()
+    node_env.config.write_text(node_env.config.read_text() + f'[intent]\ndir = "{idir}"\nreconcile_s = 2\npoll_s = 0.2\n')
+    (idir / "moe.toml").write_text('[[keep]]\nmodel = "org/moe@v1"\nexperts = "1/2"\n')
+    d = DaemonProc(node_env, isolated_env, tmp_path)
+    try:
+        until("the entry is ready", lambda: (s := intent_status(wd)) and s["entries"]
+              and s["entries"][0]["state"] == "ready")
+        st = json.loads(wd("status", "--json").stdout)
+        (c,) = [c for c in st["checkpoints"] if c["name"] == "org/moe"]
+        assert c["version"] == "v1~e1of2" and c["part_of"]["kind"] == "experts"
+        assert [le["holder"] for le in c["tiers"]["warm"]["leases"]] == ["intent moe.toml keep #1"]
+        _check_copy(node_env.warm / "org/moe/v1~e1of2", ck, 1, 2)
+    finally:
+        d.stop()
+    (idir / "moe.toml").write_text('[[keep]]\nmodel = "org/moe@v1"\nexperts = "2/2"\n')
+    r = wd("intent", "check", str(idir))
+    assert r.returncode != 0 and "keep #1.experts" in r.stderr and "0 <= R < N" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) <= 2
