@@ -16,6 +16,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
+from ..fleet.rollout import SLOT_TTL_S
 from ..intent.reconcile import Fetch, Plan
 
 if TYPE_CHECKING:
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 SLOT_RETRY_S = 30.0        # a refused rollout slot is asked for again after reconcile_s, at most about this long
 SLOT_RENEW_S = 30.0        # a slot held is renewed this often while its move runs
+RELEASE_RETRY_S = 2.0      # a release an origin did not take is sent again this often (until SLOT_TTL_S)
 
 FetchKey = tuple[str, str, str]   # (name, version, tier)
 
@@ -85,12 +87,16 @@ class RolloutSlots:
         self.waiting: dict[FetchKey, str] = {}       # a fetch waiting for a slot -> the reason its row shows
         self.retry_at: dict[FetchKey, float] = {}    # (monotonic) a refused slot is asked again then
         self.number = 0                              # the slot number asked for (held while moving)
+        self._retry: asyncio.Task[None] | None = None   # a release some origin has not taken yet
 
     async def ask(self, f: Fetch, *, renewing: bool = False) -> bool:
         """True if a majority of the origins grant slot ``self.number`` for ``f`` (or renew it); else
         the fetch's row says why not, and (unless ``renewing``) the grants short of a majority are
         given back, and the next ask is for a number free at a majority."""
         key = (f.entry.name, f.version, f.entry.tier)
+        if self._retry is not None and not renewing:   # (asking anew: a late release would drop the new slot)
+            self._retry.cancel()
+            self._retry = None
         origins = origin_client(self.d)
         body = {"node": node_name(self.d), "moving": f"{f.entry.name}@{f.version}", "slot": self.number}
         answers = await self.d.run_blocking("misc", origins.each, "POST", "/v1/rollout/slot", body)
@@ -128,20 +134,37 @@ class RolloutSlots:
                 pass
 
     async def release(self, urls: list[str] | None = None) -> None:
-        """The slot given back at every origin (or at ``urls``); one that does not answer lets it expire."""
+        """The slot given back at every origin (or at ``urls``); one that does not answer is asked
+        again every RELEASE_RETRY_S until it does, the slot expires there, or this node asks for a
+        slot again (an origin that restarts keeps the slots it held: unreleased, it would block
+        the rollout until the slot expires)."""
+        left = await self._release_at(urls)
+        if left:
+            self._retry = asyncio.get_running_loop().create_task(self._release_later(left))
+
+    async def _release_later(self, urls: list[str]) -> None:
+        deadline = time.monotonic() + SLOT_TTL_S
+        while urls and time.monotonic() < deadline:
+            await asyncio.sleep(RELEASE_RETRY_S)
+            urls = await self._release_at(urls)
+
+    async def _release_at(self, urls: list[str] | None) -> list[str]:
+        """Released at those origins; the ones that did not answer."""
         try:
             origins = origin_client(self.d)   # (a certificate being rotated can fail here: the slot expires)
             if origins is None:
-                return
+                return []
             if urls is not None:
                 origins = origins.only(urls)
             answers = await self.d.run_blocking("misc", origins.each, "POST", "/v1/rollout/release",
                                                 {"node": node_name(self.d)})
-            for u, a in answers:
-                if not isinstance(a, dict):
-                    log.info("intent: releasing the rollout slot at %s: %s", u, a)
         except Exception as exc:  # noqa: BLE001 (it expires at the origin)
             log.info("intent: releasing the rollout slot: %s", exc)
+            return []
+        for u, a in answers:
+            if not isinstance(a, dict):
+                log.info("intent: releasing the rollout slot at %s: %s (asked again)", u, a)
+        return [u for u, a in answers if not isinstance(a, dict)]
 
 
 SIZES_KEPT = 100_000       # sizes of wanted copies remembered (a bound, never reached by a sane intent)
