@@ -97,7 +97,7 @@ def test_rules_select_the_job_the_podmonitor_gives() -> None:
     pods = pod_templates(docs)
     selected = {k: p for k, p in pods.items()
                 if pm["spec"]["selector"]["matchLabels"].items() <= p["metadata"]["labels"].items()}
-    assert set(selected) == {"DaemonSet/weightd", "Deployment/weightd-origin"}
+    assert set(selected) == {"DaemonSet/weightd", "StatefulSet/weightd-origin"}
     ns = {f"{d['kind']}/{d['metadata']['name']}": d["metadata"]["namespace"] for d in docs
           if f"{d['kind']}/{d['metadata']['name']}" in selected}
     wanted = {k: podmonitor_target_labels(pm, p, ns[k]) for k, p in selected.items()}
@@ -196,10 +196,35 @@ def test_no_two_hostnetwork_pods_share_a_host_port(tmp_path: Path) -> None:
         for port in ports:
             assert port not in used, f"{name} and {used[port]} both listen on host port {port}"
             used[port] = name
-    assert set(cfgs) == {"DaemonSet/weightd", "Deployment/weightd-origin"}
-    worker, origin = cfgs["DaemonSet/weightd"], cfgs["Deployment/weightd-origin"]
+    assert set(cfgs) == {"DaemonSet/weightd", "StatefulSet/weightd-origin"}
+    worker, origin = cfgs["DaemonSet/weightd"], cfgs["StatefulSet/weightd-origin"]
     assert {_listen_port(p) for p in worker.p2p.peers} == {_listen_port(origin.p2p.listen)}
     assert {int(re.search(r":(\d+)/", t).group(1)) for t in worker.p2p.trackers} == {_listen_port(origin.p2p.tracker_listen)}
+
+
+def test_two_origins_on_two_nodes_and_workers_name_both() -> None:
+    """Several origins (docs/origins.md): two replicas, never on one node (they share host ports), updated
+    one at a time; every worker announces to, peers with and reports to both (two hosts)."""
+    from weightd.config import load_config
+    from weightd.fleet.client import origin_urls
+    docs = kustomization_docs(KDIR)
+    sts = next(d for d in docs if d["kind"] == "StatefulSet" and d["metadata"]["name"] == "weightd-origin")
+    svc = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == sts["spec"]["serviceName"])
+    assert sts["spec"]["replicas"] == 2 and sts["spec"]["updateStrategy"]["type"] == "RollingUpdate"
+    assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["selector"] == sts["spec"]["selector"]["matchLabels"]
+    pod = sts["spec"]["template"]
+    anti = pod["spec"]["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert [(t["topologyKey"], t["labelSelector"]["matchLabels"]) for t in anti] == \
+        [("kubernetes.io/hostname", pod["metadata"]["labels"])]
+    cm = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "weightd-config")
+    import tempfile
+    with tempfile.NamedTemporaryFile("w", suffix=".toml") as f:
+        f.write(cm["data"]["weightd.toml"])
+        f.flush()
+        cfg = load_config(Path(f.name))
+    hosts = {p.rpartition(":")[0] for p in cfg.settings.p2p.peers}
+    assert len(hosts) == 2 and {re.search(r"//([^:/]+)", t).group(1) for t in cfg.settings.p2p.trackers} == hosts
+    assert len(origin_urls(cfg)) == 2
 
 
 def test_apply_k_deploys_weightd_and_no_example_workload() -> None:
@@ -208,7 +233,8 @@ def test_apply_k_deploys_weightd_and_no_example_workload() -> None:
     docs = kustomization_docs(KDIR)
     kinds = sorted(f"{d['kind']}/{d['metadata']['name']}" for d in docs)
     assert kinds == ["ConfigMap/weightd-config", "ConfigMap/weightd-intent", "ConfigMap/weightd-origin-config",
-                     "DaemonSet/weightd", "Deployment/weightd-origin", "Namespace/weightd", "Service/weightd-metrics"]
+                     "DaemonSet/weightd", "Namespace/weightd", "Service/weightd-metrics", "Service/weightd-origin",
+                     "StatefulSet/weightd-origin"]
     kust = yaml.safe_load((KDIR / "kustomization.yaml").read_text())
     assert [i["name"] for i in kust["images"]] == ["ghcr.io/weightd/weightd"]
     images = {c["image"] for p in pod_templates(docs).values() for c in p["spec"]["containers"]}
