@@ -351,7 +351,7 @@ def test_kubernetes_manifests_validate() -> None:
     examples = [str(edir / "vllm" / f) for f in ekust["resources"]] + [str(edir / "vllm-init-container.yaml")]
     proc = subprocess.run([str(exe), "--strict", "-k", "1.37.0", *files, *examples], capture_output=True, text=True,
                           timeout=120)
-    assert proc.returncode == 0 and proc.stdout.count("passed") == 7 + 4, proc.stdout + proc.stderr
+    assert proc.returncode == 0 and proc.stdout.count("passed") == 8 + 4, proc.stdout + proc.stderr
     docs = {(d["kind"], d["metadata"]["name"]): d for f in files for d in yaml.safe_load_all(Path(f).read_text()) if d}
     assert ("Namespace", "weightd") in set(docs) and ("Namespace", "inference") not in set(docs)
     assert {d["metadata"].get("namespace") for d in docs.values() if d["kind"] != "Namespace"} == {"weightd"}
@@ -385,7 +385,7 @@ def test_kubernetes_manifests_validate() -> None:
     init = alt["spec"]["template"]["spec"]["initContainers"][0]
     assert "preload" in init["args"][0] and "--wait" in init["args"][0] and "--daemon-only" in init["args"][0]
     assert "pin" in (edir / "vllm-init-container.yaml").read_text().split("apiVersion")[0]   # (when it is safe)
-    for kind, name, cm in (("DaemonSet", "weightd", "weightd-config"), ("Deployment", "weightd-origin",
+    for kind, name, cm in (("DaemonSet", "weightd", "weightd-config"), ("StatefulSet", "weightd-origin",
                                                                         "weightd-origin-config")):
         spec = docs[(kind, name)]["spec"]["template"]["spec"]
         c = spec["containers"][0]
@@ -450,7 +450,7 @@ def test_kubernetes_manifests_validate() -> None:
     assert pm["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
     if shutil.which("kubectl"):  # (not on a fresh machine: the check above stands without it)
         out = subprocess.run(["kubectl", "kustomize", str(kdir)], capture_output=True, text=True, timeout=60)
-        assert out.returncode == 0 and out.stdout.count("\nkind: ") + out.stdout.startswith("kind: ") == 7, out.stderr
+        assert out.returncode == 0 and out.stdout.count("\nkind: ") + out.stdout.startswith("kind: ") == 8, out.stderr
         out = subprocess.run(["kubectl", "kustomize", str(edir / "vllm")], capture_output=True, text=True, timeout=60)
         assert out.returncode == 0 and "kind: Deployment" in out.stdout, out.stderr
 
