@@ -282,3 +282,16 @@ def test_intent_keeps_a_ranks_copy(node_env, isolated_env, wd, tmp_path):
     r = wd("intent", "check", str(idir))
     assert r.returncode != 0 and "keep #1.experts" in r.stderr and "0 <= R < N" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) <= 2
+
+
+@pytest.mark.parametrize("name,expert", [
+    ("model.layers.3.mlp.experts.17.down_proj.weight", 17), ("model.layers.0.block_sparse_moe.experts.7.w1.weight", 7),
+    ("mlp.experts.2.up_proj.weight", 2), ("model.layers.3.mlp.shared_experts.down_proj.weight", None),
+    ("model.layers.3.mlp.gate.weight", None), ("model.layers.3.mlp.experts.gate_up_proj", None),
+    ("model.layers.3.xmlp.experts.1.w", None), ("model.layers.3.mlp.experts.١.w", None),
+    ("a.experts.1.mlp.experts.2.w", 2)])
+def test_expert_names(name, expert):
+    from tiering.experts.plan import expert_of
+    assert expert_of(name) == expert
+    m = EXPERT_RE.search(name)
+    assert (None if m is None else int(m.group(1))) == expert

@@ -30,7 +30,7 @@ from ..content.select import Selection, is_rank_file, matches
 from ..content.tensor_table import TensorTable
 from ..errors import BadInput
 
-EXPERT_RE = re.compile(r"(?:^|\.)(?:mlp|block_sparse_moe)\.experts\.(\d+)\.")
+EXPERT_RE = re.compile(r"(?:^|\.)(?:mlp|block_sparse_moe)\.experts\.(\d+)\.", re.ASCII)
 CONFIG_KEYS = ("n_routed_experts", "num_experts", "num_local_experts")
 CONFIG = "config.json"
 INDEX_SUFFIX = ".safetensors.index.json"
@@ -80,8 +80,14 @@ class ExpertSplit:
     kept: range           # this rank's
 
     def keeps(self, tensor: str) -> bool:
-        m = EXPERT_RE.search(tensor)
-        return m is None or int(m.group(1)) in self.kept
+        e = expert_of(tensor)
+        return e is None or e in self.kept
+
+
+def expert_of(tensor: str) -> int | None:
+    """The routed expert a tensor belongs to (:data:`EXPERT_RE`, ASCII digits only), None for any other."""
+    m = EXPERT_RE.search(tensor) if ".experts." in tensor else None
+    return None if m is None else int(m.group(1))
 
 
 def split_for(m: Manifest, sel: Selection, config: bytes | None) -> ExpertSplit:
@@ -94,7 +100,8 @@ def split_for(m: Manifest, sel: Selection, config: bytes | None) -> ExpertSplit:
     if config is None:
         raise BadInput(f"{ref}: has no config.json; --experts reads the number of routed experts from it")
     n = experts_in_config(config, ref)
-    seen = [int(g.group(1)) for _, t in m.tensors() if (g := EXPERT_RE.search(t.name))]
+    seen = [e for f in m.files if f.safetensors is not None for name in f.safetensors.tensors.names()
+            if (e := expert_of(name)) is not None]
     if not seen:
         raise BadInput(f"{ref}: no per-expert tensors (...mlp.experts.E. or ...block_sparse_moe.experts.E.); "
                        f"nothing for --experts to split")
@@ -105,7 +112,7 @@ def split_for(m: Manifest, sel: Selection, config: bytes | None) -> ExpertSplit:
     return ExpertSplit(r, ranks, n, rank_experts(r, ranks, n))
 
 
-def shard_header(table: TensorTable, header_size: int, metadata: dict[str, str]) -> bytes:
+def shard_header(table: "TensorTable | list[Any]", header_size: int, metadata: dict[str, str]) -> bytes:
     """The safetensors header (length prefix and JSON, padded with spaces as safetensors pads it) of
     ``header_size`` bytes for ``table``, whose offsets are absolute in the shard (so from
     ``header_size`` on); AssertionError when it does not fit (:func:`header_size` finds the size)."""
@@ -120,10 +127,10 @@ def shard_header(table: TensorTable, header_size: int, metadata: dict[str, str])
     return len(body).to_bytes(8, "little") + body
 
 
-def header_size(table: TensorTable, metadata: dict[str, str]) -> int:
+def header_size(table: "TensorTable | list[Any]", metadata: dict[str, str]) -> int:
     """A header's size for ``table`` whatever its offsets: written with every offset as long as it can
     get (the data's size), rounded up to 8 bytes."""
-    total = sum(e - b for b, e in table.spans())
+    total = sum(t.end - t.begin for t in table)
     d: dict[str, Any] = {"__metadata__": dict(metadata)} if metadata else {}
     for t in table:
         d[t.name] = {"dtype": t.dtype, "shape": list(t.shape), "data_offsets": [total, total]}
@@ -147,9 +154,9 @@ def repacked_shard(f: FileEntry, split: ExpertSplit) -> FileEntry | None:
         ends = [at + s for s in _cumsum(sizes)]
         return TensorTable([t.name for t in src], [t.dtype for t in src], [t.shape for t in src],
                            [e - s for e, s in zip(ends, sizes)], ends, digests)
-    size = header_size(table(0), st.metadata)
+    size = header_size(src, st.metadata)   # (offsets do not matter: their longest is assumed)
     out = table(size)
-    header = shard_header(out, size, st.metadata)
+    header = shard_header(list(out), size, st.metadata)
     hh = xxhash.xxh3_128(header).hexdigest()
     info = SafetensorsInfo(size, hh, dict(st.metadata), out)
     return FileEntry(f.path, size + sum(sizes), f.mode, tree_hash([hh] + out.hex_digests()), (), info)
@@ -172,9 +179,9 @@ def index_json(shards: list[FileEntry], index_path: str) -> bytes:
         d, _, base = f.path.rpartition("/")
         if d != where or f.safetensors is None:
             continue
-        for t in f.safetensors.tensors:
-            weight_map[t.name] = base
-            total += t.end - t.begin
+        t = f.safetensors.tensors
+        weight_map.update((n, base) for n in t.names())
+        total += sum(e - b for b, e in t.spans())
     return json.dumps({"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))},
                       indent=2).encode() + b"\n"
 

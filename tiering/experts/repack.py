@@ -91,7 +91,7 @@ def _shard(f: FileEntry, src: FileEntry) -> Job:
     assert st is not None
     if sst is None:
         raise IntegrityError(f"{f.path}: not a safetensors file in the version's manifest")
-    header = shard_header(st.tensors, st.header_size, st.metadata)
+    header = shard_header(list(st.tensors), st.header_size, st.metadata)
     if xxhash.xxh3_128(header).hexdigest() != st.header_xxh3_128:
         raise IntegrityError(f"{f.path}: the header made for the kept tensors differs from the copy's manifest")
     where = {n: i for i, n in enumerate(sst.tensors.names())}
