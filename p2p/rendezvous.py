@@ -8,7 +8,7 @@ Every node that plans on the same list gets the same answer, and a label that co
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import numpy as np
 
@@ -94,3 +94,19 @@ def gateway_of(rack: str, workers: Sequence[str]) -> str:
     """The gateway of ``rack`` among its ``workers`` (rendezvous hashing: every node that plans on the
     same list names the same one, and one leaving moves only its own role)."""
     return max(workers, key=lambda ip: (int(_key(f"gateway/{rack}/{ip}")), ip))
+
+
+def home_origins(workers: Collection[str], origins: Sequence[str]) -> dict[str, str]:
+    """Each worker's home origin (``origins.py``): the workers in the order of their hash, each given
+    its highest-scoring origin (rendezvous hashing) that has fewer than ``ceil(workers / origins)``;
+    the same answer on every node for the same lists, and an origin that comes or goes moves (about)
+    only its own workers and a few displaced ones."""
+    cap = -(-len(workers) // max(1, len(origins)))
+    load = dict.fromkeys(origins, 0)
+    out: dict[str, str] = {}
+    for w in sorted(workers, key=lambda w: (int(_key(f"worker/{w}")), w)):
+        for o in sorted(origins, key=lambda o: (-int(_key(f"origin/{w}/{o}")), o)):
+            if load[o] < cap:
+                out[w], load[o] = o, load[o] + 1
+                break
+    return out

@@ -25,6 +25,7 @@ import libtorrent as lt
 from .alerts import AlertEvent, AlertPump
 from .config import P2PConfig, endpoint, tracker_urls
 from .errors import P2PError, TorrentRejected, map_libtorrent_errors
+from .origins import OriginShare, origins_to_block
 from .plan import PiecePlan
 from .settings import class_filter, ip_filter, session_settings
 from .swarm_view import read_swarm
@@ -59,7 +60,7 @@ class P2PSession:
             self.rack_class = self.ses.create_peer_class("other-rack")
             self.origin_ips = {endpoint(p)[0] for p in cfg.peers}
             self.other_rack: set[str] = set()
-            self.origin_blocked = False   # (a worker whose own pieces are in filters the origins out)
+            self.origins_blocked: frozenset[str] = frozenset()   # (filtered out: see origins.origins_to_block)
             self.bad_torrents: set[str] = set()   # info-hashes whose bytes failed their manifest (p2p.fetch)
             self.ses.set_peer_class_filter(class_filter())
         self.active_downloads = 0
@@ -260,8 +261,9 @@ class P2PSession:
     def apply_plan(self, h: lt.torrent_handle, planner: PiecePlan, st: lt.torrent_status,
                    origin_ips: set[str], now: float, progressed: bool, current: list[int] | None,
                    members: dict[str, str] | None = None, racks_seen: dict[str, str] | None = None, *,
-                   others: "Collection[str]" = ()) -> list[int]:
-        """Piece priorities from ``planner``; ``members``: the tracker's list of downloading workers now
+                   others: "Collection[str]" = (), share: "OriginShare | None" = None) -> list[int]:
+        """Piece priorities from ``planner``, and the origins filtered out (``share``: several origins,
+        see :mod:`.origins`); ``members``: the tracker's list of downloading workers now
         (ip -> rack); ``racks_seen``: every worker listed during this download (a rack-mate that
         finished left the list, and is still one: its pieces are the rack's, and it still sends);
         ``others``: workers downloading other files of the torrent (partial copies). Neither they nor a
@@ -284,21 +286,19 @@ class P2PSession:
         with self.lock:
             alone = self.active_downloads == 1   # (the filters are the session's: one download at a time)
         if alone:
-            self.block_origin(own_done and not starving)
+            self.block_origins(origins_to_block(share, self.origin_ips, planner.self_ip, members,
+                                                view.origins, own_done, starving, now))
             if racked:
                 self._pace_other_racks(planner, seen, starving)
         if prio != current:
             h.prioritize_pieces(prio)
         return prio
 
-    def block_origin(self, blocked: bool) -> None:
-        """Filter the origins out of this session (disconnecting them) or let them back in."""
-        if blocked != self.origin_blocked:
-            self.origin_blocked = blocked
-            self._filter()
-
-    def _filter(self) -> None:
-        self.ses.set_ip_filter(ip_filter(self.cfg.allow, self.origin_ips if self.origin_blocked else set()))
+    def block_origins(self, ips: "frozenset[str]") -> None:
+        """Filter these origins out of this session (disconnecting them), and let the others back in."""
+        if ips != self.origins_blocked:
+            self.origins_blocked = ips
+            self.ses.set_ip_filter(ip_filter(self.cfg.allow, ips))
 
     def set_other_racks(self, racks: dict[str, str]) -> None:
         """Workers of other racks than this node's (from a member list) into the other-rack class."""
@@ -369,7 +369,7 @@ class P2PSession:
                 with self.lock:
                     self.active_downloads -= 1
                 try:
-                    self.block_origin(False)   # (whatever happens below, the origin is let back in)
+                    self.block_origins(frozenset())   # (whatever happens below, the origins are let back in)
                     self.update_class(self.rack_class, download_limit=0)
                 finally:
                     self.ses.remove_torrent(h)

@@ -8,7 +8,7 @@ no piece of the plan.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import libtorrent as lt
 
@@ -23,6 +23,7 @@ class SwarmView:
     held: list[bool]            # some connected worker, not an origin, holds the piece
     seeds: int = 0              # connected workers holding everything ...
     rack_seeds: int = 0         # ... of them, in this node's rack
+    origins: set[str] = field(default_factory=set)   # the origins connected
 
 
 def read_swarm(h: lt.torrent_handle, st: lt.torrent_status, planner: PiecePlan, origin_ips: set[str],
@@ -42,6 +43,7 @@ def read_swarm(h: lt.torrent_handle, st: lt.torrent_status, planner: PiecePlan, 
             continue   # (not a peer yet: counted in no availability)
         if ip in origin_ips:
             origins += 1
+            view.origins.add(ip)
             continue
         if ip in others:
             continue

@@ -19,6 +19,7 @@ from .alerts import AlertEvent, AlertPump
 from .config import P2PConfig, endpoint
 from .errors import TransferFailed, TransferStalled
 from .members import Membership
+from .origins import OriginShare
 from .plan import HELD, PiecePlan
 
 if TYPE_CHECKING:
@@ -32,14 +33,14 @@ class SessionSide(Protocol):
     other way round."""
     cfg: P2PConfig
     alerts: AlertPump
-    origin_blocked: bool
+    origins_blocked: frozenset[str]
 
     def set_other_racks(self, racks: dict[str, str]) -> None: ...
 
     def apply_plan(self, h: lt.torrent_handle, planner: PiecePlan, st: lt.torrent_status,
                    origin_ips: set[str], now: float, progressed: bool, current: list[int] | None,
                    members: dict[str, str] | None = None, racks_seen: dict[str, str] | None = None, *,
-                   others: Collection[str] = ()) -> list[int]: ...
+                   others: Collection[str] = (), share: OriginShare | None = None) -> list[int]: ...
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +132,9 @@ class Transfer:
         self.membership = Membership(tuple(cfg.trackers), bytes.fromhex(self.key)[:20], cfg.tls, rack=cfg.rack,
                                      source_ip=host, want=subset.tag if subset is not None else "") \
             if cfg.trackers and (self.planner is not None or cfg.rack) else None   # (racks: to say whose bytes)
+        # several origins: this worker's home origin, the others filtered out while it is connected
+        self.share = OriginShare(self.origin_ips) if self.planner is not None and len(self.origin_ips) > 1 else None
+        self._moves = 0   # the home origin's moves so far
         self.result = DownloadResult()
         self.result.trace.traced = session.cfg.trace
         self._blocks: set[int] = set()   # (traced) piece * 2**20 + block received so far
@@ -211,7 +215,8 @@ class Transfer:
                     others = self.membership.others
                 current = self.session.apply_plan(h, planner, st, self.origin_ips, now,
                                                   st.total_done > planned_done, current, members, self._racks,
-                                                  others=others)
+                                                  others=others, share=self.share)
+                self._dial_new_home()
                 self._traced_plan(planner, own, now, t0, last_plan)
                 self._prio = current
                 planned_done, next_plan, last_plan = st.total_done, now + PLAN_EVERY_S, now
@@ -254,16 +259,22 @@ class Transfer:
         trace.late_owners = sum(planner.why.get(ip, "").startswith("late") for ip in self._stalled)
         if log.isEnabledFor(logging.DEBUG) and (self._debug_at is None or now - self._debug_at >= 1.0):
             self._debug_at = now
-            log.debug("p2p: %s t=%.1f workers=%d own=%d origin_left=%d gateway=%s crossing=%d origin_blocked=%s "
+            log.debug("p2p: %s t=%.1f workers=%d own=%d origin_left=%d gateway=%s crossing=%d origins_blocked=%s "
                       "open_all=%s", self.ti.name(), now - t0, planner.workers, len(planner.own),
-                      planner.origin_left, planner.gateway or "-", planner.crossing, self.session.origin_blocked,
-                      planner.open_all)
+                      planner.origin_left, planner.gateway or "-", planner.crossing,
+                      ",".join(sorted(self.session.origins_blocked)) or "-", planner.open_all)
         if last_plan is not None:
             trace.slice_changes += planner.own != own_before
             if planner.workers == 1 and not planner.open_all:
                 trace.alone_s += now - last_plan
         if planner.open_all and trace.open_all_after_s is None:
             trace.open_all_after_s = now - t0
+
+    def _dial_new_home(self) -> None:
+        """A home origin just chosen again (the last one died): dial it now, not at the next round."""
+        if self.share is not None and self.share.moves != self._moves:
+            self._moves = self.share.moves
+            self._connect()
 
     def _connect(self) -> None:
         for p in self.peers:
