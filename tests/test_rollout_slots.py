@@ -33,6 +33,10 @@ def test_held_slots_survive_an_origin_restart_and_expire(tmp_path: Path) -> None
     again = MoverSlots(1, ttl_s=120, clock=lambda: now[0], path=path)   # (a restart: the file read back)
     assert again.ask("10.0.0.2", "w2: a/x@v2", 0)["granted"] is False
     assert [m["node"] for m in again.movers()] == ["10.0.0.1"]
+    assert again.restored_holder("10.0.0.1") and not again.restored_holder("10.0.0.2")
+    now[0] += 121                                                    # (only within a slot's life of the start)
+    assert not again.restored_holder("10.0.0.1")
+    now[0] -= 121
     again.release("10.0.0.1")
     assert json.loads(path.read_text())["held"] == []
     assert s.ask("10.0.0.1", "w1", 0)["granted"]

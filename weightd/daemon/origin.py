@@ -128,7 +128,8 @@ class FleetEndpoints:
         # renew or release another address's; and only a member of the fleet (an address with a valid
         # report held) gets or keeps one: an address that stopped reporting loses its slot at renewal
         key = request.remote or "?"
-        if not d.fleet.member(key):
+        # (a holder of a slot read back at a restart renews it before its first report comes in)
+        if not d.fleet.member(key) and not d.movers.restored_holder(key):
             d.movers.release(key)
             d.metrics.trust_refusals.labels("rollout_not_member").inc()
             return web.json_response({"error": f"{key} is not a member of this fleet: no report from it is "

@@ -31,6 +31,7 @@ class MoverSlots:
         self._said: str | None = None
         if path is not None:
             self.held = self._load(path)
+        self.restored, self.started = set(self.held), clock()
 
     def _expire(self) -> None:
         now = self.clock()
@@ -57,6 +58,11 @@ class MoverSlots:
             self._save()
         return {"granted": granted, "movers": len(self.held), "cap": self.cap, "free": free,
                 **({"slot": number or 0} if granted else {})}
+
+    def restored_holder(self, node: str) -> bool:
+        """Whether ``node`` holds a slot this origin read back at start, within a slot's life of the
+        start: it may renew it before its first report reaches the restarted origin."""
+        return node in self.restored and node in self.held and self.clock() - self.started <= self.ttl_s
 
     def release(self, node: str) -> None:
         if self.held.pop(node, None) is not None:
