@@ -165,6 +165,21 @@ def test_a_hostile_manifest_cannot_read_outside_a_file(tmp_path, how):
     assert not (tmp_path / "evil.json").exists()
 
 
+@pytest.mark.parametrize("bad", ["__metadata__", "twice"])
+def test_a_manifest_with_a_name_a_header_cannot_hold_is_refused(tmp_path, bad):
+    ck = _ck(tmp_path)
+    m = build_manifest(ck).with_labels(name="org/moe", version="v1")
+    f = next(f for f in m.files if f.safetensors is not None)
+    t = f.safetensors.tensors
+    names = t.names()
+    names[1] = "__metadata__" if bad == "__metadata__" else names[0]
+    table = TensorTable(names, [e.dtype for e in t], [e.shape for e in t], *zip(*t.spans()), t.digest_bytes)
+    files = tuple(replace(g, safetensors=replace(g.safetensors, tensors=table)) if g is f else g for g in m.files)
+    sel = selection_from(experts="0/2")
+    with pytest.raises(BadInput, match="repeated, or named __metadata__"):
+        expert_manifest(replace(m, files=files), sel, split_for(m, sel, (ck / "config.json").read_bytes()), "x", {})
+
+
 def test_repack_refuses_a_source_shorter_than_its_manifest(tmp_path):
     ck = _ck(tmp_path)
     m = build_manifest(ck).with_labels(name="org/moe", version="v1")
@@ -295,3 +310,21 @@ def test_expert_names(name, expert):
     assert expert_of(name) == expert
     m = EXPERT_RE.search(name)
     assert (None if m is None else int(m.group(1))) == expert
+
+
+def test_p2p_is_not_used_and_says_so(node_env, tmp_path, caplog):
+    """With the swarm configured, a rank's copy is not fetched over P2P (it moves whole files): one log
+    line, a source_fallbacks entry, the ranges from cold, and no libtorrent session started for it."""
+    import logging
+    from p2p import P2PConfig, P2PFetcher
+    ck = _ck(tmp_path)
+    fetcher = P2PFetcher(P2PConfig(listen="127.0.0.1:0", peers=("127.0.0.1:9",), threshold=0))
+    with node_env.node(fetchers=[fetcher]) as n, caplog.at_level(logging.WARNING):
+        n.publish(ck, "org/moe", "v1")
+        r = n.preload("org/moe", "v1", tier="warm", selection=selection_from(experts="0/2"))
+    assert [(f.source, f.to) for f in r.source_fallbacks] == [("p2p", "cold")]
+    assert "not fetched over P2P" in r.source_fallbacks[0].reason
+    assert r.bytes_by_source["cold"] > 0 and not r.bytes_by_source.get("peer")
+    assert len([rec for rec in caplog.records if "not fetched over P2P" in rec.getMessage()]) == 1
+    assert fetcher._session is None
+    _check_copy(Path(r.path), ck, 0, 2)

@@ -141,7 +141,10 @@ def repacked_shard(f: FileEntry, split: ExpertSplit) -> FileEntry | None:
     """``f`` with only the tensors ``split`` keeps, laid out anew (None: it keeps none)."""
     st = f.safetensors
     assert st is not None
-    keep = [i for i, n in enumerate(st.tensors.names()) if split.keeps(n)]
+    names = st.tensors.names()
+    if len(set(names)) != len(names) or "__metadata__" in names:
+        raise BadInput(f"{f.path}: a tensor name repeated, or named __metadata__, in the manifest")
+    keep = [i for i, n in enumerate(names) if split.keeps(n)]
     if not keep:
         return None
     src = [st.tensors[i] for i in keep]
