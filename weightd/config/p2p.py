@@ -47,8 +47,8 @@ class P2PSettings(FrozenModel):
     listen: str = Field("0.0.0.0:6881", doc="IP:PORT the BitTorrent session listens on (this node's data-centre "
                                             "address)")
     trackers: tuple[str, ...] = Field((), doc="announce URLs (http://, https:// or udp://; only https:// with tls): "
-                                              "the origin's tracker")
-    peers: tuple[str, ...] = Field((), doc="IP:PORT of peers every torrent connects to at once: the origin")
+                                              "the origins' trackers (every node announces to all of them)")
+    peers: tuple[str, ...] = Field((), doc="IP:PORT of peers every torrent connects to at once: the origins")
     allow: tuple[str, ...] = Field(("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "127.0.0.0/8"),
                                    doc="CIDRs peers must come from (the origin's tracker answers only these); a "
                                        "network filter: tls is the access control")
