@@ -3,6 +3,7 @@
 
     .venv/bin/python bench/swarm.py [--size 300MiB] [--cap 20MB] [--n 1,2,4,8] [--piece-size 1MiB]
     .venv/bin/python bench/swarm.py --compare plain,tls,signed,tls+signed --n 8 --rounds 5 [--size 128MiB]
+    .venv/bin/python bench/swarm.py --origins 2 --kill-origin-at 0.5 --n 4 --rounds 5 [--size 128MiB]
 
 For each N: all N workers `weightd preload` one version at once (real daemons, real libtorrent,
 loopback only); reported: time until all hold the verified version, T(N)/T(1), the origin's upload
@@ -16,6 +17,11 @@ require_signature``: every worker checks the publisher's signature and the SHA-2
 cost. For each of ``--rounds`` rounds, the modes run one after another (interleaved, so the VM's noise
 falls on all of them); reported per mode: T(N) median and range, origin upload, and the ratio of
 medians against ``plain`` with the range of the per-round ratios.
+
+``--origins N --kill-origin-at F``: N origins (one tracker each; every worker lists every origin and
+every tracker), each round once with every origin up and once with the first origin SIGKILLed when
+the workers hold F of the version on average; reported: medians and ranges of the time, of what the
+origins sent (x checkpoint), bytes from cold, and the time with the kill over the time without.
 
 Every mode (``--compare``) or contender (the plan and each ``--baseline``) runs once per round at
 every N, in a rotating order, for ``--rounds`` rounds (default 5; bench/_rounds.py: up to twice as
@@ -62,15 +68,15 @@ def free_port(ip: str) -> int:
 
 
 class Daemon:
-    def __init__(self, base: Path, ip: str, cold: Path, cap: str, role: str, origin: str | None, allow: str,
-                 tracker: str | None = None, p2p_extra: str = "", extra: str = "") -> None:
+    def __init__(self, base: Path, ip: str, cold: Path, cap: str, role: str, origins: list[str], allow: str,
+                 trackers: list[str] = (), p2p_extra: str = "", extra: str = "") -> None:
         self.ip, self.role, self.dir = ip, role, base / f"{ip}-{uuid.uuid4().hex[:6]}"
         self.dir.mkdir(parents=True)
         self.hot = Path(f"/dev/shm/weightd-bench-swarm-{uuid.uuid4().hex[:8]}")
         self.port, self.mport, self.tport = free_port(ip), free_port(ip), free_port(ip)
         extra_sections = extra
         extra = f'tracker_listen = "{ip}:{self.tport}"\n' if role == "origin" else \
-            (f'trackers = ["{tracker}"]\n' if tracker else "")
+            (f'trackers = {json.dumps(list(trackers))}\n' if trackers else "")
         self.config = self.dir / "weightd.toml"
         self.config.write_text(
             f'state_dir = "{self.dir}/state"\n[tiers.hot]\npath = "{self.hot}"\ncapacity = "1GiB"\n'
@@ -78,7 +84,7 @@ class Daemon:
             f'[api]\nsocket = "{self.dir}/weightd.sock"\n[metrics]\nlisten = "{ip}:{self.mport}"\n'
             f'[p2p]\nthreshold = "1MiB"\nlisten = "{ip}:{self.port}"\nallow = [{allow}]\n'
             f'upload_limit = "{cap}"\ndownload_limit = "{cap}"\nfallback_after_s = 120\n'
-            + (f'peers = ["{origin}"]\n' if origin else "") + extra + p2p_extra + extra_sections)
+            + (f'peers = {json.dumps(origins)}\n' if origins else "") + extra + p2p_extra + extra_sections)
         self.log = open(self.dir / "log", "w")
         self.proc = subprocess.Popen([sys.executable, "-m", "weightd", "--config", str(self.config)]
                                      + ["-vv"] * bool(KEEP_LOGS) + ["serve", "--role", role], stdout=self.log, stderr=subprocess.STDOUT, env=ENV)
@@ -195,25 +201,74 @@ def _cross_rack(reports: list[dict], racks: list[str], size: int) -> dict:
     return {"per_rack_x": xs, "max_x": max(xs.values(), default=0.0)}
 
 
+def _copied(w: Daemon) -> float:
+    """How far a worker's copy from the swarm is (0-1: its transfer's "copy" phase; 0 outside it)."""
+    try:
+        with urllib.request.urlopen(f"http://{w.ip}:{w.mport}/metrics", timeout=10) as r:
+            text = r.read().decode()
+    except OSError:
+        return 0.0
+    for line in text.splitlines():
+        if line.startswith("weightd_transfer_progress_ratio{") and 'phase="copy"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def _killer(origin: Daemon, workers: list[Daemon], at: float, stop: threading.Event, out: dict) -> threading.Thread:
+    """A thread that SIGKILLs ``origin`` once the workers hold ``at`` of the version on average; ``out``
+    gets when (s after the start), the workers' mean progress then, and the origin's upload counter
+    just before (bytes)."""
+    t0 = time.perf_counter()
+
+    def watch() -> None:
+        while not stop.is_set():
+            mean = sum(_copied(w) for w in workers) / len(workers)
+            if mean >= at:
+                out["upload_before"] = origin.metric("weightd_p2p_upload_bytes_total")
+                origin.proc.kill()
+                origin.proc.wait()
+                out.update(at_s=round(time.perf_counter() - t0, 2), progress=round(mean, 3))
+                return
+            time.sleep(0.1)
+    t = threading.Thread(target=watch)
+    t.start()
+    return t
+
+
+def _settled_upload(origins: list[Daemon]) -> float:
+    """The live origins' upload counters (libtorrent updates them once a second: read until two agree)."""
+    def read() -> float:
+        return sum(o.metric("weightd_p2p_upload_bytes_total") for o in origins if o.proc.poll() is None)
+    up, prev = read(), -1.0
+    while up != prev:
+        time.sleep(1.5)
+        up, prev = read(), up
+    return up
+
+
 def run(base: Path, cold: Path, n: int, cap: str, storm: bool, size: int, mode: Mode = PLAIN, *,
-        plan: bool = True, trace: bool = False, racks: int = 0) -> dict:
+        plan: bool = True, trace: bool = False, racks: int = 0, origins_n: int = 1,
+        kill_at: float | None = None) -> dict:
+    """One preload storm: ``origins_n`` origins (127.0.0.2, .3, ...; one tracker each, every worker lists
+    them all), ``n`` workers; ``kill_at``: SIGKILL the first origin once the workers hold that much."""
     knobs = ("" if plan else "plan = false\n") + ("trace = true\n" if trace else "")
-    origin = Daemon(base, "127.0.0.2", cold, cap, "origin", None, '"127.0.0.0/8"',
-                    p2p_extra=mode.p2p("127.0.0.2") + knobs)
+    origins = [Daemon(base, f"127.0.0.{2 + i}", cold, cap, "origin", [], '"127.0.0.0/8"',
+                      p2p_extra=mode.p2p(f"127.0.0.{2 + i}") + knobs) for i in range(origins_n)]
     scheme = "https" if mode.tls else "http"
     workers = []
     rack_of = [f"r{i % racks}" if racks else "" for i in range(n)]
+    stop = threading.Event()
     try:
         for i in range(n):
             ip = f"127.0.0.{10 + i}"
-            allow = '"127.0.0.2/32"' if storm else '"127.0.0.0/8"'  # storm: nobody but the origin
+            # storm: nobody but the origins
+            allow = ", ".join(f'"{o.ip}/32"' for o in origins) if storm else '"127.0.0.0/8"'
             rack = f'rack = "{rack_of[i]}"\n' if racks else ""
-            workers.append(Daemon(base, ip, cold, cap, "worker", f"127.0.0.2:{origin.port}", allow,
-                                  None if storm else f"{scheme}://127.0.0.2:{origin.tport}/announce",
+            workers.append(Daemon(base, ip, cold, cap, "worker", [f"{o.ip}:{o.port}" for o in origins], allow,
+                                  [] if storm else [f"{scheme}://{o.ip}:{o.tport}/announce" for o in origins],
                                   p2p_extra=mode.p2p(ip) + knobs + rack, extra=mode.sections()))
-        up0 = origin.metric("weightd_p2p_upload_bytes_total")
+        up0 = sum(o.metric("weightd_p2p_upload_bytes_total") for o in origins)
         peak = [0.0]
-        stop = threading.Event()
 
         timeline: list[dict] = []
         t_start = time.perf_counter()
@@ -227,6 +282,8 @@ def run(base: Path, cold: Path, n: int, cap: str, storm: bool, size: int, mode: 
 
         sampler = threading.Thread(target=sample)
         sampler.start()
+        killed: dict = {}
+        killer = _killer(origins[0], workers, kill_at, stop, killed) if kill_at is not None else None
         from concurrent.futures import ThreadPoolExecutor
         cpu0 = _cpu_ticks()
         t0 = time.perf_counter()
@@ -237,25 +294,26 @@ def run(base: Path, cold: Path, n: int, cap: str, storm: bool, size: int, mode: 
         cpu1 = _cpu_ticks()
         stop.set()
         sampler.join()
-        # libtorrent updates its byte counters once a second: read until two reads agree
-        up, prev = origin.metric("weightd_p2p_upload_bytes_total"), -1.0
-        while up != prev:
-            time.sleep(1.5)
-            up, prev = origin.metric("weightd_p2p_upload_bytes_total"), up
-        up -= up0
+        if killer is not None:
+            killer.join()
+        up = _settled_upload(origins) + killed.get("upload_before", 0) - up0
+        from_origins = sum(r["bytes_by_source"]["origin"] for r in reports)
         return {"n": n, "seconds": round(wall, 2), "origin_upload_x": round(up / size, 2),
+                "from_origins_x": round(from_origins / size, 3), "killed": killed or None,
                 "cpu_busy": round((cpu1[0] - cpu0[0]) / max(1, cpu1[1] - cpu0[1]), 3),
                 "worker_peak_rss_mb": round(peak[0], 1),
                 "worker_seconds": sorted(round(r.get("seconds", 0), 1) for r in reports),
                 "from_peers_bytes": sum(r["bytes_by_source"]["peer"] for r in reports),
                 "origin_each": [round(r["bytes_by_source"]["origin"] / size, 2) for r in reports],
                 "from_cold_bytes": sum(r["bytes_by_source"]["cold"] for r in reports),
+                "fallbacks": sum(len(r.get("source_fallbacks") or ()) for r in reports),
                 "cross_rack": _cross_rack(reports, rack_of, size) if racks else None,
                 "memory_timeline": timeline[::5] if MEMORY_TRACE else None,
                 "plan": _swarm_sums(reports), "swarm_each": [r.get("swarm") for r in reports],
                 "signature_checked": all((r.get("signature") or {}).get("checked") for r in reports)}
     finally:
-        for d in [*workers, origin]:
+        stop.set()
+        for d in [*workers, *origins]:
             d.stop()
 
 
@@ -312,6 +370,47 @@ def compare(base: Path, cold: Path, src: Path, cfg: Path, args: argparse.Namespa
                   **out)
 
 
+def several_origins(base: Path, cold: Path, args: argparse.Namespace, ns: list[int], size: int) -> dict:
+    """``--origins N`` (and ``--kill-origin-at F``): the same storm with every origin up, and with the
+    first origin SIGKILLed once the workers hold F of the version, once each per round, interleaved;
+    medians and ranges of the time, the bytes the origins sent (x checkpoint: what the workers received
+    from origins, and the origins' own counters, the killed one's read just before), bytes from cold,
+    and the time with the kill over the time without (target: at most 1.3)."""
+    contenders = [("all-up", None)] + [("kill", args.kill_origin_at)] * (args.kill_origin_at is not None)
+    runs: dict[tuple[str, int], list[dict]] = {}
+
+    def one(name: str, kill_at: float | None, n: int) -> float:
+        r = run(base, cold, n, args.cap, False, size, trace=args.trace, origins_n=args.origins, kill_at=kill_at)
+        runs.setdefault((name, n), []).append(r)
+        print(f"n={n} origins={args.origins} {name}: {r['seconds']} s, from origins {r['from_origins_x']}x, "
+              f"origins' counters {r['origin_upload_x']}x, cold {r['from_cold_bytes']}, killed {r['killed']}",
+              file=sys.stderr, flush=True)
+        return r["seconds"]
+
+    m0 = machine_state()
+    sec = rounds({f"{name} N={n}": (lambda c=(name, at, n): one(*c)) for n in ns for name, at in contenders},
+                 args.rounds, widen=args.max_spread, log=lambda m: print(m, file=sys.stderr, flush=True))
+    m1 = machine_state()
+    out: dict = {"bytes": size, "origins": args.origins, "kill_origin_at": args.kill_origin_at,
+                 "cap_bytes_per_s": parse_size(args.cap), "results": []}
+    for n in ns:
+        for name, _ in contenders:
+            rs = runs[(name, n)]
+            out["results"].append({
+                "contender": name, "n": n, "seconds": _median_range([r["seconds"] for r in rs]),
+                "from_origins_x": _median_range([r["from_origins_x"] for r in rs]),
+                "origin_upload_x": _median_range([r["origin_upload_x"] for r in rs]),
+                "from_cold_bytes": sum(r["from_cold_bytes"] for r in rs),
+                "fallbacks": sum(r["fallbacks"] for r in rs),
+                "killed_at_progress": [r["killed"]["progress"] for r in rs if r["killed"]],
+                "plan": rs[len(rs) // 2]["plan"], "runs": rs if args.verbose else None})
+    out["targets"] = {"kill_t_over_all_up": 1.3, "from_origins_x": 1.3, "from_cold_bytes": 0}
+    ratios = [speedup(sec, f"all-up N={n}", f"kill N={n}", max_spread=args.max_spread, target_at_most=1.3)
+              for n in ns if f"kill N={n}" in sec]
+    return report("swarm-origins", sec, ratios, rounds=args.rounds, max_spread=args.max_spread, machine=(m0, m1),
+                  **out)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", default="300MiB")
@@ -336,6 +435,11 @@ def main() -> int:
                     help="racks emulated on loopback: worker i in rack r{i %% R} ([p2p] rack); reported: "
                          "bytes each rack received from outside it (x checkpoint). Add no-racks to "
                          "--baseline for the plan without racks in the same run")
+    ap.add_argument("--origins", type=int, default=1,
+                    help="origins (127.0.0.2, .3, ...), each with its tracker; every worker lists them all")
+    ap.add_argument("--kill-origin-at", type=float, default=None, metavar="F",
+                    help="with --origins: also run each round with the first origin SIGKILLed once the workers "
+                         "hold F (0-1) of the version on average; reported: time with over without the kill")
     ap.add_argument("--keep-logs", type=Path, default=None, metavar="DIR",
                     help="daemons log at debug level; every daemon's log is copied to DIR when it stops")
     ap.add_argument("--memory-trace", action="store_true",
@@ -346,6 +450,8 @@ def main() -> int:
     args.baseline = "storm,stock" if args.baseline == "both" else args.baseline
     if args.rounds is None:
         args.rounds = 5
+    if args.origins < 1 or (args.kill_origin_at is not None and not (0 < args.kill_origin_at < 1 and args.origins > 1)):
+        ap.error("--origins: at least 1; --kill-origin-at: between 0 and 1, with --origins 2 or more")
     if args.compare and not set(args.compare.split(",")) <= {"plain", "tls", "signed", "tls+signed"}:
         ap.error("--compare: modes are plain, tls, signed, tls+signed")
     base = Path(tempfile.mkdtemp(prefix="weightd-bench-swarm-", dir=args.dir))
@@ -369,6 +475,9 @@ def main() -> int:
         ns = [int(x) for x in args.n.split(",")]
         if args.compare:
             print(json.dumps(compare(base, cold, src, cfg, args, ns, size), indent=2))
+            return 0
+        if args.origins > 1 or args.kill_origin_at is not None:
+            print(json.dumps(several_origins(base, cold, args, ns, size), indent=2))
             return 0
         # every contender once per round, the order alternating (the VM's noise falls on all of them)
         contenders = [("plan", False, True)] + [("stock", False, False)] * ("stock" in args.baseline) \

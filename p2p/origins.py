@@ -73,6 +73,8 @@ class OriginShare:
             if workers is None and now - self._start < CHOOSE_AFTER_S:
                 return frozenset()   # (the plan asks for nothing before the list: no origin sends yet)
             self.home = home_origins({*(workers or ()), self_ip}, live)[self_ip]
+            log.info("p2p: home origin %s (live: %s; %d workers listed)", self.home, ", ".join(live),
+                     len(workers or ()))
         self._blocked = frozenset(self.origins) - {self.home}
         return self._blocked
 
