@@ -13,8 +13,12 @@ cap sending duplicates while the workers' upload capacity idles: 2.25x the check
   downloading peer the list does not have yet;
 - with racks, each piece has a *home rack* (rendezvous hashing over the racks present) and, in every
   rack, an *owner* (rendezvous hashing over that rack's workers); without racks there is one rack;
-- with racks, each rack has one *gateway* (the same hashing over its workers): the only worker of the
-  rack that takes pieces from other racks' workers.
+- with racks, each rack has ``gateways`` (k, default 1) *gateways* (the first k of its workers by
+  the same hashing, :func:`gateways_of`): the only workers of the rack that take pieces from other
+  racks' workers, each the pieces of its share (rendezvous hashing over the k), so a piece crosses
+  into a rack once. Each open gateway also takes pieces its rack holds from outside (4 x 4 workers,
+  loopback, one round each: k = 1 18.7 s, 1.05x the checkpoint into the worst rack; k = 2 13.3 s,
+  1.72x; k = 4 11.9 s, 3.2x): the daemon keeps k = 1 (bench/swarm_sim.py, ``gateway_rate``).
   Rendezvous hashing with bounded loads (``rendezvous.py``; no owner more than about 1.1x its
   share), not ranks: a worker that one node does not see yet (or that left) moves its own pieces
   and a few displaced ones, where ranked slices would shift every boundary.
@@ -22,8 +26,8 @@ cap sending duplicates while the workers' upload capacity idles: 2.25x the check
 **What a worker asks for** (libtorrent piece priorities, a few times a second):
 
 - ``OWN``: pieces it owns in its home rack: from the origin (the only holder at first);
-- ``XRACK`` (the gateway only): pieces some worker of another rack holds and none of its own rack
-  (they cross racks once per rack, through the gateway). libtorrent picks the sender of a piece, so
+- ``XRACK`` (a gateway only): pieces of its share some worker of another rack holds and none of its
+  own rack (they cross racks once per rack, through one gateway). libtorrent picks the sender of a piece, so
   a worker open to other racks may take from outside a piece its rack already holds: the session
   (``P2PSession.apply_plan``) therefore opens the other racks' class only on the gateway, while it
   has pieces to take across, and keeps it to a trickle on every other worker. What a rack receives
@@ -38,8 +42,9 @@ cannot reach the origin, or died without leaving the list), or that still has so
 this worker's own slice was in (it is too slow for its slice), is treated as absent for the rest of
 the download: its pieces move to the others by the same hashing. A gateway whose piece count does not grow for
 ``stall_s`` while other racks hold pieces it lacks, or that is on the list but not connected for
-``stall_s``, is skipped as gateway (the next worker by the hashing takes its place; it keeps its
-slice, and is taken back once it grows again). A worker that receives nothing at all for ``3 x grace_s`` while it waits asks for
+``stall_s``, is skipped as gateway (the next worker by the hashing takes its place and the shares
+are hashed again over the k left: the skipped one's share moves, and about 1/(k+1) of each other's
+share goes to the newcomer; it keeps its slice, and is taken back once it grows again). A worker that receives nothing at all for ``3 x grace_s`` while it waits asks for
 everything. The plan can delay, never strand: pieces are still verified by libtorrent, and the
 checkpoint by its manifest.
 
@@ -59,7 +64,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .rendezvous import gateway_of, rendezvous
+from .rendezvous import _key, rendezvous
 
 OWN, XRACK, HELD, ANY = 7, 6, 4, 1
 
@@ -74,7 +79,7 @@ class Peer:
 class PiecePlan:
     def __init__(self, num_pieces: int, self_ip: str = "", *, rack: str = "", grace_s: float = 3.0,
                  stall_s: float = 6.0, gather_s: float = 0.0, piece_bytes: int = 1 << 20, cap: int = 0,
-                 wanted: Sequence[bool] | None = None) -> None:
+                 wanted: Sequence[bool] | None = None, gateways: int = 1) -> None:
         self.num_pieces, self.self_ip, self.rack, self.piece_bytes = num_pieces, self_ip, rack, piece_bytes
         # a partial copy: the pieces of its files (None: every piece)
         self.wanted = None if wanted is None else np.fromiter(wanted, dtype=bool, count=num_pieces)
@@ -93,7 +98,9 @@ class PiecePlan:
         # pieces it still takes from the origin (OWN), likewise
         self.origin_left = num_pieces if self.wanted is None else int(np.count_nonzero(self.wanted))
         self.rack_size = 1               # workers of this rack planned with (this one included)
-        self.gateway = ""                # this rack's gateway as of the last call (racks only)
+        self.gateway = ""                # this rack's gateway as of the last call (racks only; this node if one)
+        self.k = max(1, gateways)        # gateways a rack (each takes its share of the pieces across)
+        self.gateways: list[str] = []    # this rack's gateways as of the last call, first by the hashing first
         self.skipped_gateways: set[str] = set()   # gateways this node plans past (see _skip_gateways)
         self._gateway_counts: dict[str, tuple[int, float]] = {}   # gateway -> (its pieces, since)
         self._gateway_missing: dict[str, float] = {}   # gateway on the list, not connected -> since
@@ -106,6 +113,7 @@ class PiecePlan:
         self._own_start: tuple[float, int] | None = None   # (when, own pieces only the origin held) at first
         self._pace: float | None = None                    # pieces/s this node took its first slice at
         self._cache: dict[tuple, tuple[np.ndarray | None, np.ndarray, list[str], list[str]]] = {}
+        self._shares: tuple[tuple[str, ...], np.ndarray] = ((), np.zeros(0, dtype=np.int32))   # (gateways, share)
 
     def _assign(self, members: Mapping[str, str]) -> tuple[np.ndarray | None, np.ndarray, list[str], list[str]]:
         """(home rack per piece or None, owner per piece among this rack's workers, the racks, this
@@ -122,10 +130,16 @@ class PiecePlan:
             self._cache[key] = hit
         return hit
 
-    def _gateway_among(self, mine: Sequence[str]) -> str:
-        """The rack's gateway: by the hashing, over the rack's workers this node has not skipped."""
+    def _gateways_among(self, mine: Sequence[str]) -> list[str]:
+        """The rack's ``k`` gateways: by the hashing, over the rack's workers this node has not skipped."""
         rest = [ip for ip in mine if ip not in self.skipped_gateways]
-        return gateway_of(self.rack, rest or mine)
+        return gateways_of(self.rack, rest or mine, self.k)
+
+    def _share(self, gws: Sequence[str]) -> np.ndarray:
+        """Which of ``gws`` takes each piece across (rendezvous hashing over them, bounded loads)."""
+        if self._shares[0] != tuple(gws):
+            self._shares = (tuple(gws), rendezvous(self.num_pieces, list(gws)))
+        return self._shares[1]
 
     def _skip_gateways(self, mine: Sequence[str], peers: Mapping[str, Peer], held: np.ndarray,
                        now: float) -> None:
@@ -150,9 +164,12 @@ class PiecePlan:
                 self.skipped_gateways.discard(ip)
                 self._gateway_counts.pop(ip, None)
                 self._gateway_missing.pop(ip, None)
-        gw = self._gateway_among(mine)
-        if gw == self.self_ip:
-            return
+        for gw in self._gateways_among(mine):
+            if gw != self.self_ip:
+                self._judge_gateway(gw, peers, held, now)
+
+    def _judge_gateway(self, gw: str, peers: Mapping[str, Peer], held: np.ndarray, now: float) -> None:
+        """One gateway of this rack (not this node): skipped if stalled or missing (:meth:`_skip_gateways`)."""
         p = peers.get(gw)
         if p is None or p.pieces is None:
             since = self._gateway_missing.setdefault(gw, now)
@@ -325,9 +342,12 @@ class PiecePlan:
             in_rack = self._held_in_rack(peers, rack_seeds)
             # (no gateway until this node knows its own address: with listen = 0.0.0.0 it learns it from
             # its first connection, and until then its own entry on the list looks like another worker's)
-            self.gateway = self._gateway_among(mine) if self.self_ip else ""
-            xrack = want & anywhere & ~in_rack if self.gateway and self.gateway == self.self_ip \
-                else np.zeros(n, dtype=bool)
+            self.gateways = self._gateways_among(mine) if self.self_ip else []
+            gw = self.self_ip in self.gateways   # (then its share of what crosses into the rack)
+            self.gateway = self.self_ip if gw else (self.gateways[0] if self.gateways else "")
+            xrack = want & anywhere & ~in_rack if gw else np.zeros(n, dtype=bool)
+            if gw and len(self.gateways) > 1:
+                xrack &= self._share(self.gateways) == self.gateways.index(self.self_ip)
         self.crossing = int(np.count_nonzero(xrack))
         self.origin_left = int(np.count_nonzero(own))
         self._note_pace(now)
@@ -371,3 +391,10 @@ class PiecePlan:
             if p.rack == self.rack and p.pieces is not None:
                 held |= np.fromiter(p.pieces, dtype=bool, count=n)
         return held
+
+
+def gateways_of(rack: str, workers: Sequence[str], k: int = 1) -> list[str]:
+    """The ``k`` gateways of ``rack`` among its ``workers``, best first, the first ``gateway_of``'s (rendezvous
+    hashing: every node that plans on the same list names the same ones; one leaving moves only its role)."""
+    ranked = sorted(workers, key=lambda ip: (int(_key(f"gateway/{rack}/{ip}")), ip), reverse=True)
+    return ranked[:max(1, k)]

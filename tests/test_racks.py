@@ -1,0 +1,128 @@
+"""k gateways a rack (``PiecePlan(gateways=k)``): each piece that crosses into a rack is taken across by
+exactly one of the rack's gateways, the rack-mates take everything else inside the rack, and a dead
+or stalled gateway's share moves to the others."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from p2p.plan import HELD, OWN, XRACK, Peer, PiecePlan, gateways_of
+from p2p.rendezvous import gateway_of
+
+
+def _racks(r: int, w: int) -> dict[str, str]:
+    return {f"127.0.{i}.{j}": f"r{i}" for i in range(r) for j in range(w)}
+
+
+def test_each_piece_crosses_into_a_rack_through_exactly_one_of_its_gateways() -> None:
+    n, k = 600, 2
+    members = _racks(4, 4)
+    plans = {ip: PiecePlan(n, ip, rack=rack, gateways=k) for ip, rack in members.items()}
+    held = [True] * n   # every piece is held somewhere (outside the rack: no worker of it holds one)
+    prio = {ip: np.array(p.priorities([False] * n, {}, held, members, 0, 0, 1.0, True)) for ip, p in plans.items()}
+    for r in range(4):
+        rack = [ip for ip in members if members[ip] == f"r{r}"]
+        gws = gateways_of(f"r{r}", rack, k)
+        assert gws[0] == gateway_of(f"r{r}", rack) and len(gws) == k
+        assert all(plans[ip].gateways == gws for ip in rack)   # every worker names the same ones
+        takers = np.zeros(n, dtype=int)
+        for ip in rack:
+            x = (prio[ip] == XRACK) | (prio[ip] == OWN)
+            assert not x.any() or ip in gws                   # rack-mates never take from outside
+            takers += x
+        assert (takers == 1).all()                            # each piece enters the rack once
+        shares = [int(np.count_nonzero(prio[ip] == XRACK)) for ip in gws]
+        assert min(shares) > 0.4 * n / k, shares              # split between the gateways
+
+
+def test_a_gateway_that_leaves_or_stalls_hands_its_share_to_the_others() -> None:
+    n, k = 600, 2
+    members = _racks(2, 4)
+    rack = [ip for ip in members if members[ip] == "r0"]
+    ranked = gateways_of("r0", rack, len(rack))
+    gws, mate = ranked[:k], ranked[k]   # (mate: the next worker by the hashing)
+    plan = PiecePlan(n, gws[1], rack="r0", gateways=k, stall_s=6.0)
+    held = [True] * n
+    before = np.array(plan.priorities([False] * n, {}, held, members, 0, 0, 0.0, True)) == XRACK
+    # the first gateway leaves the list (it died): the next worker by the hashing takes its place; by
+    # the hashing the survivor keeps the pieces it beats the newcomer on (2/3 of its share expected)
+    # and the leaver's whole share moves to the two
+    left = {ip: r for ip, r in members.items() if ip != gws[0]}
+    after = np.array(plan.priorities([False] * n, {}, held, left, 0, 0, 1.0, True)) == XRACK
+    assert plan.gateways == [gws[1], mate] or plan.gateways == [mate, gws[1]]
+    assert np.count_nonzero(before & after) >= 0.55 * np.count_nonzero(before)
+    other = PiecePlan(n, mate, rack="r0", gateways=k)
+    theirs = np.array(other.priorities([False] * n, {}, held, left, 0, 0, 1.0, True)) == XRACK
+    assert not (after & theirs).any() and (after | theirs).all()
+    # a gateway that is connected but does not grow while others hold pieces it lacks: skipped after
+    # stall_s, its share moves to the others
+    me = PiecePlan(n, mate, rack="r0", gateways=k, stall_s=6.0)
+    stuck = {ip: Peer("r0", [False] * n) for ip in rack if ip != mate}
+    for t in range(0, 9):
+        prio = np.array(me.priorities([False] * n, stuck, held, members, 0, 0, float(t), True))
+    assert gws[0] in me.skipped_gateways and gws[1] in me.skipped_gateways, me.why
+    assert mate in me.gateways and (prio == XRACK).any()
+
+
+def _swarm(racks: int, per_rack: int, k: int, n: int, seed: int, kill_at: int | None) -> dict[str, float]:
+    """A step-by-step swarm of PiecePlans: every step each live worker takes up to 4 pieces by its
+    priorities: OWN from the origin, XRACK from a holder in another rack, HELD from a holder in its
+    rack (the peer classes' rule: only a worker crossing takes from outside). With ``kill_at`` the
+    first gateway of rack r0 dies at that step (it leaves the list). Returns what each rack received
+    from outside it (the origin included), in checkpoints."""
+    rnd = random.Random(seed)
+    members = _racks(racks, per_rack)
+    plans = {ip: PiecePlan(n, ip, rack=r, gateways=k, stall_s=6.0) for ip, r in members.items()}
+    have = {ip: np.zeros(n, dtype=bool) for ip in members}
+    outside = dict.fromkeys(set(members.values()), 0)
+    dead = gateways_of("r0", [ip for ip in members if members[ip] == "r0"], k)[0]
+    live = dict(members)
+    for step in range(400):
+        if kill_at is not None and step == kill_at:
+            live.pop(dead, None)
+        todo = [ip for ip in live if not have[ip].all()]
+        if not todo:
+            break
+        held_any = np.zeros(n, dtype=bool)
+        for ip in live:
+            held_any |= have[ip]
+        seeds = [ip for ip in live if have[ip].all()]
+        got: list[tuple[str, int, bool]] = []
+        for ip in rnd.sample(todo, len(todo)):
+            rack = live[ip]
+            peers = {o: Peer(r, have[o].tolist() if r == rack else None) for o, r in live.items()
+                     if o != ip and o not in seeds}
+            rack_seeds = sum(live[o] == rack for o in seeds)
+            prio = np.array(plans[ip].priorities(have[ip].tolist(), peers, held_any.tolist(),
+                                                 {o: r for o, r in live.items() if o not in seeds},
+                                                 len(seeds), rack_seeds, float(step), True))
+            in_rack = np.zeros(n, dtype=bool)
+            for o, r in live.items():
+                if r == rack and o != ip:
+                    in_rack |= have[o]
+            for level in (OWN, XRACK, HELD):
+                cand = np.flatnonzero((prio == level) & ~have[ip])
+                if level == HELD:
+                    cand = cand[in_rack[cand]]
+                if level == XRACK:
+                    cand = cand[(held_any & ~in_rack)[cand]]
+                for p in rnd.sample(cand.tolist(), min(4, len(cand))):
+                    got.append((ip, p, level != HELD))
+                if len(cand):
+                    break
+        for ip, p, from_outside in got:
+            if not have[ip][p]:
+                have[ip][p] = True
+                outside[live[ip]] += from_outside
+    assert all(have[ip].all() for ip in live), "the swarm did not finish"
+    return {r: c / n for r, c in outside.items()}
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_rack_takes_in_about_one_checkpoint_in_every_round_even_when_a_gateway_dies(seed: int) -> None:
+    for kill_at in (None, 6):
+        per_rack = _swarm(3, 4, 2, 240, seed, kill_at)
+        assert max(per_rack.values()) <= 1.25, (kill_at, per_rack)
