@@ -36,7 +36,14 @@ one source (libtorrent keeps a few requests per connection), and picks by its mo
 core while it transfers (measured: 24-26% busy at N = 8, 89-93% at N = 32); as the cores fill, the
 daemons learn late what their peers hold (plan ticks and alerts wait), ``lag_s x (1 + cpu_lag x
 u/(1-u))``. A rack's gateway takes pieces across at ``gateway_rate`` of its cap: measured in the
-debug logs (about 3.5 of 10 MB/s, the senders idle), not explained yet.
+debug logs (about 3.5 of 10 MB/s, the senders idle). The cause (per-peer ``peer_info`` once a
+second, 4 racks x 4 workers): the other racks' workers that are not gateways read everything from
+other racks through their other-rack class, whose download trickle (1/256 of the cap, shared by ~12
+peers) also meters the gateway's INTERESTED and REQUEST messages; their connections to other racks
+waited on that quota in 14 of 14 samples, a gateway got a median 23 KB/s from each of them with 8
+requests queued (choked in 40% of samples) against 497 KB/s from each other gateway. With the
+trickle at 1/32 of the cap: 111 KB/s each, 3% choked, 16.1 s against 18.7 s, a rack taking 1.24x
+from outside instead of 1.05x. ``gateways``: k gateways a rack, each its share of the pieces.
 
 **Calibration** (``CALIBRATION``): ``efficiency`` and ``start_s`` from T(1) at 2.5, 5 and 10 MB/s
 (22.71 and 43.03 s for 99.5 MB, 7.82 s for 53.5 MB: the caps hold exactly, ~2.7 s fixed);
@@ -73,7 +80,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from p2p.rendezvous import _key as _gateway_key, gateway_of, rendezvous  # noqa: E402
+from p2p.plan import gateways_of  # noqa: E402
+from p2p.rendezvous import rendezvous  # noqa: E402
 
 #: fitted on the real runs (see the module docstring and ``calibrate``)
 CALIBRATION = {"efficiency": 1.0, "start_s": 2.7, "slots": 16, "per_peer": 2, "lag_s": 0.25, "cpu_per_node": 0.055,
@@ -91,11 +99,6 @@ MEASURED = [
 ]
 SIM_PIECES_MAX = 1024   # the checkpoint is simulated in at most this many equal pieces (6,400 cost 6x the time)
 CROSS_RACK_MEASURED = 1.21   # the racks run: the most any rack received from outside it, x checkpoint
-
-
-def _gateway_score(rack: str, ip: str) -> int:
-    """``p2p.rendezvous.gateway_of``'s score (the first of the ranking is that gateway)."""
-    return int(_gateway_key(f"gateway/{rack}/{ip}"))
 
 
 def _tail_pieces(workers: int, most: float, piece: float, gen: np.random.Generator) -> np.ndarray:
@@ -149,7 +152,11 @@ def simulate(net: Net, size: float, pieces: int, mode: str = "plan", *, seed: in
     prack = rack if racked else np.array([0] * n + [-1])
     home = rendezvous(P, [f"r{r}" for r in range(R)]) if racked else np.zeros(P, dtype=np.int64)
     owner = np.zeros(P, dtype=np.int64)   # the worker of the piece's home rack that takes it from the origin
-    gateway = np.zeros(PR, dtype=np.int64)
+    # ``gateways``: k gateways a rack (``PiecePlan(gateways=k)``), each taking its share of the pieces
+    # across (rendezvous hashing over the rack's gateways, as the daemon computes it)
+    k = max(1, int(cal.get("gateways", 1)))
+    gw_piece = np.full((PR, P), -1, dtype=np.int64)   # the gateway of the rack that takes each piece across
+    is_gw = np.zeros(n + 1, dtype=bool)
     for r in range(PR):
         members = sorted((i for i in range(n) if prack[i] == r), key=lambda i: ips[i])
         if not members:
@@ -157,7 +164,10 @@ def simulate(net: Net, size: float, pieces: int, mode: str = "plan", *, seed: in
         idx = rendezvous(P, [ips[i] for i in members])
         here = home == r
         owner[here] = np.array(members)[idx[here]]
-        gateway[r] = members[[ips[i] for i in members].index(gateway_of(f"r{r}", [ips[i] for i in members]))]
+        names = [ips[i] for i in members]
+        gws = [members[names.index(ip)] for ip in gateways_of(f"r{r}", names, k)]
+        gw_piece[r] = np.array(gws)[rendezvous(P, [ips[i] for i in gws])] if len(gws) > 1 else gws[0]
+        is_gw[gws] = True
     flows_src: list[int] = []
     flows_dst: list[int] = []
     flows_piece: list[int] = []
@@ -206,7 +216,7 @@ def simulate(net: Net, size: float, pieces: int, mode: str = "plan", *, seed: in
         # other workers hold (measured: 0.3-1 MB a worker, more at a higher cap)
         tail = not mine.any() and not own_done[v] and tail_used[v] < tail_n[v]
         inside = want & (seen[r] > 0)
-        cross = want & (seen_any > 0) & (seen[r] == 0) if (racked and v == gateway[r]) else None
+        cross = want & (seen_any > 0) & (seen[r] == 0) & (gw_piece[r] == v) if (racked and is_gw[v]) else None
         if cross is not None and cross.any():
             cand = np.flatnonzero(cross)
             got = source(v, cand, seen_any[cand], lambda p: np.flatnonzero(have[:n, p]))
@@ -259,7 +269,7 @@ def simulate(net: Net, size: float, pieces: int, mode: str = "plan", *, seed: in
         src, dst = np.array(flows_src), np.array(flows_dst)
         rate = np.minimum(up[src] / n_up[src], down / n_down[dst])
         if racked:   # (measured: a gateway took pieces across at ~35% of its cap, the senders idle)
-            into_gw = (rack[src] != rack[dst]) & (src != n) & (gateway[rack[dst]] == dst)
+            into_gw = (rack[src] != rack[dst]) & (src != n) & is_gw[dst]
             rate = np.where(into_gw, rate * cal["gateway_rate"], rate)
         if rack_link is not None:
             cross = (rack[src] != rack[dst]) & (src != n)
@@ -328,7 +338,7 @@ def simulate_by_symmetry(net: Net, size: float, pieces: int, *, seed: int = 1, c
     # ``gateways``: how many workers of the rack take pieces across, each its share of the pieces by
     # the same hashing (the daemon has one; more is what the predictions ask of a larger rack)
     k = max(1, min(K, int(cal.get("gateways", 1))))
-    gws = sorted(range(K), key=lambda i: int(_gateway_score("r0", ips[i])), reverse=True)[:k]
+    gws = [ips.index(ip) for ip in gateways_of("r0", ips, k)]
     gw_of_piece = np.array(gws)[rendezvous(P, [ips[i] for i in gws])] if k > 1 else np.full(P, gws[0])
     per_home = max(1, int(ours.sum()))
     have = np.zeros((K, P), dtype=bool)
@@ -474,13 +484,23 @@ def fit() -> dict:
     return best[1]
 
 
+def gateways_for(rack_size: int, spine_share: float = 0.25) -> int:
+    """Gateways a rack of ``rack_size`` workers needs for its gateways' NICs to fill its uplink, which
+    is ``spine_share`` of the rack's NICs (a 4:1 spine: 0.25): ``ceil(rack_size * spine_share)``
+    (25 workers, 4:1: 7); fewer leave the uplink idle while each gateway's NIC is the bottleneck."""
+    return max(1, min(rack_size, -(-round(rack_size * spine_share * 1000) // 1000)))
+
+
 def predict(nodes: list[int], pieces: int, seed: int = 1) -> dict:
     """130 GB, 16 MiB pieces (simulated as ``pieces`` equal parts), 100 Gbit NICs at 80%, NVMe writes
     at 7 GB/s, 25 nodes per rack behind a 4:1 spine, the origin on the same NIC; every node its own
     CPU. Against the lower bound max(S/c_origin, S/c, N*S/(c_origin + N*c)), c = min(NIC, NVMe).
     Up to 100 nodes node by node; beyond, one rack and the others by symmetry."""
     size, nic, nvme = 130e9, 100e9 / 8 * 0.8, 7e9
+    k = gateways_for(25, 0.25)   # (7: their NICs fill the rack's uplink)
     contenders = [("plan", "plan", {}), ("plan, gateway at full rate", "plan", {"gateway_rate": 1.0}),
+                  (f"plan, {k} gateways a rack", "plan", {"gateways": k}),
+                  (f"plan, {k} gateways a rack at full rate", "plan", {"gateways": k, "gateway_rate": 1.0}),
                   ("plan without racks", "plan-flat", {})]
     out = []
     for n in nodes:
