@@ -99,15 +99,16 @@ class BlobRanges:
 
 def fetch(c: RegistryClient, repo: str, art: Artifact, m: Manifest, dest: Dir, *, deadline: float | None = None,
           progress: ProgressFn | None = None, skip: set[str] | None = None,
-          have: dict[str, set[str]] | None = None) -> int:
+          have: dict[str, set[str]] | None = None, only_wanted: bool = False) -> int:
     """Download every file of ``m`` (but ``skip``) from the blobs of ``art`` into ``dest``, hashing
     each manifest part as its bytes arrive (IntegrityError naming the part) and each blob's sha256 in
-    order (BlobMismatch). ``have``: parts already in ``dest`` and verified. Returns the bytes
-    downloaded."""
+    order (BlobMismatch). ``have``: parts already in ``dest`` and verified; with ``only_wanted``, parts
+    not wanted at all (an expert-parallel copy's ranges: the files stay sparse, so no blob's sha256
+    can be taken; each part's xxh3-128 still is). Returns the bytes downloaded."""
     ranges = BlobRanges(c, repo, art)
     sha256: dict[str, str] = {}
     total = ranged_fetch(ranges, m, dest, deadline=deadline, progress=progress, skip=skip, have=have,
-                         crypto=hashlib.sha256, digests=sha256)
+                         **({} if only_wanted else {"crypto": hashlib.sha256, "digests": sha256}))
     for path, hexdigest in sha256.items():
         layer = art.by_path[path]
         if f"sha256:{hexdigest}" != layer.digest:
