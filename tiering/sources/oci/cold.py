@@ -82,10 +82,12 @@ class OciCold(RegistryClient):
         raise CheckpointNotFound(f"{self.url}/{key}")
 
     def fetch(self, m: Manifest, dest: Dir, *, deadline: float | None = None, progress: ProgressFn | None = None,
-              skip: set[str] | None = None, have: dict[str, set[str]] | None = None) -> int:
+              skip: set[str] | None = None, have: dict[str, set[str]] | None = None,
+              only_wanted: bool = False) -> int:
         """``m``'s files (all of NAME@VERSION, or a partial copy's) from the blobs of the artifact its
         version was read as: every file must be that artifact's manifest's own entry (a tag moved to
-        other content in between is refused)."""
+        other content in between is refused). ``only_wanted``: ``have`` names the parts not wanted
+        (an expert-parallel copy's ranges: no blob's sha256 is taken, each part is still checked)."""
         art = self.artifact(m.name, m.version)
         _, published = self._read[(m.name, m.version)]
         entries = {f.path: f for f in published.files}
@@ -94,7 +96,7 @@ class OciCold(RegistryClient):
                 raise IntegrityError(f"{self.url}/{self.location.repo(m.name)}:{m.version}: {f.path} is not the file "
                                      f"the published version has (the tag was moved to other content?)")
         return ranged.fetch(self, self.location.repo(m.name), art, m, dest, deadline=deadline, progress=progress,
-                            skip=skip, have=have)
+                            skip=skip, have=have, only_wanted=only_wanted)
 
     # publish(src, m, files, *, progress, extra, before_manifest, crypto, signed) -> bool (see .publish)
     publish = publishing.publish
