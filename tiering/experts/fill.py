@@ -26,6 +26,7 @@ from ..content.select import Selection
 from ..progress import ProgressFn, set_phase
 from ..safefs import Dir
 from ..sources.base import SourceFallback
+from ..sources.oci.cold import OciCold
 from ..store.sources import Fill, Sources
 from ..store.staging import StagingArea
 from ..store.trust import Trust
@@ -130,7 +131,9 @@ class ExpertSources:
         staging.dir.remove(SPARSE)
         with staging.dir.sub(SPARSE, create=True) as sparse:
             try:
-                fill.add("cold", obj.fetch(sub, sparse, deadline=_wall(deadline, self.monotonic), have=have))
+                # (a registry takes each blob's sha256 in order unless told the files stay sparse)
+                extra = {"only_wanted": True} if isinstance(obj, OciCold) else {}
+                fill.add("cold", obj.fetch(sub, sparse, deadline=_wall(deadline, self.monotonic), have=have, **extra))
             finally:
                 fill.store = obj.stats.since(before)
             set_phase(progress, "copy", source="staging", total=sum(j.read_bytes for j in jobs))
