@@ -249,6 +249,7 @@ def test_through_the_daemon(daemon, wd, node_env, tmp_path):
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     assert d["version"] == "v1~e2of3"
+    assert not d.get("source_fallbacks") and "P2P" not in r.stderr   # (no swarm with origins configured)
     _check_copy(Path(d["path"]), ck, 2, 3)
     p = wd("--daemon-only", "path", "org/moe@v1", "--experts", "2/3")
     assert p.returncode == 0 and p.stdout.strip() == d["path"]

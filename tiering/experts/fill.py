@@ -105,7 +105,7 @@ class ExpertSources:
              progress: ProgressFn | None) -> Fill:
         """Fill ``staging`` with the copy ``m`` of ``origin``, every byte checked as it is written."""
         fill = Fill(verified=True)
-        if self.sources.fetchers:
+        if self._swarm_would_serve(origin):
             log.warning("expert-parallel copy name=%s version=%s: %s", origin.name, m.version, P2P_NOT_USED)
             fill.source_fallbacks.append(SourceFallback("p2p", "cold", P2P_NOT_USED))
         jobs = jobs_for(m, origin.manifest)
@@ -118,6 +118,16 @@ class ExpertSources:
                 return fill
         self._ranged(fill, staging, jobs, origin, deadline, progress)
         return fill
+
+    def _swarm_would_serve(self, origin: VersionDir) -> bool:
+        """Whether a configured fetcher would have served the whole version (a swarm with origins, the
+        version at or over its threshold, read off its ``config``): only then is not using it worth a
+        word."""
+        for f in self.sources.fetchers:
+            cfg = getattr(f, "config", None)
+            if getattr(cfg, "peers", ()) and origin.manifest.total_bytes >= getattr(cfg, "threshold", 0):
+                return True
+        return False
 
     def _ranged(self, fill: Fill, staging: StagingArea, jobs: list[Job], origin: VersionDir,
                 deadline: float | None, progress: ProgressFn | None) -> None:
