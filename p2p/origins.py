@@ -37,6 +37,10 @@ log = logging.getLogger(__name__)
 
 DEAD_AFTER_S = 2.0    # an origin let in but not connected this long is dead to this worker
 CHOOSE_AFTER_S = 3.0  # no member list by then: choose the home origin on this worker alone
+# a home origin just chosen has this long to connect before it can be dead: libtorrent dials a peer it
+# dropped (the filter) again only after min_reconnect_time (2 s), at a connection tick (seen: a new home
+# judged dead at 2 s, and the worker moving back to the origin that had died)
+DIAL_GRACE_S = 5.0
 
 
 class OriginShare:
@@ -48,13 +52,17 @@ class OriginShare:
         self._seen: dict[str, float] = {}   # origin -> last time it was connected (or filtered out)
         self._blocked: frozenset[str] = frozenset()
         self._start: float | None = None
+        self._grace_until = 0.0   # a new home not yet connected is live until then
 
     def live(self, connected: Collection[str], now: float) -> list[str]:
         """The origins not dead to this worker (all of them if every one is)."""
         for o in self.origins:
             if o in connected or o in self._blocked or o not in self._seen:
                 self._seen[o] = now
-        return [o for o in self.origins if now - self._seen[o] < self.dead_after_s] or self.origins
+        if self.home in connected:
+            self._grace_until = 0.0
+        return [o for o in self.origins if now - self._seen[o] < self.dead_after_s
+                or (o == self.home and now < self._grace_until)] or self.origins
 
     def blocked(self, self_ip: str, workers: Collection[str] | None, connected: Collection[str],
                 now: float) -> frozenset[str]:
@@ -73,6 +81,7 @@ class OriginShare:
             if workers is None and now - self._start < CHOOSE_AFTER_S:
                 return frozenset()   # (the plan asks for nothing before the list: no origin sends yet)
             self.home = home_origins({*(workers or ()), self_ip}, live)[self_ip]
+            self._grace_until = 0.0 if self.home in connected else now + DIAL_GRACE_S
             log.info("p2p: home origin %s (live: %s; %d workers listed)", self.home, ", ".join(live),
                      len(workers or ()))
         self._blocked = frozenset(self.origins) - {self.home}

@@ -4,7 +4,7 @@ arrives, none once its own slice is in."""
 
 from __future__ import annotations
 
-from p2p.origins import DEAD_AFTER_S, OriginShare, origins_to_block
+from p2p.origins import DEAD_AFTER_S, DIAL_GRACE_S, OriginShare, origins_to_block
 from p2p.rendezvous import home_origins
 
 A, B, C = "10.1.0.1", "10.1.0.2", "10.1.0.3"
@@ -34,6 +34,8 @@ def test_a_worker_lets_in_its_home_origin_and_moves_when_it_dies() -> None:
     assert share.blocked(me, others, set(), 1.5) == {other}
     assert share.blocked(me, others, set(), 1.5 + DEAD_AFTER_S) == {home} and share.home == other
     assert share.moves == 1
+    # a new home has DIAL_GRACE_S to connect (libtorrent redials a dropped peer after 2 s): not dead yet
+    assert share.blocked(me, others, set(), 1.5 + DEAD_AFTER_S + DIAL_GRACE_S - 0.1) == {home}
     # the filtered-out origin counts as live (it cannot be seen): when the new home dies too, back to it
     assert share.blocked(me, others, {other}, 10.0) == {home}
     assert share.blocked(me, others, set(), 10.0 + DEAD_AFTER_S + 0.1) == {other} and share.home == home
