@@ -153,11 +153,13 @@ def test_a_rollout_with_one_mover_across_an_origin_restart(cluster, tmp_path: Pa
     for w in workers:
         until(f"{w.ip} on v1", lambda w=w: (w.dir / "warm/org/roll/v1").is_dir(), timeout=90)
     until("reports at both origins", lambda: all(len(names(fleet(workers[0], o)[1])) == 3 for o in (a, b)), timeout=30)
+    until("no transfer left of v1", lambda: sum(_moving(w) for w in workers) == 0, timeout=30)
     movers = Movers(workers)
     try:
         v2 = make_checkpoint(tmp_path / "v2", total_bytes=24 * MiB, shards=2, layers=2, seed="v2")
         assert a.cli("publish", str(v2), "--name", "org/roll", "--version", "v2").returncode == 0
-        until("a first mover", lambda: movers.most >= 1, timeout=60, every=0.05)
+        until("a first mover", lambda: any(_log_times(w.dir / "daemon.log", r"intent: fetching org/roll@v2 .*\(rollout\)")
+                                           for w in workers), timeout=60, every=0.05)
         time.sleep(0.5)
         kill(a)
         time.sleep(2)
