@@ -19,8 +19,9 @@ from contextlib import contextmanager
 
 import xxhash
 
-from ..content.manifest import Manifest
+from ..content.manifest import Manifest, chunk_ranges
 from ..errors import BadInput, CheckpointNotFound, IntegrityError, StorageUnavailable, TimedOut
+from ..locks import FileLock
 from ..layout import COLD, HOT, LOCAL_TIERS, WARM, VersionDir, version_rel
 from ..content.select import Selection
 from ..progress import ProgressFn, set_phase
@@ -31,13 +32,14 @@ from ..store.sources import Fill, Sources
 from ..store.staging import StagingArea
 from ..store.trust import Trust
 from ..versions import read_version
-from .plan import CONFIG, ExpertSplit, expert_manifest, label_of, split_for
+from .plan import CONFIG, INDEX_SUFFIX, ExpertSplit, expert_manifest, indexed, label_of, split_for
 from .repack import Job, jobs_for, repack
 
 log = logging.getLogger(__name__)
 KIND = "experts"
-SPARSE = ".weightd-ranges"   # (inside the staging area while a ranged download fills it; removed before commit)
+RESUMABLE = ".resumable"
 MADE_KEPT = 4
+INDEX_LIMIT = 64 << 20
 P2P_NOT_USED = ("an expert-parallel copy is not fetched over P2P yet (only whole files are); "
                 "its tensors' ranges come from cold")
 
@@ -65,7 +67,8 @@ class ExpertSources:
         if made is None:
             split = split_for(src.manifest, sel, self.config_of(src))
             of = {"version": src.version, "digest": src.manifest.digest, "kind": KIND, "selection": sel.to_dict()}
-            made = (split, expert_manifest(src.manifest, sel, split, label_of(src.version, sel), of))
+            made = (split, expert_manifest(src.manifest, sel, split, label_of(src.version, sel), of,
+                                           self.named_of(src)))
             with self._lock:   # (a daemon asks from several threads: the last few kept, by content)
                 while len(self._made) >= MADE_KEPT:
                     self._made.pop(next(iter(self._made)))
@@ -89,19 +92,43 @@ class ExpertSources:
         f = src.manifest.file(CONFIG)
         if f is None or f.size > 16 << 20:
             return None
+        return self._small(src, CONFIG)
+
+    def named_of(self, src: VersionDir) -> set[str] | None:
+        """The shards the version's index json(s) name (None: it has none), each index read whole
+        (at most :data:`INDEX_LIMIT`) and checked against the manifest as config.json is."""
+        paths = [f.path for f in src.manifest.files if f.path.endswith(INDEX_SUFFIX)]
+        if not paths:
+            return None
+        named: set[str] = set()
+        for p in paths:
+            f = src.manifest.file(p)
+            if f is not None and f.size > INDEX_LIMIT:
+                raise BadInput(f"{src.ref}: its {p} is {f.size} bytes, over the {INDEX_LIMIT >> 20} MiB an index "
+                               f"json is read at")
+            named |= indexed(self._small(src, p), p)
+        return named
+
+    def _small(self, src: VersionDir, rel: str) -> bytes:
+        """A small file of the version, read whole and checked chunk by chunk against its manifest."""
+        f = src.manifest.file(rel)
+        assert f is not None
         with self._reader(src) as (_, d):
-            raw = d.read_bytes(CONFIG, f.size) if d is not None else self._object_meta(src)
-        if raw is None or len(raw) != f.size or [xxhash.xxh3_128(raw).hexdigest()] != list(f.chunks):
-            raise IntegrityError(f"{src.ref}: its config.json does not match the manifest")
+            raw = d.read_bytes(rel, f.size) if d is not None else self._object_meta(src, rel, f.size)
+        ok = raw is not None and len(raw) == f.size and list(f.chunks) == [
+            xxhash.xxh3_128(raw[a:b]).hexdigest() for a, b in chunk_ranges(len(raw), src.manifest.chunk_size)]
+        if not ok:
+            raise IntegrityError(f"{src.ref}: its {rel} does not match the manifest")
+        assert raw is not None
         return raw
 
-    def _object_meta(self, src: VersionDir) -> bytes | None:
+    def _object_meta(self, src: VersionDir, rel: str, size: int) -> bytes | None:
         obj = self.roots.object
         if obj is None:
             raise CheckpointNotFound(src.ref, "no complete copy to read from")
-        return obj.read_meta(src.name, src.version, CONFIG)
+        return obj.read_meta(src.name, src.version, rel, max(size, 1))
 
-    def fill(self, staging: StagingArea, m: Manifest, origin: VersionDir, deadline: float | None,
+    def fill(self, staging: StagingArea, tier: str, m: Manifest, origin: VersionDir, deadline: float | None,
              progress: ProgressFn | None) -> Fill:
         """Fill ``staging`` with the copy ``m`` of ``origin``, every byte checked as it is written."""
         fill = Fill(verified=True)
@@ -116,8 +143,27 @@ class ExpertSources:
                 fill.add(label, repack(jobs, d, staging.dir, progress=progress, deadline=deadline,
                                        clock=self.monotonic))
                 return fill
-        self._ranged(fill, staging, jobs, origin, deadline, progress)
+        self._ranged(fill, staging, tier, jobs, origin, deadline, progress)
         return fill
+
+    def scratch_bytes(self, m: Manifest, origin: VersionDir) -> int:
+        """What a fill of ``m`` holds in the tier beside the copy at its peak: the ranged download's
+        sparse files (each kept range, and a block either side of each) when the version is read
+        from an object store; 0 when it is read from a path."""
+        if self.roots.object is None or self._on_a_path(origin):
+            return 0
+        return sum(j.read_bytes + 8192 * max(1, len(j.runs)) for j in jobs_for(m, origin.manifest)
+                   if j.src is not None)
+
+    def _on_a_path(self, src: VersionDir) -> bool:
+        for tier in (*LOCAL_TIERS, COLD):
+            try:
+                v = read_version(self.roots.dir(tier), src.name, src.version)
+            except StorageUnavailable:
+                v = None
+            if v is not None and v.manifest.digest == src.manifest.digest:
+                return True
+        return False
 
     def _swarm_would_serve(self, origin: VersionDir) -> bool:
         """Whether a configured fetcher would have served the whole version (a swarm with origins, the
@@ -129,26 +175,40 @@ class ExpertSources:
                 return True
         return False
 
-    def _ranged(self, fill: Fill, staging: StagingArea, jobs: list[Job], origin: VersionDir,
+    def _ranged(self, fill: Fill, staging: StagingArea, tier: str, jobs: list[Job], origin: VersionDir,
                 deadline: float | None, progress: ProgressFn | None) -> None:
         """The kept ranges by ranged GETs into sparse files (each part checked as it arrives), then the
-        repack from them; the sparse files are removed before the commit."""
+        repack from them. The sparse files are a sibling staging entry (:func:`scratch_id`), never under
+        the copy's own tree (no path of the version can meet them), each removed once its file is
+        repacked and all of them on any failure; held by a lock of their own, so the staging sweep
+        leaves them while this runs and removes what a kill left."""
         obj = self.roots.object
         if obj is None:
             raise CheckpointNotFound(origin.ref, "no complete copy to read from")
         sub, have = wanted_parts(jobs, origin.manifest)
         before = obj.stats.snapshot()
-        staging.dir.remove(SPARSE)
-        with staging.dir.sub(SPARSE, create=True) as sparse:
-            try:
-                # (a registry takes each blob's sha256 in order unless told the files stay sparse)
-                extra = {"only_wanted": True} if isinstance(obj, OciCold) else {}
-                fill.add("cold", obj.fetch(sub, sparse, deadline=_wall(deadline, self.monotonic), have=have, **extra))
-            finally:
-                fill.store = obj.stats.since(before)
-            set_phase(progress, "copy", source="staging", total=sum(j.read_bytes for j in jobs))
-            repack(jobs, sparse, staging.dir, progress=progress, deadline=deadline, clock=self.monotonic)
-        staging.dir.remove(SPARSE)
+        sid = scratch_id(staging.sid)
+        lk = FileLock(self.roots.locks(tier), f"{sid.removesuffix(RESUMABLE)}.lock", f"{origin.ref}'s ranges in {tier}")
+        lk.acquire(5.0)   # (we hold the copy's lock: only a sweep's brief try can hold this one)
+        try:
+            staging.area.remove(sid)
+            staging.area.mkdir(sid, 0o700)
+            with staging.area.sub(sid) as sparse:
+                try:
+                    # (a registry takes each blob's sha256 in order unless told the files stay sparse)
+                    extra = {"only_wanted": True} if isinstance(obj, OciCold) else {}
+                    fill.add("cold", obj.fetch(sub, sparse, deadline=_wall(deadline, self.monotonic), have=have,
+                                               **extra))
+                finally:
+                    fill.store = obj.stats.since(before)
+                set_phase(progress, "copy", source="staging", total=sum(j.read_bytes for j in jobs))
+                for job in jobs:
+                    repack([job], sparse, staging.dir, progress=progress, deadline=deadline, clock=self.monotonic)
+                    if job.src is not None:
+                        sparse.unlink(job.src.path)
+        finally:
+            staging.area.remove(sid)
+            lk.release()
 
     @contextmanager
     def _reader(self, src: VersionDir) -> Iterator[tuple[str, Dir | None]]:
@@ -212,6 +272,12 @@ def wanted_parts(jobs: list[Job], version: Manifest) -> tuple[Manifest, dict[str
     sub = Manifest(tuple(files), version.chunk_size, version.format, version.name, version.version,
                    version.published_at, version.piece_size)
     return sub, have
+
+
+def scratch_id(sid: str) -> str:
+    """The staging id of a copy's ranged download beside its staging area ``sid``: ``<copy>.ranges``
+    as the sweep names ids (``.resumable`` last, so it takes the lock of that name, the one the fill holds)."""
+    return f"{sid.removesuffix(RESUMABLE)}.ranges{RESUMABLE}"
 
 
 def _wall(deadline: float | None, clock: Callable[[], float]) -> float | None:

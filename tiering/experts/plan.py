@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import re
+from fnmatch import fnmatchcase
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +27,7 @@ import xxhash
 
 from ..content.manifest import FileEntry, Manifest, SafetensorsInfo, chunk_ranges, tree_hash
 from ..content.names import LABEL_SEP
+from ..content.safetensors_header import DTYPE_BITS
 from ..content.select import Selection, is_rank_file, matches
 from ..content.tensor_table import TensorTable
 from ..errors import BadInput
@@ -36,6 +38,7 @@ CONFIG = "config.json"
 INDEX_SUFFIX = ".safetensors.index.json"
 TAG = "e"
 MAX_EXPERTS = 1 << 16
+OTHER_WEIGHTS = (".bin", ".pt", ".pth")   # (left out of a copy beside safetensors shards unless --include names them)
 
 
 def rank_experts(rank: int, ranks: int, n: int) -> range:
@@ -59,7 +62,7 @@ def experts_in_config(raw: bytes, ref: str) -> int:
     """The number of routed experts ``config.json`` names (top level, else its ``text_config``)."""
     try:
         cfg = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         raise BadInput(f"{ref}: its config.json is not JSON; --experts cannot tell how many experts it has") from None
     for d in (cfg, cfg.get("text_config") if isinstance(cfg, dict) else None):
         if not isinstance(d, dict):
@@ -87,7 +90,10 @@ class ExpertSplit:
 def expert_of(tensor: str) -> int | None:
     """The routed expert a tensor belongs to (:data:`EXPERT_RE`, ASCII digits only), None for any other."""
     m = EXPERT_RE.search(tensor) if ".experts." in tensor else None
-    return None if m is None else int(m.group(1))
+    if m is None:
+        return None
+    digits = m.group(1).lstrip("0") or "0"
+    return int(digits) if len(digits) <= 9 else MAX_EXPERTS + 1   # (past any config's count: refused by name)
 
 
 def split_for(m: Manifest, sel: Selection, config: bytes | None) -> ExpertSplit:
@@ -106,7 +112,8 @@ def split_for(m: Manifest, sel: Selection, config: bytes | None) -> ExpertSplit:
         raise BadInput(f"{ref}: no per-expert tensors (...mlp.experts.E. or ...block_sparse_moe.experts.E.); "
                        f"nothing for --experts to split")
     if max(seen) >= n:
-        raise BadInput(f"{ref}: holds expert {max(seen)}, but its config.json says {n} routed experts")
+        shown = max(seen) if max(seen) <= MAX_EXPERTS else f"numbered over {MAX_EXPERTS}"
+        raise BadInput(f"{ref}: holds expert {shown}, but its config.json says {n} routed experts")
     if ranks > n:
         raise BadInput(f"--experts {r}/{ranks}: more ranks than the {n} routed experts of {ref}")
     return ExpertSplit(r, ranks, n, rank_experts(r, ranks, n))
@@ -151,6 +158,10 @@ def repacked_shard(f: FileEntry, split: ExpertSplit) -> FileEntry | None:
     sizes = [t.end - t.begin for t in src]
     if min(sizes) < 0:
         raise BadInput(f"{f.path}: a tensor ends before it begins in the manifest")
+    for t, size in zip(src, sizes):
+        if _nbytes(t.dtype, t.shape) != size:
+            raise BadInput(f"{f.path}: tensor {t.name!r} is {size} bytes in the manifest, its dtype {t.dtype} "
+                           f"and shape {list(t.shape)} say otherwise")
     digests = b"".join(st.tensors.digest_bytes[16 * i:16 * i + 16] for i in keep)
 
     def table(at: int) -> TensorTable:
@@ -163,6 +174,17 @@ def repacked_shard(f: FileEntry, split: ExpertSplit) -> FileEntry | None:
     hh = xxhash.xxh3_128(header).hexdigest()
     info = SafetensorsInfo(size, hh, dict(st.metadata), out)
     return FileEntry(f.path, size + sum(sizes), f.mode, tree_hash([hh] + out.hex_digests()), (), info)
+
+
+def _nbytes(dtype: str, shape: "tuple[int, ...] | list[int]") -> int | None:
+    """Bytes a tensor of ``dtype`` and ``shape`` holds (None: a dtype safetensors does not name)."""
+    bits = DTYPE_BITS.get(dtype)
+    if bits is None:
+        return None
+    n = bits
+    for d in shape:
+        n *= d
+    return -(-n // 8)
 
 
 def _cumsum(xs: list[int]) -> list[int]:
@@ -183,7 +205,10 @@ def index_json(shards: list[FileEntry], index_path: str) -> bytes:
         if d != where or f.safetensors is None:
             continue
         t = f.safetensors.tensors
-        weight_map.update((n, base) for n in t.names())
+        for n in t.names():
+            if weight_map.setdefault(n, base) != base:
+                raise BadInput(f"{index_path}: tensor {n!r} is in both {weight_map[n]} and {base}; a copy "
+                               f"would keep one of them at random")
         total += sum(e - b for b, e in t.spans())
     return json.dumps({"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))},
                       indent=2).encode() + b"\n"
@@ -194,9 +219,32 @@ def generated_entry(path: str, data: bytes, mode: int, chunk_size: int) -> FileE
     return FileEntry(path, len(data), mode, tree_hash(list(chunks)), chunks)
 
 
-def expert_manifest(m: Manifest, sel: Selection, split: ExpertSplit, label: str, of: dict[str, Any]) -> Manifest:
-    """The manifest of rank R's copy of ``m`` (see the module's docstring)."""
+def indexed(index: bytes, path: str) -> set[str]:
+    """The shard paths an index json's ``weight_map`` names (beside the index, as its paths are)."""
+    try:
+        wm = json.loads(index).get("weight_map")
+    except (ValueError, UnicodeDecodeError, RecursionError, AttributeError):
+        wm = None
+    if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
+        raise BadInput(f"{path}: not an index json (no weight_map of tensor names to files)")
+    where = path.rpartition("/")[0]
+    return {f"{where}/{v}" if where else v for v in wm.values()}
+
+
+def expert_manifest(m: Manifest, sel: Selection, split: ExpertSplit, label: str, of: dict[str, Any],
+                    named: "set[str] | None" = None) -> Manifest:
+    """The manifest of rank R's copy of ``m`` (see the module's docstring). ``named``: the shards the
+    version's own index json names (:func:`indexed`); a safetensors file beside them it does not name
+    (a ``consolidated.safetensors``) is left out of the copy, as are ``*.bin``, ``*.pt`` and ``*.pth``
+    weights beside safetensors shards unless the selection's ``--include`` names them."""
     files = [f for f in m.files if matches(f.path, sel)]
+    if any(f.safetensors is not None for f in files):
+        files = [f for f in files if not f.path.endswith(OTHER_WEIGHTS)
+                 or any(fnmatchcase(f.path, p) for p in sel.include)]
+    if named is not None:
+        beside = {f.path.rpartition("/")[0] for f in m.files if f.path.endswith(INDEX_SUFFIX)}
+        files = [f for f in files
+                 if f.safetensors is None or f.path in named or f.path.rpartition("/")[0] not in beside]
     shards: list[FileEntry] = []
     out: dict[str, FileEntry] = {}
     for f in files:

@@ -121,15 +121,18 @@ def repack(jobs: list[Job], src: Dir, dest: Dir, *, progress: ProgressFn | None 
     buf = bytearray(CHUNK)
     durable = not is_tmpfs(dest.fd)
     total = 0
-    for job in jobs:
+
+    def check_time() -> None:   # (between files, and every CHUNK of one: a shard can be 5 GB)
         if deadline is not None and clock() > deadline:
             raise TimedOut("expert-parallel copy not finished before the timeout")
+    for job in jobs:
+        check_time()
         fd = dest.create(job.out.path, 0o600, flags=os.O_WRONLY)
         try:
             if job.data:
                 _write(fd, job.data, 0)
             if job.src is not None:
-                total += _copy_from(src, job, fd, buf, progress)
+                total += _copy_from(src, job, fd, buf, progress, check_time)
             os.fchmod(fd, sanitize_mode(job.out.mode))
             if durable:
                 os.fsync(fd)
@@ -138,7 +141,8 @@ def repack(jobs: list[Job], src: Dir, dest: Dir, *, progress: ProgressFn | None 
     return total
 
 
-def _copy_from(src: Dir, job: Job, out: int, buf: bytearray, progress: ProgressFn | None) -> int:
+def _copy_from(src: Dir, job: Job, out: int, buf: bytearray, progress: ProgressFn | None,
+               check_time: Callable[[], None]) -> int:
     assert job.src is not None
     fd = src.open_read(job.src.path)
     try:
@@ -146,15 +150,16 @@ def _copy_from(src: Dir, job: Job, out: int, buf: bytearray, progress: ProgressF
             raise IntegrityError(f"{job.src.path}: {os.fstat(fd).st_size} bytes in the source, the manifest says "
                                  f"{job.src.size}")
         if not job.runs and not job.data:
-            return _copy_whole(fd, job, out, buf, progress)
+            return _copy_whole(fd, job, out, buf, progress, check_time)
         for run in job.runs:
-            _copy_run(fd, job.out.path, run, out, buf, progress)
+            _copy_run(fd, job.out.path, run, out, buf, progress, check_time)
         return sum(r.end - r.begin for r in job.runs)
     finally:
         os.close(fd)
 
 
-def _copy_run(fd: int, path: str, run: Run, out: int, buf: bytearray, progress: ProgressFn | None) -> None:
+def _copy_run(fd: int, path: str, run: Run, out: int, buf: bytearray, progress: ProgressFn | None,
+              check_time: Callable[[], None]) -> None:
     """One run, :data:`CHUNK` at a time, each tensor hashed and checked when its last byte is read."""
     view = memoryview(buf)
     tensors = iter(run.tensors)
@@ -162,6 +167,7 @@ def _copy_run(fd: int, path: str, run: Run, out: int, buf: bytearray, progress: 
     h = xxhash.xxh3_128()
     pos = run.begin
     while pos < run.end:
+        check_time()
         n = _read_at(fd, view[:min(CHUNK, run.end - pos)], pos, path)
         chunk = view[:n]
         while True:
@@ -182,12 +188,14 @@ def _copy_run(fd: int, path: str, run: Run, out: int, buf: bytearray, progress: 
         pos += n
 
 
-def _copy_whole(fd: int, job: Job, out: int, buf: bytearray, progress: ProgressFn | None) -> int:
+def _copy_whole(fd: int, job: Job, out: int, buf: bytearray, progress: ProgressFn | None,
+                check_time: Callable[[], None]) -> int:
     """A file copied as it is, :data:`CHUNK` at a time, each of the manifest's chunks checked."""
     f, view = job.out, memoryview(buf)
     for i, (a, b) in enumerate(chunk_ranges(f.size, job.chunk_size)):
         h, pos = xxhash.xxh3_128(), a
         while pos < b:
+            check_time()
             n = _read_at(fd, view[:min(CHUNK, b - pos)], pos, f.path)
             h.update(view[:n])
             _write(out, view[:n], pos)

@@ -75,8 +75,11 @@ class Preloader:
                 # a different copy under the same name, or a planted symlink: removed by descriptor, never
                 # followed; anything weightd cannot prove it made is left alone (NotOurs, counted)
                 self.roots.remove_version(tier, root, rel, known=m)
-            set_phase(progress, "wait", detail=f"for {format_bytes(m.total_bytes)} of space in {tier}")
-            staging, report.evicted = self.space.reserve(tier, name, version, m.total_bytes, deadline)
+            # (an expert-parallel copy from an object store also holds its ranges' sparse files until repacked)
+            need = m.total_bytes + (self.experts.scratch_bytes(m, origin) if origin is not None
+                                    and is_expert_copy(m) else 0)
+            set_phase(progress, "wait", detail=f"for {format_bytes(need)} of space in {tier}")
+            staging, report.evicted = self.space.reserve(tier, name, version, need, deadline)
             with staging:  # aborted on any exception
                 try:
                     # (signed: every file's digest is taken in the copy's own pass where the source allows)
@@ -86,7 +89,7 @@ class Preloader:
                                    checked_at=self.now(), progress=progress, crypto_digests=fill.crypto_digests)
                 except OSError as exc:
                     if exc.errno == errno.ENOSPC:
-                        raise NoSpace(tier, m.total_bytes, 0, "the file system filled up during the copy") from exc
+                        raise NoSpace(tier, need, 0, "the file system filled up during the copy") from exc
                     raise
             self.state.record_copy(tier, name, version, m.digest, m.total_bytes)
             self.lease(report, lease_s, holder)
@@ -108,7 +111,7 @@ class Preloader:
         checked before (the copy's own files were never signed); anything else from :class:`Sources`
         (with a signed version, every file's digest taken on the way)."""
         if origin is not None and is_expert_copy(m):
-            return self.experts.fill(staging, m, origin, deadline, progress), None
+            return self.experts.fill(staging, tier, m, origin, deadline, progress), None
         return self.sources.fill(staging, m, tier, name, version, deadline, progress, origin=origin,
                                  crypto=HASHERS[signed.statement.algorithm] if signed is not None
                                  else None), signed
