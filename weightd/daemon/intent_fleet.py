@@ -218,6 +218,7 @@ class HoldingsReport:
         self.error: str | None = None   # why the last report to the origin failed (intent status shows it)
         self.sizes = ObjectSizes(lambda k: object_size(d, k))
         self.nfd_cut_said = False
+        self._sending: asyncio.Task[None] | None = None   # the report being sent (the round does not wait)
 
     async def publish(self, status: dict[str, Any], plan: Plan, labels: dict[str, str], now: float) -> None:
         """The NFD feature file, the model-ready gauges, and (every report_s) the origin's report."""
@@ -233,7 +234,8 @@ class HoldingsReport:
             except Exception as exc:  # noqa: BLE001 (said once per round at most; the next round retries)
                 log.warning("intent: node feature file not written: %s", exc)
         client = origin_client(self.d)
-        if client is not None and now - self.last_report >= cfg.report_s:
+        if client is not None and now - self.last_report >= cfg.report_s and \
+                (self._sending is None or self._sending.done()):   # (one report in flight at most)
             self.last_report = now
             # intent: what each entry serves, else (nothing of it here yet) the version it wants: the
             # origin keeps ready estimates only of models a report holds or intends
@@ -246,12 +248,17 @@ class HoldingsReport:
                     "intent": dict(list(intent.items())[:1024]),
                     "ready": [{k: e[k] for k in ("model", "version", "tier", "seconds")}
                               for e in estimates if e["seconds"] is not None][:1024]}
-            await self._send(client, body)
+            # sent beside the round: an origin slow to answer (each call is bounded by its deadline)
+            # holds neither this round nor the fetches, rollouts and NFD writes after it
+            self._sending = asyncio.get_running_loop().create_task(self._send(client, body))
 
     async def _send(self, origins: Any, body: dict[str, Any]) -> None:
         """The report to every origin at once; ``error`` says which did not take it (one origin down
         is not a failure: the others' views have the node)."""
-        answers = await self.d.run_blocking("misc", origins.each, "POST", "/v1/fleet/report", body)
+        try:
+            answers = await self.d.run_blocking("misc", origins.each, "POST", "/v1/fleet/report", body)
+        except Exception as exc:  # noqa: BLE001 (a task of its own: said here, the next report retries)
+            answers = [("(every origin)", exc)]
         failed = "; ".join(str(a) for _u, a in answers if not isinstance(a, dict))
         if failed and self.error != failed:
             log.warning("intent: holdings not reported to %d of %d origin(s): %s",

@@ -1,13 +1,18 @@
 """A worker's (and ``weightd fleet status``'s) calls to the origins' fleet endpoints: JSON over the
 tracker's HTTP(S) listener, with the node's fleet certificate when ``[p2p.tls]`` is on (the tracker
-requires one from the fleet CA). Synchronous and bounded in time; the daemon runs it in a pool. Every
-body carries this weightd's message version and its own (:func:`weightd.compat.stamped`)."""
+requires one from the fleet CA). Synchronous and bounded in time: each request as a whole (connect,
+headers, body) within its deadline, whatever pace the origin answers at (a per-read timeout alone never
+fires on a server sending a byte a second); the daemon runs it in a pool. Every body carries this
+weightd's message version and its own (:func:`weightd.compat.stamped`)."""
 
 from __future__ import annotations
 
 import http.client
 import json
+import socket
 import ssl
+import threading
+import time
 import urllib.parse
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +23,34 @@ if TYPE_CHECKING:
     from ..config import Config
 
 MAX_ANSWER = 8 << 20
+
+
+class _Cutoff:
+    """Shuts a connection's socket down at ``end`` (time.monotonic()) unless the call ended first: the
+    read it is blocked in returns at once. One short-lived thread per call."""
+
+    def __init__(self, conn: http.client.HTTPConnection, end: float) -> None:
+        self.conn, self.end, self.fired, self.done = conn, end, False, threading.Event()
+        self.thread = threading.Thread(target=self._watch, name="weightd-origin-deadline", daemon=True)
+        self.thread.start()
+
+    def _watch(self) -> None:
+        if self.done.wait(max(0.0, self.end - time.monotonic())):
+            return
+        self.fired = True
+        while True:   # (the socket exists once connect() made it; connect is bounded by its own timeout)
+            sock = self.conn.sock
+            if sock is not None:
+                try:   # (socket.socket's own shutdown: the file descriptor, even under TLS)
+                    socket.socket.shutdown(sock, socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                return
+            if self.done.wait(0.05):
+                return
+
+    def stop(self) -> None:
+        self.done.set()
 
 
 def origin_urls(cfg: "Config") -> list[str]:
@@ -52,25 +85,47 @@ class OriginClient:
                 ctx.load_cert_chain(tls.cert, tls.key)
             self._ctx = ctx
 
-    def call(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
+    def call(self, method: str, path: str, body: Any = None, *, deadline: float | None = None) -> dict[str, Any]:
+        """The origin's JSON answer to ``method path``, whole within ``timeout_s`` (or by ``deadline``,
+        a time.monotonic(), if sooner); else OriginUnavailable."""
         u = urllib.parse.urlsplit(self.base + path)
+        end = time.monotonic() + self.timeout_s
+        end = end if deadline is None else min(end, deadline)
+        allowed = max(0.0, end - time.monotonic())
+        cut: _Cutoff | None = None
         try:
+            left = end - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("no time left")
             if u.scheme == "https":
                 conn: http.client.HTTPConnection = http.client.HTTPSConnection(
-                    u.hostname or "", u.port, timeout=self.timeout_s, context=self._ctx, source_address=self.source)
+                    u.hostname or "", u.port, timeout=left, context=self._ctx, source_address=self.source)
             else:
-                conn = http.client.HTTPConnection(u.hostname or "", u.port, timeout=self.timeout_s,
+                conn = http.client.HTTPConnection(u.hostname or "", u.port, timeout=left,
                                                   source_address=self.source)
+            cut = _Cutoff(conn, end)
             try:
                 data = None if body is None else json.dumps(stamped(body)).encode()
                 conn.request(method, u.path + (f"?{u.query}" if u.query else ""), body=data,
                              headers={"Content-Type": "application/json"} if data else {})
                 r = conn.getresponse()
-                status, raw = r.status, r.read(MAX_ANSWER + 1)
+                status, parts, size = r.status, [], 0
+                while size <= MAX_ANSWER:
+                    chunk = r.read(min(1 << 20, MAX_ANSWER + 1 - size))
+                    if not chunk:
+                        break
+                    parts.append(chunk)
+                    size += len(chunk)
+                raw = b"".join(parts)
             finally:
+                cut.stop()
                 conn.close()
-        except (OSError, http.client.HTTPException) as exc:
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            if cut is not None and cut.fired or isinstance(exc, TimeoutError):
+                raise self._late(path, allowed) from None
             raise OriginUnavailable(f"origin {self.base}: {getattr(exc, 'strerror', None) or exc}") from None
+        if cut.fired:   # (an answer cut short by the deadline may even parse)
+            raise self._late(path, allowed)
         if len(raw) > MAX_ANSWER:
             raise OriginUnavailable(f"origin {self.base}{path}: answer larger than {MAX_ANSWER} bytes")
         try:
@@ -83,6 +138,10 @@ class OriginClient:
         if status != 200:
             raise OriginUnavailable(f"origin {self.base}{path}: HTTP {status}: {str(doc.get('error', ''))[:200]}")
         return doc
+
+
+    def _late(self, path: str, allowed: float) -> OriginUnavailable:
+        return OriginUnavailable(f"origin {self.base}{path}: no whole answer within {allowed:.0f} s")
 
 
 class Origins:

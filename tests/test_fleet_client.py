@@ -1,0 +1,181 @@
+"""A worker's (and ``fleet status``'s) calls to the origins against real loopback sockets: a server
+that trickles its answer a byte at a time must not hold a call past its total deadline (a per-read
+timeout never fires on it), the origins are asked together (a slow one does not delay the answer of
+another beyond that deadline), and the intent round is not held by a report send."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace as NS
+from typing import Callable
+
+import pytest
+
+from weightd.errors import OriginUnavailable
+from weightd.fleet.client import OriginClient, Origins
+
+CFG = NS(settings=NS(p2p=NS(listen="127.0.0.1:0", tls=None)))
+
+
+class Server:
+    """A loopback HTTP/1.1 server answering every connection with ``answer`` (bytes), ``every_s``
+    seconds a byte (0: at once), until stopped; a callable ``answer`` is given the request."""
+
+    def __init__(self, answer: "bytes | Callable[[bytes], bytes]", every_s: float = 0.0) -> None:
+        self.answer, self.every_s, self.stop = answer, every_s, threading.Event()
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.sock.settimeout(0.1)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while not self.stop.is_set():
+            try:
+                conn, _a = self.sock.accept()
+            except TimeoutError:
+                continue
+            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+
+    def _one(self, conn: socket.socket) -> None:
+        with conn:
+            conn.settimeout(5)
+            try:
+                request = conn.recv(65536)   # (the request: small, in one piece on loopback)
+                out = self.answer(request) if callable(self.answer) else self.answer
+                if not self.every_s:
+                    conn.sendall(out)
+                    return
+                for i in range(len(out)):
+                    if self.stop.wait(self.every_s):
+                        return
+                    conn.sendall(out[i:i + 1])
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(5)
+        self.sock.close()
+
+
+def answer(doc: object) -> bytes:
+    body = json.dumps(doc).encode()
+    return b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+
+
+@pytest.fixture
+def servers():
+    made: list[Server] = []
+    yield lambda *a, **kw: made.append(Server(*a, **kw)) or made[-1]
+    for s in made:
+        s.close()
+
+
+def timed(fn, bound_s: float):
+    """fn() in a thread: (its result or exception, seconds taken); None if still running after bound_s."""
+    out: list = []
+
+    def run() -> None:
+        t0 = time.monotonic()
+        try:
+            out.append((fn(), time.monotonic() - t0))
+        except Exception as exc:  # noqa: BLE001 (returned to the test)
+            out.append((exc, time.monotonic() - t0))
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(bound_s)
+    return out[0] if out else None
+
+
+def test_a_trickling_origin_is_cut_at_the_total_deadline(servers) -> None:
+    # a byte every 0.2 s: never a second without one, so only a deadline on the whole request stops it
+    slow = servers(answer({"ok": True, "pad": "x" * 400}), every_s=0.2)
+    got = timed(lambda: OriginClient(slow.url, CFG, timeout_s=1.0).call("GET", "/v1/fleet"), 8)
+    assert got is not None, "the call was still running 8 s after its 1 s deadline"
+    exc, took = got
+    assert isinstance(exc, OriginUnavailable) and "within 1 s" in str(exc), exc
+    assert took < 2.5, took
+
+
+def test_the_deadline_also_bounds_the_headers(servers) -> None:
+    slow = servers(b"HTTP/1.1 200 OK\r\n" + b"X-Pad: " + b"y" * 400 + b"\r\n\r\n{}", every_s=0.2)
+    got = timed(lambda: OriginClient(slow.url, CFG, timeout_s=1.0).call("GET", "/v1/fleet"), 8)
+    assert got is not None and isinstance(got[0], OriginUnavailable) and got[1] < 2.5, got
+
+
+def test_an_overall_deadline_shortens_a_call(servers) -> None:
+    slow = servers(answer({"ok": True, "pad": "x" * 400}), every_s=0.2)
+    c = OriginClient(slow.url, CFG, timeout_s=30.0)
+    got = timed(lambda: c.call("GET", "/v1/fleet", deadline=time.monotonic() + 0.8), 8)
+    assert got is not None and isinstance(got[0], OriginUnavailable) and got[1] < 2.0, got
+
+
+def test_one_slow_origin_does_not_hold_the_others_answer(servers) -> None:
+    good = servers(answer({"ok": True}))
+    slow = servers(answer({"ok": True, "pad": "x" * 400}), every_s=0.2)
+    origins = Origins([slow.url, good.url], CFG, timeout_s=1.0)
+    got = timed(lambda: origins.each("POST", "/v1/fleet/report", {"node": "n1"}), 8)
+    assert got is not None, "Origins.each was still running 8 s after its 1 s deadline"
+    answers, took = got
+    assert took < 2.5, took
+    assert answers[1] == (good.url, {"ok": True}), answers
+    assert answers[0][0] == slow.url and isinstance(answers[0][1], OriginUnavailable), answers
+
+
+def test_a_good_origin_still_answers_whole(servers) -> None:
+    good = servers(answer({"nodes": [], "pad": "z" * 200_000}))
+    assert OriginClient(good.url, CFG, timeout_s=2.0).call("GET", "/v1/fleet")["pad"] == "z" * 200_000
+
+
+def test_the_intent_round_is_not_held_by_a_report_send(tmp_path: Path, monkeypatch) -> None:
+    import weightd.fleet.client as oc
+
+    from .test_intent_runner import PUB, make
+    released = threading.Event()
+    sends: list[float] = []
+
+    class Stuck:
+        def __init__(self, base, cfg, **kw) -> None:
+            pass
+
+        def call(self, method, path, body=None, **kw):
+            if path == "/v1/fleet/report":
+                sends.append(time.monotonic())
+                released.wait(10)
+            return {"granted": True, "movers": 1, "cap": 1}
+    monkeypatch.setattr(oc, "OriginClient", Stuck)
+    d, r = make(tmp_path, '[[keep]]\nmodel = "acme/embed@v1"\n', held={}, published=PUB,
+                origin="http://origin:6969")
+    done: list[float] = []
+    plain = r.round
+
+    async def round_(fp=None) -> None:
+        await plain(fp)
+        done.append(time.monotonic())
+    r.round = round_
+
+    async def main() -> None:
+        d.loop = asyncio.get_running_loop()
+        t = asyncio.create_task(r.run())
+        await asyncio.sleep(1.5)
+        finished = list(done)
+        released.set()
+        d.stopping.set()
+        r.wake.set()
+        await asyncio.wait_for(t, 10)
+        assert sends and finished, (sends, finished)   # the report was sent, and the round ended while it hung
+    try:
+        asyncio.run(main())
+    finally:
+        released.set()
+        r.close()
+        d.pools["misc"].shutdown()
+
