@@ -92,8 +92,12 @@ def expert_of(tensor: str) -> int | None:
     m = EXPERT_RE.search(tensor) if ".experts." in tensor else None
     if m is None:
         return None
-    digits = m.group(1).lstrip("0") or "0"
-    return int(digits) if len(digits) <= 9 else MAX_EXPERTS + 1   # (past any config's count: refused by name)
+    g = m.group(1)
+    if len(g) > 9:   # (int() of 4,300 digits or more raises; any such number is past a config's count)
+        g = g.lstrip("0") or "0"
+        if len(g) > 9:
+            return MAX_EXPERTS + 1
+    return int(g)
 
 
 def split_for(m: Manifest, sel: Selection, config: bytes | None) -> ExpertSplit:
