@@ -13,7 +13,10 @@ empty and fills within a round, changes nothing. What differs: a worker that rea
 trackers is on the union anyway, and one that died stays on it until the last answer naming it is
 ``stale_s`` old (the plan's stalled-owner rule covers that time).
 
-One request per tracker per ``every_s`` (a small JSON answer), bounded by ``timeout_s``; a tracker
+One request per tracker per ``every_s`` (a small JSON answer), bounded by ``timeout_s`` as a whole (a
+tracker that trickles its answer a byte a second is cut at the deadline, not only one that says
+nothing); a list keeps only addresses inside ``[p2p] allow`` and at most the tracker's own
+``PER_SWARM`` of them (a rogue tracker cannot fill the plan with addresses no worker has); a tracker
 that is not weightd's (404, not JSON) is asked no more; when no tracker has answered for ``stale_s``,
 ``members`` is None again and the plan falls back to the connected peers. With fleet TLS the request
 presents this node's certificate and checks the tracker's against the fleet CA, as libtorrent does.
@@ -22,15 +25,17 @@ presents this node's certificate and checks the tracker's against the fleet CA, 
 from __future__ import annotations
 
 import http.client
+import ipaddress
 import json
 import logging
+import socket
 import ssl
 import threading
 import time
 import urllib.parse
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
-from .config import RACK
+from .config import RACK, address_allowed
 
 if TYPE_CHECKING:
     from .certs import FleetTLS
@@ -38,6 +43,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_ANSWER = 4 << 20   # bytes read of an answer (10,000 workers are ~300 KB)
+MAX_MEMBERS = 10_000   # addresses kept of one answer (the tracker's PER_SWARM)
 
 
 def swarm_url(tracker: str, info_hash: bytes, rack: str = "", want: str = "") -> str | None:
@@ -54,12 +60,14 @@ def swarm_url(tracker: str, info_hash: bytes, rack: str = "", want: str = "") ->
 class Membership:
     def __init__(self, trackers: tuple[str, ...], info_hash: bytes, tls: "FleetTLS | None" = None, *,
                  rack: str = "", source_ip: str = "", want: str = "", every_s: float = 1.0, timeout_s: float = 2.0,
-                 stale_s: float = 10.0) -> None:
+                 stale_s: float = 10.0, allow: Sequence[str] = ()) -> None:
+        """``allow``: the CIDRs a member's address must be in (``[p2p] allow``; empty: any address)."""
         # (the tracker lists the address a request comes from: from the node's own address, the one
         # its peers know it by, as libtorrent's connections do with ``outgoing_interfaces``)
         self.source = (source_ip, 0) if source_ip and source_ip not in ("0.0.0.0", "::") else None
         self.urls = [u for u in (swarm_url(t, info_hash, rack, want) for t in trackers) if u]
         self.every_s, self.timeout_s, self.stale_s = every_s, timeout_s, stale_s
+        self.allow = tuple(ipaddress.ip_network(c, strict=False) for c in allow)
         self._ctx = None
         if tls is not None:
             ctx = ssl.create_default_context(cadata=tls.ca_pem.decode())
@@ -162,12 +170,21 @@ class Membership:
         else:
             conn = http.client.HTTPConnection(u.hostname or "", u.port, timeout=timeout_s,
                                               source_address=self.source)
+        was_cut = threading.Event()
+        cut = threading.Timer(timeout_s, _cut, (conn, was_cut))   # (the whole request, not each read)
+        cut.start()
         try:
             conn.request("GET", f"{u.path}?{u.query}")
             r = conn.getresponse()
-            return r.status, r.read(MAX_ANSWER + 1)
+            body = r.read(MAX_ANSWER + 1)
+        except (OSError, http.client.HTTPException) as exc:
+            raise (TimeoutError(f"no whole answer within {timeout_s:g} s") if was_cut.is_set() else exc) from None
         finally:
+            cut.cancel()
             conn.close()
+        if was_cut.is_set():   # (cut while the body was read: what came is not all of it)
+            raise TimeoutError(f"no whole answer within {timeout_s:g} s")
+        return r.status, body
 
     def _get(self, url: str) -> tuple[dict[str, str], dict[str, str]]:
         try:
@@ -188,15 +205,38 @@ class Membership:
         if not isinstance(rows, list):
             raise _NotOurs("not a member list")
         others = doc.get("others")
-        return _rows(rows), _rows(others if isinstance(others, list) else [])   # (a tracker before "others": none)
+        return self._rows(rows), self._rows(others if isinstance(others, list) else [])   # (a tracker before "others": none)
+
+    def _rows(self, rows: list) -> dict[str, str]:
+        """ip -> rack of an answer's ``[ip, rack]`` rows: addresses only, inside ``allow``, at most
+        :data:`MAX_MEMBERS` (what a tracker of ours would ever list)."""
+        out: dict[str, str] = {}
+        for row in rows:
+            if len(out) >= MAX_MEMBERS:
+                break
+            if isinstance(row, list) and len(row) == 2 and isinstance(row[0], str) and isinstance(row[1], str) \
+                    and (address_allowed(row[0], self.allow) if self.allow else _is_ip(row[0])):
+                out[row[0]] = row[1] if RACK.fullmatch(row[1]) else ""
+        return out
 
 
-def _rows(rows: list) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for row in rows:
-        if isinstance(row, list) and len(row) == 2 and isinstance(row[0], str) and isinstance(row[1], str):
-            out[row[0]] = row[1] if RACK.fullmatch(row[1]) else ""
-    return out
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _cut(conn: http.client.HTTPConnection, was_cut: threading.Event) -> None:
+    """End a request at its deadline: a shutdown wakes the read blocked on the socket."""
+    was_cut.set()
+    sock = conn.sock
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
 
 class _NotOurs(Exception):

@@ -130,7 +130,8 @@ class Transfer:
             if plan and self.origin_ips else None
         # (a partial copy registers with its files' tag: it plans with the workers that want the same)
         self.membership = Membership(tuple(cfg.trackers), bytes.fromhex(self.key)[:20], cfg.tls, rack=cfg.rack,
-                                     source_ip=host, want=subset.tag if subset is not None else "") \
+                                     source_ip=host, want=subset.tag if subset is not None else "",
+                                     allow=cfg.allow) \
             if cfg.trackers and (self.planner is not None or cfg.rack) else None   # (racks: to say whose bytes)
         # several origins: this worker's home origin, the others filtered out while it is connected
         self.share = OriginShare(self.origin_ips) if self.planner is not None and len(self.origin_ips) > 1 else None

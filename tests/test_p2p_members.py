@@ -82,3 +82,67 @@ def test_a_list_is_settled_only_once_the_union_stops_changing() -> None:
         m.stop()
         a.close()
         b.close()
+
+
+def test_a_tracker_trickling_its_answer_is_cut_at_the_deadline_and_the_others_still_count() -> None:
+    """A tracker that sends its answer a byte every 0.2 s (each read within the socket timeout) is cut at
+    ``timeout_s`` for the whole request, counted as a failure (asked again, not dropped for good), and
+    the other tracker's list is there meanwhile."""
+    import socket
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    stop = threading.Event()
+
+    def trickle() -> None:
+        while not stop.is_set():
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                return
+            def one(c=c) -> None:
+                try:
+                    for b in b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n" + b"x" * 100000:
+                        if stop.is_set():
+                            return
+                        c.sendall(bytes([b]))
+                        time.sleep(0.2)
+                except OSError:
+                    pass
+                finally:
+                    c.close()
+            threading.Thread(target=one, daemon=True).start()
+    threading.Thread(target=trickle, daemon=True).start()
+    good = _Tracker([["127.0.0.4", "r1"]])
+    slow = f"http://127.0.0.1:{srv.getsockname()[1]}/announce"
+    m = Membership((slow, good.url), KNOWN, every_s=0.05, timeout_s=1, stale_s=5)
+    try:
+        got: list = []
+
+        def ask() -> None:
+            try:
+                got.append(m._request(m.urls[0], 1.0))
+            except TimeoutError as exc:
+                got.append(exc)
+        asking = threading.Thread(target=ask, daemon=True)
+        asking.start()
+        asking.join(2.5)   # (without the whole-request deadline: 100,000 bytes at 5 a second)
+        assert not asking.is_alive() and len(got) == 1 and isinstance(got[0], TimeoutError), got
+        m.start()
+        _until(lambda: m.members == {"127.0.0.4": "r1"} and m.failures >= 1, timeout_s=8)
+        _until(lambda: m.requests >= 4, timeout_s=8)   # (the slow tracker is asked again, round after round)
+    finally:
+        stop.set()
+        m.stop()
+        good.close()
+        srv.close()
+
+
+def test_a_list_keeps_only_addresses_inside_the_allow_list_and_at_most_a_swarms_worth() -> None:
+    import p2p.members as members
+    rows = [["127.0.0.4", "r1"], ["8.8.8.8", "r1"], ["not an address", "r1"], ["::1", "r2"], [5, "r1"]]
+    m = Membership((), KNOWN, allow=("127.0.0.0/8",))
+    assert m._rows(rows) == {"127.0.0.4": "r1"}
+    assert Membership((), KNOWN)._rows(rows) == {"127.0.0.4": "r1", "8.8.8.8": "r1", "::1": "r2"}
+    many = [[f"10.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}", ""] for i in range(members.MAX_MEMBERS + 50)]
+    assert len(Membership((), KNOWN, allow=("10.0.0.0/8",))._rows(many)) == members.MAX_MEMBERS
