@@ -179,3 +179,64 @@ def test_the_intent_round_is_not_held_by_a_report_send(tmp_path: Path, monkeypat
         r.close()
         d.pools["misc"].shutdown()
 
+
+# -- fleet status over several origins, one of them answering nonsense ---------------------------------
+
+def node(name: str, ip: str = "10.0.0.5", **kw: object) -> dict:
+    return {"node": name, "ip": ip, "rack": None, "labels": {}, "intent": {}, "weightd": "1.0", "age_s": 2.0,
+            "holdings": [{"model": "acme/m", "version": "v1", "tier": "warm", "resident": 1.0, "bytes": 10,
+                          "since": 1.0, "serving": True}], "ready": [], **kw}
+
+
+GOOD = {"nodes": [node("good-node")], "versions": [], "generated_at": 1.0, "movers": [], "max_movers": 1}
+
+
+@pytest.mark.parametrize("bad", [
+    {"nodes": [1]},
+    {"nodes": [node("bad-node", age_s="old")]},
+    {"nodes": [node("bad-node")], "movers": 5},
+    {"nodes": "many"},
+    {"nodes": [node("bad-node", holdings=[{"model": "acme/m"}])]},
+    {"nodes": [node("bad-node", ready=[{"model": "acme/m", "version": "v1", "tier": "warm", "seconds": "x"}])]},
+    {"nodes": [node(7)]},
+], ids=["node-not-object", "age-not-number", "movers-not-list", "nodes-not-list", "holding-short",
+        "ready-seconds", "node-name-not-str"])
+def test_one_origin_answering_malformed_json_is_its_warning(servers, weightd, bad) -> None:
+    good, evil = servers(answer(GOOD)), servers(answer(bad))
+    for extra in ((), ("--json",)):
+        p = weightd("fleet", "status", "--origin", evil.url, "--origin", good.url, *extra, timeout=60)
+        assert p.returncode == 0, (p.returncode, p.stderr)
+        assert "good-node" in p.stdout and "bad-node" not in p.stdout, p.stdout
+        assert evil.url in p.stderr and "not a fleet view" in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+
+def pages(next_of: Callable[[int], str], nodes_each: int = 1, pad: int = 0) -> Callable[[bytes], bytes]:
+    """An origin whose every page has ``nodes_each`` nodes (``pad`` bytes of labels each) and ``next``
+    = next_of(how many pages it served), forever."""
+    served = [0]
+
+    def one(request: bytes) -> bytes:
+        served[0] += 1
+        ns = [node(f"bad-{served[0]}-{i}", labels={"pad": "p" * pad}) for i in range(nodes_each)]
+        return answer({"nodes": ns, "versions": [], "movers": [], "next": next_of(served[0])})
+    return one
+
+
+def test_pages_whose_next_does_not_advance_stop_at_once(servers, weightd) -> None:
+    good, evil = servers(answer(GOOD)), servers(pages(lambda n: "same@10.0.0.9"))
+    t0 = time.monotonic()
+    p = weightd("fleet", "status", "--origin", evil.url, "--origin", good.url, timeout=60)
+    assert p.returncode == 0 and "good-node" in p.stdout and "bad-" not in p.stdout, (p.stdout, p.stderr)
+    assert "next page" in p.stderr and evil.url in p.stderr, p.stderr
+    assert time.monotonic() - t0 < 20
+
+
+def test_endless_advancing_pages_stop_at_the_byte_cap(servers, weightd) -> None:
+    # 1 MiB pages whose cursor always moves on: the whole view is capped at 64 MiB
+    good = servers(answer(GOOD))
+    evil = servers(pages(lambda n: f"bad-{n:09d}@10.0.0.5", nodes_each=4, pad=256 << 10))
+    t0 = time.monotonic()
+    p = weightd("fleet", "status", "--origin", evil.url, "--origin", good.url, timeout=120)
+    assert p.returncode == 0 and "good-node" in p.stdout and "bad-" not in p.stdout, (p.stdout[:300], p.stderr)
+    assert "MiB" in p.stderr and evil.url in p.stderr, p.stderr
+    assert time.monotonic() - t0 < 60

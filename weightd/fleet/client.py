@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from ..config import Config
 
 MAX_ANSWER = 8 << 20
+VIEW_BYTES = 64 << 20   # the most of an origin's fleet view (its pages together) fleet status takes
+VIEW_DEADLINE_S = 120.0   # ... and the longest it waits for all of it
 
 
 class _Cutoff:
@@ -71,6 +73,7 @@ def origin_urls(cfg: "Config") -> list[str]:
 class OriginClient:
     def __init__(self, base: str, cfg: "Config", *, timeout_s: float = 5.0) -> None:
         self.base, self.timeout_s = base.rstrip("/"), timeout_s
+        self.received = 0   # bytes of answers, all calls
         # from the node's own address, the one the tracker and its peers know it by (as the member list
         # fetches do): a multi-homed node reports as itself
         host = cfg.settings.p2p.listen.rpartition(":")[0].strip("[]")
@@ -117,6 +120,7 @@ class OriginClient:
                     parts.append(chunk)
                     size += len(chunk)
                 raw = b"".join(parts)
+                self.received += size
             finally:
                 cut.stop()
                 conn.close()
@@ -142,6 +146,41 @@ class OriginClient:
 
     def _late(self, path: str, allowed: float) -> OriginUnavailable:
         return OriginUnavailable(f"origin {self.base}{path}: no whole answer within {allowed:.0f} s")
+
+
+def fleet_view(client: OriginClient, model: str | None = None, *, max_bytes: int = VIEW_BYTES,
+               deadline_s: float = VIEW_DEADLINE_S) -> dict[str, Any]:
+    """GET /v1/fleet (of ``model``) a page at a time, as one document: the first page's versions and
+    movers, every page's nodes; checked (:func:`weightd.fleet.view.view_problem`). OriginUnavailable
+    when the origin's answer is not a fleet view, its ``next`` does not move past the last cursor (a
+    node name and address after it), its pages pass ``max_bytes`` together, or all of them take
+    longer than ``deadline_s``."""
+    from .view import view_problem
+    narrow = {} if model is None else {"model": model}
+    end = time.monotonic() + deadline_s
+    where = f"origin {client.base}/v1/fleet"
+    doc = client.call("GET", "/v1/fleet" + (f"?{urllib.parse.urlencode(narrow)}" if narrow else ""), deadline=end)
+    nodes, page, cursor = doc.get("nodes"), doc, None
+    while isinstance(page.get("next"), str) and page["next"]:
+        after = page["next"]
+        node, _, ip = after.partition("@")
+        if cursor is not None and (node, ip) <= cursor:
+            raise OriginUnavailable(f"{where}: the next page ({after[:80]!r}) does not move past the last one")
+        cursor = (node, ip)
+        if client.received > max_bytes:
+            raise OriginUnavailable(f"{where}: a view of more than {max_bytes >> 20} MiB")
+        page = client.call("GET", "/v1/fleet?" + urllib.parse.urlencode({**narrow, "after": after}), deadline=end)
+        more = page.get("nodes")
+        if not isinstance(nodes, list) or not isinstance(more, list):
+            break   # (said below)
+        nodes.extend(more)
+    if client.received > max_bytes:
+        raise OriginUnavailable(f"{where}: a view of more than {max_bytes >> 20} MiB")
+    doc.pop("next", None)
+    problem = view_problem(doc) or (None if isinstance(page.get("nodes"), list) else "a page's 'nodes' is not a list")
+    if problem:
+        raise OriginUnavailable(f"{where}: not a fleet view ({problem})")
+    return doc
 
 
 class Origins:

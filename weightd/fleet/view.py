@@ -242,6 +242,46 @@ def versions_of(per_node: Any) -> dict[str, Any]:
     return out
 
 
+def _num(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def view_problem(doc: Any) -> str | None:
+    """Why ``doc`` (an origin's GET /v1/fleet, pages joined) is not a fleet view that ``fleet status``
+    can merge and print, else None: ``nodes`` a list of objects with a string ``node`` and ``ip``, a
+    number ``age_s``, ``holdings`` (string model, version, tier; number resident) and ``ready`` (string
+    model, version, tier; number or null seconds) lists; ``movers`` a list; ``max_movers`` an integer
+    or null. One origin's nonsense is then that origin's error, not the whole command's."""
+    if not isinstance(doc, dict):
+        return "not a JSON object"
+    nodes = doc.get("nodes")
+    if not isinstance(nodes, list):
+        return "'nodes' is not a list"
+    if not isinstance(doc.get("movers", []), list):
+        return "'movers' is not a list"
+    if doc.get("max_movers") is not None and (not isinstance(doc["max_movers"], int) or isinstance(doc["max_movers"], bool)):
+        return "'max_movers' is not an integer"
+    for i, n in enumerate(nodes):
+        if not isinstance(n, dict):
+            return f"node {i} is not an object"
+        if not (isinstance(n.get("node"), str) and isinstance(n.get("ip"), str) and _num(n.get("age_s", 0))):
+            return f"node {i}: 'node' and 'ip' must be strings, 'age_s' a number"
+        if not all(isinstance(n.get(k), (str, type(None))) for k in ("rack", "weightd")):
+            return f"node {i}: 'rack' and 'weightd' must be strings or null"
+        holdings, ready = n.get("holdings") or [], n.get("ready") or []
+        if not isinstance(holdings, list) or not isinstance(ready, list):
+            return f"node {i}: 'holdings' and 'ready' must be lists"
+        for h in holdings:
+            if not (isinstance(h, dict) and all(isinstance(h.get(k), str) for k in ("model", "version", "tier"))
+                    and _num(h.get("resident", 0))):
+                return f"node {i}: a holding without string model, version, tier and a number resident"
+        for e in ready:
+            if not (isinstance(e, dict) and all(isinstance(e.get(k), str) for k in ("model", "version", "tier"))
+                    and (e.get("seconds") is None or _num(e.get("seconds")))):
+                return f"node {i}: a ready estimate without string model, version, tier and number seconds"
+    return None
+
+
 def merged(answers: list[tuple[str, Any]]) -> dict[str, Any]:
     """One view of the views several origins answered (``(url, doc)``; a doc that is not a dict is
     that origin's error): each node as the origin with its newest report has it (the smallest
