@@ -210,35 +210,18 @@ def _check_model(model: str) -> None:
         raise UsageError(f"--model {output.printable(model)[:80]}: {exc.reason}") from None
 
 
-def _fleet(client: Any, model: str | None = None, max_pages: int = 10_000) -> dict[str, Any]:
-    """GET /v1/fleet (of ``model``) a page at a time (each a few MiB at most), as one document: the
-    first page's versions and movers, every page's nodes."""
-    import urllib.parse
-    narrow = {} if model is None else {"model": model}
-    doc = client.call("GET", "/v1/fleet" + (f"?{urllib.parse.urlencode(narrow)}" if narrow else ""))
-    page = doc
-    for _ in range(max_pages):
-        after = page.get("next")
-        if not isinstance(after, str) or not after:
-            break
-        page = client.call("GET", "/v1/fleet?" + urllib.parse.urlencode({**narrow, "after": after}))
-        doc["nodes"] = [*(doc.get("nodes") or []), *(page.get("nodes") or [])]
-    doc.pop("next", None)
-    return doc
-
-
 def _fleets(app: AppContext, bases: list[str], model: str | None) -> dict[str, Any]:
     """Every origin's view (asked at once), merged (:func:`weightd.fleet.view.merged`); an origin that
     does not answer is a warning, all of them an error (OriginUnavailable)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from ..errors import OriginUnavailable
-    from ..fleet.client import OriginClient
+    from ..fleet.client import OriginClient, fleet_view
     from ..fleet.view import merged
 
     def one(base: str) -> Any:
         try:
-            return _fleet(OriginClient(base, app.config, timeout_s=15), model)
+            return fleet_view(OriginClient(base, app.config, timeout_s=15), model)
         except OriginUnavailable as exc:
             return exc
     with ThreadPoolExecutor(max_workers=len(bases)) as pool:
