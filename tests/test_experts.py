@@ -7,16 +7,13 @@ tensor compared with the original's bytes."""
 from __future__ import annotations
 
 import json
-import re
-import subprocess
-import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, assert_one_line_error, stop_process
+from tests.conftest import assert_one_line_error
+from tests.test_partial import daemon  # noqa: F401 (the fixture: a daemon on node_env)
 from tiering import BadInput, IntegrityError, selection_from
 from tiering.content.build import build_manifest, verify_checkpoint
 from tiering.content.manifest import MANIFEST_RELPATH, SafetensorsInfo
@@ -222,24 +219,6 @@ def test_from_s3_only_the_ranks_ranges_are_asked_for(wd, node_env, tmp_path, s3_
 def _dir(p: Path) -> Dir:
     import os
     return Dir(os.open(p, os.O_RDONLY | os.O_DIRECTORY), p)
-
-
-@pytest.fixture
-def daemon(weightd, node_env, tmp_path):
-    sock = node_env.state / "weightd.sock"
-    log = tmp_path / "daemon.log"
-    with open(log, "w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "weightd", "--config", str(node_env.config), "serve"],
-                                env=weightd.env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)
-    try:
-        deadline = time.monotonic() + 30
-        while not sock.exists():
-            assert proc.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, "the daemon did not start"
-            time.sleep(0.1)
-        yield proc
-    finally:
-        stop_process(proc)
 
 
 def test_through_the_daemon(daemon, wd, node_env, tmp_path):
