@@ -110,6 +110,9 @@ class IntentSettings(FrozenModel):
         if not isinstance(urls, (list, tuple)) or not all(isinstance(u, str) and u.startswith(("http://", "https://"))
                                                           for u in urls):
             raise ValueError("expected an origin's tracker base URL, like 'https://10.0.0.1:6969', or a list of them")
+        for u in urls:
+            if (why := _origin_problem(u)) is not None:
+                raise ValueError(f"{u[:100]!r}: {why}; expected an origin's tracker base URL, like 'https://10.0.0.1:6969'")
         return tuple(dict.fromkeys(u.rstrip("/") for u in urls))
 
     @field_validator("node_name", mode="before")
@@ -119,3 +122,25 @@ class IntentSettings(FrozenModel):
         if not isinstance(v, str) or (v and not re.fullmatch(r"[A-Za-z0-9][-A-Za-z0-9_.]{0,252}", v)):
             raise ValueError("expected a host name (letters, digits, '-', '_', '.')")
         return v
+
+
+def _origin_problem(url: str) -> str | None:
+    """Why ``url`` (http(s)://...) is not an origin's base URL: a host, a port 1-65535 if any, no path
+    but "/" (the fleet endpoints are under it: '/announce' would 404 every request), no query."""
+    import urllib.parse
+    try:
+        u = urllib.parse.urlsplit(url)
+        port = u.port
+    except ValueError as exc:
+        return "the port must be 1-65535" if "port" in str(exc).lower() else str(exc)
+    host = u.hostname or ""
+    if not host or any(c.isspace() for c in host) or any(c.isspace() for c in u.netloc):
+        return "no host"
+    if port is not None and not 1 <= port <= 65535 or u.netloc.endswith(":"):
+        return "the port must be 1-65535"
+    if u.path not in ("", "/"):
+        return f"a path ({u.path[:40]!r}): give the base URL only, the fleet endpoints are under it"
+    if u.query or u.fragment or u.username is not None:
+        return "a query, fragment or user name"
+    return None
+
