@@ -169,7 +169,8 @@ def _listen_port(addr: str) -> int:
 
 
 def test_no_two_hostnetwork_pods_share_a_host_port(tmp_path: Path) -> None:
-    """The origin and a worker may land on one node, both on the host's network: every port either
+    """The origin and a worker, both on the host's network, keep distinct ports (a worker never lands on
+    an origin's node, test_no_worker_on_an_origin_node, but a mislabelled node must not half-bind): every port either
     listens on (its config's listens, its container ports) is its own. The workers' peers and trackers
     name the origin's ports. (Before: both used 9464 and 6881, and one failed to bind.)"""
     from weightd.config import load_config
@@ -225,6 +226,19 @@ def test_two_origins_on_two_nodes_and_workers_name_both() -> None:
     hosts = {p.rpartition(":")[0] for p in cfg.settings.p2p.peers}
     assert len(hosts) == 2 and {re.search(r"//([^:/]+)", t).group(1) for t in cfg.settings.p2p.trackers} == hosts
     assert len(origin_urls(cfg)) == 2
+
+
+def test_no_worker_on_an_origin_node() -> None:
+    """Origins are known to workers by IP only: a worker on an origin's node would be taken for that
+    origin (filtered out by the others, and making a dead home origin look connected). The DaemonSet's
+    required node affinity keeps workers off exactly the nodes the origins' nodeSelector picks."""
+    docs = kustomization_docs(KDIR)
+    pods = pod_templates(docs)
+    worker, origin = pods["DaemonSet/weightd"]["spec"], pods["StatefulSet/weightd-origin"]["spec"]
+    (key, value), = origin["nodeSelector"].items()
+    terms = worker["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert terms and all({"key": key, "operator": "NotIn", "values": [value]} in t["matchExpressions"] for t in terms), terms
+    assert key not in worker.get("nodeSelector", {})
 
 
 def test_apply_k_deploys_weightd_and_no_example_workload() -> None:
