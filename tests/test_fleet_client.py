@@ -240,3 +240,39 @@ def test_endless_advancing_pages_stop_at_the_byte_cap(servers, weightd) -> None:
     assert p.returncode == 0 and "good-node" in p.stdout and "bad-" not in p.stdout, (p.stdout[:300], p.stderr)
     assert "MiB" in p.stderr and evil.url in p.stderr, p.stderr
     assert time.monotonic() - t0 < 60
+
+
+# -- every worker must list the same origins (docs/origins.md): a hash of the list travels ---------------
+
+def test_the_origin_list_hash_ignores_order_and_trailing_slashes() -> None:
+    from weightd.fleet.client import origins_hash
+    a = origins_hash(["http://10.0.0.1:6969", "http://10.0.0.2:6969/"])
+    assert a == origins_hash(["http://10.0.0.2:6969", "http://10.0.0.1:6969"]) and len(a) == 16
+    assert a != origins_hash(["http://10.0.0.1:6969"])
+    assert Origins(["http://10.0.0.2:6969", "http://10.0.0.1:6969"], CFG).hash == a
+
+
+def test_reports_carry_the_origin_list_and_an_odd_one_is_refused_a_slot() -> None:
+    from weightd.fleet.rollout import origins_refusal
+    from weightd.fleet.view import FleetView
+    v = FleetView(ttl_s=300, budget_bytes=64 << 20)
+    for i, h in enumerate(["aaaaaaaaaaaaaaaa"] * 3 + ["bbbbbbbbbbbbbbbb", None, "not hex!"]):
+        v.report(f"10.0.0.{i + 1}", {"node": f"n{i}", **({"origins": h} if h else {})})
+    assert v.origin_lists() == {"aaaaaaaaaaaaaaaa": 3, "bbbbbbbbbbbbbbbb": 1}
+    assert [n.get("origins") for n in v.view()["nodes"]][:4] == ["aaaaaaaaaaaaaaaa"] * 3 + ["bbbbbbbbbbbbbbbb"]
+    assert origins_refusal("aaaaaaaaaaaaaaaa", v.origin_lists()) is None
+    assert origins_refusal(None, v.origin_lists()) is None          # (a worker that does not say: as before)
+    why = origins_refusal("bbbbbbbbbbbbbbbb", v.origin_lists())
+    assert why and "3 of 4" in why and "[intent] origin" in why, why
+    assert origins_refusal("bbbbbbbbbbbbbbbb", {}) is None            # (nothing known yet)
+    assert origins_refusal("bbbbbbbbbbbbbbbb", {"aaaaaaaaaaaaaaaa": 1, "bbbbbbbbbbbbbbbb": 1}) is None   # (a tie)
+
+
+def test_merged_status_warns_when_nodes_list_different_origins() -> None:
+    from weightd.fleet.view import merged, origin_list_warning
+    doc = merged([("http://a", {"nodes": [node("n1", origins="aaaaaaaaaaaaaaaa"), node("n2", ip="10.0.0.6",
+                                                                                        origins="bbbbbbbbbbbbbbbb")],
+                                "movers": []})])
+    w = origin_list_warning(doc["nodes"])
+    assert w and "2 different origin lists" in w and "n2" in w, w
+    assert origin_list_warning([node("n1", origins="aaaaaaaaaaaaaaaa"), node("n2", origins=None)]) is None

@@ -162,7 +162,7 @@ def test_a_newer_workers_keys_are_ignored_and_not_kept() -> None:
                      "weightd": "0.2.0+g1234", "admin": True, "gpus": [{"uuid": "GPU-0"}] * 3})
     fv.report(IP_B, {"node": "gpu-old", "holdings": [holding()]})
     new, old = sorted(fv.view()["nodes"], key=lambda n: n["node"])
-    assert set(new) == set(old) == {"node", "ip", "rack", "labels", "intent", "weightd", "age_s", "holdings", "ready"}
+    assert set(new) == set(old) == {"node", "ip", "rack", "labels", "intent", "weightd", "age_s", "holdings", "ready", "origins"}
     assert new["holdings"] == old["holdings"] == [holding()]
     assert (new["weightd"], old["weightd"]) == ("0.2.0+g1234", None)
     assert check_report({"node": "n", "v": 1, "weightd": "0.1.0"})["weightd"] == "0.1.0"

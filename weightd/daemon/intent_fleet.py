@@ -98,7 +98,8 @@ class RolloutSlots:
             self._retry.cancel()
             self._retry = None
         origins = origin_client(self.d)
-        body = {"node": node_name(self.d), "moving": f"{f.entry.name}@{f.version}", "slot": self.number}
+        body = {"node": node_name(self.d), "moving": f"{f.entry.name}@{f.version}", "slot": self.number,
+                "origins": origins.hash}   # (an origin refuses a worker counting over another list)
         answers = await self.d.run_blocking("misc", origins.each, "POST", "/v1/rollout/slot", body)
         granted = [u for u, a in answers if isinstance(a, dict) and a.get("granted") is True]
         need = majority(len(answers))
@@ -247,7 +248,8 @@ class HoldingsReport:
                     "labels": dict(list(labels.items())[:64]), "holdings": holdings[:1024],
                     "intent": dict(list(intent.items())[:1024]),
                     "ready": [{k: e[k] for k in ("model", "version", "tier", "seconds")}
-                              for e in estimates if e["seconds"] is not None][:1024]}
+                              for e in estimates if e["seconds"] is not None][:1024],
+                    "origins": client.hash}
             # sent beside the round: an origin slow to answer (each call is bounded by its deadline)
             # holds neither this round nor the fetches, rollouts and NFD writes after it
             self._sending = asyncio.get_running_loop().create_task(self._send(client, body))

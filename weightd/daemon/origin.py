@@ -26,7 +26,7 @@ from aiohttp import web
 from ..compat import check_envelope
 from ..errors import ReportRefused
 from ..fleet.ratelimit import RateLimit
-from ..fleet.rollout import MoverSlots
+from ..fleet.rollout import MoverSlots, origins_refusal
 from ..fleet.view import MAX_PAGE_NODES, FleetView, build_view, encode
 
 if TYPE_CHECKING:
@@ -53,6 +53,7 @@ class FleetEndpoints:
         self.d, self.tracker = d, tracker
         d.fleet = FleetView(ttl_s=max(300.0, 4 * intent.report_s), budget_bytes=intent.fleet_budget)
         d.movers = MoverSlots(intent.max_movers, path=d.config.settings.state_dir / "rollout-slots.json")
+        self.odd_lists: set[tuple[str, str | None]] = set()   # (address, its list) refused a slot, said once
         self.rate = RateLimit(intent.fleet_reports_per_s, max(16.0, 4 * intent.fleet_reports_per_s))
 
     def _refuse(self, request: web.Request) -> web.Response | None:
@@ -135,6 +136,16 @@ class FleetEndpoints:
             return web.json_response({"error": f"{key} is not a member of this fleet: no report from it is "
                                       "held (a worker reports every [intent] report_s; ask again after its "
                                       "report)"}, status=403)
+        # a worker listing other origins than most reporting nodes counts its majority over another list:
+        # the cap would not hold (docs/origins.md)
+        asked = b.get("origins") if isinstance(b.get("origins"), str) else None
+        if (why := origins_refusal(asked, d.fleet.origin_lists())) is not None:
+            if (key, asked) not in self.odd_lists:
+                if len(self.odd_lists) >= 4096:
+                    self.odd_lists.clear()
+                self.odd_lists.add((key, asked))
+                log.warning("rollout slot refused to %s (%s): %s", key, node, why)
+            return web.json_response({"error": why}, status=409)
         got = d.movers.ask(key, f"{node}: {moving}", number)
         if got["granted"]:
             log.debug("rollout slot for %s (%s): %d of %d", key, moving, got["movers"], got["cap"])

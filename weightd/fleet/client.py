@@ -27,6 +27,14 @@ VIEW_BYTES = 64 << 20   # the most of an origin's fleet view (its pages together
 VIEW_DEADLINE_S = 120.0   # ... and the longest it waits for all of it
 
 
+def origins_hash(urls: list[str]) -> str:
+    """16 hex digits naming a list of origins whatever its order: sent with every report and slot
+    request, so an origin can refuse a slot to a worker that counts its majority over another list
+    (docs/origins.md) and ``fleet status`` can say the nodes disagree."""
+    import hashlib
+    return hashlib.sha256("\n".join(sorted(u.rstrip("/") for u in urls)).encode()).hexdigest()[:16]
+
+
 class _Cutoff:
     """Shuts a connection's socket down at ``end`` (time.monotonic()) unless the call ended first: the
     read it is blocked in returns at once. One short-lived thread per call."""
@@ -189,6 +197,7 @@ class Origins:
 
     def __init__(self, urls: list[str], cfg: "Config", **kw: Any) -> None:
         self.urls = list(urls)
+        self.hash = origins_hash(self.urls)
         self.clients = [OriginClient(u, cfg, **kw) for u in self.urls]
 
     def only(self, urls: list[str]) -> "Origins":
@@ -196,6 +205,7 @@ class Origins:
         o = Origins([], None)   # type: ignore[arg-type]
         kept = [(u, c) for u, c in zip(self.urls, self.clients) if u in urls]
         o.urls, o.clients = [u for u, _c in kept], [c for _u, c in kept]
+        o.hash = self.hash   # (the list the worker counts its majority over)
         return o
 
     def each(self, method: str, path: str, body: Any = None) -> list[tuple[str, "dict[str, Any] | OriginUnavailable"]]:

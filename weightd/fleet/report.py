@@ -109,7 +109,7 @@ def _holding(h: Any, where: str) -> dict[str, Any]:
 
 def check_report(body: Any) -> dict[str, Any]:
     """A worker's report, checked and copied (only plain values that were checked are kept):
-    ``{"node", "rack", "labels", "holdings", "intent", "ready", "ready_dropped", "weightd"}``; ValueError naming the first problem.
+    ``{"node", "rack", "labels", "holdings", "intent", "ready", "ready_dropped", "weightd", "origins"}``; ValueError naming the first problem.
 
     Shape: ``v`` (optional) the message revision, an integer >= 1; ``weightd`` (optional) the worker's
     weightd version; ``node`` a host name (at most 253 characters); ``rack`` a rack name or null/absent;
@@ -121,7 +121,9 @@ def check_report(body: Any) -> dict[str, Any]:
     (0 to 1e9), one per (model, version, tier), each of a version the report holds or of a model its
     intent names: a row that is not (a bad number from a broken worker, a model the node neither
     holds nor intends, past the first 1024) is dropped and counted in ``ready_dropped``, never the
-    report (the node stays in the view and keeps its rollout slots).
+    report (the node stays in the view and keeps its rollout slots). ``origins`` (optional) 16
+    lowercase hex digits naming the worker's list of origins (:func:`weightd.fleet.client.origins_hash`;
+    anything else is taken as not said).
     Other keys, at the top or in a holding, are a newer worker's: ignored, never kept."""
     if not isinstance(body, dict):
         raise ValueError(f"report: expected a JSON object, got {_kind(body)}")
@@ -133,7 +135,13 @@ def check_report(body: Any) -> dict[str, Any]:
     holdings, intent = _holdings(body.get("holdings", [])), _intent(body.get("intent", {}))
     ready, dropped = _ready(body.get("ready", []), {(h["model"], h["version"]) for h in holdings},
                             {k.partition("@")[0] for k in intent})
-    return {"node": node, "rack": rack, "labels": labels, "holdings": holdings, "intent": intent, "ready": ready, "ready_dropped": dropped, "weightd": sender}
+    return {"node": node, "rack": rack, "labels": labels, "holdings": holdings, "intent": intent, "ready": ready, "ready_dropped": dropped, "weightd": sender,
+            "origins": _origins(body.get("origins"))}
+
+
+def _origins(v: Any) -> str | None:
+    import re
+    return v if isinstance(v, str) and re.fullmatch(r"[0-9a-f]{16}", v) else None
 
 
 def _node(body: dict[str, Any]) -> str:
@@ -244,7 +252,7 @@ def _ready(ready: Any, held: set[tuple[str, str]], intended: set[str]) -> tuple[
 
 def report_bytes(r: dict[str, Any]) -> int:
     """What a checked report counts against the budget: about the size of its JSON in the view."""
-    return (_REPORT_BYTES + len(r["node"]) + len(r["rack"] or "") + len(r["weightd"] or "")
+    return (_REPORT_BYTES + 16 + len(r["node"]) + len(r["rack"] or "") + len(r["weightd"] or "")
             + sum(len(k) + len(v) + 6 for k, v in r["labels"].items())
             + sum(len(k) + len(v) + 6 for k, v in r["intent"].items())
             + sum(_HOLDING_BYTES + len(h["model"]) + len(h["version"]) for h in r["holdings"])

@@ -23,6 +23,21 @@ log = logging.getLogger(__name__)
 SLOT_TTL_S = 120.0
 
 
+def origins_refusal(asked: str | None, held: dict[str, int]) -> str | None:
+    """Why a worker whose list of origins hashes to ``asked`` gets no slot here, given how many held
+    reports carry each list (``held``), else None: refused when a strict plurality of the reports carry
+    another list (that worker would count its majority over other origins than the fleet's, and the cap
+    would not hold). A worker that does not say, or nothing known yet, or a tie: not refused."""
+    if asked is None or not held:
+        return None
+    top = sorted(held.values(), reverse=True)
+    usual = max(held, key=lambda h: held[h])
+    if asked == usual or (len(top) > 1 and top[0] == top[1]):
+        return None
+    return (f"this worker lists other origins than {held[usual]} of {sum(held.values())} reporting nodes: set the "
+            "same [intent] origin (or [p2p] trackers) on every worker")
+
+
 class MoverSlots:
     def __init__(self, cap: int, *, ttl_s: float = SLOT_TTL_S, clock: Callable[[], float] = time.time,
                  path: Path | None = None) -> None:

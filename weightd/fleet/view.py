@@ -131,12 +131,21 @@ class FleetView:
         if old is not None:
             self._drop(key)
         self._nodes[key] = {"node": r["node"], "rack": r["rack"], "labels": r["labels"], "intent": r["intent"],
-                            "weightd": r["weightd"], "holdings": tuple(_holding_tuple(h) for h in r["holdings"]),
+                            "weightd": r["weightd"], "origins": r["origins"], "holdings": tuple(_holding_tuple(h) for h in r["holdings"]),
                             "ready": tuple((sys.intern(e["model"]), sys.intern(e["version"]), e["tier"], e["seconds"])
                                            for e in r["ready"]),
                             "ready_dropped": r["ready_dropped"], "ip": ip, "received_at": now, "size": size}
         self.held_bytes += size
         self.ready_dropped += r["ready_dropped"]
+
+    def origin_lists(self) -> dict[str, int]:
+        """How many held reports carry each list of origins (its hash; reports that did not say, left out)."""
+        out: dict[str, int] = {}
+        self._expire(self._clock())
+        for r in self._nodes.values():
+            if r.get("origins"):
+                out[r["origins"]] = out.get(r["origins"], 0) + 1
+        return out
 
     def snapshot(self) -> tuple[list[dict[str, Any]], float]:
         """The held reports (records never changed once kept) sorted by node then address, and now:
@@ -182,6 +191,7 @@ def build_view(records: list[dict[str, Any]], now: float, *, model: str | None =
     """``{"nodes": [...], "versions": [...], "generated_at": t}`` of ``records`` (from
     :meth:`FleetView.snapshot`; pure, so it may run in a thread). A node: ``node``, ``ip``, ``rack``,
     ``labels``, ``intent``, ``weightd`` (the version it runs, null when its report did not say),
+    ``origins`` (the hash of the origins it lists, null when not said),
     ``age_s`` (since its report), ``holdings`` (as reported, sorted), ``ready`` (its ready estimates:
     ``model``, ``version``, ``tier``, ``seconds``, sorted; the worker's own claim, of versions it holds
     or models its intent names), ``ready_dropped`` (only when its last report had estimates dropped). A version: ``model``,
@@ -211,7 +221,7 @@ def build_view(records: list[dict[str, Any]], now: float, *, model: str | None =
         size += r["size"]
         holdings = sorted((_holding_dict(h) for h in r["holdings"]), key=lambda h: (h["model"], h["version"], h["tier"]))
         nodes.append({"node": r["node"], "ip": r["ip"], "rack": r["rack"], "labels": dict(r["labels"]),
-                      "intent": dict(r["intent"]), "weightd": r["weightd"],
+                      "intent": dict(r["intent"]), "weightd": r["weightd"], "origins": r.get("origins"),
                       "age_s": round(max(0.0, now - r["received_at"]), 1), "holdings": holdings,
                       "ready": [dict(zip(READY_KEYS, e)) for e in sorted(r.get("ready", ()))],
                       **({"ready_dropped": r["ready_dropped"]} if r.get("ready_dropped") else {})})
@@ -302,6 +312,23 @@ def merged(answers: list[tuple[str, Any]]) -> dict[str, Any]:
                 nodes[key] = n
     kept = [nodes[k] for k in sorted(nodes)]
     return {"nodes": kept, **versions_of(n.get("holdings") or [] for n in kept), "origins": origins}
+
+
+def origin_list_warning(nodes: list[dict[str, Any]]) -> str | None:
+    """One line when the nodes' reports carry different lists of origins (each worker counts its slot
+    majority over its own list, so the rollout cap is not kept: docs/origins.md), naming a few nodes
+    off the most common list; else None."""
+    lists: dict[str, list[str]] = {}
+    for n in nodes:
+        if isinstance(n.get("origins"), str):
+            lists.setdefault(n["origins"], []).append(str(n.get("node")))
+    if len(lists) < 2:
+        return None
+    usual = max(lists, key=lambda h: len(lists[h]))
+    odd = sorted(x for h, ns in lists.items() if h != usual for x in ns)
+    return (f"the nodes list {len(lists)} different origin lists ({len(lists[usual])} node(s) share the most "
+            f"common); not on it: {', '.join(odd[:5])}{' ...' if len(odd) > 5 else ''}: the rollout cap holds "
+            "only when every worker lists the same origins")
 
 
 def _narrowed(records: list[dict[str, Any]], model: str) -> list[dict[str, Any]]:
