@@ -162,6 +162,9 @@ def fleet_status(app: AppContext, origins: tuple[str, ...], model: str | None, a
     if model is not None:
         _check_model(model)
     doc = _fleets(app, bases, model)
+    from ..fleet.view import origin_list_warning
+    if (odd := origin_list_warning(doc.get("nodes") or [])) is not None:
+        output.warn(odd)
     if model is not None:
         doc["nodes"] = by_readiness(doc.get("nodes") or [], model)
     if as_json:
