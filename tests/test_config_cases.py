@@ -1,5 +1,6 @@
-"""The config's validation, pinned case by case (each accepted file's effective config, each refused one's key and message) with the effective
-config or the refusal (key and message) that pydantic gave for each when the config was built on it.
+"""The config's validation, pinned case by case (tests/data/config_cases.json): for each file, the
+effective config or the refusal (key and message) that pydantic gave when the config was built on it
+(cases added since: what weightd gives, each reviewed when added).
 The config now validates with ``weightd.config.model`` (pydantic's model building cost ~110 ms of
 every command's start); this keeps every value, coercion and message what it was."""
 
