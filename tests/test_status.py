@@ -34,6 +34,7 @@ def test_status_shows_who_holds_each_copy(daemon, wd, node_env, tmp_path: Path) 
     assert wd("pin", "acme/x@v1").returncode == 0
     shard = next((node_env.hot / "acme/x/v1").glob("*.safetensors"))
     with open(shard, "rb"):  # this process uses the copy
+        time.sleep(1.1)   # (status may reuse a scan of /proc up to 1 s old: one the daemon made just before the open)
         r = wd("status")
         wide = wd("status", "-o", "wide")
         js = json.loads(wd("status", "-o", "json").stdout)
