@@ -132,6 +132,20 @@ def _log_times(log: Path, pattern: str) -> list[float]:
     return out
 
 
+def assert_one_mover_at_a_time(workers: list, model: str, version: str) -> None:
+    """One mover at a time, fleet-wide: the workers' rollouts of ``model@version`` ([the intent's fetch
+    start, the preload's end] in each daemon's log) do not overlap."""
+    spans = []
+    for w in workers:
+        log = w.dir / "daemon.log"
+        start = _log_times(log, rf"intent: fetching {re.escape(model)}@{re.escape(version)} .*\(rollout\)")
+        end = _log_times(log, rf"preloaded name={re.escape(model)} version={re.escape(version)}")
+        assert start and end, log.read_text()[-3000:]
+        spans.append((start[-1], end[-1]))
+    spans.sort()
+    assert all(a[1] <= b[0] + 0.05 for a, b in zip(spans, spans[1:])), spans
+
+
 def test_a_rollout_across_an_origin_and_three_workers(cluster, tmp_path: Path) -> None:  # noqa: F811
     """v2 is published while the workers serve v1: every worker moves to v2 as a delta, one at a time
     (max_movers = 1 at the origin), keeps v1 (versions = 2), and the v1 a server holds open stays."""
@@ -175,16 +189,7 @@ def test_a_rollout_across_an_origin_and_three_workers(cluster, tmp_path: Path) -
                           text)
             assert m and sum(map(int, m.groups()[:3])) < 24 * MiB / 3 and int(m.group(4)) > 24 * MiB / 2, m and m.group(0)
         assert changed > 0
-        # one mover at a time, fleet-wide: the rollouts' [start, end] intervals do not overlap
-        spans = []
-        for w in workers:
-            log = w.dir / "daemon.log"
-            start = _log_times(log, r"intent: fetching org/roll@v2 .*\(rollout\)")
-            end = _log_times(log, r"preloaded name=org/roll version=v2")
-            assert start and end, log.read_text()[-3000:]
-            spans.append((start[-1], end[-1]))
-        spans.sort()
-        assert all(a[1] <= b[0] + 0.05 for a, b in zip(spans, spans[1:])), spans
+        assert_one_mover_at_a_time(workers, "org/roll", "v2")
         # gc under no pressure and an admin's plain evict cannot take v1 on worker 3: the intent leases it
         # (kept for rollback), and a server has a file of it open
         assert workers[0].cli("gc").returncode == 0

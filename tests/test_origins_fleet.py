@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tiering.sample import make_checkpoint
 
-from .test_intent_daemon import _log_times, until
+from .test_intent_daemon import _log_times, assert_one_mover_at_a_time, until
 from .test_p2p import cluster  # noqa: F401 (fixture)
 
 MiB = 1 << 20
@@ -67,17 +67,26 @@ def _answers(origin) -> bool:
         return False
 
 
-def test_workers_report_to_both_origins_and_fleet_status_merges_and_rides_out_one(cluster, tmp_path: Path
-                                                                                  ) -> None:  # noqa: F811
+def origins_and_workers(cluster, tmp_path: Path, model: str, keep: str, size: int, *, shards: int = 1,
+                        jitter: bool = False) -> tuple:
+    """Two origins with ``model``@v1 published (``size`` bytes) and three workers (w4-w6) listing both,
+    following the intent file ``keep`` (reconciled every second, reporting every second)."""
     idir = tmp_path / "intent.d"
     idir.mkdir()
-    (idir / "fleet.toml").write_text('[[keep]]\nmodel = "org/m@latest"\n')
+    (idir / "fleet.toml").write_text(keep)
     a, b = two_origins(cluster)
-    src = make_checkpoint(tmp_path / "src", total_bytes=4 * MiB, shards=1, layers=2, seed="v1")
-    assert a.cli("publish", str(src), "--name", "org/m", "--version", "v1").returncode == 0
-    intent = f'[intent]\ndir = "{idir}"\nreconcile_s = 1\npoll_s = 0.2\nreport_s = 1\n'
+    src = make_checkpoint(tmp_path / "v1", total_bytes=size, shards=shards, layers=2, seed="v1")
+    assert a.cli("publish", str(src), "--name", model, "--version", "v1").returncode == 0
+    intent = f'[intent]\ndir = "{idir}"\nreconcile_s = 1\npoll_s = 0.2\n' + ("jitter_s = 1\n" if jitter else "") \
+        + "report_s = 1\n"
     workers = [cluster(f"127.0.0.{i}", p2p_extra=worker_p2p([a, b], intent + f'node_name = "w{i}"\n'))
                for i in (4, 5, 6)]
+    return a, b, workers
+
+
+def test_workers_report_to_both_origins_and_fleet_status_merges_and_rides_out_one(cluster, tmp_path: Path
+                                                                                  ) -> None:  # noqa: F811
+    a, b, workers = origins_and_workers(cluster, tmp_path, "org/m", '[[keep]]\nmodel = "org/m@latest"\n', 4 * MiB)
     want = {"w4", "w5", "w6"}
     # every origin has every worker's report, v1 held: each view alone is the whole fleet
     for o in (a, b):
@@ -141,15 +150,8 @@ def test_a_rollout_with_one_mover_across_an_origin_restart(cluster, tmp_path: Pa
     """max_movers = 1 on both origins; the first origin is SIGKILLed while the first worker moves and
     restarted 2 s later: never two movers at once (sampled continuously from the workers' metrics,
     and by their logs' rollout spans), and every worker reaches v2 once the origin is back."""
-    idir = tmp_path / "intent.d"
-    idir.mkdir()
-    (idir / "fleet.toml").write_text('[[keep]]\nmodel = "org/roll@latest"\nversions = 2\nbandwidth = "4MB"\n')
-    a, b = two_origins(cluster)
-    v1 = make_checkpoint(tmp_path / "v1", total_bytes=24 * MiB, shards=2, layers=2, seed="v1")
-    assert a.cli("publish", str(v1), "--name", "org/roll", "--version", "v1").returncode == 0
-    intent = f'[intent]\ndir = "{idir}"\nreconcile_s = 1\npoll_s = 0.2\njitter_s = 1\nreport_s = 1\n'
-    workers = [cluster(f"127.0.0.{i}", p2p_extra=worker_p2p([a, b], intent + f'node_name = "w{i}"\n'))
-               for i in (4, 5, 6)]
+    a, b, workers = origins_and_workers(cluster, tmp_path, "org/roll", '[[keep]]\nmodel = "org/roll@latest"\n'
+                                        'versions = 2\nbandwidth = "4MB"\n', 24 * MiB, shards=2, jitter=True)
     for w in workers:
         until(f"{w.ip} on v1", lambda w=w: (w.dir / "warm/org/roll/v1").is_dir(), timeout=90)
     until("reports at both origins", lambda: all(len(names(fleet(workers[0], o)[1])) == 3 for o in (a, b)), timeout=30)
@@ -169,15 +171,7 @@ def test_a_rollout_with_one_mover_across_an_origin_restart(cluster, tmp_path: Pa
     finally:
         movers.close()
     assert movers.most == 1 and movers.seen >= 5, (movers.most, movers.seen, movers.samples)
-    spans = []
-    for w in workers:
-        log = w.dir / "daemon.log"
-        start = _log_times(log, r"intent: fetching org/roll@v2 .*\(rollout\)")
-        end = _log_times(log, r"preloaded name=org/roll version=v2")
-        assert start and end, log.read_text()[-3000:]
-        spans.append((start[-1], end[-1]))
-    spans.sort()
-    assert all(x[1] <= y[0] + 0.05 for x, y in zip(spans, spans[1:])), spans
+    assert_one_mover_at_a_time(workers, "org/roll", "v2")
     # the restarted origin kept the held slot (state_dir/rollout-slots.json) and its view is back
     assert "held slot(s) restored from" in (a.dir / "daemon.log").read_text()
     for w in workers:

@@ -3,41 +3,23 @@ whichever tracker is down, None only when none has answered lately."""
 
 from __future__ import annotations
 
-import http.server
 import json
 import threading
 import time
 
 from p2p.members import Membership
 
+from .test_tracker import _Tracker
+
 KNOWN = b"k" * 20
 
 
-class _Tracker:
-    """A local ``/swarm`` endpoint answering the list the test sets; ``close`` makes its port refuse."""
-
-    def __init__(self, rows: list[list[str]]) -> None:
-        self.body, self.hits = json.dumps({"downloading": rows, "others": []}).encode(), 0
-        outer = self
-
-        class H(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802
-                outer.hits += 1
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(outer.body)))
-                self.end_headers()
-                self.wfile.write(outer.body)
-
-            def log_message(self, *a) -> None:
-                pass
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/announce"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        if self.server.socket.fileno() >= 0:
-            self.server.shutdown()
-            self.server.server_close()
+def _tracker(rows: list[list[str]]) -> _Tracker:
+    """A local ``/swarm`` endpoint answering ``rows`` as the workers downloading; ``close`` makes its
+    port refuse."""
+    t = _Tracker()
+    t.body = json.dumps({"downloading": rows, "others": []}).encode()
+    return t
 
 
 def _until(ok, timeout_s: float = 10) -> None:
@@ -48,8 +30,8 @@ def _until(ok, timeout_s: float = 10) -> None:
 
 
 def test_the_list_is_the_union_of_every_trackers_fresh_answer() -> None:
-    a = _Tracker([["127.0.0.4", "r1"], ["127.0.0.5", "r1"]])
-    b = _Tracker([["127.0.0.5", "r1"], ["127.0.0.6", "r2"]])
+    a = _tracker([["127.0.0.4", "r1"], ["127.0.0.5", "r1"]])
+    b = _tracker([["127.0.0.5", "r1"], ["127.0.0.6", "r2"]])
     m = Membership((a.url, b.url), KNOWN, every_s=0.05, timeout_s=1, stale_s=0.5).start()
     try:
         _until(lambda: a.hits >= 2 and b.hits >= 2)   # (every tracker is asked every round, not the first only)
@@ -67,8 +49,8 @@ def test_the_list_is_the_union_of_every_trackers_fresh_answer() -> None:
 
 
 def test_a_list_is_settled_only_once_the_union_stops_changing() -> None:
-    a = _Tracker([["127.0.0.4", ""]])
-    b = _Tracker([["127.0.0.4", ""]])
+    a = _tracker([["127.0.0.4", ""]])
+    b = _tracker([["127.0.0.4", ""]])
     m = Membership((a.url, b.url), KNOWN, every_s=0.05, timeout_s=1).start()
     try:
         _until(lambda: m.members is not None)
@@ -113,7 +95,7 @@ def test_a_tracker_trickling_its_answer_is_cut_at_the_deadline_and_the_others_st
                     c.close()
             threading.Thread(target=one, daemon=True).start()
     threading.Thread(target=trickle, daemon=True).start()
-    good = _Tracker([["127.0.0.4", "r1"]])
+    good = _tracker([["127.0.0.4", "r1"]])
     slow = f"http://127.0.0.1:{srv.getsockname()[1]}/announce"
     m = Membership((slow, good.url), KNOWN, every_s=0.05, timeout_s=1, stale_s=5)
     try:

@@ -353,8 +353,10 @@ class _Tracker:
         self.thread.start()
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        """Stop answering: the port refuses from then on (a second close does nothing)."""
+        if self.server.socket.fileno() >= 0:
+            self.server.shutdown()
+            self.server.server_close()
 
 
 @pytest.mark.parametrize("status, body, gives_up", [
