@@ -9,6 +9,7 @@ import time
 
 from p2p.members import Membership
 
+from .test_fleet_client import Server
 from .test_tracker import _Tracker
 
 KNOWN = b"k" * 20
@@ -70,33 +71,9 @@ def test_a_tracker_trickling_its_answer_is_cut_at_the_deadline_and_the_others_st
     """A tracker that sends its answer a byte every 0.2 s (each read within the socket timeout) is cut at
     ``timeout_s`` for the whole request, counted as a failure (asked again, not dropped for good), and
     the other tracker's list is there meanwhile."""
-    import socket
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(8)
-    stop = threading.Event()
-
-    def trickle() -> None:
-        while not stop.is_set():
-            try:
-                c, _ = srv.accept()
-            except OSError:
-                return
-            def one(c=c) -> None:
-                try:
-                    for b in b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n" + b"x" * 100000:
-                        if stop.is_set():
-                            return
-                        c.sendall(bytes([b]))
-                        time.sleep(0.2)
-                except OSError:
-                    pass
-                finally:
-                    c.close()
-            threading.Thread(target=one, daemon=True).start()
-    threading.Thread(target=trickle, daemon=True).start()
+    slow_server = Server(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n" + b"x" * 100000, every_s=0.2)
     good = _tracker([["127.0.0.4", "r1"]])
-    slow = f"http://127.0.0.1:{srv.getsockname()[1]}/announce"
+    slow = slow_server.url + "/announce"
     m = Membership((slow, good.url), KNOWN, every_s=0.05, timeout_s=1, stale_s=5)
     try:
         got: list = []
@@ -114,10 +91,9 @@ def test_a_tracker_trickling_its_answer_is_cut_at_the_deadline_and_the_others_st
         _until(lambda: m.members == {"127.0.0.4": "r1"} and m.failures >= 1, timeout_s=8)
         _until(lambda: m.requests >= 4, timeout_s=8)   # (the slow tracker is asked again, round after round)
     finally:
-        stop.set()
+        slow_server.close()
         m.stop()
         good.close()
-        srv.close()
 
 
 def test_a_list_keeps_only_addresses_inside_the_allow_list_and_at_most_a_swarms_worth() -> None:
