@@ -28,12 +28,13 @@ import http.client
 import ipaddress
 import json
 import logging
-import socket
 import ssl
 import threading
 import time
 import urllib.parse
 from typing import TYPE_CHECKING, Sequence
+
+from tiering import Cutoff
 
 from .config import RACK, address_allowed
 
@@ -170,19 +171,17 @@ class Membership:
         else:
             conn = http.client.HTTPConnection(u.hostname or "", u.port, timeout=timeout_s,
                                               source_address=self.source)
-        was_cut = threading.Event()
-        cut = threading.Timer(timeout_s, _cut, (conn, was_cut))   # (the whole request, not each read)
-        cut.start()
+        cut = Cutoff(conn, time.monotonic() + timeout_s)   # (the whole request, not each read)
         try:
             conn.request("GET", f"{u.path}?{u.query}")
             r = conn.getresponse()
             body = r.read(MAX_ANSWER + 1)
         except (OSError, http.client.HTTPException) as exc:
-            raise (TimeoutError(f"no whole answer within {timeout_s:g} s") if was_cut.is_set() else exc) from None
+            raise (TimeoutError(f"no whole answer within {timeout_s:g} s") if cut.fired else exc) from None
         finally:
-            cut.cancel()
+            cut.stop()
             conn.close()
-        if was_cut.is_set():   # (cut while the body was read: what came is not all of it)
+        if cut.fired:   # (cut while the body was read: what came is not all of it)
             raise TimeoutError(f"no whole answer within {timeout_s:g} s")
         return r.status, body
 
@@ -226,17 +225,6 @@ def _is_ip(text: str) -> bool:
     except ValueError:
         return False
     return True
-
-
-def _cut(conn: http.client.HTTPConnection, was_cut: threading.Event) -> None:
-    """End a request at its deadline: a shutdown wakes the read blocked on the socket."""
-    was_cut.set()
-    sock = conn.sock
-    if sock is not None:
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
 
 
 class _NotOurs(Exception):

@@ -56,7 +56,7 @@ _SURFACE: dict[str, str] = {
     "FetchRequest": "sources.base", "FetchResult": "sources.base", "Fetcher": "sources.base",
     "SourceFallback": "sources.base",
     "parse_hub_ref": "sources.hf", "fetch_snapshot": "sources.hf", "discard_snapshot": "sources.hf",
-    "resolve_commit": "sources.hf", "private_dir": "safefs.paths",
+    "resolve_commit": "sources.hf", "private_dir": "safefs.paths", "Cutoff": "http_cutoff",
     "Progress": "progress", "set_phase": "progress", "process_name": "inuse", "ObjectCold": "sources.s3.cold",
     "ObjectLocation": "sources.s3.client", "read_version": "versions",
     "OciCold": "sources.oci.cold", "RegistryLocation": "sources.oci.client", "ArtifactRef": "sources.oci.importer",

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import http.client
 import json
-import socket
 import ssl
-import threading
 import time
 import urllib.parse
 from typing import TYPE_CHECKING, Any
 
 from ..compat import stamped
+from tiering import Cutoff
+
 from ..errors import OriginUnavailable
 
 if TYPE_CHECKING:
@@ -33,34 +33,6 @@ def origins_hash(urls: list[str]) -> str:
     (docs/origins.md) and ``fleet status`` can say the nodes disagree."""
     import hashlib
     return hashlib.sha256("\n".join(sorted(u.rstrip("/") for u in urls)).encode()).hexdigest()[:16]
-
-
-class _Cutoff:
-    """Shuts a connection's socket down at ``end`` (time.monotonic()) unless the call ended first: the
-    read it is blocked in returns at once. One short-lived thread per call."""
-
-    def __init__(self, conn: http.client.HTTPConnection, end: float) -> None:
-        self.conn, self.end, self.fired, self.done = conn, end, False, threading.Event()
-        self.thread = threading.Thread(target=self._watch, name="weightd-origin-deadline", daemon=True)
-        self.thread.start()
-
-    def _watch(self) -> None:
-        if self.done.wait(max(0.0, self.end - time.monotonic())):
-            return
-        self.fired = True
-        while True:   # (the socket exists once connect() made it; connect is bounded by its own timeout)
-            sock = self.conn.sock
-            if sock is not None:
-                try:   # (socket.socket's own shutdown: the file descriptor, even under TLS)
-                    socket.socket.shutdown(sock, socket.SHUT_RDWR)
-                except OSError:
-                    pass
-                return
-            if self.done.wait(0.05):
-                return
-
-    def stop(self) -> None:
-        self.done.set()
 
 
 def origin_urls(cfg: "Config") -> list[str]:
@@ -103,7 +75,7 @@ class OriginClient:
         end = time.monotonic() + self.timeout_s
         end = end if deadline is None else min(end, deadline)
         allowed = max(0.0, end - time.monotonic())
-        cut: _Cutoff | None = None
+        cut: Cutoff | None = None
         try:
             left = end - time.monotonic()
             if left <= 0:
@@ -114,7 +86,7 @@ class OriginClient:
             else:
                 conn = http.client.HTTPConnection(u.hostname or "", u.port, timeout=left,
                                                   source_address=self.source)
-            cut = _Cutoff(conn, end)
+            cut = Cutoff(conn, end)
             try:
                 data = None if body is None else json.dumps(stamped(body)).encode()
                 conn.request(method, u.path + (f"?{u.query}" if u.query else ""), body=data,
