@@ -18,7 +18,7 @@ import logging
 import threading
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Collection
+from typing import TYPE_CHECKING, Callable, Collection, Mapping, Sequence
 
 import libtorrent as lt
 
@@ -327,7 +327,8 @@ class P2PSession:
     def download(self, ti: lt.torrent_info, data_dir: Path, *, peers: tuple[str, ...] = (),
                  stall_s: float = 60.0, timeout_s: float | None = None, plan: bool = True,
                  progress: Callable[[int], None] | None = None, flush_timeout_s: float = 60.0,
-                 files: "frozenset[str] | None" = None) -> DownloadResult:
+                 files: "frozenset[str] | None" = None,
+                 ranges: "Mapping[str, Sequence[tuple[int, int]]] | None" = None) -> DownloadResult:
         """Download into ``data_dir`` from the swarm (starting at ``peers``, the origins); pieces are
         checked by libtorrent. With ``plan`` the pieces are requested by a PiecePlan (each worker
         takes its own slice from the origin, the rest from other workers). Raises TransferStalled if
@@ -337,8 +338,11 @@ class P2PSession:
         ``files``: only these files (a partial copy): the others at priority 0, and only their pieces
         are planned, counted and waited for. A torrent this session seeds from a partial copy (the same
         info-hash: one torrent per info-hash in a session) stops seeding for the download, and is seeded
-        again after it."""
-        subset = subset_of(ti, files) if files is not None else None
+        again after it.
+
+        ``ranges`` (with ``files``): only the pieces covering these byte ranges of those files (an
+        expert-parallel copy's kept tensors, :func:`~p2p.torrent.subset_of`)."""
+        subset = subset_of(ti, files, ranges) if files is not None else None
         data_dir.mkdir(parents=True, exist_ok=True)
         atp = lt.add_torrent_params()
         atp.ti = ti
