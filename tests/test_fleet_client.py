@@ -28,6 +28,7 @@ class Server:
 
     def __init__(self, answer: "bytes | Callable[[bytes], bytes]", every_s: float = 0.0) -> None:
         self.answer, self.every_s, self.stop = answer, every_s, threading.Event()
+        self.accepted = 0   # connections taken
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(8)
@@ -42,6 +43,7 @@ class Server:
                 conn, _a = self.sock.accept()
             except TimeoutError:
                 continue
+            self.accepted += 1
             threading.Thread(target=self._one, args=(conn,), daemon=True).start()
 
     def _one(self, conn: socket.socket) -> None:
@@ -276,3 +278,22 @@ def test_merged_status_warns_when_nodes_list_different_origins() -> None:
     w = origin_list_warning(doc["nodes"])
     assert w and "2 different origin lists" in w and "n2" in w, w
     assert origin_list_warning([node("n1", origins="aaaaaaaaaaaaaaaa"), node("n2", origins=None)]) is None
+
+
+@pytest.mark.parametrize("url, why", [
+    ("ftp://10.0.0.1:6969", "not an http:// or https:// URL"),
+    ("10.0.0.1:6969", "not an http:// or https:// URL"),
+    ("http://10.0.0.1:99999", "the port must be 1-65535"),
+    ("http://10.0.0.1:6969/announce", "a path"),
+    ("http://10.0.0.1:6969/?x=1", "query"),
+    ("http://:6969", "no host"),
+])
+def test_fleet_status_refuses_a_url_that_is_no_origin_before_asking_anyone(servers, weightd, url, why) -> None:
+    """An --origin typo is the caller's (exit 2, naming it), as in [intent] origin, not an origin down (exit 1),
+    and no origin is asked: the good one beside it never sees a request."""
+    good = servers(answer(GOOD))
+    p = weightd("fleet", "status", "--origin", good.url, "--origin", url, timeout=30)
+    assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
+    line = p.stderr.strip()
+    assert "\n" not in line and "--origin" in line and url[:40] in line and why in line, line
+    assert good.accepted == 0

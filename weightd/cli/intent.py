@@ -153,9 +153,14 @@ def fleet_status(app: AppContext, origins: tuple[str, ...], model: str | None, a
     answer is a warning while another does).
 
     Example: weightd fleet status --origin https://10.0.0.1:6969 --model acme/llama-70b"""
+    from ..config.intent import origin_problem
     from ..errors import UsageError
     from ..fleet.client import origin_urls
     from ..fleet.view import by_readiness, ready_index
+    for u in origins:   # (as [intent] origin is checked: a typo is the caller's, not an origin down)
+        if (why := origin_problem(u)) is not None:
+            raise UsageError(f"--origin {u[:100]!r}: {why}; expected an origin's tracker base URL, like "
+                             f"'https://10.0.0.1:6969'")
     bases = list(dict.fromkeys(u.rstrip("/") for u in origins)) or origin_urls(app.config)
     if not bases:
         raise UsageError("no origin: pass --origin URL, or set [intent] origin or [p2p] trackers")

@@ -111,7 +111,7 @@ class IntentSettings(FrozenModel):
                                                           for u in urls):
             raise ValueError("expected an origin's tracker base URL, like 'https://10.0.0.1:6969', or a list of them")
         for u in urls:
-            if (why := _origin_problem(u)) is not None:
+            if (why := origin_problem(u)) is not None:
                 raise ValueError(f"{u[:100]!r}: {why}; expected an origin's tracker base URL, like 'https://10.0.0.1:6969'")
         return tuple(dict.fromkeys(u.rstrip("/") for u in urls))
 
@@ -124,10 +124,13 @@ class IntentSettings(FrozenModel):
         return v
 
 
-def _origin_problem(url: str) -> str | None:
-    """Why ``url`` (http(s)://...) is not an origin's base URL: a host, a port 1-65535 if any, no path
-    but "/" (the fleet endpoints are under it: '/announce' would 404 every request), no query."""
+def origin_problem(url: str) -> str | None:
+    """Why ``url`` is not an origin's base URL (``[intent] origin``, ``fleet status --origin``): http or
+    https, a host, a port 1-65535 if any, no path but "/" (the fleet endpoints are under it:
+    '/announce' would 404 every request), no query."""
     import urllib.parse
+    if not url.startswith(("http://", "https://")):
+        return "not an http:// or https:// URL"
     try:
         u = urllib.parse.urlsplit(url)
         port = u.port
