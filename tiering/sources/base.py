@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
 
 from ..progress import ProgressFn
 
@@ -31,6 +31,9 @@ class FetchRequest:
     delta: "DeltaPlan | None" = None  # local donor bytes to reuse, if any
     clock: Callable[[], float] = time.monotonic  # the clock ``deadline`` is on (LocalNode's monotonic)
     files: "frozenset[str] | None" = None  # only these files of ``source`` (a partial copy), else all
+    # with ``files``: of each file named here only these [begin, end) byte ranges (an expert-parallel
+    # copy's kept tensors); the staged files are then sparse, whole-sized, holes elsewhere
+    ranges: "Mapping[str, tuple[tuple[int, int], ...]] | None" = None
 
 
 @dataclass(frozen=True, slots=True)
