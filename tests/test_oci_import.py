@@ -427,3 +427,48 @@ def test_a_failed_layer_stops_the_layers_in_flight(oci_node, registry: Registry,
     assert list(scratch.iterdir()) == []
     assert time.monotonic() - t < 3, (time.monotonic() - t, len(reads))
     assert 0 < len(reads) < 20 and reads[-1] < len(slow) // 2, (len(reads), reads[-1:])
+
+
+def test_a_killed_imports_scratch_is_removed_by_the_next_import_and_a_running_ones_is_not(
+        cli, oci_node, registry: Registry, auth_file: Path, tmp_path: Path, scratch: Path) -> None:
+    """An import SIGKILLed mid-way leaves its scratch directory (up to a checkpoint's size) behind; the
+    next import removes it. A running import's directory, another user's and a symlink stay."""
+    import os
+    import signal
+    import sys
+    from .conftest import NOBODY
+    repo = f"{oci_node.prefix}-swept/tiny"
+    _push(registry, repo, "v1", [(f"{MP}.weight.config.v1.raw", "config.json", b"{}"),
+                                 (f"{MP}.weight.v1.raw", "w.bin", b"w" * 100_000)])
+    holder = ("import sys, time\nfrom tiering.sources.oci.importer import pull_artifact\n"
+              f"with pull_artifact({f'oci://{registry.host}/{repo}:v1'!r}, insecure=True,\n"
+              f"                   env={{'REGISTRY_AUTH_FILE': {str(auth_file)!r}}}) as got:\n"
+              "    print(got.dir, flush=True)\n    time.sleep(120)\n")
+    env = {**os.environ, "TMPDIR": str(scratch)}
+    kids = [subprocess.Popen([sys.executable, "-c", holder], stdout=subprocess.PIPE, text=True, env=env)
+            for _ in range(2)]
+    try:
+        killed, running = (Path(k.stdout.readline().strip()) for k in kids)
+        assert killed.parent == running.parent == scratch and (killed / "w.bin").stat().st_size == 100_000
+        kids[0].send_signal(signal.SIGKILL)
+        kids[0].wait(10)
+        assert (killed / "w.bin").exists()   # (what the kill leaves behind)
+        theirs = scratch / "weightd-oci-import-theirs"
+        (theirs / "sub").mkdir(parents=True)
+        os.chown(theirs, NOBODY, NOBODY)
+        keep = tmp_path / "keep"
+        keep.mkdir()
+        (keep / "precious").write_text("x")
+        (scratch / "weightd-oci-import-link").symlink_to(keep)
+        r = cli("publish", f"oci://{registry.host}/{repo}:v1", "--name", "acme/swept", "--json",
+                env={"TMPDIR": str(scratch)})
+        assert r.returncode == 0, r.stderr
+        assert not killed.exists()
+        assert (running / "w.bin").exists() and (theirs / "sub").is_dir() and (keep / "precious").exists()
+        assert sorted(p.name for p in scratch.iterdir()) == sorted([running.name, theirs.name,
+                                                                    "weightd-oci-import-link"])
+    finally:
+        for k in kids:
+            k.kill()
+            k.wait(10)
+            k.stdout.close()

@@ -29,10 +29,13 @@ memory stays flat whatever the ratio. (The tar layers are unpacked by tiering/so
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
+import logging
 import os
 import re
 import shutil
+import stat
 import tempfile
 import threading
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
@@ -50,6 +53,8 @@ from .errors import BlobMismatch
 from .layout import DIGEST_RE, REPO_COMPONENT, TAG_RE, Layer
 from .unpack import OWN_PREFIX, Staging, copy_to, make_links, untar
 
+log = logging.getLogger(__name__)
+SCRATCH_PREFIX = "weightd-oci-import-"
 _MODELPACK = r"application/vnd\.cncf\.model\.(?:weight|weight\.config|doc|code|dataset)\.v1"
 _KITOPS = r"application/vnd\.kitops\.modelkit\.(?:model|modelpart|dataset|code|docs|prompts)\.v1"
 RAW_TYPE = re.compile(_MODELPACK + r"\.raw")
@@ -133,9 +138,13 @@ def pull_artifact(text: str, *, insecure: bool = False, ca_file: Path | None = N
     """The artifact ``text`` (oci://REGISTRY/REPO:TAG|@sha256:...) pulled into a scratch directory (0755,
     files 0644: a daemon of another user publishes from it), every blob checked; removed afterwards."""
     ref = ArtifactRef.parse(text)
+    parent = Path(scratch_parent or tempfile.gettempdir())
+    sweep_dead_scratch(parent)
     c = RegistryClient(f"oci://{ref.host}", concurrency=concurrency, insecure=insecure, ca_file=ca_file, env=env)
-    scratch = Path(tempfile.mkdtemp(prefix="weightd-oci-import-", dir=scratch_parent))
+    scratch = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=parent))
+    held = os.open(scratch, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
+        fcntl.flock(held, fcntl.LOCK_EX)   # (while it is locked, no sweep takes it: :func:`sweep_dead_scratch`)
         os.chmod(scratch, 0o755)
         art = resolve_ref(c, ref.repo, ref.ref)
         if art is None:
@@ -154,6 +163,41 @@ def pull_artifact(text: str, *, insecure: bool = False, ca_file: Path | None = N
     finally:
         c.close()
         shutil.rmtree(scratch, ignore_errors=True)
+        os.close(held)
+
+
+def sweep_dead_scratch(parent: Path) -> int:
+    """Remove the scratch directories of imports that died before removing them (SIGKILL, the OOM
+    killer, a reboot: up to a checkpoint's size each): this user's own ``weightd-oci-import-*``
+    directories in ``parent`` that no import holds locked (a running import holds a lock on its
+    directory until it is removed; the kernel drops it with the process). Another user's directory, a
+    symbolic link and anything else there are left alone. Returns how many were removed."""
+    removed = 0
+    try:
+        entries = list(os.scandir(parent))
+    except OSError:
+        return 0
+    for e in entries:
+        if not e.name.startswith(SCRATCH_PREFIX):
+            continue
+        try:
+            fd = os.open(e.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:   # (a symlink, a file, gone)
+            continue
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:   # (an import running now)
+                continue
+            shutil.rmtree(e.path, ignore_errors=True)
+            removed += 1
+            log.info("removed %s: the scratch directory of an OCI import that did not finish", e.path)
+        finally:
+            os.close(fd)
+    return removed
 
 
 def _pull_parts(c: RegistryClient, repo: str, parts: list[Part], staging: Staging) -> None:
