@@ -10,9 +10,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from tiering import HOT, LOCAL_TIERS, parse_ref
+from tiering import HOT, LOCAL_TIERS, MAX_SECONDS, parse_ref
 
-from ..client import MAX_SECONDS
 from ..errors import InvalidRequest
 
 
