@@ -102,7 +102,7 @@ class Seconds(click.ParamType):
     name = "seconds"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
-        from ..client import MAX_SECONDS
+        from tiering import MAX_SECONDS   # (tiering.content.units; weightd.client would load http.client)
         try:
             v = float(value)
         except (TypeError, ValueError):

@@ -54,13 +54,17 @@ class Backend:
     def service(self):
         if self._service is None:
             from ..node.local import open_service
-            from ..node.swarm import P2PFetcher
             from ..tally import Tally
-            self._fetcher = P2PFetcher(self.app.config)  # a P2P session only if a download needs one
+            if self.app.config.settings.p2p.peers and not self.query:
+                # a P2P session only if a download needs one; without origins ([p2p] peers) the swarm
+                # has nowhere to start and the fetcher would decline every request: not even imported
+                # (p2p.fetch loads libtorrent, ~15 ms of every in-process command)
+                from ..node.swarm import P2PFetcher
+                self._fetcher = P2PFetcher(self.app.config)
             # the same counting as the daemon's, into a Tally: nothing scrapes a CLI process, and
             # prometheus_client would add ~50 ms to every in-process command
             self._service = open_service(self.app.config, Tally(), reconcile=not self.query,
-                                         fetchers=[self._fetcher])
+                                         fetchers=[] if self._fetcher is None else [self._fetcher])
         return self._service
 
     @property
