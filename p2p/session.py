@@ -27,7 +27,7 @@ from .config import P2PConfig, endpoint, tracker_urls
 from .errors import P2PError, TorrentRejected, map_libtorrent_errors
 from .origins import OriginShare, origins_to_block
 from .plan import PiecePlan
-from .settings import class_filter, ip_filter, session_settings
+from .settings import class_filter, ip_filter, lower_limit, session_settings
 from .swarm_view import read_swarm
 from .torrent import fleet_mismatch, placement, save_path_for, subset_of
 from .transfer import DownloadResult, Transfer
@@ -251,7 +251,7 @@ class P2PSession:
         the configured ``download_limit``/``upload_limit``, which still hold (the lower of the two
         wins), on the global and the local (LAN, loopback) peer class. ``watched``: the controller is on
         (libtorrent ticks every YIELD_TICK_MS). Returns the limits now in force (0: unlimited)."""
-        dl, ul = (min(2**31 - 1, _lower(fixed, mine))   # (libtorrent's limits are 32-bit ints: larger ones wrap)
+        dl, ul = (min(2**31 - 1, lower_limit(fixed, mine))   # (libtorrent's limits are 32-bit ints: larger ones wrap)
                   for fixed, mine in ((self.cfg.download_limit, download), (self.cfg.upload_limit, upload)))
         tick = YIELD_TICK_MS if watched else DEFAULT_TICK_MS
         self.ses.apply_settings({"download_rate_limit": dl, "upload_rate_limit": ul, "tick_interval": tick})
@@ -397,8 +397,3 @@ class P2PSession:
             self.seed(ti, data_dir, files=files)
         except P2PError as exc:   # (the next seed_held round tries again)
             log.warning("p2p: cannot seed %s again after a download: %s", data_dir, exc)
-
-
-def _lower(fixed: int, dynamic: int) -> int:
-    """The lower of two rate limits where 0 means none."""
-    return min(x for x in (fixed, dynamic) if x) if fixed or dynamic else 0

@@ -30,6 +30,11 @@ def ip_filter(allow: tuple[str, ...], blocked: "set[str] | frozenset[str]" = fro
     return f
 
 
+def lower_limit(fixed: int, dynamic: int) -> int:
+    """The lower of two rate limits where 0 means none."""
+    return min(x for x in (fixed, dynamic) if x) if fixed or dynamic else 0
+
+
 #: LAN and loopback: libtorrent's local peer class (limited too: the session sets its limits)
 LOCAL_NETS = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16", "127.0.0.0/8", "::1/128",
               "fe80::/10", "fc00::/7")
