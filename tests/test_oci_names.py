@@ -103,7 +103,7 @@ def test_escaped_names_versions_and_a_companion_round_trip_through_the_registry(
         cli, oci_node, registry: Registry, tmp_path: Path) -> None:
     src = make_checkpoint(tmp_path / "src", total_bytes=2 * MiB, shards=1, layers=2, seed="names")
     m = build_manifest(src)
-    long_version = "r" + "x" * 128   # (129: no tag; 200 would overrun NAME_MAX in the staging names)
+    long_version = "r" + "x" * 254   # (255 bytes, the longest: no tag holds it, and the staging names shorten it)
     name = "Acme/Big_Model-"
     for version in ("v1", "_rc1", long_version):
         r = cli("publish", src, "--name", name, "--version", version, "--json")

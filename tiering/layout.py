@@ -12,6 +12,7 @@ it followed).
 
 from __future__ import annotations
 
+import hashlib
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -113,9 +114,26 @@ def part_of(v: "VersionDir") -> str | None:
     return split_label(v.version)[0] if LABEL_SEP in v.version else None
 
 
+SHORTEN_AT = 200   # bytes: a file name weightd derives from a name and version (see fitted)
+
+
+def fitted(stem: str, suffix: str = "", prefix: str = "") -> str:
+    """``prefix + stem + suffix`` as one file name. A name part or version may take 255 bytes, and a
+    file name no more (ENAMETOOLONG), so a lock, a staging area or a trash entry named after a long
+    version could not be made: past SHORTEN_AT bytes (room for a sibling's ``.json``) the stem keeps
+    its first bytes and a hash of the whole, after a ``#``, which no name, version or label holds (a
+    shortened name never equals another's plain one; the same stem always gives the same name)."""
+    whole = prefix + stem + suffix
+    if len(whole.encode()) <= SHORTEN_AT:
+        return whole
+    digest = hashlib.sha256(stem.encode()).hexdigest()[:32]
+    keep = max(0, SHORTEN_AT - len(prefix.encode()) - len(suffix.encode()) - len(digest) - 1)
+    return f"{prefix}{stem.encode()[:keep].decode(errors='ignore')}#{digest}{suffix}"
+
+
 def lock_name(name: str, version: str | None = None) -> str:
     base = name.replace("/", "--")
-    return f"{base}@{version}.lock" if version else f"{base}.lock"
+    return fitted(f"{base}@{version}" if version else base, ".lock")
 
 
 def prune_empty_parents(root: Dir, rel: str) -> None:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Callable
 
 from ..content.manifest import MANIFEST_RELPATH
 from ..errors import BadInput, NotOurs
-from ..layout import COLD, LOCKS, TIER_MARKER, TRASH, TierSpec, lock_name, prune_empty_parents
+from ..layout import COLD, LOCKS, TIER_MARKER, TRASH, TierSpec, fitted, lock_name, prune_empty_parents
 from ..locks import FileLock
 from ..ownership import unexpected_in_root, unlisted_entries
 from ..safefs import Dir, RootPolicy, open_cold_store, open_tier_root
@@ -204,7 +204,7 @@ class TierRoots:
             return None, False
         trash = root.private(TRASH)
         tag = uuid.uuid4().hex[:12]
-        checking, target = f"{CHECKING}{last}.{tag}", f"{last}.{tag}"
+        checking, target = fitted(last, f".{tag}", CHECKING), fitted(last, f".{tag}")
         try:
             try:
                 parent.rename(last, trash, checking)

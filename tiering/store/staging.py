@@ -22,7 +22,7 @@ from typing import Callable
 
 from ..content.build import verify_checkpoint
 from ..content.manifest import MANIFEST_RELPATH, Manifest
-from ..layout import DIR_MODE, STAGING
+from ..layout import DIR_MODE, STAGING, fitted
 from ..progress import ProgressFn, set_phase
 from ..safefs import Dir
 from ..versions import remember_manifest
@@ -34,7 +34,7 @@ RESUMABLE_MAX_AGE_S = 24 * 3600
 def staging_id(name: str, version: str) -> str:
     """One staging area per NAME@VERSION and tier (callers hold the version's lock): what a crashed
     transfer left is found again, and it never counts against a retry of its own version."""
-    return f"{name.replace('/', '--')}@{version}.resumable"
+    return fitted(f"{name.replace('/', '--')}@{version}", ".resumable")
 
 
 @dataclass(slots=True)
