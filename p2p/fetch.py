@@ -36,11 +36,19 @@ download of the whole version's torrent with the other files at priority 0: only
 asked for, counted (progress, bytes by source) and waited for; every file starts at a piece boundary
 (``subset_of`` checks it), so none of their pieces carries another file's bytes; only its files are
 renamed up. The threshold applies to the bytes it wants.
+
+An expert-parallel copy (``FetchRequest.ranges``: byte ranges of some files, its kept tensors) narrows
+that to the pieces covering those ranges (``subset_of(..., ranges)``; libtorrent's piece priorities):
+the staged files are sparse, whole-sized, holes where no piece was asked for. Its pieces pass
+libtorrent's SHA-256 check, and the caller repacks from them checking every tensor against the
+manifest (``verified`` stays False; its ``reject`` is for bytes that fail there). A range's edges bring
+whole pieces: at most a piece more per range than the bytes kept, neighbours' bytes the repack skips.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -84,8 +92,7 @@ class P2PFetcher:
         src, cfg = request.source, self.config
         if not is_whole(src):   # (a companion artefact: an object of its own, never a torrent)
             return FetchResult(False)
-        wanted = src.size if request.files is None else \
-            sum(f.size for f in src.manifest.files if f.path in request.files)
+        wanted = _wanted_bytes(request)
         if wanted < cfg.threshold or not cfg.peers:
             return FetchResult(False)
         try:
@@ -96,13 +103,7 @@ class P2PFetcher:
         if got is None:
             return FetchResult(False)
         ti, bound = got
-        problem = fleet_mismatch(ti, cfg.tls)  # with fleet TLS: only torrents made with the fleet CA
-        subset = None
-        if problem is None and request.files is not None:
-            try:
-                subset = subset_of(ti, request.files)
-            except TorrentRejected as exc:
-                problem = str(exc)
+        subset, problem = _subset(request, ti, cfg)
         key = str(ti.info_hashes().get_best())
         if problem is None and key in self.session.bad_torrents:
             problem = (f"its torrent ({key[:16]}) gave bytes that fail the manifest before: it describes other bytes "
@@ -110,8 +111,9 @@ class P2PFetcher:
         if problem is not None:
             log.warning("not using P2P for %s, copying from cold instead: %s", src.ref, problem)
             return FetchResult(False, fallback=SourceFallback("p2p", "cold", problem))
-        request.staging.mark_resumable()
-        set_phase(request.progress, "copy", source="p2p", total=wanted)
+        if subset is None or not subset.ranged:   # (ranged: sparse files its caller removes, never resumed)
+            request.staging.mark_resumable()
+        set_phase(request.progress, "copy", source="p2p", total=subset.bytes if subset is not None else wanted)
         try:
             result = self._download(request, ti, subset)
         except P2PError as exc:  # (TransferStalled, TransferFailed, LibtorrentError, ...)
@@ -129,7 +131,9 @@ class P2PFetcher:
             (honest ones seeding that torrent would be), the torrent is not used again by this daemon."""
             session.bad_torrents.add(key)
             return f"; the torrent {key[:16]} describes other bytes than the manifest: not used again"
-        verified = _checked_by_libtorrent(src, bound, result.flushed, request.staging.dir, subset)
+        # (ranged: sparse files; the caller checks every tensor it takes from them)
+        verified = not (subset is not None and subset.ranged) and \
+            _checked_by_libtorrent(src, bound, result.flushed, request.staging.dir, subset)
         log.debug("p2p: %s downloaded, %s", src.ref, "checked by libtorrent against a torrent bound to the manifest"
                   if verified else "to be read back and checked against the manifest")
         return FetchResult(True, {"origin": origin, "peer": peers, "local_reuse": result.local_bytes},
@@ -154,9 +158,34 @@ class P2PFetcher:
             result = self.session.download(ti, staging.path / src.version, peers=cfg.peers,
                                            stall_s=cfg.fallback_after_s, timeout_s=timeout_s,
                                            progress=request.progress,
-                                           files=subset.files if subset is not None else None)
+                                           files=subset.files if subset is not None else None,
+                                           ranges=request.ranges if subset is not None and subset.ranged else None)
             _move_up(inner, staging.dir, subset.files if subset is not None else None)
+            if subset is not None and subset.ranged:
+                _whole_sized(staging.dir, src.manifest, subset.files)
         return result
+
+
+def _wanted_bytes(request: FetchRequest) -> int:
+    """The bytes a request wants (the threshold applies to them): the version's, its files', or the
+    bytes of its ranges (an expert-parallel copy's kept tensors; the pieces around them are not counted)."""
+    src, files, ranges = request.source, request.files, request.ranges
+    if files is None:
+        return int(src.size)
+    return sum(sum(e - b for b, e in ranges[f.path]) if ranges is not None and f.path in ranges else f.size
+               for f in src.manifest.files if f.path in files)
+
+
+def _subset(request: FetchRequest, ti: "lt.torrent_info", cfg: P2PConfig) -> "tuple[Subset | None, str | None]":
+    """The pieces a request wants (None: every piece), or why the torrent cannot serve it: with fleet TLS
+    only torrents made with the fleet CA; a partial copy's files must start at piece boundaries."""
+    problem = fleet_mismatch(ti, cfg.tls)
+    if problem is not None or request.files is None:
+        return None, problem
+    try:
+        return subset_of(ti, request.files, request.ranges), None
+    except TorrentRejected as exc:
+        return None, str(exc)
 
 
 def _staged_as_listed(staging: Dir, m: Manifest, subset: Subset | None) -> bool:
@@ -194,6 +223,23 @@ def _move_up(inner: Dir, staging: Dir, files: frozenset[str] | None = None) -> N
             inner.remove(child)
             continue
         inner.rename(child, staging, child)
+
+
+def _whole_sized(staging: Dir, m: Manifest, files: frozenset[str]) -> None:
+    """Every file of a ranged download at its manifest size: libtorrent leaves out a file it wrote no
+    piece of (and may stop one short of its end); the holes read as zeros, which fail the check of any
+    byte the caller takes from them."""
+    for f in m.files:
+        if f.path not in files:
+            continue
+        st = staging.lstat(f.path)
+        if st is not None and st.st_size >= f.size:
+            continue
+        fd = staging.create(f.path, 0o600, exclusive=False)
+        try:
+            os.ftruncate(fd, f.size)
+        finally:
+            os.close(fd)
 
 
 def _checked_by_libtorrent(src: Any, bound: bool, flushed: bool, staged: Any, subset: "Subset | None") -> bool:

@@ -18,7 +18,8 @@ never part of it.
 
 A partial copy (``<tier>/NAME/VERSION~p<hex>``, some of the version's files) uses the whole version's
 torrent (the same info-hash, so the same swarm): ``Subset`` says which files and pieces it holds or
-wants, ``placement`` renames the torrent's files into its directory.
+wants, ``placement`` renames the torrent's files into its directory. An expert-parallel copy's download
+is the same, narrowed to the pieces covering its kept tensors' byte ranges (``subset_of(..., ranges)``).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Iterator, Mapping, Sequence
 
 import libtorrent as lt
 
@@ -272,28 +273,44 @@ def save_path_for(ti: lt.torrent_info, data_dir: Path) -> Path:
 
 @dataclass(frozen=True, slots=True)
 class Subset:
-    """The files of a torrent that a partial copy holds or wants, as libtorrent takes them."""
+    """The files of a torrent that a partial copy holds or wants, as libtorrent takes them; for an
+    expert-parallel copy (``ranged``), only the pieces covering some byte ranges of those files."""
     files: frozenset[str]
     priorities: list[int]     # per file of the layout: 4 for these files, 0 for the others and the pads
-    pieces: list[bool]        # per piece: one of these files' pieces
-    bytes: int                # these files' bytes
+    pieces: list[bool]        # per piece: one of these files' pieces (ranged: one covering a wanted range)
+    bytes: int                # these files' bytes (ranged: the bytes of those pieces, what moves)
+    ranged: bool = False      # pieces, not whole files: libtorrent is given ``piece_priorities``
 
     @property
     def num_pieces(self) -> int:
         return sum(self.pieces)
 
     @property
+    def piece_priorities(self) -> list[int]:
+        return [4 if w else 0 for w in self.pieces]
+
+    @property
     def tag(self) -> str:
         """The same for every node wanting exactly these files (the tracker's member lists group
-        downloading workers by it: a piece plan is shared by workers that want the same pieces)."""
-        return "p" + hashlib.blake2b("\n".join(sorted(self.files)).encode(), digest_size=8).hexdigest()
+        downloading workers by it: a piece plan is shared by workers that want the same pieces); a
+        ranged subset's is its pieces' (the same rank of the same split wants the same ones)."""
+        what = "\n".join(sorted(self.files))
+        if self.ranged:
+            what += "\n" + "".join("1" if w else "0" for w in self.pieces)
+        return "p" + hashlib.blake2b(what.encode(), digest_size=8).hexdigest()
 
 
-def subset_of(ti: lt.torrent_info, files: "frozenset[str] | set[str]") -> Subset:
+def subset_of(ti: lt.torrent_info, files: "frozenset[str] | set[str]",
+              ranges: "Mapping[str, Sequence[tuple[int, int]]] | None" = None) -> Subset:
     """Which files and pieces of ``ti`` are ``files`` (paths relative to the checkpoint). Only for a
     torrent whose every file starts at a piece boundary (v2: weightd's all do, padded), so that no
     piece of these files carries a byte of another: TorrentRejected otherwise, or for a path the
-    torrent does not have."""
+    torrent does not have.
+
+    ``ranges``: of the files named there, only the pieces covering these ``[begin, end)`` byte ranges
+    (an expert-parallel copy's kept tensors; a file of ``files`` not named there: all its pieces). A
+    piece is whole, so a range's edges bring up to a piece each of their neighbours' bytes; a range
+    outside its file is TorrentRejected."""
     fs, plen = ti.layout(), ti.piece_length()
     prio = [0] * fs.num_files()
     pieces = [False] * ti.num_pieces()
@@ -308,14 +325,23 @@ def subset_of(ti: lt.torrent_info, files: "frozenset[str] | set[str]") -> Subset
             continue
         found.add(path)
         prio[i] = 4
-        nbytes += size
-        for p in range(off // plen, (off + size + plen - 1) // plen):
-            pieces[p] = True
+        spans = ranges.get(path) if ranges is not None else None
+        if spans is None:
+            spans = [(0, size)]
+        for b, e in spans:
+            if not 0 <= b <= e <= size:
+                raise TorrentRejected(ti.name(), f"bytes {b}-{e} of {path!r} lie outside the file ({size} bytes)")
+            if b == e:
+                continue
+            for p in range((off + b) // plen, (off + e + plen - 1) // plen):
+                if not pieces[p]:
+                    pieces[p] = True
+                    nbytes += min(plen, off + size - p * plen)
     missing = sorted(set(files) - found)
     if missing:
         raise TorrentRejected(ti.name(), f"no file {missing[0]!r} in the torrent (a partial copy names "
                               f"{len(missing)} file(s) the version does not have)")
-    return Subset(frozenset(files), prio, pieces, nbytes)
+    return Subset(frozenset(files), prio, pieces, nbytes, ranges is not None)
 
 
 def placement(ti: lt.torrent_info, data_dir: Path) -> tuple[Path, dict[int, str]]:

@@ -119,6 +119,8 @@ class Transfer:
         # the pieces wanted (a partial copy: its files' pieces), None: every piece
         self.wanted = None if subset is None else subset.pieces
         self.wanted_bytes = ti.total_size() if subset is None else subset.bytes
+        if subset is not None and subset.ranged:   # (pieces, not files: before the first peer is dialed)
+            h.prioritize_pieces(subset.piece_priorities)
         self.progress, self.clock = progress, clock
         self.key = str(ti.info_hashes().v2)
         self.origin_ips = {endpoint(p)[0] for p in peers}

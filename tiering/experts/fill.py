@@ -1,11 +1,17 @@
 """Where an expert-parallel copy's bytes come from, and the object a request for one names.
 
 Nearest first: a complete local copy of the whole version (hot or warm, held with a shared lock), then
-a cold tier on a path: the kept tensors' ranges are read from it directly (:func:`.repack.repack`).
-From a cold tier in an object store or a registry, the same ranges (neighbours coalesced, each part
-hashed as it arrives) are fetched by the ranged core into sparse files under the staging area, then
-repacked from there. The swarm is not used for it yet: a copy is one log line and one
-``source_fallbacks`` entry saying so, then comes from cold.
+the swarm, then a cold tier on a path: the kept tensors' ranges are read from it directly
+(:func:`.repack.repack`). From a cold tier in an object store or a registry, the same ranges (neighbours
+coalesced, each part hashed as it arrives) are fetched by the ranged core into sparse files under the
+staging area, then repacked from there.
+
+Over the swarm (a configured fetcher: ``p2p.P2PFetcher``, asked with ``FetchRequest.ranges``), the
+pieces of the whole version's torrent that cover the kept ranges are downloaded into the same kind of
+sparse files (libtorrent checks each piece's SHA-256), then repacked with the same per-tensor checks.
+A swarm that fails or stalls is a ``source_fallbacks`` entry and the ranges come from cold; swarm
+bytes that pass their pieces' hashes but fail a tensor's xxh3 (a torrent that describes other bytes)
+are dropped, the fetcher is told (it does not use that torrent again), and the copy is made from cold.
 """
 
 from __future__ import annotations
@@ -26,8 +32,7 @@ from ..layout import COLD, HOT, LOCAL_TIERS, WARM, VersionDir, version_rel
 from ..content.select import Selection
 from ..progress import ProgressFn, set_phase
 from ..safefs import Dir
-from ..sources.base import SourceFallback
-from ..sources.oci.cold import OciCold
+from ..sources.base import FetchRequest, SourceFallback
 from ..store.sources import Fill, Sources
 from ..store.staging import StagingArea
 from ..store.trust import Trust
@@ -40,8 +45,6 @@ KIND = "experts"
 RESUMABLE = ".resumable"
 MADE_KEPT = 4
 INDEX_LIMIT = 64 << 20
-P2P_NOT_USED = ("an expert-parallel copy is not fetched over P2P yet (only whole files are); "
-                "its tensors' ranges come from cold")
 
 
 def is_expert_copy(m: Manifest) -> bool:
@@ -132,10 +135,10 @@ class ExpertSources:
              progress: ProgressFn | None) -> Fill:
         """Fill ``staging`` with the copy ``m`` of ``origin``, every byte checked as it is written."""
         fill = Fill(verified=True)
-        if self._swarm_would_serve(origin):
-            log.warning("expert-parallel copy name=%s version=%s: %s", origin.name, m.version, P2P_NOT_USED)
-            fill.source_fallbacks.append(SourceFallback("p2p", "cold", P2P_NOT_USED))
         jobs = jobs_for(m, origin.manifest)
+        if self.sources.fetchers and not self._held_locally(origin) and \
+                self._swarm(fill, staging, tier, jobs, origin, deadline, progress):
+            return fill
         need = sum(j.read_bytes for j in jobs)
         with self._reader(origin) as (label, d):
             set_phase(progress, "copy", source=label, total=need)
@@ -149,10 +152,13 @@ class ExpertSources:
     def scratch_bytes(self, m: Manifest, origin: VersionDir) -> int:
         """What a fill of ``m`` holds in the tier beside the copy at its peak: the ranged download's
         sparse files (each kept range, and a block either side of each) when the version is read
-        from an object store; 0 when it is read from a path."""
-        if self.roots.object is None or self._on_a_path(origin):
+        from an object store, or a whole piece either side of each (at most 16 MiB) when a swarm may
+        serve it (no local copy); 0 when it is read from a path and no swarm is configured."""
+        edge = (16 << 20) if self.sources.fetchers and not self._held_locally(origin) else \
+            8192 if self.roots.object is not None and not self._on_a_path(origin) else 0
+        if not edge:
             return 0
-        return sum(j.read_bytes + 8192 * max(1, len(j.runs)) for j in jobs_for(m, origin.manifest)
+        return sum(j.read_bytes + 2 * edge * max(1, len(j.runs)) for j in jobs_for(m, origin.manifest)
                    if j.src is not None)
 
     def _on_a_path(self, src: VersionDir) -> bool:
@@ -165,15 +171,73 @@ class ExpertSources:
                 return True
         return False
 
-    def _swarm_would_serve(self, origin: VersionDir) -> bool:
-        """Whether a configured fetcher would have served the whole version (a swarm with origins, the
-        version at or over its threshold, read off its ``config``): only then is not using it worth a
-        word."""
-        for f in self.sources.fetchers:
-            cfg = getattr(f, "config", None)
-            if getattr(cfg, "peers", ()) and origin.manifest.total_bytes >= getattr(cfg, "threshold", 0):
+    def _held_locally(self, src: VersionDir) -> bool:
+        """A complete copy of ``src`` in a local tier (it is read, not the swarm)."""
+        for tier in LOCAL_TIERS:
+            v = read_version(self.roots.dir(tier), src.name, src.version)
+            if v is not None and v.manifest.digest == src.manifest.digest:
                 return True
         return False
+
+    def _swarm(self, fill: Fill, staging: StagingArea, tier: str, jobs: list[Job], origin: VersionDir,
+               deadline: float | None, progress: ProgressFn | None) -> bool:
+        """The kept ranges' pieces from the swarm into sparse files (:func:`scratch_id`, as
+        :meth:`_ranged`), then the repack from them; True when the copy is made. Each fetcher is asked
+        in turn (one that does not serve the version, under its threshold or with no peers, says no
+        at once); a fetcher that gave up is a fallback entry; bytes that fail a tensor's check are
+        rejected (the fetcher is told why) and the copy comes from cold, as for a whole version."""
+        files, ranges = wanted_ranges(jobs)
+        if not files:
+            return False
+        with self._scratch(staging, tier, origin) as (sid, sparse):
+            scratch = StagingArea(staging.area, sid, sparse, {"name": origin.name, "version": origin.version,
+                                                              "bytes": sum(j.read_bytes for j in jobs)})
+            for fetcher in self.sources.fetchers:
+                got = fetcher.fetch(FetchRequest(origin, scratch, deadline, progress, None, self.monotonic, files,
+                                                 ranges))
+                if got.fallback is not None:
+                    fill.source_fallbacks.append(got.fallback)
+                if not got.filled:
+                    continue
+                try:
+                    set_phase(progress, "copy", source="staging", total=sum(j.read_bytes for j in jobs))
+                    for job in jobs:
+                        repack([job], sparse, staging.dir, progress=progress, deadline=deadline,
+                               clock=self.monotonic)
+                        if job.src is not None:
+                            sparse.unlink(job.src.path)
+                except IntegrityError as exc:
+                    why = f"its bytes failed the manifest check ({exc})"
+                    if got.reject is not None:
+                        why += got.reject(why)
+                    log.warning("swarm bytes rejected name=%s version=%s, copying from cold instead: %s",
+                                origin.name, origin.version, why)
+                    fill.source_fallbacks.append(SourceFallback("p2p", "cold", why))
+                    staging.dir.clear()
+                    sparse.clear()
+                    continue
+                for label, n in got.bytes_by_source.items():
+                    fill.add(label, n)
+                fill.swarm = got.swarm
+                return True
+        return False
+
+    @contextmanager
+    def _scratch(self, staging: StagingArea, tier: str, origin: VersionDir) -> Iterator[tuple[str, Dir]]:
+        """The sibling staging entry a copy's sparse files live in (:func:`scratch_id`): made empty, held
+        by a lock of its own (the staging sweep leaves it while this runs, and removes what a kill
+        left), removed on the way out whatever happens."""
+        sid = scratch_id(staging.sid)
+        lk = FileLock(self.roots.locks(tier), f"{sid.removesuffix(RESUMABLE)}.lock", f"{origin.ref}'s ranges in {tier}")
+        lk.acquire(5.0)   # (we hold the copy's lock: only a sweep's brief try can hold this one)
+        try:
+            staging.area.remove(sid)
+            staging.area.mkdir(sid, 0o700)
+            with staging.area.sub(sid) as sparse:
+                yield sid, sparse
+        finally:
+            staging.area.remove(sid)
+            lk.release()
 
     def _ranged(self, fill: Fill, staging: StagingArea, tier: str, jobs: list[Job], origin: VersionDir,
                 deadline: float | None, progress: ProgressFn | None) -> None:
@@ -187,28 +251,20 @@ class ExpertSources:
             raise CheckpointNotFound(origin.ref, "no complete copy to read from")
         sub, have = wanted_parts(jobs, origin.manifest)
         before = obj.stats.snapshot()
-        sid = scratch_id(staging.sid)
-        lk = FileLock(self.roots.locks(tier), f"{sid.removesuffix(RESUMABLE)}.lock", f"{origin.ref}'s ranges in {tier}")
-        lk.acquire(5.0)   # (we hold the copy's lock: only a sweep's brief try can hold this one)
-        try:
-            staging.area.remove(sid)
-            staging.area.mkdir(sid, 0o700)
-            with staging.area.sub(sid) as sparse:
-                try:
-                    # (a registry takes each blob's sha256 in order unless told the files stay sparse)
-                    extra = {"only_wanted": True} if isinstance(obj, OciCold) else {}
-                    fill.add("cold", obj.fetch(sub, sparse, deadline=_wall(deadline, self.monotonic), have=have,
-                                               **extra))
-                finally:
-                    fill.store = obj.stats.since(before)
-                set_phase(progress, "copy", source="staging", total=sum(j.read_bytes for j in jobs))
-                for job in jobs:
-                    repack([job], sparse, staging.dir, progress=progress, deadline=deadline, clock=self.monotonic)
-                    if job.src is not None:
-                        sparse.unlink(job.src.path)
-        finally:
-            staging.area.remove(sid)
-            lk.release()
+        with self._scratch(staging, tier, origin) as (_, sparse):
+            try:
+                # (a registry takes each blob's sha256 in order unless told the files stay sparse)
+                from ..sources.oci.cold import OciCold   # (here: a registry's client costs ~45 ms to import)
+                extra = {"only_wanted": True} if isinstance(obj, OciCold) else {}
+                fill.add("cold", obj.fetch(sub, sparse, deadline=_wall(deadline, self.monotonic), have=have,
+                                           **extra))
+            finally:
+                fill.store = obj.stats.since(before)
+            set_phase(progress, "copy", source="staging", total=sum(j.read_bytes for j in jobs))
+            for job in jobs:
+                repack([job], sparse, staging.dir, progress=progress, deadline=deadline, clock=self.monotonic)
+                if job.src is not None:
+                    sparse.unlink(job.src.path)
 
     @contextmanager
     def _reader(self, src: VersionDir) -> Iterator[tuple[str, Dir | None]]:
@@ -272,6 +328,20 @@ def wanted_parts(jobs: list[Job], version: Manifest) -> tuple[Manifest, dict[str
     sub = Manifest(tuple(files), version.chunk_size, version.format, version.name, version.version,
                    version.published_at, version.piece_size)
     return sub, have
+
+
+def wanted_ranges(jobs: list[Job]) -> tuple[frozenset[str], dict[str, tuple[tuple[int, int], ...]]]:
+    """The version's files a copy reads and, per file read in runs (a repacked shard), the byte ranges
+    of those runs (``FetchRequest.ranges``); a file copied whole is named without ranges."""
+    files: set[str] = set()
+    ranges: dict[str, tuple[tuple[int, int], ...]] = {}
+    for j in jobs:
+        if j.src is None:
+            continue
+        files.add(j.src.path)
+        if j.runs or j.data:
+            ranges[j.src.path] = tuple((r.begin, r.end) for r in j.runs)
+    return frozenset(files), ranges
 
 
 def scratch_id(sid: str) -> str:
