@@ -287,6 +287,10 @@ def test_merged_status_warns_when_nodes_list_different_origins() -> None:
     ("http://10.0.0.1:6969/announce", "a path"),
     ("http://10.0.0.1:6969/?x=1", "query"),
     ("http://:6969", "no host"),
+    ("http://10.0.0.1:6969?", "query"),
+    ("http://10.0.0.1:6969/#", "fragment"),
+    ("http://[::1]x:1", "not a host name"),
+    ("http://h;p:1", "not a host name"),
 ])
 def test_fleet_status_refuses_a_url_that_is_no_origin_before_asking_anyone(servers, weightd, url, why) -> None:
     """An --origin typo is the caller's (exit 2, naming it), as in [intent] origin, not an origin down (exit 1),

@@ -435,7 +435,9 @@ def test_a_killed_imports_scratch_is_removed_by_the_next_import_and_a_running_on
     next import removes it. A running import's directory, another user's and a symlink stay."""
     import os
     import signal
+    import stat
     import sys
+    import time
     from .conftest import NOBODY
     repo = f"{oci_node.prefix}-swept/tiny"
     _push(registry, repo, "v1", [(f"{MP}.weight.config.v1.raw", "config.json", b"{}"),
@@ -450,9 +452,15 @@ def test_a_killed_imports_scratch_is_removed_by_the_next_import_and_a_running_on
     try:
         killed, running = (Path(k.stdout.readline().strip()) for k in kids)
         assert killed.parent == running.parent == scratch and (killed / "w.bin").stat().st_size == 100_000
+        assert stat.S_IMODE(Path(f"{running}.lock").stat().st_mode) == 0o600   # (no other user can hold it)
         kids[0].send_signal(signal.SIGKILL)
         kids[0].wait(10)
         assert (killed / "w.bin").exists()   # (what the kill leaves behind)
+        old = time.time() - 120   # (made over a minute ago: a younger one may be an import not locked yet)
+        for d in (killed, running):
+            os.utime(d, (old, old))
+        young = scratch / "weightd-oci-import-young"
+        young.mkdir()
         theirs = scratch / "weightd-oci-import-theirs"
         (theirs / "sub").mkdir(parents=True)
         os.chown(theirs, NOBODY, NOBODY)
@@ -463,10 +471,10 @@ def test_a_killed_imports_scratch_is_removed_by_the_next_import_and_a_running_on
         r = cli("publish", f"oci://{registry.host}/{repo}:v1", "--name", "acme/swept", "--json",
                 env={"TMPDIR": str(scratch)})
         assert r.returncode == 0, r.stderr
-        assert not killed.exists()
+        assert not killed.exists() and not Path(f"{killed}.lock").exists()
         assert (running / "w.bin").exists() and (theirs / "sub").is_dir() and (keep / "precious").exists()
-        assert sorted(p.name for p in scratch.iterdir()) == sorted([running.name, theirs.name,
-                                                                    "weightd-oci-import-link"])
+        assert sorted(p.name for p in scratch.iterdir()) == sorted([running.name, f"{running.name}.lock", theirs.name,
+                                                                    young.name, "weightd-oci-import-link"])
     finally:
         for k in kids:
             k.kill()

@@ -114,21 +114,21 @@ def part_of(v: "VersionDir") -> str | None:
     return split_label(v.version)[0] if LABEL_SEP in v.version else None
 
 
-SHORTEN_AT = 200   # bytes: a file name weightd derives from a name and version (see fitted)
+SHORT_STEM = 180   # bytes: the longest NAME@VERSION kept whole in a file name weightd derives from it (see fitted)
 
 
 def fitted(stem: str, suffix: str = "", prefix: str = "") -> str:
     """``prefix + stem + suffix`` as one file name. A name part or version may take 255 bytes, and a
     file name no more (ENAMETOOLONG), so a lock, a staging area or a trash entry named after a long
-    version could not be made: past SHORTEN_AT bytes (room for a sibling's ``.json``) the stem keeps
-    its first bytes and a hash of the whole, after a ``#``, which no name, version or label holds (a
-    shortened name never equals another's plain one; the same stem always gives the same name)."""
-    whole = prefix + stem + suffix
-    if len(whole.encode()) <= SHORTEN_AT:
-        return whole
-    digest = hashlib.sha256(stem.encode()).hexdigest()[:32]
-    keep = max(0, SHORTEN_AT - len(prefix.encode()) - len(suffix.encode()) - len(digest) - 1)
-    return f"{prefix}{stem.encode()[:keep].decode(errors='ignore')}#{digest}{suffix}"
+    version could not be made: a stem over SHORT_STEM bytes keeps its first bytes and a hash of the
+    whole, after a ``#``, which no name, version or label holds (a shortened name never equals
+    another's plain one; the same stem always gives the same name). The stem is shortened alone, so
+    names with different suffixes still share it (a staging area's lock is found from its name)."""
+    raw = stem.encode()
+    if len(raw) > SHORT_STEM:
+        digest = hashlib.sha256(raw).hexdigest()[:32]
+        stem = f"{raw[:SHORT_STEM - len(digest) - 1].decode(errors='ignore')}#{digest}"
+    return f"{prefix}{stem}{suffix}"
 
 
 def lock_name(name: str, version: str | None = None) -> str:

@@ -69,6 +69,7 @@ def _kind(st: os.stat_result) -> str:
 
 
 _STAGING_NAME = re.compile(r"(?P<name>[^@/]+)@(?P<label>[^@/]+?)(?:\.resumable)?")
+_SHORTENED = re.compile(r"[A-Za-z0-9._~@-]+#[0-9a-f]{32}(?:\.ranges)?(?:\.resumable)?")
 LOST_FOUND = "lost+found"   # a file system's own, at a mount root (mkfs makes it; fsck fills it)
 
 
@@ -80,6 +81,8 @@ def is_staging_name(n: str) -> bool:
         return False
     if target.endswith((".json", ".lock")):
         target = target[:-5]
+    if _SHORTENED.fullmatch(target):   # (NAME@VERSION too long for a file name: tiering.layout.fitted)
+        return True
     m = _STAGING_NAME.fullmatch(target)
     if m is None:
         return False

@@ -53,8 +53,12 @@ def validate_label(label: str) -> str:
         if not TAG_RE.fullmatch(tag) or (sep2 and (not VERSION_RE.fullmatch(key) or set(key) == {"."})):
             raise InvalidName("version", label, "expected VERSION, VERSION~TAG or VERSION~KIND~KEY "
                               "(TAG, KIND: [a-z0-9-]; KEY: [A-Za-z0-9._-]+)")
-        if len(label.encode()) > MAX_COMPONENT_LEN:
-            raise InvalidName("version", label, f"longer than {MAX_COMPONENT_LEN} bytes")
+        if len(label.encode()) > MAX_COMPONENT_LEN:   # (the version is valid: the user typed it, not the rest)
+            room = MAX_COMPONENT_LEN - len((sep + rest).encode())
+            raise InvalidName("version", version[:60] + "..." * (len(version) > 60),
+                              f"{len(version.encode())} bytes, too long for a partial copy, expert copy or "
+                              f"companion of it (named VERSION{sep}{rest[:50]}, at most {MAX_COMPONENT_LEN} "
+                              f"bytes): these need a version of at most {max(room, 0)} bytes")
     return label
 
 

@@ -221,7 +221,7 @@ class TierRoots:
                     try:
                         trash.rename(checking, parent, last)   # (never over what took its place meanwhile)
                     except FileExistsError:
-                        kept = f".{last}.kept-{tag}"
+                        kept = fitted(last, f".kept-{tag}", ".")
                         trash.rename(checking, parent, kept)
                         refused = NotOurs(where, f"{refused.reason}; something else took its place meanwhile, so "
                                                  f"it is kept beside it as {kept}", refused.kind)

@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import re
+
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -143,7 +145,12 @@ def origin_problem(url: str) -> str | None:
         return "the port must be 1-65535"
     if u.path not in ("", "/"):
         return f"a path ({u.path[:40]!r}): give the base URL only, the fleet endpoints are under it"
-    if u.query or u.fragment or u.username is not None:
+    if "?" in url or "#" in url or u.username is not None:
         return "a query, fragment or user name"
+    if not _NETLOC.fullmatch(u.netloc):
+        return "not a host name or IP address (and port)"
     return None
+
+
+_NETLOC = re.compile(r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(?::[0-9]{1,5})?")
 

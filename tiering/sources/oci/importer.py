@@ -38,6 +38,7 @@ import shutil
 import stat
 import tempfile
 import threading
+import time
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -55,6 +56,8 @@ from .unpack import OWN_PREFIX, Staging, copy_to, make_links, untar
 
 log = logging.getLogger(__name__)
 SCRATCH_PREFIX = "weightd-oci-import-"
+LOCK_SUFFIX = ".lock"
+SWEEP_AFTER_S = 60.0   # a scratch directory younger than this is never swept (made, not yet locked)
 _MODELPACK = r"application/vnd\.cncf\.model\.(?:weight|weight\.config|doc|code|dataset)\.v1"
 _KITOPS = r"application/vnd\.kitops\.modelkit\.(?:model|modelpart|dataset|code|docs|prompts)\.v1"
 RAW_TYPE = re.compile(_MODELPACK + r"\.raw")
@@ -142,9 +145,13 @@ def pull_artifact(text: str, *, insecure: bool = False, ca_file: Path | None = N
     sweep_dead_scratch(parent)
     c = RegistryClient(f"oci://{ref.host}", concurrency=concurrency, insecure=insecure, ca_file=ca_file, env=env)
     scratch = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=parent))
-    held = os.open(scratch, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    held = -1
     try:
-        fcntl.flock(held, fcntl.LOCK_EX)   # (while it is locked, no sweep takes it: :func:`sweep_dead_scratch`)
+        # (while its lock file is locked, no sweep takes it: :func:`sweep_dead_scratch`; 0600, so no other
+        # user can hold it for us)
+        held = os.open(f"{scratch}{LOCK_SUFFIX}", os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                       0o600)
+        fcntl.flock(held, fcntl.LOCK_EX)
         os.chmod(scratch, 0o755)
         art = resolve_ref(c, ref.repo, ref.ref)
         if art is None:
@@ -163,41 +170,64 @@ def pull_artifact(text: str, *, insecure: bool = False, ca_file: Path | None = N
     finally:
         c.close()
         shutil.rmtree(scratch, ignore_errors=True)
-        os.close(held)
+        if held >= 0:
+            _unlink(f"{scratch}{LOCK_SUFFIX}")
+            os.close(held)
 
 
-def sweep_dead_scratch(parent: Path) -> int:
+def sweep_dead_scratch(parent: Path, *, now: float | None = None) -> int:
     """Remove the scratch directories of imports that died before removing them (SIGKILL, the OOM
     killer, a reboot: up to a checkpoint's size each): this user's own ``weightd-oci-import-*``
-    directories in ``parent`` that no import holds locked (a running import holds a lock on its
-    directory until it is removed; the kernel drops it with the process). Another user's directory, a
-    symbolic link and anything else there are left alone. Returns how many were removed."""
+    directories in ``parent`` whose lock file (``<dir>.lock``, 0600) no import holds, and that were
+    made over SWEEP_AFTER_S ago (an import takes its lock just after making its directory). Another
+    user's directory, a symbolic link and anything else there are left alone; a lock file whose
+    directory is gone goes too. Returns how many directories were removed."""
+    now = time.time() if now is None else now
     removed = 0
     try:
-        entries = list(os.scandir(parent))
+        names = {e.name for e in os.scandir(parent) if e.name.startswith(SCRATCH_PREFIX)}
     except OSError:
         return 0
-    for e in entries:
-        if not e.name.startswith(SCRATCH_PREFIX):
+    for name in sorted(names):
+        if name.endswith(LOCK_SUFFIX):
+            if name[:-len(LOCK_SUFFIX)] not in names:
+                _sweep_one(parent, None, name, now)
             continue
-        try:
-            fd = os.open(e.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError:   # (a symlink, a file, gone)
-            continue
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
-                continue
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:   # (an import running now)
-                continue
-            shutil.rmtree(e.path, ignore_errors=True)
-            removed += 1
-            log.info("removed %s: the scratch directory of an OCI import that did not finish", e.path)
-        finally:
-            os.close(fd)
+        removed += _sweep_one(parent, name, name + LOCK_SUFFIX if name + LOCK_SUFFIX in names else None, now)
     return removed
+
+
+def _sweep_one(parent: Path, name: str | None, lock: str | None, now: float) -> int:
+    """One dead import's scratch directory ``name`` and its ``lock`` file (either may be None)."""
+    fd = -1
+    try:
+        if lock is not None:
+            fd = os.open(parent / lock, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+                return 0
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)   # (OSError: an import running now)
+        if name is not None:
+            st = os.lstat(parent / name)
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or now - st.st_mtime < SWEEP_AFTER_S:
+                return 0
+            shutil.rmtree(parent / name, ignore_errors=True)
+            log.info("removed %s: the scratch directory of an OCI import that did not finish", parent / name)
+        if lock is not None:
+            _unlink(str(parent / lock))
+        return int(name is not None)
+    except OSError:
+        return 0
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def _pull_parts(c: RegistryClient, repo: str, parts: list[Part], staging: Staging) -> None:
