@@ -305,3 +305,32 @@ def test_daemons_rank_copy_over_the_swarm_then_origin_killed(cluster, tmp_path: 
     assert [(f["from"], f["to"]) for f in r2["source_fallbacks"]] == [("p2p", "cold")], r2
     assert r2["bytes_by_source"]["cold"] > 0, r2
     _check_copy(Path(r2["path"]), src, 5, 8, EXPERTS)
+
+
+@pytest.mark.slow
+def test_daemons_two_ranks_twice_at_once_share_their_pieces(cluster, tmp_path: Path) -> None:  # noqa: F811
+    """Four workers, two per rank (0 and 1 of 8), preloading at the same time through the tracker: each
+    plans with the worker that wants the same pieces only (the member lists group them by the pieces'
+    tag), so nothing comes from cold, no owner is found stalled, and the origin sends each rank's
+    pieces about once (the other worker of the rank takes its share from the first)."""
+    from .test_p2p import _reports, started
+    origin = cluster("127.0.0.2", role="origin", limit="10MB", p2p_extra=f'piece_size = "{PIECE >> 10}KiB"\n')
+    src = _moe(tmp_path / "src")
+    assert origin.cli("publish", str(src), "--name", NAME, "--version", "v1").returncode == 0
+    workers = started([cluster(f"127.0.0.{i}", origin=origin.endpoint, limit="10MB", wait=False)
+                       for i in (3, 4, 5, 6)])
+    ranks = [0, 1, 0, 1]
+    reports = _reports([w.popen("preload", f"{NAME}@v1", "--experts", f"{r}/8", "--tier", "warm", "--json",
+                                "--timeout", "120") for w, r in zip(workers, ranks)], timeout=150)
+    for r, rank in zip(reports, ranks):
+        by = r["bytes_by_source"]
+        assert by.get("cold", 0) == 0 and r["source_fallbacks"] == [], r
+        sw = r["swarm"]
+        assert sw["members_max"] <= 2 and sw["stalled_owners"] == 0 and sw["open_all_after_s"] is None, sw
+        _check_copy(Path(r["path"]), src, rank, 8, EXPERTS)
+    whole = sum(p.stat().st_size for p in src.rglob("*") if p.is_file())
+    for rank in (0, 1):
+        mine = [r["bytes_by_source"] for r, k in zip(reports, ranks) if k == rank]
+        moved = [b["origin"] + b["peer"] for b in mine]   # (the same pieces; the end game sends a few twice)
+        assert max(moved) < 0.45 * whole and max(moved) <= 1.15 * min(moved), mine
+        assert sum(b["origin"] for b in mine) <= 1.5 * min(moved), mine
