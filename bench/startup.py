@@ -16,8 +16,10 @@ the 2 GiB set and >= 5x on the sparse 100 GiB set.
 ``--only`` keeps the contenders whose name has one of its words (``daemon,pass``: path and status
 through the daemon, and the floor; the sets are then made only when a contender reads them).
 ``--baseline-tree DIR`` (another checkout, e.g. ``git worktree add DIR HEAD~1``) also times `path` and
-`status` through the same daemon with DIR's code, in the same rounds, and gives the ratio of each
-against it: a change's effect on start-up, measured under the same load.
+`status` (through the same daemon and in-process) and the in-process `preload` of a copy already in
+hot with DIR's code, in the same rounds, and gives the ratio of each against it: a change's effect on
+start-up, measured under the same load. Each in-process command is also given as a ratio to
+`python -c pass` (how many interpreter starts it costs).
 """
 
 from __future__ import annotations
@@ -82,6 +84,12 @@ def main() -> int:
             wd = [sys.executable, "-m", "weightd", "--config", str(node.cfg)]
         rs, ss = [str(f) for f in real], [str(f) for f in sparse]
         through_daemon = {"weightd path (daemon)": ["path", "bench/startup@v1"], "weightd status (daemon)": ["status"]}
+        in_process = {"weightd path (--no-daemon)": ["--no-daemon", "path", "bench/startup@v1"],
+                      "weightd status (--no-daemon)": ["--no-daemon", "status"],
+                      # (a preload of a copy that is there: the command's start, the node's opening and checks)
+                      "weightd preload (--no-daemon, present)": ["--no-daemon", "preload", "bench/startup@v1",
+                                                                  "--tier", "hot", "--lease", "0"]}
+        compared = {**through_daemon, **in_process}   # (timed with --baseline-tree's code too)
         commands = {
             "python -c pass": [sys.executable, "-c", "pass"],
             "vmtouch (2 GiB set)": ["vmtouch", *rs],
@@ -90,22 +98,21 @@ def main() -> int:
             "weightd residency (sparse set)": [*wd, "residency", *ss],
             "weightd warm (2 GiB set, resident)": [*wd, "warm", *rs],
             "weightd path (daemon)": [*wd, *through_daemon["weightd path (daemon)"]],
-            "weightd path (--no-daemon)": [*wd, "--no-daemon", "path", "bench/startup@v1"],
             "weightd status (daemon)": [*wd, *through_daemon["weightd status (daemon)"]],
-            "weightd status (--no-daemon)": [*wd, "--no-daemon", "status"],
+            **{k: [*wd, *argv] for k, argv in in_process.items()},
         }
         if args.only:
             def words(name: str) -> set[str]:
-                return set(name.replace("(", " ").replace(")", " ").split())
-            commands = {k: c for k, c in commands.items()
-                        if set(args.only) & words(k) or (args.baseline_tree is not None and k in through_daemon)}
+                return set(name.replace("(", " ").replace(")", " ").replace(",", " ").split())
+            commands = {k: c for k, c in commands.items() if set(args.only) & words(k)}
         contenders = {k: timer(c, env) for k, c in commands.items()}
         pairs = []   # (this tree's contender, the baseline tree's)
         if args.baseline_tree is not None:
             old = {**env, "PYTHONPATH": str(args.baseline_tree.resolve())}
-            for k, argv in through_daemon.items():
-                pairs.append((k, k.replace("(daemon)", "(daemon, baseline tree)")))
-                contenders[pairs[-1][1]] = timer([*wd, *argv], old)
+            for k, argv in compared.items():
+                if k in commands:
+                    pairs.append((k, k.replace(")", ", baseline tree)")))
+                    contenders[pairs[-1][1]] = timer([*wd, *argv], old)
         if any(set(c) & set(rs) for c in commands.values()):
             block = os.urandom(1 << 20)
             for f in real:
@@ -124,7 +131,8 @@ def main() -> int:
                         left -= 8 << 20
         wanted = [("weightd residency (2 GiB set)", "vmtouch (2 GiB set)", 1.0),
                   ("weightd residency (sparse set)", "vmtouch (sparse set)", 5.0),
-                  *((new, old_k, None) for new, old_k in pairs)]   # (a faster than b; the baseline tree: b)
+                  *((new, old_k, None) for new, old_k in pairs),   # (a faster than b; the baseline tree: b)
+                  *((k, "python -c pass", None) for k in in_process)]   # (how far from the interpreter's own start)
         m0 = machine_state()
         times = rounds(contenders, args.rounds, widen=args.max_spread, warmup=True)
         m1 = machine_state()
