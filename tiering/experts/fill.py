@@ -152,9 +152,9 @@ class ExpertSources:
     def scratch_bytes(self, m: Manifest, origin: VersionDir) -> int:
         """What a fill of ``m`` holds in the tier beside the copy at its peak: the ranged download's
         sparse files (each kept range, and a block either side of each) when the version is read
-        from an object store, or a whole piece either side of each (at most 16 MiB) when a swarm may
-        serve it (no local copy); 0 when it is read from a path and no swarm is configured."""
-        edge = (16 << 20) if self.sources.fetchers and not self._held_locally(origin) else \
+        from an object store, or a whole piece either side of each when a swarm may serve it (no
+        local copy); 0 when it is read from a path and no swarm is configured."""
+        edge = piece_bytes(origin.manifest) if self.sources.fetchers and not self._held_locally(origin) else \
             8192 if self.roots.object is not None and not self._on_a_path(origin) else 0
         if not edge:
             return 0
@@ -342,6 +342,13 @@ def wanted_ranges(jobs: list[Job]) -> tuple[frozenset[str], dict[str, tuple[tupl
         if j.runs or j.data:
             ranges[j.src.path] = tuple((r.begin, r.end) for r in j.runs)
     return frozenset(files), ranges
+
+
+def piece_bytes(m: Manifest) -> int:
+    """The piece size of the version's torrent: as published, else ``p2p.torrent.piece_size_for``'s rule
+    (4 MiB under 1 GiB, 8 MiB under 16 GiB, else 16 MiB; tiering does not import p2p)."""
+    total = m.total_bytes
+    return m.piece_size or (4 << 20 if total < 1 << 30 else 8 << 20 if total < 16 << 30 else 16 << 20)
 
 
 def scratch_id(sid: str) -> str:
