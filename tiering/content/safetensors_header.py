@@ -8,6 +8,13 @@ Everything in the header is attacker-controlled, so this parser bounds the heade
 duplicate keys, checks every dtype and shape, and requires the tensors to tile the data section
 exactly: sorted, contiguous, no overlap, no hole, nothing past the end. The only exception it raises
 is :class:`SafetensorsHeaderError`.
+
+A header as the reference writer makes it (compact JSON, ``__metadata__`` first, each entry's fields
+in the order ``dtype, shape, data_offsets``, names without escapes) is read by one regular expression
+that accepts only that subset of JSON, where each captured text *is* the value (no escape, no
+whitespace, no float): a MoE checkpoint's 90,000 entries in C instead of a JSON object and a
+duplicate-key hook per entry (issue 40). Anything else, and anything the fast checks doubt, is parsed
+by ``json.loads`` with the hook and checked entry by entry, which names the problem.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import json
 import math
 import operator
 import os
+import re
 import struct
 from dataclasses import dataclass
 from itertools import chain, repeat
@@ -54,10 +62,20 @@ class TensorInfo(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class SafetensorsHeader:
+    """A checked header: its tensors as columns, in file order (``begins``/``ends`` absolute offsets)."""
     header_size: int  # 8 + N: where the data section starts
     file_size: int
     metadata: dict[str, str]
-    tensors: tuple[TensorInfo, ...]  # in file order
+    names: tuple[str, ...]
+    dtypes: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    begins: tuple[int, ...]
+    ends: tuple[int, ...]
+
+    @property
+    def tensors(self) -> tuple[TensorInfo, ...]:
+        """One :class:`TensorInfo` per tensor, in file order (made on each call)."""
+        return tuple(map(TensorInfo, self.names, self.dtypes, self.shapes, self.begins, self.ends))
 
 
 def _reject_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
@@ -85,6 +103,9 @@ def parse_header_bytes(path: str, prefix: bytes, header_json: bytes, file_size: 
         raise SafetensorsHeaderError(path, f"header is not UTF-8 ({exc.reason} at byte {exc.start})") from None
     if not text.startswith("{"):
         raise SafetensorsHeaderError(path, "header is not a JSON object")
+    fast = _compact_header(text, header_size, file_size)
+    if fast is not None:
+        return fast
     try:
         obj = json.loads(text, object_pairs_hook=_reject_duplicates)
     except (ValueError, RecursionError) as exc:
@@ -107,7 +128,82 @@ def parse_header_bytes(path: str, prefix: bytes, header_json: bytes, file_size: 
         tensors = [_tensor_info(path, name, info, header_size, data_size) for name, info in obj.items()]
     tensors.sort(key=lambda t: (t.begin, t.end))
     _check_layout(path, tensors, header_size, file_size)
-    return SafetensorsHeader(header_size, file_size, metadata, tuple(tensors))
+    names, dtypes, shapes, begins, ends = zip(*tensors) if tensors else ((),) * 5
+    return SafetensorsHeader(header_size, file_size, metadata, names, dtypes, shapes, begins, ends)
+
+
+# -- the compact header of the reference writer, at C speed -------------------------------------------
+_NAT = r"(?:0|[1-9][0-9]{0,18})"     # a JSON integer >= 0 of at most 19 digits (no sign, no leading 0)
+_STR = r'(?:[^"\\\x00-\x1f]|\\.)*'  # a JSON string's text, escapes included (json.loads reads them)
+#: ``,"name":{"dtype":"D","shape":[a,b],"data_offsets":[x,y]}``: a name without escape or control
+#: character (its text is its value), then exactly these three fields in this order (the digits'
+#: form is checked after: a shape once per distinct text, the offsets all at once)
+_ENTRY = re.compile(r',"([^"\\\x00-\x1f]*)":\{"dtype":"([A-Z0-9_]{1,16})","shape":\[([0-9,]*)\],'
+                    r'"data_offsets":\[([0-9]{1,19}),([0-9]{1,19})\]\}')
+_ENTRY_CHARS = len(',"":{"dtype":"","shape":[],"data_offsets":[,]}')  # (an entry's length less its captures)
+_SHAPE = re.compile(r"(?:%s(?:,%s)*)?" % (_NAT, _NAT))
+_LEADING_ZERO = re.compile(r"(?:^|,)0[0-9]")
+_METADATA = re.compile(r'\{"__metadata__":(\{(?:"%s":"%s"(?:,"%s":"%s")*)?\})' % ((_STR,) * 4))
+
+
+def _compact_header(text: str, header_size: int, file_size: int) -> SafetensorsHeader | None:
+    """The header ``text`` when it is in the reference writer's compact form, its tensors in file order,
+    and it passes every check of the general path; None otherwise (the general path decides).
+
+    Sound by construction: the entries are matched one after another (the matches are disjoint, so
+    their lengths adding up to the body's means they cover it all: nothing between, before or after
+    them), a match's captured texts are its values, each entry has exactly the three fields once, no
+    name is repeated nor ``__metadata__``, and ``__metadata__`` (first, an object of strings) is read
+    by ``json.loads`` with the duplicate-key hook."""
+    end = len(text.rstrip(" \t\n\r"))
+    if text[end - 1:end] != "}":
+        return None
+    metadata: dict[str, str] = {}
+    m = _METADATA.match(text)
+    if m is not None:
+        if m.end() >= end:   # (the object ends with the metadata's "}": the header's own is missing)
+            return None
+        try:
+            metadata = json.loads(m.group(1), object_pairs_hook=_reject_duplicates)
+        except (ValueError, RecursionError):
+            return None
+        if has_lone_surrogate(m.group(1), metadata):
+            return None
+        body = text[m.end():end - 1]
+    else:
+        body = "," + text[1:end - 1]
+    found = _ENTRY.findall(body)
+    if not found:   # (no tensor: only a header of nothing but metadata, over no data)
+        return SafetensorsHeader(header_size, file_size, metadata, (), (), (), (), ()) \
+            if not body and m is not None and file_size == header_size else None
+    names, dtypes, shape_texts, begin_texts, end_texts = zip(*found)
+    if (len(found) * _ENTRY_CHARS + sum(map(len, names)) + sum(map(len, dtypes)) + sum(map(len, shape_texts))
+            + sum(map(len, begin_texts)) + sum(map(len, end_texts))) != len(body):
+        return None
+    # in file order, tiling the data section: each begins where the one before ends, the first at 0
+    if begin_texts[0] != "0" or begin_texts[1:] != end_texts[:-1] or len(set(names)) != len(names) \
+            or "__metadata__" in names or not set(dtypes) <= DTYPE_BITS.keys():
+        return None
+    shape_of = {t: tuple(map(int, t.split(","))) if t else () for t in set(shape_texts)}
+    if not all(_SHAPE.fullmatch(t) and len(sh) <= MAX_DIMS and max(sh, default=0) <= MAX_INT
+               for t, sh in shape_of.items()):
+        return None
+    size_of = {}
+    for key in set(zip(shape_texts, dtypes)):
+        bits = math.prod(shape_of[key[0]]) * DTYPE_BITS[key[1]]
+        if bits % 8:
+            return None
+        size_of[key] = bits // 8
+    offsets = (*begin_texts, end_texts[-1])
+    if _LEADING_ZERO.search(",".join(offsets)):
+        return None
+    at = list(map(int, offsets))
+    if at[-1] != file_size - header_size or list(map(operator.sub, at[1:], at[:-1])) != list(
+            map(size_of.__getitem__, zip(shape_texts, dtypes))):
+        return None   # (also catches an offset past 2**63 - 1: the data section would be that long)
+    at = tuple(map(operator.add, at, repeat(header_size)))
+    return SafetensorsHeader(header_size, file_size, metadata, names, dtypes,
+                             tuple(map(shape_of.__getitem__, shape_texts)), at[:-1], at[1:])
 
 
 _FIELDS = frozenset({"dtype", "shape", "data_offsets"})
