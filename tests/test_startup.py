@@ -55,3 +55,43 @@ def test_with_p2p_origins_a_preload_still_asks_the_swarm(node_env, isolated_env,
     assert {"p2p", "p2p.fetch", "libtorrent"} <= set(got), got
     # ... and the queries never do
     assert imported(["--config", cfg, "--no-daemon", "status"], env) == []
+
+
+def test_in_process_path_and_status_without_click_say_what_click_says(node_env, isolated_env, wd,
+                                                                      tmp_path: Path) -> None:
+    """``--no-daemon path`` and ``status`` are answered by weightd.cli.fast without click: the same
+    stdout, stderr and exit code as the click commands (``WEIGHTD_NO_FAST_PATH=1``), and no click."""
+    import json
+
+    from .test_fast_path import run
+    publish(wd, tmp_path)
+    assert wd("--no-daemon", "preload", "org/d@v1", "--tier", "hot").returncode == 0
+    env, cfg = dict(isolated_env), str(node_env.config)
+    for case in (["path", "org/d@v1"], ["path", "org/d@v1", "--json"], ["path", "org/d"], ["path", "org/d@v9"],
+                 ["path", "org/nope@v1"], ["path", "bad name"], ["-q", "path", "org/d@v1"], ["status", "--json"],
+                 ["status", "-o", "json"], ["status", "--output=wide"], ["-q", "status"], ["status"]):
+        args = ["--config", cfg, "--no-daemon", *case]
+        fast, slow = run(args, env, tmp_path, True), run(args, env, tmp_path, False)
+        if "status" in case and case[-1] in ("--json", "json"):   # (residency and ages may move between the runs)
+            f, s = json.loads(fast[1]), json.loads(slow[1])
+            assert f.keys() == s.keys() and f["answered_by"] == s["answered_by"] == "in-process", case
+            assert [c["name"] for c in f["checkpoints"]] == [c["name"] for c in s["checkpoints"]]
+            assert fast[2] == slow[2]
+        elif "status" in case:
+            assert fast[0] == slow[0] == 0 and fast[2] == slow[2], case
+            assert fast[1].splitlines()[0] == slow[1].splitlines()[0]
+            assert len(fast[1].splitlines()) == len(slow[1].splitlines())
+        else:
+            assert fast == slow, case
+    assert run(["--config", cfg, "--no-daemon", "path", "org/nope@v1"], env, tmp_path, True)[0] == 3
+    assert run(["--config", cfg, "--no-daemon", "path", "bad name"], env, tmp_path, True)[0] == 2
+    code = ("import sys; from weightd.cli import main; rc = main(sys.argv[1:]); "
+            "print('click' in sys.modules, file=sys.stderr); sys.exit(rc)")
+    for case in (["path", "org/d@v1"], ["status"]):
+        p = subprocess.run([sys.executable, "-c", code, "--config", cfg, "--no-daemon", *case], capture_output=True,
+                           text=True, timeout=60, env={**env, "PYTHONPATH": str(ROOT)})
+        assert p.returncode == 0 and p.stderr.strip().splitlines()[-1] == "False", (case, p.stderr)
+    # storage not there as configured: the status is shown and the exit code is 2, both ways
+    (node_env.config).write_text(node_env.config.read_text().replace(str(node_env.warm), str(tmp_path / "gone/w")))
+    fast, slow = (run(["--config", cfg, "--no-daemon", "status"], env, tmp_path, f) for f in (True, False))
+    assert fast[0] == slow[0] == 2 and fast[2] == slow[2]

@@ -8,7 +8,9 @@ Only an invocation this parser recognises completely runs here, after the global
 - ``path NAME[@VERSION] [--json]`` and ``status [--json | -o table|wide|json]``, when the node's daemon
   answers (not with ``--no-daemon``): the same client, the same checks of its answer and the same
   rendering as the click commands. When it does not answer (or the socket refuses us), click runs
-  the command in-process as before.
+  the command in-process as before;
+- the same two with ``--no-daemon``: the node's service opened in-process as the click commands open
+  it (nothing reconciled, no P2P), the same rendering and exit codes, without click's ~25 ms.
 
 Any other option, a ``-``-prefixed argument, ``--help``, or ``WEIGHTD_NO_FAST_PATH=1`` goes to click,
 which then gives the same output, errors and exit codes (tests/test_fast_path.py runs a matrix of
@@ -79,14 +81,14 @@ def _recognise(args: list[str]) -> _Job | None:
                 job.fmt = a[len("--output="):]
             else:
                 return None
-        return None if job.no_daemon else job
+        return job
     job.as_json = "--json" in rest
     job.operands = [a for a in rest if a != "--json"]
     if rest.count("--json") > 1 or any(p.startswith("-") or not p for p in job.operands):
         return None
     if job.command == "residency":
         return job if job.operands else None
-    return job if len(job.operands) == 1 and not job.no_daemon else None   # path NAME[@VERSION]
+    return job if len(job.operands) == 1 else None   # path NAME[@VERSION]
 
 
 def _run(job: _Job) -> int:
@@ -101,7 +103,7 @@ def _run(job: _Job) -> int:
             emit_json("residency", r.to_dict()) if job.as_json else show_residency(r)
             skip_exit(r.skipped)
             return 0
-        return _through_daemon(job)
+        return _in_process(job) if job.no_daemon else _through_daemon(job)
     except BrokenPipeError:
         sys.stderr.close()
         from ..errors import EXIT_ERROR
@@ -111,6 +113,31 @@ def _run(job: _Job) -> int:
         return 130
     except Exception as exc:  # one line, the exit code of its type (as the click CLI ends)
         return report_error(exc, debug=False)
+
+
+def _in_process(job: _Job) -> int:
+    """``--no-daemon path`` or ``status``: what the click commands do with ``--no-daemon`` (a query
+    ``Backend``: the service opened without reconciling, creating or removing anything, and no P2P
+    fetcher), the same output and exit codes."""
+    from .output import emit_json, emit_path, show_status
+    from .context import AppContext
+    if job.command == "path":
+        from tiering import parse_ref
+        parse_ref(job.operands[0], local=True)   # (a bad name: exit 2 before anything, as click's command)
+    app = AppContext(job.config_path, False, True, False)
+    from ..node.local import open_service
+    from ..tally import Tally
+    svc = open_service(app.config, Tally(), reconcile=False, fetchers=[])
+    try:
+        if job.command == "path":
+            r = svc.path(job.operands[0])
+            emit_json("path", r) if job.as_json else emit_path(r["path"])
+            return 0
+        st = svc.status()
+    finally:
+        svc.node.close()
+    emit_json("status", st, compact=False) if job.fmt == "json" else show_status(st, wide=job.fmt == "wide")
+    return 2 if st.get("problems") else 0
 
 
 def _through_daemon(job: _Job) -> int:
