@@ -4,6 +4,7 @@ one, the digest taken over what was read, and copies of one version shared in a 
 from __future__ import annotations
 
 import copy
+import hashlib
 import gc
 import json
 import tracemalloc
@@ -246,3 +247,51 @@ def test_a_header_with_a_lone_surrogate_is_refused(tmp_path: Path) -> None:
     f.write_bytes(len(raw).to_bytes(8, "little") + raw + b"z")
     with pytest.raises(SafetensorsHeaderError, match="surrogate"):
         read_header(f)
+
+
+def hostile_names_checkpoint(root: Path) -> Path:
+    """Safetensors files whose names and metadata need escaping, written by the reference writer and by
+    the sample writer (ASCII escapes), with scalars, empty tensors and a non-safetensors file."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from tiering.sample import SampleTensor, fill_bytes, write_safetensors
+    root.mkdir()
+    save_file({'q"uote': np.arange(6, dtype=np.float32).reshape(2, 3), "back\\slash": np.zeros((0, 5), dtype=np.int64),
+               "tab\there": np.array(2.0, dtype=np.float64), "\u2028\u00e9\U0001f600": np.ones(3, dtype=np.uint8)},
+              str(root / "ref.safetensors"), metadata={"fo\"r\nmat": "n\\p\u4e2d"})  # (one key: the writer's order of several varies)
+    ts = [SampleTensor('na"me', "U8", (3,)), SampleTensor("\x7fdel", "F32", ()), SampleTensor("e\u00e9", "BF16", (2, 0, 3)),
+          SampleTensor("__metadata__x", "F8_E4M3", (1, 2, 3, 4, 5))]
+    write_safetensors(root / "sample.safetensors", ts, lambda t: fill_bytes(t.name, t.nbytes), metadata={"a": "\"}"})
+    (root / "notes.txt").write_text("hi\n")
+    for p in root.iterdir():
+        p.chmod(0o644)
+    return root
+
+
+def test_a_build_renders_what_json_dumps_writes(tmp_path: Path) -> None:
+    """A build renders each file's tensors once for the digest and the file (TensorTable.built): the
+    bytes json.dumps wrote, for names that need escaping too, and the same as a later rendering."""
+    m = build_manifest(hostile_names_checkpoint(tmp_path / "c"))
+    assert m.rendered and m.tensor_count == 8
+    first = m.to_json()
+    assert not m.rendered   # (taken by the first to_json)
+    assert compute_digest(m) == m.digest == reference_digest(m)
+    assert [ln.strip().rstrip(",") for ln in first.split("\n") if ln.startswith("   {")] == reference_json(m)
+    assert first == m.to_json() == m.with_labels(name=None).to_json()
+    assert manifest_from_dict(json.loads(first)) == m
+
+
+def test_digests_of_manifests_built_before_issue_40s_rendering_are_unchanged(tmp_path: Path) -> None:
+    """Digests and file bytes taken by the code before the one-pass rendering (json.dumps per tensor and
+    json.loads with a hook per header entry), for the same deterministic checkpoints."""
+    moe = make_moe_checkpoint(tmp_path / "moe", layers=6, shards=7)
+    for p in moe.iterdir():
+        p.chmod(0o644)
+    for root, digest, sha in (
+            (moe, "3a1a7c412f74156390cc4a3de3e77f35", "5fe62eaab91bdf26c403683b147cd1248624b4a95ba36d801cca3b2777a57dc1"),
+            (hostile_names_checkpoint(tmp_path / "c"), "725fc74a3591f55f6ea2d2afcf09f1b4",
+             "c2b4338502b3b31db000ad2869ae57bad01a3c6ec3d6ddda9da620ba2d6a9067")):
+        m = build_manifest(root)
+        assert m.digest == digest
+        assert hashlib.sha256(m.to_json().encode()).hexdigest() == sha

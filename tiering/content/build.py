@@ -12,7 +12,7 @@ from ..errors import ChecksumMismatch, IntegrityError
 from ..safefs import Dir
 from .hashing import HashJob, ProgressFn, hash_files
 from .manifest import (DEFAULT_CHUNK_SIZE, FileEntry, Manifest, SafetensorsInfo,
-                       chunk_ranges, tree_hash)
+                       built_manifest, chunk_ranges, tree_hash)
 from .safetensors_header import read_header
 from .tensor_table import TensorTable
 from .scan import ScannedFile, scan_checkpoint
@@ -47,25 +47,25 @@ def build_manifest(root: "str | os.PathLike[str] | Dir", *, threads: int | None 
             taken[f.relpath] = [k[5]]
             continue
         if hdr is not None:
-            ranges = [(0, hdr.header_size)] + [(t.begin, t.end) for t in hdr.tensors]
+            ranges = [(0, hdr.header_size), *zip(hdr.begins, hdr.ends)]
         else:
             ranges = chunk_ranges(f.size, chunk_size)
         jobs.append(HashJob(f.path, ranges, f.size, f.mtime_ns))
     hashed = iter(hash_files(jobs, threads=threads, progress=progress))
     digests = [taken[f.relpath] if f.relpath in taken else next(hashed) for f in scanned]
 
-    entries = []
+    entries, texts = [], {}
     for f, parts in zip(scanned, digests):
         hdr = headers.get(f.relpath)
         if hdr is not None:
-            ts = hdr.tensors
-            table = TensorTable([t.name for t in ts], [t.dtype for t in ts], [t.shape for t in ts],
-                                [t.begin for t in ts], [t.end for t in ts], bytes.fromhex("".join(parts[1:])))
+            table, *rendered = TensorTable.built(hdr.names, hdr.dtypes, hdr.shapes, hdr.begins, hdr.ends,
+                                                 bytes.fromhex("".join(parts[1:])))
+            texts[f.relpath] = (table, *rendered)
             info = SafetensorsInfo(hdr.header_size, parts[0], dict(hdr.metadata), table)
             entries.append(FileEntry(f.relpath, f.size, f.mode, tree_hash(parts), (), info))
         else:
             entries.append(FileEntry(f.relpath, f.size, f.mode, tree_hash(parts), tuple(parts)))
-    return Manifest(tuple(entries), chunk_size)
+    return built_manifest(tuple(entries), chunk_size, texts)
 
 
 @dataclass(frozen=True, slots=True)

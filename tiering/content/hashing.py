@@ -23,11 +23,14 @@ from __future__ import annotations
 
 import fcntl
 import mmap
+import operator
 import os
 import signal
 import threading
+from bisect import bisect_right
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from itertools import accumulate, starmap
 from typing import Any, Callable, Sequence
 
 import xxhash
@@ -110,11 +113,11 @@ class _SharedFd:
                     raise BadInput(f"{self.job.path}: {exc.strerror}") from None
                 if hasattr(os, "posix_fadvise"):
                     os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-                wants_map = any(e - b >= MMAP_MIN_PART for b, e in self.job.ranges) \
+                wants_map = min(starmap(operator.sub, self.job.ranges), default=0) <= -MMAP_MIN_PART \
                     and _resident(self.fd, self.job.size)
                 if wants_map and take_read_lease(self.fd):
                     # under the lease the file cannot shrink; it must be as long as the caller saw
-                    self.leased = os.fstat(self.fd).st_size >= max(e for _, e in self.job.ranges)
+                    self.leased = os.fstat(self.fd).st_size >= max(map(operator.itemgetter(1), self.job.ranges))
             return self.fd
 
     def may_map(self) -> bool:
@@ -132,9 +135,10 @@ class _SharedFd:
                     pass
         return False
 
-    def release(self) -> None:
+    def release(self, parts: int = 1) -> None:
+        """``parts`` of the file's parts are done (their acquisitions let go): the last closes it."""
         with self.lock:
-            self.remaining -= 1
+            self.remaining -= parts
             if self.remaining == 0 and self.fd is not None:
                 try:
                     st = os.fstat(self.fd)
@@ -216,7 +220,7 @@ def _hash_range(s: _SharedFd, fd: int, begin: int, end: int, progress: ProgressF
 def _hash_run(s: _SharedFd, fd: int, spans: list[tuple[int, int]], progress: ProgressFn | None) -> list[str]:
     """xxh3-128 of each of ``spans`` (consecutive, together at most GROUP_BYTES), read with one ``pread``:
     a MoE shard holds hundreds of tensors of a few KB, and a read, a buffer and a hasher for each cost
-    ~10 us a tensor, more than hashing them."""
+    ~10 us a tensor, more than hashing them (and each tensor's digest is taken in a C loop)."""
     begin, end = spans[0][0], spans[-1][1]
     view = memoryview(bytearray(end - begin))
     got = 0
@@ -225,7 +229,8 @@ def _hash_run(s: _SharedFd, fd: int, spans: list[tuple[int, int]], progress: Pro
         if n <= 0:
             raise FileChanged(s.job.path, f"file ended at byte {begin + got}, expected {end} (truncated while being read?)")
         got += n
-    out = [xxhash.xxh3_128_hexdigest(view[b - begin:e - begin]) for b, e in spans]
+    at = list(accumulate(starmap(operator.sub, spans), operator.sub, initial=0))  # (each end - begin)
+    out = list(map(xxhash.xxh3_128_hexdigest, map(view.__getitem__, map(slice, at, at[1:]))))
     if progress is not None:
         progress(end - begin)
     return out
@@ -272,29 +277,28 @@ GROUP_BYTES = 4 << 20
 
 def _groups(ranges: Sequence[tuple[int, int]]) -> list[range]:
     """The ranges of one file as tasks: consecutive ones together up to GROUP_BYTES (a LoRA adapter's
-    hundreds of small tensors, a compile cache's small files), a large one alone."""
+    hundreds of small tensors, a compile cache's small files), a large one alone. (Found by bisection
+    on the running total of sizes: a MoE shard's hundreds of ranges without a Python step each.)"""
+    total = list(accumulate(starmap(operator.sub, ranges), operator.sub, initial=0))  # total[i]: sizes before i
     out: list[range] = []
-    start, acc = 0, 0
-    for i, (b, e) in enumerate(ranges):
-        if i > start and acc + (e - b) > GROUP_BYTES:
-            out.append(range(start, i))
-            start, acc = i, 0
-        acc += e - b
-    if ranges:
-        out.append(range(start, len(ranges)))
+    start, n = 0, len(ranges)
+    while start < n:
+        # the first range that would take the group past GROUP_BYTES (never the group's first)
+        stop = max(start + 1, bisect_right(total, total[start] + GROUP_BYTES, start + 1) - 1)
+        out.append(range(start, stop))
+        start = stop
     return out
 
 
 def _hash_group(s: _SharedFd, ri: range, out: list[str], progress: ProgressFn | None) -> None:
     """The parts ``ri`` of one file (a task of :func:`_groups`) into ``out``; each part acquires and
     releases the file once."""
-    spans = [s.job.ranges[r] for r in ri]
-    if len(spans) > 1 and all(a[1] == b[0] for a, b in zip(spans, spans[1:])):
+    spans = list(s.job.ranges[ri.start:ri.stop])
+    if len(spans) > 1 and list(map(operator.itemgetter(1), spans[:-1])) == list(map(operator.itemgetter(0), spans[1:])):
         try:   # (consecutive small parts of one file, tiling: one read for all of them)
             out[ri.start:ri.stop] = _hash_run(s, s.acquire(), spans, progress)
         finally:
-            for _ in spans:
-                s.release()
+            s.release(len(spans))
         return
     for r in ri:   # (consecutive small parts of one file are one task: a future each would cost more)
         begin, end = s.job.ranges[r]
@@ -337,7 +341,7 @@ def hash_files(jobs: Sequence[HashJob], *, threads: int | None = None, progress:
         _hash_group(s, ri, results[ji], progress)
 
     n = threads or default_threads()
-    if len(jobs) > 256 and sum(sum(e - b for b, e in j.ranges) for j in jobs) < len(jobs) << 20:
+    if len(jobs) > 256 and -sum(sum(starmap(operator.sub, j.ranges)) for j in jobs) < len(jobs) << 20:
         n = 1   # many small files: threads taking turns at the interpreter lock run slower than one
     try:
         if n == 1 or len(tasks) <= 1:
@@ -358,7 +362,7 @@ def _batches(jobs: Sequence[HashJob], tasks: list[tuple[int, Any]]) -> list[list
     """Tasks grouped a few per future, up to GROUP_BYTES (many small files, a compile cache)."""
     def size(t: tuple[int, Any]) -> int:
         ranges = jobs[t[0]].ranges
-        return sum(e - b for b, e in (ranges if t[1] == -1 else (ranges[r] for r in t[1])))
+        return -sum(starmap(operator.sub, ranges if t[1] == -1 else ranges[t[1].start:t[1].stop]))
     batches: list[list[tuple[int, Any]]] = []
     acc = GROUP_BYTES
     for t in tasks:

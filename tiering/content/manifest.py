@@ -40,7 +40,7 @@ EMPTY_XXH3_128 = xxhash.xxh3_128(b"").hexdigest()
 
 def tree_hash(part_digests: list[str]) -> str:
     """A file's hash from its parts' hex digests."""
-    return xxhash.xxh3_128(b"".join(bytes.fromhex(d) for d in part_digests)).hexdigest()
+    return xxhash.xxh3_128(bytes.fromhex("".join(part_digests))).hexdigest()
 
 
 class Part(NamedTuple):
@@ -121,6 +121,9 @@ class Manifest:
     # digest): {"version", "digest", "kind": "partial"|<companion kind>, "key"?, "selection"?}
     of: dict[str, Any] | None = field(default=None, compare=False)
     digest: str = field(default="")
+    # the builder's readable tensor lines of each safetensors file (path -> (its table, the text)), made
+    # with the digest's canonical ones from the same columns: taken (and dropped) by the first to_json
+    rendered: dict[str, tuple[TensorTable, str]] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.digest:
@@ -183,10 +186,13 @@ class Manifest:
             if st is None:
                 lines.append(f"  {dump(f)}{end}")
                 continue
-            rows = entry.safetensors.tensors.json_rows(canonical=False)  # type: ignore[union-attr]
+            table = entry.safetensors.tensors  # type: ignore[union-attr]
+            held = self.rendered.pop(entry.path, None) if self.rendered else None
+            rows = held[1] if held is not None and held[0] is table else table.json_text(canonical=False)
             head = dump(f)[:-1] + ', "safetensors": ' + dump(st)[:-1] + ', "tensors": ['
             lines.append("  " + head)
-            lines += [f"   {row}," for row in rows[:-1]] + [f"   {row}" for row in rows[-1:]]
+            if rows:
+                lines.append(rows)
             lines.append(f"  ]}}}}{end}")
         lines += [" ]", "}"]
         return "\n".join(lines) + "\n"
@@ -208,26 +214,38 @@ def _file_dict(f: FileEntry, tensors: bool = True) -> dict[str, Any]:
     return d
 
 
-def compute_digest(m: Manifest) -> str:
+def compute_digest(m: Manifest, texts: "dict[str, tuple[TensorTable, str, str]] | None" = None) -> str:
     """The content id: xxh3-128 of the canonical JSON of ``{format, chunk_size, files}`` (sorted keys, no
-    spaces, files in path order, each as :func:`_file_dict` has it), hashed a file at a time."""
+    spaces, files in path order, each as :func:`_file_dict` has it), hashed a file at a time. ``texts``:
+    path -> (table, its canonical tensor text, readable), rendered by the builder from the columns the
+    table was made of (:meth:`TensorTable.built`); used for that very table only."""
     h = xxhash.xxh3_128(b'{"chunk_size":%d,"files":[' % m.chunk_size)
     for i, f in enumerate(m.files):
-        h.update((b"," if i else b"") + _canonical_file(f).encode())
+        h.update((b"," if i else b"") + _canonical_file(f, texts).encode())
     h.update(b'],"format":%d}' % m.format)
     return h.hexdigest()
+
+
+def built_manifest(files: tuple[FileEntry, ...], chunk_size: int,
+                   texts: dict[str, tuple[TensorTable, str, str]]) -> Manifest:
+    """A manifest just built (no labels): its digest taken over the builder's canonical tensor texts,
+    and the readable ones kept for its first :meth:`Manifest.to_json` (a build writes it)."""
+    m = Manifest(files, chunk_size, digest="-")
+    return replace(m, digest=compute_digest(m, texts),
+                   rendered={path: (table, readable) for path, (table, _, readable) in texts.items()})
 
 
 def _canonical(v: Any) -> str:
     return json.dumps(v, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
-def _canonical_file(f: FileEntry) -> str:
+def _canonical_file(f: FileEntry, texts: "dict[str, tuple[TensorTable, str, str]] | None" = None) -> str:
     """``_canonical(_file_dict(f))``, with a safetensors file's tensors written from their columns."""
     st = f.safetensors
     if st is None:
         return _canonical(_file_dict(f))
-    rows = ",".join(st.tensors.json_rows(canonical=True))
+    held = texts.get(f.path) if texts else None
+    rows = held[1] if held is not None and held[0] is st.tensors else st.tensors.json_text(canonical=True)
     # (the keys in sorted order: mode, path, safetensors {header_size, header_xxh3_128, metadata, tensors},
     # size, xxh3_128)
     return ('{"mode":%s,"path":%s,"safetensors":{"header_size":%d,"header_xxh3_128":%s,"metadata":%s,"tensors":[%s]},'

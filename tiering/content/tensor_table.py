@@ -14,10 +14,11 @@ from __future__ import annotations
 from array import array
 from dataclasses import dataclass
 from collections.abc import Sequence
-from itertools import accumulate, chain
+from itertools import accumulate, chain, repeat
 from typing import Iterable, Iterator, overload
 
 from json.encoder import encode_basestring as _js  # (a str as json.dumps(..., ensure_ascii=False) writes it)
+from json.encoder import ESCAPE as _ESCAPED  # (what _js escapes)
 
 from .safetensors_header import DTYPE_BITS
 
@@ -39,25 +40,22 @@ class TensorEntry:
         return self.end - self.begin
 
 
-_READABLE_ROW = '{"name": %s, "dtype": "%s", "shape": [%s], "begin": %d, "end": %d, "xxh3_128": "%s"}'
-_CANONICAL_ROW = '{"begin":%d,"dtype":"%s","end":%d,"name":%s,"shape":[%s],"xxh3_128":"%s"}'
-
-
 class TensorTable(Sequence):  # Sequence[TensorEntry]
     __slots__ = ("_names", "_name_ends", "_dtypes", "_dims", "_dim_ends", "_begins", "_ends", "_digests",
                  "__weakref__")
 
-    def __init__(self, names: list[str], dtypes: list[str], shapes: Iterable[Iterable[int]], begins: Iterable[int],
+    def __init__(self, names: Sequence[str], dtypes: Sequence[str], shapes: Iterable[Iterable[int]], begins: Iterable[int],
                  ends: Iterable[int], digests: bytes) -> None:
         """Columns already checked by the caller (a manifest reader or builder): ``digests`` holds 16
         bytes per tensor. A dtype outside :data:`DTYPES` is a KeyError, a negative or oversized integer
         an OverflowError."""
         shapes = list(shapes)
         self._names = "".join(names)
-        self._name_ends = array("q", accumulate(map(len, names)))
+        # (an array fills faster from a list than from an iterator)
+        self._name_ends = array("q", list(accumulate(map(len, names))))
         self._dtypes = bytes(map(_DTYPE_CODE.__getitem__, dtypes))
-        self._dims = array("q", chain.from_iterable(shapes))
-        self._dim_ends = array("q", accumulate(map(len, shapes)))
+        self._dims = array("q", list(chain.from_iterable(shapes)))
+        self._dim_ends = array("q", list(accumulate(map(len, shapes))))
         self._begins, self._ends = array("q", begins), array("q", ends)
         self._digests = bytes(digests)
         n = len(self._name_ends)
@@ -119,19 +117,59 @@ class TensorTable(Sequence):  # Sequence[TensorEntry]
     def spans(self) -> list[tuple[int, int]]:
         return list(zip(self._begins, self._ends))
 
-    def json_rows(self, *, canonical: bool) -> list[str]:
-        """Each tensor as the JSON object a manifest writes: readable (``", "``/``": "``, fields in the
-        manifest's order, one line each in :meth:`Manifest.to_json`) or canonical (sorted keys, no
-        spaces: the bytes the digest is taken over). The same text ``json.dumps(..., ensure_ascii=False)``
-        writes for the tensor's dict (tests/test_manifest_compact.py holds them equal), without a dict
-        and an encoder per tensor: 90,000 of them cost 0.6 s that way."""
-        ends, dims = self._dim_ends, self._dims
-        sep = "," if canonical else ", "
-        shapes = [sep.join(map(str, dims[a:b])) for a, b in zip((0, *ends[:-1]), ends)] if ends else []
-        fmt = (_CANONICAL_ROW if canonical else _READABLE_ROW)
-        return [fmt % (b, DTYPES[d], e, _js(n), sh, h) if canonical else fmt % (_js(n), DTYPES[d], sh, b, e, h)
-                for n, d, sh, b, e, h in zip(self.names(), self._dtypes, shapes, self._begins, self._ends,
-                                              self.hex_digests())]
+    def json_text(self, *, canonical: bool) -> str:
+        """The tensors as a manifest writes them: canonical (sorted keys, no spaces, joined by ``,``: the
+        bytes the digest is taken over) or readable (``", "`` and ``": "``, fields in the manifest's
+        order, one line each indented by three spaces, joined by ``",\n"``; :meth:`Manifest.to_json`).
+        The same text ``json.dumps(..., ensure_ascii=False)`` writes for each tensor's dict
+        (tests/test_manifest_compact.py holds them equal)."""
+        return self.json_texts()[0 if canonical else 1]
+
+    def json_texts(self) -> tuple[str, str]:
+        """:meth:`json_text` canonical and readable, from one pass over the columns (a build renders
+        both: :meth:`built` gives them with the table)."""
+        if not len(self):
+            return "", ""
+        names = list(map(self._names.__getitem__, map(slice, chain((0,), self._name_ends), self._name_ends)))
+        dims = list(map(str, self._dims))
+        shapes = list(map(",".join, map(dims.__getitem__, map(slice, chain((0,), self._dim_ends), self._dim_ends))))
+        return self._render(names, list(map(DTYPES.__getitem__, self._dtypes)), shapes)
+
+    @classmethod
+    def built(cls, names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[tuple[int, ...]],
+              begins: Sequence[int], ends: Sequence[int], digests: bytes) -> "tuple[TensorTable, str, str]":
+        """A table of these columns (as :meth:`__init__`) and its :meth:`json_texts`, rendered from the
+        columns as given (no name or shape taken back out of the table: the manifest builder's way)."""
+        table = cls(names, dtypes, shapes, begins, ends, digests)
+        if not len(table):
+            return table, "", ""
+        # (a header's shapes are a few tuples, each shared by its tensors: each written once)
+        text_of = {k: ",".join(map(str, sh)) for k, sh in dict(zip(map(id, shapes), shapes)).items()}
+        return (table, *table._render(list(names), list(dtypes), list(map(text_of.__getitem__, map(id, shapes)))))
+
+    def _render(self, names: list[str], dtypes: list[str], shapes: list[str]) -> tuple[str, str]:
+        """Both renderings of this (non-empty) table, given its names, dtypes and shapes (``"8,8"``) as
+        lists: each other column's text made once with C loops (``map``) and interleaved with the fixed
+        text by one ``str.join`` per rendering (no dict, encoder or format call per tensor: issue 40)."""
+        every = self._names
+        plain = every.isascii() and every.isprintable() or not _ESCAPED.search(every)
+        if plain and '"' not in every and "\\" not in every:
+            q = '"'  # (nothing to escape: each name is written as it is, between the quotes given here)
+        else:
+            q, names = "", list(map(_js, names))
+        spaced = {t: t.replace(",", ", ") for t in set(shapes)}
+        digests = self._digests.hex(",", 16).split(",")
+        begins = list(map(str, self._begins))
+        ends = begins[1:] + [str(self._ends[-1])] if self._begins[1:] == self._ends[:-1] else list(map(str, self._ends))
+        canonical = "".join(chain.from_iterable(zip(
+            repeat(',{"begin":'), begins, repeat(',"dtype":"'), dtypes, repeat('","end":'), ends,
+            repeat(f',"name":{q}'), names, repeat(f'{q},"shape":['), shapes, repeat('],"xxh3_128":"'), digests,
+            repeat('"}'))))[1:]
+        readable = "".join(chain.from_iterable(zip(
+            repeat(f'\n   {{"name": {q}'), names, repeat(f'{q}, "dtype": "'), dtypes, repeat('", "shape": ['),
+            map(spaced.__getitem__, shapes), repeat('], "begin": '), begins, repeat(', "end": '), ends,
+            repeat(', "xxh3_128": "'), digests, repeat('"},'))))[1:-1]
+        return canonical, readable
 
     def columns(self) -> list[bytes]:
         """The table as eight byte strings (names as UTF-8, the rest as stored), for
