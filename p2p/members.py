@@ -13,6 +13,11 @@ empty and fills within a round, changes nothing. What differs: a worker that rea
 trackers is on the union anyway, and one that died stays on it until the last answer naming it is
 ``stale_s`` old (the plan's stalled-owner rule covers that time).
 
+**Dropped owners**: each request also says which owners this node's plan dropped (``drop=``), and
+each answer which owners any worker dropped (``dropped``, only workers of that list): every worker
+then plans without them within a round, where each used to judge lateness on its own clock (a
+worker that dropped a slow owner early waited on a share another had not taken yet, 15-25 s).
+
 One request per tracker per ``every_s`` (a small JSON answer), bounded by ``timeout_s`` as a whole (a
 tracker that trickles its answer a byte a second is cut at the deadline, not only one that says
 nothing); a list keeps only addresses inside ``[p2p] allow`` and at most the tracker's own
@@ -45,6 +50,7 @@ log = logging.getLogger(__name__)
 
 MAX_ANSWER = 4 << 20   # bytes read of an answer (10,000 workers are ~300 KB)
 MAX_MEMBERS = 10_000   # addresses kept of one answer (the tracker's PER_SWARM)
+MAX_DROPS = 64         # owners said dropped in one request (the tracker's MAX_DROPS)
 
 
 def swarm_url(tracker: str, info_hash: bytes, rack: str = "", want: str = "") -> str | None:
@@ -79,6 +85,8 @@ class Membership:
         # per tracker: (downloading workers, workers downloading other files of the torrent: ip -> rack,
         # when it answered)
         self._lists: dict[str, tuple[dict[str, str], dict[str, str], float]] = {}
+        self.dropping: frozenset[str] = frozenset()   # owners this node's plan dropped: said to the trackers
+        self._dropped: dict[str, tuple[frozenset[str], float]] = {}   # per tracker: owners others dropped, when
         self.changed_at = 0.0   # when the list last changed (a list still growing is not settled)
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -111,6 +119,14 @@ class Membership:
             for ip, rack in got[which].items():
                 out.setdefault(ip, rack)
         return out
+
+    @property
+    def dropped(self) -> frozenset[str]:
+        """Owners some other worker's plan dropped (stalled or late), as the trackers answering lately
+        say: this node plans without them too, at once."""
+        now = time.monotonic()
+        with self._lock:
+            return frozenset().union(*(ips for ips, t in self._dropped.values() if now - t <= self.stale_s))
 
     def settled(self, quiet_s: float) -> dict[str, str] | None:
         """The list, once it has not changed for ``quiet_s`` (workers still joining move slices)."""
@@ -147,8 +163,9 @@ class Membership:
     def _ask(self, url: str) -> bool:
         """One request to one tracker, its answer kept; False: the tracker is not weightd's."""
         self.requests += 1
+        drops = sorted(self.dropping)[:MAX_DROPS]
         try:
-            got, others = self._get(url)
+            got, others, dropped = self._get(url + (f"&drop={','.join(drops)}" if drops else ""))
         except _NotOurs as exc:
             log.info("p2p: %s gives no member list (%s): planning on connected peers", url, exc)
             return False
@@ -159,6 +176,7 @@ class Membership:
         with self._lock:
             before = self._merged(0)
             self._lists[url] = (got, others, time.monotonic())
+            self._dropped[url] = (dropped, time.monotonic())
             if self._merged(0) != before:
                 self.changed_at = time.monotonic()
         return True
@@ -185,7 +203,7 @@ class Membership:
             raise TimeoutError(f"no whole answer within {timeout_s:g} s")
         return r.status, body
 
-    def _get(self, url: str) -> tuple[dict[str, str], dict[str, str]]:
+    def _get(self, url: str) -> tuple[dict[str, str], dict[str, str], frozenset[str]]:
         try:
             status, body = self._request(url, self.timeout_s)
         except http.client.HTTPException as exc:
@@ -203,8 +221,10 @@ class Membership:
         rows = doc.get("downloading") if isinstance(doc, dict) else None
         if not isinstance(rows, list):
             raise _NotOurs("not a member list")
-        others = doc.get("others")
-        return self._rows(rows), self._rows(others if isinstance(others, list) else [])   # (a tracker before "others": none)
+        others, dropped = doc.get("others"), doc.get("dropped")
+        listed = self._rows(rows)
+        return listed, self._rows(others if isinstance(others, list) else []), \
+            frozenset(ip for ip in (dropped if isinstance(dropped, list) else [])[:MAX_MEMBERS] if ip in listed)
 
     def _rows(self, rows: list) -> dict[str, str]:
         """ip -> rack of an answer's ``[ip, rack]`` rows: addresses only, inside ``allow``, at most

@@ -16,9 +16,8 @@ cap sending duplicates while the workers' upload capacity idles: 2.25x the check
 - with racks, each rack has ``gateways`` (k, default 1) *gateways* (the first k of its workers by
   the same hashing, :func:`gateways_of`): the only workers of the rack that take pieces from other
   racks' workers, each the pieces of its share (rendezvous hashing over the k), so a piece crosses
-  into a rack once. Each open gateway also takes pieces its rack holds from outside (4 x 4 workers,
-  loopback, one round each: k = 1 18.7 s, 1.05x the checkpoint into the worst rack; k = 2 13.3 s,
-  1.72x; k = 4 11.9 s, 3.2x): the daemon keeps k = 1 (bench/swarm_sim.py, ``gateway_rate``).
+  into a rack once. Each open gateway also takes pieces its rack holds from outside, so the daemon
+  keeps k = 1 (figures in docs/benchmarks.md, issue 38).
   Rendezvous hashing with bounded loads (``rendezvous.py``; no owner more than about 1.1x its
   share), not ranks: a worker that one node does not see yet (or that left) moves its own pieces
   and a few displaced ones, where ranked slices would shift every boundary.
@@ -30,23 +29,21 @@ cap sending duplicates while the workers' upload capacity idles: 2.25x the check
   own rack (they cross racks once per rack, through one gateway). libtorrent picks the sender of a piece, so
   a worker open to other racks may take from outside a piece its rack already holds: the session
   (``P2PSession.apply_plan``) therefore opens the other racks' class only on the gateway, while it
-  has pieces to take across, and keeps it to a trickle on every other worker. What a rack receives
-  from outside is then at most the gateway's whole download plus its other workers' slices from
-  the origin (a median 1.20x the checkpoint for the worst rack, 4 racks x 4 workers), whatever libtorrent picks; with
-  every worker open to other racks for the pieces it owned for its rack, 2.3-2.6x;
+  has pieces to take across, and keeps it to a trickle on every other worker: what a rack receives
+  from outside is then at most the gateway's whole download plus its other workers' origin slices;
 - ``HELD``: any other piece a worker of its own rack holds (without racks: any worker);
 - nothing yet for the rest: pieces only the origin has and another worker owns.
 
 **Recovery**: an owner whose pieces that only the origin holds do not get fewer for ``stall_s`` (it
 cannot reach the origin, or died without leaving the list), or that still has some ``stall_s`` after
 this worker's own slice was in (it is too slow for its slice), is treated as absent for the rest of
-the download: its pieces move to the others by the same hashing. A gateway whose piece count does not grow for
-``stall_s`` while other racks hold pieces it lacks, or that is on the list but not connected for
-``stall_s``, is skipped as gateway (the next worker by the hashing takes its place and the shares
-are hashed again over the k left: the skipped one's share moves, and about 1/(k+1) of each other's
-share goes to the newcomer; it keeps its slice, and is taken back once it grows again). A worker that receives nothing at all for ``3 x grace_s`` while it waits asks for
-everything. The plan can delay, never strand: pieces are still verified by libtorrent, and the
-checkpoint by its manifest.
+the download: its pieces move to the others by the same hashing, and the trackers tell every other
+worker to do the same (``told_dropped``). A gateway whose piece count does not grow for ``stall_s``
+while other racks hold pieces it lacks, or that is on the list but not connected for ``stall_s``, is
+skipped as gateway (the next worker by the hashing takes its place; the shares are hashed again over
+the k left; it keeps its slice, and is taken back once it grows again). A worker that receives
+nothing at all for ``3 x grace_s`` while it waits asks for everything. The plan can delay, never
+strand: pieces are still verified by libtorrent, and the checkpoint by its manifest.
 
 **Partial copies** (some files of the version, ``wanted``): a worker plans only its files' pieces (the
 others count as held: nothing to take or wait for there, and none is ever asked for), and with the
@@ -59,7 +56,7 @@ hold counts as held.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -81,22 +78,18 @@ class PiecePlan:
                  stall_s: float = 6.0, gather_s: float = 0.0, piece_bytes: int = 1 << 20, cap: int = 0,
                  wanted: Sequence[bool] | None = None, gateways: int = 1) -> None:
         self.num_pieces, self.self_ip, self.rack, self.piece_bytes = num_pieces, self_ip, rack, piece_bytes
-        # a partial copy: the pieces of its files (None: every piece)
-        self.wanted = None if wanted is None else np.fromiter(wanted, dtype=bool, count=num_pieces)
+        self.wanted = None if wanted is None else np.fromiter(wanted, dtype=bool, count=num_pieces)   # (partial)
         self.cap = cap                 # this node's download cap, bytes/s (0: none): scales stall_s
-        self.stall_floor_s = stall_s
-        self.grace_s, self.stall_s, self.gather_s = grace_s, stall_s, gather_s
-        self.open_all = False
+        self.grace_s, self.stall_s, self.gather_s, self.stall_floor_s = grace_s, stall_s, gather_s, stall_s
         self.rack_limit = 0     # what the session last set for the other racks' class (bytes/s, 0 = none)
-        self.last_progress = 0.0
+        self.open_all, self.last_progress = False, 0.0
         self.started: float | None = None
         self.own: frozenset[int] = frozenset(range(num_pieces))  # this worker's slice of its home rack's pieces
         self.workers = 1        # downloading workers planned with (this one included)
         self.stalled: set[str] = set()   # owners planned without (see _stale)
         self.why: dict[str, str] = {}    # ... and why, for the log
-        self.crossing = 0                # pieces this worker (a gateway) now takes across racks (XRACK), as of the last call
-        # pieces it still takes from the origin (OWN), likewise
-        self.origin_left = num_pieces if self.wanted is None else int(np.count_nonzero(self.wanted))
+        self.crossing = 0   # pieces this worker (a gateway) now takes across racks (XRACK), as of the last call
+        self.origin_left = num_pieces if self.wanted is None else int(np.count_nonzero(self.wanted))   # (OWN)
         self.rack_size = 1               # workers of this rack planned with (this one included)
         self.gateway = ""                # this rack's gateway as of the last call (racks only; this node if one)
         self.k = max(1, gateways)        # gateways a rack (each takes its share of the pieces across)
@@ -242,6 +235,13 @@ class PiecePlan:
             self.stalled.add(worst[1])
             self.why[worst[1]] = worst[2]
         return self.stalled
+
+    def told_dropped(self, ips: "Collection[str]") -> None:
+        """Owners another worker's plan dropped (the trackers' ``dropped``): planned without here too."""
+        for ip in ips:
+            if ip != self.self_ip and ip not in self.stalled:
+                self.stalled.add(ip)
+                self.why[ip] = "dropped by another worker's plan (the tracker says so)"
 
     def priorities(self, have: Sequence[bool], peers: Mapping[str, Peer], held_any: Sequence[bool],
                    members: Mapping[str, str] | None, seeds: int, rack_seeds: int, now: float,

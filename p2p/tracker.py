@@ -38,7 +38,8 @@ Two things for the piece plan (``plan.py``), beyond BEP 3:
   peers are also asked to announce every ``LEECH_INTERVAL_S``, so they learn of late joiners.
   A worker fetching a partial copy says which files it wants (``want=TAG``, the same tag for the same
   files): the list it gets has only the workers that want the same, and ``others`` the rest (they
-  own no piece of its plan: a worker never takes a slice of pieces it does not want).
+  own no piece of its plan: a worker never takes a slice of pieces it does not want). A worker also
+  says which owners its plan dropped (``drop=``), and every answer lists them (``dropped``).
 """
 
 from __future__ import annotations
@@ -63,8 +64,10 @@ MAX_PEERS = 200                 # handed out per answer (libtorrent asks for 200
 PER_IP = 4                      # entries of one address in one swarm
 PER_SWARM = 10_000              # peers in one swarm
 MAX_SWARMS = 4_096              # swarms at once, whatever ``known`` says
+MAX_DROPS = 64                  # owners one request may say it plans without
 MAX_QUERY = 2_048               # bytes of query string parsed (an announce is ~300)
 LEECH_INTERVAL_S = 5            # re-announce interval asked of peers still downloading
+DROP_TTL_S = 10.0               # an owner said to be dropped stays so this long after the last worker said it
 MEMBER_TTL_S = 4.0              # a worker that has not asked for the member list this long is not on it
 WANT = re.compile(r"[a-z0-9][a-z0-9-]{0,39}")   # what a worker wants of a swarm (a partial copy's tag)
 
@@ -74,7 +77,7 @@ Peer = tuple[str, int]
 class _Swarm:
     """The peers of one info-hash: in last-seen order (expiry pops from the front), in a list for O(k)
     random samples, and by address (the per-IP cap without a scan)."""
-    __slots__ = ("seen", "slots", "index", "by_ip", "rack", "leeching", "members")
+    __slots__ = ("seen", "slots", "index", "by_ip", "rack", "leeching", "members", "drops")
 
     def __init__(self) -> None:
         self.seen: dict[Peer, float] = {}
@@ -84,6 +87,7 @@ class _Swarm:
         self.rack: dict[Peer, str] = {}       # peers that said which rack they are in
         self.leeching: set[Peer] = set()      # peers whose last announce had left > 0 (not a partial seed's)
         self.members: dict[str, tuple[str, str, float]] = {}   # downloading workers: ip -> (rack, want, last asked)
+        self.drops: dict[str, dict[str, float]] = {}   # owners planned without: ip -> {who said so: when}
 
     def __len__(self) -> int:
         return len(self.slots) + len(self.members)
@@ -114,11 +118,28 @@ class _Swarm:
         for ip, (_, _, t) in list(self.members.items()):
             if now - t > MEMBER_TTL_S:
                 del self.members[ip]
+        for ip, said in list(self.drops.items()):   # (said by members only, lately)
+            for who, t in list(said.items()):
+                if now - t > DROP_TTL_S or who not in self.members:
+                    del said[who]
+            if not said or ip not in self.members:
+                del self.drops[ip]
         while self.seen:
             peer, seen = next(iter(self.seen.items()))  # the least recently seen
             if now - seen <= ttl:
                 break
             self.remove(peer)
+
+    def dropped_by(self, reporter: str, named: list[str], now: float) -> None:
+        """``reporter`` plans without these owners (its plan found them stalled or late, p2p/plan.py).
+        A worker naming more than a quarter of the list (at least one) is not heeded: one confused or
+        hostile worker cannot make the others plan without everyone (each would pull everything from
+        the origin)."""
+        if len(named) > max(1, len(self.members) // 4):
+            return
+        for ip in named:
+            if ip != reporter and ip in self.members:
+                self.drops.setdefault(ip, {})[reporter] = now
 
     def sample(self, want: int, me: Peer, rack: str = "") -> list[Peer]:
         """Up to ``want`` peers other than ``me``: of ``rack`` first (random among them), then random."""
@@ -239,8 +260,11 @@ class Tracker:
         downloading this swarm (``done=1``: no longer), and answer the registered workers that want
         what it wants (``TAG``: a partial copy's files; none: every file) as JSON
         ``{"interval": s, "downloading": [[ip, rack], ...], "others": [[ip, rack], ...]}``, ``others``
-        being the workers that want other files. Same allowlist as announces; only for a version this
-        fleet publishes; at most ``per_swarm`` workers."""
+        being the workers that want other files, ``"dropped": [ip, ...]`` the workers of the list some
+        worker plans without (``drop=IP,...``: the asker's own plan found them stalled or late; kept
+        DROP_TTL_S after the last to say it), so every worker moves their slices at once instead of
+        each on its own clock. Same allowlist as announces; only for a version this fleet publishes;
+        at most ``per_swarm`` workers."""
         if len(raw_query) > MAX_QUERY:
             return _json_fail("query too long"), "tracker_malformed"
         try:
@@ -268,11 +292,15 @@ class Tracker:
             swarm.members.pop(remote_ip, None)
         elif remote_ip in swarm.members or len(swarm.members) < self.per_swarm:
             swarm.members[remote_ip] = (rack, want, now)
+            named = q.get("drop", [""])[0].split(",")[:MAX_DROPS + 1]
+            if named != [""]:
+                swarm.dropped_by(remote_ip, named, now)
         else:
             return _json_fail("swarm full"), "tracker_full"
         rows = sorted((m, r) for m, (r, w, _) in swarm.members.items() if w == want)
         others = sorted((m, r) for m, (r, w, _) in swarm.members.items() if w != want)
-        return json.dumps({"interval": 1, "downloading": rows, "others": others}).encode(), None
+        dropped = sorted(ip for ip in swarm.drops if ip in swarm.members and swarm.members[ip][1] == want)
+        return json.dumps({"interval": 1, "downloading": rows, "others": others, "dropped": dropped}).encode(), None
 
     def _expire_all(self, now: float) -> None:
         self.swept = now

@@ -212,13 +212,12 @@ class Transfer:
                 return
             if plan_due and st.state in (lt.torrent_status.downloading, lt.torrent_status.finished):
                 own = planner.own
-                members, others = None, {}
-                if self.membership is not None:  # (in the first moments, only a list that stopped growing)
-                    members = self.membership.members if now - t0 >= GATHER_S else self.membership.settled(1.0)
-                    others = self.membership.others
+                members, others = self._listed(planner, now - t0)
                 current = self.session.apply_plan(h, planner, st, self.origin_ips, now,
                                                   st.total_done > planned_done, current, members, self._racks,
                                                   others=others, share=self.share)
+                if self.membership is not None:   # (and the ones this plan dropped, for the others)
+                    self.membership.dropping = frozenset(planner.stalled)
                 self._dial_new_home()
                 self._traced_plan(planner, own, now, t0, last_plan)
                 self._prio = current
@@ -228,6 +227,16 @@ class Transfer:
                                       f"({st.total_done} of {self.wanted_bytes} bytes)")
             if timeout_s is not None and now - t0 > timeout_s:
                 raise TransferStalled(f"P2P download did not finish in {timeout_s:.0f} s")
+
+    def _listed(self, planner: PiecePlan, since_start: float) -> tuple[dict[str, str] | None, dict[str, str]]:
+        """The tracker's list of workers downloading what this node wants (in the first moments, only a
+        list that stopped growing; None: no list) and of those wanting other files; the owners another
+        worker's plan dropped are told to ``planner``."""
+        if self.membership is None:
+            return None, {}
+        planner.told_dropped(self.membership.dropped)
+        m = self.membership
+        return (m.members if since_start >= GATHER_S else m.settled(1.0)), m.others
 
     def _complete(self, st: lt.torrent_status, planned: bool) -> bool:
         """Every wanted piece is in. With a plan, libtorrent's "finished" means only that the pieces it

@@ -104,3 +104,27 @@ def test_a_list_keeps_only_addresses_inside_the_allow_list_and_at_most_a_swarms_
     assert Membership((), KNOWN)._rows(rows) == {"127.0.0.4": "r1", "8.8.8.8": "r1", "::1": "r2"}
     many = [[f"10.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}", ""] for i in range(members.MAX_MEMBERS + 50)]
     assert len(Membership((), KNOWN, allow=("10.0.0.0/8",))._rows(many)) == members.MAX_MEMBERS
+
+
+def test_owners_dropped_are_said_and_heard_through_every_tracker() -> None:
+    """``dropping`` (this node's plan's drops) goes with each request as ``drop=``; ``dropped`` is the
+    union of the fresh answers' ``dropped``, only workers of that answer's own list (a rogue tracker
+    cannot name others), and empty again once every answer naming them is stale."""
+    a, b = _tracker([["127.0.0.4", "r1"], ["127.0.0.5", "r1"]]), _tracker([["127.0.0.6", ""]])
+    a.body = json.dumps({"downloading": [["127.0.0.4", "r1"], ["127.0.0.5", "r1"]], "others": [],
+                         "dropped": ["127.0.0.5", "10.9.9.9", 7, "127.0.0.6"]}).encode()
+    b.body = json.dumps({"downloading": [["127.0.0.6", ""]], "others": [], "dropped": ["127.0.0.6"]}).encode()
+    m = Membership((a.url, b.url), KNOWN, every_s=0.05, timeout_s=1, stale_s=0.5).start()
+    try:
+        _until(lambda: m.dropped == {"127.0.0.5", "127.0.0.6"})
+        assert not any("drop=" in p for p in a.paths + b.paths)
+        m.dropping = frozenset({"127.0.0.9", "127.0.0.8"})
+        _until(lambda: any(p.endswith("&drop=127.0.0.8,127.0.0.9") for p in a.paths)
+               and any(p.endswith("&drop=127.0.0.8,127.0.0.9") for p in b.paths))
+        a.close()
+        b.close()
+        _until(lambda: m.dropped == frozenset())
+    finally:
+        m.stop()
+        a.close()
+        b.close()

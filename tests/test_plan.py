@@ -145,6 +145,20 @@ def test_an_owner_that_gets_nothing_from_the_origin_is_planned_without() -> None
     assert [prio[p] for p in range(n) if p not in first] == [OWN] * (n - len(first))
 
 
+def test_an_owner_another_worker_dropped_is_planned_without_at_once() -> None:
+    """Told through the tracker (``told_dropped``): the other's pieces are this worker's at the next
+    call, with no clock of its own; this node itself is never dropped from its own plan."""
+    n, me, other = 200, "127.0.0.5", "127.0.0.9"
+    members = {me: "", other: ""}
+    plan = PiecePlan(n, me, stall_s=6.0)
+    plan.priorities([False] * n, {other: Peer()}, [False] * n, members, 0, 0, 0.0, True)
+    assert 0 < len(plan.own) < n
+    plan.told_dropped({other, me})
+    prio = plan.priorities([False] * n, {other: Peer()}, [False] * n, members, 0, 0, 0.1, True)
+    assert plan.stalled == {other} and plan.own == frozenset(range(n)) and prio == [OWN] * n
+    assert "tracker" in plan.why[other]
+
+
 def _two_workers(n: int) -> tuple[str, dict[str, str], PiecePlan]:
     """127.0.0.5's plan beside one other worker, after its first call (the slices are set)."""
     me, other = "127.0.0.5", "127.0.0.9"

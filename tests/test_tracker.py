@@ -335,11 +335,13 @@ class _Tracker:
         import http.server
         import threading
         self.status, self.body, self.hits = 200, b"", 0
+        self.paths: list[str] = []   # what was asked, in order
         outer = self
 
         class H(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802
                 outer.hits += 1
+                outer.paths.append(self.path)
                 self.send_response(outer.status)
                 self.send_header("Content-Length", str(len(outer.body)))
                 self.end_headers()
@@ -408,3 +410,45 @@ def test_the_accept_guard_and_the_tracker_read_addresses_alike() -> None:
     assert peers_of(t.announce("::ffff:127.0.0.6", q())) == []
     assert peers_of(t.announce("127.0.0.7", q(port=7001))) == [("127.0.0.6", 7000)]
     assert peers_of(t.announce("127.0.0.6", q())) == [("127.0.0.7", 7001)]   # (the same peer, re-announcing)
+
+
+def dropped_of(answer: tuple[bytes, str | None]) -> list[str]:
+    import json
+    body, refused = answer
+    assert refused is None, body
+    return json.loads(body)["dropped"]
+
+
+def test_an_owner_one_worker_dropped_is_listed_to_every_worker_until_nobody_says_it() -> None:
+    """``drop=IP,...``: owners the asker's plan planned without (stalled, late); every answer lists
+    them (of the asker's list only) until DROP_TTL_S after the last worker said it, or the owner
+    leaves. A worker naming over a quarter of the list is not heeded (a confused or hostile worker
+    cannot make every plan drop everyone); a name that is no member, or the asker itself, is ignored."""
+    from p2p.tracker import DROP_TTL_S
+    clock = [0.0]
+    t = tracker(clock)
+    h = f"info_hash={quote_from_bytes(KNOWN)}"
+    ips = [f"127.0.0.{10 + i}" for i in range(8)]
+    for ip in ips:
+        t.members(ip, h)
+    assert dropped_of(t.members(ips[0], h)) == []
+    # over a quarter of 8 (2): not heeded; the asker itself, a stranger and garbage: ignored
+    assert dropped_of(t.members(ips[0], h + "&drop=" + ",".join(ips[1:4]))) == []
+    assert dropped_of(t.members(ips[0], h + f"&drop={ips[0]},10.9.9.9")) == []
+    assert dropped_of(t.members(ips[0], h + "&drop=x,,")) == []
+    assert dropped_of(t.members(ips[0], h + f"&drop={ips[7]}")) == [ips[7]]
+    assert dropped_of(t.members(ips[3], h)) == [ips[7]]   # (every worker sees it)
+    # a partial copy's workers (another want) do not see the whole version's drops
+    assert dropped_of(t.members("127.0.0.50", h + "&want=abc")) == []
+    for step in range(1, 4):   # still said: still dropped; the members keep asking
+        clock[0] = step * 2.0
+        for ip in ips:
+            t.members(ip, h + (f"&drop={ips[7]}" if ip == ips[0] else ""))
+    assert dropped_of(t.members(ips[1], h)) == [ips[7]]
+    clock[0] += DROP_TTL_S + 0.5   # (nobody said it since: gone, though the owner still asks)
+    for ip in ips:
+        t.members(ip, h)
+    assert dropped_of(t.members(ips[1], h)) == []
+    t.members(ips[0], h + f"&drop={ips[6]}")
+    t.members(ips[0], h + "&done=1")    # the one who said it left: no longer heeded
+    assert dropped_of(t.members(ips[1], h)) == []
