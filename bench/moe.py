@@ -2,8 +2,9 @@
 """Checkpoints of real MoE shape (issue 40): what ~90,000 tensors cost weightd, against the same bytes
 in few tensors, and what holding such versions costs the daemon.
 
-    .venv/bin/python bench/moe.py [--pad 8MiB] [--rounds 5] [--dir DIR] [--part all|speed|memory|experts]
-                                  [--expert-dim 128] [--ranks 8]
+    .venv/bin/python bench/moe.py [--pad 8MiB] [--rounds 5] [--dir DIR]
+                                  [--part all|speed|build|build-speed|memory|experts]
+                                  [--expert-dim 128] [--ranks 8] [--shards 163]
 
 speed: a DeepSeek-V3-shaped checkpoint (tiering/sample_moe.py: 90,427 tensors in 163 shards, each shard
 padded with ``--pad`` real bytes) and a "flat" one with the same shards and bytes, one tensor each.
@@ -12,6 +13,15 @@ into warm (the warm copy evicted before each), and `weightd verify` of the warm 
 CLI. The per-tensor overhead is (median MoE - median flat) / (tensors MoE - tensors flat), in us
 (issue 40's target: <= 3 us), and the ratio flat/MoE is the speed on this shape against few tensors
 (target for build: >= 0.9).
+
+build (not in "all"): speed's `manifest build` contenders alone (the same checkpoints, the same
+per-tensor overhead and ratio).
+
+build-speed (not in "all"): issue 40's build target as it is worded: `manifest build` of the MoE shape
+with ``--pad`` real bytes per shard (64MiB by default here) against the same bytes in one tensor a
+shard, the ratio flat/MoE (target >= 0.9). ``--shards K`` writes only the first K of the 163 shards,
+each exactly as in the whole checkpoint (its ~555 tensors and its pad): the same tensors per byte, K/163
+of the disk (163 x 64 MiB twice is 21 GiB).
 
 memory: four MoE versions (different bytes) published; a daemon started with none, one and four of
 them in warm (and the first also in hot), its RSS after start-up and after a `status`; `weightd status`
@@ -46,7 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _rounds import machine_state, report, rounds, run_timed, size_arg, speedup  # noqa: E402
 
 from tiering.sample import SampleTensor, fill_bytes, make_checkpoint, write_safetensors  # noqa: E402
-from tiering.sample_moe import make_moe_checkpoint  # noqa: E402
+from tiering.sample_moe import make_moe_checkpoint, moe_tensors  # noqa: E402
 
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 WD = [sys.executable, "-m", "weightd"]
@@ -88,22 +98,42 @@ def tensors_of(ckpt: Path) -> int:
     return sum(len(read_header(p).tensors) for p in ckpt.glob("*.safetensors"))
 
 
-def speed(base: Path, pad: int, n: int) -> dict:
-    moe = make_moe_checkpoint(base / "moe", pad_bytes=pad)
+def moe_shards(root: Path, pad: int, keep: int, shards: int = 163) -> Path:
+    """The first ``keep`` shards of make_moe_checkpoint(root, pad_bytes=pad) (same names, tensors and
+    bytes; without its index json and config)."""
+    root.mkdir(parents=True)
+    tensors = moe_tensors()
+    per = -(-len(tensors) // shards)
+    for s in range(keep):
+        chunk = tensors[s * per:(s + 1) * per] + [SampleTensor(f"model.pad.{s}", "BF16", (max(1, pad // 2),))]
+        write_safetensors(root / f"model-{s + 1:05d}-of-{shards:05d}.safetensors", chunk,
+                          lambda t: fill_bytes(f"v1:{t.name}", t.nbytes))
+    for f in ("config.json", "model.safetensors.index.json"):   # (flat_like copies them)
+        (root / f).write_text("{}")
+    return root
+
+
+def speed(base: Path, pad: int, n: int, ops: tuple[str, ...] = ("build", "preload", "verify"),
+          shards: int = 163) -> dict:
+    moe = moe_shards(base / "moe", pad, shards) if shards < 163 else make_moe_checkpoint(base / "moe", pad_bytes=pad)
     flat = flat_like(moe, base / "flat")
     counts = {"moe": tensors_of(moe), "flat": tensors_of(flat)}
     cfg = config(base, "speed")
     for k, d in (("moe", moe), ("flat", flat)):
-        subprocess.run(wd(cfg, "--no-daemon", "publish", str(d), "--name", f"bench/{k}", "--version", "v1"),
-                       env=ENV, check=True, stdout=subprocess.DEVNULL)
+        if ops != ("build",):
+            subprocess.run(wd(cfg, "--no-daemon", "publish", str(d), "--name", f"bench/{k}", "--version", "v1"),
+                           env=ENV, check=True, stdout=subprocess.DEVNULL)
         subprocess.run(["cat", *map(str, d.glob("*"))], stdout=subprocess.DEVNULL, check=True)  # (cached)
     contenders = {}
     for k, d in (("moe", moe), ("flat", flat)):
         contenders[f"build_{k}"] = (lambda d=d: run_timed(wd(cfg, "--no-daemon", "manifest", "build", str(d),
                                                              "-o", os.devnull), ENV))
-        contenders[f"preload_{k}"] = (lambda k=k: run_timed(wd(cfg, "--no-daemon", "preload", f"bench/{k}@v1",
-                                                               "--tier", "warm"), ENV))
-        contenders[f"verify_{k}"] = (lambda k=k: run_timed(wd(cfg, "--no-daemon", "verify", f"bench/{k}@v1"), ENV))
+        if "preload" in ops:
+            contenders[f"preload_{k}"] = (lambda k=k: run_timed(wd(cfg, "--no-daemon", "preload", f"bench/{k}@v1",
+                                                                   "--tier", "warm"), ENV))
+        if "verify" in ops:
+            contenders[f"verify_{k}"] = (lambda k=k: run_timed(wd(cfg, "--no-daemon", "verify", f"bench/{k}@v1"),
+                                                               ENV))
 
     def before(name: str) -> None:
         if name.startswith("preload_"):
@@ -114,11 +144,16 @@ def speed(base: Path, pad: int, n: int) -> dict:
     times = rounds({k: contenders[k] for k in order}, n, before=before, log=log)
     extra = counts["moe"] - counts["flat"]
     per_tensor = {op: round((statistics.median(times[f"{op}_moe"]) - statistics.median(times[f"{op}_flat"]))
-                            / extra * 1e6, 2) for op in ("build", "preload", "verify")}
-    ratios = [speedup(times, f"{op}_moe", f"{op}_flat", target=0.9 if op == "build" else None)
-              for op in ("build", "preload", "verify")]
-    return {"tensors": counts, "bytes": sum(p.stat().st_size for p in moe.glob("*")), "pad_per_shard": pad,
-            "per_tensor_overhead_us": per_tensor, "per_tensor_target_us": 3.0, "times": times, "ratios": ratios}
+                            / extra * 1e6, 2) for op in ops}
+    ratios = [speedup(times, f"{op}_moe", f"{op}_flat", target=0.9 if op == "build" else None) for op in ops]
+    size = sum(p.stat().st_size for p in moe.glob("*"))
+    flat_s = statistics.median(times["build_flat"])
+    return {"tensors": counts, "shards": shards, "bytes": size, "pad_per_shard": pad,
+            "per_tensor_overhead_us": per_tensor, "per_tensor_target_us": 3.0,
+            # what the flat build reads and hashes a second (its start-up included), and the overhead a
+            # tensor may have for build to reach 0.9 of it on this machine
+            "build_flat_bytes_per_s": round(size / flat_s), "build_per_tensor_us_for_0.9": round(
+                flat_s * (1 / 0.9 - 1) / extra * 1e6, 2), "times": times, "ratios": ratios}
 
 
 def run_measured(cmd: list[str]) -> tuple[float, float, dict]:
@@ -240,20 +275,29 @@ def memory(base: Path) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--pad", type=size_arg, default="8MiB", help="real bytes added to each of the 163 shards")
+    ap.add_argument("--pad", type=size_arg, help="real bytes added to each shard (8MiB; build-speed: 64MiB)")
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--part", choices=("all", "speed", "memory", "experts"), default="all")
+    ap.add_argument("--part", choices=("all", "speed", "build", "build-speed", "memory", "experts"), default="all")
+    ap.add_argument("--shards", type=int, default=163, help="build-speed: the first K of the 163 shards (1-163)")
     ap.add_argument("--expert-dim", type=int, default=128, help="experts: each FP8 expert weight D x D bytes "
                     "(128: 0.74 GB in all; 437: about 8 GiB)")
     ap.add_argument("--ranks", type=int, default=8, help="experts: N of --experts R/N (R = N - 1)")
     ap.add_argument("--dir", help="where to generate (a disk, not tmpfs; default /var/tmp)")
     args = ap.parse_args()
+    if not 1 <= args.shards <= 163:
+        ap.error("--shards must be 1-163")
+    if args.pad is None:
+        args.pad = (64 if args.part == "build-speed" else 8) << 20
     base = Path(tempfile.mkdtemp(prefix="weightd-bench-moe-", dir=args.dir or "/var/tmp"))
     m0 = machine_state()
     try:
         out: dict = {}
         if args.part in ("all", "speed"):
             out["speed"] = speed(base / "speed", args.pad, args.rounds)
+        if args.part == "build":
+            out["speed"] = speed(base / "speed", args.pad, args.rounds, ("build",))
+        if args.part == "build-speed":
+            out["speed"] = speed(base / "speed", args.pad, args.rounds, ("build",), args.shards)
         if args.part in ("all", "memory"):
             (base / "memory").mkdir()
             out["memory"] = memory(base / "memory")
