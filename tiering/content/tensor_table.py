@@ -24,6 +24,7 @@ from .safetensors_header import DTYPE_BITS
 
 DTYPES: tuple[str, ...] = tuple(sorted(DTYPE_BITS))  # (plain ASCII names: written into JSON as they are)
 _DTYPE_CODE = {d: i for i, d in enumerate(DTYPES)}
+_PLAIN = bytes(c for c in range(0x20, 0x7f) if c not in b'"\\')  # (ASCII that _js writes as it is)
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,8 +153,8 @@ class TensorTable(Sequence):  # Sequence[TensorEntry]
         lists: each other column's text made once with C loops (``map``) and interleaved with the fixed
         text by one ``str.join`` per rendering (no dict, encoder or format call per tensor: issue 40)."""
         every = self._names
-        plain = every.isascii() and every.isprintable() or not _ESCAPED.search(every)
-        if plain and '"' not in every and "\\" not in every:
+        # (ASCII with nothing _js escapes: deleting every plain byte leaves none, 3x the speed of a search)
+        if every.isascii() and not every.encode("ascii").translate(None, _PLAIN) or not _ESCAPED.search(every):
             q = '"'  # (nothing to escape: each name is written as it is, between the quotes given here)
         else:
             q, names = "", list(map(_js, names))
