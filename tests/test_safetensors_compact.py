@@ -97,6 +97,12 @@ HOSTILE = {
     "sub-byte": ('{"a":{"dtype":"F4","shape":[3],"data_offsets":[0,2]}}', 2, "whole number of bytes"),
     "out of file order": ('{%s,%s}' % (entry("b", 1, 1), entry("a", 1, 0)), 2, None),
     "zero sizes at one offset": ('{%s,%s,%s}' % (entry("z", 0, 0), entry("y", 0, 0), entry("a", 1, 0)), 1, None),
+    "an end that is not the next begin": ('{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,5]},'
+                                          '"b":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}}', 2,
+                                          "run past the end"),
+    "the last end past the data": ('{%s,"b":{"dtype":"U8","shape":[1],"data_offsets":[1,3]}}' % entry("a", 1, 0), 2,
+                                   "past the end"),
+    "hole at the start": ('{"a":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}}', 2, "hole of 1 bytes"),
     "hole": ('{%s,%s}' % (entry("a", 1, 0), entry("b", 1, 2)), 3, "hole of 1 bytes"),
     "overlap": ('{%s,%s}' % (entry("a", 2, 0), entry("b", 1, 1)), 3, "overlaps"),
     "trailing data": ('{%s}' % entry("a", 1, 0), 2, "after the last tensor"),

@@ -136,13 +136,12 @@ def parse_header_bytes(path: str, prefix: bytes, header_json: bytes, file_size: 
 _NAT = r"(?:0|[1-9][0-9]{0,18})"     # a JSON integer >= 0 of at most 19 digits (no sign, no leading 0)
 _STR = r'(?:[^"\\\x00-\x1f]|\\.)*'  # a JSON string's text, escapes included (json.loads reads them)
 #: ``,"name":{"dtype":"D","shape":[a,b],"data_offsets":[x,y]}``: a name without escape or control
-#: character (its text is its value), then exactly these three fields in this order (the digits'
-#: form is checked after: a shape once per distinct text, the offsets all at once)
+#: character (its text is its value), then exactly these three fields in this order (a shape's
+#: digits are checked after, once per distinct text)
 _ENTRY = re.compile(r',"([^"\\\x00-\x1f]*)":\{"dtype":"([A-Z0-9_]{1,16})","shape":\[([0-9,]*)\],'
-                    r'"data_offsets":\[([0-9]{1,19}),([0-9]{1,19})\]\}')
+                    r'"data_offsets":\[(%s),(%s)\]\}' % (_NAT, _NAT))
 _ENTRY_CHARS = len(',"":{"dtype":"","shape":[],"data_offsets":[,]}')  # (an entry's length less its captures)
 _SHAPE = re.compile(r"(?:%s(?:,%s)*)?" % (_NAT, _NAT))
-_LEADING_ZERO = re.compile(r"(?:^|,)0[0-9]")
 _METADATA = re.compile(r'\{"__metadata__":(\{(?:"%s":"%s"(?:,"%s":"%s")*)?\})' % ((_STR,) * 4))
 
 
@@ -177,29 +176,23 @@ def _compact_header(text: str, header_size: int, file_size: int) -> SafetensorsH
         return SafetensorsHeader(header_size, file_size, metadata, (), (), (), (), ()) \
             if not body and m is not None and file_size == header_size else None
     names, dtypes, shape_texts, begin_texts, end_texts = zip(*found)
-    if (len(found) * _ENTRY_CHARS + sum(map(len, names)) + sum(map(len, dtypes)) + sum(map(len, shape_texts))
-            + sum(map(len, begin_texts)) + sum(map(len, end_texts))) != len(body):
-        return None
     # in file order, tiling the data section: each begins where the one before ends, the first at 0
-    if begin_texts[0] != "0" or begin_texts[1:] != end_texts[:-1] or len(set(names)) != len(names) \
-            or "__metadata__" in names or not set(dtypes) <= DTYPE_BITS.keys():
+    if begin_texts[0] != "0" or begin_texts[1:] != end_texts[:-1]:
+        return None
+    if (len(found) * _ENTRY_CHARS + sum(map(len, names)) + sum(map(len, dtypes)) + sum(map(len, shape_texts))
+            + 2 * sum(map(len, begin_texts)) - 1 + len(end_texts[-1])) != len(body):
+        return None
+    if len(set(names)) != len(names) or "__metadata__" in names or not set(dtypes) <= DTYPE_BITS.keys():
         return None
     shape_of = {t: tuple(map(int, t.split(","))) if t else () for t in set(shape_texts)}
     if not all(_SHAPE.fullmatch(t) and len(sh) <= MAX_DIMS and max(sh, default=0) <= MAX_INT
                for t, sh in shape_of.items()):
         return None
-    size_of = {}
-    for key in set(zip(shape_texts, dtypes)):
-        bits = math.prod(shape_of[key[0]]) * DTYPE_BITS[key[1]]
-        if bits % 8:
-            return None
-        size_of[key] = bits // 8
-    offsets = (*begin_texts, end_texts[-1])
-    if _LEADING_ZERO.search(",".join(offsets)):
-        return None
-    at = list(map(int, offsets))
-    if at[-1] != file_size - header_size or list(map(operator.sub, at[1:], at[:-1])) != list(
-            map(size_of.__getitem__, zip(shape_texts, dtypes))):
+    elements = {t: math.prod(sh) for t, sh in shape_of.items()}
+    at = list(map(int, (*begin_texts, end_texts[-1])))
+    # each tensor's bits (elements x dtype bits) are 8x its span: whole bytes, and the span its size
+    if at[-1] != file_size - header_size or list(map(operator.mul, map(elements.__getitem__, shape_texts), map(
+            DTYPE_BITS.__getitem__, dtypes))) != list(map(operator.mul, map(operator.sub, at[1:], at[:-1]), repeat(8))):
         return None   # (also catches an offset past 2**63 - 1: the data section would be that long)
     at = tuple(map(operator.add, at, repeat(header_size)))
     return SafetensorsHeader(header_size, file_size, metadata, names, dtypes,
