@@ -132,3 +132,58 @@ def test_made_dirs_never_follow_a_symlink_planted_for_a_directory(tmp_path: Path
         finally:
             made.close()
     assert list(outside.iterdir()) == [] and not (tmp_path / "x").exists()
+
+
+def _kernels(root: Path, dirs: int, depth: int) -> Path:
+    """A compile cache of a directory per kernel under prefix directories: ``dirs`` leaves ``depth`` deep."""
+    for i in range(dirs):
+        p = root.joinpath(f"d{i:04d}", *(["x"] * (depth - 1)), "k.py")
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(b"# kernel %d\n" % i)
+    return root
+
+
+def test_directories_on_the_way_are_not_kept_open(tmp_path: Path) -> None:
+    """One descriptor a directory that holds files, as before MadeDirs: 700 kernels two levels deep
+    copy under a limit of 1,024 open files (keeping the prefix directories open too needed 1,400)."""
+    import subprocess
+    import sys
+    src, dst = _kernels(tmp_path / "src", 700, 2), tmp_path / "dst"
+    dst.mkdir()
+    code = (
+        "import os, resource, sys\n"
+        "from pathlib import Path\n"
+        "from tiering.content.scan import scan_checkpoint\n"
+        "from tiering.copy import CopyJob\n"
+        "from tiering.copy_many import copy_files\n"
+        "from tiering.safefs import Dir, FileRef\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))\n"
+        "src, dst = Path(sys.argv[1]), Path(sys.argv[2])\n"
+        "top = Dir(os.open(dst, os.O_RDONLY | os.O_DIRECTORY), dst)\n"
+        "files = scan_checkpoint(src)\n"
+        "copy_files([CopyJob(f.path, FileRef(top, f.relpath), f.size, f.mode) for f in files])\n")
+    p = subprocess.run([sys.executable, "-c", code, str(src), str(dst)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert sum(1 for _ in dst.rglob("k.py")) == 700
+
+
+def test_the_cli_raises_its_soft_open_files_limit_to_the_hard_one(node_env, isolated_env, tmp_path: Path) -> None:
+    """An in-process publish of 1,100 kernel directories from a shell whose soft limit is 512 (hard 8,192):
+    the command takes what the hard limit allows, as the daemon's unit does (LimitNOFILE)."""
+    import resource
+    import subprocess
+    import sys
+    from tiering.sample import make_checkpoint
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (512, 8192))
+
+    def wd(*args: object) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "weightd", "--config", str(node_env.config), "--no-daemon",
+                               *map(str, args)], capture_output=True, text=True, timeout=300, env=isolated_env,
+                              preexec_fn=limited)
+    ck = make_checkpoint(tmp_path / "m", total_bytes=1 << 20, shards=1, layers=1)
+    assert wd("publish", ck, "--name", "org/m", "--version", "v1").returncode == 0
+    r = wd("publish", _kernels(tmp_path / "cache", 1100, 1), "--companion-of", "org/m@v1", "--kind", "compile-cache",
+           "--key", "k")
+    assert r.returncode == 0, r.stderr

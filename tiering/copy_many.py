@@ -171,15 +171,28 @@ class MadeDirs:
         return (d if d is not None else self._make(ref.dir, parent)), name
 
     def _make(self, top: Dir, rel: str) -> Dir:
+        """``top/rel`` made and opened, kept; the directories on the way are made and closed again
+        (one descriptor a directory that holds files, as ``Parents``: a cache of a directory per
+        kernel under prefix directories kept twice that many open, past a shell's 1024)."""
         with self.lock:
-            cur, at = top, ""
-            for p in split_rel(rel):
-                at = f"{at}/{p}" if at else p
-                nxt = self.dirs.get((id(top), at))
-                if nxt is None:
-                    cur.mkdir(p, 0o755)
-                    nxt = self.dirs[(id(top), at)] = cur.sub(p)
-                cur = nxt
+            d = self.dirs.get((id(top), rel))
+            if d is not None:
+                return d
+            cur, at, passed = top, "", []
+            try:
+                for p in split_rel(rel):
+                    at = f"{at}/{p}" if at else p
+                    nxt = self.dirs.get((id(top), at))
+                    if nxt is None:
+                        cur.mkdir(p, 0o755)
+                        nxt = cur.sub(p)
+                        if at != rel:
+                            passed.append(nxt)
+                    cur = nxt
+            finally:
+                for d in passed:
+                    d.close()
+            self.dirs[(id(top), rel)] = cur
             return cur
 
     def close(self) -> None:

@@ -71,16 +71,18 @@ def _recognise(args: list[str]) -> _Job | None:
         return None
     job.command, rest = args[i], args[i + 1:]
     if job.command == "status":
+        as_json = False   # (--json wins over any -o, as in the click command)
         while rest:
             a = rest.pop(0)
             if a == "--json":
-                job.fmt = "json"
+                as_json = True
             elif a in ("-o", "--output") and rest and rest[0] in ("table", "wide", "json"):
                 job.fmt = rest.pop(0)
             elif a.startswith("--output=") and a[len("--output="):] in ("table", "wide", "json"):
                 job.fmt = a[len("--output="):]
             else:
                 return None
+        job.fmt = "json" if as_json else job.fmt
         return job
     job.as_json = "--json" in rest
     job.operands = [a for a in rest if a != "--json"]
@@ -119,8 +121,12 @@ def _in_process(job: _Job) -> int:
     """``--no-daemon path`` or ``status``: what the click commands do with ``--no-daemon`` (a query
     ``Backend``: the service opened without reconciling, creating or removing anything, and no P2P
     fetcher), the same output and exit codes."""
+    import logging
     from .output import emit_json, emit_path, show_status
     from .context import AppContext
+    # (the node's warnings as the click CLI logs them: its format, and none with -q)
+    logging.basicConfig(level=logging.ERROR if job.quiet else logging.WARNING, stream=sys.stderr,
+                        format="weightd: %(levelname)s %(name)s: %(message)s")
     if job.command == "path":
         from tiering import parse_ref
         parse_ref(job.operands[0], local=True)   # (a bad name: exit 2 before anything, as click's command)
