@@ -8,20 +8,16 @@ from __future__ import annotations
 import errno
 import os
 import stat
-import threading
 import time
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Callable, Sequence
 
 import xxhash
 
 from ._syscalls import syncfs
-from .content.scan import create_file_at
+from .content.scan import Parents, create_file_at
 from .copy import SMALL_FILE_BYTES, SMALL_FILES, CopyJob, _create_dst, _open_src, copy_file, run_all, where
 from .errors import FileChanged, TimedOut, UnsafePath
 from .safefs import Dir, FileRef, PinnedFile, sanitize_mode, split_rel
-
-if TYPE_CHECKING:
-    from .content.scan import Parents
 
 #: threads copying many small files at once (at most the caller's ``threads``): each file is a few
 #: system calls around a little Python, and on a disk the kernel's time in each ``open(O_CREAT)`` is
@@ -151,7 +147,7 @@ def copy_files(jobs: Sequence[CopyJob], *, threads: int = 2, preallocate: bool =
         made.close()
 
 
-class MadeDirs:
+class MadeDirs(Parents):
     """The destination directories of many small files, each made (0755) and opened once, beneath its
     own parent's descriptor (one component each, never through a symlink: :meth:`Dir.mkdir` refuses
     anything else in a directory's place, :meth:`Dir.sub` opens ``O_NOFOLLOW | O_DIRECTORY``), kept
@@ -159,50 +155,30 @@ class MadeDirs:
     whoever copies into them ends with one ``syncfs`` of their file system (:func:`copy_files`)."""
 
     def __init__(self) -> None:
-        self.dirs: dict[tuple[int, str], Dir] = {}
-        self.lock = threading.Lock()   # (copy threads share one)
+        super().__init__(create=True)
 
-    def split(self, ref: FileRef) -> tuple[Dir, str]:
-        """``(the Dir of top/a/b, "c")`` for ``FileRef(top, "a/b/c")``."""
-        parent, _, name = ref.rel.rpartition("/")
-        if not parent:
-            return ref.dir, name
-        d = self.dirs.get((id(ref.dir), parent))
-        return (d if d is not None else self._make(ref.dir, parent)), name
-
-    def _make(self, top: Dir, rel: str) -> Dir:
-        """``top/rel`` made and opened, kept; the directories on the way are made and closed again
-        (one descriptor a directory that holds files, as ``Parents``: a cache of a directory per
-        kernel under prefix directories kept twice that many open, past a shell's 1024)."""
-        with self.lock:
-            d = self.dirs.get((id(top), rel))
-            if d is not None:
-                return d
-            cur, at, passed = top, "", []
-            try:
-                for p in split_rel(rel):
-                    at = f"{at}/{p}" if at else p
-                    nxt = self.dirs.get((id(top), at))
-                    if nxt is None:
-                        cur.mkdir(p, 0o755)
-                        nxt = cur.sub(p)
-                        if at != rel:
-                            passed.append(nxt)
-                    cur = nxt
-            finally:
-                for d in passed:
-                    d.close()
-            self.dirs[(id(top), rel)] = cur
-            return cur
-
-    def close(self) -> None:
-        with self.lock:
-            for d in self.dirs.values():
+    def _open(self, top: Dir, rel: str) -> Dir:
+        """``top/rel`` made and opened; the directories on the way are made and closed again (one
+        descriptor a directory that holds files: a cache of a directory per kernel under prefix
+        directories kept twice that many open, past a shell's 1024)."""
+        cur, at, passed = top, "", []
+        try:
+            for p in split_rel(rel):
+                at = f"{at}/{p}" if at else p
+                nxt = self.dirs.get((id(top), at))
+                if nxt is None:
+                    cur.mkdir(p, 0o755)
+                    nxt = cur.sub(p)
+                    if at != rel:
+                        passed.append(nxt)
+                cur = nxt
+        finally:
+            for d in passed:
                 d.close()
-            self.dirs.clear()
+        return cur
 
 
-def in_parents(job: CopyJob, made: "Parents | MadeDirs") -> CopyJob:
+def in_parents(job: CopyJob, made: Parents) -> CopyJob:
     """The job with its destination as a name in its (made, opened once) parent directory: each new
     file is then one ``openat`` of one component, not a walk from the top (many small files)."""
     if not isinstance(job.dst, FileRef) or "/" not in job.dst.rel:

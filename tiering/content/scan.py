@@ -128,9 +128,12 @@ class Parents:
             with self.lock:
                 d = self.dirs.get(key)
                 if d is None:
-                    d = self.dirs[key] = ref.dir.sub(parent, create=True, mode=0o755) if self.create \
-                        else ref.dir.sub(parent)
+                    d = self.dirs[key] = self._open(ref.dir, parent)
         return d, name
+
+    def _open(self, top: Dir, rel: str) -> Dir:
+        """``top/rel`` opened (made first with ``create``), with the lock held."""
+        return top.sub(rel, create=True, mode=0o755) if self.create else top.sub(rel)
 
     def close(self) -> None:
         with self.lock:
