@@ -21,9 +21,7 @@ from tiering.copy_many import MadeDirs, copy_files
 from tiering.errors import FileChanged, UnsafePath
 from tiering.safefs import Dir, FileRef, sanitize_mode
 
-
-def open_dir(p: Path) -> Dir:
-    return Dir(os.open(p, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC), p)
+from .test_small_files import open_dir
 
 
 def cache(root: Path, n: int = 300) -> Path:
