@@ -19,7 +19,7 @@ from tiering.content.scan import scan_checkpoint
 from tiering.copy import CopyJob
 from tiering.copy_many import MadeDirs, copy_files
 from tiering.errors import FileChanged, UnsafePath
-from tiering.safefs import Dir, FileRef, sanitize_mode
+from tiering.safefs import FileRef, sanitize_mode
 
 from .test_small_files import open_dir
 
