@@ -80,7 +80,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from p2p.plan import gateways_of  # noqa: E402
+from p2p.rendezvous import gateways_of  # noqa: E402
 from p2p.rendezvous import rendezvous  # noqa: E402
 
 #: fitted on the real runs (see the module docstring and ``calibrate``)

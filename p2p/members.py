@@ -223,8 +223,11 @@ class Membership:
             raise _NotOurs("not a member list")
         others, dropped = doc.get("others"), doc.get("dropped")
         listed = self._rows(rows)
+        named = frozenset(ip for ip in (dropped if isinstance(dropped, list) else [])[:MAX_MEMBERS] if ip in listed)
+        # (a tracker of ours lists at most a quarter per worker that said so; more, from a rogue
+        # tracker, would make this node plan alone and pull everything from the origin: not heeded)
         return listed, self._rows(others if isinstance(others, list) else []), \
-            frozenset(ip for ip in (dropped if isinstance(dropped, list) else [])[:MAX_MEMBERS] if ip in listed)
+            named if len(named) <= max(1, len(listed) // 4) else frozenset()
 
     def _rows(self, rows: list) -> dict[str, str]:
         """ip -> rack of an answer's ``[ip, rack]`` rows: addresses only, inside ``allow``, at most

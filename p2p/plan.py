@@ -61,7 +61,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .rendezvous import _key, rendezvous
+from .rendezvous import gateways_of, rendezvous
 
 OWN, XRACK, HELD, ANY = 7, 6, 4, 1
 
@@ -82,15 +82,14 @@ class PiecePlan:
         self.cap = cap                 # this node's download cap, bytes/s (0: none): scales stall_s
         self.grace_s, self.stall_s, self.gather_s, self.stall_floor_s = grace_s, stall_s, gather_s, stall_s
         self.rack_limit = 0     # what the session last set for the other racks' class (bytes/s, 0 = none)
-        self.open_all, self.last_progress = False, 0.0
-        self.started: float | None = None
+        self.open_all, self.last_progress, self.started = False, 0.0, None   # (started: float | None)
         self.own: frozenset[int] = frozenset(range(num_pieces))  # this worker's slice of its home rack's pieces
-        self.workers = 1        # downloading workers planned with (this one included)
-        self.stalled: set[str] = set()   # owners planned without (see _stale)
+        self.stalled: set[str] = set()   # owners planned without (see _stale), ``told`` ones included
+        self.told: set[str] = set()      # ... of them, dropped by another worker's plan (told_dropped)
         self.why: dict[str, str] = {}    # ... and why, for the log
         self.crossing = 0   # pieces this worker (a gateway) now takes across racks (XRACK), as of the last call
         self.origin_left = num_pieces if self.wanted is None else int(np.count_nonzero(self.wanted))   # (OWN)
-        self.rack_size = 1               # workers of this rack planned with (this one included)
+        self.workers = self.rack_size = 1   # downloading workers (of this rack) planned with, this one included
         self.gateway = ""                # this rack's gateway as of the last call (racks only; this node if one)
         self.k = max(1, gateways)        # gateways a rack (each takes its share of the pieces across)
         self.gateways: list[str] = []    # this rack's gateways as of the last call, first by the hashing first
@@ -237,11 +236,19 @@ class PiecePlan:
         return self.stalled
 
     def told_dropped(self, ips: "Collection[str]") -> None:
-        """Owners another worker's plan dropped (the trackers' ``dropped``): planned without here too."""
-        for ip in ips:
-            if ip != self.self_ip and ip not in self.stalled:
-                self.stalled.add(ip)
-                self.why[ip] = "dropped by another worker's plan (the tracker says so)"
+        """Owners another worker's plan dropped (the trackers' ``dropped``, now): planned without while
+        they are said to be, unless this node found them itself (:attr:`found`, what it tells)."""
+        now_told = set(ips) - {self.self_ip} - self.found
+        for ip in self.told - now_told:
+            self.stalled.discard(ip)
+        for ip in now_told - self.told:
+            self.stalled.add(ip)
+            self.why[ip] = "dropped by another worker's plan (the tracker says so)"
+        self.told = now_told
+
+    @property
+    def found(self) -> set[str]:
+        return self.stalled - self.told   # (this node's own findings: stalled or late)
 
     def priorities(self, have: Sequence[bool], peers: Mapping[str, Peer], held_any: Sequence[bool],
                    members: Mapping[str, str] | None, seeds: int, rack_seeds: int, now: float,
@@ -391,10 +398,3 @@ class PiecePlan:
             if p.rack == self.rack and p.pieces is not None:
                 held |= np.fromiter(p.pieces, dtype=bool, count=n)
         return held
-
-
-def gateways_of(rack: str, workers: Sequence[str], k: int = 1) -> list[str]:
-    """The ``k`` gateways of ``rack`` among its ``workers``, best first, the first ``gateway_of``'s (rendezvous
-    hashing: every node that plans on the same list names the same ones; one leaving moves only its role)."""
-    ranked = sorted(workers, key=lambda ip: (int(_key(f"gateway/{rack}/{ip}")), ip), reverse=True)
-    return ranked[:max(1, k)]

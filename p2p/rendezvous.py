@@ -96,6 +96,12 @@ def gateway_of(rack: str, workers: Sequence[str]) -> str:
     return max(workers, key=lambda ip: (int(_key(f"gateway/{rack}/{ip}")), ip))
 
 
+def gateways_of(rack: str, workers: Sequence[str], k: int = 1) -> list[str]:
+    """The ``k`` gateways of ``rack`` among its ``workers``, best first, the first ``gateway_of``'s."""
+    ranked = sorted(workers, key=lambda ip: (int(_key(f"gateway/{rack}/{ip}")), ip), reverse=True)
+    return ranked[:max(1, k)]
+
+
 def home_origins(workers: Collection[str], origins: Sequence[str]) -> dict[str, str]:
     """Each worker's home origin (``origins.py``): the workers in the order of their hash, each given
     its highest-scoring origin (rendezvous hashing) that has fewer than ``ceil(workers / origins)``;

@@ -77,7 +77,7 @@ Peer = tuple[str, int]
 class _Swarm:
     """The peers of one info-hash: in last-seen order (expiry pops from the front), in a list for O(k)
     random samples, and by address (the per-IP cap without a scan)."""
-    __slots__ = ("seen", "slots", "index", "by_ip", "rack", "leeching", "members", "drops")
+    __slots__ = ("seen", "slots", "index", "by_ip", "rack", "leeching", "members", "drops", "dropped_at")
 
     def __init__(self) -> None:
         self.seen: dict[Peer, float] = {}
@@ -87,7 +87,8 @@ class _Swarm:
         self.rack: dict[Peer, str] = {}       # peers that said which rack they are in
         self.leeching: set[Peer] = set()      # peers whose last announce had left > 0 (not a partial seed's)
         self.members: dict[str, tuple[str, str, float]] = {}   # downloading workers: ip -> (rack, want, last asked)
-        self.drops: dict[str, dict[str, float]] = {}   # owners planned without: ip -> {who said so: when}
+        self.drops: dict[str, tuple[frozenset[str], float]] = {}   # worker -> (owners its plan dropped, when it said so)
+        self.dropped_at: dict[str, tuple[float, list[str]]] = {}   # want -> (when, the owners dropped): made once a second
 
     def __len__(self) -> int:
         return len(self.slots) + len(self.members)
@@ -118,12 +119,6 @@ class _Swarm:
         for ip, (_, _, t) in list(self.members.items()):
             if now - t > MEMBER_TTL_S:
                 del self.members[ip]
-        for ip, said in list(self.drops.items()):   # (said by members only, lately)
-            for who, t in list(said.items()):
-                if now - t > DROP_TTL_S or who not in self.members:
-                    del said[who]
-            if not said or ip not in self.members:
-                del self.drops[ip]
         while self.seen:
             peer, seen = next(iter(self.seen.items()))  # the least recently seen
             if now - seen <= ttl:
@@ -131,15 +126,36 @@ class _Swarm:
             self.remove(peer)
 
     def dropped_by(self, reporter: str, named: list[str], now: float) -> None:
-        """``reporter`` plans without these owners (its plan found them stalled or late, p2p/plan.py).
-        A worker naming more than a quarter of the list (at least one) is not heeded: one confused or
-        hostile worker cannot make the others plan without everyone (each would pull everything from
-        the origin)."""
-        if len(named) > max(1, len(self.members) // 4):
-            return
-        for ip in named:
-            if ip != reporter and ip in self.members:
-                self.drops.setdefault(ip, {})[reporter] = now
+        """``reporter`` plans without these owners (its plan found them stalled or late, p2p/plan.py):
+        what it says replaces what it said before. Only workers wanting what it wants count (a group
+        of ``want=`` plans apart), and a worker naming more than a quarter of its group (at least one)
+        or more than MAX_DROPS is not heeded: one confused or hostile worker cannot make the others
+        plan without everyone (each would pull everything from the origin)."""
+        want = self.members[reporter][1]
+        group = sum(1 for _, w, _ in self.members.values() if w == want)
+        names = frozenset(ip for ip in named if ip != reporter and ip in self.members and self.members[ip][1] == want)
+        if len(named) > MAX_DROPS or len(names) > max(1, group // 4) or not names:
+            self.drops.pop(reporter, None)
+        else:
+            self.drops[reporter] = (names, now)
+
+    def dropped(self, want: str, now: float) -> list[str]:
+        """The owners some worker wanting ``want`` dropped, said within DROP_TTL_S by a worker still on
+        the list; made at most once a second per group (a fleet's requests each second all ask)."""
+        made = self.dropped_at.get(want)
+        if made is not None and now - made[0] < 1.0:
+            return made[1]
+        out: set[str] = set()
+        for who, (names, t) in list(self.drops.items()):
+            if now - t > DROP_TTL_S or who not in self.members:
+                del self.drops[who]
+            elif self.members[who][1] == want:
+                out |= names
+        got = sorted(ip for ip in out if ip in self.members)
+        self.dropped_at[want] = (now, got)
+        if len(self.dropped_at) > 64:   # (groups come and go)
+            self.dropped_at.pop(next(iter(self.dropped_at)))
+        return got
 
     def sample(self, want: int, me: Peer, rack: str = "") -> list[Peer]:
         """Up to ``want`` peers other than ``me``: of ``rack`` first (random among them), then random."""
@@ -292,15 +308,13 @@ class Tracker:
             swarm.members.pop(remote_ip, None)
         elif remote_ip in swarm.members or len(swarm.members) < self.per_swarm:
             swarm.members[remote_ip] = (rack, want, now)
-            named = q.get("drop", [""])[0].split(",")[:MAX_DROPS + 1]
-            if named != [""]:
-                swarm.dropped_by(remote_ip, named, now)
+            swarm.dropped_by(remote_ip, [x for x in q.get("drop", [""])[0].split(",", MAX_DROPS + 1) if x], now)
         else:
             return _json_fail("swarm full"), "tracker_full"
         rows = sorted((m, r) for m, (r, w, _) in swarm.members.items() if w == want)
         others = sorted((m, r) for m, (r, w, _) in swarm.members.items() if w != want)
-        dropped = sorted(ip for ip in swarm.drops if ip in swarm.members and swarm.members[ip][1] == want)
-        return json.dumps({"interval": 1, "downloading": rows, "others": others, "dropped": dropped}).encode(), None
+        return json.dumps({"interval": 1, "downloading": rows, "others": others,
+                           "dropped": swarm.dropped(want, now)}).encode(), None
 
     def _expire_all(self, now: float) -> None:
         self.swept = now

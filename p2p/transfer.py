@@ -217,7 +217,7 @@ class Transfer:
                                                   st.total_done > planned_done, current, members, self._racks,
                                                   others=others, share=self.share)
                 if self.membership is not None:   # (and the ones this plan dropped, for the others)
-                    self.membership.dropping = frozenset(planner.stalled)
+                    self.membership.dropping = frozenset(planner.found)
                 self._dial_new_home()
                 self._traced_plan(planner, own, now, t0, last_plan)
                 self._prio = current

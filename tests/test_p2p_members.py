@@ -128,3 +128,20 @@ def test_owners_dropped_are_said_and_heard_through_every_tracker() -> None:
         m.stop()
         a.close()
         b.close()
+
+
+def test_a_tracker_naming_over_a_quarter_of_its_list_dropped_is_not_heeded() -> None:
+    """A rogue tracker saying most of its list was dropped would make this node plan alone (everything
+    from the origin): a tracker of ours never lists more than a quarter per worker that said so."""
+    rows = [[f"127.0.0.{10 + i}", ""] for i in range(8)]
+    t = _tracker(rows)
+    t.body = json.dumps({"downloading": rows, "others": [], "dropped": [r[0] for r in rows[:3]]}).encode()
+    m = Membership((t.url,), KNOWN, every_s=0.05, timeout_s=1, stale_s=5).start()
+    try:
+        _until(lambda: m.members is not None and t.hits >= 2)
+        assert m.dropped == frozenset()
+        t.body = json.dumps({"downloading": rows, "others": [], "dropped": [r[0] for r in rows[:2]]}).encode()
+        _until(lambda: m.dropped == {"127.0.0.10", "127.0.0.11"})
+    finally:
+        m.stop()
+        t.close()

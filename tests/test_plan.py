@@ -157,6 +157,10 @@ def test_an_owner_another_worker_dropped_is_planned_without_at_once() -> None:
     prio = plan.priorities([False] * n, {other: Peer()}, [False] * n, members, 0, 0, 0.1, True)
     assert plan.stalled == {other} and plan.own == frozenset(range(n)) and prio == [OWN] * n
     assert "tracker" in plan.why[other]
+    assert plan.found == set()   # (what it tells the trackers: its own findings, never an echo)
+    plan.told_dropped(set())     # no longer said (whoever said it left, or took it back): planned with again
+    plan.priorities([False] * n, {other: Peer()}, [False] * n, members, 0, 0, 0.2, True)
+    assert plan.stalled == set() and 0 < len(plan.own) < n
 
 
 def _two_workers(n: int) -> tuple[str, dict[str, str], PiecePlan]:

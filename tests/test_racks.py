@@ -9,8 +9,8 @@ import random
 import numpy as np
 import pytest
 
-from p2p.plan import HELD, OWN, XRACK, Peer, PiecePlan, gateways_of
-from p2p.rendezvous import gateway_of
+from p2p.plan import HELD, OWN, XRACK, Peer, PiecePlan
+from p2p.rendezvous import gateway_of, gateways_of
 
 
 def _racks(r: int, w: int) -> dict[str, str]:

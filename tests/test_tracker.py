@@ -420,35 +420,65 @@ def dropped_of(answer: tuple[bytes, str | None]) -> list[str]:
 
 
 def test_an_owner_one_worker_dropped_is_listed_to_every_worker_until_nobody_says_it() -> None:
-    """``drop=IP,...``: owners the asker's plan planned without (stalled, late); every answer lists
-    them (of the asker's list only) until DROP_TTL_S after the last worker said it, or the owner
-    leaves. A worker naming over a quarter of the list is not heeded (a confused or hostile worker
-    cannot make every plan drop everyone); a name that is no member, or the asker itself, is ignored."""
+    """``drop=IP,...``: the owners the asker's plan planned without (stalled, late), replacing what it
+    said before; every answer lists them (of the asker's group only), made at most once a second,
+    until DROP_TTL_S after the worker said it, or it leaves. A worker naming over a quarter of its
+    group, or over MAX_DROPS, is not heeded (a confused or hostile worker cannot make every plan drop
+    everyone, in one request or in several); a name that is no member of its group, or the asker, is
+    ignored."""
     from p2p.tracker import DROP_TTL_S
     clock = [0.0]
     t = tracker(clock)
     h = f"info_hash={quote_from_bytes(KNOWN)}"
-    ips = [f"127.0.0.{10 + i}" for i in range(8)]
+    ips = [f"127.0.0.{10 + i}" for i in range(16)]
+
+    def tick(dt: float = 1.1) -> None:
+        clock[0] += dt
+        for ip in ips[1:]:   # (the members keep asking; ips[0], the reporter, asks on its own)
+            t.members(ip, h)
     for ip in ips:
         t.members(ip, h)
     assert dropped_of(t.members(ips[0], h)) == []
-    # over a quarter of 8 (2): not heeded; the asker itself, a stranger and garbage: ignored
-    assert dropped_of(t.members(ips[0], h + "&drop=" + ",".join(ips[1:4]))) == []
-    assert dropped_of(t.members(ips[0], h + f"&drop={ips[0]},10.9.9.9")) == []
-    assert dropped_of(t.members(ips[0], h + "&drop=x,,")) == []
-    assert dropped_of(t.members(ips[0], h + f"&drop={ips[7]}")) == [ips[7]]
-    assert dropped_of(t.members(ips[3], h)) == [ips[7]]   # (every worker sees it)
-    # a partial copy's workers (another want) do not see the whole version's drops
-    assert dropped_of(t.members("127.0.0.50", h + "&want=abc")) == []
-    for step in range(1, 4):   # still said: still dropped; the members keep asking
-        clock[0] = step * 2.0
-        for ip in ips:
-            t.members(ip, h + (f"&drop={ips[7]}" if ip == ips[0] else ""))
-    assert dropped_of(t.members(ips[1], h)) == [ips[7]]
-    clock[0] += DROP_TTL_S + 0.5   # (nobody said it since: gone, though the owner still asks)
-    for ip in ips:
-        t.members(ip, h)
+    # over a quarter of 16 (4): not heeded; the asker itself, a stranger and garbage: ignored
+    for bad in (",".join(ips[1:6]), f"{ips[0]},10.9.9.9", "x,,", ",".join(["127.0.0.99"] * 65)):
+        t.members(ips[0], h + "&drop=" + bad)
+        tick()
+        assert dropped_of(t.members(ips[1], h)) == [], bad
+    # several requests of one worker, each a different quarter: each replaces the last
+    for k in range(4):
+        t.members(ips[0], h + "&drop=" + ",".join(ips[4 * k + 1:4 * k + 5][:4]))
+    tick()
+    assert dropped_of(t.members(ips[3], h)) == ips[13:16]
+    t.members(ips[0], h + f"&drop={ips[15]}")
+    tick()
+    assert dropped_of(t.members(ips[3], h)) == [ips[15]]   # (every worker sees it)
+    assert dropped_of(t.members("127.0.0.50", h + "&want=abc")) == []   # (another group does not)
+    for _ in range(3):   # still said: still dropped
+        tick(2.0)
+        t.members(ips[0], h + f"&drop={ips[15]}")
+    tick()
+    assert dropped_of(t.members(ips[1], h)) == [ips[15]]
+    for _ in range(int(DROP_TTL_S / 2) + 1):   # nobody said it since (the reporter's list went quiet, not
+        tick(2.0)                              # asking): gone, though the owner still asks
     assert dropped_of(t.members(ips[1], h)) == []
-    t.members(ips[0], h + f"&drop={ips[6]}")
-    t.members(ips[0], h + "&done=1")    # the one who said it left: no longer heeded
+    t.members(ips[0], h + f"&drop={ips[14]}")
+    t.members(ips[0], h + "&done=1")   # the one who said it left: no longer heeded
+    tick()
     assert dropped_of(t.members(ips[1], h)) == []
+
+
+def test_a_worker_cannot_drop_another_groups_workers() -> None:
+    """Expert ranks (``want=`` groups) plan apart: a drop counts in the reporter's group only, and its
+    quarter is of that group."""
+    clock = [0.0]
+    t = tracker(clock)
+    h = f"info_hash={quote_from_bytes(KNOWN)}"
+    groups = {f"127.0.0.{10 + i}": f"r{i // 2}" for i in range(16)}   # 8 groups of 2
+    for ip, g in groups.items():
+        t.members(ip, h + f"&want={g}")
+    t.members("127.0.0.10", h + "&want=r0&drop=127.0.0.12,127.0.0.13")   # (r1's two)
+    clock[0] += 1.1
+    assert dropped_of(t.members("127.0.0.12", h + "&want=r1")) == []
+    t.members("127.0.0.10", h + "&want=r0&drop=127.0.0.11")   # its own group's other: one of 2 is allowed
+    clock[0] += 1.1
+    assert dropped_of(t.members("127.0.0.11", h + "&want=r0")) == ["127.0.0.11"]

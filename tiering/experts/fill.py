@@ -158,7 +158,9 @@ class ExpertSources:
             8192 if self.roots.object is not None and not self._on_a_path(origin) else 0
         if not edge:
             return 0
-        return sum(j.read_bytes + 2 * edge * max(1, len(j.runs)) for j in jobs_for(m, origin.manifest)
+        # (never more than the file: a manifest's piece size is outside its digest, and many small runs
+        # with large pieces would otherwise reserve many times the shard)
+        return sum(min(j.src.size, j.read_bytes + 2 * edge * max(1, len(j.runs))) for j in jobs_for(m, origin.manifest)
                    if j.src is not None)
 
     def _on_a_path(self, src: VersionDir) -> bool:
