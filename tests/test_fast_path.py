@@ -146,7 +146,8 @@ def test_path_and_status_through_the_daemon_import_nothing_heavy(daemon, node_en
 
 
 @pytest.mark.xfail(strict=True, reason="issue #20 point 4, open: in-process (--no-daemon) path and status open "
-                   "the whole node (NodeService: click, libtorrent, numpy, prometheus_client), ~200 ms")
+                   "the node's store (tiering.store, tiering.content.hashing; no longer click, libtorrent, numpy "
+                   "or prometheus_client: tests/test_startup.py), ~125 ms")
 def test_path_and_status_in_process_import_nothing_heavy(node_env, isolated_env, wd, tmp_path: Path) -> None:
     publish(wd, tmp_path)
     assert wd("--no-daemon", "preload", "org/d@v1", "--tier", "hot").returncode == 0
