@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from p2p import TORRENT_RELPATH, P2PConfig, P2PFetcher, P2PSession, ensure_torrent, load_torrent, make_torrent, \
+from p2p import TORRENT_RELPATH, P2PConfig, P2PFetcher, ensure_torrent, load_torrent, make_torrent, \
     read_torrent
 from p2p.torrent import subset_of
 from tiering import ChecksumMismatch, build_manifest, selection_from
