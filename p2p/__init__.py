@@ -42,7 +42,7 @@ _SURFACE: dict[str, str] = {
     "P2PSession": "session", "AlertEvent": "alerts", "AlertPump": "alerts", "DownloadResult": "transfer",
     # torrents
     "TORRENT_RELPATH": "torrent", "load_torrent": "torrent", "make_torrent": "torrent",
-    "piece_size_for": "torrent", "fleet_mismatch": "torrent",
+    "fleet_mismatch": "torrent",
     # the swarm as a preload source, and seeding
     "P2PFetcher": "fetch",
     "check_seedable": "seeding", "ensure_torrent": "seeding", "read_torrent": "seeding", "seed_held": "seeding",

@@ -33,24 +33,14 @@ from typing import TYPE_CHECKING, Iterator, Mapping, Sequence
 
 import libtorrent as lt
 
-from tiering import LABEL_SEP, Dir, Manifest, split_label, validate_relpath, verify_checkpoint
+from tiering import LABEL_SEP, Dir, Manifest, piece_size_for, split_label, validate_relpath, verify_checkpoint
 
 from .errors import TorrentRejected
 
 if TYPE_CHECKING:
     from .certs import FleetTLS
 
-MiB = 1 << 20
 TORRENT_RELPATH = ".weightd/checkpoint.torrent"
-
-
-def piece_size_for(total_bytes: int) -> int:
-    """4 MiB under 1 GiB, 8 MiB under 16 GiB, else 16 MiB (fewer pieces, bounded piece-map size)."""
-    if total_bytes < (1 << 30):
-        return 4 * MiB
-    if total_bytes < (16 << 30):
-        return 8 * MiB
-    return 16 * MiB
 
 
 BINDING_KEY = b"weightd"   # top level, beside the info dict: {manifest: digest, info hash: v2 info-hash}

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from p2p import TORRENT_RELPATH, P2PConfig, P2PError, P2PSession, load_torrent, make_torrent
-from p2p.torrent import piece_size_for
+from tiering import piece_size_for
 from tiering import build_manifest, verify_checkpoint
 from tiering.sample import make_checkpoint
 

@@ -29,7 +29,7 @@ _SURFACE: dict[str, str] = {
     "LABEL_SEP": "content.names",
     "Selection": "content.select", "Choice": "content.select", "choose": "content.select",
     "selection_from": "content.select", "selection_from_dict": "content.select",
-    "MAX_SECONDS": "content.units", "format_bytes": "content.units", "format_rate": "content.units", "format_duration": "content.units", "parse_fraction": "content.units", "parse_size": "content.units",
+    "MAX_SECONDS": "content.units", "piece_size_for": "content.units", "format_bytes": "content.units", "format_rate": "content.units", "format_duration": "content.units", "parse_fraction": "content.units", "parse_size": "content.units",
     "SignatureRefused": "content.signature", "SignedStatement": "content.signature",
     "TrustPolicy": "content.signature", "SIGNATURE_RELPATH": "content.signature", "HASHERS": "content.signature",
     "generate_keypair": "content.signature", "load_public_key": "content.signature",

@@ -75,3 +75,14 @@ def format_duration(seconds: float) -> str:
 #: leases and timeouts: finite and at most a week (the one home of this bound: the tiers, the service,
 #: the daemon's API and the CLI's options all check against it)
 MAX_SECONDS = 7 * 24 * 3600
+
+
+def piece_size_for(total_bytes: int) -> int:
+    """The piece size of a version's torrent unless it was published with one: 4 MiB under 1 GiB, 8 MiB
+    under 16 GiB, else 16 MiB (fewer pieces, a bounded piece map); an expert copy's reservation counts
+    whole pieces at its ranges' edges by it too."""
+    if total_bytes < (1 << 30):
+        return 4 << 20
+    if total_bytes < (16 << 30):
+        return 8 << 20
+    return 16 << 20

@@ -26,6 +26,7 @@ from contextlib import contextmanager
 import xxhash
 
 from ..content.manifest import Manifest, chunk_ranges
+from ..content.units import piece_size_for
 from ..errors import BadInput, CheckpointNotFound, IntegrityError, StorageUnavailable, TimedOut
 from ..locks import FileLock
 from ..layout import COLD, HOT, LOCAL_TIERS, WARM, VersionDir, version_rel
@@ -347,10 +348,8 @@ def wanted_ranges(jobs: list[Job]) -> tuple[frozenset[str], dict[str, tuple[tupl
 
 
 def piece_bytes(m: Manifest) -> int:
-    """The piece size of the version's torrent: as published, else ``p2p.torrent.piece_size_for``'s rule
-    (4 MiB under 1 GiB, 8 MiB under 16 GiB, else 16 MiB; tiering does not import p2p)."""
-    total = m.total_bytes
-    return m.piece_size or (4 << 20 if total < 1 << 30 else 8 << 20 if total < 16 << 30 else 16 << 20)
+    """The piece size of the version's torrent: as published, else the default rule."""
+    return m.piece_size or piece_size_for(m.total_bytes)
 
 
 def scratch_id(sid: str) -> str:

@@ -105,7 +105,7 @@ def manifest_diff(a: str, b: str, as_json: bool, show_plan: bool, piece_size: st
 
 
 def _plan(ma, la: str, mb, lb: str, piece_size: str, as_json: bool) -> None:
-    from p2p import piece_size_for
+    from tiering import piece_size_for
     from tiering import Donor, parse_size, plan_delta
     try:
         piece = (mb.piece_size or piece_size_for(mb.total_bytes)) if piece_size == "auto" else parse_size(piece_size)
