@@ -125,7 +125,33 @@ HOSTILE = {
     "scalar and empty dims": ('{"s":{"dtype":"F32","shape":[],"data_offsets":[0,4]},'
                               '"e":{"dtype":"F32","shape":[0,3],"data_offsets":[4,4]}}', 4, None),
     "non-ASCII names": ('{%s,%s}' % (entry("é中\u2028", 1, 0), entry("\U0001F600", 1, 1)), 2, None),
+    # shapes that are no JSON arrays of integers, or integers Python will not convert (over 4,300 digits)
+    "shape with an empty dim": ('{"a":{"dtype":"U8","shape":[1,,1],"data_offsets":[0,1]}}', 1, "not valid JSON"),
+    "shape of a comma": ('{"a":{"dtype":"U8","shape":[,],"data_offsets":[0,1]}}', 1, "not valid JSON"),
+    "shape with a trailing comma": ('{"a":{"dtype":"U8","shape":[1,],"data_offsets":[0,1]}}', 1, "not valid JSON"),
+    "shape of 5,000 digits": ('{"a":{"dtype":"U8","shape":[%s],"data_offsets":[0,1]}}' % ("9" * 5000), 1, ""),
 }
+
+
+def test_a_large_metadata_value_is_read_in_bounded_time_and_memory() -> None:
+    """A backtracking repeat kept ~130 bytes a character: a 10 MB metadata value took 1.35 GB and 1 s
+    (99 MB: 13 GB, 18 s). Measured in a child process, whose peak RSS is its own."""
+    import subprocess
+    import sys
+    code = """
+import resource, struct, time
+from tiering.content.safetensors_header import parse_header_bytes
+raw = ('{"__metadata__":{"k":"' + 'x' * 20_000_000 + '"},'
+       '"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}').encode()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+t0 = time.monotonic()
+parse_header_bytes('h', struct.pack('<Q', len(raw)), raw, 8 + len(raw) + 1)
+print(time.monotonic() - t0, (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024)
+"""
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    took, grew_mb = map(float, p.stdout.split())
+    assert grew_mb < 400 and took < 10, (took, grew_mb)
 
 
 @pytest.mark.parametrize("case", sorted(HOSTILE))
