@@ -162,3 +162,29 @@ def test_the_timeout_is_checked_inside_a_shard(tmp_path):
     (tmp_path / "out").mkdir()
     with _dir(ck) as src, _dir(tmp_path / "out") as dest, pytest.raises(TimedOut):
         repack([job], src, dest, deadline=1.0, clock=lambda: next(ticks))
+
+
+def test_the_space_reserved_for_a_swarm_fill_is_never_more_than_the_files(node_env, tmp_path):
+    """A swarm fill reserves its kept ranges plus a whole piece at each edge, but never more than the
+    files read: a manifest's piece size is outside its digest, and large pieces around many runs once
+    reserved many times the shards."""
+    from p2p import P2PConfig, P2PFetcher, P2PSession
+    ck = _ck(tmp_path, pad_bytes=1 << 20)
+    pub = node_env.node()
+    pub.publish(ck, "org/moe", "v1")
+    origin = pub.published_version("org/moe", "v1")
+    pub.close()
+    cfg = P2PConfig(listen="127.0.0.1:0", peers=("127.0.0.1:9",))   # (a swarm configured: its pieces count)
+    session = P2PSession(cfg)
+    node = node_env.node(fetchers=[P2PFetcher(cfg, session)])
+    try:
+        sel = selection_from(experts="0/2")
+        m = build_manifest(ck).with_labels(name="org/moe", version="v1")
+        copy = expert_manifest(m, sel, split_for(m, sel, (ck / "config.json").read_bytes()), "v1~e0of2", {})
+        files = sum(f.size for f in origin.manifest.files)
+        assert 0 < node.preloader.experts.scratch_bytes(copy, origin) <= files
+        huge = replace(origin, manifest=replace(origin.manifest, piece_size=1 << 40))
+        assert node.preloader.experts.scratch_bytes(copy, huge) <= files
+    finally:
+        node.close()
+        session.close()
