@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -17,6 +18,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 LISTING_TIMEOUT_S = 30.0
+LABEL_RETRY_S = 30.0           # a version whose partial-copy label could not be made is asked again after this
 LABELS_KEPT = 100_000          # partial copies' labels remembered (a bound, never reached by a sane intent)
 
 Held = dict[tuple[str, str], set[str]]   # (name, version or label) -> the tiers holding it
@@ -45,6 +47,9 @@ class IntentCatalog:
         # listings have a thread of their own: a hung cold server holds it, never the daemon's pools
         self._lister = ThreadPoolExecutor(1, "weightd-intent-list")
         self.labels: dict[tuple[str, str, str], str] = {}   # (name, version, selection) -> partial copy's label
+        # ... and those that could not be made (the version unreadable now): not asked again before then
+        self.label_retry: dict[tuple[str, str, str], float] = {}
+        self.monotonic = time.monotonic
 
     async def published(self, names: set[str]) -> tuple[dict[str, list[str]], dict[str, str]]:
         """Published versions of each name, newest first; a name cold storage cannot list now keeps
@@ -107,13 +112,19 @@ class IntentCatalog:
             versions = [e.version] if e.version else published.get(e.name, [])[:e.versions + 1]
             for v in versions:
                 k = (e.name, v, sel_key(e.selection))
-                if k in self.labels:
+                if k in self.labels or self.label_retry.get(k, 0.0) > self.monotonic():
                     continue
                 try:
                     obj = self.d.node.object_of(self.d.node.resolve(e.name, v), e.selection)[0]
-                except Exception as exc:  # noqa: BLE001 (the fetch says it; asked again next round)
+                except Exception as exc:  # noqa: BLE001 (the fetch says it)
+                    # (a manifest that cannot be read or parsed now is read again after LABEL_RETRY_S,
+                    # not every round: a 90,000-tensor one costs a second of cold reads and parsing)
                     log.debug("intent: no partial-copy label for %s@%s yet: %s", e.name, v, exc)
+                    if len(self.label_retry) > LABELS_KEPT:
+                        self.label_retry.clear()
+                    self.label_retry[k] = self.monotonic() + LABEL_RETRY_S
                     continue
+                self.label_retry.pop(k, None)
                 if len(self.labels) > LABELS_KEPT:
                     self.labels.clear()
                 self.labels[k] = obj.version
