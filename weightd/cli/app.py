@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib
 import logging
 import math
-import sys
 from typing import Any, Callable
 
 import click
@@ -13,6 +12,7 @@ import click
 from .. import __version__
 from ..errors import UsageError
 from .context import AppContext  # noqa: F401  (the commands' context; its home is context.py)
+from .output import log_to_stderr
 
 
 #: every command and the module of this package that defines it (imported when the command is run)
@@ -91,7 +91,7 @@ def cli(ctx: click.Context, config_path: str | None, debug: bool, verbose: int, 
     if quiet:
         from .progress import set_quiet
         set_quiet()
-    logging.basicConfig(level=level, stream=sys.stderr, format="weightd: %(levelname)s %(name)s: %(message)s")
+    log_to_stderr(level)
     if no_daemon and daemon_only:
         raise UsageError("--no-daemon and --daemon-only contradict each other")
     ctx.obj = AppContext(config_path, debug, no_daemon, daemon_only)

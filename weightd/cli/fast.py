@@ -122,11 +122,9 @@ def _in_process(job: _Job) -> int:
     ``Backend``: the service opened without reconciling, creating or removing anything, and no P2P
     fetcher), the same output and exit codes."""
     import logging
-    from .output import emit_json, emit_path, show_status
+    from .output import emit_json, emit_path, log_to_stderr, show_status
     from .context import AppContext
-    # (the node's warnings as the click CLI logs them: its format, and none with -q)
-    logging.basicConfig(level=logging.ERROR if job.quiet else logging.WARNING, stream=sys.stderr,
-                        format="weightd: %(levelname)s %(name)s: %(message)s")
+    log_to_stderr(logging.ERROR if job.quiet else logging.WARNING)   # (the node's warnings as click logs them)
     if job.command == "path":
         from tiering import parse_ref
         parse_ref(job.operands[0], local=True)   # (a bad name: exit 2 before anything, as click's command)

@@ -21,6 +21,13 @@ from typing import Any
 
 from tiering import format_bytes, format_duration, format_rate
 
+
+def log_to_stderr(level: int) -> None:
+    """The CLI's log lines on stderr at ``level``, as ``weightd: LEVEL logger: message`` (the click CLI
+    and the fast path alike)."""
+    import logging
+    logging.basicConfig(level=level, stream=sys.stderr, format="weightd: %(levelname)s %(name)s: %(message)s")
+
 __all__ = ["JSON_MAJOR", "echo", "emit_json", "emit_path", "json_schema", "rate", "ago", "progress_bar", "warn",
            "note", "format_bytes"]
 
