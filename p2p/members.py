@@ -121,12 +121,14 @@ class Membership:
         return out
 
     @property
-    def dropped(self) -> frozenset[str]:
+    def dropped(self) -> frozenset[str] | None:
         """Owners some other worker's plan dropped (stalled or late), as the trackers answering lately
-        say: this node plans without them too, at once."""
+        say: this node plans without them too, at once. None when no tracker answered lately: an
+        outage says nothing of them (what was told stands)."""
         now = time.monotonic()
         with self._lock:
-            return frozenset().union(*(ips for ips, t in self._dropped.values() if now - t <= self.stale_s))
+            fresh = [ips for ips, t in self._dropped.values() if now - t <= self.stale_s]
+            return frozenset().union(*fresh) if fresh else None
 
     def settled(self, quiet_s: float) -> dict[str, str] | None:
         """The list, once it has not changed for ``quiet_s`` (workers still joining move slices)."""

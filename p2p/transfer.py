@@ -234,7 +234,8 @@ class Transfer:
         worker's plan dropped are told to ``planner``."""
         if self.membership is None:
             return None, {}
-        planner.told_dropped(self.membership.dropped)
+        if (told := self.membership.dropped) is not None:   # (no tracker answering: what was told stands)
+            planner.told_dropped(told)
         m = self.membership
         return (m.members if since_start >= GATHER_S else m.settled(1.0)), m.others
 
