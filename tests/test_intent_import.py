@@ -103,14 +103,15 @@ def test_intent_check_shows_the_imports_and_refuses_a_bad_one(wd, node_env, tmp_
 def test_a_daemon_follows_a_hub_branch_and_latest_rolls_forward(hub: Hub, node_env, isolated_env, wd,  # noqa: F811
                                                                tmp_path: Path) -> None:
     """The node the entry selects imports main's commit, a [[keep]] NAME@latest entry places it; a new
-    commit on main is imported at the next check and the entry rolls forward; the token in the
-    daemon's environment is never logged."""
+    commit on main is imported at the next check and the entry rolls forward (jitter_s = 1: the
+    default's wait before a rollout, up to 30 s by a hash of the commit, made this test take 31-60 s);
+    the token in the daemon's environment is never logged."""
     idir = tmp_path / "intent.d"
     idir.mkdir()
     assert wd("keygen", tmp_path / "k").returncode == 0      # a fleet signing key imports must not use unasked
     node_env.config.write_text(node_env.config.read_text() + (
         f'[publish]\nsigning_key = "{tmp_path / "k.pem"}"\n'
-        f'[intent]\ndir = "{idir}"\nreconcile_s = 1\npoll_s = 0.2\nlabels = {{importer = "yes"}}\n'
+        f'[intent]\ndir = "{idir}"\nreconcile_s = 1\npoll_s = 0.2\njitter_s = 1\nlabels = {{importer = "yes"}}\n'
         'import_allow = { "acme/hub*" = "hf://org/*" }\n'))
     (idir / "hub.toml").write_text(
         '[[import]]\nsource = "hf://org/repo@main"\nname = "acme/hubbed"\nnodes = "importer=yes"\nevery = "10s"\n'
