@@ -16,13 +16,14 @@ from pathlib import Path
 from tiering.sample import make_checkpoint
 
 from .test_intent_daemon import _log_times, assert_one_mover_at_a_time, until
-from .test_p2p import cluster  # noqa: F401 (fixture)
+from .test_p2p import cluster, started  # noqa: F401 (cluster: the fixture)
 
 MiB = 1 << 20
 
 
 def two_origins(cluster, extra: str = "") -> list:  # noqa: F811
-    return [cluster(ip, role="origin", p2p_extra=f"\n[intent]\nmax_movers = 1\n{extra}") for ip in ("127.0.0.2", "127.0.0.3")]
+    return started([cluster(ip, role="origin", p2p_extra=f"\n[intent]\nmax_movers = 1\n{extra}", wait=False)
+                    for ip in ("127.0.0.2", "127.0.0.3")])
 
 
 def worker_p2p(origins: list, intent: str) -> str:
@@ -79,8 +80,8 @@ def origins_and_workers(cluster, tmp_path: Path, model: str, keep: str, size: in
     assert a.cli("publish", str(src), "--name", model, "--version", "v1").returncode == 0
     intent = f'[intent]\ndir = "{idir}"\nreconcile_s = 1\npoll_s = 0.2\n' + ("jitter_s = 1\n" if jitter else "") \
         + "report_s = 1\n"
-    workers = [cluster(f"127.0.0.{i}", p2p_extra=worker_p2p([a, b], intent + f'node_name = "w{i}"\n'))
-               for i in (4, 5, 6)]
+    workers = started([cluster(f"127.0.0.{i}", p2p_extra=worker_p2p([a, b], intent + f'node_name = "w{i}"\n'),
+                               wait=False) for i in (4, 5, 6)])
     return a, b, workers
 
 
@@ -150,15 +151,17 @@ def test_a_rollout_with_one_mover_across_an_origin_restart(cluster, tmp_path: Pa
     """max_movers = 1 on both origins; the first origin is SIGKILLed while the first worker moves and
     restarted 2 s later: never two movers at once (sampled continuously from the workers' metrics,
     and by their logs' rollout spans), and every worker reaches v2 once the origin is back."""
+    # (v1 is only what the workers hold before the rollout: 4 MiB. v2, 16 MiB at the entry's 4 MB/s, is
+    # ~4 s a mover: the first still moves when the origin is back, ~3 s after it started)
     a, b, workers = origins_and_workers(cluster, tmp_path, "org/roll", '[[keep]]\nmodel = "org/roll@latest"\n'
-                                        'versions = 2\nbandwidth = "4MB"\n', 24 * MiB, shards=2, jitter=True)
+                                        'versions = 2\nbandwidth = "4MB"\n', 4 * MiB, shards=2, jitter=True)
     for w in workers:
         until(f"{w.ip} on v1", lambda w=w: (w.dir / "warm/org/roll/v1").is_dir(), timeout=90)
     until("reports at both origins", lambda: all(len(names(fleet(workers[0], o)[1])) == 3 for o in (a, b)), timeout=30)
     until("no transfer left of v1", lambda: sum(_moving(w) for w in workers) == 0, timeout=30)
     movers = Movers(workers)
     try:
-        v2 = make_checkpoint(tmp_path / "v2", total_bytes=24 * MiB, shards=2, layers=2, seed="v2")
+        v2 = make_checkpoint(tmp_path / "v2", total_bytes=16 * MiB, shards=2, layers=2, seed="v2")
         assert a.cli("publish", str(v2), "--name", "org/roll", "--version", "v2").returncode == 0
         until("a first mover", lambda: any(_log_times(w.dir / "daemon.log", r"intent: fetching org/roll@v2 .*\(rollout\)")
                                            for w in workers), timeout=60, every=0.05)
