@@ -30,7 +30,7 @@ from tiering import build_manifest, verify_checkpoint
 from tiering.sample import make_checkpoint
 
 from . import test_p2p
-from .test_p2p import Node, free_port
+from .test_p2p import Node, free_port, started
 
 ROOT = Path(__file__).resolve().parent.parent
 MiB = 1 << 20
@@ -328,7 +328,8 @@ def test_tls_fleet_and_the_nodes_outside_it(tls_cluster, fleet, tmp_path: Path) 
                                                                fleet["127.0.0.2.key"])) is None
     # (15 s of silence before falling back to cold: TLS handshakes of four daemons on a loaded 2-core CI
     # machine took longer than the default test setting of 4 s once)
-    workers = [tls_cluster(f"127.0.0.{i}", origin=origin.endpoint, limit="20MB", fallback_s=15) for i in (3, 4, 5)]
+    workers = started([tls_cluster(f"127.0.0.{i}", origin=origin.endpoint, limit="20MB", fallback_s=15, wait=False)
+                       for i in (3, 4, 5)])
     procs = [w.popen("preload", "org/tls@v1", "--tier", "warm", "--json", "--timeout", "120") for w in workers]
     try:
         for w, p in zip(workers, procs):
@@ -349,10 +350,11 @@ def test_tls_fleet_and_the_nodes_outside_it(tls_cluster, fleet, tmp_path: Path) 
     time.sleep(1.5)  # (libtorrent's counters tick once a second: the swarm's last blocks first)
     up0 = sum(metric(n, "weightd_p2p_upload_bytes_total") for n in (origin, *workers))
 
-    # inside `allow`, no certificate: the torrent needs one, so P2P is not tried; copied from cold
-    plain = tls_cluster("127.0.0.6", cert=None, origin=origin.endpoint)
+    # inside `allow`, no certificate: the torrent needs one, so P2P is not tried; copied from cold;
     # another fleet's node: a certificate, but the torrent's CA is not its CA
-    stranger = tls_cluster("127.0.0.7", cert="intruder", ca="other-ca", origin=origin.endpoint)
+    plain, stranger = started([tls_cluster("127.0.0.6", cert=None, origin=origin.endpoint, wait=False),
+                               tls_cluster("127.0.0.7", cert="intruder", ca="other-ca", origin=origin.endpoint,
+                                           wait=False)])
     for node, why in ((plain, "this node has no [p2p] tls"), (stranger, "different CA")):
         r = preload_json(node, "org/tls@v1")
         by = r["bytes_by_source"]
