@@ -42,7 +42,7 @@ BENCHES: dict[str, tuple[list[str], list[str]]] = {
     "promote": (["bench/promote.py", "--size", "1GiB"], ["bench/promote.py", "--size", "64MiB"]),
     "preload_cgroup": (["bench/preload_cgroup.py", "--size", "2GiB", "--memory", "384MiB", "--rss-sizes", "1GiB,8GiB"],
                        ["bench/preload_cgroup.py", "--size", "256MiB", "--memory", "160MiB", "--rounds", "2"]),
-    "p2p_cgroup": (["bench/p2p_cgroup.py", "--size", "1GiB", "--memory", "256MiB"],
+    "p2p_cgroup": (["bench/p2p_cgroup.py", "--size", "1GiB", "--memory", "256MiB", "--rounds", "5"],
                    ["bench/p2p_cgroup.py", "--size", "256MiB", "--memory", "160MiB", "--rounds", "2"]),
     "daemon": (["bench/daemon.py"], ["bench/daemon.py", "--size", "64MiB", "--clients", "8"]),
     "stream": (["bench/stream.py", "--size", "1GiB"], ["bench/stream.py", "--size", "64MiB"]),
