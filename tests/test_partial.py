@@ -256,6 +256,16 @@ def test_default_patterns_per_model_and_all(wd, node_env, tmp_path):
     assert c["version"] == "v1" and wd("--no-daemon", "path", "org/m@v1", "--all").stdout.strip() == c["path"]
 
 
+@pytest.mark.parametrize("how", ["--no-daemon", "--daemon-only"])
+@pytest.mark.parametrize("flag,says", [("--layers", "--layers: expected A-B"), ("--tp-rank", "--tp-rank: expected R/N"),
+                                       ("--experts", "--experts: expected R/N")])
+def test_an_empty_selection_flag_is_refused_not_taken_for_the_whole_version(wd, how, flag, says):
+    """``--layers ""`` (an unset shell variable) is a usage error, never the whole version, whichever way
+    the command runs (a request without flags is built without the selection code)."""
+    for cmd in ("preload", "path"):
+        assert_one_line_error(wd(how, cmd, "org/m@v1", flag, ""), 2, says)
+
+
 def test_a_bad_models_table_is_a_config_error(wd, node_env):
     with open(node_env.config, "a") as fh:
         fh.write('[models."org/m"]\nexclude = ["/abs"]\n')

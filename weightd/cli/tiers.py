@@ -156,8 +156,8 @@ def selection_options(f: Any) -> Any:
 def selection_body(include: tuple[str, ...], exclude: tuple[str, ...], layers: str | None, tp_rank: str | None,
                    whole: bool, experts: str | None = None) -> dict[str, Any]:
     """The request's ``selection`` / ``whole`` from the flags, checked here (exit 2 before anything runs)."""
-    if not (include or exclude or layers or tp_rank or experts):   # (the whole version: nothing to parse, and
-        return {"whole": True} if whole else {}                   # the selection code not imported, ~18 ms)
+    if not include and not exclude and layers is None and tp_rank is None and experts is None:
+        return {"whole": True} if whole else {}   # (no flag: nothing to parse, the selection code not imported)
     from tiering import selection_from
     sel = selection_from(list(include) or None, list(exclude) or None, layers, tp_rank, experts=experts)
     if whole and not sel.whole:
