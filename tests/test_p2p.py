@@ -329,10 +329,11 @@ def test_outsider_falls_back_to_cold(cluster, tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_worker_killed_mid_download_resumes(cluster, tmp_path: Path) -> None:
-    origin = cluster("127.0.0.2", role="origin", limit="8MB")
+    origin = cluster("127.0.0.2", role="origin", limit="8MB", wait=False)
+    worker = cluster("127.0.0.3", origin=origin.endpoint, limit="8MB", wait=False)   # (both start meanwhile)
     src = make_checkpoint(tmp_path / "src", total_bytes=24 * MiB, shards=3, layers=4)
+    started([origin, worker])
     assert origin.cli("publish", str(src), "--name", "org/resume", "--version", "v1").returncode == 0
-    worker = cluster("127.0.0.3", origin=origin.endpoint, limit="8MB")
     err_path = worker.dir / "client.err"   # (a file: read while the client runs, and whole at the end)
     with open(err_path, "w") as err_file:
         client = worker.popen("preload", "org/resume@v1", "--tier", "warm", "--json", stderr=err_file)
@@ -366,10 +367,11 @@ def test_worker_killed_mid_download_resumes(cluster, tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_corrupt_copy_never_spreads(cluster, tmp_path: Path) -> None:
-    origin = cluster("127.0.0.2", role="origin")
+    origin = cluster("127.0.0.2", role="origin", wait=False)
+    a = cluster("127.0.0.3", origin=origin.endpoint, wait=False)   # (both start while the checkpoint is made)
     src = make_checkpoint(tmp_path / "src", total_bytes=24 * MiB, shards=2, layers=3)
+    started([origin, a])
     assert origin.cli("publish", str(src), "--name", "org/rot", "--version", "v1").returncode == 0
-    a = cluster("127.0.0.3", origin=origin.endpoint)
     assert a.cli("preload", "org/rot@v1", "--tier", "warm").returncode == 0
     # bit rot in A's copy, which A is now seeding
     shard = sorted((a.dir / "warm/org/rot/v1").glob("*.safetensors"))[0]
@@ -388,10 +390,11 @@ def test_corrupt_copy_never_spreads(cluster, tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_swarm_finishes_after_the_origin_dies(cluster, tmp_path: Path) -> None:
-    origin = cluster("127.0.0.2", role="origin", limit="2MB")
+    origin = cluster("127.0.0.2", role="origin", limit="2MB", wait=False)
+    w1 = cluster("127.0.0.3", origin=origin.endpoint, wait=False)   # (both start while the checkpoint is made)
     src = make_checkpoint(tmp_path / "src", total_bytes=32 * MiB, shards=2, layers=3)
+    started([origin, w1])
     assert origin.cli("publish", str(src), "--name", "org/orphan", "--version", "v1").returncode == 0
-    w1 = cluster("127.0.0.3", origin=origin.endpoint)
     # from cold, with a config that names no peer (with the origin's, the copy would come over the swarm
     # at the origin's 2 MB/s): w1 holds every piece
     alone = w1.dir / "alone.toml"
@@ -436,13 +439,14 @@ def test_delta_update_over_p2p_moves_only_changed_pieces(cluster, tmp_path: Path
     """A worker holding v1 preloads v2 (three tensors changed) from the swarm: the staged files are
     pre-filled with v1's bytes, libtorrent's check passes their pieces, only changed pieces move."""
     from tiering.sample import edited_copy
-    origin = cluster("127.0.0.2", role="origin", p2p_extra='piece_size = "1MiB"\n')
+    origin = cluster("127.0.0.2", role="origin", p2p_extra='piece_size = "1MiB"\n', wait=False)
+    w = cluster("127.0.0.3", origin=origin.endpoint, wait=False)   # (both start while the checkpoints are made)
     a = make_checkpoint(tmp_path / "a", total_bytes=32 * MiB, shards=2, layers=4, seed="p2p-delta")
     b = tmp_path / "b"
     changed = edited_copy(a, b, larger_than=256 << 10, every=6, count=3)
+    started([origin, w])
     for d, v in ((a, "v1"), (b, "v2")):
         assert origin.cli("publish", str(d), "--name", "org/delta", "--version", v).returncode == 0
-    w = cluster("127.0.0.3", origin=origin.endpoint)
     assert w.cli("preload", "org/delta@v1", "--tier", "warm").returncode == 0
     proc = w.cli("preload", "org/delta@v2", "--tier", "warm", "--json")
     assert proc.returncode == 0, proc.stderr
