@@ -44,6 +44,8 @@ BENCHES: dict[str, tuple[list[str], list[str]]] = {
                        ["bench/preload_cgroup.py", "--size", "256MiB", "--memory", "160MiB", "--rounds", "2"]),
     "p2p_cgroup": (["bench/p2p_cgroup.py", "--size", "1GiB", "--memory", "256MiB", "--rounds", "5"],
                    ["bench/p2p_cgroup.py", "--size", "256MiB", "--memory", "160MiB", "--rounds", "2"]),
+    "sources_io": (["bench/sources_io.py", "--rounds", "5"],
+                   ["bench/sources_io.py", "--size", "256MiB", "--memory", "128MiB", "--rounds", "2"]),
     "daemon": (["bench/daemon.py"], ["bench/daemon.py", "--size", "64MiB", "--clients", "8"]),
     "stream": (["bench/stream.py", "--size", "1GiB"], ["bench/stream.py", "--size", "64MiB"]),
     "lora_set": (["bench/lora_set.py", "--adapters", "200", "--size", "20MB"],
