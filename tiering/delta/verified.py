@@ -36,6 +36,7 @@ from .plan import DeltaPlan, FilePlan, Span
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 READ_AHEAD = 8 << 20   # a span's bytes asked of the kernel ahead of its reads, a window at a time (bounded:
                        # a page cache smaller than the span never holds read-ahead that is evicted unread)
+WILL_NEED_CALL = 128 << 10   # bytes per WILLNEED call: the smallest read-ahead a Linux device has by default
 
 
 def build_verified(plan: DeltaPlan, dest: "Path | Dir", source: "Path | Dir | None", *, threads: int = 2,
@@ -272,6 +273,10 @@ def _open_for_spans(ref: "str | FileRef") -> int:
 
 
 def _will_need(fd: int, off: int, n: int) -> None:
-    """Ask the kernel to read [off, off + n) now (a hint: a file system without it reads on demand)."""
+    """Ask the kernel to read [off, off + n) now, WILL_NEED_CALL bytes a call (a hint: a file system
+    without it reads on demand). One call reads at most the device's read-ahead or request size
+    (max(read_ahead_kb, max_sectors_kb): 8 MiB here, often 128 KiB to 1 MiB), so a window is asked for
+    in pieces no device cuts short."""
     with contextlib.suppress(OSError):
-        os.posix_fadvise(fd, off, n, os.POSIX_FADV_WILLNEED)
+        for o in range(off, off + n, WILL_NEED_CALL):
+            os.posix_fadvise(fd, o, min(WILL_NEED_CALL, off + n - o), os.POSIX_FADV_WILLNEED)
