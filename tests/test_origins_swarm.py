@@ -21,6 +21,11 @@ from tiering.sample import make_checkpoint
 from .test_p2p import Node, cluster, started  # noqa: F401 (cluster: the fixture)
 
 MiB = 1 << 20
+# what the origins together may send in one run, as multiples of the version: the median over rounds is
+# 1.21-1.28x (issue 39's target, 1.3x, is the median's); single runs reached 1.33-1.34x (a CI run, a
+# helper's run, a bench round), so one run is held to 1.4x; origins that each sent the whole version
+# (2x) would still fail here
+ONE_RUN_MAX = 1.4
 LIMIT = "4MB"      # every node's cap: 48 MiB takes ~6 s through both origins, ~12 s to each worker
 SIZE = 48 * MiB
 REF = "org/ha@v1"
@@ -121,7 +126,9 @@ def test_an_origin_killed_half_way_costs_no_cold_byte(cluster, tmp_path: Path) -
     took = time.monotonic() - t0
     from_origins = check_from_swarm(reports, workers)
     size = reports[0]["bytes"]
-    assert from_origins <= 1.3 * size, [r["bytes_by_source"] for r in reports]
+    # (`bench/swarm.py --origins 2 --kill-origin-at 0.5 --n 4 --rounds 5`: 1.21x (1.17-1.25) with the kill,
+    # 1.28x (1.19-1.34) without)
+    assert from_origins <= ONE_RUN_MAX * size, [r["bytes_by_source"] for r in reports]
     # (one copy through one 4 MB/s origin is 12.6 s: the rest of the swarm is bounded by it)
     assert took < 60, took
     assert b.metric("weightd_p2p_upload_bytes_total") > 0
@@ -200,7 +207,7 @@ def test_a_tracker_outage_alone_costs_running_transfers_nothing(cluster, tmp_pat
             f.close()
         reports = reports_of(procs)
         from_origins = check_from_swarm(reports, workers)
-        assert from_origins <= 1.3 * reports[0]["bytes"], [r["bytes_by_source"] for r in reports]
+        assert from_origins <= ONE_RUN_MAX * reports[0]["bytes"], [r["bytes_by_source"] for r in reports]
         assert all(r["swarm"]["open_all_after_s"] is None for r in reports), [r["swarm"] for r in reports]
     finally:
         for f in fwd:
