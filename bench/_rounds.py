@@ -16,6 +16,12 @@ def _read(path: str) -> str:
         return fh.read()
 
 
+def process_cpu_s(pid: "int | str") -> float:
+    """A process's CPU seconds so far (user + system, from ``/proc/PID/stat``)."""
+    f = _read(f"/proc/{pid}/stat").rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def machine_state() -> dict[str, Any]:
     """Load average, the block devices' completed I/O so far (``/proc/diskstats``), and this VM's
     memory reclaimer: DAMON's kdamond threads (``/sys/kernel/mm/damon``), on here with a pageout
@@ -28,8 +34,7 @@ def machine_state() -> dict[str, Any]:
             pid = _read(f"{d}/pid").strip()
             cpu = None
             if pid.isdigit() and int(pid) > 0:
-                f = _read(f"/proc/{pid}/stat").rsplit(")", 1)[1].split()
-                cpu = (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+                cpu = process_cpu_s(pid)
             damon[os.path.basename(d)] = {"state": state, "cpu_s": cpu}
         except OSError:
             continue

@@ -52,16 +52,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _rounds import machine_state, report, rounds, speedup  # noqa: E402
+from _rounds import machine_state, process_cpu_s, report, rounds, speedup  # noqa: E402
 from tiering.content.units import parse_size  # noqa: E402
 from tiering.sample import local_s3, make_checkpoint  # noqa: E402
-
-
-def daemon_cpu_s(pid: int) -> float:
-    """A process's CPU seconds so far (user + system, from /proc/PID/stat)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def ceiling(store, keys: list[tuple[str, int]], range_bytes: int, concurrency: int) -> float:
@@ -200,7 +193,7 @@ def run(a: argparse.Namespace, size: int, ep: str, bucket: str) -> int:
                            capture_output=True)
             tier = "hot" if kind == "weightd_hot" else "warm"
             cli = by_daemon if kind == "weightd_daemon" else wd
-            d0 = daemon_cpu_s(daemon.pid)
+            d0 = process_cpu_s(daemon.pid)
             t0 = time.perf_counter()
             p = subprocess.run(["/usr/bin/time", "-f", "%M %U %S", *cli, "-q", "preload", "bench/s3@v1",
                                 "--tier", tier, "--strict", "--json"], env=env, cwd=ROOT, capture_output=True,
@@ -212,7 +205,7 @@ def run(a: argparse.Namespace, size: int, ep: str, bucket: str) -> int:
                 stats.setdefault(f"cpu_s_{kind}", []).append(float(user) + float(system))
             else:   # (the daemon's CPU seconds over the preload, and the client's)
                 stats.setdefault("cpu_s_weightd_daemon", []).append(
-                    round(daemon_cpu_s(daemon.pid) - d0 + float(user) + float(system), 3))
+                    round(process_cpu_s(daemon.pid) - d0 + float(user) + float(system), 3))
             rep = json.loads(p.stdout)
             assert rep["bytes_by_source"]["cold"] == rep["bytes"] == total, rep
             stats.setdefault("requests", []).append(rep["store"]["requests"])
