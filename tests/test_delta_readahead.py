@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tiering import build_manifest
-from tiering._syscalls import cachestat, has_cachestat
+from tiering._syscalls import PAGE, cachestat, has_cachestat
 from tiering.delta import Donor, build_verified, plan_delta
 from tiering.delta.plan import Span
 from tiering.delta.verified import READ_AHEAD, _run_ends
@@ -20,7 +20,6 @@ from tiering.pagecache import drop_from_cache
 from tiering.sample import edited_copy, make_checkpoint
 
 MiB = 1 << 20
-PAGE = 4096
 
 
 def test_runs_of_contiguous_spans_end_where_their_file_stops_being_read_in_order() -> None:

@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import xxhash
 
-from .._syscalls import is_tmpfs, start_writeback, wait_writeback
+from .._syscalls import PAGE, is_tmpfs, start_writeback, wait_writeback
 from ..safefs.paths import open_for_read
 from ..copy import PROGRESS_CHUNK, run_all
 from ..errors import ChecksumMismatch, FileChanged, TimedOut
@@ -33,7 +33,6 @@ from ..verified_copy import STREAM_BUFFER, STREAM_BUFFER_TMPFS, WRITEBACK_BEHIND
 from .build import BuildResult, _new_file, _ref
 from .plan import DeltaPlan, FilePlan, Span
 
-PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 READ_AHEAD = 8 << 20   # a span's bytes asked of the kernel ahead of its reads, a window at a time (bounded:
                        # a page cache smaller than the span never holds read-ahead that is evicted unread)
 WILL_NEED_CALL = 128 << 10   # bytes per WILLNEED call: the smallest read-ahead a Linux device has by default
