@@ -58,3 +58,27 @@ def test_one_rack_by_symmetry_agrees_with_the_whole_fleet(sim) -> None:
     assert abs(sym["seconds"] / full["seconds"] - 1) < 0.1, (full, sym)
     assert abs(sym["cross_rack_max_x"] - full["cross_rack_max_x"]) < 0.1, (full, sym)
     assert sym["origin_upload_x"] == full["origin_upload_x"] == 1.0
+
+
+def test_held_out_runs_are_checked_apart_from_the_fitted_ones(sim, monkeypatch) -> None:
+    """``calibrate --held-out`` asks the model for runs it was not fitted on: their error is reported
+    apart and never enters the fitted runs' worst error (which ``fit`` minimises)."""
+    size, cap = 20e6, 10e6
+    net = sim.Net(4, 0, cap, cap, cores=2)
+    t1 = sim.simulate(sim.Net(1, 0, cap, cap, cores=2), size, 64, "plan", seed=1)["seconds"]
+    r4 = sim.simulate(net, size, 64, "plan", seed=1)
+    # fitted: the model's own figures (error 0); held out: the same run measured 25% slower, 10% more origin
+    fitted = [(cap, "plan", 0, 1, t1, 1.0, size, 64),
+              (cap, "plan", 0, 4, r4["seconds"], r4["origin_upload_x"], size, 64)]
+    held = [(cap, "plan", 0, 1, t1, 1.0, size, 64),
+            (cap, "plan", 0, 4, r4["seconds"] * 1.25, r4["origin_upload_x"] * 1.1, size, 64)]
+    monkeypatch.setattr(sim, "MEASURED", fitted)
+    monkeypatch.setattr(sim, "HELD_OUT", held)
+    alone = sim.calibrate(quiet=True)
+    both = sim.calibrate(quiet=True, held_out=True)
+    assert "held_out" not in alone
+    assert alone["worst_error"] == both["worst_error"] == 0.0
+    row = both["held_out"]["rows"][0]
+    assert row["n"] == 4 and row["error"]["t_over_t1"] == 0.2
+    assert row["error"]["origin_x"] == pytest.approx(0.091, abs=0.002)
+    assert both["held_out"]["worst_error"] == 0.2
