@@ -444,6 +444,9 @@ def main() -> int:
                     help="daemons log at debug level; every daemon's log is copied to DIR when it stops")
     ap.add_argument("--memory-trace", action="store_true",
                     help="record the first worker's resident memory by kind (smaps_rollup) once a second")
+    ap.add_argument("--drop-source", action="store_true",
+                    help="delete the generated checkpoint once it is published (the origin seeds from its cold "
+                         "tier's copy): two copies on --dir's disk instead of three (a checkpoint near its free space)")
     args = ap.parse_args()
     global MEMORY_TRACE, KEEP_LOGS
     MEMORY_TRACE, KEEP_LOGS = args.memory_trace, args.keep_logs
@@ -454,6 +457,8 @@ def main() -> int:
         ap.error("--origins: at least 1; --kill-origin-at: between 0 and 1, with --origins 2 or more")
     if args.compare and not set(args.compare.split(",")) <= {"plain", "tls", "signed", "tls+signed"}:
         ap.error("--compare: modes are plain, tls, signed, tls+signed")
+    if args.compare and args.drop_source:   # (a TLS fleet publishes the source once more)
+        ap.error("--drop-source: not with --compare")
     base = Path(tempfile.mkdtemp(prefix="weightd-bench-swarm-", dir=args.dir))
     try:
         cold = base / "cold"
@@ -471,6 +476,8 @@ def main() -> int:
                              + (["--sign", str(base / "signing.pem")] if args.compare else []),
                              capture_output=True, text=True, env=ENV, check=True)
         size = json.loads(pub.stdout)["bytes"]
+        if args.drop_source:
+            shutil.rmtree(src)
         WARM["capacity"] = str(max(4 << 30, size + (1 << 30)))
         ns = [int(x) for x in args.n.split(",")]
         if args.compare:
