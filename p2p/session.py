@@ -27,7 +27,8 @@ from .config import P2PConfig, endpoint, tracker_urls
 from .errors import P2PError, TorrentRejected, map_libtorrent_errors
 from .origins import OriginShare, origins_to_block
 from .plan import PiecePlan
-from .settings import class_filter, ip_filter, lower_limit, session_settings
+from .racks import RackClasses, update_class
+from .settings import ip_filter, lower_limit, session_settings
 from .swarm_view import read_swarm
 from .torrent import fleet_mismatch, placement, save_path_for, subset_of
 from .transfer import DownloadResult, Transfer
@@ -55,14 +56,12 @@ class P2PSession:
             self.update_class(lt.session.local_peer_class_id, upload_limit=cfg.upload_limit,
                               download_limit=cfg.download_limit)
             self.ses.set_ip_filter(ip_filter(cfg.allow))
-            # with racks, workers of other racks get a class of their own: what arrives from outside the
-            # rack is paced
-            self.rack_class = self.ses.create_peer_class("other-rack")
+            # with racks, workers of other racks get a class of their own, and some are kept choked (racks.py)
+            self.racks = RackClasses(self.ses, cfg.rack)
+            self.rack_class = self.racks.rack_class
             self.origin_ips = {endpoint(p)[0] for p in cfg.peers}
-            self.other_rack: set[str] = set()
             self.origins_blocked: frozenset[str] = frozenset()   # (filtered out: see origins.origins_to_block)
             self.bad_torrents: set[str] = set()   # info-hashes whose bytes failed their manifest (p2p.fetch)
-            self.ses.set_peer_class_filter(class_filter())
         self.active_downloads = 0
         self.tls = cfg.tls  # replaced by set_tls (certificate rotation)
         self.lock = threading.Lock()
@@ -72,13 +71,8 @@ class P2PSession:
         self.alerts = AlertPump(self.ses)  # the only caller of pop_alerts from here on
 
     def update_class(self, class_id: int, **changes: object) -> None:
-        """Change some settings of a peer class, keeping the others. ``set_peer_class`` replaces the
-        whole class: given only limits, it zeroes ``connection_limit_factor`` (the local class then
-        accepts only ``connections_slack``, 10, incoming connections: measured, an origin serving 16
-        workers on one LAN held 10 of them) and clears ``ignore_unchoke_slots``."""
-        c = self.ses.get_peer_class(class_id)
-        c.update(changes)
-        self.ses.set_peer_class(class_id, c)
+        """Change some settings of a peer class, keeping the others (:func:`~p2p.racks.update_class`)."""
+        update_class(self.ses, class_id, **changes)
 
     @property
     def port(self) -> int:
@@ -289,7 +283,7 @@ class P2PSession:
             self.block_origins(origins_to_block(share, self.origin_ips, planner.self_ip, members,
                                                 view.origins, own_done, starving, now))
             if racked:
-                self._pace_other_racks(planner, seen, starving)
+                self._pace_other_racks(planner, seen, starving, members, others)
         if prio != current:
             h.prioritize_pieces(prio)
         return prio
@@ -300,14 +294,19 @@ class P2PSession:
             self.origins_blocked = ips
             self.ses.set_ip_filter(ip_filter(self.cfg.allow, ips))
 
-    def set_other_racks(self, racks: dict[str, str]) -> None:
-        """Workers of other racks than this node's (from a member list) into the other-rack class."""
-        other = {ip for ip, r in racks.items() if r != self.cfg.rack}
-        if other != self.other_rack:
-            self.other_rack = other
-            self.ses.set_peer_class_filter(class_filter(other, self.rack_class))
+    def set_other_racks(self, racks: dict[str, str], members: "Mapping[str, str] | None" = None,
+                        others: "Collection[str]" = ()) -> None:
+        """Workers of other racks than this node's (``racks``: every one listed) into the other-rack
+        class, and those not their rack's gateway (by ``members``, the ones downloading) kept choked
+        (``racks.py``)."""
+        new = self.racks.set_racks(racks, members, others)
+        if new:   # (libtorrent classes a connection when it is made: drop these once, they dial again)
+            self.ses.set_ip_filter(ip_filter(self.cfg.allow, self.origins_blocked | new))
+            self.racks.wait_gone(new)
+            self.ses.set_ip_filter(ip_filter(self.cfg.allow, self.origins_blocked))
 
-    def _pace_other_racks(self, planner: PiecePlan, racks: dict[str, str], starving: bool) -> None:
+    def _pace_other_racks(self, planner: PiecePlan, racks: dict[str, str], starving: bool,
+                          members: "Mapping[str, str] | None", others: "Collection[str]") -> None:
         """What arrives from other racks: no limit on the rack's gateway while it has pieces to take
         across (XRACK), a trickle on every other worker (libtorrent picks the sender of a piece, so a
         worker open to other racks takes pieces its rack holds from outside too: with every worker
@@ -315,7 +314,7 @@ class P2PSession:
         received 2.3-2.6x the checkpoint from outside, 4 racks x 4 workers on loopback); no limit
         while nothing arrives at all (the plan must never strand a piece). The trickle lets a
         request already sent outside finish; the other racks still take from this worker freely."""
-        self.set_other_racks(racks)
+        self.set_other_racks(racks, members, others)
         dl = self.cfg.download_limit
         trickle = max(dl // 256, 32 << 10) if dl else 1 << 20
         limit = 0 if starving or planner.crossing else trickle

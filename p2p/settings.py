@@ -8,6 +8,7 @@ and by rack.
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Collection
 
 import libtorrent as lt
 
@@ -40,16 +41,19 @@ LOCAL_NETS = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16",
               "fe80::/10", "fc00::/7")
 
 
-def class_filter(other_rack: "set[str] | frozenset[str]" = frozenset(), rack_class: int = -1) -> lt.ip_filter:
+def class_filter(other_rack: "Collection[str]" = frozenset(), rack_class: int = -1,
+                 unchoked: "Collection[str]" = frozenset(), open_class: int = -1) -> lt.ip_filter:
     """libtorrent's default peer classes (global for everyone, local for LAN and loopback instead),
-    plus the other-rack class for the workers of other racks."""
+    plus the other-rack class for the workers of other racks; with ``open_class`` (racks, see
+    ``racks.py``) every peer is in it too but the workers of other racks not in ``unchoked``."""
     f = lt.ip_filter()
     glob, local = 1 << lt.session.global_peer_class_id, 1 << lt.session.local_peer_class_id
-    f.add_rule("0.0.0.0", "255.255.255.255", glob)
-    f.add_rule("::", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff", glob)
+    unchoke = 1 << open_class if open_class >= 0 else 0
+    f.add_rule("0.0.0.0", "255.255.255.255", glob | unchoke)
+    f.add_rule("::", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff", glob | unchoke)
     for cidr in LOCAL_NETS:
         net = ipaddress.ip_network(cidr)
-        f.add_rule(str(net[0]), str(net[-1]), local)
+        f.add_rule(str(net[0]), str(net[-1]), local | unchoke)
     for ip in sorted(other_rack):
         try:
             addr = ipaddress.ip_address(ip)
@@ -57,7 +61,7 @@ def class_filter(other_rack: "set[str] | frozenset[str]" = frozenset(), rack_cla
             continue
         base = local if any(addr in ipaddress.ip_network(c) for c in LOCAL_NETS if
                             ipaddress.ip_network(c).version == addr.version) else glob
-        f.add_rule(str(addr), str(addr), base | (1 << rack_class))
+        f.add_rule(str(addr), str(addr), base | (1 << rack_class) | (unchoke if ip in unchoked else 0))
     return f
 
 

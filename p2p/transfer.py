@@ -35,7 +35,8 @@ class SessionSide(Protocol):
     alerts: AlertPump
     origins_blocked: frozenset[str]
 
-    def set_other_racks(self, racks: dict[str, str]) -> None: ...
+    def set_other_racks(self, racks: dict[str, str], members: "dict[str, str] | None" = None,
+                        others: Collection[str] = ()) -> None: ...
 
     def apply_plan(self, h: lt.torrent_handle, planner: PiecePlan, st: lt.torrent_status,
                    origin_ips: set[str], now: float, progressed: bool, current: list[int] | None,
@@ -187,7 +188,7 @@ class Transfer:
                 if members is None and self.membership is not None:
                     members = self.membership.members
                 others = self.membership.others if self.membership is not None else {}
-                self.session.set_other_racks({**others, **(members or {})})
+                self.session.set_other_racks({**others, **(members or {})}, members, others)
                 h.resume()
                 self.held_back = False
             if now >= next_connect:

@@ -1,16 +1,24 @@
 """k gateways a rack (``PiecePlan(gateways=k)``): each piece that crosses into a rack is taken across by
 exactly one of the rack's gateways, the rack-mates take everything else inside the rack, and a dead
-or stalled gateway's share moves to the others."""
+or stalled gateway's share moves to the others; a node serves another rack through its gateway only
+(``racks.py``)."""
 
 from __future__ import annotations
 
 import random
+import threading
+import time
+from pathlib import Path
 
+import libtorrent as lt
 import numpy as np
 import pytest
 
+from p2p import P2PConfig, P2PSession, load_torrent, make_torrent
 from p2p.plan import HELD, OWN, XRACK, Peer, PiecePlan
 from p2p.rendezvous import gateway_of, gateways_of
+from tiering import build_manifest, verify_checkpoint
+from tiering.sample import make_checkpoint
 
 
 def _racks(r: int, w: int) -> dict[str, str]:
@@ -126,3 +134,56 @@ def test_a_rack_takes_in_about_one_checkpoint_in_every_round_even_when_a_gateway
     for kill_at in (None, 6):
         per_rack = _swarm(3, 4, 2, 240, seed, kill_at)
         assert max(per_rack.values()) <= 1.25, (kill_at, per_rack)
+
+
+def test_a_node_serves_another_rack_through_its_gateway_only(tmp_path: Path) -> None:
+    """Real sessions on loopback: S (rack r1) holds the version; G and W of rack r0 both dial it and
+    ask for every piece. S unchokes G, r0's gateway by the hashing over the member list, and keeps W
+    choked: W asks it for nothing (it is to take the pieces inside its rack; a worker that asked
+    another rack for pieces read that connection through its trickle, the gateway's requests
+    included: issue 38). Once G leaves the list, W is r0's gateway: S drops W's connection, made with
+    the choked class, and serves it on the next one."""
+    mib = 1 << 20
+    ckpt = make_checkpoint(tmp_path / "v1", total_bytes=6 * mib, shards=2, layers=2)
+    m = build_manifest(ckpt)
+    ti = load_torrent(make_torrent(ckpt, m, piece_size=mib), m)
+    g_ip, w_ip = gateways_of("r0", ["127.0.0.3", "127.0.0.4"], 2)
+    s = P2PSession(P2PConfig(listen="127.0.0.2:0", rack="r1"))
+    g, w = (P2PSession(P2PConfig(listen=f"{ip}:0", rack="r0")) for ip in (g_ip, w_ip))
+    got: dict[str, object] = {}
+    t = threading.Thread()
+    try:
+        assert s.seed(ti, ckpt)
+        racks = {g_ip: "r0", w_ip: "r0"}
+        s.set_other_racks(racks, racks)
+        peers = (f"127.0.0.2:{s.port}",)
+
+        def w_download() -> None:
+            try:
+                got["w"] = w.download(ti, tmp_path / "w" / "v1", peers=peers, stall_s=30, timeout_s=60, plan=False)
+            except Exception as exc:  # noqa: BLE001 (the assertion below says what happened)
+                got["w"] = exc
+
+        t = threading.Thread(target=w_download)
+        t.start()
+        seed = next(iter(s.seeding.values()))
+        deadline = time.monotonic() + 10
+        while not any(p.ip[0] == w_ip and p.flags & lt.peer_info.remote_interested for p in seed.get_peer_info()):
+            assert time.monotonic() < deadline, "W never asked S for pieces"
+            time.sleep(0.1)
+        g.download(ti, tmp_path / "g" / "v1", peers=peers, stall_s=10, timeout_s=30, plan=False)
+        assert verify_checkpoint(tmp_path / "g" / "v1", m).ok
+        time.sleep(1.5)   # (W keeps asking meanwhile; libtorrent's counters tick once a second)
+        assert t.is_alive() and "w" not in got, f"W took the version from another rack's worker: {got}"
+        to_w = [p for p in seed.get_peer_info() if p.ip[0] == w_ip]
+        assert to_w and all(p.flags & lt.peer_info.choked and p.total_upload < 64 << 10 for p in to_w), \
+            [(p.flags, p.total_upload) for p in to_w]
+        s.set_other_racks(racks, {w_ip: "r0"})   # G finished and left the list: W is r0's gateway now
+        t.join(60)
+        assert not isinstance(got.get("w"), Exception), got
+        assert verify_checkpoint(tmp_path / "w" / "v1", m).ok
+    finally:
+        for x in (s, g, w):
+            x.close()
+        if t.is_alive():
+            t.join(5)
