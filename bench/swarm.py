@@ -248,7 +248,7 @@ def _settled_upload(origins: list[Daemon]) -> float:
 
 def run(base: Path, cold: Path, n: int, cap: str, storm: bool, size: int, mode: Mode = PLAIN, *,
         plan: bool = True, trace: bool = False, racks: int = 0, origins_n: int = 1,
-        kill_at: float | None = None) -> dict:
+        kill_at: float | None = None, choke: bool = False) -> dict:
     """One preload storm: ``origins_n`` origins (127.0.0.2, .3, ...; one tracker each, every worker lists
     them all), ``n`` workers; ``kill_at``: SIGKILL the first origin once the workers hold that much."""
     knobs = ("" if plan else "plan = false\n") + ("trace = true\n" if trace else "")
@@ -263,7 +263,7 @@ def run(base: Path, cold: Path, n: int, cap: str, storm: bool, size: int, mode: 
             ip = f"127.0.0.{10 + i}"
             # storm: nobody but the origins
             allow = ", ".join(f'"{o.ip}/32"' for o in origins) if storm else '"127.0.0.0/8"'
-            rack = f'rack = "{rack_of[i]}"\n' if racks else ""
+            rack = (f'rack = "{rack_of[i]}"\n' + "choke_other_racks = true\n" * choke) if racks else ""
             workers.append(Daemon(base, ip, cold, cap, "worker", [f"{o.ip}:{o.port}" for o in origins], allow,
                                   [] if storm else [f"{scheme}://{o.ip}:{o.tport}/announce" for o in origins],
                                   p2p_extra=mode.p2p(ip) + knobs + rack, extra=mode.sections()))
@@ -435,6 +435,9 @@ def main() -> int:
                     help="racks emulated on loopback: worker i in rack r{i %% R} ([p2p] rack); reported: "
                          "bytes each rack received from outside it (x checkpoint). Add no-racks to "
                          "--baseline for the plan without racks in the same run")
+    ap.add_argument("--choke-other-racks", action="store_true",
+                    help="with --racks: [p2p] choke_other_racks = true on every worker (other racks are served "
+                         "only through their gateways)")
     ap.add_argument("--origins", type=int, default=1,
                     help="origins (127.0.0.2, .3, ...), each with its tracker; every worker lists them all")
     ap.add_argument("--kill-origin-at", type=float, default=None, metavar="F",
@@ -494,7 +497,7 @@ def main() -> int:
 
         def one(name: str, storm: bool, plan: bool, n: int) -> float:
             r = run(base, cold, n, args.cap, storm, size, plan=plan, trace=args.trace or bool(args.racks),
-                    racks=0 if name in ("storm", "plan-no-racks") else args.racks)
+                    racks=0 if name in ("storm", "plan-no-racks") else args.racks, choke=args.choke_other_racks)
             runs.setdefault((name, n), []).append(r)
             print(f"n={n} {name}: {r['seconds']} s, origin {r['origin_upload_x']}x, cpu {r['cpu_busy']:.0%}, "
                   f"cross-rack {r['cross_rack']}, plan {r['plan']}", file=sys.stderr, flush=True)

@@ -51,6 +51,7 @@ class P2PConfig:
     plan: bool = True                # the piece plan (False: stock libtorrent piece picking, for comparison)
     rack: str = ""                   # this node's rack: the tracker and the plan keep traffic inside racks
     trace: bool = False              # attribute every 16 KiB block to its sender (diagnostics; costs CPU)
+    choke_other_racks: bool = False  # with racks: serve other racks only through their gateways (racks.py)
 
     def __post_init__(self) -> None:
         for key in ("upload_limit", "download_limit", "threshold", "piece_size"):

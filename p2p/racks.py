@@ -4,7 +4,8 @@ The piece plan (``plan.py``) names each rack's gateway, the one worker of the ra
 from other racks. libtorrent picks the sender of each block, so the session enforces it with peer
 classes, on both ends of a connection:
 
-- **the sender**: a node unchokes the workers of other racks that are their rack's gateways (by the
+- **the sender** (``[p2p] choke_other_racks``, off by default: docs/p2p.md says why): while it runs
+  one download, a node unchokes the workers of other racks that are their rack's gateways (by the
   same hashing over the member list, ``gateways_of``) and keeps every other worker of another rack
   choked: those ask it for nothing. Choking is libtorrent's own: the local and global classes count
   against upload slots (0 of them, ``unchoke_slots_limit``), and the ``unchoked`` class, which every
@@ -52,13 +53,13 @@ class RackClasses:
     """The other racks' class (paced on receive) and, with a rack, the choking of other racks'
     workers that are not gateways (see the module's doc)."""
 
-    def __init__(self, ses: lt.session, rack: str, gateways: int = 1) -> None:
+    def __init__(self, ses: lt.session, rack: str, gateways: int = 1, *, choke: bool = True) -> None:
         self.ses, self.rack, self.k = ses, rack, max(1, gateways)
         self.rack_class = ses.create_peer_class("other-rack")
         self.open_class = -1
         self.other: frozenset[str] = frozenset()    # workers of other racks, as listed
         self.open: frozenset[str] = frozenset()     # ... of them, the ones unchoked (their racks' gateways)
-        if rack:
+        if rack and choke:   # ([p2p] choke_other_racks)
             self.open_class = ses.create_peer_class("unchoked")
             update_class(ses, self.open_class, ignore_unchoke_slots=True)
             for cid in (lt.session.global_peer_class_id, lt.session.local_peer_class_id):
@@ -90,6 +91,14 @@ class RackClasses:
         self.other, self.open = other, opened
         self.ses.set_peer_class_filter(class_filter(other, self.rack_class, opened, self.open_class))
         return new
+
+    def unchoke_all(self) -> None:
+        """Choke no one from now on (connections made from now on; a connection keeps the class it
+        was made with): when no download, or more than one, decides (a seed's choices were its last
+        download's, and one download's list must not decide for another's swarm)."""
+        if self.open_class >= 0 and self.open != self.other:
+            self.open = self.other
+            self.ses.set_peer_class_filter(class_filter(self.other, self.rack_class, self.other, self.open_class))
 
     def wait_gone(self, ips: Collection[str], timeout_s: float = 1.0) -> None:
         """Wait (at most ``timeout_s``) until no torrent of the session is connected to ``ips``."""

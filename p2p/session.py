@@ -53,11 +53,11 @@ class P2PSession:
         params.disk_io_constructor = "posix_disk_io_constructor"
         with map_libtorrent_errors(f"cannot start the P2P session on {cfg.listen}"):
             self.ses = lt.session(params)
-            self.update_class(lt.session.local_peer_class_id, upload_limit=cfg.upload_limit,
+            update_class(self.ses, lt.session.local_peer_class_id, upload_limit=cfg.upload_limit,
                               download_limit=cfg.download_limit)
             self.ses.set_ip_filter(ip_filter(cfg.allow))
             # with racks, workers of other racks get a class of their own, and some are kept choked (racks.py)
-            self.racks = RackClasses(self.ses, cfg.rack)
+            self.racks = RackClasses(self.ses, cfg.rack, choke=cfg.choke_other_racks)
             self.rack_class = self.racks.rack_class
             self.origin_ips = {endpoint(p)[0] for p in cfg.peers}
             self.origins_blocked: frozenset[str] = frozenset()   # (filtered out: see origins.origins_to_block)
@@ -69,10 +69,6 @@ class P2PSession:
         # what each seeded torrent is read from: info-hash -> (directory, the files of a partial copy or None, bytes)
         self.sources: dict[str, tuple[Path, "frozenset[str] | None", int]] = {}
         self.alerts = AlertPump(self.ses)  # the only caller of pop_alerts from here on
-
-    def update_class(self, class_id: int, **changes: object) -> None:
-        """Change some settings of a peer class, keeping the others (:func:`~p2p.racks.update_class`)."""
-        update_class(self.ses, class_id, **changes)
 
     @property
     def port(self) -> int:
@@ -249,7 +245,7 @@ class P2PSession:
                   for fixed, mine in ((self.cfg.download_limit, download), (self.cfg.upload_limit, upload)))
         tick = YIELD_TICK_MS if watched else DEFAULT_TICK_MS
         self.ses.apply_settings({"download_rate_limit": dl, "upload_rate_limit": ul, "tick_interval": tick})
-        self.update_class(lt.session.local_peer_class_id, upload_limit=ul, download_limit=dl)
+        update_class(self.ses, lt.session.local_peer_class_id, upload_limit=ul, download_limit=dl)
         return dl, ul
 
     def apply_plan(self, h: lt.torrent_handle, planner: PiecePlan, st: lt.torrent_status,
@@ -284,6 +280,8 @@ class P2PSession:
                                                 view.origins, own_done, starving, now))
             if racked:
                 self._pace_other_racks(planner, seen, starving, members, others)
+        else:
+            self.racks.unchoke_all()   # (another download's list must not choose whom this one's swarm takes from)
         if prio != current:
             h.prioritize_pieces(prio)
         return prio
@@ -319,7 +317,7 @@ class P2PSession:
         trickle = max(dl // 256, 32 << 10) if dl else 1 << 20
         limit = 0 if starving or planner.crossing else trickle
         if limit != planner.rack_limit:
-            self.update_class(self.rack_class, download_limit=limit)
+            update_class(self.ses, self.rack_class, download_limit=limit)
             planner.rack_limit = limit
 
     # -- downloading ----------------------------------------------------------------------------------
@@ -371,9 +369,11 @@ class P2PSession:
             finally:
                 with self.lock:
                     self.active_downloads -= 1
+                    last = self.active_downloads == 0
                 try:
                     self.block_origins(frozenset())   # (whatever happens below, the origins are let back in)
-                    self.update_class(self.rack_class, download_limit=0)
+                    update_class(self.ses, self.rack_class, download_limit=0)
+                    self.racks.unchoke_all() if last else None   # (a seed chokes no one)
                 finally:
                     self.ses.remove_torrent(h)
                     if displaced is not None:

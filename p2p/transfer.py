@@ -34,6 +34,7 @@ class SessionSide(Protocol):
     cfg: P2PConfig
     alerts: AlertPump
     origins_blocked: frozenset[str]
+    active_downloads: int
 
     def set_other_racks(self, racks: dict[str, str], members: "dict[str, str] | None" = None,
                         others: Collection[str] = ()) -> None: ...
@@ -188,7 +189,8 @@ class Transfer:
                 if members is None and self.membership is not None:
                     members = self.membership.members
                 others = self.membership.others if self.membership is not None else {}
-                self.session.set_other_racks({**others, **(members or {})}, members, others)
+                if self.session.active_downloads == 1:   # (the classes are the session's: see apply_plan)
+                    self.session.set_other_racks({**others, **(members or {})}, members, others)
                 h.resume()
                 self.held_back = False
             if now >= next_connect:

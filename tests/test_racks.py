@@ -148,7 +148,7 @@ def test_a_node_serves_another_rack_through_its_gateway_only(tmp_path: Path) -> 
     m = build_manifest(ckpt)
     ti = load_torrent(make_torrent(ckpt, m, piece_size=mib), m)
     g_ip, w_ip = gateways_of("r0", ["127.0.0.3", "127.0.0.4"], 2)
-    s = P2PSession(P2PConfig(listen="127.0.0.2:0", rack="r1"))
+    s = P2PSession(P2PConfig(listen="127.0.0.2:0", rack="r1", choke_other_racks=True))
     g, w = (P2PSession(P2PConfig(listen=f"{ip}:0", rack="r0")) for ip in (g_ip, w_ip))
     got: dict[str, object] = {}
     t = threading.Thread()
@@ -187,3 +187,38 @@ def test_a_node_serves_another_rack_through_its_gateway_only(tmp_path: Path) -> 
             x.close()
         if t.is_alive():
             t.join(5)
+
+
+
+def test_choking_other_racks_is_off_by_default_and_ends_with_the_download(tmp_path: Path) -> None:
+    """[p2p] choke_other_racks is off unless set (a stalled gateway that stays listed would be the
+    only one other racks serve). On, a node's chokes are its download's: S (rack r1), whose last
+    download listed W (rack r0, not its gateway), later seeds the version, and W fetching it then is
+    served (before, S kept its last list's chokes for every torrent it seeds: W got nothing)."""
+    racks = {"127.0.0.3": "r0", "127.0.0.4": "r0"}
+    _, w_ip = gateways_of("r0", sorted(racks), 2)
+    off = P2PSession(P2PConfig(listen="127.0.0.2:0", rack="r1"))
+    try:
+        off.set_other_racks(racks, racks)
+        assert off.racks.open_class < 0 and off.ses.get_settings()["unchoke_slots_limit"] != 0
+    finally:
+        off.close()
+    mib = 1 << 20
+    ckpt = make_checkpoint(tmp_path / "v1", total_bytes=2 * mib, shards=1, layers=1)
+    m = build_manifest(ckpt)
+    ti = load_torrent(make_torrent(ckpt, m, piece_size=mib), m)
+    origin = P2PSession(P2PConfig(listen="127.0.0.5:0"))
+    s = P2PSession(P2PConfig(listen="127.0.0.2:0", rack="r1", choke_other_racks=True))
+    w = P2PSession(P2PConfig(listen=f"{w_ip}:0", rack="r0"))
+    try:
+        assert origin.seed(ti, ckpt)
+        s.set_other_racks(racks, racks)   # (as its download's plan does: W is not r0's gateway)
+        s.download(ti, tmp_path / "s" / "v1", peers=(f"127.0.0.5:{origin.port}",), stall_s=20, timeout_s=30,
+                   plan=False)
+        origin.close()
+        assert s.seed(ti, tmp_path / "s" / "v1")
+        w.download(ti, tmp_path / "w" / "v1", peers=(f"127.0.0.2:{s.port}",), stall_s=8, timeout_s=30, plan=False)
+        assert verify_checkpoint(tmp_path / "w" / "v1", m).ok
+    finally:
+        for x in (w, s, origin):
+            x.close()

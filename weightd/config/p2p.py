@@ -69,6 +69,10 @@ class P2PSettings(FrozenModel):
     rack: str = Field("", doc="this node's rack (letters, digits, '.', '_', '-'): the tracker and the plan keep "
                               "traffic inside racks first")
     trace: bool = Field(False, doc="attribute every 16 KiB block to its sender in preload --json (costs CPU)")
+    choke_other_racks: bool = Field(False, doc="with rack: serve other racks' workers only through their racks' "
+                                           "gateways (the others kept choked while this node downloads); off "
+                                           "by default: a gateway its rack skips as stalled but that stays "
+                                           "listed is still the one other racks serve (docs/p2p.md, racks)")
 
     @model_validator(mode="after")
     def _tls_trackers(self) -> "P2PSettings":

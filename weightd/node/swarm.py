@@ -32,7 +32,8 @@ def p2p_config(cfg: Config) -> P2PConfig:
     return P2PConfig(listen=p.listen, upload_limit=p.upload_limit, download_limit=p.download_limit, allow=p.allow,
                      max_connections=p.max_connections, peers=p.peers, trackers=p.trackers, threshold=p.threshold,
                      fallback_after_s=p.fallback_after_s, piece_size=p.piece_size,
-                     tls=p.tls.fleet if p.tls is not None else None, plan=p.plan, trace=p.trace, rack=p.rack)
+                     tls=p.tls.fleet if p.tls is not None else None, plan=p.plan, trace=p.trace, rack=p.rack,
+                     choke_other_racks=p.choke_other_racks)
 
 
 def ensure_torrent(cfg: Config, version: VersionDir) -> Path | None:
