@@ -29,7 +29,7 @@ cap sending duplicates while the workers' upload capacity idles: 2.25x the check
   own rack (they cross racks once per rack, through one gateway). libtorrent picks the sender of a piece, so
   a worker open to other racks may take from outside a piece its rack already holds: the session
   (``P2PSession.apply_plan``, ``racks.py``) therefore opens the other racks' class only on the gateway
-  while it has pieces to take across, and the other racks keep every other worker choked: what a rack
+  while it has pieces to take across, paced elsewhere (with choke_other_racks, choked too): what a rack
   receives from outside is then at most the gateway's whole download plus its other workers' slices;
 - ``HELD``: any other piece a worker of its own rack holds (without racks: any worker);
 - nothing yet for the rest: pieces only the origin has and another worker owns.
