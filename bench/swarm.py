@@ -248,7 +248,7 @@ def _settled_upload(origins: list[Daemon]) -> float:
 
 def run(base: Path, cold: Path, n: int, cap: str, storm: bool, size: int, mode: Mode = PLAIN, *,
         plan: bool = True, trace: bool = False, racks: int = 0, origins_n: int = 1,
-        kill_at: float | None = None, choke: bool = False) -> dict:
+        kill_at: float | None = None, choke: bool = False, gateways: int = 1) -> dict:
     """One preload storm: ``origins_n`` origins (127.0.0.2, .3, ...; one tracker each, every worker lists
     them all), ``n`` workers; ``kill_at``: SIGKILL the first origin once the workers hold that much."""
     knobs = ("" if plan else "plan = false\n") + ("trace = true\n" if trace else "")
@@ -263,7 +263,8 @@ def run(base: Path, cold: Path, n: int, cap: str, storm: bool, size: int, mode: 
             ip = f"127.0.0.{10 + i}"
             # storm: nobody but the origins
             allow = ", ".join(f'"{o.ip}/32"' for o in origins) if storm else '"127.0.0.0/8"'
-            rack = (f'rack = "{rack_of[i]}"\n' + "choke_other_racks = true\n" * choke) if racks else ""
+            rack = (f'rack = "{rack_of[i]}"\ngateways = {gateways}\n' + "choke_other_racks = true\n" * choke) \
+                if racks else ""
             workers.append(Daemon(base, ip, cold, cap, "worker", [f"{o.ip}:{o.port}" for o in origins], allow,
                                   [] if storm else [f"{scheme}://{o.ip}:{o.tport}/announce" for o in origins],
                                   p2p_extra=mode.p2p(ip) + knobs + rack, extra=mode.sections()))
@@ -438,6 +439,9 @@ def main() -> int:
     ap.add_argument("--choke-other-racks", action="store_true",
                     help="with --racks: [p2p] choke_other_racks = true on every worker (other racks are served "
                          "only through their gateways)")
+    ap.add_argument("--gateways", default="1", metavar="K[,K...]",
+                    help="with --racks: [p2p] gateways on every worker; several: each K after the first is a "
+                         "contender of its own (plan-gwK), interleaved in every round")
     ap.add_argument("--origins", type=int, default=1,
                     help="origins (127.0.0.2, .3, ...), each with its tracker; every worker lists them all")
     ap.add_argument("--kill-origin-at", type=float, default=None, metavar="F",
@@ -462,6 +466,9 @@ def main() -> int:
         ap.error("--compare: modes are plain, tls, signed, tls+signed")
     if args.compare and args.drop_source:   # (a TLS fleet publishes the source once more)
         ap.error("--drop-source: not with --compare")
+    ks = [int(k) for k in args.gateways.split(",") if k.isdigit()]
+    if len(ks) != len(args.gateways.split(",")) or min(ks) < 1 or len(set(ks)) < len(ks) or (ks != [1] and not args.racks):
+        ap.error("--gateways: distinct whole numbers of at least 1, with --racks")
     base = Path(tempfile.mkdtemp(prefix="weightd-bench-swarm-", dir=args.dir))
     try:
         cold = base / "cold"
@@ -492,12 +499,14 @@ def main() -> int:
         # every contender once per round, the order alternating (the VM's noise falls on all of them)
         contenders = [("plan", False, True)] + [("stock", False, False)] * ("stock" in args.baseline) \
             + [("storm", True, True)] * ("storm" in args.baseline) \
-            + [("plan-no-racks", False, True)] * bool(args.racks and "no-racks" in args.baseline)
+            + [("plan-no-racks", False, True)] * bool(args.racks and "no-racks" in args.baseline) \
+            + [(f"plan-gw{k}", False, True) for k in ks[1:]]
         runs: dict[tuple[str, int], list[dict]] = {}
 
         def one(name: str, storm: bool, plan: bool, n: int) -> float:
             r = run(base, cold, n, args.cap, storm, size, plan=plan, trace=args.trace or bool(args.racks),
-                    racks=0 if name in ("storm", "plan-no-racks") else args.racks, choke=args.choke_other_racks)
+                    racks=0 if name in ("storm", "plan-no-racks") else args.racks, choke=args.choke_other_racks,
+                    gateways=int(name[7:]) if name.startswith("plan-gw") else ks[0])
             runs.setdefault((name, n), []).append(r)
             print(f"n={n} {name}: {r['seconds']} s, origin {r['origin_upload_x']}x, cpu {r['cpu_busy']:.0%}, "
                   f"cross-rack {r['cross_rack']}, plan {r['plan']}", file=sys.stderr, flush=True)
@@ -532,6 +541,8 @@ def main() -> int:
         # in the common shape: the plan against each baseline at every N, and the plan's T(N) against its T(1)
         ratios = [speedup(sec, f"plan N={n}", f"{b} N={n}", max_spread=args.max_spread)
                   for n in ns for b in ("storm", "stock", "plan-no-racks") if f"{b} N={n}" in sec]
+        ratios += [speedup(sec, f"plan-gw{k} N={n}", f"{b} N={n}", max_spread=args.max_spread)
+                   for k in ks[1:] for n in ns for b in ("plan", "plan-no-racks") if f"{b} N={n}" in sec]
         ratios += [speedup(sec, f"plan N={n}", f"plan N={ns[0]}", max_spread=args.max_spread,
                            target=round(1 / 1.3, 3)) for n in ns[1:]]   # T(1)/T(N) >= 1/1.3
         print(json.dumps(report("swarm", sec, ratios, rounds=args.rounds, max_spread=args.max_spread,

@@ -15,6 +15,7 @@ By concern::
                  transfer, subscribe(callback) for the daemon's loop
     transfer.py  one download: its events, the piece plan applied, byte attribution (DownloadResult)
     plan.py      PiecePlan: each worker's slice of the origin's pieces
+    gateways.py  a rack's gateways in the plan: their shares, and which are skipped (stalled, absent, told)
     rendezvous.py  the hashing the plan assigns by: each piece's owner (bounded loads), a rack's gateway
     swarm_view.py  what a download's connected peers are to its plan (workers, racks, seeds, held pieces)
     fetch.py     P2PFetcher: the swarm as tiering's Fetcher (staging in, FetchResult out)

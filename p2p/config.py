@@ -52,6 +52,7 @@ class P2PConfig:
     rack: str = ""                   # this node's rack: the tracker and the plan keep traffic inside racks
     trace: bool = False              # attribute every 16 KiB block to its sender (diagnostics; costs CPU)
     choke_other_racks: bool = False  # with racks: serve other racks only through their gateways (racks.py)
+    gateways: int = 1                # with racks: the workers of each rack that take pieces from other racks
 
     def __post_init__(self) -> None:
         for key in ("upload_limit", "download_limit", "threshold", "piece_size"):
@@ -59,6 +60,8 @@ class P2PConfig:
                 raise ValueError(f"p2p.{key}: must not be negative, got {getattr(self, key)}")
         if self.max_connections < 1:
             raise ValueError(f"p2p.max_connections: must be at least 1, got {self.max_connections}")
+        if not 1 <= self.gateways <= 64:
+            raise ValueError(f"p2p.gateways: from 1 to 64, got {self.gateways}")
         if not self.fallback_after_s > 0:
             raise ValueError(f"p2p.fallback_after_s: must be positive, got {self.fallback_after_s}")
         if self.rack and not RACK.fullmatch(self.rack):

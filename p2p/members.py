@@ -17,6 +17,9 @@ trackers is on the union anyway, and one that died stays on it until the last an
 each answer which owners any worker dropped (``dropped``, only workers of that list): every worker
 then plans without them within a round, where each used to judge lateness on its own clock (a
 worker that dropped a slow owner early waited on a share another had not taken yet, 15-25 s).
+Likewise the gateways this node's plan skipped (``skip=``, stalled or never connected; answered as
+``skipped``): the other racks then serve the worker that takes across in their place
+(``racks.py``), and this rack's workers hash their shares over the same gateways.
 
 One request per tracker per ``every_s`` (a small JSON answer), bounded by ``timeout_s`` as a whole (a
 tracker that trickles its answer a byte a second is cut at the deadline, not only one that says
@@ -51,6 +54,7 @@ log = logging.getLogger(__name__)
 MAX_ANSWER = 4 << 20   # bytes read of an answer (10,000 workers are ~300 KB)
 MAX_MEMBERS = 10_000   # addresses kept of one answer (the tracker's PER_SWARM)
 MAX_DROPS = 64         # owners said dropped in one request (the tracker's MAX_DROPS)
+MAX_SKIPS = 16         # gateways said skipped in one request (both lists fit the tracker's MAX_QUERY)
 
 
 def swarm_url(tracker: str, info_hash: bytes, rack: str = "", want: str = "") -> str | None:
@@ -86,7 +90,9 @@ class Membership:
         # when it answered)
         self._lists: dict[str, tuple[dict[str, str], dict[str, str], float]] = {}
         self.dropping: frozenset[str] = frozenset()   # owners this node's plan dropped: said to the trackers
-        self._dropped: dict[str, tuple[frozenset[str], float]] = {}   # per tracker: owners others dropped, when
+        self.skipping: frozenset[str] = frozenset()   # gateways this node's plan skipped: said likewise
+        # per tracker: (owners others dropped, gateways others skipped, when)
+        self._told: dict[str, tuple[frozenset[str], frozenset[str], float]] = {}
         self.changed_at = 0.0   # when the list last changed (a list still growing is not settled)
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -125,9 +131,18 @@ class Membership:
         """Owners some other worker's plan dropped (stalled or late), as the trackers answering lately
         say: this node plans without them too, at once. None when no tracker answered lately: an
         outage says nothing of them (what was told stands)."""
+        return self._told_now(0)
+
+    @property
+    def skipped(self) -> frozenset[str] | None:
+        """Gateways some worker's plan skipped (stalled, or listed and never connected), as the
+        trackers answering lately say (None: none answered lately)."""
+        return self._told_now(1)
+
+    def _told_now(self, which: int) -> frozenset[str] | None:
         now = time.monotonic()
         with self._lock:
-            fresh = [ips for ips, t in self._dropped.values() if now - t <= self.stale_s]
+            fresh = [told[which] for told in self._told.values() if now - told[2] <= self.stale_s]
             return frozenset().union(*fresh) if fresh else None
 
     def settled(self, quiet_s: float) -> dict[str, str] | None:
@@ -165,9 +180,10 @@ class Membership:
     def _ask(self, url: str) -> bool:
         """One request to one tracker, its answer kept; False: the tracker is not weightd's."""
         self.requests += 1
-        drops = sorted(self.dropping)[:MAX_DROPS]
+        drops, skips = sorted(self.dropping)[:MAX_DROPS], sorted(self.skipping)[:MAX_SKIPS]
         try:
-            got, others, dropped = self._get(url + (f"&drop={','.join(drops)}" if drops else ""))
+            got, others, dropped, skipped = self._get(url + (f"&drop={','.join(drops)}" if drops else "")
+                                                      + (f"&skip={','.join(skips)}" if skips else ""))
         except _NotOurs as exc:
             log.info("p2p: %s gives no member list (%s): planning on connected peers", url, exc)
             return False
@@ -178,7 +194,7 @@ class Membership:
         with self._lock:
             before = self._merged(0)
             self._lists[url] = (got, others, time.monotonic())
-            self._dropped[url] = (dropped, time.monotonic())
+            self._told[url] = (dropped, skipped, time.monotonic())
             if self._merged(0) != before:
                 self.changed_at = time.monotonic()
         return True
@@ -205,7 +221,7 @@ class Membership:
             raise TimeoutError(f"no whole answer within {timeout_s:g} s")
         return r.status, body
 
-    def _get(self, url: str) -> tuple[dict[str, str], dict[str, str], frozenset[str]]:
+    def _get(self, url: str) -> tuple[dict[str, str], dict[str, str], frozenset[str], frozenset[str]]:
         try:
             status, body = self._request(url, self.timeout_s)
         except http.client.HTTPException as exc:
@@ -223,13 +239,16 @@ class Membership:
         rows = doc.get("downloading") if isinstance(doc, dict) else None
         if not isinstance(rows, list):
             raise _NotOurs("not a member list")
-        others, dropped = doc.get("others"), doc.get("dropped")
+        others, dropped, skipped = doc.get("others"), doc.get("dropped"), doc.get("skipped")
         listed = self._rows(rows)
-        named = frozenset(ip for ip in (dropped if isinstance(dropped, list) else [])[:MAX_MEMBERS] if ip in listed)
+        named, skips = (frozenset(ip for ip in (x if isinstance(x, list) else [])[:MAX_MEMBERS] if ip in listed)
+                        for x in (dropped, skipped))
         # (a tracker of ours lists at most a quarter per worker that said so; more, from a rogue
-        # tracker, would make this node plan alone and pull everything from the origin: not heeded)
+        # tracker, would make this node plan alone and pull everything from the origin: not heeded;
+        # skipped gateways: at most half a rack each, so at most half the list)
         return listed, self._rows(others if isinstance(others, list) else []), \
-            named if len(named) <= max(1, len(listed) // 4) else frozenset()
+            named if len(named) <= max(1, len(listed) // 4) else frozenset(), \
+            skips if len(skips) <= max(1, len(listed) // 2) else frozenset()
 
     def _rows(self, rows: list) -> dict[str, str]:
         """ip -> rack of an answer's ``[ip, rack]`` rows: addresses only, inside ``allow``, at most

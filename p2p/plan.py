@@ -13,11 +13,10 @@ cap sending duplicates while the workers' upload capacity idles: 2.25x the check
   downloading peer the list does not have yet;
 - with racks, each piece has a *home rack* (rendezvous hashing over the racks present) and, in every
   rack, an *owner* (rendezvous hashing over that rack's workers); without racks there is one rack;
-- with racks, each rack has ``gateways`` (k, default 1) *gateways* (the first k of its workers by
-  the same hashing, :func:`gateways_of`): the only workers of the rack that take pieces from other
-  racks' workers, each the pieces of its share (rendezvous hashing over the k), so a piece crosses
-  into a rack once. Each open gateway also takes pieces its rack holds from outside, so the daemon
-  keeps k = 1 (figures in docs/benchmarks.md, issue 38).
+- with racks, each rack has k *gateways* (``[p2p] gateways``; the first k of its workers by the
+  same hashing, :func:`gateways_of`, ``gateways.py``): the only workers of the rack that take pieces
+  from other racks' workers, each the pieces of its share (rendezvous hashing over the k), so a
+  piece crosses into a rack once.
   Rendezvous hashing with bounded loads (``rendezvous.py``; no owner more than about 1.1x its
   share), not ranks: a worker that one node does not see yet (or that left) moves its own pieces
   and a few displaced ones, where ranked slices would shift every boundary.
@@ -30,8 +29,11 @@ cap sending duplicates while the workers' upload capacity idles: 2.25x the check
   a worker open to other racks may take from outside a piece its rack already holds: the session
   (``P2PSession.apply_plan``, ``racks.py``) therefore opens the other racks' class only on the gateway
   while it has pieces to take across, paced elsewhere (with choke_other_racks, choked too): what a rack
-  receives from outside is then at most the gateway's whole download plus its other workers' slices;
-- ``HELD``: any other piece a worker of its own rack holds (without racks: any worker);
+  receives from outside is then at most the gateways' whole downloads plus the other workers' slices;
+- ``HELD``: any other piece a worker of its own rack holds (without racks: any worker); a gateway
+  with pieces of its share still to take across asks only for those no connected worker of another
+  rack also holds (the rest once its share is in): else it would take from outside the pieces its
+  rack's other gateways brought in (two gateways a rack: 1.74-1.79x the checkpoint from outside);
 - nothing yet for the rest: pieces only the origin has and another worker owns.
 
 **Recovery**: an owner whose pieces that only the origin holds do not get fewer for ``stall_s`` (it
@@ -41,7 +43,8 @@ the download: its pieces move to the others by the same hashing, and the tracker
 worker to do the same (``told_dropped``). A gateway whose piece count does not grow for ``stall_s``
 while other racks hold pieces it lacks, or that is on the list but not connected for ``stall_s``, is
 skipped as gateway (the next worker by the hashing takes its place; the shares are hashed again over
-the k left; it keeps its slice, and is taken back once it grows again). A worker that receives
+the k left; it keeps its slice, and is taken back once it grows again); the trackers tell the others
+(``told_skipped``), so that every worker and the other racks' senders name the same gateways. A worker that receives
 nothing at all for ``3 x grace_s`` while it waits asks for everything. The plan can delay, never
 strand: pieces are still verified by libtorrent, and the checkpoint by its manifest.
 
@@ -57,23 +60,16 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
-from .rendezvous import gateways_of, rendezvous
+from .gateways import GatewayJudging, Peer
+from .rendezvous import rendezvous
 
 OWN, XRACK, HELD, ANY = 7, 6, 4, 1
 
 
-@dataclass(slots=True)
-class Peer:
-    """What the plan needs of one connected worker still downloading."""
-    rack: str = ""
-    pieces: Sequence[bool] | None = None   # its bitfield (asked for only for workers of this rack)
-
-
-class PiecePlan:
+class PiecePlan(GatewayJudging):
     def __init__(self, num_pieces: int, self_ip: str = "", *, rack: str = "", grace_s: float = 3.0,
                  stall_s: float = 6.0, gather_s: float = 0.0, piece_bytes: int = 1 << 20, cap: int = 0,
                  wanted: Sequence[bool] | None = None, gateways: int = 1) -> None:
@@ -94,6 +90,7 @@ class PiecePlan:
         self.k = max(1, gateways)        # gateways a rack (each takes its share of the pieces across)
         self.gateways: list[str] = []    # this rack's gateways as of the last call, first by the hashing first
         self.skipped_gateways: set[str] = set()   # gateways this node plans past (see _skip_gateways)
+        self.told_skips: frozenset[str] = frozenset()   # ... and those other workers do (told_skipped)
         self._gateway_counts: dict[str, tuple[int, float]] = {}   # gateway -> (its pieces, since)
         self._gateway_missing: dict[str, float] = {}   # gateway on the list, not connected -> since
         self._idle_since: float | None = None
@@ -121,65 +118,6 @@ class PiecePlan:
                 self._cache.pop(next(iter(self._cache)))
             self._cache[key] = hit
         return hit
-
-    def _gateways_among(self, mine: Sequence[str]) -> list[str]:
-        """The rack's ``k`` gateways: by the hashing, over the rack's workers this node has not skipped."""
-        rest = [ip for ip in mine if ip not in self.skipped_gateways]
-        return gateways_of(self.rack, rest or mine, self.k)
-
-    def _share(self, gws: Sequence[str]) -> np.ndarray:
-        """Which of ``gws`` takes each piece across (rendezvous hashing over them, bounded loads)."""
-        if self._shares[0] != tuple(gws):
-            self._shares = (tuple(gws), rendezvous(self.num_pieces, list(gws)))
-        return self._shares[1]
-
-    def _skip_gateways(self, mine: Sequence[str], peers: Mapping[str, Peer], held: np.ndarray,
-                       now: float) -> None:
-        """Skip the gateway (the next worker by the hashing takes across for this node's plan) when:
-
-        - *stalled*: the pieces it holds have not grown for ``stall_s`` while other racks held some
-          it lacked (it cannot reach them, or stopped); a gateway with nothing to take is never
-          judged;
-        - *missing*: it has been on the list but not connected to this node for ``stall_s`` (a
-          blocked port, a node that registers but never takes part).
-
-        A skipped gateway is still an owner of its slice (the rule for owners is ``_stale``), and it
-        is taken back as soon as it is seen growing again."""
-        for ip in list(self.skipped_gateways):   # (one that grows again is back)
-            p = peers.get(ip)
-            if p is None or p.pieces is None:
-                continue
-            count = sum(map(bool, p.pieces))
-            if ip not in self._gateway_counts:   # (skipped while not connected: now it is, count from here)
-                self._gateway_counts[ip] = (count, now)
-            elif count > self._gateway_counts[ip][0]:
-                self.skipped_gateways.discard(ip)
-                self._gateway_counts.pop(ip, None)
-                self._gateway_missing.pop(ip, None)
-        for gw in self._gateways_among(mine):
-            if gw != self.self_ip:
-                self._judge_gateway(gw, peers, held, now)
-
-    def _judge_gateway(self, gw: str, peers: Mapping[str, Peer], held: np.ndarray, now: float) -> None:
-        """One gateway of this rack (not this node): skipped if stalled or missing (:meth:`_skip_gateways`)."""
-        p = peers.get(gw)
-        if p is None or p.pieces is None:
-            since = self._gateway_missing.setdefault(gw, now)
-            if now - since >= self.stall_s:
-                self.skipped_gateways.add(gw)
-                self.why[gw] = f"gateway not connected to this node for {self.stall_s:.0f} s; the next worker takes across"
-            return
-        self._gateway_missing.pop(gw, None)
-        bits = np.fromiter(p.pieces, dtype=bool, count=self.num_pieces)
-        count = int(np.count_nonzero(bits))
-        # (pieces some worker holds that the gateway lacks: something for it to take; none, no clock)
-        seen = self._gateway_counts.get(gw)
-        if count >= self.num_pieces or not np.any(held & ~bits) or seen is None or count != seen[0]:
-            self._gateway_counts[gw] = (count, now)
-        elif now - seen[1] >= self.stall_s:
-            self.skipped_gateways.add(gw)
-            self.why[gw] = (f"stalled gateway: {count} of {self.num_pieces} pieces, none more in "
-                            f"{self.stall_s:.0f} s; the next worker of the rack takes across")
 
     def _stale(self, owner: np.ndarray, mine: list[str], waiting: np.ndarray, peers: Mapping[str, Peer],
                now: float) -> set[str]:
@@ -252,28 +190,29 @@ class PiecePlan:
 
     def priorities(self, have: Sequence[bool], peers: Mapping[str, Peer], held_any: Sequence[bool],
                    members: Mapping[str, str] | None, seeds: int, rack_seeds: int, now: float,
-                   progressed: bool) -> list[int]:
+                   progressed: bool, outside: Sequence[bool] | None = None) -> list[int]:
         """Piece priorities for libtorrent.
 
         ``peers``: connected workers still downloading, by IP; ``held_any[p]``: some non-origin worker
         holds piece p; ``members``: the tracker's list of downloading workers (ip -> rack; None when
         there is no list); ``seeds`` / ``rack_seeds``: connected workers (of this rack) that hold
-        everything; ``progressed``: bytes arrived since the last call.
+        everything; ``progressed``: bytes arrived since the last call; ``outside[p]`` (racks): some
+        connected worker of another rack holds piece p.
 
         A partial copy (``wanted``) plans as if it held every piece it does not want (nothing to take
         there, nothing to wait for: its slice, its pace and its idle time are of its own pieces), and
         asks for none of them, whatever the plan says (open-all included)."""
         if self.wanted is None:
-            return self._priorities(have, peers, held_any, members, seeds, rack_seeds, now, progressed)
+            return self._priorities(have, peers, held_any, members, seeds, rack_seeds, now, progressed, outside)
         have_a = np.fromiter(have, dtype=bool, count=self.num_pieces) | ~self.wanted
-        prio = np.asarray(self._priorities(have_a, peers, held_any, members, seeds, rack_seeds, now, progressed),
-                          dtype=np.int8)
+        prio = np.asarray(self._priorities(have_a, peers, held_any, members, seeds, rack_seeds, now, progressed,
+                                           outside), dtype=np.int8)
         prio[~self.wanted] = 0
         return prio.tolist()
 
     def _priorities(self, have: Sequence[bool], peers: Mapping[str, Peer], held_any: Sequence[bool],
                     members: Mapping[str, str] | None, seeds: int, rack_seeds: int, now: float,
-                    progressed: bool) -> list[int]:
+                    progressed: bool, outside: Sequence[bool] | None) -> list[int]:
         n = self.num_pieces
         if self.started is None:
             self.started = now
@@ -292,7 +231,8 @@ class PiecePlan:
             return np.where(have_a, ANY, OWN).tolist()
         held = np.fromiter(held_any, dtype=bool, count=n)
         home, owner, racks, mine = self._plan_with(workers, have_a, held, peers, now)
-        prio = self._asks(home, owner, racks, mine, have_a, held, peers, seeds, rack_seeds, now)
+        out = None if outside is None else np.fromiter(outside, dtype=bool, count=n)
+        prio = self._asks(home, owner, racks, mine, have_a, held, peers, seeds, rack_seeds, now, out)
         if self._idle(prio, ~have_a, progressed, now):
             self.open_all = True
             return [ANY] * n
@@ -331,7 +271,7 @@ class PiecePlan:
 
     def _asks(self, home: np.ndarray | None, owner: np.ndarray, racks: list[str], mine: list[str],
               have_a: np.ndarray, held: np.ndarray, peers: Mapping[str, Peer], seeds: int, rack_seeds: int,
-              now: float) -> np.ndarray:
+              now: float, outside: np.ndarray | None = None) -> np.ndarray:
         """Each piece's priority (OWN, XRACK, HELD, ANY for what this node holds, 0: nothing yet) by
         the owners :meth:`_plan_with` found; this node's slice, gateway, crossing and origin_left with it."""
         n = self.num_pieces
@@ -359,7 +299,12 @@ class PiecePlan:
         self.origin_left = int(np.count_nonzero(own))
         self._note_pace(now)
         prio = np.zeros(n, dtype=np.int8)
-        prio[want & in_rack] = HELD
+        inside = want & in_rack
+        if self.crossing and outside is not None:
+            # a gateway with pieces to take across is open to other racks, and libtorrent would take
+            # from them pieces its rack holds too: those wait until its share is in (then it is paced)
+            inside &= ~outside
+        prio[inside] = HELD
         prio[xrack] = XRACK
         prio[own] = OWN
         prio[have_a] = ANY   # (what we hold stays wanted: zero would let libtorrent park it aside)

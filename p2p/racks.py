@@ -69,11 +69,13 @@ class RackClasses:
         ses.set_peer_class_filter(class_filter(rack_class=self.rack_class, open_class=self.open_class))
 
     def set_racks(self, racks: Mapping[str, str], members: "Mapping[str, str] | None" = None,
-                  others: Collection[str] = ()) -> frozenset[str]:
+                  others: Collection[str] = (), skipped: Collection[str] = ()) -> frozenset[str]:
         """``racks``: every worker seen (ip -> rack); ``members``: the ones downloading now, whose
         racks' gateways are unchoked; ``others``: workers of partial copies of other files (their
-        gateways are hashed over other lists: never choked). Returns the workers of other racks
-        unchoked now and not before: their connections made before have the choked class."""
+        gateways are hashed over other lists: never choked); ``skipped``: gateways their racks plan
+        past (the trackers' ``skipped``): hashed over the rest, as their racks do. Returns the
+        workers of other racks unchoked now and not before: their connections made before have the
+        choked class."""
         other = frozenset(ip for ip, r in racks.items() if r != self.rack)
         opened = other
         if self.open_class >= 0 and members is None:   # (no list now: the gateways as last listed)
@@ -83,7 +85,8 @@ class RackClasses:
             for ip, r in members.items():
                 if r != self.rack:
                     by_rack.setdefault(r, []).append(ip)
-            gws = {ip for r, ips in by_rack.items() for ip in gateways_of(r, sorted(ips), self.k)}
+            gws = {ip for r, ips in by_rack.items()
+                   for ip in gateways_of(r, sorted(set(ips) - set(skipped)) or sorted(ips), self.k)}
             opened = frozenset(ip for ip in other if ip in gws or ip in others)
         if other == self.other and opened == self.open:
             return frozenset()

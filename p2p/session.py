@@ -57,7 +57,7 @@ class P2PSession:
                               download_limit=cfg.download_limit)
             self.ses.set_ip_filter(ip_filter(cfg.allow))
             # with racks, workers of other racks get a class of their own, and some are kept choked (racks.py)
-            self.racks = RackClasses(self.ses, cfg.rack, choke=cfg.choke_other_racks)
+            self.racks = RackClasses(self.ses, cfg.rack, cfg.gateways, choke=cfg.choke_other_racks)
             self.rack_class = self.racks.rack_class
             self.origin_ips = {endpoint(p)[0] for p in cfg.peers}
             self.origins_blocked: frozenset[str] = frozenset()   # (filtered out: see origins.origins_to_block)
@@ -264,7 +264,7 @@ class P2PSession:
         racked = bool(self.cfg.rack) or any(racks.values())
         view = read_swarm(h, st, planner, origin_ips, members, seen, others, racked)
         prio = planner.priorities(view.have, view.peers, view.held, members, view.seeds, view.rack_seeds, now,
-                                  progressed)
+                                  progressed, view.outside)
         # own pieces in, peers to take the rest from: disconnect from the origin, so its upload goes to
         # the workers still on their own pieces (a trickle limit let the origin's send buffers through:
         # measured, half of its bytes of pieces other workers held came after); not while nothing
@@ -293,11 +293,11 @@ class P2PSession:
             self.ses.set_ip_filter(ip_filter(self.cfg.allow, ips))
 
     def set_other_racks(self, racks: dict[str, str], members: "Mapping[str, str] | None" = None,
-                        others: "Collection[str]" = ()) -> None:
+                        others: "Collection[str]" = (), skipped: "Collection[str]" = ()) -> None:
         """Workers of other racks than this node's (``racks``: every one listed) into the other-rack
         class, and those not their rack's gateway (by ``members``, the ones downloading) kept choked
         (``racks.py``)."""
-        new = self.racks.set_racks(racks, members, others)
+        new = self.racks.set_racks(racks, members, others, skipped)
         if new:   # (libtorrent classes a connection when it is made: drop these once, they dial again)
             self.ses.set_ip_filter(ip_filter(self.cfg.allow, self.origins_blocked | new))
             self.racks.wait_gone(new)
@@ -312,7 +312,7 @@ class P2PSession:
         received 2.3-2.6x the checkpoint from outside, 4 racks x 4 workers on loopback); no limit
         while nothing arrives at all (the plan must never strand a piece). The trickle lets a
         request already sent outside finish; the other racks still take from this worker freely."""
-        self.set_other_racks(racks, members, others)
+        self.set_other_racks(racks, members, others, planner.told_skips)
         dl = self.cfg.download_limit
         trickle = max(dl // 256, 32 << 10) if dl else 1 << 20
         limit = 0 if starving or planner.crossing else trickle

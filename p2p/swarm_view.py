@@ -1,8 +1,8 @@
 """What one download's connected peers are to its piece plan, read from libtorrent at each plan tick:
 the downloading workers (each with its rack and, for this rack's workers, its bitfield), the seeds
-among them, and which pieces some worker (not an origin) holds. Who counts as what follows the plan's
-rules (``plan.py``): origins, workers downloading other files, and peers seeding a partial copy own
-no piece of the plan.
+among them, which pieces some worker (not an origin) holds, and (racks) which some worker of another
+rack holds. Who counts as what follows the plan's rules (``plan.py``): origins, workers downloading
+other files, and peers seeding a partial copy own no piece of the plan.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 import libtorrent as lt
+import numpy as np
 
 from .plan import Peer, PiecePlan
 
@@ -24,6 +25,7 @@ class SwarmView:
     seeds: int = 0              # connected workers holding everything ...
     rack_seeds: int = 0         # ... of them, in this node's rack
     origins: set[str] = field(default_factory=set)   # the origins connected
+    outside: "np.ndarray | None" = None   # (racks) some connected worker of another rack holds the piece
 
 
 def read_swarm(h: lt.torrent_handle, st: lt.torrent_status, planner: PiecePlan, origin_ips: set[str],
@@ -66,4 +68,10 @@ def read_swarm(h: lt.torrent_handle, st: lt.torrent_status, planner: PiecePlan, 
     # (the origins are seeds: every piece they count is not a worker's)
     n = len(view.have)
     view.held = [a - origins > 0 for a in avail] if len(avail) == n else [False] * n
+    if racked and len(avail) == n:   # (held by others than the origins and this rack's workers)
+        count = np.asarray(avail, dtype=np.int64) - origins - view.rack_seeds
+        for p in view.peers.values():
+            if p.rack == planner.rack and p.pieces is not None:
+                count -= np.fromiter(p.pieces, dtype=bool, count=n)
+        view.outside = count > 0
     return view

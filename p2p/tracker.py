@@ -39,7 +39,9 @@ Two things for the piece plan (``plan.py``), beyond BEP 3:
   A worker fetching a partial copy says which files it wants (``want=TAG``, the same tag for the same
   files): the list it gets has only the workers that want the same, and ``others`` the rest (they
   own no piece of its plan: a worker never takes a slice of pieces it does not want). A worker also
-  says which owners its plan dropped (``drop=``), and every answer lists them (``dropped``).
+  says which owners its plan dropped (``drop=``), and every answer lists them (``dropped``); and
+  which of its rack's gateways its plan skipped (``skip=``: stalled, or never connected), listed as
+  ``skipped`` so that other racks serve the worker that takes across in their place.
 """
 
 from __future__ import annotations
@@ -77,7 +79,7 @@ Peer = tuple[str, int]
 class _Swarm:
     """The peers of one info-hash: in last-seen order (expiry pops from the front), in a list for O(k)
     random samples, and by address (the per-IP cap without a scan)."""
-    __slots__ = ("seen", "slots", "index", "by_ip", "rack", "leeching", "members", "drops", "dropped_at")
+    __slots__ = ("seen", "slots", "index", "by_ip", "rack", "leeching", "members", "said", "told_at")
 
     def __init__(self) -> None:
         self.seen: dict[Peer, float] = {}
@@ -87,8 +89,9 @@ class _Swarm:
         self.rack: dict[Peer, str] = {}       # peers that said which rack they are in
         self.leeching: set[Peer] = set()      # peers whose last announce had left > 0 (not a partial seed's)
         self.members: dict[str, tuple[str, str, float]] = {}   # downloading workers: ip -> (rack, want, last asked)
-        self.drops: dict[str, tuple[frozenset[str], float]] = {}   # worker -> (owners its plan dropped, when it said so)
-        self.dropped_at: dict[str, tuple[float, list[str]]] = {}   # want -> (when, the owners dropped): made once a second
+        # "drop" / "skip": worker -> (the owners its plan dropped / its rack's gateways it skipped, when it said so)
+        self.said: dict[str, dict[str, tuple[frozenset[str], float]]] = {"drop": {}, "skip": {}}
+        self.told_at: dict[tuple[str, str], tuple[float, list[str]]] = {}   # (kind, want) -> (when, the list): once a second
 
     def __len__(self) -> int:
         return len(self.slots) + len(self.members)
@@ -134,27 +137,42 @@ class _Swarm:
         want = self.members[reporter][1]
         group = sum(1 for _, w, _ in self.members.values() if w == want)
         names = frozenset(ip for ip in named if ip != reporter and ip in self.members and self.members[ip][1] == want)
-        if len(named) > MAX_DROPS or len(names) > max(1, group // 4) or not names:
-            self.drops.pop(reporter, None)
-        else:
-            self.drops[reporter] = (names, now)
+        self._say("drop", reporter, names, len(named) <= MAX_DROPS and len(names) <= max(1, group // 4), now)
 
-    def dropped(self, want: str, now: float) -> list[str]:
-        """The owners some worker wanting ``want`` dropped, said within DROP_TTL_S by a worker still on
-        the list; made at most once a second per group (a fleet's requests each second all ask)."""
-        made = self.dropped_at.get(want)
+    def skipped_by(self, reporter: str, named: list[str], now: float) -> None:
+        """``reporter`` plans past these gateways of its own rack (stalled, or listed and never
+        connected): what it says replaces what it said before. Only workers of its rack that want
+        what it wants count, and a worker naming more than half its rack (at least one) is not heeded
+        (one hostile worker cannot hand its rack's crossing to itself)."""
+        rack, want, _ = self.members[reporter]
+        mates = sum(1 for r, w, _ in self.members.values() if r == rack and w == want)
+        names = frozenset(ip for ip in named if ip != reporter and self.members.get(ip, ("", "", 0))[:2] == (rack, want))
+        self._say("skip", reporter, names, bool(rack) and len(named) <= MAX_DROPS and len(names) <= max(1, mates // 2), now)
+
+    def _say(self, kind: str, reporter: str, names: frozenset[str], heeded: bool, now: float) -> None:
+        if heeded and names:
+            self.said[kind][reporter] = (names, now)
+        else:
+            self.said[kind].pop(reporter, None)
+
+    def told(self, kind: str, want: str, now: float) -> list[str]:
+        """The owners some worker wanting ``want`` dropped (``kind`` "drop"), or the gateways skipped
+        ("skip"), said within DROP_TTL_S by a worker still on the list; made at most once a second per
+        group (a fleet's requests each second all ask)."""
+        made = self.told_at.get((kind, want))
         if made is not None and now - made[0] < 1.0:
             return made[1]
         out: set[str] = set()
-        for who, (names, t) in list(self.drops.items()):
+        said = self.said[kind]
+        for who, (names, t) in list(said.items()):
             if now - t > DROP_TTL_S or who not in self.members:
-                del self.drops[who]
+                del said[who]
             elif self.members[who][1] == want:
                 out |= names
         got = sorted(ip for ip in out if ip in self.members)
-        self.dropped_at[want] = (now, got)
-        if len(self.dropped_at) > 64:   # (groups come and go)
-            self.dropped_at.pop(next(iter(self.dropped_at)))
+        self.told_at[(kind, want)] = (now, got)
+        if len(self.told_at) > 128:   # (groups come and go)
+            self.told_at.pop(next(iter(self.told_at)))
         return got
 
     def sample(self, want: int, me: Peer, rack: str = "") -> list[Peer]:
@@ -279,7 +297,7 @@ class Tracker:
         being the workers that want other files, ``"dropped": [ip, ...]`` the workers of the list some
         worker plans without (``drop=IP,...``: the asker's own plan found them stalled or late; kept
         DROP_TTL_S after the last to say it), so every worker moves their slices at once instead of
-        each on its own clock. Same allowlist as announces; only for a version this fleet publishes;
+        each on its own clock; ``"skipped"`` likewise the gateways some worker skipped (``skip=``). Same allowlist as announces; only for a version this fleet publishes;
         at most ``per_swarm`` workers."""
         if len(raw_query) > MAX_QUERY:
             return _json_fail("query too long"), "tracker_malformed"
@@ -309,12 +327,13 @@ class Tracker:
         elif remote_ip in swarm.members or len(swarm.members) < self.per_swarm:
             swarm.members[remote_ip] = (rack, want, now)
             swarm.dropped_by(remote_ip, [x for x in q.get("drop", [""])[0].split(",", MAX_DROPS + 1) if x], now)
+            swarm.skipped_by(remote_ip, [x for x in q.get("skip", [""])[0].split(",", MAX_DROPS + 1) if x], now)
         else:
             return _json_fail("swarm full"), "tracker_full"
         rows = sorted((m, r) for m, (r, w, _) in swarm.members.items() if w == want)
         others = sorted((m, r) for m, (r, w, _) in swarm.members.items() if w != want)
         return json.dumps({"interval": 1, "downloading": rows, "others": others,
-                           "dropped": swarm.dropped(want, now)}).encode(), None
+                           "dropped": swarm.told("drop", want, now), "skipped": swarm.told("skip", want, now)}).encode(), None
 
     def _expire_all(self, now: float) -> None:
         self.swept = now

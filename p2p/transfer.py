@@ -130,7 +130,7 @@ class Transfer:
         host = endpoint(cfg.listen)[0]
         self.planner = PiecePlan(ti.num_pieces(), "" if host in ("0.0.0.0", "::") else host, rack=cfg.rack,
                                  gather_s=GATHER_S if cfg.trackers else 0.0, piece_bytes=ti.piece_length(),
-                                 cap=cfg.download_limit, wanted=self.wanted) \
+                                 cap=cfg.download_limit, wanted=self.wanted, gateways=cfg.gateways) \
             if plan and self.origin_ips else None
         # (a partial copy registers with its files' tag: it plans with the workers that want the same)
         self.membership = Membership(tuple(cfg.trackers), bytes.fromhex(self.key)[:20], cfg.tls, rack=cfg.rack,
@@ -219,8 +219,9 @@ class Transfer:
                 current = self.session.apply_plan(h, planner, st, self.origin_ips, now,
                                                   st.total_done > planned_done, current, members, self._racks,
                                                   others=others, share=self.share)
-                if self.membership is not None:   # (and the ones this plan dropped, for the others)
-                    self.membership.dropping = frozenset(planner.found)
+                if self.membership is not None:   # (and the ones this plan dropped or skipped, for the others)
+                    m = self.membership
+                    m.dropping, m.skipping = frozenset(planner.found), frozenset(planner.skipped_gateways)
                 self._dial_new_home()
                 self._traced_plan(planner, own, now, t0, last_plan)
                 self._prio = current
@@ -237,9 +238,11 @@ class Transfer:
         worker's plan dropped are told to ``planner``."""
         if self.membership is None:
             return None, {}
-        if (told := self.membership.dropped) is not None:   # (no tracker answering: what was told stands)
-            planner.told_dropped(told)
         m = self.membership
+        if (told := m.dropped) is not None:   # (no tracker answering: what was told stands)
+            planner.told_dropped(told)
+        if (skips := m.skipped) is not None:
+            planner.told_skipped(skips)
         return (m.members if since_start >= GATHER_S else m.settled(1.0)), m.others
 
     def _complete(self, st: lt.torrent_status, planned: bool) -> bool:

@@ -45,7 +45,8 @@ def test_the_boundary_passes_our_errors_and_others_unchanged() -> None:
     ({"threshold": -1}, "p2p.threshold"), ({"upload_limit": -5}, "p2p.upload_limit"),
     ({"max_connections": 0}, "p2p.max_connections"), ({"fallback_after_s": 0}, "p2p.fallback_after_s"),
     ({"listen": "nowhere"}, "p2p.listen"), ({"peers": ("127.0.0.2:6881", "127.0.0.3")}, "p2p.peers"),
-    ({"peers": ("127.0.0.2:99999",)}, "p2p.peers"),
+    ({"peers": ("127.0.0.2:99999",)}, "p2p.peers"), ({"gateways": 0}, "p2p.gateways"),
+    ({"gateways": 65}, "p2p.gateways"),
 ])
 def test_config_is_validated_when_built_and_names_the_key(change: dict, key: str) -> None:
     with pytest.raises(ValueError, match=key):
@@ -65,12 +66,12 @@ def test_weightd_builds_p2p_config_from_every_p2p_setting(tmp_path: Path, monkey
     path.write_text('[p2p]\nthreshold = "2MiB"\nlisten = "127.0.0.9:7000"\npeers = ["127.0.0.2:6881"]\n'
                     'trackers = ["http://127.0.0.2:7070/announce"]\nallow = ["127.0.0.0/8"]\n'
                     'upload_limit = "3MB"\ndownload_limit = "4MB"\nmax_connections = 7\nfallback_after_s = 9\n'
-                    'piece_size = "1MiB"\n')
+                    'piece_size = "1MiB"\ngateways = 3\n')
     cfg = config_mod.load_config(path, env={"HOME": str(tmp_path), "USER": "wdtest"})
     assert p2p_config(cfg) == P2PConfig(
         listen="127.0.0.9:7000", upload_limit=3_000_000, download_limit=4_000_000, allow=("127.0.0.0/8",),
         max_connections=7, peers=("127.0.0.2:6881",), trackers=("http://127.0.0.2:7070/announce",),
-        threshold=2 * MiB, fallback_after_s=9.0, piece_size=MiB)
+        threshold=2 * MiB, fallback_after_s=9.0, piece_size=MiB, gateways=3)
     fetcher = P2PFetcher(cfg)  # (no session until a download needs one)
     assert fetcher.config == p2p_config(cfg) and fetcher._session is None
     fetcher.close()

@@ -75,6 +75,63 @@ def test_a_gateway_that_leaves_or_stalls_hands_its_share_to_the_others() -> None
     assert mate in me.gateways and (prio == XRACK).any()
 
 
+def test_a_gateway_takes_what_its_rack_holds_from_outside_only_once_its_share_is_in() -> None:
+    """An open gateway would take from other racks pieces its rack holds too (libtorrent picks the
+    sender): while it has pieces of its share to take across it asks only for those its rack alone
+    holds; once its share is in it asks for the rest (its other-racks class is paced then)."""
+    n, k = 400, 2
+    members = _racks(2, 4)
+    rack = sorted(ip for ip in members if members[ip] == "r0")
+    me, mate = gateways_of("r0", rack, k)[0], gateways_of("r0", rack, len(rack))[k]
+    held = [True] * n
+    mate_has = np.zeros(n, dtype=bool)
+    mate_has[: n // 2] = True                   # a rack-mate holds the first half ...
+    outside = np.zeros(n, dtype=bool)
+    outside[n // 4:] = True                     # ... other racks hold everything from a quarter on
+    peers = {mate: Peer("r0", mate_has.tolist())}
+    plan = PiecePlan(n, me, rack="r0", gateways=k)
+    prio = np.array(plan.priorities([False] * n, peers, held, members, 0, 0, 1.0, True, outside.tolist()))
+    assert plan.crossing > 0 and (prio == XRACK).any()
+    assert set(np.flatnonzero(prio == HELD)) == set(range(n // 4))   # its rack alone holds these
+    # without the other racks' bitfields the plan asks for everything its rack holds, as before
+    plain = np.array(PiecePlan(n, me, rack="r0", gateways=k).priorities([False] * n, peers, held, members, 0, 0,
+                                                                         1.0, True))
+    assert set(np.flatnonzero(plain == HELD)) == set(range(n // 2))
+    # its share in (every piece it does not hold is in its rack): the rest is asked for
+    have = (prio == XRACK).tolist()
+    peers = {mate: Peer("r0", [not h for h in have])}
+    prio = np.array(plan.priorities(have, peers, held, members, 0, 0, 2.0, True, outside.tolist()))
+    assert plan.crossing == 0 and set(np.flatnonzero(prio == HELD)) == set(np.flatnonzero(~np.array(have)))
+
+
+def test_gateways_told_skipped_are_planned_past_by_every_worker_and_served_in_their_place() -> None:
+    """A gateway one worker skipped is told through the trackers (``skipped``): the others plan past
+    it at once (the skipped one itself too: it takes nothing across then), and the other racks'
+    senders (``RackClasses``, the same hashing over the rest) serve its replacement instead."""
+    n, k = 300, 2
+    members = _racks(2, 4)
+    rack = sorted(ip for ip in members if members[ip] == "r0")
+    ranked = gateways_of("r0", rack, len(rack))
+    held = [True] * n
+    plans = {ip: PiecePlan(n, ip, rack="r0", gateways=k) for ip in rack}
+    for ip, plan in plans.items():
+        plan.told_skipped(frozenset({ranked[0]}))
+        prio = np.array(plan.priorities([False] * n, {}, held, members, 0, 0, 1.0, True))
+        assert plan.gateways == ranked[1:k + 1], ip
+        assert ((prio == XRACK).any()) == (ip in ranked[1:k + 1]), ip
+    plans[ranked[0]].told_skipped(frozenset())   # (no longer said: its own gateway again)
+    plans[ranked[0]].priorities([False] * n, {}, held, members, 0, 0, 2.0, True)
+    assert plans[ranked[0]].gateways == ranked[:k]
+    s = P2PSession(P2PConfig(listen="127.0.0.200:0", rack="r1", choke_other_racks=True, gateways=k))
+    try:
+        s.set_other_racks(members, members)
+        assert s.racks.open == frozenset(ranked[:k])
+        s.set_other_racks(members, members, skipped={ranked[0]})
+        assert s.racks.open == frozenset(ranked[1:k + 1])
+    finally:
+        s.close()
+
+
 def _swarm(racks: int, per_rack: int, k: int, n: int, seed: int, kill_at: int | None) -> dict[str, float]:
     """A step-by-step swarm of PiecePlans: every step each live worker takes up to 4 pieces by its
     priorities: OWN from the origin, XRACK from a holder in another rack, HELD from a holder in its

@@ -73,6 +73,9 @@ class P2PSettings(FrozenModel):
                                            "gateways (the others kept choked while this node downloads); off "
                                            "by default: a gateway its rack skips as stalled but that stays "
                                            "listed is still the one other racks serve (docs/p2p.md, racks)")
+    gateways: int = Field(1, ge=1, le=64, doc="with rack: the workers of each rack (its gateways) that take pieces "
+                                              "from other racks, each its share; set the same on every node "
+                                              "(with choke_other_racks, senders serve that many a rack)")
 
     @model_validator(mode="after")
     def _tls_trackers(self) -> "P2PSettings":
