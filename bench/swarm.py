@@ -248,7 +248,7 @@ def _settled_upload(origins: list[Daemon]) -> float:
 
 def run(base: Path, cold: Path, n: int, cap: str, storm: bool, size: int, mode: Mode = PLAIN, *,
         plan: bool = True, trace: bool = False, racks: int = 0, origins_n: int = 1,
-        kill_at: float | None = None, choke: bool = False, gateways: int = 1) -> dict:
+        kill_at: float | None = None, choke: bool | None = None, gateways: int | None = None) -> dict:
     """One preload storm: ``origins_n`` origins (127.0.0.2, .3, ...; one tracker each, every worker lists
     them all), ``n`` workers; ``kill_at``: SIGKILL the first origin once the workers hold that much."""
     knobs = ("" if plan else "plan = false\n") + ("trace = true\n" if trace else "")
@@ -263,8 +263,8 @@ def run(base: Path, cold: Path, n: int, cap: str, storm: bool, size: int, mode: 
             ip = f"127.0.0.{10 + i}"
             # storm: nobody but the origins
             allow = ", ".join(f'"{o.ip}/32"' for o in origins) if storm else '"127.0.0.0/8"'
-            rack = (f'rack = "{rack_of[i]}"\ngateways = {gateways}\n' + "choke_other_racks = true\n" * choke) \
-                if racks else ""
+            rack = (f'rack = "{rack_of[i]}"\n' + (f"gateways = {gateways}\n" if gateways else "")
+                    + ("" if choke is None else f"choke_other_racks = {str(choke).lower()}\n")) if racks else ""
             workers.append(Daemon(base, ip, cold, cap, "worker", [f"{o.ip}:{o.port}" for o in origins], allow,
                                   [] if storm else [f"{scheme}://{o.ip}:{o.tport}/announce" for o in origins],
                                   p2p_extra=mode.p2p(ip) + knobs + rack, extra=mode.sections()))
@@ -436,12 +436,12 @@ def main() -> int:
                     help="racks emulated on loopback: worker i in rack r{i %% R} ([p2p] rack); reported: "
                          "bytes each rack received from outside it (x checkpoint). Add no-racks to "
                          "--baseline for the plan without racks in the same run")
-    ap.add_argument("--choke-other-racks", action="store_true",
-                    help="with --racks: [p2p] choke_other_racks = true on every worker (other racks are served "
-                         "only through their gateways)")
-    ap.add_argument("--gateways", default="1", metavar="K[,K...]",
-                    help="with --racks: [p2p] gateways on every worker; several: each K after the first is a "
-                         "contender of its own (plan-gwK), interleaved in every round")
+    ap.add_argument("--choke-other-racks", action=argparse.BooleanOptionalAction, default=None,
+                    help="with --racks: [p2p] choke_other_racks on every worker (on: other racks are served only "
+                         "through their gateways; the daemon's default, on, when not given)")
+    ap.add_argument("--gateways", default="", metavar="K[,K...]",
+                    help="with --racks: [p2p] gateways on every worker (the daemon's default, 2, when not given); "
+                         "several: each K after the first is a contender of its own (plan-gwK), interleaved")
     ap.add_argument("--origins", type=int, default=1,
                     help="origins (127.0.0.2, .3, ...), each with its tracker; every worker lists them all")
     ap.add_argument("--kill-origin-at", type=float, default=None, metavar="F",
@@ -466,8 +466,9 @@ def main() -> int:
         ap.error("--compare: modes are plain, tls, signed, tls+signed")
     if args.compare and args.drop_source:   # (a TLS fleet publishes the source once more)
         ap.error("--drop-source: not with --compare")
-    ks = [int(k) for k in args.gateways.split(",") if k.isdigit()]
-    if len(ks) != len(args.gateways.split(",")) or min(ks) < 1 or len(set(ks)) < len(ks) or (ks != [1] and not args.racks):
+    ks = [int(k) for k in args.gateways.split(",") if k.isdigit()] if args.gateways else [0]
+    if args.gateways and (len(ks) != len(args.gateways.split(",")) or min(ks) < 1 or len(set(ks)) < len(ks)
+                          or not args.racks):
         ap.error("--gateways: distinct whole numbers of at least 1, with --racks")
     base = Path(tempfile.mkdtemp(prefix="weightd-bench-swarm-", dir=args.dir))
     try:

@@ -10,7 +10,7 @@ By concern::
     errors.py    P2PError and its hierarchy; map_libtorrent_errors, the one translation boundary
     session.py   P2PSession: one libtorrent session per node (seeding, downloads, stats, the plan's filters)
     settings.py  libtorrent's settings pack and the IP / peer-class filters, from a P2PConfig
-    racks.py     the peer classes of racks: other racks' workers paced (and, opt-in, all but their gateways choked)
+    racks.py     the peer classes of racks: other racks' workers paced, and all but their gateways choked
     alerts.py    AlertPump: the only reader of the session's alert queue; counters, a queue per
                  transfer, subscribe(callback) for the daemon's loop
     transfer.py  one download: its events, the piece plan applied, byte attribution (DownloadResult)

@@ -51,8 +51,8 @@ class P2PConfig:
     plan: bool = True                # the piece plan (False: stock libtorrent piece picking, for comparison)
     rack: str = ""                   # this node's rack: the tracker and the plan keep traffic inside racks
     trace: bool = False              # attribute every 16 KiB block to its sender (diagnostics; costs CPU)
-    choke_other_racks: bool = False  # with racks: serve other racks only through their gateways (racks.py)
-    gateways: int = 1                # with racks: the workers of each rack that take pieces from other racks
+    choke_other_racks: bool = True   # with racks: serve other racks only through their gateways (racks.py)
+    gateways: int = 2                # with racks: the workers of each rack that take pieces from other racks
 
     def __post_init__(self) -> None:
         for key in ("upload_limit", "download_limit", "threshold", "piece_size"):

@@ -35,6 +35,9 @@ class GatewayJudging:
     _gateway_counts: dict[str, tuple[int, float]]
     _gateway_missing: dict[str, float]
     _shares: tuple[tuple[str, ...], np.ndarray]
+    _skipped_at: dict[str, float]
+    _crossed: tuple[np.ndarray | None, float]
+    grace_s: float
 
     def _gateways_among(self, mine: Sequence[str]) -> list[str]:
         """The rack's ``k`` gateways: by the hashing, over the rack's workers neither this node nor
@@ -54,6 +57,19 @@ class GatewayJudging:
             self._shares = (tuple(gws), rendezvous(self.num_pieces, list(gws)))
         return self._shares[1]
 
+    def _crossing_moves(self, xrack: np.ndarray, have: np.ndarray, now: float) -> bool:
+        """Whether this gateway's pieces to take across come in: one of last call's came in within
+        ``grace_s`` (or it was given pieces to take across less than ``grace_s`` ago). Only then does
+        it leave for later the pieces its rack holds that other racks hold too: a gateway the other
+        racks do not serve (they name another one, say from a list a round older) must not wait on
+        them with its rack's pieces unasked (nothing would ever arrive, and asking for something
+        keeps the plan's open-all from firing)."""
+        last, since = self._crossed
+        if last is None or not last.any() or (have & last).any():
+            since = now
+        self._crossed = (xrack.copy(), since)
+        return now - since < self.grace_s
+
     def _skip_gateways(self, mine: Sequence[str], peers: Mapping[str, Peer], held: np.ndarray,
                        now: float) -> None:
         """Skip the gateway (the next worker by the hashing takes across for this node's plan) when:
@@ -65,14 +81,16 @@ class GatewayJudging:
           blocked port, a node that registers but never takes part).
 
         A skipped gateway is still an owner of its slice (the rule for owners is ``_stale``), and it
-        is taken back as soon as it is seen growing again."""
+        is taken back when it grows again, at least ``2 x stall_s`` after it was skipped: the skip is
+        told to every worker and to the other racks' senders (each of which drops and redials it),
+        and the skipped one, no gateway in its own plan then either, grows from its rack at once."""
         for ip in list(self.skipped_gateways):   # (one that grows again is back)
             p = peers.get(ip)
             if p is None or p.pieces is None:
                 continue
             count = sum(map(bool, p.pieces))
-            if ip not in self._gateway_counts:   # (skipped while not connected: now it is, count from here)
-                self._gateway_counts[ip] = (count, now)
+            if ip not in self._gateway_counts or now - self._skipped_at.get(ip, now) < 2 * self.stall_s:
+                self._gateway_counts[ip] = (count, now)   # (counted from here: not connected, or held)
             elif count > self._gateway_counts[ip][0]:
                 self.skipped_gateways.discard(ip)
                 self._gateway_counts.pop(ip, None)
@@ -88,6 +106,7 @@ class GatewayJudging:
             since = self._gateway_missing.setdefault(gw, now)
             if now - since >= self.stall_s:
                 self.skipped_gateways.add(gw)
+                self._skipped_at[gw] = now
                 self.why[gw] = f"gateway not connected to this node for {self.stall_s:.0f} s; the next worker takes across"
             return
         self._gateway_missing.pop(gw, None)
@@ -99,5 +118,6 @@ class GatewayJudging:
             self._gateway_counts[gw] = (count, now)
         elif now - seen[1] >= self.stall_s:
             self.skipped_gateways.add(gw)
+            self._skipped_at[gw] = now
             self.why[gw] = (f"stalled gateway: {count} of {self.num_pieces} pieces, none more in "
                             f"{self.stall_s:.0f} s; the next worker of the rack takes across")

@@ -245,10 +245,14 @@ class Membership:
                         for x in (dropped, skipped))
         # (a tracker of ours lists at most a quarter per worker that said so; more, from a rogue
         # tracker, would make this node plan alone and pull everything from the origin: not heeded;
-        # skipped gateways: at most half a rack each, so at most half the list)
+        # skipped gateways: at most half a rack, each said by two rack-mates; a rack with more: none)
+        size: dict[str, int] = {}
+        for r in listed.values():
+            size[r] = size.get(r, 0) + 1
+        over = {r for r in size if sum(listed[ip] == r for ip in skips) > max(1, size[r] // 2)}
         return listed, self._rows(others if isinstance(others, list) else []), \
             named if len(named) <= max(1, len(listed) // 4) else frozenset(), \
-            skips if len(skips) <= max(1, len(listed) // 2) else frozenset()
+            frozenset(ip for ip in skips if listed[ip] not in over)
 
     def _rows(self, rows: list) -> dict[str, str]:
         """ip -> rack of an answer's ``[ip, rack]`` rows: addresses only, inside ``allow``, at most

@@ -91,6 +91,8 @@ class PiecePlan(GatewayJudging):
         self.gateways: list[str] = []    # this rack's gateways as of the last call, first by the hashing first
         self.skipped_gateways: set[str] = set()   # gateways this node plans past (see _skip_gateways)
         self.told_skips: frozenset[str] = frozenset()   # ... and those other workers do (told_skipped)
+        self._skipped_at: dict[str, float] = {}            # ... when this node skipped each
+        self._crossed: tuple[np.ndarray | None, float] = (None, 0.0)   # (XRACK last call, when one came in)
         self._gateway_counts: dict[str, tuple[int, float]] = {}   # gateway -> (its pieces, since)
         self._gateway_missing: dict[str, float] = {}   # gateway on the list, not connected -> since
         self._idle_since: float | None = None
@@ -300,7 +302,7 @@ class PiecePlan(GatewayJudging):
         self._note_pace(now)
         prio = np.zeros(n, dtype=np.int8)
         inside = want & in_rack
-        if self.crossing and outside is not None:
+        if self.crossing and outside is not None and self._crossing_moves(xrack, have_a, now):
             # a gateway with pieces to take across is open to other racks, and libtorrent would take
             # from them pieces its rack holds too: those wait until its share is in (then it is paced)
             inside &= ~outside

@@ -4,10 +4,10 @@ The piece plan (``plan.py``) names each rack's gateway, the one worker of the ra
 from other racks. libtorrent picks the sender of each block, so the session enforces it with peer
 classes, on both ends of a connection:
 
-- **the sender** (``[p2p] choke_other_racks``, off by default: docs/p2p.md says why): while it runs
-  one download, a node unchokes the workers of other racks that are their rack's gateways (by the
-  same hashing over the member list, ``gateways_of``) and keeps every other worker of another rack
-  choked: those ask it for nothing. Choking is libtorrent's own: the local and global classes count
+- **the sender** (``[p2p] choke_other_racks``, on by default): while it runs one download, a node
+  unchokes the workers of other racks that are their rack's gateways (by the same hashing over the
+  member list less the gateways their racks skipped, told through the trackers: ``gateways_of``) and
+  keeps every other worker of another rack choked: those ask it for nothing. Choking is libtorrent's own: the local and global classes count
   against upload slots (0 of them, ``unchoke_slots_limit``), and the ``unchoked`` class, which every
   other peer is in, ignores them (libtorrent exempts a peer when any of its classes does);
 - **the receiver**: the other racks' class is open on the gateway while it has pieces to take
@@ -53,7 +53,7 @@ class RackClasses:
     """The other racks' class (paced on receive) and, with a rack, the choking of other racks'
     workers that are not gateways (see the module's doc)."""
 
-    def __init__(self, ses: lt.session, rack: str, gateways: int = 1, *, choke: bool = True) -> None:
+    def __init__(self, ses: lt.session, rack: str, gateways: int = 2, *, choke: bool = True) -> None:
         self.ses, self.rack, self.k = ses, rack, max(1, gateways)
         self.rack_class = ses.create_peer_class("other-rack")
         self.open_class = -1
@@ -72,8 +72,9 @@ class RackClasses:
                   others: Collection[str] = (), skipped: Collection[str] = ()) -> frozenset[str]:
         """``racks``: every worker seen (ip -> rack); ``members``: the ones downloading now, whose
         racks' gateways are unchoked; ``others``: workers of partial copies of other files (their
-        gateways are hashed over other lists: never choked); ``skipped``: gateways their racks plan
-        past (the trackers' ``skipped``): hashed over the rest, as their racks do. Returns the
+        gateways are hashed over other lists: never choked); ``skipped``: workers their racks plan
+        past (the trackers' ``skipped`` gateways and ``dropped`` owners): hashed over the rest, as
+        their racks do. Returns the
         workers of other racks unchoked now and not before: their connections made before have the
         choked class."""
         other = frozenset(ip for ip, r in racks.items() if r != self.rack)

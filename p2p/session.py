@@ -312,7 +312,7 @@ class P2PSession:
         received 2.3-2.6x the checkpoint from outside, 4 racks x 4 workers on loopback); no limit
         while nothing arrives at all (the plan must never strand a piece). The trickle lets a
         request already sent outside finish; the other racks still take from this worker freely."""
-        self.set_other_racks(racks, members, others, planner.told_skips)
+        self.set_other_racks(racks, members, others, planner.told | planner.told_skips)
         dl = self.cfg.download_limit
         trickle = max(dl // 256, 32 << 10) if dl else 1 << 20
         limit = 0 if starving or planner.crossing else trickle
@@ -373,7 +373,8 @@ class P2PSession:
                 try:
                     self.block_origins(frozenset())   # (whatever happens below, the origins are let back in)
                     update_class(self.ses, self.rack_class, download_limit=0)
-                    self.racks.unchoke_all() if last else None   # (a seed chokes no one)
+                    if last:   # (a seed chokes no one)
+                        self.racks.unchoke_all()
                 finally:
                     self.ses.remove_torrent(h)
                     if displaced is not None:

@@ -142,12 +142,13 @@ class _Swarm:
     def skipped_by(self, reporter: str, named: list[str], now: float) -> None:
         """``reporter`` plans past these gateways of its own rack (stalled, or listed and never
         connected): what it says replaces what it said before. Only workers of its rack that want
-        what it wants count, and a worker naming more than half its rack (at least one) is not heeded
-        (one hostile worker cannot hand its rack's crossing to itself)."""
+        what it wants count, at most half its rack (the first by address); ``told`` lists a gateway
+        only once two of its rack-mates say so (one in a rack of two): one hostile worker cannot
+        hand its rack's crossing to itself by skipping the gateways ranked before it."""
         rack, want, _ = self.members[reporter]
-        mates = sum(1 for r, w, _ in self.members.values() if r == rack and w == want)
-        names = frozenset(ip for ip in named if ip != reporter and self.members.get(ip, ("", "", 0))[:2] == (rack, want))
-        self._say("skip", reporter, names, bool(rack) and len(named) <= MAX_DROPS and len(names) <= max(1, mates // 2), now)
+        mates = {ip for ip, (r, w, _) in self.members.items() if r == rack and w == want}
+        names = sorted(ip for ip in set(named) if ip != reporter and ip in mates)[:max(1, len(mates) // 2)]
+        self._say("skip", reporter, frozenset(names), bool(rack) and len(named) <= MAX_DROPS, now)
 
     def _say(self, kind: str, reporter: str, names: frozenset[str], heeded: bool, now: float) -> None:
         if heeded and names:
@@ -162,14 +163,22 @@ class _Swarm:
         made = self.told_at.get((kind, want))
         if made is not None and now - made[0] < 1.0:
             return made[1]
-        out: set[str] = set()
+        sayers: dict[str, int] = {}
         said = self.said[kind]
         for who, (names, t) in list(said.items()):
             if now - t > DROP_TTL_S or who not in self.members:
                 del said[who]
             elif self.members[who][1] == want:
-                out |= names
-        got = sorted(ip for ip in out if ip in self.members)
+                for ip in names:
+                    sayers[ip] = sayers.get(ip, 0) + 1
+        if kind == "skip":   # (two rack-mates must say it; one in a rack of two)
+            size: dict[str, int] = {}
+            for r, w, _ in self.members.values():
+                if w == want:
+                    size[r] = size.get(r, 0) + 1
+            sayers = {ip: n for ip, n in sayers.items()
+                      if ip in self.members and n >= min(2, size.get(self.members[ip][0], 0) - 1)}
+        got = sorted(ip for ip in sayers if ip in self.members)
         self.told_at[(kind, want)] = (now, got)
         if len(self.told_at) > 128:   # (groups come and go)
             self.told_at.pop(next(iter(self.told_at)))

@@ -150,8 +150,8 @@ def test_a_tracker_naming_over_a_quarter_of_its_list_dropped_is_not_heeded() -> 
 def test_gateways_skipped_are_said_and_heard_and_a_rogue_list_is_not_heeded() -> None:
     """``skipping`` (the gateways this node's plan skipped) goes with each request as ``skip=``, beside
     ``drop=``; ``skipped`` is the union of the fresh answers' ``skipped``, only workers of that
-    answer's list; a tracker naming more than half its list skipped is not heeded (a tracker of ours
-    heeds at most half a rack per worker), nor anything once no answer is fresh."""
+    answer's list; a tracker naming more than half of a rack skipped is not heeded for that rack (a
+    tracker of ours lists at most half a rack), nor anything once no answer is fresh."""
     rows = [[f"127.0.0.{10 + i}", f"r{i % 2}"] for i in range(8)]
     t = _tracker(rows)
     t.body = json.dumps({"downloading": rows, "others": [], "dropped": [],
@@ -164,8 +164,9 @@ def test_gateways_skipped_are_said_and_heard_and_a_rogue_list_is_not_heeded() ->
         _until(lambda: any(p.endswith("&drop=127.0.0.12&skip=127.0.0.11,127.0.0.13") for p in t.paths))
         m.skipping = frozenset(f"127.0.{i >> 8}.{i & 255}" for i in range(100))   # (at most MAX_SKIPS said)
         _until(lambda: any(p.count(",") == 15 and "&skip=" in p for p in t.paths))
+        # (rows[:5]: three of r0's four, two of r1's: r0's are not heeded, r1's are)
         t.body = json.dumps({"downloading": rows, "others": [], "skipped": [r[0] for r in rows[:5]]}).encode()
-        _until(lambda: m.skipped == frozenset())
+        _until(lambda: m.skipped == {"127.0.0.11", "127.0.0.13"})
         t.close()
         _until(lambda: m.skipped is None)
     finally:

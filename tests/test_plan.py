@@ -372,7 +372,8 @@ def _rack_with_gateway(n: int) -> tuple[dict[str, str], str, str]:
 def test_a_gateway_that_stops_growing_is_skipped_and_taken_back_when_it_grows() -> None:
     """The rack's gateway holds the same pieces for stall_s while other racks hold pieces it lacks:
     its rack-mates plan past it (the next worker by the hashing takes across, and the log says why);
-    it keeps its slice; once it grows again it is the gateway again."""
+    it keeps its slice; once it grows again, at least 2 x stall_s after the skip (the skip is told to
+    every worker and sender: no flapping at the plan's pace), it is the gateway again."""
     n = 64
     members, gw, me = _rack_with_gateway(n)
     plan = PiecePlan(n, me, rack="r1")
@@ -385,7 +386,11 @@ def test_a_gateway_that_stops_growing_is_skipped_and_taken_back_when_it_grows() 
     assert gw in plan.skipped_gateways and plan.why[gw].startswith("stalled gateway: 10 of 64 pieces")
     assert plan.gateway != gw and gw not in plan.stalled   # (still an owner of its slice)
     plan.priorities([False] * n, {gw: Peer("r1", [p < 11 for p in range(n)])}, held, members, 0, 0, 7.0, True)
-    assert plan.gateway == gw and not plan.skipped_gateways
+    assert gw in plan.skipped_gateways   # (grew within the hold)
+    plan.priorities([False] * n, {gw: Peer("r1", [p < 11 for p in range(n)])}, held, members, 0, 0, 18.2, True)
+    assert gw in plan.skipped_gateways   # (held past: counted from here)
+    plan.priorities([False] * n, {gw: Peer("r1", [p < 12 for p in range(n)])}, held, members, 0, 0, 18.5, True)
+    assert plan.gateway == gw and gw not in plan.skipped_gateways   # (its stand-in, never connected: skipped)
 
 
 def test_a_gateway_with_nothing_to_take_or_that_grows_is_never_skipped() -> None:
@@ -414,11 +419,14 @@ def test_a_gateway_that_never_connects_is_skipped() -> None:
     plan.priorities([False] * n, {}, [True] * n, members, 0, 0, 6.5, True)
     assert gw in plan.skipped_gateways and plan.why[gw].startswith("gateway not connected")
     assert plan.gateway != gw
-    # it connects at last, and grows: it is the gateway again
+    # it connects at last, and grows (after the skip's hold, 2 x stall_s): it is the gateway again
     plan.priorities([False] * n, {gw: Peer("r1", [p < 3 for p in range(n)])}, [True] * n, members, 0, 0, 7.0, True)
     assert gw in plan.skipped_gateways
     plan.priorities([False] * n, {gw: Peer("r1", [p < 5 for p in range(n)])}, [True] * n, members, 0, 0, 8.0, True)
-    assert plan.gateway == gw and not plan.skipped_gateways
+    assert gw in plan.skipped_gateways
+    plan.priorities([False] * n, {gw: Peer("r1", [p < 5 for p in range(n)])}, [True] * n, members, 0, 0, 18.6, True)
+    plan.priorities([False] * n, {gw: Peer("r1", [p < 6 for p in range(n)])}, [True] * n, members, 0, 0, 19.0, True)
+    assert plan.gateway == gw and gw not in plan.skipped_gateways
 
 
 def test_no_gateway_until_this_node_knows_its_own_address() -> None:

@@ -104,6 +104,28 @@ def test_a_gateway_takes_what_its_rack_holds_from_outside_only_once_its_share_is
     assert plan.crossing == 0 and set(np.flatnonzero(prio == HELD)) == set(np.flatnonzero(~np.array(have)))
 
 
+def test_a_gateway_whose_crossing_stands_still_asks_for_its_racks_pieces_again() -> None:
+    """The deferral holds only while pieces of its share come in: a gateway the other racks do not
+    serve (they name another from an older list, or a skip was not heeded) gets nothing across, and
+    after grace_s asks for what its rack holds again (else it would wait with those unasked, and the
+    plan's open-all never fires while something is asked for)."""
+    n, k = 400, 2
+    members = _racks(2, 4)
+    rack = sorted(ip for ip in members if members[ip] == "r0")
+    me, mate = gateways_of("r0", rack, k)[0], gateways_of("r0", rack, len(rack))[k]
+    mate_has = [p < n // 2 for p in range(n)]
+    peers, held, outside = {mate: Peer("r0", mate_has)}, [True] * n, [True] * n
+    plan = PiecePlan(n, me, rack="r0", gateways=k)
+    have = [False] * n
+    for t in (0.0, 1.0, 2.0):   # its crossing moves: one of its pieces across comes in a second
+        prio = np.array(plan.priorities(have, peers, held, members, 0, 0, t, True, outside))
+        assert not (prio == HELD).any(), t
+        have[int(np.flatnonzero(prio == XRACK)[0])] = True
+    for t in (3.0, 5.0, 6.1):   # nothing more comes in
+        prio = np.array(plan.priorities(have, peers, held, members, 0, 0, t, False, outside))
+    assert plan.crossing > 0 and (prio == HELD).sum() == n // 2 - sum(have[: n // 2])
+
+
 def test_gateways_told_skipped_are_planned_past_by_every_worker_and_served_in_their_place() -> None:
     """A gateway one worker skipped is told through the trackers (``skipped``): the others plan past
     it at once (the skipped one itself too: it takes nothing across then), and the other racks'
@@ -205,7 +227,7 @@ def test_a_node_serves_another_rack_through_its_gateway_only(tmp_path: Path) -> 
     m = build_manifest(ckpt)
     ti = load_torrent(make_torrent(ckpt, m, piece_size=mib), m)
     g_ip, w_ip = gateways_of("r0", ["127.0.0.3", "127.0.0.4"], 2)
-    s = P2PSession(P2PConfig(listen="127.0.0.2:0", rack="r1", choke_other_racks=True))
+    s = P2PSession(P2PConfig(listen="127.0.0.2:0", rack="r1", choke_other_racks=True, gateways=1))
     g, w = (P2PSession(P2PConfig(listen=f"{ip}:0", rack="r0")) for ip in (g_ip, w_ip))
     got: dict[str, object] = {}
     t = threading.Thread()
@@ -247,14 +269,15 @@ def test_a_node_serves_another_rack_through_its_gateway_only(tmp_path: Path) -> 
 
 
 
-def test_choking_other_racks_is_off_by_default_and_ends_with_the_download(tmp_path: Path) -> None:
-    """[p2p] choke_other_racks is off unless set (a stalled gateway that stays listed would be the
-    only one other racks serve). On, a node's chokes are its download's: S (rack r1), whose last
-    download listed W (rack r0, not its gateway), later seeds the version, and W fetching it then is
-    served (before, S kept its last list's chokes for every torrent it seeds: W got nothing)."""
+def test_choking_other_racks_is_on_by_default_and_ends_with_the_download(tmp_path: Path) -> None:
+    """[p2p] choke_other_racks is on unless set false (then nobody is choked: receivers pace alone).
+    A node's chokes are its download's: S (rack r1), whose last download listed W (rack r0, not its
+    gateway), later seeds the version, and W fetching it then is served (before, S kept its last
+    list's chokes for every torrent it seeds: W got nothing)."""
     racks = {"127.0.0.3": "r0", "127.0.0.4": "r0"}
     _, w_ip = gateways_of("r0", sorted(racks), 2)
-    off = P2PSession(P2PConfig(listen="127.0.0.2:0", rack="r1"))
+    assert P2PConfig(rack="r1").choke_other_racks and P2PConfig(rack="r1").gateways == 2
+    off = P2PSession(P2PConfig(listen="127.0.0.2:0", rack="r1", choke_other_racks=False))
     try:
         off.set_other_racks(racks, racks)
         assert off.racks.open_class < 0 and off.ses.get_settings()["unchoke_slots_limit"] != 0
@@ -265,7 +288,7 @@ def test_choking_other_racks_is_off_by_default_and_ends_with_the_download(tmp_pa
     m = build_manifest(ckpt)
     ti = load_torrent(make_torrent(ckpt, m, piece_size=mib), m)
     origin = P2PSession(P2PConfig(listen="127.0.0.5:0"))
-    s = P2PSession(P2PConfig(listen="127.0.0.2:0", rack="r1", choke_other_racks=True))
+    s = P2PSession(P2PConfig(listen="127.0.0.2:0", rack="r1", gateways=1))   # (W: not r0's gateway)
     w = P2PSession(P2PConfig(listen=f"{w_ip}:0", rack="r0"))
     try:
         assert origin.seed(ti, ckpt)

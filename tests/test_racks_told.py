@@ -34,7 +34,7 @@ def test_a_listed_gateway_that_never_takes_part_is_told_and_its_replacement_is_s
     ghost = Membership((url,), bytes.fromhex(str(ti.info_hashes().v2))[:20], rack="r0", source_ip=absent,
                        every_s=0.5).start()
     try:
-        choke = "choke_other_racks = true\n"
+        choke = "gateways = 1\n"   # (choke_other_racks is on by default; one gateway: the absent one)
         w, s = started([cluster(ip, origin=origin.endpoint, limit="2MB", fallback_s=60, wait=False,
                                 p2p_extra=f'rack = "{rack}"\n{choke}') for ip, rack in ((w_ip, "r0"), (s_ip, "r1"))])
         reports = _reports([n.popen("preload", "org/told@v1", "--tier", "warm", "--json") for n in (w, s)], timeout=120)

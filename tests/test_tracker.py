@@ -467,17 +467,19 @@ def test_an_owner_one_worker_dropped_is_listed_to_every_worker_until_nobody_says
     assert dropped_of(t.members(ips[1], h)) == []
 
 
-def test_a_gateway_skipped_by_a_rack_mate_is_listed_to_every_worker() -> None:
+def test_a_gateway_skipped_by_two_rack_mates_is_listed_to_every_worker() -> None:
     """``skip=IP,...``: the gateways of its own rack the asker's plan skipped (stalled, never
-    connected), listed as ``skipped`` to every worker (the other racks' senders serve the replacement),
-    until DROP_TTL_S after it was said or the sayer leaves. Only the asker's rack-mates count, at most
-    half its rack (a hostile worker cannot hand its rack's crossing to itself, nor skip other racks'
-    gateways), and a worker without a rack says nothing."""
+    connected), listed as ``skipped`` to every worker (the other racks' senders serve the replacement)
+    once two rack-mates say so (one in a rack of two), until DROP_TTL_S after it was said or the
+    sayers leave. Only the sayer's rack-mates count, at most half its rack (the first by address):
+    one hostile worker cannot skip the gateways ranked before it to hand its rack's crossing to
+    itself, nor skip other racks' gateways; a worker without a rack says nothing."""
     from p2p.tracker import DROP_TTL_S
     clock = [0.0]
     t = tracker(clock)
     h = f"info_hash={quote_from_bytes(KNOWN)}"
-    racks = {f"127.0.0.{10 + i}": f"r{i // 4}" for i in range(8)}   # r0: .10-.13, r1: .14-.17
+    # r0: .10-.13, r1: .14-.17, r2 (a rack of two): .18, .19
+    racks = {f"127.0.0.{10 + i}": f"r{i // 4}" for i in range(10)}
 
     def skipped_of(ip: str, extra: str = "") -> list[str]:
         import json
@@ -487,26 +489,31 @@ def test_a_gateway_skipped_by_a_rack_mate_is_listed_to_every_worker() -> None:
 
     def tick(dt: float = 1.1) -> None:
         clock[0] += dt
-        for ip in list(racks)[1:]:
+        for ip in list(racks)[2:]:   # (.10 and .11 ask on their own below)
             skipped_of(ip)
     for ip in racks:
         assert skipped_of(ip) == []
-    for bad in ("127.0.0.14", "127.0.0.11,127.0.0.12,127.0.0.13", "127.0.0.10", "10.9.9.9,x"):
-        skipped_of("127.0.0.10", "&skip=" + bad)   # another rack's, over half its rack, itself, strangers
+    for bad in ("127.0.0.14", "127.0.0.10", "10.9.9.9,x", "127.0.0.11,127.0.0.12,127.0.0.13"):
+        skipped_of("127.0.0.10", "&skip=" + bad)   # another rack's, itself, strangers; one sayer alone
         tick()
         assert skipped_of("127.0.0.15") == [], bad
-    skipped_of("127.0.0.10", "&skip=127.0.0.11,127.0.0.12")
+    skipped_of("127.0.0.11", "&skip=127.0.0.12")   # a second rack-mate says .12 (.10 still says it)
     tick()
-    assert skipped_of("127.0.0.15") == ["127.0.0.11", "127.0.0.12"] == skipped_of("127.0.0.13")
-    t.members("127.0.0.9", h + "&skip=127.0.0.11")   # (no rack: not heeded, and replaces nothing)
-    for _ in range(int(DROP_TTL_S / 2) + 1):          # the sayer keeps asking without it: gone
+    assert skipped_of("127.0.0.15") == ["127.0.0.12"] == skipped_of("127.0.0.13")
+    skipped_of("127.0.0.18", "&skip=127.0.0.19")   # a rack of two: its one rack-mate is enough
+    t.members("127.0.0.9", h + "&skip=127.0.0.11")   # (no rack: not heeded)
+    tick()
+    assert skipped_of("127.0.0.15") == ["127.0.0.12", "127.0.0.19"]
+    for _ in range(int(DROP_TTL_S / 2) + 1):          # the sayers keep asking without it: gone
         tick(2.0)
-        skipped_of("127.0.0.10")
+        for ip in ("127.0.0.10", "127.0.0.11"):
+            skipped_of(ip)
     assert skipped_of("127.0.0.15") == []
-    skipped_of("127.0.0.10", "&skip=127.0.0.11")
-    t.members("127.0.0.10", h + "&done=1")   # the one who said it left: no longer heeded
+    skipped_of("127.0.0.10", "&skip=127.0.0.12")
+    skipped_of("127.0.0.11", "&skip=127.0.0.12")
+    t.members("127.0.0.10", h + "&done=1")   # one of the two left: no longer listed
     tick()
-    assert skipped_of("127.0.0.15") == []
+    assert "127.0.0.12" not in skipped_of("127.0.0.15")
 
 
 def test_a_worker_cannot_drop_another_groups_workers() -> None:

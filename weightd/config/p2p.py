@@ -69,13 +69,13 @@ class P2PSettings(FrozenModel):
     rack: str = Field("", doc="this node's rack (letters, digits, '.', '_', '-'): the tracker and the plan keep "
                               "traffic inside racks first")
     trace: bool = Field(False, doc="attribute every 16 KiB block to its sender in preload --json (costs CPU)")
-    choke_other_racks: bool = Field(False, doc="with rack: serve other racks' workers only through their racks' "
-                                           "gateways (the others kept choked while this node downloads); off "
-                                           "by default: a gateway its rack skips as stalled but that stays "
-                                           "listed is still the one other racks serve (docs/p2p.md, racks)")
-    gateways: int = Field(1, ge=1, le=64, doc="with rack: the workers of each rack (its gateways) that take pieces "
+    choke_other_racks: bool = Field(True, doc="with rack: serve other racks' workers only through their racks' "
+                                          "gateways (the others kept choked while this node downloads; a "
+                                          "gateway its rack skips is told through the trackers); false: "
+                                          "other racks are paced by each receiver alone (slower, docs/p2p.md)")
+    gateways: int = Field(2, ge=1, le=64, doc="with rack: the workers of each rack (its gateways) that take pieces "
                                               "from other racks, each its share; set the same on every node "
-                                              "(with choke_other_racks, senders serve that many a rack)")
+                                              "(senders serve that many a rack)")
 
     @model_validator(mode="after")
     def _tls_trackers(self) -> "P2PSettings":
