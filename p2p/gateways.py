@@ -38,6 +38,8 @@ class GatewayJudging:
     _skipped_at: dict[str, float]
     _crossed: tuple[np.ndarray | None, float]
     grace_s: float
+    piece_bytes: int
+    cap: int
 
     def _gateways_among(self, mine: Sequence[str]) -> list[str]:
         """The rack's ``k`` gateways: by the hashing, over the rack's workers neither this node nor
@@ -59,7 +61,8 @@ class GatewayJudging:
 
     def _crossing_moves(self, xrack: np.ndarray, have: np.ndarray, now: float) -> bool:
         """Whether this gateway's pieces to take across come in: one of last call's came in within
-        ``grace_s`` (or it was given pieces to take across less than ``grace_s`` ago). Only then does
+        ``grace_s`` (or two pieces' time at its cap, if longer), or it was given pieces to take
+        across less than that ago. Only then does
         it leave for later the pieces its rack holds that other racks hold too: a gateway the other
         racks do not serve (they name another one, say from a list a round older) must not wait on
         them with its rack's pieces unasked (nothing would ever arrive, and asking for something
@@ -68,7 +71,7 @@ class GatewayJudging:
         if last is None or not last.any() or (have & last).any():
             since = now
         self._crossed = (xrack.copy(), since)
-        return now - since < self.grace_s
+        return now - since < max(self.grace_s, 2 * self.piece_bytes / self.cap if self.cap else 0.0)
 
     def _skip_gateways(self, mine: Sequence[str], peers: Mapping[str, Peer], held: np.ndarray,
                        now: float) -> None:

@@ -302,7 +302,8 @@ class PiecePlan(GatewayJudging):
         self._note_pace(now)
         prio = np.zeros(n, dtype=np.int8)
         inside = want & in_rack
-        if self.crossing and outside is not None and self._crossing_moves(xrack, have_a, now):
+        moving = self._crossing_moves(xrack, have_a, now)   # (every call: its clock restarts without any)
+        if self.crossing and outside is not None and moving:
             # a gateway with pieces to take across is open to other racks, and libtorrent would take
             # from them pieces its rack holds too: those wait until its share is in (then it is paced)
             inside &= ~outside

@@ -96,13 +96,16 @@ class RackClasses:
         self.ses.set_peer_class_filter(class_filter(other, self.rack_class, opened, self.open_class))
         return new
 
-    def unchoke_all(self) -> None:
-        """Choke no one from now on (connections made from now on; a connection keeps the class it
-        was made with): when no download, or more than one, decides (a seed's choices were its last
-        download's, and one download's list must not decide for another's swarm)."""
-        if self.open_class >= 0 and self.open != self.other:
-            self.open = self.other
-            self.ses.set_peer_class_filter(class_filter(self.other, self.rack_class, self.other, self.open_class))
+    def unchoke_all(self) -> frozenset[str]:
+        """Choke no one from now on: when no download, or more than one, decides (a seed's choices
+        were its last download's, and one download's list must not decide for another's swarm).
+        Returns the workers choked until now: a connection keeps the class it was made with, so
+        the session drops theirs once (a finished seed kept a new gateway choked)."""
+        if self.open_class < 0 or self.open == self.other:
+            return frozenset()
+        new, self.open = self.other - self.open, self.other
+        self.ses.set_peer_class_filter(class_filter(self.other, self.rack_class, self.other, self.open_class))
+        return new
 
     def wait_gone(self, ips: Collection[str], timeout_s: float = 1.0) -> None:
         """Wait (at most ``timeout_s``) until no torrent of the session is connected to ``ips``."""

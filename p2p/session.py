@@ -281,7 +281,7 @@ class P2PSession:
             if racked:
                 self._pace_other_racks(planner, seen, starving, members, others)
         else:
-            self.racks.unchoke_all()   # (another download's list must not choose whom this one's swarm takes from)
+            self._redial(self.racks.unchoke_all())   # (another download's list must not choose for this one's swarm)
         if prio != current:
             h.prioritize_pieces(prio)
         return prio
@@ -294,24 +294,25 @@ class P2PSession:
 
     def set_other_racks(self, racks: dict[str, str], members: "Mapping[str, str] | None" = None,
                         others: "Collection[str]" = (), skipped: "Collection[str]" = ()) -> None:
-        """Workers of other racks than this node's (``racks``: every one listed) into the other-rack
-        class, and those not their rack's gateway (by ``members``, the ones downloading) kept choked
-        (``racks.py``)."""
-        new = self.racks.set_racks(racks, members, others, skipped)
-        if new:   # (libtorrent classes a connection when it is made: drop these once, they dial again)
+        """Workers of other racks into the other-rack class, and those not their rack's gateways kept
+        choked (``racks.py``: ``RackClasses.set_racks``)."""
+        self._redial(self.racks.set_racks(racks, members, others, skipped))
+
+    def _redial(self, new: "frozenset[str]") -> None:
+        """Drop the connections of workers unchoked now and not before, once: libtorrent classes a
+        connection when it is made (they dial again, into their new class)."""
+        if new:
             self.ses.set_ip_filter(ip_filter(self.cfg.allow, self.origins_blocked | new))
             self.racks.wait_gone(new)
             self.ses.set_ip_filter(ip_filter(self.cfg.allow, self.origins_blocked))
 
     def _pace_other_racks(self, planner: PiecePlan, racks: dict[str, str], starving: bool,
                           members: "Mapping[str, str] | None", others: "Collection[str]") -> None:
-        """What arrives from other racks: no limit on the rack's gateway while it has pieces to take
-        across (XRACK), a trickle on every other worker (libtorrent picks the sender of a piece, so a
-        worker open to other racks takes pieces its rack holds from outside too: with every worker
-        open at twice its share of the rack's intake while it had pieces to take across, each rack
-        received 2.3-2.6x the checkpoint from outside, 4 racks x 4 workers on loopback); no limit
-        while nothing arrives at all (the plan must never strand a piece). The trickle lets a
-        request already sent outside finish; the other racks still take from this worker freely."""
+        """What arrives from other racks: no limit on a gateway while it has pieces to take across
+        (XRACK), a trickle on every other worker (libtorrent picks the sender of a piece: every worker
+        open at twice its share of the rack's intake, each rack received 2.3-2.6x the checkpoint from
+        outside, 4 racks x 4 workers on loopback); no limit while nothing arrives at all (the plan
+        must never strand a piece). The trickle lets a request already sent outside finish."""
         self.set_other_racks(racks, members, others, planner.told | planner.told_skips)
         dl = self.cfg.download_limit
         trickle = max(dl // 256, 32 << 10) if dl else 1 << 20
@@ -373,8 +374,8 @@ class P2PSession:
                 try:
                     self.block_origins(frozenset())   # (whatever happens below, the origins are let back in)
                     update_class(self.ses, self.rack_class, download_limit=0)
-                    if last:   # (a seed chokes no one)
-                        self.racks.unchoke_all()
+                    if last:   # (a seed chokes no one, on connections made before too)
+                        self._redial(self.racks.unchoke_all())
                 finally:
                     self.ses.remove_torrent(h)
                     if displaced is not None:

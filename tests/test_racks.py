@@ -269,6 +269,51 @@ def test_a_node_serves_another_rack_through_its_gateway_only(tmp_path: Path) -> 
 
 
 
+def test_a_node_that_stops_choking_drops_the_choked_connections_once(tmp_path: Path) -> None:
+    """Once no download decides (this node's finished), it chokes no one, on connections made before
+    too: libtorrent classes a connection when it is made, so S drops W's once and W, dialling again,
+    is served (before, a finished seed kept a worker that had become its rack's gateway choked)."""
+    mib = 1 << 20
+    ckpt = make_checkpoint(tmp_path / "v1", total_bytes=4 * mib, shards=1, layers=1)
+    m = build_manifest(ckpt)
+    ti = load_torrent(make_torrent(ckpt, m, piece_size=mib), m)
+    racks = {"127.0.0.3": "r0", "127.0.0.4": "r0"}
+    _, w_ip = gateways_of("r0", sorted(racks), 2)
+    s = P2PSession(P2PConfig(listen="127.0.0.2:0", rack="r1", gateways=1))
+    w = P2PSession(P2PConfig(listen=f"{w_ip}:0", rack="r0"))
+    got: dict[str, object] = {}
+    t = threading.Thread()
+    try:
+        assert s.seed(ti, ckpt)
+        s.set_other_racks(racks, racks)   # (as a download's plan does: W is not r0's gateway)
+
+        def w_download() -> None:
+            try:
+                got["w"] = w.download(ti, tmp_path / "w" / "v1", peers=(f"127.0.0.2:{s.port}",), stall_s=30,
+                                      timeout_s=40, plan=False)
+            except Exception as exc:  # noqa: BLE001 (the assertion below says what happened)
+                got["w"] = exc
+
+        t = threading.Thread(target=w_download)
+        t.start()
+        seed = next(iter(s.seeding.values()))
+        deadline = time.monotonic() + 10
+        while not any(p.ip[0] == w_ip and p.flags & lt.peer_info.remote_interested for p in seed.get_peer_info()):
+            assert time.monotonic() < deadline, "W never asked S for pieces"
+            time.sleep(0.1)
+        time.sleep(1.0)
+        assert t.is_alive(), got
+        s._redial(s.racks.unchoke_all())   # (what the end of S's download does)
+        t.join(30)
+        assert not isinstance(got.get("w"), Exception) and "w" in got, got
+        assert verify_checkpoint(tmp_path / "w" / "v1", m).ok
+    finally:
+        for x in (s, w):
+            x.close()
+        if t.is_alive():
+            t.join(5)
+
+
 def test_choking_other_racks_is_on_by_default_and_ends_with_the_download(tmp_path: Path) -> None:
     """[p2p] choke_other_racks is on unless set false (then nobody is choked: receivers pace alone).
     A node's chokes are its download's: S (rack r1), whose last download listed W (rack r0, not its
