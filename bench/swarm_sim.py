@@ -24,8 +24,9 @@ one source (libtorrent keeps a few requests per connection), and picks by its mo
 
 - ``plan`` (weightd): owners and home racks by the same rendezvous hashing the daemon uses
   (``p2p.rendezvous``); a worker takes the pieces it owns from the origin while nobody holds them, and any
-  piece its rack holds from the least busy holder in the rack; with racks, one gateway a rack takes
-  from other racks what its rack does not hold. When the last of its own slice is on the way,
+  piece its rack holds from the least busy holder in the rack; with racks, the rack's gateways (k,
+  ``gateways``; one unless given, the daemon ships two) take from other racks what it does not hold,
+  each its share. When the last of its own slice is on the way,
   libtorrent fills its queue to the origin with pieces other workers hold (``origin_tail_s`` x its
   cap, at most libtorrent's 500 outstanding blocks): that is where the plan's extra origin bytes
   came from in the traces (``origin_held_bytes``, 0.3-1 MB a worker). ``plan-flat``: the plan without
@@ -534,7 +535,8 @@ def predict(nodes: list[int], pieces: int, seed: int = 1) -> dict:
     Up to 100 nodes node by node; beyond, one rack and the others by symmetry."""
     size, nic, nvme = 130e9, 100e9 / 8 * 0.8, 7e9
     k = gateways_for(25, 0.25)   # (7: their NICs fill the rack's uplink)
-    contenders = [("plan", "plan", {}), ("plan, gateway at full rate", "plan", {"gateway_rate": 1.0}),
+    # ("plan": as the daemon ships, [p2p] gateways = 2; one gateway a rack was the default before)
+    contenders = [("plan", "plan", {"gateways": 2}), ("plan, one gateway a rack", "plan", {}),
                   (f"plan, {k} gateways a rack", "plan", {"gateways": k}),
                   (f"plan, {k} gateways a rack at full rate", "plan", {"gateways": k, "gateway_rate": 1.0}),
                   ("plan without racks", "plan-flat", {})]
