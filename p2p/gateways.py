@@ -12,6 +12,7 @@ import numpy as np
 
 from .rendezvous import gateways_of, rendezvous
 
+
 @dataclass(slots=True)
 class Peer:
     """What the plan needs of one connected worker still downloading."""
@@ -20,9 +21,10 @@ class Peer:
 
 
 class GatewayJudging:
-    """:class:`~p2p.plan.PiecePlan`'s judging of its rack's gateways. The plan holds the state:
-    ``k`` (gateways a rack), ``skipped_gateways`` (this node's findings), ``told_skips``, ``_shares``, ``_gateway_counts`` (gateway -> (its pieces, since)), ``_gateway_missing``
-    (listed, not connected -> since), ``stall_s``, ``why``, ``self_ip`` and ``num_pieces``."""
+    """:class:`~p2p.plan.PiecePlan`'s judging of its rack's gateways. The plan holds the state (the
+    annotations below): ``k`` gateways a rack, ``skipped_gateways`` (this node's findings) and
+    ``told_skips`` (the trackers'), ``_gateway_counts`` (gateway -> (its pieces, since)),
+    ``_gateway_missing`` (listed, not connected -> since), ``_crossed`` (see ``_crossing_moves``)."""
 
     num_pieces: int
     self_ip: str
@@ -62,11 +64,10 @@ class GatewayJudging:
     def _crossing_moves(self, xrack: np.ndarray, have: np.ndarray, now: float) -> bool:
         """Whether this gateway's pieces to take across come in: one of last call's came in within
         ``grace_s`` (or two pieces' time at its cap, if longer), or it was given pieces to take
-        across less than that ago. Only then does
-        it leave for later the pieces its rack holds that other racks hold too: a gateway the other
-        racks do not serve (they name another one, say from a list a round older) must not wait on
-        them with its rack's pieces unasked (nothing would ever arrive, and asking for something
-        keeps the plan's open-all from firing)."""
+        across less than that ago. Only then does it leave for later the pieces its rack holds that
+        other racks hold too: a gateway the other racks do not serve (they name another one, say
+        from a list a round older) must not wait on them with its rack's pieces unasked (nothing
+        would ever arrive, and asking for something keeps the plan's open-all from firing)."""
         last, since = self._crossed
         if last is None or not last.any() or (have & last).any():
             since = now

@@ -44,9 +44,9 @@ worker to do the same (``told_dropped``). A gateway whose piece count does not g
 while other racks hold pieces it lacks, or that is on the list but not connected for ``stall_s``, is
 skipped as gateway (the next worker by the hashing takes its place; the shares are hashed again over
 the k left; it keeps its slice, and is taken back once it grows again); the trackers tell the others
-(``told_skipped``), so that every worker and the other racks' senders name the same gateways. A worker that receives
-nothing at all for ``3 x grace_s`` while it waits asks for everything. The plan can delay, never
-strand: pieces are still verified by libtorrent, and the checkpoint by its manifest.
+(``told_skipped``), so that every worker and the other racks' senders name the same gateways. A
+worker that receives nothing at all for ``3 x grace_s`` while it waits asks for everything. The plan
+can delay, never strand: pieces are still verified by libtorrent, and the checkpoint by its manifest.
 
 **Partial copies** (some files of the version, ``wanted``): a worker plans only its files' pieces (the
 others count as held: nothing to take or wait for there, and none is ever asked for), and with the

@@ -7,9 +7,10 @@ classes, on both ends of a connection:
 - **the sender** (``[p2p] choke_other_racks``, on by default): while it runs one download, a node
   unchokes the workers of other racks that are their rack's gateways (by the same hashing over the
   member list less the gateways their racks skipped, told through the trackers: ``gateways_of``) and
-  keeps every other worker of another rack choked: those ask it for nothing. Choking is libtorrent's own: the local and global classes count
-  against upload slots (0 of them, ``unchoke_slots_limit``), and the ``unchoked`` class, which every
-  other peer is in, ignores them (libtorrent exempts a peer when any of its classes does);
+  keeps every other worker of another rack choked: those ask it for nothing. Choking is
+  libtorrent's own: the local and global classes count against upload slots (0 of them,
+  ``unchoke_slots_limit``), and the ``unchoked`` class, which every other peer is in, ignores them
+  (libtorrent exempts a peer when any of its classes does);
 - **the receiver**: the other racks' class is open on the gateway while it has pieces to take
   across, and a trickle elsewhere (``P2PSession._pace_other_racks``): a sender that does not choke
   (a node seeding the version outside this download, a worker of a partial copy) is still paced.
@@ -74,9 +75,8 @@ class RackClasses:
         racks' gateways are unchoked; ``others``: workers of partial copies of other files (their
         gateways are hashed over other lists: never choked); ``skipped``: workers their racks plan
         past (the trackers' ``skipped`` gateways and ``dropped`` owners): hashed over the rest, as
-        their racks do. Returns the
-        workers of other racks unchoked now and not before: their connections made before have the
-        choked class."""
+        their racks do. Returns the workers of other racks unchoked now and not before: their
+        connections made before have the choked class."""
         other = frozenset(ip for ip, r in racks.items() if r != self.rack)
         opened = other
         if self.open_class >= 0 and members is None:   # (no list now: the gateways as last listed)

@@ -306,7 +306,9 @@ class Tracker:
         being the workers that want other files, ``"dropped": [ip, ...]`` the workers of the list some
         worker plans without (``drop=IP,...``: the asker's own plan found them stalled or late; kept
         DROP_TTL_S after the last to say it), so every worker moves their slices at once instead of
-        each on its own clock; ``"skipped"`` likewise the gateways some worker skipped (``skip=``). Same allowlist as announces; only for a version this fleet publishes;
+        each on its own clock; ``"skipped"`` likewise the gateways some worker skipped (``skip=``,
+        listed once two rack-mates say it). Same allowlist as announces; only for a version this
+        fleet publishes;
         at most ``per_swarm`` workers."""
         if len(raw_query) > MAX_QUERY:
             return _json_fail("query too long"), "tracker_malformed"
