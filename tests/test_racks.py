@@ -215,6 +215,27 @@ def test_a_rack_takes_in_about_one_checkpoint_in_every_round_even_when_a_gateway
         assert max(per_rack.values()) <= 1.25, (kill_at, per_rack)
 
 
+def _asking_in_background(s: P2PSession, w: P2PSession, w_ip: str, ti: lt.torrent_info, dest: Path,
+                          got: dict[str, object], timeout_s: float) -> threading.Thread:
+    """W downloads ``ti`` from S (seeding it) on a thread of its own, its result or error into
+    ``got["w"]``; returned once S sees W interested (10 s at most)."""
+    def w_download() -> None:
+        try:
+            got["w"] = w.download(ti, dest, peers=(f"127.0.0.2:{s.port}",), stall_s=30, timeout_s=timeout_s,
+                                  plan=False)
+        except Exception as exc:  # noqa: BLE001 (the caller's assertion says what happened)
+            got["w"] = exc
+
+    t = threading.Thread(target=w_download)
+    t.start()
+    seed = next(iter(s.seeding.values()))
+    deadline = time.monotonic() + 10
+    while not any(p.ip[0] == w_ip and p.flags & lt.peer_info.remote_interested for p in seed.get_peer_info()):
+        assert time.monotonic() < deadline, "W never asked S for pieces"
+        time.sleep(0.1)
+    return t
+
+
 def test_a_node_serves_another_rack_through_its_gateway_only(tmp_path: Path) -> None:
     """Real sessions on loopback: S (rack r1) holds the version; G and W of rack r0 both dial it and
     ask for every piece. S unchokes G, r0's gateway by the hashing over the member list, and keeps W
@@ -235,22 +256,9 @@ def test_a_node_serves_another_rack_through_its_gateway_only(tmp_path: Path) -> 
         assert s.seed(ti, ckpt)
         racks = {g_ip: "r0", w_ip: "r0"}
         s.set_other_racks(racks, racks)
-        peers = (f"127.0.0.2:{s.port}",)
-
-        def w_download() -> None:
-            try:
-                got["w"] = w.download(ti, tmp_path / "w" / "v1", peers=peers, stall_s=30, timeout_s=60, plan=False)
-            except Exception as exc:  # noqa: BLE001 (the assertion below says what happened)
-                got["w"] = exc
-
-        t = threading.Thread(target=w_download)
-        t.start()
+        t = _asking_in_background(s, w, w_ip, ti, tmp_path / "w" / "v1", got, 60)
         seed = next(iter(s.seeding.values()))
-        deadline = time.monotonic() + 10
-        while not any(p.ip[0] == w_ip and p.flags & lt.peer_info.remote_interested for p in seed.get_peer_info()):
-            assert time.monotonic() < deadline, "W never asked S for pieces"
-            time.sleep(0.1)
-        g.download(ti, tmp_path / "g" / "v1", peers=peers, stall_s=10, timeout_s=30, plan=False)
+        g.download(ti, tmp_path / "g" / "v1", peers=(f"127.0.0.2:{s.port}",), stall_s=10, timeout_s=30, plan=False)
         assert verify_checkpoint(tmp_path / "g" / "v1", m).ok
         time.sleep(1.5)   # (W keeps asking meanwhile; libtorrent's counters tick once a second)
         assert t.is_alive() and "w" not in got, f"W took the version from another rack's worker: {got}"
@@ -286,21 +294,7 @@ def test_a_node_that_stops_choking_drops_the_choked_connections_once(tmp_path: P
     try:
         assert s.seed(ti, ckpt)
         s.set_other_racks(racks, racks)   # (as a download's plan does: W is not r0's gateway)
-
-        def w_download() -> None:
-            try:
-                got["w"] = w.download(ti, tmp_path / "w" / "v1", peers=(f"127.0.0.2:{s.port}",), stall_s=30,
-                                      timeout_s=40, plan=False)
-            except Exception as exc:  # noqa: BLE001 (the assertion below says what happened)
-                got["w"] = exc
-
-        t = threading.Thread(target=w_download)
-        t.start()
-        seed = next(iter(s.seeding.values()))
-        deadline = time.monotonic() + 10
-        while not any(p.ip[0] == w_ip and p.flags & lt.peer_info.remote_interested for p in seed.get_peer_info()):
-            assert time.monotonic() < deadline, "W never asked S for pieces"
-            time.sleep(0.1)
+        t = _asking_in_background(s, w, w_ip, ti, tmp_path / "w" / "v1", got, 40)
         time.sleep(1.0)
         assert t.is_alive(), got
         s._redial(s.racks.unchoke_all())   # (what the end of S's download does)
