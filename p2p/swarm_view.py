@@ -68,7 +68,8 @@ def read_swarm(h: lt.torrent_handle, st: lt.torrent_status, planner: PiecePlan, 
     # (the origins are seeds: every piece they count is not a worker's)
     n = len(view.have)
     view.held = [a - origins > 0 for a in avail] if len(avail) == n else [False] * n
-    if racked and len(avail) == n:   # (held by others than the origins and this rack's workers)
+    # (held by others than the origins and this rack's workers; read only by a gateway, as of the last tick)
+    if racked and len(avail) == n and planner.self_ip in planner.gateways:
         count = np.asarray(avail, dtype=np.int64) - origins - view.rack_seeds
         for p in view.peers.values():
             if p.rack == planner.rack and p.pieces is not None:
