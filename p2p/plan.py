@@ -84,6 +84,7 @@ class PiecePlan(GatewayJudging):
         self.told: set[str] = set()      # ... of them, dropped by another worker's plan (told_dropped)
         self.why: dict[str, str] = {}    # ... and why, for the log
         self.crossing = 0   # pieces this worker (a gateway) now takes across racks (XRACK), as of the last call
+        self.crossed = False   # ... none left of its share (homed in other racks), still lacking some: see _asks
         self.origin_left = num_pieces if self.wanted is None else int(np.count_nonzero(self.wanted))   # (OWN)
         self.workers = self.rack_size = 1   # downloading workers (of this rack) planned with, this one included
         self.gateway = ""                # this rack's gateway as of the last call (racks only; this node if one)
@@ -216,6 +217,7 @@ class PiecePlan(GatewayJudging):
                     members: Mapping[str, str] | None, seeds: int, rack_seeds: int, now: float,
                     progressed: bool, outside: Sequence[bool] | None) -> list[int]:
         n = self.num_pieces
+        self.crossed = False
         if self.started is None:
             self.started = now
         if self.open_all:
@@ -236,7 +238,7 @@ class PiecePlan(GatewayJudging):
         out = None if outside is None else np.fromiter(outside, dtype=bool, count=n)
         prio = self._asks(home, owner, racks, mine, have_a, held, peers, seeds, rack_seeds, now, out)
         if self._idle(prio, ~have_a, progressed, now):
-            self.open_all = True
+            self.open_all, self.crossed = True, False
             return [ANY] * n
         return prio.tolist()
 
@@ -294,9 +296,12 @@ class PiecePlan(GatewayJudging):
             self.gateways = self._gateways_among(mine) if self.self_ip else []
             gw = self.self_ip in self.gateways   # (then its share of what crosses into the rack)
             self.gateway = self.self_ip if gw else (self.gateways[0] if self.gateways else "")
-            xrack = want & anywhere & ~in_rack if gw else np.zeros(n, dtype=bool)
+            share = want & ~in_rack if gw else np.zeros(n, dtype=bool)
             if gw and len(self.gateways) > 1:
-                xrack &= self._share(self.gateways) == self.gateways.index(self.self_ip)
+                share &= self._share(self.gateways) == self.gateways.index(self.self_ip)
+            xrack = share & anywhere
+            # (its share all in the rack, pieces of its rack still to take: done with other racks)
+            self.crossed = gw and not np.any(share & (home != racks.index(self.rack))) and bool(want.any())
         self.crossing = int(np.count_nonzero(xrack))
         self.origin_left = int(np.count_nonzero(own))
         self._note_pace(now)

@@ -60,7 +60,7 @@ class P2PSession:
             self.racks = RackClasses(self.ses, cfg.rack, cfg.gateways, choke=cfg.choke_other_racks)
             self.rack_class = self.racks.rack_class
             self.origin_ips = {endpoint(p)[0] for p in cfg.peers}
-            self.origins_blocked: frozenset[str] = frozenset()   # (filtered out: see origins.origins_to_block)
+            self.blocked: frozenset[str] = frozenset()   # (filtered out: origins_to_block, RackClasses.done_across)
             self.bad_torrents: set[str] = set()   # info-hashes whose bytes failed their manifest (p2p.fetch)
         self.active_downloads = 0
         self.tls = cfg.tls  # replaced by set_tls (certificate rotation)
@@ -252,13 +252,12 @@ class P2PSession:
                    origin_ips: set[str], now: float, progressed: bool, current: list[int] | None,
                    members: dict[str, str] | None = None, racks_seen: dict[str, str] | None = None, *,
                    others: "Collection[str]" = (), share: "OriginShare | None" = None) -> list[int]:
-        """Piece priorities from ``planner``, and the origins filtered out (``share``: several origins,
-        see :mod:`.origins`); ``members``: the tracker's list of downloading workers now
-        (ip -> rack); ``racks_seen``: every worker listed during this download (a rack-mate that
-        finished left the list, and is still one: its pieces are the rack's, and it still sends);
-        ``others``: workers downloading other files of the torrent (partial copies). Neither they nor a
-        peer seeding a partial copy (upload only, off the list) own a piece of the plan: what they
-        hold counts as held (:func:`~p2p.swarm_view.read_swarm`)."""
+        """Piece priorities from ``planner``, and the origins filtered out (``share``: several origins, see
+        :mod:`.origins`); ``members``: the tracker's list of downloading workers now (ip -> rack);
+        ``racks_seen``: every worker listed during this download (a rack-mate that finished left the list, and
+        is still one: its pieces are the rack's, and it still sends); ``others``: workers downloading other
+        files of the torrent (partial copies). Neither they nor a peer seeding a partial copy (upload only, off
+        the list) own a piece of the plan: what they hold counts as held (:func:`~p2p.swarm_view.read_swarm`)."""
         racks = members or {}
         seen = racks_seen if racks_seen is not None else racks
         racked = bool(self.cfg.rack) or any(racks.values())
@@ -275,9 +274,11 @@ class P2PSession:
         starving = now - planner.last_progress > 5.0
         with self.lock:
             alone = self.active_downloads == 1   # (the filters are the session's: one download at a time)
-        if alone:
-            self.block_origins(origins_to_block(share, self.origin_ips, planner.self_ip, members,
-                                                view.origins, own_done, starving, now))
+        if alone:   # (a gateway whose share is in takes the rest from its rack alone: racks.py)
+            mates = view.rack_seeds > 0 or any(p.rack == planner.rack for p in view.peers.values())
+            away = self.racks.done_across(seen, planner.crossed and not starving, mates) - self.origin_ips
+            self.block_peers(origins_to_block(share, self.origin_ips, planner.self_ip, members, view.origins,
+                                              own_done, starving, now) | away)
             if racked:
                 self._pace_other_racks(planner, seen, starving, members, others)
         else:
@@ -286,10 +287,10 @@ class P2PSession:
             h.prioritize_pieces(prio)
         return prio
 
-    def block_origins(self, ips: "frozenset[str]") -> None:
-        """Filter these origins out of this session (disconnecting them), and let the others back in."""
-        if ips != self.origins_blocked:
-            self.origins_blocked = ips
+    def block_peers(self, ips: "frozenset[str]") -> None:
+        """Filter these origins and workers out of this session (disconnecting them), and let the others back in."""
+        if ips != self.blocked:
+            self.blocked = ips
             self.ses.set_ip_filter(ip_filter(self.cfg.allow, ips))
 
     def set_other_racks(self, racks: dict[str, str], members: "Mapping[str, str] | None" = None,
@@ -302,9 +303,9 @@ class P2PSession:
         """Drop the connections of workers unchoked now and not before, once: libtorrent classes a
         connection when it is made (they dial again, into their new class)."""
         if new:
-            self.ses.set_ip_filter(ip_filter(self.cfg.allow, self.origins_blocked | new))
+            self.ses.set_ip_filter(ip_filter(self.cfg.allow, self.blocked | new))
             self.racks.wait_gone(new)
-            self.ses.set_ip_filter(ip_filter(self.cfg.allow, self.origins_blocked))
+            self.ses.set_ip_filter(ip_filter(self.cfg.allow, self.blocked))
 
     def _pace_other_racks(self, planner: PiecePlan, racks: dict[str, str], starving: bool,
                           members: "Mapping[str, str] | None", others: "Collection[str]") -> None:
@@ -314,8 +315,7 @@ class P2PSession:
         outside, 4 racks x 4 workers on loopback); no limit while nothing arrives at all (the plan
         must never strand a piece). The trickle lets a request already sent outside finish."""
         self.set_other_racks(racks, members, others, planner.told | planner.told_skips)
-        dl = self.cfg.download_limit
-        trickle = max(dl // 256, 32 << 10) if dl else 1 << 20
+        trickle = max(self.cfg.download_limit // 256, 32 << 10) if self.cfg.download_limit else 1 << 20
         limit = 0 if starving or planner.crossing else trickle
         if limit != planner.rack_limit:
             update_class(self.ses, self.rack_class, download_limit=limit)
@@ -372,7 +372,7 @@ class P2PSession:
                     self.active_downloads -= 1
                     last = self.active_downloads == 0
                 try:
-                    self.block_origins(frozenset())   # (whatever happens below, the origins are let back in)
+                    self.block_peers(frozenset())   # (whatever happens below, the origins and workers are let back in)
                     update_class(self.ses, self.rack_class, download_limit=0)
                     if last:   # (a seed chokes no one, on connections made before too)
                         self._redial(self.racks.unchoke_all())

@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import queue
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Collection, Protocol
 
 import libtorrent as lt
@@ -21,6 +20,7 @@ from .errors import TransferFailed, TransferStalled
 from .members import Membership
 from .origins import OriginShare
 from .plan import HELD, PiecePlan
+from .results import DownloadResult, apportion
 
 if TYPE_CHECKING:
     from .torrent import Subset
@@ -33,7 +33,7 @@ class SessionSide(Protocol):
     other way round."""
     cfg: P2PConfig
     alerts: AlertPump
-    origins_blocked: frozenset[str]
+    blocked: frozenset[str]
     active_downloads: int
 
     def set_other_racks(self, racks: dict[str, str], members: "dict[str, str] | None" = None,
@@ -53,63 +53,6 @@ GATHER_S = 2.5   # with a tracker: ask for nothing in the first moments, until t
 
 
 BLOCK = 16 << 10  # libtorrent's request size: what one block_finished_alert stands for
-
-
-@dataclass(slots=True)
-class SwarmTrace:
-    """What the piece plan did in one download, for ``preload --json`` (``swarm``) and the bench.
-    The block figures need ``[p2p] trace`` (every 16 KiB block attributed to its sender)."""
-    workers_max: int = 0               # most downloading workers in view at once
-    slice_changes: int = 0             # times this worker's slice moved (its view of the swarm changed)
-    members_max: int = 0               # most downloading workers on the tracker's list at once
-    stalled_owners: int = 0            # owners planned without for the rest of the download ...
-    gateways: int = 0                  # rack gateways this worker planned with, one after another (racks)
-    late_owners: int = 0               # ... of them, found late (too slow for their slice), not stalled
-    alone_s: float = 0.0               # time planned with no other worker in view (everything from the origin)
-    open_all_after_s: float | None = None   # the recovery rule asked for everything, this long after the start
-    redundant_bytes: int = 0           # libtorrent: received twice (end-game) or thrown away
-    failed_bytes: int = 0              # failed their hash check
-    traced: bool = False
-    origin_bytes: int = 0              # (traced) blocks from an origin ...
-    origin_outside_slice_bytes: int = 0   # ... of pieces outside this worker's slice at that moment
-    origin_held_bytes: int = 0         # ... of pieces some other worker held (asked as HELD) at that moment
-    origin_held_after_own_bytes: int = 0   # ... of those, once this worker had nothing left to take from the origin
-    duplicate_bytes: int = 0           # (traced) blocks received more than once
-    bytes_by_rack: dict[str, int] = field(default_factory=dict)   # received, by the sender's rack
-
-    def to_dict(self) -> dict[str, object]:
-        d = {k: getattr(self, k) for k in self.__slots__ if not k.startswith("_")}
-        d["alone_s"] = round(self.alone_s, 2)
-        if self.open_all_after_s is not None:
-            d["open_all_after_s"] = round(self.open_all_after_s, 2)
-        return d
-
-
-@dataclass(slots=True)
-class DownloadResult:
-    bytes_by_peer: dict[str, int] = field(default_factory=dict)
-    seconds: float = 0.0
-    hash_failures: int = 0
-    banned: list[str] = field(default_factory=list)
-    local_bytes: int = -1    # bytes that passed libtorrent's check before any download (prefill, resume)
-    flushed: bool = False    # libtorrent confirmed its cache was written out (cache_flushed_alert)
-    trace: SwarmTrace = field(default_factory=SwarmTrace)
-
-    def split(self, origins: set[str]) -> tuple[int, int]:
-        """(bytes from origins, bytes from other peers)."""
-        o = sum(v for k, v in self.bytes_by_peer.items() if k in origins or k.split(":")[0] in origins)
-        return o, sum(self.bytes_by_peer.values()) - o
-
-
-def apportion(shares: dict[str, int], total: int) -> dict[str, int]:
-    """Scale ``shares`` to integers that add up to exactly ``total`` (largest remainder: rounding each
-    share on its own can leave the sum a byte short, and the report then claims a byte came from nowhere)."""
-    sampled = sum(shares.values())
-    parts = {k: divmod(v * total, sampled) for k, v in shares.items()}  # (integers: exact at any size)
-    out = {k: q for k, (q, _) in parts.items()}
-    for k in sorted(parts, key=lambda k: parts[k][1], reverse=True)[:total - sum(out.values())]:
-        out[k] += 1
-    return out
 
 
 class Transfer:
@@ -278,16 +221,20 @@ class Transfer:
         trace.late_owners = sum(planner.why.get(ip, "").startswith("late") for ip in self._stalled)
         if log.isEnabledFor(logging.DEBUG) and (self._debug_at is None or now - self._debug_at >= 1.0):
             self._debug_at = now
-            log.debug("p2p: %s t=%.1f workers=%d own=%d origin_left=%d gateway=%s crossing=%d origins_blocked=%s "
+            log.debug("p2p: %s t=%.1f workers=%d own=%d origin_left=%d gateway=%s crossing=%d blocked=%s "
                       "open_all=%s", self.ti.name(), now - t0, planner.workers, len(planner.own),
                       planner.origin_left, planner.gateway or "-", planner.crossing,
-                      ",".join(sorted(self.session.origins_blocked)) or "-", planner.open_all)
+                      ",".join(sorted(self.session.blocked)) or "-", planner.open_all)
         if last_plan is not None:
             trace.slice_changes += planner.own != own_before
             if planner.workers == 1 and not planner.open_all:
                 trace.alone_s += now - last_plan
         if planner.open_all and trace.open_all_after_s is None:
             trace.open_all_after_s = now - t0
+        if planner.crossed and trace.crossed_after_s is None:
+            trace.crossed_after_s = now - t0
+            log.info("p2p: %s: this gateway's share is in: the rest from rack %s alone (other racks filtered out "
+                     "until the download ends)", self.ti.name(), planner.rack)
 
     def _dial_new_home(self) -> None:
         """A home origin just chosen again (the last one died): dial it now, not at the next round."""

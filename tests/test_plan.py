@@ -9,7 +9,7 @@ import numpy as np
 
 from p2p.plan import ANY, HELD, OWN, XRACK, Peer, PiecePlan
 from p2p.rendezvous import gateway_of, rendezvous
-from p2p.transfer import apportion
+from p2p.results import apportion
 
 ips = st.lists(st.integers(1, 250).map(lambda i: f"127.0.0.{i}"), min_size=1, max_size=40, unique=True)
 

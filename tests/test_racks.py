@@ -16,7 +16,7 @@ import pytest
 
 from p2p import P2PConfig, P2PSession, load_torrent, make_torrent
 from p2p.plan import HELD, OWN, XRACK, Peer, PiecePlan
-from p2p.rendezvous import gateway_of, gateways_of
+from p2p.rendezvous import gateway_of, gateways_of, rendezvous
 from tiering import build_manifest, verify_checkpoint
 from tiering.sample import make_checkpoint
 
@@ -124,6 +124,68 @@ def test_a_gateway_whose_crossing_stands_still_asks_for_its_racks_pieces_again()
     for t in (3.0, 5.0, 6.1):   # nothing more comes in
         prio = np.array(plan.priorities(have, peers, held, members, 0, 0, t, False, outside))
     assert plan.crossing > 0 and (prio == HELD).sum() == n // 2 - sum(have[: n // 2])
+
+
+def test_a_gateway_whose_share_is_in_takes_the_rest_from_its_rack_alone() -> None:
+    """Once every piece of its share homed in other racks is in its rack, a gateway is done across
+    (``PiecePlan.crossed``) and the session filters the other racks' workers out until its download
+    ends (``racks.done_across``): open to them (they unchoke a gateway), it had its rack's pieces
+    asked of them and queued at the trickle, and finished 2.5-3.5 s after its rack-mates (bench/swarm.py
+    --racks 4). Not while one piece of its share is still to cross, not on a worker that is no
+    gateway, not once it holds everything, and the filter holds other racks' workers only."""
+    n, k = 400, 2
+    members = _racks(2, 4)
+    rack = sorted(ip for ip in members if members[ip] == "r0")
+    me, mate = gateways_of("r0", rack, k)[0], gateways_of("r0", rack, len(rack))[k]
+    home = rendezvous(n, ["r0", "r1"])
+    held, outside = [True] * n, [True] * n
+    plan = PiecePlan(n, me, rack="r0", gateways=k)
+    prio = np.array(plan.priorities([False] * n, {mate: Peer("r0", [False] * n)}, held, members, 0, 0, 1.0, True,
+                                    outside))
+    share = (prio == XRACK) & (home == 1)   # (its share of the pieces homed in r1)
+    assert share.sum() > 0.3 * n / k and not plan.crossed
+    last = int(np.flatnonzero(share)[-1])
+    have = share.copy()
+    have[last] = False                      # all of its share in but one piece; its rack-mate holds the rest
+    mate_has = ~share
+    plan.priorities(have.tolist(), {mate: Peer("r0", mate_has.tolist())}, held, members, 0, 0, 2.0, True, outside)
+    assert not plan.crossed
+    mate_has[last] = True                   # the last one is in its rack (the rack-mate took it)
+    prio = np.array(plan.priorities(have.tolist(), {mate: Peer("r0", mate_has.tolist())}, held, members, 0, 0, 3.0,
+                                    True, outside))
+    assert plan.crossed and set(np.flatnonzero(prio == HELD)) == set(np.flatnonzero(~have))
+    # the rack-mate left: that piece of its share is in no one's hands in its rack again
+    plan.priorities(have.tolist(), {}, held, members, 0, 0, 4.0, True, outside)
+    assert not plan.crossed
+    have[last] = True
+    # a rack-mate that is no gateway, with the same pieces in hand, is never done across; nor is a
+    # gateway that holds everything
+    other = PiecePlan(n, mate, rack="r0", gateways=k)
+    other.priorities(have.tolist(), {me: Peer("r0", (~have).tolist())}, held, members, 0, 0, 1.0, True, outside)
+    assert not other.crossed
+    plan.priorities([True] * n, {mate: Peer("r0", mate_has.tolist())}, held, members, 0, 0, 5.0, True, outside)
+    assert not plan.crossed
+
+
+def test_a_gateway_done_across_filters_other_racks_but_the_gateways_it_alone_serves() -> None:
+    """What the session filters out of a gateway done across (``RackClasses.done_across``): every
+    worker of another rack while a rack-mate is connected (it serves the other racks' gateways in its
+    place); with none, the other racks' gateways it unchokes stay (else its rack's pieces would stop
+    crossing out: a gateway alone in its rack, tests/test_racks_told.py). Nothing before its share is
+    in; never a worker whose rack is not known."""
+    members = _racks(3, 3)
+    s = P2PSession(P2PConfig(listen="127.0.0.2:0", rack="r0"))
+    try:
+        s.racks.set_racks({**members, "127.9.9.9": ""}, members)
+        others = {ip for ip, r in members.items() if r != "r0"}
+        served = {ip for r in ("r1", "r2") for ip in gateways_of(r, sorted(i for i in members if members[i] == r), 2)}
+        assert s.racks.open == served
+        seen = {**members, "127.9.9.9": ""}
+        assert s.racks.done_across(seen, False, True) == frozenset()
+        assert s.racks.done_across(seen, True, True) == others
+        assert s.racks.done_across(seen, True, False) == others - served
+    finally:
+        s.close()
 
 
 def test_gateways_told_skipped_are_planned_past_by_every_worker_and_served_in_their_place() -> None:
