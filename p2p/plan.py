@@ -85,6 +85,7 @@ class PiecePlan(GatewayJudging):
         self.why: dict[str, str] = {}    # ... and why, for the log
         self.crossing = 0   # pieces this worker (a gateway) now takes across racks (XRACK), as of the last call
         self.crossed = False   # ... none left of its share (homed in other racks), still lacking some: see _asks
+        self.starved_across = False   # ... and nothing came with other racks filtered: not again (racks.done_across)
         self.origin_left = num_pieces if self.wanted is None else int(np.count_nonzero(self.wanted))   # (OWN)
         self.workers = self.rack_size = 1   # downloading workers (of this rack) planned with, this one included
         self.gateway = ""                # this rack's gateway as of the last call (racks only; this node if one)

@@ -14,7 +14,9 @@ classes, on both ends of a connection:
 - **the receiver**: the other racks' class is open on the gateway while it has pieces to take
   across, and a trickle elsewhere (``P2PSession._pace_other_racks``): a sender that does not choke
   (a node seeding the version outside this download, a worker of a partial copy) is still paced.
-  Without it, one round of ``bench/swarm.py --racks 4`` had a rack take 1.28x from outside.
+  Without it, one round of ``bench/swarm.py --racks 4`` had a rack take 1.28x from outside. Once
+  its share is in, a gateway filters the other racks' workers out altogether until its download
+  ends (``RackClasses.done_across``): on the trickle, some of its rack's pieces were asked of them.
 
 Why the sender (issue 38): a connection carries both directions' messages. With only the receiver's
 trickle, an ordinary worker that had asked another rack's gateway for pieces waited for its
@@ -33,11 +35,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Collection, Mapping
+from typing import TYPE_CHECKING
 
 import libtorrent as lt
 
 from .rendezvous import gateways_of
 from .settings import class_filter
+
+if TYPE_CHECKING:
+    from .plan import PiecePlan
+    from .swarm_view import SwarmView
 
 
 def update_class(ses: lt.session, class_id: int, **changes: object) -> None:
@@ -96,19 +103,27 @@ class RackClasses:
         self.ses.set_peer_class_filter(class_filter(other, self.rack_class, opened, self.open_class))
         return new
 
-    def done_across(self, racks: Mapping[str, str], crossed: bool, mates: bool) -> frozenset[str]:
+    def done_across(self, racks: Mapping[str, str], planner: "PiecePlan", view: "SwarmView", starving: bool,
+                    others: Collection[str] = ()) -> frozenset[str]:
         """The workers of other racks (``racks``: ip -> rack) a gateway filters out of its session once
-        its share is in (``crossed``: ``PiecePlan.crossed``), while it takes the rest from its rack.
-        Until then it is open to them, and libtorrent picks who sends a piece: a gateway that let its
-        rack's pieces be asked for then had other racks' workers hold some of them queued at the
-        trickle, and finished 2.5-3.5 s after its rack-mates (4 racks x 4 workers at 10 MB/s).
-        Filtered, those connections go with their requests. The other racks' gateways it serves
-        (unchoked) stay unless a rack-mate is connected (``mates``) to serve them in its place: a
-        gateway alone in its rack would otherwise stop sending its rack's pieces across. The session
-        lets them all back in once the download ends, or while nothing arrives at all."""
-        if not crossed:
+        its share is in (``PiecePlan.crossed``), while it takes the rest from its rack. Until then it is
+        open to them, and libtorrent picks who sends a piece: a gateway that let its rack's pieces be
+        asked for then had other racks' workers hold some of them queued at the trickle, and finished
+        2.5-3.5 s after its rack-mates (4 racks x 4 workers at 10 MB/s). Filtered, those connections go
+        with their requests. Kept: the other racks' gateways it serves (unchoked), unless a rack-mate
+        that is no gateway (those filter too) or a rack seed is connected to serve them in its place;
+        workers of partial copies of other files (``others``). None once nothing has arrived for 5 s
+        with them filtered (``starving``: a rack-mate's bitfield that lies, one gone without a word),
+        for the rest of the download (``PiecePlan.starved_across``)."""
+        if not planner.crossed or planner.starved_across:
             return frozenset()
-        return frozenset(ip for ip, r in racks.items() if r and r != self.rack and (mates or ip not in self.open))
+        if starving:
+            planner.starved_across = True
+            return frozenset()
+        mates = view.rack_seeds > 0 or any(p.rack == self.rack and ip not in planner.gateways
+                                           for ip, p in view.peers.items())
+        return frozenset(ip for ip, r in racks.items()
+                         if r and r != self.rack and ip not in others and (mates or ip not in self.open))
 
     def unchoke_all(self) -> frozenset[str]:
         """Choke no one from now on: when no download, or more than one, decides (a seed's choices

@@ -19,7 +19,7 @@ class SwarmTrace:
     alone_s: float = 0.0               # time planned with no other worker in view (everything from the origin)
     open_all_after_s: float | None = None   # the recovery rule asked for everything, this long after the start
     crossed_after_s: float | None = None    # (a gateway) its share was in, this long after the start: the rest
-    #                                         from its rack, other racks filtered out (racks.done_across)
+    #                                         from its rack, other racks' workers filtered out (racks.done_across)
     redundant_bytes: int = 0           # libtorrent: received twice (end-game) or thrown away
     failed_bytes: int = 0              # failed their hash check
     traced: bool = False

@@ -252,7 +252,7 @@ class P2PSession:
                    origin_ips: set[str], now: float, progressed: bool, current: list[int] | None,
                    members: dict[str, str] | None = None, racks_seen: dict[str, str] | None = None, *,
                    others: "Collection[str]" = (), share: "OriginShare | None" = None) -> list[int]:
-        """Piece priorities from ``planner``, and the origins filtered out (``share``: several origins, see
+        """Piece priorities from ``planner``, and the origins and workers filtered out (``share``: origins, see
         :mod:`.origins`); ``members``: the tracker's list of downloading workers now (ip -> rack);
         ``racks_seen``: every worker listed during this download (a rack-mate that finished left the list, and
         is still one: its pieces are the rack's, and it still sends); ``others``: workers downloading other
@@ -275,23 +275,24 @@ class P2PSession:
         with self.lock:
             alone = self.active_downloads == 1   # (the filters are the session's: one download at a time)
         if alone:   # (a gateway whose share is in takes the rest from its rack alone: racks.py)
-            mates = view.rack_seeds > 0 or any(p.rack == planner.rack for p in view.peers.values())
-            away = self.racks.done_across(seen, planner.crossed and not starving, mates) - self.origin_ips
+            away = self.racks.done_across(seen, planner, view, starving, others) - self.origin_ips
             self.block_peers(origins_to_block(share, self.origin_ips, planner.self_ip, members, view.origins,
                                               own_done, starving, now) | away)
             if racked:
                 self._pace_other_racks(planner, seen, starving, members, others)
-        else:
-            self._redial(self.racks.unchoke_all())   # (another download's list must not choose for this one's swarm)
+        else:   # (another download's list must not choose for this one's swarm, nor filter it)
+            self.block_peers(frozenset())
+            self._redial(self.racks.unchoke_all())
         if prio != current:
             h.prioritize_pieces(prio)
         return prio
 
     def block_peers(self, ips: "frozenset[str]") -> None:
-        """Filter these origins and workers out of this session (disconnecting them), and let the others back in."""
-        if ips != self.blocked:
-            self.blocked = ips
-            self.ses.set_ip_filter(ip_filter(self.cfg.allow, ips))
+        """Filter these origins and workers out (disconnecting them), the others back in (locked: one truth)."""
+        with self.lock:
+            if ips != self.blocked:
+                self.blocked = ips
+                self.ses.set_ip_filter(ip_filter(self.cfg.allow, ips))
 
     def set_other_racks(self, racks: dict[str, str], members: "Mapping[str, str] | None" = None,
                         others: "Collection[str]" = (), skipped: "Collection[str]" = ()) -> None:
@@ -300,8 +301,7 @@ class P2PSession:
         self._redial(self.racks.set_racks(racks, members, others, skipped))
 
     def _redial(self, new: "frozenset[str]") -> None:
-        """Drop the connections of workers unchoked now and not before, once: libtorrent classes a
-        connection when it is made (they dial again, into their new class)."""
+        """Drop once the connections of workers unchoked now and not before (they dial again, into their new class)."""
         if new:
             self.ses.set_ip_filter(ip_filter(self.cfg.allow, self.blocked | new))
             self.racks.wait_gone(new)

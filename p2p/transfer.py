@@ -39,6 +39,8 @@ class SessionSide(Protocol):
     def set_other_racks(self, racks: dict[str, str], members: "dict[str, str] | None" = None,
                         others: Collection[str] = ()) -> None: ...
 
+    def block_peers(self, ips: frozenset[str]) -> None: ...
+
     def apply_plan(self, h: lt.torrent_handle, planner: PiecePlan, st: lt.torrent_status,
                    origin_ips: set[str], now: float, progressed: bool, current: list[int] | None,
                    members: dict[str, str] | None = None, racks_seen: dict[str, str] | None = None, *,
@@ -107,6 +109,7 @@ class Transfer:
         try:
             self._download(t0, stall_s, timeout_s)
         finally:
+            self.session.block_peers(frozenset())   # (in, or failed: nobody is filtered while it flushes)
             if self.membership is not None:
                 self.membership.stop()
         self._flush(flush_timeout_s)
@@ -233,8 +236,8 @@ class Transfer:
             trace.open_all_after_s = now - t0
         if planner.crossed and trace.crossed_after_s is None:
             trace.crossed_after_s = now - t0
-            log.info("p2p: %s: this gateway's share is in: the rest from rack %s alone (other racks filtered out "
-                     "until the download ends)", self.ti.name(), planner.rack)
+            log.info("p2p: %s: this gateway's share is in: the rest from rack %s (other racks' workers filtered "
+                     "out)", self.ti.name(), planner.rack)
 
     def _dial_new_home(self) -> None:
         """A home origin just chosen again (the last one died): dial it now, not at the next round."""

@@ -17,6 +17,7 @@ import pytest
 from p2p import P2PConfig, P2PSession, load_torrent, make_torrent
 from p2p.plan import HELD, OWN, XRACK, Peer, PiecePlan
 from p2p.rendezvous import gateway_of, gateways_of, rendezvous
+from p2p.swarm_view import SwarmView
 from tiering import build_manifest, verify_checkpoint
 from tiering.sample import make_checkpoint
 
@@ -169,21 +170,39 @@ def test_a_gateway_whose_share_is_in_takes_the_rest_from_its_rack_alone() -> Non
 
 def test_a_gateway_done_across_filters_other_racks_but_the_gateways_it_alone_serves() -> None:
     """What the session filters out of a gateway done across (``RackClasses.done_across``): every
-    worker of another rack while a rack-mate is connected (it serves the other racks' gateways in its
-    place); with none, the other racks' gateways it unchokes stay (else its rack's pieces would stop
-    crossing out: a gateway alone in its rack, tests/test_racks_told.py). Nothing before its share is
-    in; never a worker whose rack is not known."""
+    worker of another rack while a rack-mate that is no gateway, or a rack seed, is connected (it
+    serves the other racks' gateways in its place); else the other racks' gateways it unchokes stay
+    (a rack whose only downloaders are its two gateways filtered each other's peers: the other
+    racks got its pieces only from the origin), and so do workers of partial copies of other files.
+    Nothing before its share is in, never a worker whose rack is not known, and nothing for the rest
+    of the download once nothing arrived with them filtered (a rack-mate whose bitfield lies would
+    have it filter, starve 5 s, open, and filter again)."""
     members = _racks(3, 3)
+    rack = sorted(ip for ip in members if members[ip] == "r0")
+    gws = gateways_of("r0", rack, 2)
+    plain = next(ip for ip in rack if ip not in gws)
     s = P2PSession(P2PConfig(listen="127.0.0.2:0", rack="r0"))
     try:
-        s.racks.set_racks({**members, "127.9.9.9": ""}, members)
-        others = {ip for ip, r in members.items() if r != "r0"}
+        seen = {**members, "127.9.9.9": "", "127.9.9.8": "r2"}   # (.8: a partial copy of other files)
+        s.racks.set_racks(seen, members, others=["127.9.9.8"])
+        other = {ip for ip, r in members.items() if r != "r0"}
         served = {ip for r in ("r1", "r2") for ip in gateways_of(r, sorted(i for i in members if members[i] == r), 2)}
-        assert s.racks.open == served
-        seen = {**members, "127.9.9.9": ""}
-        assert s.racks.done_across(seen, False, True) == frozenset()
-        assert s.racks.done_across(seen, True, True) == others
-        assert s.racks.done_across(seen, True, False) == others - served
+        assert s.racks.open == served | {"127.9.9.8"}
+        plan = PiecePlan(100, gws[0], rack="r0", gateways=2)
+        plan.gateways = gws
+
+        def away(peers: dict[str, Peer], rack_seeds: int = 0, starving: bool = False) -> frozenset[str]:
+            view = SwarmView([False] * 100, peers, [False] * 100, rack_seeds=rack_seeds)
+            return s.racks.done_across(seen, plan, view, starving, others=["127.9.9.8"])
+
+        assert away({plain: Peer("r0")}) == frozenset()           # (its share not in yet)
+        plan.crossed = True
+        assert away({plain: Peer("r0")}) == other
+        assert away({}, rack_seeds=1) == other
+        assert away({gws[1]: Peer("r0")}) == other - served        # (the other gateway filters them too)
+        assert away({}) == other - served
+        assert away({plain: Peer("r0")}, starving=True) == frozenset() and plan.starved_across
+        assert away({plain: Peer("r0")}) == frozenset()
     finally:
         s.close()
 
