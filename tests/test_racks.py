@@ -207,6 +207,28 @@ def test_a_gateway_done_across_filters_other_racks_but_the_gateways_it_alone_ser
         s.close()
 
 
+def test_two_downloads_at_once_filter_no_one(tmp_path: Path) -> None:
+    """The filters are the session's and a download's plan sets them only while it runs alone: once a
+    second download runs, whatever the first had filtered (a gateway done across: other racks'
+    workers; its own slice in: the origins) is let back in (before, it stayed until the first ended,
+    and the second could not reach those peers)."""
+    mib = 1 << 20
+    ckpt = make_checkpoint(tmp_path / "v1", total_bytes=2 * mib, shards=1, layers=1)
+    m = build_manifest(ckpt)
+    ti = load_torrent(make_torrent(ckpt, m, piece_size=mib), m)
+    s = P2PSession(P2PConfig(listen="127.0.0.2:0", rack="r0"))
+    try:
+        assert s.seed(ti, ckpt)
+        h = next(iter(s.seeding.values()))
+        s.block_peers(frozenset({"127.0.1.1", "127.0.1.2"}))
+        plan = PiecePlan(ti.num_pieces(), "127.0.0.2", rack="r0")
+        s.active_downloads = 2   # (as two downloads' threads leave it)
+        s.apply_plan(h, plan, h.status(), set(), time.monotonic(), False, None, {"127.0.1.1": "r1"})
+        assert s.blocked == frozenset()
+    finally:
+        s.close()
+
+
 def test_gateways_told_skipped_are_planned_past_by_every_worker_and_served_in_their_place() -> None:
     """A gateway one worker skipped is told through the trackers (``skipped``): the others plan past
     it at once (the skipped one itself too: it takes nothing across then), and the other racks'
