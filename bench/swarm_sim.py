@@ -565,7 +565,7 @@ def predict(nodes: list[int], pieces: int, seed: int = 1) -> dict:
     size, nic, nvme = 130e9, 100e9 / 8 * 0.8, 7e9
     k = gateways_for(25, 0.25)   # (7: their NICs fill the rack's uplink)
     # ("plan": as the daemon ships, [p2p] gateways = 2; one gateway a rack was the default before)
-    contenders = [("plan", "plan", {"gateways": 2}), ("plan, one gateway a rack", "plan", {}),
+    contenders = [("plan", "plan", {"gateways": SHIPPED_GATEWAYS}), ("plan, one gateway a rack", "plan", {}),
                   (f"plan, {k} gateways a rack", "plan", {"gateways": k}),
                   (f"plan, {k} gateways a rack at full rate", "plan", {"gateways": k, "gateway_rate": 1.0}),
                   ("plan without racks", "plan-flat", {})]
@@ -643,11 +643,23 @@ def _positive_ints(text: str) -> list[int]:
     return out
 
 
+def _fractions(text: str) -> list[float]:
+    """A comma-separated list of numbers in (0, 1], for argparse (a bad one, nan included: a usage
+    error, exit 2)."""
+    try:
+        out = [float(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {text!r}") from None
+    if not out or not all(0 < x <= 1 for x in out):
+        raise argparse.ArgumentTypeError(f"expected numbers in (0, 1], got {text!r}")
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("what", choices=["calibrate", "fit", "fit-gateway-rate", "predict"])
-    ap.add_argument("--values", default="0.2,0.25,0.3,0.35,0.45,0.65,1.0",
-                    help="fit-gateway-rate: the values of gateway_rate to try, comma-separated")
+    ap.add_argument("--values", type=_fractions, default=[0.2, 0.25, 0.3, 0.35, 0.45, 0.65, 1.0],
+                    help="fit-gateway-rate: the values of gateway_rate to try, comma-separated, each in (0, 1]")
     ap.add_argument("--nodes", type=_positive_ints, default=[100, 1000])
     ap.add_argument("--pieces", type=lambda t: _positive_ints(t)[0], default=1024,
                     help="equal parts the checkpoint is simulated as (predict)")
@@ -670,13 +682,7 @@ def main() -> int:
     elif args.what == "fit":
         print(json.dumps(fit(), indent=2))
     elif args.what == "fit-gateway-rate":
-        try:
-            values = [float(v) for v in args.values.split(",")]
-        except ValueError:
-            ap.error(f"--values: numbers separated by commas, got {args.values!r}")
-        if not values or min(values) <= 0 or max(values) > 1:
-            ap.error(f"--values: each in (0, 1], got {args.values!r}")
-        print(json.dumps(fit_gateway_rate(values, seeds), indent=2))
+        print(json.dumps(fit_gateway_rate(args.values, seeds), indent=2))
     else:
         runs = [predict(args.nodes, args.pieces, seed=x) for x in seeds]
         print(json.dumps(over_seeds("predict", runs, args.max_spread, (m0, machine_state())), indent=2))

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 import sys
 from pathlib import Path
 
@@ -82,3 +83,17 @@ def test_held_out_runs_are_checked_apart_from_the_fitted_ones(sim, monkeypatch) 
     assert row["n"] == 4 and row["error"]["t_over_t1"] == 0.2
     assert row["error"]["origin_x"] == pytest.approx(0.091, abs=0.002)
     assert both["held_out"]["worst_error"] == 0.2
+
+
+def test_the_gateway_rate_fit_prefers_the_rate_the_racks_run_shows_and_refuses_bad_values(sim) -> None:
+    """``fit-gateway-rate`` on the racks run as shipped: the calibrated value beats the full rate by
+    far (the measured run is slower than gateways at their cap); a value that is no fraction of the
+    cap (nan included) is a usage error, exit 2, before anything runs."""
+    out = sim.fit_gateway_rate([sim.CALIBRATION["gateway_rate"], 1.0], [1])
+    assert out["best"] == sim.CALIBRATION["gateway_rate"], out
+    errs = {v["gateway_rate"]: v["worst_error_median"] for v in out["values"]}
+    assert errs[sim.CALIBRATION["gateway_rate"]] <= 0.15 < errs[1.0], errs
+    for bad in ("nan", "0", "1.5", "abc", "", "0.3,inf"):
+        r = subprocess.run([sys.executable, str(ROOT / "bench" / "swarm_sim.py"), "fit-gateway-rate", "--values", bad,
+                            "--seeds", "1"], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and "--values" in r.stderr and "Traceback" not in r.stderr, (bad, r.stderr)
