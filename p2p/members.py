@@ -40,6 +40,7 @@ import ssl
 import threading
 import time
 import urllib.parse
+from collections import Counter
 from typing import TYPE_CHECKING, Sequence
 
 from tiering import Cutoff
@@ -241,15 +242,14 @@ class Membership:
             raise _NotOurs("not a member list")
         others, dropped, skipped = doc.get("others"), doc.get("dropped"), doc.get("skipped")
         listed = self._rows(rows)
-        named, skips = (frozenset(ip for ip in (x if isinstance(x, list) else [])[:MAX_MEMBERS] if ip in listed)
-                        for x in (dropped, skipped))
+        # (only addresses of the answer's own list: anything else, a nested list included, is not one)
+        named, skips = (frozenset(ip for ip in (x if isinstance(x, list) else [])[:MAX_MEMBERS]
+                                  if isinstance(ip, str) and ip in listed) for x in (dropped, skipped))
         # (a tracker of ours lists at most a quarter per worker that said so; more, from a rogue
         # tracker, would make this node plan alone and pull everything from the origin: not heeded;
         # skipped gateways: at most half a rack, each said by two rack-mates; a rack with more: none)
-        size: dict[str, int] = {}
-        for r in listed.values():
-            size[r] = size.get(r, 0) + 1
-        over = {r for r in size if sum(listed[ip] == r for ip in skips) > max(1, size[r] // 2)}
+        size, said = Counter(listed.values()), Counter(listed[ip] for ip in skips)
+        over = {r for r, k in said.items() if k > max(1, size[r] // 2)}
         return listed, self._rows(others if isinstance(others, list) else []), \
             named if len(named) <= max(1, len(listed) // 4) else frozenset(), \
             frozenset(ip for ip in skips if listed[ip] not in over)
