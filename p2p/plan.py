@@ -188,6 +188,13 @@ class PiecePlan(GatewayJudging):
             self.why[ip] = "dropped by another worker's plan (the tracker says so)"
         self.told = now_told
 
+    def filters_across(self, starving: bool) -> bool:
+        """Whether this gateway, done across (``crossed``), keeps the other racks' workers filtered
+        out (``RackClasses.done_across``): not once nothing arrived so (``starving``), for the rest of
+        the download (a rack-mate's bitfield that lies would have it filter, starve, open, refilter)."""
+        self.starved_across |= self.crossed and starving
+        return self.crossed and not self.starved_across
+
     @property
     def found(self) -> set[str]:
         return self.stalled - self.told   # (this node's own findings: stalled or late)

@@ -114,11 +114,8 @@ class RackClasses:
         that is no gateway (those filter too) or a rack seed is connected to serve them in its place;
         workers of partial copies of other files (``others``). None once nothing has arrived for 5 s
         with them filtered (``starving``: a rack-mate's bitfield that lies, one gone without a word),
-        for the rest of the download (``PiecePlan.starved_across``)."""
-        if not planner.crossed or planner.starved_across:
-            return frozenset()
-        if starving:
-            planner.starved_across = True
+        for the rest of the download (``PiecePlan.filters_across``)."""
+        if not planner.filters_across(starving):
             return frozenset()
         mates = view.rack_seeds > 0 or any(p.rack == self.rack and ip not in planner.gateways
                                            for ip, p in view.peers.items())
