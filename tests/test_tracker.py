@@ -514,6 +514,13 @@ def test_a_gateway_skipped_by_two_rack_mates_is_listed_to_every_worker() -> None
     t.members("127.0.0.10", h + "&done=1")   # one of the two left: no longer listed
     tick()
     assert "127.0.0.12" not in skipped_of("127.0.0.15")
+    # each sayer is heard for at most half its rack, the first by address: .10's third name (.13) is
+    # cut, so .13 has one sayer (.11) and is not listed; a sayer naming a worker twice is one sayer
+    skipped_of("127.0.0.10", "&skip=127.0.0.11,127.0.0.12,127.0.0.13")
+    skipped_of("127.0.0.11", "&skip=127.0.0.12,127.0.0.13")
+    skipped_of("127.0.0.14", "&skip=127.0.0.15,127.0.0.15")
+    tick()
+    assert skipped_of("127.0.0.16") == ["127.0.0.12"]
 
 
 def test_a_worker_cannot_drop_another_groups_workers() -> None:
