@@ -41,7 +41,8 @@ def rendezvous(num_pieces: int, labels: Sequence[str], slack: float | None = 0.1
     missing or gone moves only (about) its own pieces.
 
     ``slack``: bounded loads (consistent hashing with bounded loads, Mirrokni et al.): no label owns
-    more than about ``(1 + slack) * pieces / labels`` (at most 7% more, see ``step``); a piece past
+    more than about ``(1 + slack) * pieces / labels`` (at most 7% more, see ``step``; or one piece
+    over the even share where that is more); a piece past
     that goes to its best label with room. Plain highest-score owners are uneven when each label has few pieces (4 workers and 90
     pieces gave slices of 17 to 28, and the swarm waits on the largest); the bound costs a few more
     pieces moved when a label comes or goes. ``None``: plain rendezvous."""
@@ -63,6 +64,10 @@ def rendezvous(num_pieces: int, labels: Sequence[str], slack: float | None = 0.1
     # every k moved ~480 of 10,000 pieces when one of 1,000 labels left, instead of its own ~10)
     step = max(1, k // 16)
     cap = -(-num_pieces * (100 + round(slack * 100)) // (100 * (k - k % step)))
+    # (and at least one piece over the even share: with a few pieces a label, a bound of the even
+    # share alone fills every label, and one label gone cascades through all of them: up to 24% of
+    # the pieces moved when one of 36 labels owning 2 of 63 left; with the one piece, at most 11%)
+    cap = max(cap, -(-num_pieces // (k - k % step)) + 1)
     excluded: dict[int, set[int]] = {}   # piece -> labels it was turned away from
     for _ in range(64):   # (a few rounds in practice; any answer is a valid one, only less even)
         counts = np.bincount(owner, minlength=k)

@@ -41,14 +41,15 @@ def test_a_worker_missing_from_a_view_moves_only_its_own_pieces(workers: list[st
                                                                  data: st.DataObject) -> None:
     """Rendezvous hashing, not ranks: without one worker, only the pieces it owned change owner (ranked
     slices would shift every boundary, and every worker's slice with them); with bounded loads, only a
-    few more (those a full owner turned away)."""
+    few more (those a full owner turned away): half its own again, and 8 or a tenth of the pieces (with
+    a few pieces a worker the cascade reaches further: 6 of 57 at 19 workers in 6,000 drawn cases)."""
     gone = data.draw(st.sampled_from(workers))
     rest = sorted(w for w in workers if w != gone)
     for slack, extra in ((None, 0.0), (0.1, 0.5)):
         before = [sorted(workers)[i] for i in rendezvous(n, sorted(workers), slack)]
         after = [rest[i] for i in rendezvous(n, rest, slack)]
         moved = sum(a != b for a, b in zip(before, after))
-        assert moved <= before.count(gone) * (1 + extra) + 8 * (extra > 0), (slack, moved)
+        assert moved <= before.count(gone) * (1 + extra) + max(8, n / 10) * (extra > 0), (slack, moved)
         if slack is None:
             assert all(a == b for a, b in zip(before, after) if a != gone)
 
@@ -61,8 +62,9 @@ def test_no_owner_takes_more_than_its_bound(workers: list[str], n: int) -> None:
     owner = rendezvous(n, workers)
     assert owner.min() >= 0 and owner.max() < len(workers)
     k = len(workers)
-    bound = -(-n * 110 // (100 * (k - k % max(1, k // 16))))   # (k rounded down by k/16: <= 1.1 x 16/15)
-    assert max(np.bincount(owner, minlength=k)) <= bound <= n * 1.1 * 16 / 15 / k + 1
+    even = k - k % max(1, k // 16)   # (k rounded down by k/16: <= 1.1 x 16/15)
+    bound = max(-(-n * 110 // (100 * even)), -(-n // even) + 1)   # (or one over the even share)
+    assert max(np.bincount(owner, minlength=k)) <= bound <= max(n * 1.1 * 16 / 15 / k + 1, n * 16 / 15 / k + 2)
 
 
 def test_one_of_a_thousand_leaving_moves_about_its_own_pieces() -> None:
