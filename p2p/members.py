@@ -14,7 +14,7 @@ trackers is on the union anyway, and one that died stays on it until the last an
 ``stale_s`` old (the plan's stalled-owner rule covers that time).
 
 **Dropped owners**: each request also says which owners this node's plan dropped (``drop=``), and
-each answer which owners any worker dropped (``dropped``, only workers of that list): every worker
+each answer which owners two workers dropped (``dropped``, only workers of that list): every worker
 then plans without them within a round, where each used to judge lateness on its own clock (a
 worker that dropped a slow owner early waited on a share another had not taken yet, 15-25 s).
 Likewise the gateways this node's plan skipped (``skip=``, stalled or never connected; answered as

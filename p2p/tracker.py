@@ -39,7 +39,8 @@ Two things for the piece plan (``plan.py``), beyond BEP 3:
   A worker fetching a partial copy says which files it wants (``want=TAG``, the same tag for the same
   files): the list it gets has only the workers that want the same, and ``others`` the rest (they
   own no piece of its plan: a worker never takes a slice of pieces it does not want). A worker also
-  says which owners its plan dropped (``drop=``), and every answer lists them (``dropped``); and
+  says which owners its plan dropped (``drop=``), and every answer lists them (``dropped``, once two
+  workers say so); and
   which of its rack's gateways its plan skipped (``skip=``: stalled, or never connected), listed as
   ``skipped`` so that other racks serve the worker that takes across in their place.
 """
@@ -133,7 +134,9 @@ class _Swarm:
         what it says replaces what it said before. Only workers wanting what it wants count (a group
         of ``want=`` plans apart), and a worker naming more than a quarter of its group (at least one)
         or more than MAX_DROPS is not heeded: one confused or hostile worker cannot make the others
-        plan without everyone (each would pull everything from the origin)."""
+        plan without everyone (each would pull everything from the origin); ``told`` lists an owner
+        only once two of the group say so (one in a group of two): one cannot drop the owners, or the
+        gateways, ranked before it."""
         want = self.members[reporter][1]
         group = sum(1 for _, w, _ in self.members.values() if w == want)
         names = frozenset(ip for ip in named if ip != reporter and ip in self.members and self.members[ip][1] == want)
@@ -158,8 +161,9 @@ class _Swarm:
 
     def told(self, kind: str, want: str, now: float) -> list[str]:
         """The owners some worker wanting ``want`` dropped (``kind`` "drop"), or the gateways skipped
-        ("skip"), said within DROP_TTL_S by a worker still on the list; made at most once a second per
-        group (a fleet's requests each second all ask)."""
+        ("skip"), said within DROP_TTL_S by two workers still on the list (one where only one other
+        could: a group, or for a skip a rack, of two); made at most once a second per group (a
+        fleet's requests each second all ask)."""
         made = self.told_at.get((kind, want))
         if made is not None and now - made[0] < 1.0:
             return made[1]
@@ -171,14 +175,16 @@ class _Swarm:
             elif self.members[who][1] == want:
                 for ip in names:
                     sayers[ip] = sayers.get(ip, 0) + 1
-        if kind == "skip":   # (two rack-mates must say it; one in a rack of two)
-            size: dict[str, int] = {}
-            for r, w, _ in self.members.values():
-                if w == want:
-                    size[r] = size.get(r, 0) + 1
-            sayers = {ip: n for ip, n in sayers.items()
-                      if ip in self.members and n >= min(2, size.get(self.members[ip][0], 0) - 1)}
-        got = sorted(ip for ip in sayers if ip in self.members)
+        # two must say it (one where only one other could): a drop by two of the group, a skip by two
+        # of the gateway's rack-mates; one hostile worker alone cannot make the others plan without
+        # the owners (or the gateways) ranked before it
+        size: dict[str, int] = {}
+        for r, w, _ in self.members.values():
+            if w == want:
+                key = r if kind == "skip" else ""
+                size[key] = size.get(key, 0) + 1
+        got = sorted(ip for ip, n in sayers.items() if ip in self.members
+                     and n >= min(2, size.get(self.members[ip][0] if kind == "skip" else "", 0) - 1))
         self.told_at[(kind, want)] = (now, got)
         if len(self.told_at) > 128:   # (groups come and go)
             self.told_at.pop(next(iter(self.told_at)))
@@ -304,8 +310,8 @@ class Tracker:
         what it wants (``TAG``: a partial copy's files; none: every file) as JSON
         ``{"interval": s, "downloading": [[ip, rack], ...], "others": [[ip, rack], ...]}``, ``others``
         being the workers that want other files, ``"dropped": [ip, ...]`` the workers of the list some
-        worker plans without (``drop=IP,...``: the asker's own plan found them stalled or late; kept
-        DROP_TTL_S after the last to say it), so every worker moves their slices at once instead of
+        worker plans without (``drop=IP,...``: the asker's own plan found them stalled or late; listed
+        once two of the group say it, kept DROP_TTL_S after), so every worker moves their slices at once instead of
         each on its own clock; ``"skipped"`` likewise the gateways some worker skipped (``skip=``,
         listed once two rack-mates say it). Same allowlist as announces; only for a version this
         fleet publishes;
