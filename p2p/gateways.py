@@ -46,8 +46,7 @@ class GatewayJudging:
     def _gateways_among(self, mine: Sequence[str]) -> list[str]:
         """The rack's ``k`` gateways: by the hashing, over the rack's workers neither this node nor
         (through the trackers) another skipped."""
-        rest = [ip for ip in mine if ip not in self.skipped_gateways and ip not in self.told_skips]
-        return gateways_of(self.rack, rest or mine, self.k)
+        return gateways_of(self.rack, mine, self.k, self.skipped_gateways | self.told_skips)
 
     def told_skipped(self, ips: "frozenset[str]") -> None:
         """Gateways another worker's plan skipped (the trackers' ``skipped``, now): planned past while
@@ -99,6 +98,7 @@ class GatewayJudging:
                 self.skipped_gateways.discard(ip)
                 self._gateway_counts.pop(ip, None)
                 self._gateway_missing.pop(ip, None)
+                self._skipped_at.pop(ip, None)
         for gw in self._gateways_among(mine):
             if gw != self.self_ip:
                 self._judge_gateway(gw, peers, held, now)

@@ -94,7 +94,7 @@ class RackClasses:
                 if r != self.rack:
                     by_rack.setdefault(r, []).append(ip)
             gws = {ip for r, ips in by_rack.items()
-                   for ip in gateways_of(r, sorted(set(ips) - set(skipped)) or sorted(ips), self.k)}
+                   for ip in gateways_of(r, ips, self.k, frozenset(skipped))}
             opened = frozenset(ip for ip in other if ip in gws or ip in others)
         if other == self.other and opened == self.open:
             return frozenset()

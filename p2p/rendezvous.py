@@ -101,8 +101,11 @@ def gateway_of(rack: str, workers: Sequence[str]) -> str:
     return max(workers, key=lambda ip: (int(_key(f"gateway/{rack}/{ip}")), ip))
 
 
-def gateways_of(rack: str, workers: Sequence[str], k: int = 1) -> list[str]:
-    """The ``k`` gateways of ``rack`` among its ``workers``, best first, the first ``gateway_of``'s."""
+def gateways_of(rack: str, workers: Sequence[str], k: int = 1, skipped: Collection[str] = ()) -> list[str]:
+    """The ``k`` gateways of ``rack`` among its ``workers``, best first, the first ``gateway_of``'s;
+    among those not ``skipped`` (gateways their rack plans past), or all of them if none is left. The
+    receivers (``gateways.py``) and the senders (``racks.py``) both ask this: they must agree."""
+    workers = [ip for ip in workers if ip not in skipped] or list(workers)
     ranked = sorted(workers, key=lambda ip: (int(_key(f"gateway/{rack}/{ip}")), ip), reverse=True)
     return ranked[:max(1, k)]
 

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 import numpy as np
 
 from p2p.plan import ANY, HELD, OWN, XRACK, Peer, PiecePlan
-from p2p.rendezvous import gateway_of, rendezvous
+from p2p.rendezvous import gateway_of, gateways_of, rendezvous
 from p2p.results import apportion
 
 ips = st.lists(st.integers(1, 250).map(lambda i: f"127.0.0.{i}"), min_size=1, max_size=40, unique=True)
@@ -439,3 +439,15 @@ def test_no_gateway_until_this_node_knows_its_own_address() -> None:
     plan = PiecePlan(n, "", rack="r1")
     prio = plan.priorities([False] * n, {}, [True] * n, members, 0, 0, 0.0, True)
     assert plan.gateway == "" and XRACK not in prio and plan.crossing == 0
+
+
+def test_gateways_are_hashed_over_the_rack_less_the_skipped_or_all_if_none_is_left() -> None:
+    """One function for the receivers (``gateways.py``) and the senders (``racks.py``): they must
+    agree on who takes across, skips included (the two wrote it each their own way before)."""
+    ws = [f"127.0.0.{i}" for i in range(10, 15)]
+    ranked = gateways_of("r0", ws, len(ws))
+    assert gateways_of("r0", ws, 2) == ranked[:2] == gateways_of("r0", list(reversed(ws)), 2)
+    assert gateways_of("r0", ws, 2, {ranked[0]}) == ranked[1:3]
+    assert gateways_of("r0", ws, 2, frozenset(ranked[:4])) == ranked[4:]
+    assert gateways_of("r0", ws, 2, set(ws)) == ranked[:2]   # (all skipped: hashed over all)
+    assert gateways_of("r0", ws, 2, {"10.9.9.9"}) == ranked[:2]
