@@ -41,15 +41,16 @@ def test_a_worker_missing_from_a_view_moves_only_its_own_pieces(workers: list[st
                                                                  data: st.DataObject) -> None:
     """Rendezvous hashing, not ranks: without one worker, only the pieces it owned change owner (ranked
     slices would shift every boundary, and every worker's slice with them); with bounded loads, only a
-    few more (those a full owner turned away): half its own again, and 8 or a tenth of the pieces (with
-    a few pieces a worker the cascade reaches further: 6 of 57 at 19 workers in 6,000 drawn cases)."""
+    few more (those a full owner turned away): half its own again, 8, and two workers' worth (in 8,000
+    drawn cases at most 9.5 past half its own and 8: 28 moved of 356 pieces at 40 workers, it owned 7;
+    a tenth of the pieces was exceeded once, and the old 8 alone 43 times in 3,000)."""
     gone = data.draw(st.sampled_from(workers))
     rest = sorted(w for w in workers if w != gone)
     for slack, extra in ((None, 0.0), (0.1, 0.5)):
         before = [sorted(workers)[i] for i in rendezvous(n, sorted(workers), slack)]
         after = [rest[i] for i in rendezvous(n, rest, slack)]
         moved = sum(a != b for a, b in zip(before, after))
-        assert moved <= before.count(gone) * (1 + extra) + max(8, n / 10) * (extra > 0), (slack, moved)
+        assert moved <= before.count(gone) * (1 + extra) + (8 + 2 * n / len(workers)) * (extra > 0), (slack, moved)
         if slack is None:
             assert all(a == b for a, b in zip(before, after) if a != gone)
 
