@@ -42,9 +42,10 @@ demo: $(BASE)
 tools:
 	bash scripts/install-tools.sh
 
-# two workers, a test file each at a time (module fixtures stay in one process): many tests wait on
-# rate-capped swarms, daemons and timeouts, so two files overlap their waits on 2 cores (TEST_JOBS=0: serial)
-TEST_JOBS ?= 2
+# three workers, a test file each at a time (module fixtures stay in one process): many tests wait on
+# rate-capped swarms, daemons and timeouts, so three files overlap their waits on 2 cores (2026-12-06:
+# 677 s with three, the machine 83% busy; ~816 s with two) (TEST_JOBS=0: serial)
+TEST_JOBS ?= 3
 test: $(STAMP) $(WHEELHOUSE) tools
 	$(BIN)/python -m pytest -q $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadfile)
 
