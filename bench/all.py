@@ -59,6 +59,8 @@ BENCHES: dict[str, tuple[list[str], list[str]]] = {
     "predict": (["bench/predict.py", "--trace", "diurnal"],
                 ["bench/predict.py", "--days", "3", "--models", "8", "--slots", "3"]),
     "swarm_sim": (["bench/swarm_sim.py", "calibrate"], ["bench/swarm_sim.py", "predict", "--nodes", "8", "--pieces", "64"]),
+    "torrent_memory": (["bench/torrent_memory.py"],
+                       ["bench/torrent_memory.py", "--size", "64MiB", "--shards", "4", "--piece-size", "1MiB", "--rounds", "1"]),
 }
 
 
