@@ -5,7 +5,8 @@
 
 Each bench runs with the command the table prints beside its figures (docs/benchmarks.md's own, sized so the
 whole run takes about 40 minutes on this 2-core VM: the run of 2026-12-05 02:01 UTC took 36 minutes,
-swarm_sim's calibration adds under one and preload_cgroup two and a half; a bench whose spread is wide runs up to twice its rounds,
+swarm_sim's calibration adds under one, preload_cgroup two and a half, torrent_memory about ten and 16 GiB
+of free disk; a bench whose spread is wide runs up to twice its rounds,
 so a noisy machine can stretch that towards an hour; `--quick` uses tiny sizes to check that all of
 them run, in about 10 minutes). Each bench's JSON goes to bench/results/<date>/<name>.json. The table (between the
 markers `<!-- bench:all:begin -->` and `<!-- bench:all:end -->` in docs/benchmarks.md) has one row per ratio a

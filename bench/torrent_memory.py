@@ -25,7 +25,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -178,44 +180,79 @@ def main() -> int:
     if args.role == "fetch":
         fetch(args.mode, args.port, Path(args.root) / "torrents.json", Path(args.root) / "dest")
         return 0
-    work = Path(tempfile.mkdtemp(prefix="weightd-bench-tmem-", dir=args.dir))
-    seeder = None
-    try:
-        files = make_data(work, args.size, args.shards)
-        built = make_torrents(work, files, args.piece_size)
-        (work / "torrents.json").write_text(json.dumps({k: [t.hex() for t in v] for k, v in built.items()}))
-        me = [sys.executable, str(Path(__file__).resolve())]
-        seeder = subprocess.Popen([*me, "--role", "seed", "--root", str(work)], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, text=True)
-        port = int(seeder.stdout.readline())
-        got: dict[str, dict[str, float]] = {}
+    piece = args.piece_size
+    if piece < 16 << 10 or piece & (piece - 1):
+        ap.error(f"--piece-size: a power of two of at least 16 KiB, got {piece}")
+    if args.size // args.shards < piece:
+        ap.error(f"--size {args.size} over {args.shards} shards leaves under one piece ({piece} bytes) a shard")
 
-        def contender(mode: str):
-            def run() -> dict[str, float]:
-                shutil.rmtree(work / "dest", ignore_errors=True)
-                out = subprocess.run([*me, "--role", "fetch", "--mode", mode, "--port", str(port),
-                                      "--root", str(work)], capture_output=True, text=True, timeout=2400)
-                if out.returncode != 0:
-                    raise SystemExit(f"torrent_memory: {mode} failed: {out.stderr.strip()[-400:]}")
-                r = json.loads(out.stdout.strip().splitlines()[-1])
-                got.setdefault(mode, {"idle_mb": round(r["idle_kb"] / 1024, 1), "seconds": []})
-                got[mode]["seconds"].append(round(r["seconds"], 2))
-                return {f"{mode} growth": (r["peak_kb"] - r["idle_kb"]) / 1024, f"{mode} peak": r["peak_kb"] / 1024}
-            return run
-        m0 = machine_state()
-        times = rounds({m: contender(m) for m in CONTENDERS}, args.rounds,
-                       log=lambda s: print(s, file=sys.stderr, flush=True))
-        m1 = machine_state()
-        ratios = [speedup(times, f"{m} growth", "one growth") for m in CONTENDERS[1:]]
-        print(json.dumps(report("torrent_memory", times, ratios, rounds=args.rounds, max_spread=0.5,
-                                machine=(m0, m1), unit="MB", bytes=args.size, shards=args.shards,
-                                piece_size=args.piece_size, downloads=got), indent=2))
-        return 0
+    def stop(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGHUP, stop)
+    try:
+        work = Path(tempfile.mkdtemp(prefix="weightd-bench-tmem-", dir=args.dir))
+    except OSError as exc:
+        print(json.dumps({"benchmark": "torrent_memory", "error": f"--dir {args.dir}: {exc.strerror or exc}"}))
+        return 2
+    seeders: list[subprocess.Popen] = []
+    try:
+        return _run(args, work, seeders)
+    except (OSError, RuntimeError, ValueError, subprocess.TimeoutExpired, KeyboardInterrupt) as exc:
+        # (a full disk, a seeder gone, libtorrent refusing, a signal: one line, and the work directory goes)
+        print(json.dumps({"benchmark": "torrent_memory", "error": f"{type(exc).__name__}: {exc}"}))
+        return 130 if isinstance(exc, KeyboardInterrupt) else 1
     finally:
-        if seeder is not None:
-            seeder.stdin.close()
-            seeder.wait(timeout=30)
-        shutil.rmtree(work, ignore_errors=True)
+        try:
+            for seeder in seeders:
+                seeder.stdin.close()
+                try:
+                    seeder.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    seeder.kill()
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _run(args: argparse.Namespace, work: Path, seeders: list) -> int:
+    """Make the checkpoint and its torrents under ``work``, seed them, run the rounds, print the JSON
+    (``work`` needs twice ``--size`` free: the checkpoint and one download of it)."""
+    files = make_data(work, args.size, args.shards)
+    built = make_torrents(work, files, args.piece_size)
+    (work / "torrents.json").write_text(json.dumps({k: [t.hex() for t in v] for k, v in built.items()}))
+    me = [sys.executable, str(Path(__file__).resolve())]
+    seeder = subprocess.Popen([*me, "--role", "seed", "--root", str(work)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    seeders.append(seeder)
+    ready = select.select([seeder.stdout], [], [], 120)[0]
+    line = seeder.stdout.readline() if ready else ""
+    if not line.strip().isdigit():
+        raise RuntimeError("the seeder did not start (no port in 120 s)")
+    port = int(line)
+    got: dict[str, dict] = {}
+
+    def contender(mode: str):
+        def run() -> dict[str, float]:
+            shutil.rmtree(work / "dest", ignore_errors=True)
+            out = subprocess.run([*me, "--role", "fetch", "--mode", mode, "--port", str(port),
+                                  "--root", str(work)], capture_output=True, text=True, timeout=2400)
+            if out.returncode != 0:
+                raise RuntimeError(f"{mode}: {(out.stderr.strip().splitlines() or ['exit %d' % out.returncode])[-1]}")
+            r = json.loads(out.stdout.strip().splitlines()[-1])
+            got.setdefault(mode, {"idle_mb": [], "seconds": []})
+            got[mode]["idle_mb"].append(round(r["idle_kb"] / 1024, 1))
+            got[mode]["seconds"].append(round(r["seconds"], 2))
+            return {f"{mode} growth": (r["peak_kb"] - r["idle_kb"]) / 1024, f"{mode} peak": r["peak_kb"] / 1024}
+        return run
+    m0 = machine_state()
+    times = rounds({m: contender(m) for m in CONTENDERS}, args.rounds,
+                   log=lambda s: print(s, file=sys.stderr, flush=True))
+    m1 = machine_state()
+    ratios = [speedup(times, f"{m} growth", "one growth") for m in CONTENDERS[1:]]
+    print(json.dumps(report("torrent_memory", times, ratios, rounds=args.rounds, max_spread=0.5,
+                            machine=(m0, m1), unit="MB", bytes=args.size // args.shards * args.shards,
+                            shards=args.shards, piece_size=args.piece_size, downloads=got), indent=2))
+    return 0
 
 
 if __name__ == "__main__":
