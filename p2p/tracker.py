@@ -54,6 +54,7 @@ import re
 import socket
 import struct
 import time
+from collections import Counter
 from typing import Callable
 from urllib.parse import parse_qs
 
@@ -178,13 +179,10 @@ class _Swarm:
         # two must say it (one where only one other could): a drop by two of the group, a skip by two
         # of the gateway's rack-mates; one hostile worker alone cannot make the others plan without
         # the owners (or the gateways) ranked before it
-        size: dict[str, int] = {}
-        for r, w, _ in self.members.values():
-            if w == want:
-                key = r if kind == "skip" else ""
-                size[key] = size.get(key, 0) + 1
-        got = sorted(ip for ip, n in sayers.items() if ip in self.members
-                     and n >= min(2, size.get(self.members[ip][0] if kind == "skip" else "", 0) - 1))
+        by = (lambda r: r) if kind == "skip" else (lambda r: "")   # (a skip counts its rack, a drop the group)
+        size = Counter(by(r) for r, w, _ in self.members.values() if w == want)
+        got = sorted(ip for ip, n in sayers.items()
+                     if ip in self.members and n >= min(2, size[by(self.members[ip][0])] - 1))
         self.told_at[(kind, want)] = (now, got)
         if len(self.told_at) > 128:   # (groups come and go)
             self.told_at.pop(next(iter(self.told_at)))
