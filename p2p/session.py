@@ -28,7 +28,7 @@ from .errors import P2PError, TorrentRejected, map_libtorrent_errors
 from .origins import OriginShare, origins_to_block
 from .plan import PiecePlan
 from .racks import RackClasses, update_class
-from .settings import ip_filter, lower_limit, session_settings
+from .settings import ip_filter, lower_limit, session_settings, tick_ms
 from .swarm_view import read_swarm
 from .torrent import fleet_mismatch, placement, save_path_for, subset_of
 from .transfer import DownloadResult, Transfer
@@ -39,10 +39,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 __all__ = ["P2PConfig", "P2PSession", "DownloadResult"]
-# libtorrent's tick while the NIC controller is on, and its default: a peer asks the rate limiter for two
-# ticks' worth of its current rate at once, so at 500 ms a connection held from 25 to 5 MB/s sent nothing
-# for seconds, then megabytes at once (0.5 s samples of 0-22 MB/s over a tc-shaped veth; 2.7-6.8 at 100 ms)
-YIELD_TICK_MS, DEFAULT_TICK_MS = 100, 500
 
 
 class P2PSession:
@@ -240,11 +236,11 @@ class P2PSession:
         """Cap the session's download and upload at these rates (bytes/s; 0: no cap of its own), under
         the configured ``download_limit``/``upload_limit``, which still hold (the lower of the two
         wins), on the global and the local (LAN, loopback) peer class. ``watched``: the controller is on
-        (libtorrent ticks every YIELD_TICK_MS). Returns the limits now in force (0: unlimited)."""
+        (libtorrent ticks every 100 ms: ``settings.tick_ms``). Returns the limits now in force (0: unlimited)."""
         dl, ul = (min(2**31 - 1, lower_limit(fixed, mine))   # (libtorrent's limits are 32-bit ints: larger ones wrap)
                   for fixed, mine in ((self.cfg.download_limit, download), (self.cfg.upload_limit, upload)))
-        tick = YIELD_TICK_MS if watched else DEFAULT_TICK_MS
-        self.ses.apply_settings({"download_rate_limit": dl, "upload_rate_limit": ul, "tick_interval": tick})
+        self.ses.apply_settings({"download_rate_limit": dl, "upload_rate_limit": ul,
+                                 "tick_interval": tick_ms(self.cfg, limited=watched)})
         update_class(self.ses, lt.session.local_peer_class_id, upload_limit=ul, download_limit=dl)
         return dl, ul
 

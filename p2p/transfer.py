@@ -26,6 +26,17 @@ if TYPE_CHECKING:
     from .torrent import Subset
 
 
+def peer_rates(h: lt.torrent_handle) -> str:
+    """This node's download and upload rate (kB/s) and, per connected peer, ``ip:down/up/queued[/choked]``:
+    kB/s from it and to it, the blocks asked of it and not yet in, and whether it chokes this node
+    (the debug log's per-peer line, once a second; bench/swarm_peers.py reads it)."""
+    st = h.status()
+    peers = " ".join(f"{pi.ip[0]}:{pi.down_speed // 1000}/{pi.up_speed // 1000}/{pi.download_queue_length}"
+                     + ("/choked" if pi.flags & lt.peer_info.remote_choked else "")
+                     for pi in sorted(h.get_peer_info(), key=lambda p: p.ip[0]))
+    return f"down={st.download_rate // 1000} up={st.upload_rate // 1000} have={st.num_pieces} {peers}".rstrip()
+
+
 class SessionSide(Protocol):
     """What a download uses of the session it runs on (:class:`~p2p.session.P2PSession` is one): its
     configuration and alert pump, and the session-wide filters a piece plan sets (peer classes by
@@ -228,6 +239,8 @@ class Transfer:
                       "open_all=%s", self.ti.name(), now - t0, planner.workers, len(planner.own),
                       planner.origin_left, planner.gateway or "-", planner.crossing,
                       ",".join(sorted(self.session.blocked)) or "-", planner.open_all)
+            log.debug("p2p: %s t=%.1f rack=%s rates %s", self.ti.name(), now - t0, planner.rack or "-",
+                      peer_rates(self.h))
         if last_plan is not None:
             trace.slice_changes += planner.own != own_before
             if planner.workers == 1 and not planner.open_all:
