@@ -262,12 +262,13 @@ class Membership:
             if len(out) >= MAX_MEMBERS:
                 break
             if isinstance(row, list) and len(row) == 2 and isinstance(row[0], str) and isinstance(row[1], str) \
-                    and (address_allowed(row[0], self.allow) if self.allow else _is_ip(row[0])):
+                    and (address_allowed(row[0], self.allow) if self.allow else is_ip(row[0])):
                 out[row[0]] = row[1] if RACK.fullmatch(row[1]) else ""
         return out
 
 
-def _is_ip(text: str) -> bool:
+def is_ip(text: str) -> bool:
+    """Whether ``text`` is an IPv4 or IPv6 address."""
     try:
         ipaddress.ip_address(text)
     except ValueError:

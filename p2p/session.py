@@ -240,7 +240,7 @@ class P2PSession:
         dl, ul = (min(2**31 - 1, lower_limit(fixed, mine))   # (libtorrent's limits are 32-bit ints: larger ones wrap)
                   for fixed, mine in ((self.cfg.download_limit, download), (self.cfg.upload_limit, upload)))
         self.ses.apply_settings({"download_rate_limit": dl, "upload_rate_limit": ul,
-                                 "tick_interval": tick_ms(self.cfg, limited=watched)})
+                                 "tick_interval": tick_ms(self.cfg, limited=watched or bool(dl or ul))})
         update_class(self.ses, lt.session.local_peer_class_id, upload_limit=ul, download_limit=dl)
         return dl, ul
 

@@ -26,15 +26,28 @@ if TYPE_CHECKING:
     from .torrent import Subset
 
 
-def peer_rates(h: lt.torrent_handle) -> str:
+def peer_rates(h: lt.torrent_handle, budget: int = 480) -> list[str]:
     """This node's download and upload rate (kB/s) and, per connected peer, ``ip:down/up/queued[/choked]``:
     kB/s from it and to it, the blocks asked of it and not yet in, and whether it chokes this node
-    (the debug log's per-peer line, once a second; bench/swarm_peers.py reads it)."""
+    (the debug log's per-peer lines, once a second; bench/swarm_peers.py reads them). Split into
+    parts of at most ``budget`` characters: a log record keeps 512 of each argument."""
     st = h.status()
-    peers = " ".join(f"{pi.ip[0]}:{pi.down_speed // 1000}/{pi.up_speed // 1000}/{pi.download_queue_length}"
-                     + ("/choked" if pi.flags & lt.peer_info.remote_choked else "")
-                     for pi in sorted(h.get_peer_info(), key=lambda p: p.ip[0]))
-    return f"down={st.download_rate // 1000} up={st.upload_rate // 1000} have={st.num_pieces} {peers}".rstrip()
+    by_ip: dict[str, list[int]] = {}   # (one node per address: a peer can hold two connections a moment)
+    for pi in h.get_peer_info():
+        x = by_ip.setdefault(pi.ip[0], [0, 0, 0, 1])
+        x[0] += pi.down_speed // 1000
+        x[1] += pi.up_speed // 1000
+        x[2] += pi.download_queue_length
+        x[3] &= bool(pi.flags & lt.peer_info.remote_choked)
+    parts = [f"down={st.download_rate // 1000} up={st.upload_rate // 1000} have={st.num_pieces}"]
+    for ip in sorted(by_ip):
+        d, u, q, choked = by_ip[ip]
+        entry = f"{ip}:{d}/{u}/{q}" + ("/choked" if choked else "")
+        if len(parts[-1]) + 1 + len(entry) > budget:
+            parts.append(entry)
+        else:
+            parts[-1] += " " + entry
+    return parts
 
 
 class SessionSide(Protocol):
@@ -239,8 +252,9 @@ class Transfer:
                       "open_all=%s", self.ti.name(), now - t0, planner.workers, len(planner.own),
                       planner.origin_left, planner.gateway or "-", planner.crossing,
                       ",".join(sorted(self.session.blocked)) or "-", planner.open_all)
-            log.debug("p2p: %s t=%.1f rack=%s rates %s", self.ti.name(), now - t0, planner.rack or "-",
-                      peer_rates(self.h))
+            for i, part in enumerate(peer_rates(self.h)):
+                log.debug("p2p: %s t=%.1f rack=%s rates%s %s", self.ti.name(), now - t0, planner.rack or "-",
+                          "+" if i else "", part)
         if last_plan is not None:
             trace.slice_changes += planner.own != own_before
             if planner.workers == 1 and not planner.open_all:

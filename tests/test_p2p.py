@@ -618,8 +618,10 @@ def test_a_rate_limited_session_ticks_every_100_ms() -> None:
     the NIC controller's or the other racks' pace, ticks at 100 ms; one without any, at the default."""
     cases = [({}, 500), ({"download_limit": 10_000_000}, 100), ({"upload_limit": 10_000_000}, 100),
              ({"rack": "r0"}, 100)]
-    sessions = [P2PSession(P2PConfig(listen=f"127.0.0.{20 + i}:0", **kw)) for i, (kw, _) in enumerate(cases)]
+    sessions: list[P2PSession] = []
     try:
+        for i, (kw, _) in enumerate(cases):
+            sessions.append(P2PSession(P2PConfig(listen=f"127.0.0.{20 + i}:0", **kw)))
         assert [s.ses.get_settings()["tick_interval"] for s in sessions] == [t for _, t in cases]
         free = sessions[0]
         free.set_yield_limits(5_000_000, 0, watched=True)      # (the NIC controller's limits)
@@ -629,6 +631,8 @@ def test_a_rate_limited_session_ticks_every_100_ms() -> None:
         capped = sessions[1]
         capped.set_yield_limits(0, 0, watched=False)            # (the configured limit still holds)
         assert capped.ses.get_settings()["tick_interval"] == 100
+        free.set_yield_limits(5_000_000, 0, watched=False)     # (a limit without the controller: still one)
+        assert free.ses.get_settings()["tick_interval"] == 100
     finally:
         for s in sessions:
             s.close()
