@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import json
+import os
 import re
 import statistics
 import sys
@@ -36,7 +37,7 @@ from _rounds import positive_size_arg  # noqa: E402
 
 from p2p.members import is_ip  # noqa: E402
 
-RATES = re.compile(r"^(\S+) DEBUG p2p\.transfer: p2p: .+? t=(\d+(?:\.\d+)?) rack=(\S+) rates down=(\d+) up=(\d+) "
+RATES = re.compile(r"^(\S+) DEBUG p2p\.transfer: p2p: (.+?) t=(\d+(?:\.\d+)?) rack=(\S+) rates down=(\d+) up=(\d+) "
                    r"have=(\d+)(.*)$")
 MORE = re.compile(r"^\S+ DEBUG p2p\.transfer: p2p: .+? t=(\d+(?:\.\d+)?) rack=\S+ rates\+ (.*)$")
 PEER = re.compile(r"(\S+):(\d+)/(\d+)/(\d+)(/choked)?$")
@@ -84,7 +85,7 @@ def parse_log(path: Path) -> dict:
     """One daemon's log: its samples (wall time, t since its download began, rates, per-peer), rack,
     and when it became a gateway, had its share in, and finished. A line it cannot read: BadLog."""
     out: dict = {"samples": [], "crossing": [], "rack": None, "gateway": False, "share_in": None,
-                 "done_s": None, "cut_lines": 0}
+                 "done_s": None, "cut_lines": 0, "torrents": set()}
     with path.open(errors="replace") as f:
         for n, raw in enumerate(f, 1):
             try:
@@ -97,13 +98,16 @@ def parse_log(path: Path) -> dict:
 def _line(line: str, out: dict) -> None:
     if m := RATES.match(line):
         peers: dict = {}
-        out["cut_lines"] += _peers(m.group(7), peers)
-        out["rack"] = m.group(3)
-        out["samples"].append({"wall": _ts(m.group(1)), "t": float(m.group(2)), "down": int(m.group(4)),
-                               "up": int(m.group(5)), "have": int(m.group(6)), "peers": peers})
+        out["cut_lines"] += _peers(m.group(8), peers)
+        out["torrents"].add(m.group(2))
+        out["rack"] = m.group(4)
+        out["samples"].append({"wall": _ts(m.group(1)), "t": float(m.group(3)), "down": int(m.group(5)),
+                               "up": int(m.group(6)), "have": int(m.group(7)), "peers": peers})
     elif m := MORE.match(line):
         if out["samples"] and out["samples"][-1]["t"] == float(m.group(1)):
             out["cut_lines"] += _peers(m.group(2), out["samples"][-1]["peers"])
+        else:   # (its first part is not the line before: its peers are lost, and counted so)
+            out["cut_lines"] += 1
     elif m := PLAN.match(line):
         out["crossing"].append((_ts(m.group(1)), int(m.group(2))))
     elif GATEWAY.match(line):
@@ -177,7 +181,7 @@ KEYS = ("down_kBps", "down_of_cap", "from_other_racks_kBps", "from_own_rack_kBps
 
 
 def summarize(logs: dict[str, dict], origins: set[str], cap_kb: float | None) -> dict:
-    rows = [r for ip in sorted(logs, key=ipaddress.ip_address)
+    rows = [r for ip in sorted(logs, key=lambda x: ipaddress.get_mixed_type_key(ipaddress.ip_address(x)))
             if (r := summarize_worker(ip, logs, origins, cap_kb)) is not None]
     groups = {}
     for name, pick in (("gateways", True), ("others", False)):
@@ -197,17 +201,20 @@ def main() -> int:
     if not args.logs.is_dir():
         print(f"swarm_peers: {args.logs}: no such directory", file=sys.stderr)
         return 2
-    named = [(m.group(1), m.group(2), p) for p in sorted(args.logs.iterdir())
-             if (m := NAME.match(p.name)) and p.is_file() and is_ip(m.group(2))]
-    workers = [(ip, p) for kind, ip, p in named if kind == "worker"]
-    twice = sorted({ip for ip, _ in workers if sum(ip == x for x, _ in workers) > 1})
-    if twice:
-        print(f"swarm_peers: {args.logs}: logs of more than one round ({twice[0]} has "
-              f"{sum(ip == twice[0] for ip, _ in workers)}): keep one round's logs a directory "
-              "(bench/swarm.py --rounds 1 --keep-logs DIR)", file=sys.stderr)
-        return 2
     try:
+        named = [(m.group(1), m.group(2), p) for p in sorted(args.logs.iterdir())
+                 if (m := NAME.match(p.name)) and p.is_file() and is_ip(m.group(2))]
+        workers = [(ip, p) for kind, ip, p in named if kind == "worker"]
+        twice = sorted({ip for ip, _ in workers if sum(ip == x for x, _ in workers) > 1})
+        if twice:
+            raise BadLog(f"{args.logs}: logs of more than one round ({twice[0]} has "
+                         f"{sum(ip == twice[0] for ip, _ in workers)}): keep one round's logs a directory "
+                         "(bench/swarm.py with one --n, --baseline none, --rounds 1 --keep-logs DIR)")
         logs = {ip: parse_log(p) for ip, p in workers}
+        for ip, lg in logs.items():
+            if len(lg["torrents"]) > 1:
+                raise BadLog(f"{args.logs}: {ip}'s log has the downloads of {len(lg['torrents'])} torrents "
+                             f"({', '.join(sorted(lg['torrents']))}): one download a log, as a bench/swarm.py round")
     except (BadLog, OSError) as exc:
         print(f"swarm_peers: {exc}", file=sys.stderr)
         return 2
@@ -216,7 +223,10 @@ def main() -> int:
               "level with the piece plan on: bench/swarm.py --keep-logs)", file=sys.stderr)
         return 2
     origins = {ip for kind, ip, _ in named if kind == "origin"}
-    print(json.dumps(summarize(logs, origins, args.cap / 1000 if args.cap else None), indent=2))
+    try:
+        print(json.dumps(summarize(logs, origins, args.cap / 1000 if args.cap else None), indent=2), flush=True)
+    except BrokenPipeError:   # (piped into head: the rest is not wanted)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 

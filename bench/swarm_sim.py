@@ -55,10 +55,11 @@ the racks run; 0.35 3.4%, 0.45 5.9%, 0.30 11.7%; 0.30 was the fit before the tic
 What it stands for now is mostly the deferral: a gateway's rack's pieces that other racks hold wait
 until its share is in (20-25 MB of 53.5 MB when it is, on loopback), then come at its cap; the
 per-peer logs (``bench/swarm_peers.py``) show the gateways at 0.28 of their cap and their senders at
-0.23 of theirs while the share crosses. Modelling the deferral itself (the gateway asks only for pieces no
-other rack holds while its share is outside, gateway_rate 1.0) does not make the racks run come out
-as measured (T(16)/T(1) 1.35 in the model against 1.76 with the 500 ms tick): the lag it stands on (~10 pieces of
-its share outside and not in, ~0.6-0.85 s a request) is not in the model.
+0.23 of theirs while the share crosses. Modelling the deferral itself (the gateway asks only for
+pieces no other rack holds while its share is outside, gateway_rate 1.0; an unshipped patch, no JSON
+kept) does not make the racks run come out as measured (T(16)/T(1) 1.35 in the model against 1.76
+with the 500 ms tick): the lag it stands on (~10 pieces of its share outside and not in, ~0.6-0.85 s
+a request) is not in the model.
 
 **Calibration** (``CALIBRATION``): ``efficiency`` and ``start_s`` from T(1) at 2.5, 5 and 10 MB/s
 (22.71 and 43.03 s for 99.5 MB, 7.82 s for 53.5 MB: the caps hold exactly, ~2.7 s fixed; not refitted

@@ -71,9 +71,9 @@ def class_filter(other_rack: "Collection[str]" = frozenset(), rack_class: int = 
 # veth; 2.7-6.8 at 100 ms), and a request sent to a rate-limited peer waited up to a tick to be read
 # or answered (a racks round's gateways: 70 blocks asked of other racks, 1.3 MB/s in, their senders at
 # 23% of their cap; issue 38). A session under any limit (configured, the NIC controller's, the
-# other racks' class) ticks every 100 ms; one without, at libtorrent's default. Not counted: a
-# transfer's own cap (an intent's bandwidth) on a session with no limit at all (the default
-# upload_limit is 1 GB/s). Idle, a session seeding one torrent costs 0.29% of a core at 100 ms
+# other racks' class) ticks every 100 ms; one without, at libtorrent's default. Not counted, on a
+# session with no limit at all (the default upload_limit is 1 GB/s): a transfer's own cap (an
+# intent's bandwidth), and the other racks' pace on a node with no rack of its own. Idle, a session seeding one torrent costs 0.29% of a core at 100 ms
 # against 0.22% at 500 (20 s, twice each).
 LIMITED_TICK_MS, DEFAULT_TICK_MS = 100, 500
 

@@ -614,7 +614,7 @@ def test_racks_cross_about_once_and_a_dead_gateway_is_replaced(cluster, tmp_path
 def test_a_rate_limited_session_ticks_every_100_ms() -> None:
     """libtorrent hands out rate-limit quota once a tick; at its default (500 ms) a request to a
     rate-limited peer waited up to a tick (issue 38: a racks round's gateways had 70 blocks asked of
-    other racks while those senders used 20% of their cap). Every session under a limit, configured,
+    other racks while those senders used 23% of their cap). Every session under a limit, configured,
     the NIC controller's or the other racks' pace, ticks at 100 ms; one without any, at the default."""
     cases = [({}, 500), ({"download_limit": 10_000_000}, 100), ({"upload_limit": 10_000_000}, 100),
              ({"rack": "r0"}, 100)]

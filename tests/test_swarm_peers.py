@@ -144,3 +144,26 @@ def test_a_line_it_cannot_read_is_named(tmp_path: Path) -> None:
     p = _swarm_peers(str(tmp_path))
     assert p.returncode == 2 and "worker-127.0.0.10-aaaaaa.log:2: cannot read this line" in p.stderr, p.stderr
     assert "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+def test_two_downloads_in_one_log_are_refused_and_ipv6_sorts_beside_ipv4(tmp_path: Path) -> None:
+    """A daemon's own log may hold several downloads: their samples must not be mixed (one line, exit
+    2); workers on IPv4 and IPv6 addresses in one round are read side by side."""
+    one = tmp_path / "one"
+    one.mkdir()
+    (one / "worker-127.0.0.10-aaaaaa.log").write_text(
+        _line("02.000", "DEBUG", "p2p.transfer", "p2p: v1 t=2.0 rack=r0 rates down=5 up=0 have=1")
+        + _line("09.000", "DEBUG", "p2p.transfer", "p2p: v2 t=1.0 rack=r0 rates down=7 up=0 have=1"))
+    p = _swarm_peers(str(one))
+    assert p.returncode == 2 and "127.0.0.10's log has the downloads of 2 torrents (v1, v2)" in p.stderr, p.stderr
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    for ip in ("127.0.0.10", "::1"):
+        (mixed / f"worker-{ip}-aaaaaa.log").write_text(
+            _line("02.000", "DEBUG", "p2p.transfer", f"p2p: v1 t=2.0 rack=r0 rates down=5 up=0 have=1 ::2:5/0/1")
+            + _line("02.000", "DEBUG", "p2p.transfer", "p2p: v1 t=9.0 rack=r0 rates+ 127.0.0.9:1/0/0"))
+    p = _swarm_peers(str(mixed))
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert [r["ip"] for r in out["workers"]] == ["127.0.0.10", "::1"], out["workers"]
+    assert all(r["from_unknown_kBps"] == 5 and r["cut_lines"] == 1 for r in out["workers"]), out["workers"]
