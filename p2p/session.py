@@ -28,7 +28,7 @@ from .errors import P2PError, TorrentRejected, map_libtorrent_errors
 from .origins import OriginShare, origins_to_block
 from .plan import PiecePlan
 from .racks import RackClasses, update_class
-from .settings import ip_filter, lower_limit, session_settings, tick_ms
+from .settings import ip_filter, lower_limit, session_settings
 from .swarm_view import read_swarm
 from .torrent import fleet_mismatch, placement, save_path_for, subset_of
 from .transfer import DownloadResult, Transfer
@@ -232,15 +232,14 @@ class P2PSession:
             st = self.ses.status()
         return int(st.total_download), int(st.total_upload)
 
-    def set_yield_limits(self, download: int, upload: int, *, watched: bool = True) -> tuple[int, int]:
+    def set_yield_limits(self, download: int, upload: int) -> tuple[int, int]:
         """Cap the session's download and upload at these rates (bytes/s; 0: no cap of its own), under
         the configured ``download_limit``/``upload_limit``, which still hold (the lower of the two
-        wins), on the global and the local (LAN, loopback) peer class. ``watched``: the controller is on
-        (libtorrent ticks every 100 ms: ``settings.tick_ms``). Returns the limits now in force (0: unlimited)."""
+        wins), on the global and the local (LAN, loopback) peer class. Returns the limits now in force
+        (0: unlimited)."""
         dl, ul = (min(2**31 - 1, lower_limit(fixed, mine))   # (libtorrent's limits are 32-bit ints: larger ones wrap)
                   for fixed, mine in ((self.cfg.download_limit, download), (self.cfg.upload_limit, upload)))
-        self.ses.apply_settings({"download_rate_limit": dl, "upload_rate_limit": ul,
-                                 "tick_interval": tick_ms(self.cfg, limited=watched or bool(dl or ul))})
+        self.ses.apply_settings({"download_rate_limit": dl, "upload_rate_limit": ul})
         update_class(self.ses, lt.session.local_peer_class_id, upload_limit=ul, download_limit=dl)
         return dl, ul
 

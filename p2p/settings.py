@@ -70,18 +70,10 @@ def class_filter(other_rack: "Collection[str]" = frozenset(), rack_class: int = 
 # 5 MB/s sent nothing for seconds, then megabytes at once (0.5 s samples of 0-22 MB/s over a tc-shaped
 # veth; 2.7-6.8 at 100 ms), and a request sent to a rate-limited peer waited up to a tick to be read
 # or answered (a racks round's gateways: 70 blocks asked of other racks, 1.3 MB/s in, their senders at
-# 23% of their cap; issue 38). A session under any limit (configured, the NIC controller's, the
-# other racks' class) ticks every 100 ms; one without, at libtorrent's default. Not counted, on a
-# session with no limit at all (the default upload_limit is 1 GB/s): a transfer's own cap (an
-# intent's bandwidth), and the other racks' pace on a node with no rack of its own. Idle, a session seeding one torrent costs 0.29% of a core at 100 ms
-# against 0.22% at 500 (20 s, twice each).
-LIMITED_TICK_MS, DEFAULT_TICK_MS = 100, 500
-
-
-def tick_ms(cfg: P2PConfig, limited: bool = False) -> int:
-    """The tick for a session of ``cfg``: LIMITED_TICK_MS under a configured limit, with racks (the
-    other racks' class is paced) or when ``limited`` (the NIC controller's limits); else the default."""
-    return LIMITED_TICK_MS if limited or cfg.download_limit or cfg.upload_limit or cfg.rack else DEFAULT_TICK_MS
+# 23% of their cap; issue 38). Limits come and go from many places (the configured ones, the NIC
+# controller's, the other racks' pace, a transfer's own cap), so every session ticks at 100 ms: idle,
+# a session seeding one torrent costs 0.29% of a core at 100 ms against 0.22% at 500 (20 s, twice each).
+TICK_MS = 100
 
 
 def session_settings(cfg: P2PConfig, host: str, port: int) -> dict[str, object]:
@@ -94,7 +86,7 @@ def session_settings(cfg: P2PConfig, host: str, port: int) -> dict[str, object]:
         "enable_dht": False, "enable_lsd": False, "enable_upnp": False, "enable_natpmp": False,
         "enable_incoming_utp": False, "enable_outgoing_utp": False,
         "upload_rate_limit": cfg.upload_limit, "download_rate_limit": cfg.download_limit,
-        "tick_interval": tick_ms(cfg),
+        "tick_interval": TICK_MS,
         "connections_limit": cfg.max_connections,
         "active_downloads": -1, "active_seeds": -1, "active_limit": -1, "active_checking": 4,
         "alert_mask": int(lt.alert_category.error | lt.alert_category.peer | lt.alert_category.status

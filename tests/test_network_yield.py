@@ -39,11 +39,11 @@ class Session:
     """What the controller calls on a P2PSession, recorded (the real one: the fixed-caps test)."""
 
     def __init__(self) -> None:
-        self.limits: list[tuple[int, int, bool]] = []
+        self.limits: list[tuple[int, int]] = []
         self.traffic_calls = 0
 
-    def set_yield_limits(self, download: int, upload: int, *, watched: bool = True) -> tuple[int, int]:
-        self.limits.append((download, upload, watched))
+    def set_yield_limits(self, download: int, upload: int) -> tuple[int, int]:
+        self.limits.append((download, upload))
         return download, upload
 
     def traffic(self) -> tuple[int, int]:
@@ -272,7 +272,7 @@ def test_the_loop_survives_a_failing_configure_and_lifts_the_limits(tmp_path: Pa
     d = _daemon(_settings(NetworkSettings()), ses, ctl)
     _run_loop(d, 0.3, lambda: ctl.enabled is False and "no routes today" in ctl.view["state"]
               and not ctl.view["yielding"] or pytest.fail(str(ctl.view)))
-    assert ses.limits[1] == (0, 0, False), ses.limits                          # lifted at once
+    assert ses.limits[1] == (0, 0) and not ctl.enabled, ses.limits                          # lifted at once
     assert ses.traffic_calls >= 5                                              # and still sampling
     warned = [r for r in caplog.records if r.levelno >= logging.WARNING and "no routes today" in r.getMessage()]
     assert len(warned) == 1, warned
@@ -301,7 +301,7 @@ def test_the_loop_lifts_its_limits_when_it_ends(tmp_path: Path, monkeypatch) -> 
         with pytest.raises(asyncio.CancelledError):
             await task
     asyncio.run(go())
-    assert ses.limits[-1] == (0, 0, False) and "stopped" in ctl.view["state"]
+    assert ses.limits[-1] == (0, 0) and not ctl.enabled and "stopped" in ctl.view["state"]
 
 
 def test_the_limit_never_reaches_0_which_is_no_limit(tmp_path: Path) -> None:
@@ -310,7 +310,7 @@ def test_the_limit_never_reaches_0_which_is_no_limit(tmp_path: Path) -> None:
     ctl.configure(NetworkSettings(capacity=C, floor=1e-9, interfaces=("x0",)), [], nics(tmp_path, "x0"))
     ctl.tick(Sample(0.0, {"x0": (0, 0)}), ses)
     view = ctl.tick(Sample(1.0, {"x0": (C, 0)}), ses)          # others take the whole link: the floor, 0.025 B/s
-    assert ses.limits[-1] == (1, 0, True) and view["download"]["limit_bytes_per_s"] == 1
+    assert ses.limits[-1] == (1, 0) and ctl.enabled and view["download"]["limit_bytes_per_s"] == 1
 
 
 def test_a_missing_interface_is_named_and_a_vanished_one_holds_the_limits(tmp_path: Path) -> None:
@@ -342,7 +342,7 @@ def test_nics_of_different_speeds_take_the_busy_ones_limit(tmp_path: Path) -> No
     assert ctl.enabled and ctl.capacity == {"fast0": 10 * C, "slow0": C}, ctl.capacity
     ctl.tick(Sample(0.0, {"fast0": (0, 0), "slow0": (0, 0)}), ses)
     view = ctl.tick(Sample(1.0, {"fast0": (5 * C, 0), "slow0": (0, 0)}), ses)    # others: 50% of fast0
-    assert ses.limits[-1] == (3 * C, 0, True), ses.limits                        # 0.8 * 10C - 5C
+    assert ses.limits[-1] == (3 * C, 0) and ctl.enabled, ses.limits                        # 0.8 * 10C - 5C
     assert view["download"]["limit_bytes_per_s"] == 3 * C and view["yielding"]
 
 
@@ -407,7 +407,7 @@ def test_limits_above_libtorrents_32_bits_are_held_at_its_highest(tmp_path: Path
     ctl.configure(NetworkSettings(capacity=big, interfaces=("x0",)), [], nics(tmp_path, "x0"))
     ctl.tick(Sample(0.0, {"x0": (0, 0)}), ses)
     ctl.tick(Sample(1.0, {"x0": (3_000_000_000, 0)}), ses)
-    assert ses.limits[-1] == (2**31 - 1, 0, True), ses.limits
+    assert ses.limits[-1] == (2**31 - 1, 0) and ctl.enabled, ses.limits
 
 
 def test_a_rediscovery_that_finds_nothing_keeps_the_interfaces(tmp_path: Path, monkeypatch) -> None:

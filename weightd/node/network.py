@@ -39,8 +39,8 @@ capacity``, else ``/sys/class/net/IF/speed``):
   second: from the floor back to the whole link in under 3 s; after a 70% flow stops, others' rate is
   quiet again after ~2-3 s (the window, then the EWMA), so weightd is back to the whole link in ~3-4 s.
 
-The limits are libtorrent's session limits (``P2PSession.set_yield_limits``; with the rule on,
-libtorrent ticks every 100 ms instead of 500, so a lowered limit holds within about a second
+The limits are libtorrent's session limits (``P2PSession.set_yield_limits``; libtorrent ticks every
+100 ms instead of its 500, ``p2p.settings.TICK_MS``, so a lowered limit holds within about a second
 instead of seconds of silence and bursts).
 
 No oscillation: weightd's own bytes are never others', so lowering its rate does not lower the target;
@@ -278,7 +278,7 @@ class NetworkYield:
         if self.applied is None and state == (0, 0, False):
             self.applied = state   # (nothing to change: the session starts with its fixed limits)
             return
-        got = session.set_yield_limits(*want, watched=self.enabled)
+        got = session.set_yield_limits(*want)
         log.info("network: weightd's limits download=%d upload=%d bytes/s (in force: %s)", want[0], want[1], got)
         self.applied = state
 
