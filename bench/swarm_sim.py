@@ -86,8 +86,14 @@ and 48 at 2.5 MB/s (``bench/swarm.py --n 1,24,48 --size 100MiB --piece-size 16Ki
 --trace --baseline none --rounds 3``; T(1) 42.98 s, 42.41-43.01): N = 24, T(N)/T(1) 1.14 measured
 (per round 1.14-1.16) against 1.20-1.21 by the model (error 5.4-5.7%), origin 1.08x (1.08-1.09)
 against 1.06 (1.9%); N = 48, 1.31 (1.31-1.48) against 1.32-1.33 (1.5-1.6%), origin 1.22x
-(1.21-1.38) against 1.12 (8.2%). Worst held-out error 8.2% on seeds 1-3, within the 15% target with
-the calibration as fitted (nothing refitted). The machine was 77.5% busy at N = 24 (74-92%; the
+(1.21-1.38) against 1.12 (8.2%): within the 15% target with the calibration as fitted (nothing
+refitted). Four gateways a rack (4 racks x 4 at 10 MB/s, ``bench/swarm.py --n 1,16 --size 64MiB
+--cap 10MB --piece-size 256KiB --racks 4 --gateways 2,4 --baseline no-racks --rounds 5``): T(16)/T(1)
+1.92 measured (14.47 s over the no-racks T(1) 7.55 s) against 1.46 (error 24-25%), a rack taking
+1.54x from outside against 1.07: the model has more gateways faster, the run has them slower (two:
+12.50 s). The deferral is in the model only as ``gateway_rate``, the same for any k, so its figures
+for k other than the daemon's 2 are unchecked (worst held-out error 25.3%; 8.2% without that run).
+The machine was 77.5% busy at N = 24 (74-92%; the
 model assumes 69%) and 98.6% at N = 48 (the model's share stops at 97%): no rate keeps N = 48 below
 90% here (1 MB/s: 97.5%), a daemon's CPU does not fall with its rate. An older held-out run, N =
 64 at 5 MB/s (99% busy, 218 owners dropped), is off by 49% (1.67 against 3.3): past about 98% busy
@@ -140,6 +146,10 @@ MEASURED = [
 HELD_OUT: list[tuple] = [
     (2.5e6, "plan", 0, 1, 42.98, 1.00, 99_537_572, 6400), (2.5e6, "plan", 0, 24, 49.11, 1.08, 99_537_572, 6400),
     (2.5e6, "plan", 0, 48, 56.12, 1.22, 99_537_572, 6400),
+    # 4 racks x 4 at 10 MB/s with every worker a gateway (k = 4), its own gateways and measured intake from
+    # outside last; T(1) the same run's, without racks (bench/results/2026-12-06T2050, 5 rounds)
+    (10e6, "plan", 0, 1, 7.55, 1.00, 53_524_708, 256),
+    (10e6, "plan", 4, 16, 14.47, 1.10, 53_524_708, 256, {"gateways": 4, "cross_rack": 1.54}),
 ]
 SHIPPED_GATEWAYS = 2   # [p2p] gateways as the daemon ships it: the racks runs of MEASURED ran with it
 SIM_PIECES_MAX = 1024   # the checkpoint is simulated in at most this many equal pieces (6,400 cost 6x the time)
@@ -493,8 +503,10 @@ def _rows(runs: list[tuple], cal: dict | None, seed: int, quiet: bool) -> tuple[
     rows, worst = [], 0.0
     t1: dict[tuple, tuple[float, float]] = {}
     c = {**CALIBRATION, **(cal or {})}
-    for cap, mode, racks, n, t_meas, o_meas, size, real_pieces in runs:
-        row_cal = {"gateways": SHIPPED_GATEWAYS, **(cal or {})} if racks else cal   # (racks: as the daemon ships)
+    for cap, mode, racks, n, t_meas, o_meas, size, real_pieces, *given in runs:
+        # (racks: the daemon's gateways as shipped, or the row's own, with the intake from outside it measured)
+        row_k, cross = (given[0]["gateways"], given[0]["cross_rack"]) if given else (SHIPPED_GATEWAYS, CROSS_RACK_MEASURED)
+        row_cal = {"gateways": row_k, **(cal or {})} if racks else cal
         r = simulate(Net(n, racks, cap, cap, cores=2), size, min(real_pieces, SIM_PIECES_MAX), mode, cal=row_cal,
                      seed=seed)
         if not quiet:
@@ -511,7 +523,8 @@ def _rows(runs: list[tuple], cal: dict | None, seed: int, quiet: bool) -> tuple[
                "model_cpu_busy": round(min(0.97, (n + 1) * c["cpu_per_node"] / 2), 3),
                "error": {"t_over_t1": round(err_t, 3), "origin_x": round(err_o, 3)}}
         if racks:
-            row["cross_rack_max_x"] = {"measured": CROSS_RACK_MEASURED, "model": r["cross_rack_max_x"]}
+            row["gateways"] = row_k
+            row["cross_rack_max_x"] = {"measured": cross, "model": r["cross_rack_max_x"]}
         worst = max(worst, err_t, err_o)
         rows.append(row)
     return rows, round(worst, 3)
@@ -568,18 +581,23 @@ def gateways_for(rack_size: int, spine_share: float = 0.25) -> int:
     return max(1, min(rack_size, -(-round(rack_size * spine_share * 1000) // 1000)))
 
 
-def predict(nodes: list[int], pieces: int, seed: int = 1) -> dict:
+def predict(nodes: list[int], pieces: int, seed: int = 1, gateways: list[int] | None = None) -> dict:
     """130 GB, 16 MiB pieces (simulated as ``pieces`` equal parts), 100 Gbit NICs at 80%, NVMe writes
     at 7 GB/s, 25 nodes per rack behind a 4:1 spine, the origin on the same NIC; every node its own
     CPU. Against the lower bound max(S/c_origin, S/c, N*S/(c_origin + N*c)), c = min(NIC, NVMe).
-    Up to 100 nodes node by node; beyond, one rack and the others by symmetry."""
+    Up to 100 nodes node by node; beyond, one rack and the others by symmetry. ``gateways``: the
+    what-if counts of gateways a rack (default: the 7 whose NICs fill a rack's uplink, also at full
+    rate); the model was checked against measured runs with the daemon's 2 only: with 4 a rack of 4
+    it is 24% off and on the wrong side (``HELD_OUT``)."""
     size, nic, nvme = 130e9, 100e9 / 8 * 0.8, 7e9
     k = gateways_for(25, 0.25)   # (7: their NICs fill the rack's uplink)
     # ("plan": as the daemon ships, [p2p] gateways = 2; one gateway a rack was the default before)
-    contenders = [("plan", "plan", {"gateways": SHIPPED_GATEWAYS}), ("plan, one gateway a rack", "plan", {}),
-                  (f"plan, {k} gateways a rack", "plan", {"gateways": k}),
-                  (f"plan, {k} gateways a rack at full rate", "plan", {"gateways": k, "gateway_rate": 1.0}),
-                  ("plan without racks", "plan-flat", {})]
+    contenders = [("plan", "plan", {"gateways": SHIPPED_GATEWAYS}), ("plan, one gateway a rack", "plan", {})]
+    for g in gateways or [k]:
+        contenders.append((f"plan, {g} gateways a rack", "plan", {"gateways": g}))
+    if not gateways:
+        contenders.append((f"plan, {k} gateways a rack at full rate", "plan", {"gateways": k, "gateway_rate": 1.0}))
+    contenders.append(("plan without racks", "plan-flat", {}))
     out = []
     for n in nodes:
         c = min(nic, nvme)
@@ -618,7 +636,8 @@ def over_seeds(what: str, runs: list[dict], max_spread: float, machine: tuple[di
         for part, tag in (("rows", ""), ("held_out", "held-out ")) if held else (("rows", ""),):
             rows_of = [r[part] if part == "rows" else r[part]["rows"] for r in runs]
             for i, row in enumerate(rows_of[0]):
-                label = f"{tag}{row['mode']} racks={row['racks']} N={row['n']} cap={row['cap_MBps']:g}MB/s"
+                label = (f"{tag}{row['mode']} racks={row['racks']} N={row['n']} cap={row['cap_MBps']:g}MB/s"
+                         + (f" gateways={row['gateways']}" if "gateways" in row else ""))
                 for fig in ("t_over_t1", "origin_x"):
                     for who in ("model", "measured"):
                         times[f"{who} {fig} {label}"] = [rs[i][fig][who] for rs in rows_of]
@@ -680,6 +699,9 @@ def main() -> int:
                     help="seeds 1..N (instead of --seeds)")
     ap.add_argument("--held-out", action="store_true",
                     help="calibrate: also the runs the model was not fitted on (HELD_OUT), with their error apart")
+    ap.add_argument("--gateways", type=_positive_ints, default=None, metavar="K[,K...]",
+                    help="predict: what-if gateways a rack, each a contender (default: 7, and 7 at full rate); "
+                         "the model is checked with the daemon's 2 only")
     ap.add_argument("--max-spread", type=float, default=0.5,
                     help="no ratio when a figure varies more than this over the seeds (IQR over median)")
     args = ap.parse_args()
@@ -695,7 +717,9 @@ def main() -> int:
     elif args.what == "fit-gateway-rate":
         print(json.dumps(fit_gateway_rate(args.values, seeds), indent=2))
     else:
-        runs = [predict(args.nodes, args.pieces, seed=x) for x in seeds]
+        if args.gateways and max(args.gateways) > 25:
+            ap.error("--gateways: at most 25, the workers of a rack in the predicted fleet")
+        runs = [predict(args.nodes, args.pieces, seed=x, gateways=args.gateways) for x in seeds]
         print(json.dumps(over_seeds("predict", runs, args.max_spread, (m0, machine_state())), indent=2))
     return 0
 

@@ -85,6 +85,29 @@ def test_held_out_runs_are_checked_apart_from_the_fitted_ones(sim, monkeypatch) 
     assert both["held_out"]["worst_error"] == 0.2
 
 
+def test_a_racks_row_may_name_its_own_gateways_and_intake_from_outside(sim, monkeypatch) -> None:
+    """A row of racks runs with the daemon's gateways as shipped, unless it names its own (with the
+    intake from outside measured in that run): the model then runs with those gateways, and the row
+    says which it was checked with."""
+    size, cap = 20e6, 10e6
+    t1 = sim.simulate(sim.Net(1, 0, cap, cap, cores=2), size, 64, "plan", seed=1)["seconds"]
+    r4 = sim.simulate(sim.Net(8, 2, cap, cap, cores=2), size, 64, "plan", cal={"gateways": 4}, seed=1)
+    shipped = sim.simulate(sim.Net(8, 2, cap, cap, cores=2), size, 64, "plan",
+                           cal={"gateways": sim.SHIPPED_GATEWAYS}, seed=1)
+    assert r4["seconds"] != shipped["seconds"]   # (else the row could not tell which gateways ran)
+    monkeypatch.setattr(sim, "MEASURED", [(cap, "plan", 0, 1, t1, 1.0, size, 64),
+                                          (cap, "plan", 2, 8, r4["seconds"], r4["origin_upload_x"], size, 64,
+                                           {"gateways": 4, "cross_rack": 1.5})])
+    row = sim.calibrate(quiet=True)["rows"][0]
+    assert row["gateways"] == 4 and row["error"]["t_over_t1"] == 0.0, row
+    assert row["cross_rack_max_x"]["measured"] == 1.5
+    monkeypatch.setattr(sim, "MEASURED", [(cap, "plan", 0, 1, t1, 1.0, size, 64),
+                                          (cap, "plan", 2, 8, shipped["seconds"], 1.0, size, 64)])
+    row = sim.calibrate(quiet=True)["rows"][0]
+    assert row["gateways"] == sim.SHIPPED_GATEWAYS and row["error"]["t_over_t1"] == 0.0, row
+    assert row["cross_rack_max_x"]["measured"] == sim.CROSS_RACK_MEASURED
+
+
 def test_the_gateway_rate_fit_prefers_the_rate_the_racks_run_shows_and_refuses_bad_values(sim) -> None:
     """``fit-gateway-rate`` on the racks run as shipped: the calibrated value beats the full rate by
     far (the measured run is slower than gateways at their cap); a value that is no fraction of the
