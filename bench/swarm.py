@@ -61,10 +61,19 @@ MEMORY_TRACE = False          # --memory-trace: the first worker's resident memo
 KEEP_LOGS: Path | None = None  # --keep-logs DIR: daemons log at debug level, and each log is kept there
 
 
+_GIVEN: set[tuple[str, int]] = set()   # ports free_port handed out in this run
+
+
 def free_port(ip: str) -> int:
-    with socket.socket() as s:
-        s.bind((ip, 0))
-        return s.getsockname()[1]
+    """A port free on ``ip`` now and not handed out before in this run: the kernel may give a port
+    just closed again (a daemon's P2P and metrics ports were once the same, and it did not start)."""
+    while True:
+        with socket.socket() as s:
+            s.bind((ip, 0))
+            port = s.getsockname()[1]
+        if (ip, port) not in _GIVEN:
+            _GIVEN.add((ip, port))
+            return port
 
 
 class Daemon:
