@@ -33,7 +33,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -47,6 +46,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _blkio import Throttle  # noqa: E402
 from _rounds import machine_state, positive_size_arg, stamp, summary  # noqa: E402
+from swarm import free_port  # noqa: E402  (never the same port twice in a run)
 from tiering.sample import make_checkpoint  # noqa: E402
 
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -58,12 +58,6 @@ TARGET = 0.25
 def weightd(config: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "weightd", "--config", str(config), *args], capture_output=True,
                           text=True, env=ENV, timeout=timeout)
-
-
-def free_port(ip: str) -> int:
-    with socket.socket() as s:
-        s.bind((ip, 0))
-        return int(s.getsockname()[1])
 
 
 def node_config(base: Path, cold: Path, ip: str, p2p: str = "", port: int = 0) -> tuple[Path, Path]:
