@@ -196,6 +196,9 @@ def _swarm_sums(reports: list[dict]) -> dict:
     total["late_owners"] = sum(s.get("late_owners") or 0 for s in sw)
     total["alone_s_max"] = max((s.get("alone_s") or 0 for s in sw), default=0)
     total["workers_seen_min"] = min((s.get("workers_max") or 0 for s in sw), default=0)
+    if any(s.get("crossing_bytes_in") for s in sw):   # ([p2p] crossing)
+        total["crossing_bytes_in"] = sum(s.get("crossing_bytes_in") or 0 for s in sw)
+        total["crossing_peak_max"] = max(s.get("crossing_peak") or 0.0 for s in sw)
     return total
 
 
@@ -257,7 +260,8 @@ def _settled_upload(origins: list[Daemon]) -> float:
 
 def run(base: Path, cold: Path, n: int, cap: str, storm: bool, size: int, mode: Mode = PLAIN, *,
         plan: bool = True, trace: bool = False, racks: int = 0, origins_n: int = 1,
-        kill_at: float | None = None, choke: bool | None = None, gateways: int | None = None) -> dict:
+        kill_at: float | None = None, choke: bool | None = None, gateways: int | None = None,
+        crossing: bool = False) -> dict:
     """One preload storm: ``origins_n`` origins (127.0.0.2, .3, ...; one tracker each, every worker lists
     them all), ``n`` workers; ``kill_at``: SIGKILL the first origin once the workers hold that much."""
     knobs = ("" if plan else "plan = false\n") + ("trace = true\n" if trace else "")
@@ -273,7 +277,8 @@ def run(base: Path, cold: Path, n: int, cap: str, storm: bool, size: int, mode: 
             # storm: nobody but the origins
             allow = ", ".join(f'"{o.ip}/32"' for o in origins) if storm else '"127.0.0.0/8"'
             rack = (f'rack = "{rack_of[i]}"\n' + (f"gateways = {gateways}\n" if gateways else "")
-                    + ("" if choke is None else f"choke_other_racks = {str(choke).lower()}\n")) if racks else ""
+                    + ("" if choke is None else f"choke_other_racks = {str(choke).lower()}\n")
+                    + (f"crossing = true\ncrossing_port = {free_port(ip)}\n" if crossing else "")) if racks else ""
             workers.append(Daemon(base, ip, cold, cap, "worker", [f"{o.ip}:{o.port}" for o in origins], allow,
                                   [] if storm else [f"{scheme}://{o.ip}:{o.tport}/announce" for o in origins],
                                   p2p_extra=mode.p2p(ip) + knobs + rack, extra=mode.sections()))
@@ -451,6 +456,9 @@ def main() -> int:
     ap.add_argument("--gateways", default="", metavar="K[,K...]",
                     help="with --racks: [p2p] gateways on every worker (the daemon's default, 2, when not given); "
                          "several: each K after the first is a contender of its own (plan-gwK), interleaved")
+    ap.add_argument("--crossing", action="store_true",
+                    help="with --racks: also a contender with [p2p] crossing on every worker (plan-crossing: every "
+                         "worker takes its share across racks in a second session), interleaved")
     ap.add_argument("--origins", type=int, default=1,
                     help="origins (127.0.0.2, .3, ...), each with its tracker; every worker lists them all")
     ap.add_argument("--kill-origin-at", type=float, default=None, metavar="F",
@@ -479,6 +487,8 @@ def main() -> int:
     if args.gateways and (len(ks) != len(args.gateways.split(",")) or min(ks) < 1 or len(set(ks)) < len(ks)
                           or not args.racks):
         ap.error("--gateways: distinct whole numbers of at least 1, with --racks")
+    if args.crossing and not args.racks:
+        ap.error("--crossing: with --racks")
     base = Path(tempfile.mkdtemp(prefix="weightd-bench-swarm-", dir=args.dir))
     try:
         cold = base / "cold"
@@ -510,13 +520,13 @@ def main() -> int:
         contenders = [("plan", False, True)] + [("stock", False, False)] * ("stock" in args.baseline) \
             + [("storm", True, True)] * ("storm" in args.baseline) \
             + [("plan-no-racks", False, True)] * bool(args.racks and "no-racks" in args.baseline) \
-            + [(f"plan-gw{k}", False, True) for k in ks[1:]]
+            + [(f"plan-gw{k}", False, True) for k in ks[1:]] + [("plan-crossing", False, True)] * args.crossing
         runs: dict[tuple[str, int], list[dict]] = {}
 
         def one(name: str, storm: bool, plan: bool, n: int) -> float:
             r = run(base, cold, n, args.cap, storm, size, plan=plan, trace=args.trace or bool(args.racks),
                     racks=0 if name in ("storm", "plan-no-racks") else args.racks, choke=args.choke_other_racks,
-                    gateways=int(name[7:]) if name.startswith("plan-gw") else ks[0])
+                    gateways=int(name[7:]) if name.startswith("plan-gw") else ks[0], crossing=name == "plan-crossing")
             runs.setdefault((name, n), []).append(r)
             print(f"n={n} {name}: {r['seconds']} s, origin {r['origin_upload_x']}x, cpu {r['cpu_busy']:.0%}, "
                   f"cross-rack {r['cross_rack']}, plan {r['plan']}", file=sys.stderr, flush=True)

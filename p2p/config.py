@@ -53,6 +53,8 @@ class P2PConfig:
     trace: bool = False              # attribute every 16 KiB block to its sender (diagnostics; costs CPU)
     choke_other_racks: bool = True   # with racks: serve other racks only through their gateways (racks.py)
     gateways: int = 2                # with racks: the workers of each rack that take pieces from other racks
+    crossing: bool = False           # with racks: a second session takes this node's share across (crossing.py)
+    crossing_port: int = 0           # ... listening here (0: the listen port + 1)
 
     def __post_init__(self) -> None:
         for key in ("upload_limit", "download_limit", "threshold", "piece_size"):
@@ -62,6 +64,10 @@ class P2PConfig:
             raise ValueError(f"p2p.max_connections: must be at least 1, got {self.max_connections}")
         if not 1 <= self.gateways <= 64:
             raise ValueError(f"p2p.gateways: from 1 to 64, got {self.gateways}")
+        if self.crossing and not (self.rack and self.trackers):
+            raise ValueError("p2p.crossing: needs p2p.rack and p2p.trackers (crossing sessions find each other there)")
+        if not 0 <= self.crossing_port <= 65535:
+            raise ValueError(f"p2p.crossing_port: from 0 to 65535, got {self.crossing_port}")
         if not self.fallback_after_s > 0:
             raise ValueError(f"p2p.fallback_after_s: must be positive, got {self.fallback_after_s}")
         if self.rack and not RACK.fullmatch(self.rack):
@@ -70,6 +76,14 @@ class P2PConfig:
             host, sep, port = value.rpartition(":")
             if not sep or not host or not port.isdigit() or int(port) > 65535:
                 raise ValueError(f"p2p.{key}: expected 'IP:PORT', got {value!r}")
+        if self.crossing and self.crossing_port == int(self.listen.rpartition(":")[2]):
+            raise ValueError(f"p2p.crossing_port: must differ from the listen port, got {self.crossing_port}")
+
+    @property
+    def crossing_listen(self) -> tuple[str, int]:
+        """(host, port) of the crossing session: the listen host, ``crossing_port`` or the listen port + 1."""
+        host, port = endpoint(self.listen)
+        return host, self.crossing_port or (port + 1 if port else 0)
 
 
 def tracker_urls(cfg: P2PConfig) -> list[str]:

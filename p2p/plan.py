@@ -107,6 +107,9 @@ class PiecePlan(GatewayJudging):
         self._pace: float | None = None                    # pieces/s this node took its first slice at
         self._cache: dict[tuple, tuple[np.ndarray | None, np.ndarray, list[str], list[str]]] = {}
         self._shares: tuple[tuple[str, ...], np.ndarray] = ((), np.zeros(0, dtype=np.int32))   # (gateways, share)
+        # (racks) the pieces homed in this rack, and this gateway's share of the others, as of the last call
+        self.homed: np.ndarray | None = None
+        self.across: np.ndarray | None = None
 
     def _assign(self, members: Mapping[str, str]) -> tuple[np.ndarray | None, np.ndarray, list[str], list[str]]:
         """(home rack per piece or None, owner per piece among this rack's workers, the racks, this
@@ -305,8 +308,12 @@ class PiecePlan(GatewayJudging):
             gw = self.self_ip in self.gateways   # (then its share of what crosses into the rack)
             self.gateway = self.self_ip if gw else (self.gateways[0] if self.gateways else "")
             share = want & ~in_rack if gw else np.zeros(n, dtype=bool)
+            mine_across = np.full(n, gw)   # (its share of every piece, held or not; the crossing session's)
             if gw and len(self.gateways) > 1:
-                share &= self._share(self.gateways) == self.gateways.index(self.self_ip)
+                mine_across = self._share(self.gateways) == self.gateways.index(self.self_ip)
+                share &= mine_across
+            self.homed = home == racks.index(self.rack)
+            self.across = mine_across & ~self.homed
             xrack = share & anywhere
             # (its share all in the rack, pieces of its rack still to take: done with other racks)
             self.crossed = gw and not np.any(share & (home != racks.index(self.rack))) and bool(want.any())

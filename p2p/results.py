@@ -29,10 +29,14 @@ class SwarmTrace:
     origin_held_after_own_bytes: int = 0   # ... of those, once this worker had nothing left to take from the origin
     duplicate_bytes: int = 0           # (traced) blocks received more than once
     bytes_by_rack: dict[str, int] = field(default_factory=dict)   # received, by the sender's rack
+    crossing_bytes_in: int = 0         # ([p2p] crossing) received by the crossing session (in bytes_by_peer too)
+    crossing_bytes_out: int = 0        # ... sent by it
+    crossing_peak: float = 0.0         # ... the most the two sessions took together (in or out), x the node's limit
 
     def to_dict(self) -> dict[str, object]:
         d = {k: getattr(self, k) for k in self.__slots__ if not k.startswith("_")}
         d["alone_s"] = round(self.alone_s, 2)
+        d["crossing_peak"] = round(self.crossing_peak, 2)
         for k in ("open_all_after_s", "crossed_after_s"):
             if d[k] is not None:
                 d[k] = round(d[k], 2)

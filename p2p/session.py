@@ -14,7 +14,6 @@ peers of a download are to its piece plan is read in ``swarm_view.py``.
 
 from __future__ import annotations
 
-import logging
 import threading
 import warnings
 from pathlib import Path
@@ -24,26 +23,35 @@ import libtorrent as lt
 
 from .alerts import AlertEvent, AlertPump
 from .config import P2PConfig, endpoint, tracker_urls
-from .errors import P2PError, TorrentRejected, map_libtorrent_errors
+from .crossing import Crossing, CrossingSession, split
+from .errors import TorrentRejected, map_libtorrent_errors
 from .origins import OriginShare, origins_to_block
-from .plan import PiecePlan
+from .plan import XRACK, PiecePlan
 from .racks import RackClasses, update_class
 from .settings import ip_filter, lower_limit, session_settings
+from .seeds import Seeds
 from .swarm_view import read_swarm
-from .torrent import fleet_mismatch, placement, save_path_for, subset_of
+from .torrent import fleet_mismatch, save_path_for, subset_of
 from .transfer import DownloadResult, Transfer
 
 if TYPE_CHECKING:
     from .certs import FleetTLS
 
-log = logging.getLogger(__name__)
-
 __all__ = ["P2PConfig", "P2PSession", "DownloadResult"]
 
 
-class P2PSession:
+class P2PSession(Seeds):
     def __init__(self, cfg: P2PConfig) -> None:
         self.cfg = cfg
+        self.cross = CrossingSession(cfg) if cfg.crossing else None   # (crossing.py; its port fails the start)
+        try:
+            self._start(cfg)
+        except BaseException:
+            if self.cross is not None:
+                self.cross.close()
+            raise
+
+    def _start(self, cfg: P2PConfig) -> None:
         params = lt.session_params()
         params.settings = session_settings(cfg, *endpoint(cfg.listen))
         params.disk_io_constructor = "posix_disk_io_constructor"
@@ -65,6 +73,9 @@ class P2PSession:
         # what each seeded torrent is read from: info-hash -> (directory, the files of a partial copy or None, bytes)
         self.sources: dict[str, tuple[Path, "frozenset[str] | None", int]] = {}
         self.alerts = AlertPump(self.ses)  # the only caller of pop_alerts from here on
+        self.yielded = (0, 0)   # the NIC controller's limits (0: none of its own)
+        self.node_limits = (cfg.download_limit, cfg.upload_limit)   # in force for the node (0: none)
+        self.taken = ((0.0, 0.0), (0.0, 0.0))   # (crossing, main) sessions' rates (in, out) lately: ``share``
 
     @property
     def port(self) -> int:
@@ -102,7 +113,7 @@ class P2PSession:
         n = 0
         with self.lock:  # (torrents are added under it too: none is left with the old certificate)
             self.tls = tls
-            for h in self.ses.get_torrents():
+            for h in self.ses.get_torrents() + (self.cross.ses.get_torrents() if self.cross is not None else []):
                 try:
                     self._present(h, tls)
                 except RuntimeError:  # removed meanwhile (a download that just ended)
@@ -122,94 +133,14 @@ class P2PSession:
         if not hasattr(self, "ses"):
             return
         self.alerts.stop()
+        if self.cross is not None:
+            self.cross.close()
         with self.lock:
             for h in list(self.seeding.values()):
                 self.ses.remove_torrent(h)
             self.seeding.clear()
             self.sources.clear()
         del self.ses
-
-    # -- seeding ------------------------------------------------------------------------------------
-    def seed(self, ti: lt.torrent_info, data_dir: Path, *, super_seed: bool = False,
-             files: "frozenset[str] | None" = None) -> bool:
-        """Seed verified data in ``data_dir`` (seed mode: pieces are hashed on first upload, so a copy
-        corrupted on disk is noticed and dropped out of seeding rather than served). ``super_seed``
-        (the origin): hand each peer pieces nobody else has yet, so the swarm fans them out instead of
-        the origin uploading the same rare pieces to everyone. False (and a warning) for a torrent this
-        node must not use under its TLS setting (``fleet_mismatch``).
-
-        ``files``: ``data_dir`` is a partial copy holding only these files of the torrent. Never in seed
-        mode (it would claim every piece): the other files at priority 0, upload mode, and libtorrent
-        checks the files it holds, so its bitfield tells peers which pieces it has (a file changed after
-        placement fails its pieces and is not served). One torrent per info-hash: a partial copy gives way
-        to the whole version, or to a partial copy holding more."""
-        key = str(ti.info_hashes().v2)
-        problem = fleet_mismatch(ti, self.tls)
-        if problem is not None:
-            log.warning("not seeding %s: %s", ti.name(), problem)
-            return False
-        subset = subset_of(ti, files) if files is not None else None   # (TorrentRejected: not seeded)
-        save_path, renamed = placement(ti, data_dir)
-        if renamed and subset is None:   # (seed mode would claim every piece for a partial copy)
-            raise TorrentRejected(str(data_dir), "a partial copy is seeded only for the files it holds")
-        with self.lock:
-            if key in self.seeding:
-                d, held, nbytes = self.sources[key]
-                if held is None or d == data_dir or (subset is not None and subset.bytes <= nbytes):
-                    return True   # (the whole version, this copy, or a partial copy holding as much)
-                self._drop(key)   # a partial copy seeded so far: the whole version or a larger part replaces it
-            atp = lt.add_torrent_params()
-            atp.ti = ti
-            atp.save_path = str(save_path)
-            if renamed:
-                atp.renamed_files = renamed
-            # upload mode: never download, so a seed whose copy rotted never rewrites the tier copy under
-            # a server reading it (it just stops serving the bad pieces; `weightd verify` finds the copy and
-            # a re-preload replaces it); seed mode (whole copies): hash each piece on first upload
-            atp.flags = (atp.flags | lt.torrent_flags.upload_mode) & ~lt.torrent_flags.auto_managed \
-                & ~lt.torrent_flags.paused
-            if subset is None:
-                atp.flags |= lt.torrent_flags.seed_mode
-            else:
-                atp.file_priorities = subset.priorities
-            if super_seed and subset is None:
-                atp.flags |= lt.torrent_flags.super_seeding
-            atp.trackers = tracker_urls(self.cfg)  # seeds announce too, so late joiners learn of them
-            # (assign the list: the binding's ``atp.trackers`` is a copy, ``.append`` would be lost)
-            self.seeding[key] = self._add(atp, f"cannot seed {ti.name()}")
-            self.sources[key] = (data_dir, files, subset.bytes if subset is not None else ti.total_size())
-        return True
-
-    def source_of(self, ti: lt.torrent_info) -> Path | None:
-        """The directory the seed of ``ti`` reads from (None: not seeded)."""
-        with self.lock:
-            got = self.sources.get(str(ti.info_hashes().v2))
-            return got[0] if got is not None else None
-
-    def partial_seeds(self) -> dict[str, Path]:
-        """v2 info-hash -> the partial copy seeded for it."""
-        with self.lock:
-            return {k: d for k, (d, files, _) in self.sources.items() if files is not None}
-
-    def _drop(self, key: str) -> None:
-        """Stop seeding ``key`` (with the lock held)."""
-        h = self.seeding.pop(key, None)
-        self.sources.pop(key, None)
-        if h is not None:
-            self.alerts.add("uploaded_gone", h.status().all_time_upload)
-            self.ses.remove_torrent(h)
-
-    def seeds_announced(self, info_hash: bytes) -> bool:
-        """Whether this session seeds the torrent a tracker announce names (the 20 bytes a v2 torrent
-        announces: the first half of its SHA-256 info-hash)."""
-        prefix = info_hash.hex()
-        with self.lock:
-            return len(prefix) == 40 and any(k.startswith(prefix) for k in self.seeding)
-
-    def stop_seeding(self, ti: "lt.torrent_info | str") -> None:
-        """Stop seeding a torrent (or its v2 info-hash, as ``partial_seeds`` names it)."""
-        with self.lock:
-            self._drop(ti if isinstance(ti, str) else str(ti.info_hashes().v2))
 
     def stats(self) -> dict[str, int]:
         """Totals for metrics: payload uploaded and downloaded, connected peers, corrupt pieces seen.
@@ -230,29 +161,50 @@ class P2PSession:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
             st = self.ses.status()
-        return int(st.total_download), int(st.total_upload)
+        x = self.cross.traffic() if self.cross is not None else (0, 0)
+        return int(st.total_download) + x[0], int(st.total_upload) + x[1]
 
     def set_yield_limits(self, download: int, upload: int) -> tuple[int, int]:
         """Cap the session's download and upload at these rates (bytes/s; 0: no cap of its own), under
         the configured ``download_limit``/``upload_limit``, which still hold (the lower of the two
         wins), on the global and the local (LAN, loopback) peer class. Returns the limits now in force
-        (0: unlimited)."""
-        dl, ul = (min(2**31 - 1, lower_limit(fixed, mine))   # (libtorrent's limits are 32-bit ints: larger ones wrap)
-                  for fixed, mine in ((self.cfg.download_limit, download), (self.cfg.upload_limit, upload)))
-        self.ses.apply_settings({"download_rate_limit": dl, "upload_rate_limit": ul})
-        update_class(self.ses, lt.session.local_peer_class_id, upload_limit=ul, download_limit=dl)
+        (0: unlimited). With a crossing session, each of the two takes what the other leaves (``share``)."""
+        self.yielded = (download, upload)
+        dl, ul = self.node_limits = tuple(   # (libtorrent's limits are 32-bit ints: larger ones wrap)
+            min(2**31 - 1, lower_limit(fixed, mine))
+            for fixed, mine in ((self.cfg.download_limit, download), (self.cfg.upload_limit, upload)))
+        (xd, xu), (md, mu) = self.taken
+        (mine_d, cross_d), (mine_u, cross_u) = split(dl, xd, md), split(ul, xu, mu)
+        self.ses.apply_settings({"download_rate_limit": mine_d, "upload_rate_limit": mine_u})
+        update_class(self.ses, lt.session.local_peer_class_id, upload_limit=mine_u, download_limit=mine_d)
+        if self.cross is not None:
+            self.cross.set_limits(cross_d, cross_u)
         return dl, ul
+
+    def share(self, crossing: tuple[float, float]) -> tuple[float, float]:
+        """The crossing session took ``crossing`` (in, out; bytes/s) lately: the limits split again by
+        what each session took (``crossing.split``). Returns what the main session took (in, out)."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            st = self.ses.status()
+        main = (float(st.payload_download_rate), float(st.payload_upload_rate))
+        self.taken = (crossing, main)
+        self.set_yield_limits(*self.yielded)
+        return main
 
     def apply_plan(self, h: lt.torrent_handle, planner: PiecePlan, st: lt.torrent_status,
                    origin_ips: set[str], now: float, progressed: bool, current: list[int] | None,
                    members: dict[str, str] | None = None, racks_seen: dict[str, str] | None = None, *,
-                   others: "Collection[str]" = (), share: "OriginShare | None" = None) -> list[int]:
+                   others: "Collection[str]" = (), share: "OriginShare | None" = None,
+                   crossing: bool = False) -> list[int]:
         """Piece priorities from ``planner``, and the origins and workers filtered out (``share``: origins, see
         :mod:`.origins`); ``members``: the tracker's list of downloading workers now (ip -> rack);
         ``racks_seen``: every worker listed during this download (a rack-mate that finished left the list, and
         is still one: its pieces are the rack's, and it still sends); ``others``: workers downloading other
         files of the torrent (partial copies). Neither they nor a peer seeding a partial copy (upload only, off
-        the list) own a piece of the plan: what they hold counts as held (:func:`~p2p.swarm_view.read_swarm`)."""
+        the list) own a piece of the plan: what they hold counts as held (:func:`~p2p.swarm_view.read_swarm`).
+        ``crossing``: a crossing session takes this node's share across (``crossing.py``): other racks'
+        workers filtered out, the share's pieces no rack-mate holds not asked for; neither while starving."""
         racks = members or {}
         seen = racks_seen if racks_seen is not None else racks
         racked = bool(self.cfg.rack) or any(racks.values())
@@ -271,6 +223,8 @@ class P2PSession:
             alone = self.active_downloads == 1   # (the filters are the session's: one download at a time)
         if alone:   # (a gateway whose share is in takes the rest from its rack alone: racks.py)
             away = self.racks.done_across(seen, planner, view, starving, others) - self.origin_ips
+            if crossing and not starving:
+                away |= frozenset(ip for ip, r in seen.items() if r and r != self.cfg.rack) - self.origin_ips
             self.block_peers(origins_to_block(share, self.origin_ips, planner.self_ip, members, view.origins,
                                               own_done, starving, now) | away)
             if racked:
@@ -278,6 +232,8 @@ class P2PSession:
         else:   # (another download's list must not choose for this one's swarm, nor filter it)
             self.block_peers(frozenset())
             self._redial(self.racks.unchoke_all())
+        if crossing and alone and not starving:   # (XRACK: its share, held in no rack-mate)
+            prio = [0 if q == XRACK else q for q in prio]
         if prio != current:
             h.prioritize_pieces(prio)
         return prio
@@ -357,10 +313,12 @@ class P2PSession:
                 h = self._add(atp, what)
             with self.lock:
                 self.active_downloads += 1
+            crossing = Crossing(self.cross, self, ti, h, Path(atp.save_path), data_dir, self.tls) \
+                if self.cross is not None and subset is None and plan and self.cfg.plan and peers else None
             try:
                 with map_libtorrent_errors(what):
                     return Transfer(self, ti, h, events, peers, plan=plan and self.cfg.plan, progress=progress,
-                                    held_back=hold, subset=subset).run(
+                                    held_back=hold, subset=subset, crossing=crossing).run(
                         stall_s=stall_s, timeout_s=timeout_s, flush_timeout_s=flush_timeout_s)
             finally:
                 with self.lock:
@@ -375,21 +333,3 @@ class P2PSession:
                     self.ses.remove_torrent(h)
                     if displaced is not None:
                         self._reseed(ti, displaced)
-
-    def _displace(self, key: str) -> "tuple[Path, frozenset[str] | None] | None":
-        """Stop seeding ``key`` for a download of the same torrent (with the lock held), and say what
-        to seed again after it: (directory, files of a partial copy or None)."""
-        if key not in self.seeding:
-            return None
-        data_dir, files, _ = self.sources[key]
-        self._drop(key)
-        return data_dir, files
-
-    def _reseed(self, ti: lt.torrent_info, displaced: "tuple[Path, frozenset[str] | None]") -> None:
-        data_dir, files = displaced
-        if not data_dir.is_dir():
-            return
-        try:
-            self.seed(ti, data_dir, files=files)
-        except P2PError as exc:   # (the next seed_held round tries again)
-            log.warning("p2p: cannot seed %s again after a download: %s", data_dir, exc)

@@ -42,7 +42,10 @@ Two things for the piece plan (``plan.py``), beyond BEP 3:
   says which owners its plan dropped (``drop=``), and every answer lists them (``dropped``, once two
   workers say so); and
   which of its rack's gateways its plan skipped (``skip=``: stalled, or never connected), listed as
-  ``skipped`` so that other racks serve the worker that takes across in their place.
+  ``skipped`` so that other racks serve the worker that takes across in their place;
+- **crossing sessions** (``[p2p] crossing``, ``p2p/crossing.py``): an announce with ``crossing=1`` is
+  kept in a swarm of its own (the info-hash's crossing swarm, never in the member list), and is
+  answered with crossing sessions of other racks only.
 """
 
 from __future__ import annotations
@@ -73,6 +76,7 @@ MAX_QUERY = 2_048               # bytes of query string parsed (an announce is ~
 LEECH_INTERVAL_S = 5            # re-announce interval asked of peers still downloading
 DROP_TTL_S = 10.0               # an owner said to be dropped stays so this long after the last worker said it
 MEMBER_TTL_S = 4.0              # a worker that has not asked for the member list this long is not on it
+CROSSING = b"x"                 # appended to an info-hash: the swarm of its crossing sessions (crossing=1)
 WANT = re.compile(r"[a-z0-9][a-z0-9-]{0,39}")   # what a worker wants of a swarm (a partial copy's tag)
 
 Peer = tuple[str, int]
@@ -202,6 +206,14 @@ class _Swarm:
         rest = [p for p in (self.slots[i] for i in picks) if p != me and p not in taken]
         return (first + rest)[:want]
 
+    def across(self, want: int, me: Peer, rack: str) -> list[Peer]:
+        """Up to ``want`` peers that said they are in a rack other than ``rack`` (random among them):
+        what a crossing session is told of (it exchanges pieces with other racks' only; an asker with no
+        rack is told of none)."""
+        picks = [p for p, r in self.rack.items() if rack and r != rack and p != me]
+        random.shuffle(picks)
+        return picks[:want]
+
 
 class Tracker:
     def __init__(self, allow: tuple[str, ...] = ("0.0.0.0/0",), *, known: Callable[[bytes], bool],
@@ -239,6 +251,9 @@ class Tracker:
             return _fail("not allowed"), "tracker_not_allowed"
         me = (str(peer_address(remote_ip)), port)   # (::ffff:10.0.0.5 is the peer 10.0.0.5)
         now = self.now()
+        known = info_hash
+        if q.get("crossing", [""])[0] == "1":   # (a crossing session: a swarm of its own, see the module's doc)
+            info_hash += CROSSING
         swarm = self._current(info_hash, now)
         if q.get("event", [""])[0] == "stopped":
             if swarm is not None:
@@ -247,7 +262,7 @@ class Tracker:
                     del self.swarms[info_hash]
             return lt.bencode({b"interval": self.interval, b"peers": b""}), None
         if swarm is None:
-            if not self.known(info_hash):  # (asked only for hashes without a swarm: a swarm's hash was known)
+            if not self.known(known):  # (asked only for hashes without a swarm: a swarm's hash was known)
                 return _fail("unknown info_hash: not a version this fleet publishes"), "tracker_unknown_torrent"
             if len(self.swarms) >= self.max_swarms:
                 self._expire_all(now)
@@ -261,7 +276,7 @@ class Tracker:
             elif len(swarm.slots) >= self.per_swarm:
                 return _fail("swarm full"), "tracker_full"
         swarm.touch(me, now)
-        return self._answer(swarm, me, q), None
+        return self._answer(swarm, me, q, info_hash != known), None
 
     def _current(self, info_hash: bytes, now: float) -> _Swarm | None:
         """The swarm of ``info_hash`` with its expired peers gone (None: none, or none left); every
@@ -276,9 +291,10 @@ class Tracker:
                 swarm = None
         return swarm
 
-    def _answer(self, swarm: _Swarm, me: Peer, q: dict[str, list[str]]) -> bytes:
+    def _answer(self, swarm: _Swarm, me: Peer, q: dict[str, list[str]], crossing: bool = False) -> bytes:
         """Record what ``me`` said of itself (its rack; downloading or not) and answer it: a random
-        sample of the swarm (its rack's peers first), compact, and the interval to come back at."""
+        sample of the swarm (its rack's peers first; a crossing session: other racks' only), compact,
+        and the interval to come back at."""
         rack = q.get("rack", [""])[0]
         if rack and RACK.fullmatch(rack):
             swarm.rack[me] = rack
@@ -297,8 +313,9 @@ class Tracker:
         except ValueError:
             want = MAX_PEERS
         # a random sample: in a large fleet, not everyone meets the same first few
-        compact = b"".join(socket.inet_aton(h) + struct.pack(">H", pt)
-                           for h, pt in swarm.sample(want, me, swarm.rack.get(me, "")))
+        rack = swarm.rack.get(me, "")
+        picks = swarm.sample(want, me, rack) if not crossing else swarm.across(want, me, rack)
+        compact = b"".join(socket.inet_aton(h) + struct.pack(">H", pt) for h, pt in picks)
         interval = min(self.interval, LEECH_INTERVAL_S) if me in swarm.leeching else self.interval
         return lt.bencode({b"interval": interval, b"min interval": min(5, interval), b"peers": compact})
 
@@ -358,8 +375,9 @@ class Tracker:
                 del self.swarms[h]
 
     def forget(self, info_hash: bytes) -> None:
-        """Drop a swarm (its version is no longer published or seeded)."""
+        """Drop a swarm and its crossing sessions' (its version is no longer published or seeded)."""
         self.swarms.pop(info_hash, None)
+        self.swarms.pop(info_hash + CROSSING, None)
 
 
 def announced_hash(v2_hex: str) -> bytes:

@@ -23,6 +23,7 @@ from .plan import HELD, PiecePlan
 from .results import DownloadResult, apportion
 
 if TYPE_CHECKING:
+    from .crossing import Crossing
     from .torrent import Subset
 
 
@@ -68,13 +69,15 @@ class SessionSide(Protocol):
     def apply_plan(self, h: lt.torrent_handle, planner: PiecePlan, st: lt.torrent_status,
                    origin_ips: set[str], now: float, progressed: bool, current: list[int] | None,
                    members: dict[str, str] | None = None, racks_seen: dict[str, str] | None = None, *,
-                   others: Collection[str] = (), share: OriginShare | None = None) -> list[int]: ...
+                   others: Collection[str] = (), share: OriginShare | None = None,
+                   crossing: bool = False) -> list[int]: ...
 
 log = logging.getLogger(__name__)
 
 CONNECT_EVERY_S = 2.0
 PLAN_EVERY_S = 0.25
 WAIT_S = 0.1
+RACK_WIDE = 1 << 16   # gateways a rack with a crossing session: every worker takes its share across
 GATHER_S = 2.5   # with a tracker: ask for nothing in the first moments, until the member list stops growing
 
 
@@ -85,7 +88,7 @@ class Transfer:
     def __init__(self, session: SessionSide, ti: lt.torrent_info, h: lt.torrent_handle,
                  events: "queue.SimpleQueue[AlertEvent]", peers: tuple[str, ...], *, plan: bool,
                  progress: Callable[[int], None] | None, clock: Callable[[], float] = time.monotonic,
-                 held_back: bool = False, subset: "Subset | None" = None) -> None:
+                 held_back: bool = False, subset: "Subset | None" = None, crossing: "Crossing | None" = None) -> None:
         self.session, self.ti, self.h, self.events, self.peers = session, ti, h, events, peers
         # the pieces wanted (a partial copy: its files' pieces), None: every piece
         self.wanted = None if subset is None else subset.pieces
@@ -99,7 +102,8 @@ class Transfer:
         host = endpoint(cfg.listen)[0]
         self.planner = PiecePlan(ti.num_pieces(), "" if host in ("0.0.0.0", "::") else host, rack=cfg.rack,
                                  gather_s=GATHER_S if cfg.trackers else 0.0, piece_bytes=ti.piece_length(),
-                                 cap=cfg.download_limit, wanted=self.wanted, gateways=cfg.gateways) \
+                                 cap=cfg.download_limit, wanted=self.wanted,
+                                 gateways=RACK_WIDE if crossing is not None else cfg.gateways) \
             if plan and self.origin_ips else None
         # (a partial copy registers with its files' tag: it plans with the workers that want the same)
         self.membership = Membership(tuple(cfg.trackers), bytes.fromhex(self.key)[:20], cfg.tls, rack=cfg.rack,
@@ -122,6 +126,7 @@ class Transfer:
         self._reported = 0
         self._cap = 0                       # the download limit this transfer set (its progress's cap)
         self.held_back = held_back   # added paused: resumed once the member list is in (racks)
+        self.crossing = crossing if self.planner is not None and self.membership is not None else None
 
     def run(self, *, stall_s: float, timeout_s: float | None, flush_timeout_s: float) -> DownloadResult:
         t0 = self.clock()
@@ -133,6 +138,8 @@ class Transfer:
         try:
             self._download(t0, stall_s, timeout_s)
         finally:
+            if self.crossing is not None:
+                self.crossing.close()
             self.session.block_peers(frozenset())   # (in, or failed: nobody is filtered while it flushes)
             if self.membership is not None:
                 self.membership.stop()
@@ -151,18 +158,9 @@ class Transfer:
         last_plan: float | None = None
         while True:
             now = self.clock()
-            if self.held_back:
-                members = self.membership.settled(1.0) if self.membership is not None else None
-                if members is None and now - t0 < GATHER_S:
-                    time.sleep(WAIT_S)
-                    continue
-                if members is None and self.membership is not None:
-                    members = self.membership.members
-                others = self.membership.others if self.membership is not None else {}
-                if self.session.active_downloads == 1:   # (the classes are the session's: see apply_plan)
-                    self.session.set_other_racks({**others, **(members or {})}, members, others)
-                h.resume()
-                self.held_back = False
+            if self.held_back and not self._resume_when_listed(now - t0):
+                time.sleep(WAIT_S)
+                continue
             if now >= next_connect:
                 self._connect()
                 next_connect = now + CONNECT_EVERY_S
@@ -174,13 +172,16 @@ class Transfer:
                 next_racks = now + PLAN_EVERY_S
             plan_due = planner is not None and now >= next_plan
             # (the bitfield only when used: by the plan, or to see that every wanted piece is in)
-            st = h.status(lt.torrent_handle.query_pieces if plan_due or self.wanted is not None else 0)
+            xing = self.crossing is not None and self.crossing.active
+            st = h.status(lt.torrent_handle.query_pieces if plan_due or self.wanted is not None or xing else 0)
             if result.local_bytes < 0 and st.state in (lt.torrent_status.downloading, lt.torrent_status.finished,
                                                        lt.torrent_status.seeding):
                 result.local_bytes = st.total_done - st.total_payload_download
             if st.total_done > last_done:
                 last_done, last_progress = st.total_done, now
                 self._report(st.total_done)
+            if xing:
+                self.crossing.pump(st, now)
             if self._complete(st, planner is not None):
                 return
             if plan_due and st.state in (lt.torrent_status.downloading, lt.torrent_status.finished):
@@ -188,7 +189,10 @@ class Transfer:
                 members, others = self._listed(planner, now - t0)
                 current = self.session.apply_plan(h, planner, st, self.origin_ips, now,
                                                   st.total_done > planned_done, current, members, self._racks,
-                                                  others=others, share=self.share)
+                                                  others=others, share=self.share,
+                                                  crossing=self.crossing is not None and self.crossing.active)
+                if self.crossing is not None:
+                    self.crossing.update(planner, self._racks)
                 if self.membership is not None:   # (and the ones this plan dropped or skipped, for the others)
                     m = self.membership
                     m.dropping, m.skipping = frozenset(planner.found), frozenset(planner.skipped_gateways)
@@ -201,6 +205,21 @@ class Transfer:
                                       f"({st.total_done} of {self.wanted_bytes} bytes)")
             if timeout_s is not None and now - t0 > timeout_s:
                 raise TransferStalled(f"P2P download did not finish in {timeout_s:.0f} s")
+
+    def _resume_when_listed(self, since_start: float) -> bool:
+        """A torrent added paused (racks) resumed once the member list stopped growing (at most
+        ``GATHER_S`` after the start), with the other racks' class set up first; False: not yet."""
+        members = self.membership.settled(1.0) if self.membership is not None else None
+        if members is None and since_start < GATHER_S:
+            return False
+        if members is None and self.membership is not None:
+            members = self.membership.members
+        others = self.membership.others if self.membership is not None else {}
+        if self.session.active_downloads == 1:   # (the classes are the session's: see apply_plan)
+            self.session.set_other_racks({**others, **(members or {})}, members, others)
+        self.h.resume()
+        self.held_back = False
+        return True
 
     def _listed(self, planner: PiecePlan, since_start: float) -> tuple[dict[str, str] | None, dict[str, str]]:
         """The tracker's list of workers downloading what this node wants (in the first moments, only a
@@ -366,11 +385,16 @@ class Transfer:
         elif total:  # finished between two samples: only the peers we were told about were seen
             others = set(result.bytes_by_peer) - self.origin_ips
             result.bytes_by_peer = {endpoint(self.peers[0])[0] if self.peers and not others else "unattributed": total}
+        if self.crossing is not None:   # (what its own session received and sent)
+            for ip, n in self.crossing.received.items():
+                result.bytes_by_peer[ip] = result.bytes_by_peer.get(ip, 0) + n
+            x, result.trace.crossing_bytes_out = result.trace, self.crossing.sent
+            x.crossing_bytes_in, x.crossing_peak = sum(self.crossing.received.values()), self.crossing.peak
         result.trace.redundant_bytes, result.trace.failed_bytes = st.total_redundant_bytes, st.total_failed_bytes
         by_rack: dict[str, int] = {}
         for ip, n in result.bytes_by_peer.items():
             rack = "origin" if ip in self.origin_ips else self._racks.get(ip, "")
             by_rack[rack] = by_rack.get(rack, 0) + n
         result.trace.bytes_by_rack = by_rack
-        self.session.alerts.add("downloaded", total)
-        self.session.alerts.add("uploaded_gone", st.all_time_upload)
+        self.session.alerts.add("downloaded", total + result.trace.crossing_bytes_in)
+        self.session.alerts.add("uploaded_gone", st.all_time_upload + result.trace.crossing_bytes_out)

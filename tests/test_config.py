@@ -73,6 +73,11 @@ def test_file_overrides_only_what_it_sets(no_system_config: Path, tmp_path: Path
     ('[p2p]\npiece_size = "1GiB"', "p2p.piece_size", "power of two"),
     ('[tiers.hot]\nlow_watermark = "99%"', "tiers.hot", "low_watermark"),
     ('[metrics]\nlisten = "1.2.3.4:99999"', "metrics.listen", "IP:PORT"),
+    ('[p2p]\ncrossing = true', "p2p", "needs p2p.rack and p2p.trackers"),
+    ('[p2p]\ncrossing = true\nrack = "r1"', "p2p", "needs p2p.rack and p2p.trackers"),
+    ('[p2p]\ncrossing = true\nrack = "r1"\ntrackers = ["http://10.0.0.1:6969/announce"]\ncrossing_port = 6881',
+     "p2p", "must differ from the listen port"),
+    ('[p2p]\ncrossing_port = 70000', "p2p.crossing_port", "less than or equal"),
 ])
 def test_bad_values_name_the_key(no_system_config: Path, tmp_path: Path, text: str, key: str, message: str) -> None:
     f = tmp_path / "bad.toml"

@@ -76,6 +76,21 @@ class P2PSettings(FrozenModel):
     gateways: int = Field(2, ge=1, le=64, doc="with rack: the workers of each rack (its gateways) that take pieces "
                                               "from other racks, each its share; set the same on every node "
                                               "(senders serve that many a rack)")
+    crossing: bool = Field(False, doc="with rack and trackers: every worker takes its share of the pieces that "
+                                      "cross into its rack through a second P2P session, which talks to other "
+                                      "racks' crossing sessions only, while the main one keeps to the rack "
+                                      "(docs/p2p.md); set the same on every node")
+    crossing_port: int = Field(0, ge=0, le=65535, doc="with crossing: the port of the crossing session, on the "
+                                                      "listen address; 0: the listen port + 1")
+
+    @model_validator(mode="after")
+    def _crossing(self) -> "P2PSettings":
+        if self.crossing and not (self.rack and self.trackers):
+            raise ValueError("crossing: needs p2p.rack and p2p.trackers (crossing sessions find each other there)")
+        port = self.listen.rpartition(":")[2]
+        if self.crossing and port.isdigit() and self.crossing_port == int(port):
+            raise ValueError(f"crossing_port: must differ from the listen port, got {self.crossing_port}")
+        return self
 
     @model_validator(mode="after")
     def _tls_trackers(self) -> "P2PSettings":

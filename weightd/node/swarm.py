@@ -33,7 +33,8 @@ def p2p_config(cfg: Config) -> P2PConfig:
                      max_connections=p.max_connections, peers=p.peers, trackers=p.trackers, threshold=p.threshold,
                      fallback_after_s=p.fallback_after_s, piece_size=p.piece_size,
                      tls=p.tls.fleet if p.tls is not None else None, plan=p.plan, trace=p.trace, rack=p.rack,
-                     choke_other_racks=p.choke_other_racks, gateways=p.gateways)
+                     choke_other_racks=p.choke_other_racks, gateways=p.gateways,
+                     crossing=p.crossing, crossing_port=p.crossing_port)
 
 
 def ensure_torrent(cfg: Config, version: VersionDir) -> Path | None:

@@ -1,0 +1,239 @@
+"""Crossing sessions (``[p2p] crossing``, p2p/crossing.py): every worker takes its share of what crosses
+into its rack through a second libtorrent session that talks to other racks' crossing sessions only.
+Real daemons on 127.0.0.x with a real tracker; real libtorrent sessions for the parts."""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+
+import libtorrent as lt
+import pytest
+
+from p2p import P2PConfig, P2PSession
+from p2p.crossing import CrossingSession, split
+from tiering.sample import make_checkpoint
+
+from .test_p2p import _preload_one_killed, _reports, cluster, free_port, started  # noqa: F401 (cluster: the fixture)
+from .test_p2p_tls import fleet, tls_cluster  # noqa: F401 (fixtures)
+
+MiB = 1 << 20
+
+
+def _crossing(ip: str) -> str:
+    return f'crossing = true\ncrossing_port = {free_port(ip)}\npiece_size = "256KiB"\n'
+
+
+@pytest.mark.slow
+def test_two_racks_take_each_piece_across_about_once_through_every_workers_share(cluster, tmp_path: Path) -> None:
+    origin = cluster("127.0.0.2", role="origin", limit="4MB", p2p_extra='piece_size = "256KiB"\n')
+    src = make_checkpoint(tmp_path / "src", total_bytes=16 * MiB, shards=2, layers=3)
+    assert origin.cli("publish", str(src), "--name", "org/x", "--version", "v1").returncode == 0
+    racks = {"127.0.0.3": "r0", "127.0.0.4": "r0", "127.0.0.5": "r1", "127.0.0.6": "r1"}
+    workers = started([cluster(ip, origin=origin.endpoint, limit="4MB", fallback_s=60, wait=False,
+                               p2p_extra=f'rack = "{r}"\n' + _crossing(ip)) for ip, r in racks.items()])
+    reports = _reports([w.popen("preload", "org/x@v1", "--tier", "warm", "--json") for w in workers], timeout=150)
+    total = sum(f.stat().st_size for f in src.rglob("*") if f.is_file())
+    intake: dict[str, int] = {}
+    for w, r in zip(workers, reports):
+        assert r["bytes_by_source"]["cold"] == 0 and r["source_fallbacks"] == [], r
+        rack = racks[w.ip]
+        outside = sum(n for k, n in r["swarm"]["bytes_by_rack"].items() if k not in (rack, "origin", ""))
+        intake[rack] = intake.get(rack, 0) + outside
+        log = (w.dir / "daemon.log").read_text()
+        assert "crossing session:" in log, log[-3000:]
+        assert not list((w.dir / "warm").rglob("*.crossing")), "a staging directory was left behind"
+    for rack, n in intake.items():   # (each piece homed in the other rack crosses about once)
+        assert 0.3 * total < n <= 1.25 * total, (rack, n / total, [r["swarm"] for r in reports])
+
+
+@pytest.mark.slow
+def test_a_worker_that_dies_mid_download_hands_its_share_to_its_rack_mates(cluster, tmp_path: Path) -> None:
+    """Racks r0 = .3, .4, .5 and r1 = .6, .7; .3 is killed (-9) once the origin has sent 2 MiB more.
+    Its rack-mates take its share across once it leaves the member list (every worker is a gateway:
+    the shares are hashed again over the ones left) and every survivor finishes from the swarm."""
+    origin = cluster("127.0.0.2", role="origin", limit="3MB", p2p_extra='piece_size = "256KiB"\n')
+    src = make_checkpoint(tmp_path / "src", total_bytes=12 * MiB, shards=2, layers=3)
+    assert origin.cli("publish", str(src), "--name", "org/xd", "--version", "v1").returncode == 0
+    racks = {"127.0.0.3": "r0", "127.0.0.4": "r0", "127.0.0.5": "r0", "127.0.0.6": "r1", "127.0.0.7": "r1"}
+    nodes = started([cluster(ip, origin=origin.endpoint, limit="3MB", fallback_s=60, wait=False,
+                             p2p_extra=f'rack = "{r}"\n' + _crossing(ip)) for ip, r in racks.items()])
+    reports, took = _preload_one_killed(origin, nodes[1:], nodes[0], "org/xd@v1")
+    for r in reports:
+        assert r["bytes_by_source"]["cold"] == 0 and r["source_fallbacks"] == [], r
+    assert took < 45, (took, [r["swarm"] for r in reports])
+    # r1's half came into r0 through the survivors' crossing sessions, the dead one's share too (without
+    # its share moving, about two thirds of that half: 2026-12-06, 6.4 and 7.3 MB of 12.6 MB in two runs)
+    total = sum(f.stat().st_size for f in src.rglob("*") if f.is_file())
+    assert sum(r["swarm"]["crossing_bytes_in"] for r in reports[:2]) >= 0.42 * total, [r["swarm"] for r in reports]
+    assert all(r["swarm"]["open_all_after_s"] is None for r in reports), [r["swarm"] for r in reports]
+
+
+@pytest.mark.slow
+def test_crossing_sessions_of_a_tls_fleet_talk_tls(tls_cluster, tmp_path: Path) -> None:
+    """With fleet TLS the crossing session listens on an SSL port and presents the node's certificate:
+    two racks of two take their shares across through it (bytes in every worker's crossing session)."""
+    origin = tls_cluster("127.0.0.2", role="origin", limit="4MB", p2p_extra='piece_size = "256KiB"\n')
+    src = make_checkpoint(tmp_path / "src", total_bytes=12 * MiB, shards=2, layers=3)
+    assert origin.cli("publish", str(src), "--name", "org/xt", "--version", "v1").returncode == 0
+    racks = {"127.0.0.3": "r0", "127.0.0.4": "r0", "127.0.0.5": "r1", "127.0.0.6": "r1"}
+    nodes = started([tls_cluster(ip, origin=origin.endpoint, limit="4MB", fallback_s=30, wait=False,
+                                 p2p_extra=f'rack = "{r}"\n' + _crossing(ip)) for ip, r in racks.items()])
+    reports = _reports([n.popen("preload", "org/xt@v1", "--tier", "warm", "--json") for n in nodes], timeout=150)
+    for r in reports:
+        assert r["bytes_by_source"]["cold"] == 0 and r["source_fallbacks"] == [], r
+        assert r["swarm"]["crossing_bytes_in"] > 0, r["swarm"]
+
+
+def _config(ip: str, port: int, xport: int, **kw) -> P2PConfig:
+    return P2PConfig(listen=f"{ip}:{port}", rack="r0", trackers=("http://127.0.0.1:9/announce",), crossing=True,
+                     crossing_port=xport, **kw)
+
+
+def test_each_session_takes_what_the_other_leaves_of_the_node_limits() -> None:
+    ip = "127.0.0.7"
+    s = P2PSession(_config(ip, free_port(ip), free_port(ip), download_limit=10_000_000, upload_limit=8_000_000))
+    try:
+        def limits() -> tuple[int, int, int, int]:
+            m, x = s.ses.get_settings(), s.cross.ses.get_settings()
+            return m["download_rate_limit"], x["download_rate_limit"], m["upload_rate_limit"], x["upload_rate_limit"]
+        assert limits() == (10_000_000, 10_000_000, 8_000_000, 8_000_000)   # (nobody took anything yet)
+        s.taken = ((3_000_000, 7_900_000), (6_000_000, 0))   # (as share() records them)
+        s.set_yield_limits(0, 0)
+        assert limits() == (7_000_000, 4_000_000, 800_000, 8_000_000)   # (never under a tenth)
+        s.set_yield_limits(5_000_000, 0)   # the NIC controller lowers the node's download: both within it
+        assert limits()[:2] == (2_000_000, 500_000)
+        assert s.share((0.0, 0.0)) == (0.0, 0.0)   # (an idle main session: the crossing one may take it all)
+        assert limits() == (5_000_000, 5_000_000, 8_000_000, 8_000_000)
+    finally:
+        s.close()
+
+
+def test_the_split_gives_each_what_the_other_leaves() -> None:
+    assert split(0, 5, 5) == (0, 0)                    # no limit: none for either
+    assert split(1000, 0, 0) == (1000, 1000)           # nobody took anything: both may take it all
+    assert split(1000, 300, 600) == (700, 400)         # each the rest of what the other took
+    assert split(1000, 990, 2000) == (100, 100)        # never under a tenth
+    assert split(5, 5, 5) == (1, 1)                    # (a limit too small for a tenth: one byte, not "none")
+
+
+def test_a_crossing_port_in_use_fails_the_session_at_start() -> None:
+    ip = "127.0.0.7"
+    with socket.socket() as taken:
+        taken.bind((ip, 0))
+        taken.listen()
+        with pytest.raises(Exception, match="crossing session"):
+            P2PSession(_config(ip, free_port(ip), taken.getsockname()[1]))
+
+
+def test_the_crossing_session_talks_only_to_listed_workers_of_other_racks(tmp_path: Path) -> None:
+    """Its IP filter: a peer not let in (same rack, not listed, outside the allowlist) is cut before the
+    BitTorrent handshake is answered; one let in gets an answer."""
+    ip, friend, stranger = "127.0.0.7", "127.0.0.8", "127.0.0.9"
+    x = CrossingSession(_config(ip, free_port(ip), free_port(ip), allow=("127.0.0.0/24",)))
+    try:
+        ti = lt.torrent_info(lt.bencode({b"info": {b"name": b"f", b"piece length": 16384, b"length": 16384,
+                                                    b"pieces": b"\0" * 20}}))
+        ih = ti.info_hashes().v1.to_bytes()
+        atp = lt.add_torrent_params()
+        atp.ti, atp.save_path = ti, str(tmp_path)
+        h = x.ses.add_torrent(atp)
+        x.allow(frozenset({friend, "10.1.2.3"}))
+
+        def answered(src: str) -> bool:
+            with socket.create_connection((ip, x.port), timeout=5, source_address=(src, 0)) as c:
+                c.settimeout(3)
+                c.sendall(b"\x13BitTorrent protocol" + b"\0" * 8 + ih + b"-XX0000-" + b"0" * 12)
+                try:
+                    return len(c.recv(68)) > 0
+                except (ConnectionResetError, TimeoutError, socket.timeout):
+                    return False
+        deadline = time.monotonic() + 10   # (once the torrent is checked it answers handshakes)
+        while not answered(friend):
+            assert time.monotonic() < deadline, "a worker let in got no answer"
+            time.sleep(0.1)
+        assert not answered(stranger)
+        x.allow(frozenset())   # (a worker no longer listed is cut too)
+        assert not answered(friend)
+    finally:
+        x.close()
+
+
+def test_crossing_announces_are_a_swarm_of_their_own_answered_with_other_racks_only() -> None:
+    """A crossing session is told of other racks' crossing sessions only: never of its rack-mates', of main
+    sessions, or of itself; main sessions are never told of crossing sessions; the member list is untouched;
+    an unknown info-hash is refused as ever, and a crossing session that says no rack is told of no one."""
+    from p2p.tracker import Tracker
+
+    from .test_tracker import KNOWN, peers_of, q
+    t = Tracker(("127.0.0.0/8",), known=lambda h: h == KNOWN, now=lambda: 0.0)
+    for ip, rack in (("127.0.0.3", "r0"), ("127.0.0.4", "r0"), ("127.0.0.5", "r1")):
+        assert peers_of(t.announce(ip, q(port=7000, extra=f"&rack={rack}&left=1")))   is not None   # main sessions
+    x = {ip: t.announce(ip, q(port=7001, extra=f"&rack={rack}&left=1&crossing=1"))
+         for ip, rack in (("127.0.0.3", "r0"), ("127.0.0.4", "r0"), ("127.0.0.5", "r1"), ("127.0.0.6", "r2"))}
+    assert peers_of(x["127.0.0.3"]) == []   # (first in: nobody else yet)
+    again = sorted(peers_of(t.announce("127.0.0.3", q(port=7001, extra="&rack=r0&left=1&crossing=1"))))
+    assert again == [("127.0.0.5", 7001), ("127.0.0.6", 7001)]
+    assert sorted(peers_of(t.announce("127.0.0.5", q(port=7001, extra="&rack=r1&crossing=1")))) == [
+        ("127.0.0.3", 7001), ("127.0.0.4", 7001), ("127.0.0.6", 7001)]
+    main = peers_of(t.announce("127.0.0.6", q(port=7000, extra="&rack=r2&left=1")))
+    assert sorted(main) == [("127.0.0.3", 7000), ("127.0.0.4", 7000), ("127.0.0.5", 7000)]
+    assert peers_of(t.announce("127.0.0.9", q(port=7001, extra="&crossing=1"))) == []   # (no rack: no one)
+    body, refused = t.announce("127.0.0.3", q(info_hash=bytes(20), extra="&rack=r0&crossing=1"))
+    assert refused == "tracker_unknown_torrent"
+    t.forget(KNOWN)
+    assert t.swarms == {}
+
+
+class _Node:
+    """The node's session as a crossing torrent sees it (``crossing.Lender``), with no limits to share."""
+    node_limits = (0, 0)
+
+    def share(self, crossing: tuple[float, float]) -> tuple[float, float]:
+        return (0.0, 0.0)
+
+
+def test_the_staging_directory_is_made_afresh_or_not_at_all_and_pieces_are_read_unpadded(tmp_path: Path) -> None:
+    """A crash's staging directory is replaced; a symlink or a file in its place, or a file system without
+    room for what it will stage, means no crossing session (said once), nothing touched; every piece is
+    read as ``add_piece`` takes it: the files' bytes in order, a file's last piece without its padding."""
+    import os
+    import shutil
+
+    from p2p import load_torrent, make_torrent
+    from p2p.crossing import Crossing
+    from p2p.torrent import save_path_for
+    from tiering import build_manifest
+    src = make_checkpoint(tmp_path / "src", total_bytes=3 * MiB + 12345, shards=2, layers=2)
+    m = build_manifest(src)
+    ti = load_torrent(make_torrent(src, m, piece_size=1 << 20), m)
+    data = tmp_path / "staging" / ti.name()
+    shutil.copytree(src, data)
+    ip = "127.0.0.7"
+    x = CrossingSession(_config(ip, free_port(ip), free_port(ip)))
+    try:
+        def crossing() -> Crossing:
+            return Crossing(x, _Node(), ti, None, save_path_for(ti, data), data, None)
+        stage = data.parent / f".{data.name}.crossing"
+        (stage / "left-by-a-crash").mkdir(parents=True)
+        c = crossing()
+        assert c.start(1) and c.active and list(stage.iterdir()) == [] and stage.stat().st_mode & 0o777 == 0o700
+        fs, out = ti.layout(), bytearray()
+        for p in range(ti.num_pieces()):
+            out += c._read(c.data, p)
+        assert bytes(out) == b"".join((data.parent / fs.file_path(i)).read_bytes() for i in range(fs.num_files())
+                                      if not fs.file_flags(i) & lt.file_storage.flag_pad_file)
+        assert ti.num_pieces() > len(m.files) and len(out) < ti.num_pieces() * ti.piece_length()   # (padded tails)
+        c.close()
+        assert not stage.exists()
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        os.symlink(elsewhere, stage)
+        c = crossing()
+        assert not c.start(1) and not c.active and "in the way" in c.failed and stage.is_symlink()
+        os.unlink(stage)
+        c = crossing()
+        assert not c.start(1 << 60) and "bytes free" in c.failed and not stage.exists()
+    finally:
+        x.close()
