@@ -198,6 +198,7 @@ def _swarm_sums(reports: list[dict]) -> dict:
     total["workers_seen_min"] = min((s.get("workers_max") or 0 for s in sw), default=0)
     if any(s.get("crossing_bytes_in") for s in sw):   # ([p2p] crossing)
         total["crossing_bytes_in"] = sum(s.get("crossing_bytes_in") or 0 for s in sw)
+        total["crossing_bytes_out"] = sum(s.get("crossing_bytes_out") or 0 for s in sw)
         total["crossing_peak_max"] = max(s.get("crossing_peak") or 0.0 for s in sw)
     return total
 
@@ -563,6 +564,11 @@ def main() -> int:
                   for n in ns for b in ("storm", "stock", "plan-no-racks") if f"{b} N={n}" in sec]
         ratios += [speedup(sec, f"plan-gw{k} N={n}", f"{b} N={n}", max_spread=args.max_spread)
                    for k in ks[1:] for n in ns for b in ("plan", "plan-no-racks") if f"{b} N={n}" in sec]
+        # (crossing sessions: how much faster than the racks as shipped, and their time over no racks')
+        ratios += [r for n in ns if f"plan-crossing N={n}" in sec for r in (
+            speedup(sec, f"plan-crossing N={n}", f"plan N={n}", max_spread=args.max_spread),
+            *([speedup(sec, f"plan-no-racks N={n}", f"plan-crossing N={n}", max_spread=args.max_spread,
+                       target_at_most=1.2)] if f"plan-no-racks N={n}" in sec else []))]
         ratios += [speedup(sec, f"plan N={n}", f"plan N={ns[0]}", max_spread=args.max_spread,
                            target=round(1 / 1.3, 3)) for n in ns[1:]]   # T(1)/T(N) >= 1/1.3
         print(json.dumps(report("swarm", sec, ratios, rounds=args.rounds, max_spread=args.max_spread,

@@ -64,8 +64,10 @@ class P2PConfig:
             raise ValueError(f"p2p.max_connections: must be at least 1, got {self.max_connections}")
         if not 1 <= self.gateways <= 64:
             raise ValueError(f"p2p.gateways: from 1 to 64, got {self.gateways}")
-        if self.crossing and not (self.rack and self.trackers):
-            raise ValueError("p2p.crossing: needs p2p.rack and p2p.trackers (crossing sessions find each other there)")
+        if self.crossing and not (self.rack and self.plan and any(t.startswith(("http://", "https://"))
+                                                                  for t in self.trackers)):
+            raise ValueError("p2p.crossing: needs p2p.rack, p2p.plan and an http(s) tracker in p2p.trackers "
+                             "(crossing sessions find each other there)")
         if not 0 <= self.crossing_port <= 65535:
             raise ValueError(f"p2p.crossing_port: from 0 to 65535, got {self.crossing_port}")
         if not self.fallback_after_s > 0:
@@ -76,8 +78,10 @@ class P2PConfig:
             host, sep, port = value.rpartition(":")
             if not sep or not host or not port.isdigit() or int(port) > 65535:
                 raise ValueError(f"p2p.{key}: expected 'IP:PORT', got {value!r}")
-        if self.crossing and self.crossing_port == int(self.listen.rpartition(":")[2]):
-            raise ValueError(f"p2p.crossing_port: must differ from the listen port, got {self.crossing_port}")
+        listen_port = int(self.listen.rpartition(":")[2])
+        if self.crossing and listen_port and self.crossing_listen[1] in (listen_port, 65536):
+            raise ValueError(f"p2p.crossing_port: must differ from the listen port and be at most 65535, got "
+                             f"{self.crossing_listen[1]}")
 
     @property
     def crossing_listen(self) -> tuple[str, int]:

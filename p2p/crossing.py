@@ -40,12 +40,12 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 import libtorrent as lt
 import numpy as np
 
-from .config import P2PConfig, address_allowed, tracker_urls
+from .config import P2PConfig, address_allowed, peer_address, tracker_urls
 from .errors import LibtorrentError, map_libtorrent_errors
 from .results import apportion
 from .settings import session_settings
@@ -64,15 +64,17 @@ class Lender(Protocol):
 log = logging.getLogger(__name__)
 
 HAND_EVERY_S = 0.1     # pieces handed between the sessions at most this often
-RETRY_S = 0.5          # a piece whose read or hash failed is handed again after this long
-HAND_BYTES = 64 << 20  # bytes handed over in one round at most (the download's loop stays responsive)
+RETRY_S = 5.0          # a piece handed is handed again (its read, its hash or its write failed) after this long
+HAND_BYTES = 16 << 20  # bytes handed over in one round at most (160 MB/s: the download's loop stays responsive,
+#                        and libtorrent, which writes and hashes them on its network thread, keeps up)
 SHARE_EVERY_S = 0.25   # the node's limits split again this often (libtorrent's rates: about 1 s averages)
 
 
 def crossing_urls(cfg: P2PConfig) -> list[str]:
-    """The trackers a crossing session announces to: the node's, with ``crossing=1``."""
-    return [t + ("&" if "?" in t else "?") + "crossing=1" if t.startswith(("http://", "https://")) else t
-            for t in tracker_urls(cfg)]
+    """The trackers a crossing session announces to: the node's http(s) ones, with ``crossing=1`` (a
+    UDP announce cannot say it: it would land among the main sessions)."""
+    return [t + ("&" if "?" in t else "?") + "crossing=1" for t in tracker_urls(cfg)
+            if t.startswith(("http://", "https://"))]
 
 
 def split(limit: int, crossing: float, main: float) -> tuple[int, int]:
@@ -133,9 +135,10 @@ class CrossingSession:
         f = lt.ip_filter()
         f.add_rule("0.0.0.0", "255.255.255.255", 1)
         f.add_rule("::", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff", 1)
-        for ip in sorted(ips):
-            if address_allowed(ip, self.nets):
-                f.add_rule(ip, ip, 0)
+        for text in sorted(ips):
+            ip = peer_address(text)   # (as the accept guard and the tracker read it; unparsable: left out)
+            if ip is not None and address_allowed(str(ip), self.nets):
+                f.add_rule(str(ip), str(ip), 0)
         self.ses.set_ip_filter(f)
 
     def add(self, ti: lt.torrent_info, stage: Path, tls: "FleetTLS | None") -> lt.torrent_handle:
@@ -182,11 +185,14 @@ class CrossingSession:
 
 
 class Crossing:
-    """One download's crossing torrent: what it asks for, what it is handed, its part of the limits."""
+    """One download's crossing torrent: what it asks for, what it is handed, its part of the limits. Its
+    calls from the download's loop never raise: a failure ends the crossing (``failed``, logged once),
+    and the download goes on in the main session alone."""
 
     def __init__(self, side: CrossingSession, lender: Lender, ti: lt.torrent_info, h: lt.torrent_handle,
-                 save_path: Path, data_dir: Path, tls: "FleetTLS | None") -> None:
+                 save_path: Path, data_dir: Path, tls: "Callable[[], FleetTLS | None]", gateways: int) -> None:
         self.side, self.lender, self.ti, self.h, self.tls = side, lender, ti, h, tls
+        self.gateways = gateways   # [p2p] gateways: the plan's if the crossing fails
         self.data = save_path   # (libtorrent's save path of the download: its files' paths start there)
         self.stage = data_dir.parent / f".{data_dir.name}.crossing"
         self.n = ti.num_pieces()
@@ -197,14 +203,26 @@ class Crossing:
         self.tried: dict[tuple[int, int], float] = {}   # (direction, piece) -> when last handed
         self.handed = [0, 0]   # pieces handed to the main torrent, to the crossing one
         self.next_hand = self.next_share = self.next_debug = 0.0
-        self.failed = ""       # why it stopped (it then asks for nothing: the main session takes everything)
+        self.failed = ""       # why it ended early (the main session takes everything from then on)
         self.received: dict[str, int] = {}   # payload bytes by sender (scaled to the exact total at close)
         self.sent = 0
         self.peak = 0.0   # the most the two sessions took together (in or out), over the node's limit
 
+    @property
+    def active(self) -> bool:
+        return self.xh is not None and not self.failed
+
+    def fail(self, why: str) -> None:
+        """End the crossing for this download (logged once); its torrent goes at ``close``."""
+        if not self.failed:
+            self.failed = why
+            log.warning("p2p: %s: no crossing session for this download from now on (%s): this node's share "
+                        "crosses in the main session, late (other racks' main sessions filter it out; the "
+                        "plan's recovery, then the origin)", self.ti.name(), why)
+
     def start(self, need: int) -> bool:
-        """The staging directory made afresh and the torrent added; False (logged) if that cannot be, or
-        if its file system has not ``need`` bytes free and a tenth more (what the torrent will stage)."""
+        """The staging directory made afresh and the torrent added; False (``fail``) if that cannot be, or
+        if its file system has not ``need`` bytes free and a tenth more."""
         try:
             if self.stage.is_symlink() or self.stage.exists():
                 if self.stage.is_symlink() or not self.stage.is_dir():
@@ -212,34 +230,38 @@ class Crossing:
                 shutil.rmtree(self.stage)
             vfs = os.statvfs(self.stage.parent)
             if vfs.f_bavail * vfs.f_frsize < need * 1.1:
-                raise OSError(errno.ENOSPC, f"{vfs.f_bavail * vfs.f_frsize} bytes free, {need} to stage and a "
-                                            "tenth more needed")
+                raise OSError(errno.ENOSPC, f"{vfs.f_bavail * vfs.f_frsize} bytes free, {need} needed and a "
+                                            "tenth more")
             self.stage.mkdir(mode=0o700)
-            self.xh = self.side.add(self.ti, self.stage, self.tls)
+            self.xh = self.side.add(self.ti, self.stage, self.tls())
         except (OSError, RuntimeError, ValueError) as exc:
-            self.failed = f"cannot stage at {self.stage}: {exc}"
-            log.warning("p2p: %s: no crossing session for this download (%s): this node's share crosses in the "
-                        "main session, late (other racks' main sessions filter it out; the plan's recovery, then "
-                        "the origin)", self.ti.name(), self.failed)
+            self.fail(f"cannot stage at {self.stage}: {exc}")
             return False
         return True
 
-    @property
-    def active(self) -> bool:
-        return self.xh is not None and not self.failed
+    def after_plan(self, planner: "PiecePlan", racks_seen: dict[str, str], st: lt.torrent_status) -> None:
+        """After each plan (``st``: the main torrent's, with its pieces): the other racks' workers let in
+        (and asked of the trackers again when more are listed), this node's share it lacks asked for,
+        the rack's pieces to serve; once failed, the plan's gateways as configured from the next plan."""
+        if self.failed:
+            planner.k = self.gateways
+            return
+        if planner.across is None or planner.homed is None or len(st.pieces) != self.n:
+            return
+        try:
+            self._after_plan(planner, racks_seen, np.fromiter(st.pieces, dtype=bool, count=self.n), st)
+        except (RuntimeError, ValueError, OSError) as exc:   # (libtorrent's calls raise RuntimeError)
+            self.fail(f"crossing session: {exc}")
 
-    def update(self, planner: "PiecePlan", racks_seen: dict[str, str]) -> None:
-        """After each plan: the other racks' workers let in (and asked of the trackers again when more
-        are listed), this node's share asked for, the rack's pieces to serve."""
-        if planner.across is None or planner.homed is None:
-            return
-        # (it stages the pieces homed in this rack and its share: at 4 racks of 4, 0.44 of the checkpoint;
-        # at 40 racks of 25, 0.06)
-        need = int(np.count_nonzero(planner.homed | planner.across)) * self.ti.piece_length()
-        if self.xh is None and not self.failed and not self.start(need):
-            return
-        if not self.active:
-            return
+    def _after_plan(self, planner: "PiecePlan", racks_seen: dict[str, str], have: np.ndarray,
+                    st: lt.torrent_status) -> None:
+        if self.xh is None:
+            # it stages the pieces homed in this rack and its share (4 racks of 4: 0.44 of the checkpoint;
+            # 40 racks of 25: 0.06), beside what the main download still has to write (its files are sparse)
+            staged = int(np.count_nonzero(planner.homed | planner.across)) * self.ti.piece_length()
+            if not self.start(staged + max(0, st.total_wanted - st.total_wanted_done)):
+                planner.k = self.gateways
+                return
         other = frozenset(ip for ip, r in racks_seen.items() if r and r != planner.rack)
         if other != self.other:
             grew = bool(other - self.other)
@@ -247,27 +269,36 @@ class Crossing:
             self.side.allow(other)
             if grew:   # (peers the filter refused before are dropped from libtorrent's list: ask again)
                 self.xh.force_reannounce(0, -1, lt.reannounce_flags_t.ignore_min_interval)
-        want = planner.across if planner.wanted is None else planner.across & planner.wanted
+        # (a piece of its share a rack-mate brought in meanwhile is handed over, not taken across again)
+        want = planner.across & ~have if planner.wanted is None else planner.across & ~have & planner.wanted
         if not np.array_equal(want, self.want):
-            self.want = want.copy()
+            self.want = want
             self.xh.prioritize_pieces(want.astype(np.int8).tolist())
         self.serve = planner.homed
 
-    def pump(self, st: lt.torrent_status, now: float) -> None:
-        """Hand verified pieces between the two torrents (``st``: the main torrent's, with its pieces),
-        and revise the split of the limits."""
+    def step(self, st: lt.torrent_status, now: float, cap: int = 0) -> None:
+        """From the download's loop (``st``: the main torrent's, with its pieces; ``cap``: the download's
+        own limit, 0: none): hand verified pieces between the two torrents, split the limits again."""
         if not self.active or now < self.next_hand:
             return
         self.next_hand = now + HAND_EVERY_S
+        try:
+            self._step(st, now, cap)
+        except (RuntimeError, ValueError, OSError) as exc:
+            self.fail(f"crossing session: {exc}")
+
+    def _step(self, st: lt.torrent_status, now: float, cap: int) -> None:
         self.side.drain()
         self._sample()
         xst = self.xh.status(lt.torrent_handle.query_pieces)
+        if xst.errc.value():   # (its staging space full, a file it cannot write: not a crossing any more)
+            self.fail(f"crossing torrent: {xst.errc.message()}")
+            return
         if len(xst.pieces) != self.n or len(st.pieces) != self.n:
             return
         x = np.fromiter(xst.pieces, dtype=bool, count=self.n)
         m = np.fromiter(st.pieces, dtype=bool, count=self.n)
-        budget = HAND_BYTES
-        budget = self._hand(0, np.flatnonzero(x & ~m), self.stage, self.h, now, budget)
+        budget = self._hand(0, np.flatnonzero(x & ~m), self.stage, self.h, now, HAND_BYTES)
         self._hand(1, np.flatnonzero(m & ~x & (self.serve | self.want)), self.data, self.xh, now, budget)
         if now >= self.next_share:
             self.next_share = now + SHARE_EVERY_S
@@ -276,13 +307,17 @@ class Crossing:
             for i, limit in enumerate(self.lender.node_limits):
                 if limit:
                     self.peak = max(self.peak, (mine[i] + main[i]) / limit)
+            if cap:   # (the download's own cap, an intent entry's bandwidth, split the same way)
+                ours, theirs = split(cap, mine[0], st.download_payload_rate)
+                self.h.set_download_limit(ours)
+                self.xh.set_download_limit(theirs)
             if log.isEnabledFor(logging.DEBUG) and now >= self.next_debug:
                 self.next_debug = now + 1.0
-                log.debug("p2p: %s crossing: in %d/%d kB/s, out %d/%d kB/s (crossing/main), node limits %d/%d kB/s; "
-                          "share %d of %d pieces in, %d lacking; %d peers", self.ti.name(), mine[0] // 1000,
-                          main[0] // 1000, mine[1] // 1000, main[1] // 1000, *(v // 1000 for v in self.lender.node_limits),
-                          np.count_nonzero(self.want & x), np.count_nonzero(self.want), np.count_nonzero(~(x | m)),
-                          xst.num_peers)
+                log.debug("p2p: %s crossing: in %d/%d kB/s, out %d/%d kB/s (crossing/main), node limits %d/%d "
+                          "kB/s; share %d of %d pieces in, %d lacking; %d peers", self.ti.name(), mine[0] // 1000,
+                          main[0] // 1000, mine[1] // 1000, main[1] // 1000,
+                          *(v // 1000 for v in self.lender.node_limits), np.count_nonzero(self.want & x),
+                          np.count_nonzero(self.want), np.count_nonzero(~(x | m)), xst.num_peers)
 
     def _sample(self) -> None:
         now: dict[str, int] = {}
@@ -293,13 +328,16 @@ class Crossing:
 
     def _hand(self, way: int, pieces: np.ndarray, base: Path, to: lt.torrent_handle, now: float,
               budget: int) -> int:
+        """Hand ``pieces`` over, at most ``budget`` bytes (returned: what is left); a piece handed is not
+        handed again for ``RETRY_S`` (libtorrent writes and hashes it meanwhile: no pile of copies)."""
         for p in pieces.tolist():
             if budget <= 0:
                 break
             if now - self.tried.get((way, p), -RETRY_S) < RETRY_S:
                 continue
-            self.tried[(way, p)] = now
             data = self._read(base, p)
+            # (one not read, written but a moment ago or short: tried again in 0.5 s)
+            self.tried[(way, p)] = now if data is not None else now - RETRY_S + 0.5
             if data is not None:
                 to.add_piece(p, data, 0)
                 self.handed[way] += 1
@@ -329,23 +367,29 @@ class Crossing:
         return bytes(out) if len(out) == want else None
 
     def close(self) -> None:
-        """The crossing torrent removed, its staging directory deleted, the node's limits whole again."""
-        try:
-            if self.xh is not None:
+        """The crossing torrent removed with its files, its staging directory deleted, the node's limits
+        whole again. Never raises (it runs on the download's way out, whatever happened)."""
+        if self.xh is not None:
+            try:
                 self._sample()
                 st = self.xh.status()
                 if st.total_payload_download and sum(self.received.values()):
                     self.received = apportion(self.received, st.total_payload_download)
+                self.sent = st.total_payload_upload
                 log.info("p2p: %s: crossing session: %d B in, %d B out; %d pieces handed to the main "
                          "session, %d to the crossing one", self.ti.name(), st.total_payload_download,
                          st.total_payload_upload, *self.handed)
-                self.sent = st.total_payload_upload
-                self.side.ses.remove_torrent(self.xh)
-                self.side.allow(frozenset())
-                deadline = time.monotonic() + 2.0   # (its files closed before they are deleted)
+                # (libtorrent deletes the files once its writes are done: none lands after the removal)
+                self.side.ses.remove_torrent(self.xh, lt.session.delete_files)
+                deadline = time.monotonic() + 10.0
                 while time.monotonic() < deadline and self.xh.is_valid():
                     time.sleep(0.02)
-        finally:
-            if self.xh is not None:
+                self.side.allow(frozenset())
+                self.side.drain()
+            except Exception as exc:   # noqa: BLE001 (logged; the download's own outcome stands)
+                log.warning("p2p: %s: closing the crossing session: %s", self.ti.name(), exc)
+            try:
                 self.lender.share((0.0, 0.0))
-            shutil.rmtree(self.stage, ignore_errors=True)
+            except Exception as exc:   # noqa: BLE001
+                log.warning("p2p: %s: the node's limits after the crossing session: %s", self.ti.name(), exc)
+        shutil.rmtree(self.stage, ignore_errors=True)

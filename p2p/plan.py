@@ -229,6 +229,7 @@ class PiecePlan(GatewayJudging):
                     progressed: bool, outside: Sequence[bool] | None) -> list[int]:
         n = self.num_pieces
         self.crossed = False
+        self.homed = self.across = None   # (set again below with racks; else nothing to take across now)
         if self.started is None:
             self.started = now
         if self.open_all:

@@ -73,6 +73,7 @@ class P2PSession(Seeds):
         # what each seeded torrent is read from: info-hash -> (directory, the files of a partial copy or None, bytes)
         self.sources: dict[str, tuple[Path, "frozenset[str] | None", int]] = {}
         self.alerts = AlertPump(self.ses)  # the only caller of pop_alerts from here on
+        self.limits_lock = threading.RLock()   # (the NIC controller's thread and the download's share them)
         self.yielded = (0, 0)   # the NIC controller's limits (0: none of its own)
         self.node_limits = (cfg.download_limit, cfg.upload_limit)   # in force for the node (0: none)
         self.taken = ((0.0, 0.0), (0.0, 0.0))   # (crossing, main) sessions' rates (in, out) lately: ``share``
@@ -169,6 +170,10 @@ class P2PSession(Seeds):
         the configured ``download_limit``/``upload_limit``, which still hold (the lower of the two
         wins), on the global and the local (LAN, loopback) peer class. Returns the limits now in force
         (0: unlimited). With a crossing session, each of the two takes what the other leaves (``share``)."""
+        with self.limits_lock:
+            return self._apply_limits(download, upload)
+
+    def _apply_limits(self, download: int, upload: int) -> tuple[int, int]:
         self.yielded = (download, upload)
         dl, ul = self.node_limits = tuple(   # (libtorrent's limits are 32-bit ints: larger ones wrap)
             min(2**31 - 1, lower_limit(fixed, mine))
@@ -188,8 +193,9 @@ class P2PSession(Seeds):
             warnings.simplefilter("ignore", DeprecationWarning)
             st = self.ses.status()
         main = (float(st.payload_download_rate), float(st.payload_upload_rate))
-        self.taken = (crossing, main)
-        self.set_yield_limits(*self.yielded)
+        with self.limits_lock:
+            self.taken = (crossing, main)
+            self._apply_limits(*self.yielded)
         return main
 
     def apply_plan(self, h: lt.torrent_handle, planner: PiecePlan, st: lt.torrent_status,
@@ -223,8 +229,9 @@ class P2PSession(Seeds):
             alone = self.active_downloads == 1   # (the filters are the session's: one download at a time)
         if alone:   # (a gateway whose share is in takes the rest from its rack alone: racks.py)
             away = self.racks.done_across(seen, planner, view, starving, others) - self.origin_ips
-            if crossing and not starving:
-                away |= frozenset(ip for ip, r in seen.items() if r and r != self.cfg.rack) - self.origin_ips
+            if crossing and not starving:   # (not workers of partial copies of other files: no crossing there)
+                away |= frozenset(ip for ip, r in seen.items() if r and r != self.cfg.rack) - self.origin_ips \
+                    - frozenset(others)
             self.block_peers(origins_to_block(share, self.origin_ips, planner.self_ip, members, view.origins,
                                               own_done, starving, now) | away)
             if racked:
@@ -232,7 +239,7 @@ class P2PSession(Seeds):
         else:   # (another download's list must not choose for this one's swarm, nor filter it)
             self.block_peers(frozenset())
             self._redial(self.racks.unchoke_all())
-        if crossing and alone and not starving:   # (XRACK: its share, held in no rack-mate)
+        if crossing and not starving:   # (XRACK: its share, held in no rack-mate; a torrent's own priorities)
             prio = [0 if q == XRACK else q for q in prio]
         if prio != current:
             h.prioritize_pieces(prio)
@@ -313,8 +320,8 @@ class P2PSession(Seeds):
                 h = self._add(atp, what)
             with self.lock:
                 self.active_downloads += 1
-            crossing = Crossing(self.cross, self, ti, h, Path(atp.save_path), data_dir, self.tls) \
-                if self.cross is not None and subset is None and plan and self.cfg.plan and peers else None
+                alone = self.active_downloads == 1
+            crossing = self._crossing(ti, h, data_dir) if alone and subset is None and hold else None
             try:
                 with map_libtorrent_errors(what):
                     return Transfer(self, ti, h, events, peers, plan=plan and self.cfg.plan, progress=progress,
@@ -333,3 +340,11 @@ class P2PSession(Seeds):
                     self.ses.remove_torrent(h)
                     if displaced is not None:
                         self._reseed(ti, displaced)
+
+    def _crossing(self, ti: lt.torrent_info, h: lt.torrent_handle, data_dir: Path) -> Crossing | None:
+        """A crossing torrent for a download (a whole copy, with racks, the session's one download when it
+        starts), if this node has a crossing session and the torrent is v2-only (``Crossing._read``)."""
+        if self.cross is None or ti.info_hashes().has_v1():
+            return None
+        return Crossing(self.cross, self, ti, h, save_path_for(ti, data_dir), data_dir, lambda: self.tls,
+                        self.cfg.gateways)

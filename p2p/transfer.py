@@ -181,7 +181,7 @@ class Transfer:
                 last_done, last_progress = st.total_done, now
                 self._report(st.total_done)
             if xing:
-                self.crossing.pump(st, now)
+                self.crossing.step(st, now, self._cap)
             if self._complete(st, planner is not None):
                 return
             if plan_due and st.state in (lt.torrent_status.downloading, lt.torrent_status.finished):
@@ -192,7 +192,7 @@ class Transfer:
                                                   others=others, share=self.share,
                                                   crossing=self.crossing is not None and self.crossing.active)
                 if self.crossing is not None:
-                    self.crossing.update(planner, self._racks)
+                    self.crossing.after_plan(planner, self._racks, st)
                 if self.membership is not None:   # (and the ones this plan dropped or skipped, for the others)
                     m = self.membership
                     m.dropping, m.skipping = frozenset(planner.found), frozenset(planner.skipped_gateways)

@@ -73,10 +73,15 @@ def test_file_overrides_only_what_it_sets(no_system_config: Path, tmp_path: Path
     ('[p2p]\npiece_size = "1GiB"', "p2p.piece_size", "power of two"),
     ('[tiers.hot]\nlow_watermark = "99%"', "tiers.hot", "low_watermark"),
     ('[metrics]\nlisten = "1.2.3.4:99999"', "metrics.listen", "IP:PORT"),
-    ('[p2p]\ncrossing = true', "p2p", "needs p2p.rack and p2p.trackers"),
-    ('[p2p]\ncrossing = true\nrack = "r1"', "p2p", "needs p2p.rack and p2p.trackers"),
+    ('[p2p]\ncrossing = true', "p2p", "needs p2p.rack, p2p.plan and an http(s) tracker"),
+    ('[p2p]\ncrossing = true\nrack = "r1"', "p2p", "needs p2p.rack, p2p.plan and an http(s) tracker"),
+    ('[p2p]\ncrossing = true\nrack = "r1"\ntrackers = ["udp://10.0.0.1:6969"]', "p2p", "an http(s) tracker"),
+    ('[p2p]\ncrossing = true\nrack = "r1"\nplan = false\ntrackers = ["http://10.0.0.1:6969/announce"]', "p2p",
+     "needs p2p.rack, p2p.plan"),
     ('[p2p]\ncrossing = true\nrack = "r1"\ntrackers = ["http://10.0.0.1:6969/announce"]\ncrossing_port = 6881',
      "p2p", "must differ from the listen port"),
+    ('[p2p]\ncrossing = true\nrack = "r1"\ntrackers = ["http://10.0.0.1:6969/announce"]\nlisten = "0.0.0.0:65535"',
+     "p2p", "at most 65535, got 65536"),
     ('[p2p]\ncrossing_port = 70000', "p2p.crossing_port", "less than or equal"),
 ])
 def test_bad_values_name_the_key(no_system_config: Path, tmp_path: Path, text: str, key: str, message: str) -> None:
@@ -86,6 +91,16 @@ def test_bad_values_name_the_key(no_system_config: Path, tmp_path: Path, text: s
         load_config(f, env=ENV)
     assert info.value.key == key
     assert message in str(info.value) and str(f) in str(info.value)
+
+
+def test_a_crossing_session_on_an_ephemeral_or_given_port_is_accepted(no_system_config: Path, tmp_path: Path) -> None:
+    from weightd.node.swarm import p2p_config
+    f = tmp_path / "ok.toml"
+    for listen, port, effective in (("0.0.0.0:0", 0, 0), ("0.0.0.0:6881", 0, 6882), ("[::]:6881", 7000, 7000)):
+        f.write_text(f'[p2p]\ncrossing = true\nrack = "r1"\ntrackers = ["http://10.0.0.1:6969/announce"]\n'
+                     f'listen = "{listen}"\ncrossing_port = {port}\n')
+        cfg = p2p_config(load_config(f, env=ENV))
+        assert cfg.crossing and cfg.crossing_listen[1] == effective
 
 
 def test_broken_files(no_system_config: Path, tmp_path: Path) -> None:

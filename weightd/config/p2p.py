@@ -85,11 +85,15 @@ class P2PSettings(FrozenModel):
 
     @model_validator(mode="after")
     def _crossing(self) -> "P2PSettings":
-        if self.crossing and not (self.rack and self.trackers):
-            raise ValueError("crossing: needs p2p.rack and p2p.trackers (crossing sessions find each other there)")
+        if self.crossing and not (self.rack and self.plan and any(t.startswith(("http://", "https://"))
+                                                                  for t in self.trackers)):
+            raise ValueError("crossing: needs p2p.rack, p2p.plan and an http(s) tracker in p2p.trackers "
+                             "(crossing sessions find each other there)")
         port = self.listen.rpartition(":")[2]
-        if self.crossing and port.isdigit() and self.crossing_port == int(port):
-            raise ValueError(f"crossing_port: must differ from the listen port, got {self.crossing_port}")
+        lp = int(port) if port.isdigit() else 0
+        if self.crossing and lp and (self.crossing_port or lp + 1) in (lp, 65536):
+            raise ValueError(f"crossing_port: must differ from the listen port and be at most 65535, got "
+                             f"{self.crossing_port or lp + 1}")
         return self
 
     @model_validator(mode="after")
