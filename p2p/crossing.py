@@ -207,6 +207,7 @@ class Crossing:
         self.received: dict[str, int] = {}   # payload bytes by sender (scaled to the exact total at close)
         self.sent = 0
         self.peak = 0.0   # the most the two sessions took together (in or out), over the node's limit
+        self.capped = False   # the download's own cap split onto the two torrents
 
     @property
     def active(self) -> bool:
@@ -311,6 +312,9 @@ class Crossing:
                 ours, theirs = split(cap, mine[0], st.download_payload_rate)
                 self.h.set_download_limit(ours)
                 self.xh.set_download_limit(theirs)
+            elif self.capped:   # (lifted: the main torrent's by the transfer, this one's here)
+                self.xh.set_download_limit(-1)
+            self.capped = bool(cap)
             if log.isEnabledFor(logging.DEBUG) and now >= self.next_debug:
                 self.next_debug = now + 1.0
                 log.debug("p2p: %s crossing: in %d/%d kB/s, out %d/%d kB/s (crossing/main), node limits %d/%d "

@@ -251,3 +251,40 @@ def test_the_staging_directory_is_made_afresh_or_not_at_all_and_pieces_are_read_
         assert not stage.exists()
     finally:
         x.close()
+
+
+@pytest.mark.slow
+def test_a_rack_that_starts_after_the_others_finished_takes_its_share_from_their_seeds(cluster, tmp_path: Path) -> None:
+    """Rack r1 downloads and finishes; then rack r0 starts. No crossing session of r1 is left (they end
+    with their downloads), but r1 has left the member list too: r0 plans alone (one rack listed, nothing
+    to take across), from the origin, its rack and r1's seeds, in about the time one rack takes alone
+    (5.4-5.7 s here; a review feared its shares would wait on crossing sessions that are gone)."""
+    origin = cluster("127.0.0.2", role="origin", limit="4MB", p2p_extra='piece_size = "256KiB"\n')
+    src = make_checkpoint(tmp_path / "src", total_bytes=12 * MiB, shards=2, layers=3)
+    assert origin.cli("publish", str(src), "--name", "org/xs", "--version", "v1").returncode == 0
+    racks = {"127.0.0.5": "r1", "127.0.0.6": "r1", "127.0.0.3": "r0", "127.0.0.4": "r0"}
+    nodes = started([cluster(ip, origin=origin.endpoint, limit="4MB", fallback_s=60, wait=False,
+                             p2p_extra=f'rack = "{r}"\n' + _crossing(ip)) for ip, r in racks.items()])
+    first = _reports([n.popen("preload", "org/xs@v1", "--tier", "warm", "--json") for n in nodes[:2]], timeout=120)
+    t0 = time.monotonic()
+    late = _reports([n.popen("preload", "org/xs@v1", "--tier", "warm", "--json") for n in nodes[2:]], timeout=120)
+    took = time.monotonic() - t0
+    for r in first + late:
+        assert r["bytes_by_source"]["cold"] == 0 and r["source_fallbacks"] == [], r
+    assert took < 25 and all(r["bytes_by_source"]["peer"] > 0 for r in late), (took, [r["swarm"] for r in late])
+    assert all(r["swarm"]["crossing_bytes_in"] == 0 for r in late), [r["swarm"] for r in late]
+
+
+def test_a_taken_crossing_port_stops_the_daemon_with_one_line_naming_the_key(cluster, tmp_path: Path) -> None:
+    ip = "127.0.0.3"
+    with socket.socket() as taken:
+        taken.bind((ip, 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        n = cluster(ip, wait=False, p2p_extra=f'rack = "r0"\ntrackers = ["http://127.0.0.2:9/announce"]\n'
+                                              f'crossing = true\ncrossing_port = {port}\n')
+        rc = n.proc.wait(timeout=60)
+    log = (n.dir / "daemon.log").read_text()
+    lines = [ln for ln in log.splitlines() if "crossing" in ln]
+    assert rc != 0 and "Traceback" not in log, log
+    assert len(lines) == 1 and f"p2p.crossing_port: cannot start the crossing session on {ip}:{port}" in lines[0], log

@@ -76,10 +76,10 @@ class P2PSettings(FrozenModel):
     gateways: int = Field(2, ge=1, le=64, doc="with rack: the workers of each rack (its gateways) that take pieces "
                                               "from other racks, each its share; set the same on every node "
                                               "(senders serve that many a rack)")
-    crossing: bool = Field(False, doc="with rack and trackers: every worker takes its share of the pieces that "
-                                      "cross into its rack through a second P2P session, which talks to other "
-                                      "racks' crossing sessions only, while the main one keeps to the rack "
-                                      "(docs/p2p.md); set the same on every node")
+    crossing: bool = Field(False, doc="with rack, plan and an http(s) tracker: every worker takes its share of "
+                                      "the pieces that cross into its rack through a second P2P session, which "
+                                      "talks to other racks' crossing sessions only, while the main one keeps to "
+                                      "the rack (docs/p2p.md); set it on every worker")
     crossing_port: int = Field(0, ge=0, le=65535, doc="with crossing: the port of the crossing session, on the "
                                                       "listen address; 0: the listen port + 1")
 

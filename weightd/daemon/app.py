@@ -223,8 +223,9 @@ class Daemon(DaemonContext):
         from p2p import P2PSession
         try:
             self.session = P2PSession(p2p_config(self.config))
-        except P2PError as exc:
-            raise WeightdError(f"p2p.listen: {exc}") from None
+        except P2PError as exc:   # (the crossing session's port is its own key)
+            key = "p2p.crossing_port" if "crossing session" in str(exc) else "p2p.listen"
+            raise WeightdError(f"{key}: {exc}") from None
         self.session.subscribe(self._on_alert)
         n = await self.run_blocking("misc", seed_held, self.node, self.session, self.role)
         log.info("p2p listening on %s, seeding %d version(s)", self.config.settings.p2p.listen, n)
