@@ -23,7 +23,7 @@ import datetime as dt
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
@@ -32,6 +32,9 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, paddin
 from cryptography.x509.oid import NameOID
 
 from .errors import BadCertificate
+
+if TYPE_CHECKING:
+    import libtorrent as lt
 
 #: the DNS name fleet node certificates carry: libtorrent accepts it for every torrent name
 FLEET_SAN = "*"
@@ -65,6 +68,12 @@ class FleetTLS:
 
     def __repr__(self) -> str:  # never the key
         return f"FleetTLS(cert={self.cert_path!r}, ca={self.ca_path!r}, not_after={self.not_after:%Y-%m-%d})"
+
+
+def present(h: "lt.torrent_handle", tls: "FleetTLS") -> None:
+    """Give a torrent of a TLS session this node's certificate (``FleetTLS``): the main session's and the
+    crossing session's alike (libtorrent then talks to that torrent's peers only over TLS)."""
+    h.set_ssl_certificate_buffer(tls.cert_pem.decode(), tls.key_pem.decode(), DH_PARAMS_PEM)
 
 
 def _utcnow() -> dt.datetime:

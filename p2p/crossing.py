@@ -47,8 +47,8 @@ import numpy as np
 
 from .config import P2PConfig, address_allowed, peer_address, tracker_urls
 from .errors import LibtorrentError, map_libtorrent_errors
-from .results import apportion
-from .settings import session_settings
+from .results import apportion, received_by_ip
+from .settings import session_settings, session_status
 
 if TYPE_CHECKING:
     from .certs import FleetTLS
@@ -152,8 +152,8 @@ class CrossingSession:
         with map_libtorrent_errors(f"cannot cross racks for {ti.name()}"):
             h = self.ses.add_torrent(atp)
             if tls is not None:
-                from .certs import DH_PARAMS_PEM
-                h.set_ssl_certificate_buffer(tls.cert_pem.decode(), tls.key_pem.decode(), DH_PARAMS_PEM)
+                from .certs import present
+                present(h, tls)
             h.resume()
         return h
 
@@ -162,10 +162,7 @@ class CrossingSession:
 
     def traffic(self) -> tuple[int, int]:
         """(bytes received, bytes sent) since it started (``P2PSession.traffic``)."""
-        import warnings
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            st = self.ses.status()
+        st = session_status(self.ses)
         return int(st.total_download), int(st.total_upload)
 
     def drain(self) -> None:
@@ -196,6 +193,7 @@ class Crossing:
         self.data = save_path   # (libtorrent's save path of the download: its files' paths start there)
         self.stage = data_dir.parent / f".{data_dir.name}.crossing"
         self.n = ti.num_pieces()
+        self.fs = ti.layout()   # (a copy of the file list: once, not per piece handed)
         self.xh: lt.torrent_handle | None = None
         self.want = np.zeros(self.n, dtype=bool)    # this node's share: taken across by the crossing torrent
         self.serve = np.zeros(self.n, dtype=bool)   # pieces homed in this rack: handed to it to serve
@@ -324,10 +322,7 @@ class Crossing:
                           np.count_nonzero(self.want), np.count_nonzero(~(x | m)), xst.num_peers)
 
     def _sample(self) -> None:
-        now: dict[str, int] = {}
-        for pi in self.xh.get_peer_info():
-            now[pi.ip[0]] = now.get(pi.ip[0], 0) + pi.total_download
-        for ip, n in now.items():
+        for ip, n in received_by_ip(self.xh).items():
             self.received[ip] = max(self.received.get(ip, 0), n)
 
     def _hand(self, way: int, pieces: np.ndarray, base: Path, to: lt.torrent_handle, now: float,
@@ -351,7 +346,7 @@ class Crossing:
     def _read(self, base: Path, p: int) -> bytes | None:
         """Piece ``p`` as ``add_piece`` takes it (a v2 file's last piece without its padding), read
         from the files under ``base``; None if short or unreadable (handed again later)."""
-        fs = self.ti.layout()
+        fs = self.fs
         out = bytearray()
         want = 0
         for sl in self.ti.map_block(p, 0, self.ti.piece_size(p)):

@@ -4,6 +4,7 @@ for ``preload --json`` (``swarm``), the metrics and the bench."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(slots=True)
@@ -68,3 +69,12 @@ def apportion(shares: dict[str, int], total: int) -> dict[str, int]:
     for k in sorted(parts, key=lambda k: parts[k][1], reverse=True)[:total - sum(out.values())]:
         out[k] += 1
     return out
+
+
+def received_by_ip(h: Any) -> dict[str, int]:
+    """Payload bytes received from each connected peer of torrent ``h``, by IP (one node per address:
+    a peer can hold two connections for a moment, and an incoming one shows an ephemeral port)."""
+    now: dict[str, int] = {}
+    for pi in h.get_peer_info():
+        now[pi.ip[0]] = now.get(pi.ip[0], 0) + pi.total_download
+    return now

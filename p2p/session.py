@@ -15,7 +15,6 @@ peers of a download are to its piece plan is read in ``swarm_view.py``.
 from __future__ import annotations
 
 import threading
-import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Collection, Mapping, Sequence
 
@@ -28,7 +27,7 @@ from .errors import TorrentRejected, map_libtorrent_errors
 from .origins import OriginShare, origins_to_block
 from .plan import XRACK, PiecePlan
 from .racks import RackClasses, update_class
-from .settings import ip_filter, lower_limit, session_settings
+from .settings import ip_filter, lower_limit, session_settings, session_status
 from .seeds import Seeds
 from .swarm_view import read_swarm
 from .torrent import fleet_mismatch, save_path_for, subset_of
@@ -102,8 +101,8 @@ class P2PSession(Seeds):
 
     @staticmethod
     def _present(h: lt.torrent_handle, tls: "FleetTLS") -> None:
-        from .certs import DH_PARAMS_PEM
-        h.set_ssl_certificate_buffer(tls.cert_pem.decode(), tls.key_pem.decode(), DH_PARAMS_PEM)
+        from .certs import present   # (cryptography loads with a TLS session only)
+        present(h, tls)
 
     def set_tls(self, tls: "FleetTLS") -> int:
         """Certificate rotation: present ``tls`` (same fleet CA, new certificate and key) on every torrent
@@ -159,9 +158,7 @@ class P2PSession(Seeds):
         included: what the NIC controller (``weightd.node.network``) counts as weightd's own P2P bytes.
         ``session.status()`` is deprecated but still kept by libtorrent 2.x, and is the one call that
         gives both totals without a session-stats alert through the pump."""
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            st = self.ses.status()
+        st = session_status(self.ses)
         x = self.cross.traffic() if self.cross is not None else (0, 0)
         return int(st.total_download) + x[0], int(st.total_upload) + x[1]
 
@@ -189,9 +186,7 @@ class P2PSession(Seeds):
     def share(self, crossing: tuple[float, float]) -> tuple[float, float]:
         """The crossing session took ``crossing`` (in, out; bytes/s) lately: the limits split again by
         what each session took (``crossing.split``). Returns what the main session took (in, out)."""
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            st = self.ses.status()
+        st = session_status(self.ses)
         main = (float(st.payload_download_rate), float(st.payload_upload_rate))
         with self.limits_lock:
             self.taken = (crossing, main)

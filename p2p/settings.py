@@ -8,6 +8,7 @@ and by rack.
 from __future__ import annotations
 
 import ipaddress
+import warnings
 from collections.abc import Collection
 
 import libtorrent as lt
@@ -111,3 +112,11 @@ def session_settings(cfg: P2PConfig, host: str, port: int) -> dict[str, object]:
     if host not in ("0.0.0.0", "::"):
         settings["outgoing_interfaces"] = host
     return settings
+
+
+def session_status(ses: lt.session) -> "lt.session_status":
+    """``session.status()``: deprecated, still kept by libtorrent 2.x, and the one call that gives a
+    session's totals and payload rates without a session-stats alert through the pump."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return ses.status()

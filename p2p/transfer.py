@@ -20,7 +20,7 @@ from .errors import TransferFailed, TransferStalled
 from .members import Membership
 from .origins import OriginShare
 from .plan import HELD, PiecePlan
-from .results import DownloadResult, apportion
+from .results import DownloadResult, apportion, received_by_ip
 
 if TYPE_CHECKING:
     from .crossing import Crossing
@@ -350,13 +350,8 @@ class Transfer:
             self._reported = total_done
 
     def _sample_peers(self) -> None:
-        # by IP (one node per address): a peer can hold two connections for a moment, and an incoming
-        # connection shows an ephemeral port
-        now: dict[str, int] = {}
-        for pi in self.h.get_peer_info():
-            now[pi.ip[0]] = now.get(pi.ip[0], 0) + pi.total_download
         by = self.result.bytes_by_peer
-        for ip, n in now.items():
+        for ip, n in received_by_ip(self.h).items():
             if n and not by.get(ip):   # (once per peer and download: who this node is receiving from)
                 log.info("p2p: %s: receiving from %s", self.ti.name(), ip)
             by[ip] = max(by.get(ip, 0), n)

@@ -26,16 +26,23 @@ def _crossing(ip: str) -> str:
     return f'crossing = true\ncrossing_port = {free_port(ip)}\npiece_size = "256KiB"\n'
 
 
+def _racked(cluster, tmp_path: Path, racks: dict[str, str], name: str, *, limit: str, mib: int,
+            fallback_s: float = 60) -> tuple:
+    """An origin on 127.0.0.2 publishing ``org/NAME@v1`` (``mib`` MiB in 256 KiB pieces) and a worker with a
+    crossing session on each of ``racks`` (ip -> rack), started together: (origin, workers, bytes)."""
+    origin = cluster("127.0.0.2", role="origin", limit=limit, p2p_extra='piece_size = "256KiB"\n')
+    src = make_checkpoint(tmp_path / "src", total_bytes=mib * MiB, shards=2, layers=3)
+    assert origin.cli("publish", str(src), "--name", f"org/{name}", "--version", "v1").returncode == 0
+    workers = started([cluster(ip, origin=origin.endpoint, limit=limit, fallback_s=fallback_s, wait=False,
+                               p2p_extra=f'rack = "{r}"\n' + _crossing(ip)) for ip, r in racks.items()])
+    return origin, workers, sum(f.stat().st_size for f in src.rglob("*") if f.is_file())
+
+
 @pytest.mark.slow
 def test_two_racks_take_each_piece_across_about_once_through_every_workers_share(cluster, tmp_path: Path) -> None:
-    origin = cluster("127.0.0.2", role="origin", limit="4MB", p2p_extra='piece_size = "256KiB"\n')
-    src = make_checkpoint(tmp_path / "src", total_bytes=16 * MiB, shards=2, layers=3)
-    assert origin.cli("publish", str(src), "--name", "org/x", "--version", "v1").returncode == 0
     racks = {"127.0.0.3": "r0", "127.0.0.4": "r0", "127.0.0.5": "r1", "127.0.0.6": "r1"}
-    workers = started([cluster(ip, origin=origin.endpoint, limit="4MB", fallback_s=60, wait=False,
-                               p2p_extra=f'rack = "{r}"\n' + _crossing(ip)) for ip, r in racks.items()])
+    origin, workers, total = _racked(cluster, tmp_path, racks, "x", limit="4MB", mib=16)
     reports = _reports([w.popen("preload", "org/x@v1", "--tier", "warm", "--json") for w in workers], timeout=150)
-    total = sum(f.stat().st_size for f in src.rglob("*") if f.is_file())
     intake: dict[str, int] = {}
     crossed: dict[str, int] = {}
     for w, r in zip(workers, reports):
@@ -57,19 +64,14 @@ def test_a_worker_that_dies_mid_download_hands_its_share_to_its_rack_mates(clust
     """Racks r0 = .3, .4, .5 and r1 = .6, .7; .3 is killed (-9) once the origin has sent 2 MiB more.
     Its rack-mates take its share across once it leaves the member list (every worker is a gateway:
     the shares are hashed again over the ones left) and every survivor finishes from the swarm."""
-    origin = cluster("127.0.0.2", role="origin", limit="3MB", p2p_extra='piece_size = "256KiB"\n')
-    src = make_checkpoint(tmp_path / "src", total_bytes=12 * MiB, shards=2, layers=3)
-    assert origin.cli("publish", str(src), "--name", "org/xd", "--version", "v1").returncode == 0
     racks = {"127.0.0.3": "r0", "127.0.0.4": "r0", "127.0.0.5": "r0", "127.0.0.6": "r1", "127.0.0.7": "r1"}
-    nodes = started([cluster(ip, origin=origin.endpoint, limit="3MB", fallback_s=60, wait=False,
-                             p2p_extra=f'rack = "{r}"\n' + _crossing(ip)) for ip, r in racks.items()])
+    origin, nodes, total = _racked(cluster, tmp_path, racks, "xd", limit="3MB", mib=12)
     reports, took = _preload_one_killed(origin, nodes[1:], nodes[0], "org/xd@v1")
     for r in reports:
         assert r["bytes_by_source"]["cold"] == 0 and r["source_fallbacks"] == [], r
     assert took < 45, (took, [r["swarm"] for r in reports])
     # r1's half came into r0 through the survivors' crossing sessions, the dead one's share too (without
     # its share moving, about two thirds of that half: 2026-12-06, 6.4 and 7.3 MB of 12.6 MB in two runs)
-    total = sum(f.stat().st_size for f in src.rglob("*") if f.is_file())
     assert sum(r["swarm"]["crossing_bytes_in"] for r in reports[:2]) >= 0.42 * total, [r["swarm"] for r in reports]
     assert all(r["swarm"]["open_all_after_s"] is None for r in reports), [r["swarm"] for r in reports]
 
@@ -78,12 +80,8 @@ def test_a_worker_that_dies_mid_download_hands_its_share_to_its_rack_mates(clust
 def test_crossing_sessions_of_a_tls_fleet_talk_tls(tls_cluster, tmp_path: Path) -> None:
     """With fleet TLS the crossing session listens on an SSL port and presents the node's certificate:
     two racks of two take their shares across through it (bytes in every worker's crossing session)."""
-    origin = tls_cluster("127.0.0.2", role="origin", limit="4MB", p2p_extra='piece_size = "256KiB"\n')
-    src = make_checkpoint(tmp_path / "src", total_bytes=12 * MiB, shards=2, layers=3)
-    assert origin.cli("publish", str(src), "--name", "org/xt", "--version", "v1").returncode == 0
     racks = {"127.0.0.3": "r0", "127.0.0.4": "r0", "127.0.0.5": "r1", "127.0.0.6": "r1"}
-    nodes = started([tls_cluster(ip, origin=origin.endpoint, limit="4MB", fallback_s=30, wait=False,
-                                 p2p_extra=f'rack = "{r}"\n' + _crossing(ip)) for ip, r in racks.items()])
+    origin, nodes, total = _racked(tls_cluster, tmp_path, racks, "xt", limit="4MB", mib=12, fallback_s=30)
     reports = _reports([n.popen("preload", "org/xt@v1", "--tier", "warm", "--json") for n in nodes], timeout=150)
     for r in reports:
         assert r["bytes_by_source"]["cold"] == 0 and r["source_fallbacks"] == [], r
@@ -91,8 +89,8 @@ def test_crossing_sessions_of_a_tls_fleet_talk_tls(tls_cluster, tmp_path: Path) 
 
 
 def _config(ip: str, port: int, xport: int, **kw) -> P2PConfig:
-    return P2PConfig(listen=f"{ip}:{port}", rack="r0", trackers=("http://127.0.0.1:9/announce",), crossing=True,
-                     crossing_port=xport, **kw)
+    kw.setdefault("trackers", ("http://127.0.0.1:9/announce",))
+    return P2PConfig(listen=f"{ip}:{port}", rack="r0", crossing=True, crossing_port=xport, **kw)
 
 
 def test_each_session_takes_what_the_other_leaves_of_the_node_limits() -> None:
@@ -131,35 +129,60 @@ def test_a_crossing_port_in_use_fails_the_session_at_start() -> None:
             P2PSession(_config(ip, free_port(ip), taken.getsockname()[1]))
 
 
+def _answered(ip: str, port: int, src: str, ih: bytes) -> bool:
+    """A plain BitTorrent handshake for info-hash ``ih`` from ``src`` to ``ip:port`` gets one back (a TLS
+    port sends a 7-byte alert instead: not a handshake)."""
+    with socket.create_connection((ip, port), timeout=5, source_address=(src, 0)) as c:
+        c.settimeout(3)
+        c.sendall(b"\x13BitTorrent protocol" + b"\0" * 8 + ih + b"-XX0000-" + b"0" * 12)
+        try:
+            return c.recv(68).startswith(b"\x13BitTorrent protocol")
+        except (ConnectionResetError, TimeoutError, socket.timeout):
+            return False
+
+
+def _one_piece_torrent(x: CrossingSession, save: Path) -> bytes:
+    """A one-piece torrent added to ``x`` (its v1 info-hash returned)."""
+    ti = lt.torrent_info(lt.bencode({b"info": {b"name": b"f", b"piece length": 16384, b"length": 16384,
+                                                b"pieces": b"\0" * 20}}))
+    atp = lt.add_torrent_params()
+    atp.ti, atp.save_path = ti, str(save)
+    x.ses.add_torrent(atp)
+    return ti.info_hashes().v1.to_bytes()
+
+
 def test_the_crossing_session_talks_only_to_listed_workers_of_other_racks(tmp_path: Path) -> None:
     """Its IP filter: a peer not let in (same rack, not listed, outside the allowlist) is cut before the
     BitTorrent handshake is answered; one let in gets an answer."""
     ip, friend, stranger = "127.0.0.7", "127.0.0.8", "127.0.0.9"
     x = CrossingSession(_config(ip, free_port(ip), free_port(ip), allow=("127.0.0.0/24",)))
     try:
-        ti = lt.torrent_info(lt.bencode({b"info": {b"name": b"f", b"piece length": 16384, b"length": 16384,
-                                                    b"pieces": b"\0" * 20}}))
-        ih = ti.info_hashes().v1.to_bytes()
-        atp = lt.add_torrent_params()
-        atp.ti, atp.save_path = ti, str(tmp_path)
-        h = x.ses.add_torrent(atp)
+        ih = _one_piece_torrent(x, tmp_path)
         x.allow(frozenset({friend, "10.1.2.3"}))
-
-        def answered(src: str) -> bool:
-            with socket.create_connection((ip, x.port), timeout=5, source_address=(src, 0)) as c:
-                c.settimeout(3)
-                c.sendall(b"\x13BitTorrent protocol" + b"\0" * 8 + ih + b"-XX0000-" + b"0" * 12)
-                try:
-                    return len(c.recv(68)) > 0
-                except (ConnectionResetError, TimeoutError, socket.timeout):
-                    return False
         deadline = time.monotonic() + 10   # (once the torrent is checked it answers handshakes)
-        while not answered(friend):
+        while not _answered(ip, x.port, friend, ih):
             assert time.monotonic() < deadline, "a worker let in got no answer"
             time.sleep(0.1)
-        assert not answered(stranger)
+        assert not _answered(ip, x.port, stranger, ih)
         x.allow(frozenset())   # (a worker no longer listed is cut too)
-        assert not answered(friend)
+        assert not _answered(ip, x.port, friend, ih)
+    finally:
+        x.close()
+
+
+def test_a_tls_crossing_session_answers_no_peer_without_a_certificate(fleet, tmp_path: Path) -> None:
+    """With fleet TLS its port is an SSL one: a listed worker of another rack speaking plain BitTorrent
+    (no certificate) is accepted by TCP and gets a TLS alert, no handshake, where the same session without
+    TLS answers it."""
+    from p2p import load_fleet_tls
+    ip, friend = "127.0.0.7", "127.0.0.8"
+    tls = load_fleet_tls(fleet["ca"], fleet[ip], fleet[f"{ip}.key"])
+    x = CrossingSession(_config(ip, free_port(ip), free_port(ip), allow=("127.0.0.0/24",), tls=tls,
+                                trackers=("https://127.0.0.1:9/announce",)))
+    try:
+        ih = _one_piece_torrent(x, tmp_path)
+        x.allow(frozenset({friend}))
+        assert x.port and not any(_answered(ip, x.port, friend, ih) for _ in range(3))
     finally:
         x.close()
 
@@ -259,12 +282,8 @@ def test_a_rack_that_starts_after_the_others_finished_takes_its_share_from_their
     with their downloads), but r1 has left the member list too: r0 plans alone (one rack listed, nothing
     to take across), from the origin, its rack and r1's seeds, in about the time one rack takes alone
     (5.4-5.7 s here; a review feared its shares would wait on crossing sessions that are gone)."""
-    origin = cluster("127.0.0.2", role="origin", limit="4MB", p2p_extra='piece_size = "256KiB"\n')
-    src = make_checkpoint(tmp_path / "src", total_bytes=12 * MiB, shards=2, layers=3)
-    assert origin.cli("publish", str(src), "--name", "org/xs", "--version", "v1").returncode == 0
     racks = {"127.0.0.5": "r1", "127.0.0.6": "r1", "127.0.0.3": "r0", "127.0.0.4": "r0"}
-    nodes = started([cluster(ip, origin=origin.endpoint, limit="4MB", fallback_s=60, wait=False,
-                             p2p_extra=f'rack = "{r}"\n' + _crossing(ip)) for ip, r in racks.items()])
+    origin, nodes, total = _racked(cluster, tmp_path, racks, "xs", limit="4MB", mib=12)
     first = _reports([n.popen("preload", "org/xs@v1", "--tier", "warm", "--json") for n in nodes[:2]], timeout=120)
     t0 = time.monotonic()
     late = _reports([n.popen("preload", "org/xs@v1", "--tier", "warm", "--json") for n in nodes[2:]], timeout=120)
