@@ -292,14 +292,25 @@ def test_429_that_never_ends_is_given_up_on_in_bounded_time(wd, node_env, hub: L
     assert 2 <= n <= 8 and took < 40, (n, took)
 
 
-@pytest.mark.parametrize("where, status", [(r"^/api/models/org/repo/revision/", 500),
-                                           (r"^/api/models/org/repo/tree/", 502),
-                                           (rf"^/org/repo/resolve/[0-9a-f]{{40}}/{SHARD}", 503)])
-def test_a_server_error_is_one_line(wd, node_env, hub: LocalHub, front: HubFront, where: str, status: int) -> None:
-    front.answer("*", where, status, {"X-Error-Message": "Internal Error - We're working hard to fix this"})
+@pytest.mark.parametrize("where, status, retry_after", [(r"^/api/models/org/repo/revision/", 500, None),
+                                                        (r"^/api/models/org/repo/tree/", 502, "0"),
+                                                        (rf"^/org/repo/resolve/[0-9a-f]{{40}}/{SHARD}", 503, "0")])
+def test_a_server_error_is_one_line(wd, node_env, hub: LocalHub, front: HubFront, where: str, status: int,
+                                    retry_after: str | None) -> None:
+    """A 5xx that never ends is tried 1 + RETRIES times, then one line. With no Retry-After (the 500)
+    the client's own back-off is waited (1, 2, 4 s); the 502 and 503 say ``Retry-After: 0`` (as a server
+    may), so the same retries run without 7 s of sleep each."""
+    headers = {"X-Error-Message": "Internal Error - We're working hard to fix this"}
+    if retry_after is not None:
+        headers["Retry-After"] = retry_after
+    front.answer("*", where, status, headers)
     t0 = time.monotonic()
-    refused(wd, node_env, hub, front, "hf://org/repo@main", 1, "hf://org/repo@main", f"answered {status}")
+    r = refused(wd, node_env, hub, front, "hf://org/repo@main", 1, "hf://org/repo@main", f"answered {status}")
     assert time.monotonic() - t0 < 60
+    assert len(front.statuses(where)) == 4, front.statuses(where)
+    waits = re.findall(rf"answered {status}; trying again in (\d+) s \((\d)/3\)", r.stderr)
+    assert waits == ([("1", "1"), ("2", "2"), ("4", "3")] if retry_after is None else
+                     [("0", "1"), ("0", "2"), ("0", "3")]), r.stderr
 
 
 def test_through_a_daemon_the_refusals_are_the_same_and_its_log_holds_no_token(daemon, wd, node_env,  # noqa: F811

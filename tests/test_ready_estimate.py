@@ -252,12 +252,17 @@ def test_estimate_before_a_preload_matches_its_time_to_ready(tmp_path: Path, cas
     """Two rounds after a first preload (estimated from the fallback alone), then one of another size:
     each estimate within 50% of the measured time to ready (the bench asks 25% over 5 rounds). 48 MiB at 24 MB/s from cold, 96
     MiB at 16 MB/s over the swarm (a daemon's first P2P transfer takes a second or two more, which
-    the second round's estimate still holds): ~2 s and ~6 s a preload, under a minute a case."""
+    the second round's estimate still holds): ~2 s and ~6-9 s a preload, under a minute a case.
+    The other size is 32 MiB in both cases (~1.3 s cold, ~2.5-3 s over the swarm): it is estimated
+    from the median of three measured rates, with no first-transfer cost in it, and the fixed costs
+    around a preload (the CLI's start, ~0.15 s) stay under 10% of it. The swarm's rounds stay at
+    96 MiB: at 64 MiB (~4-6 s) the first transfer's extra ~2.3 s put the second round's estimate
+    59% over its measurement in one of two tries."""
     b = _bench()
     base = Path(b.tempfile.mkdtemp(prefix="weightd-test-ready-", dir="/var/tmp"))
     try:
         r = (b.cold_case(base, 48 * MiB, 24_000_000, 2, 32 * MiB) if case == "cold"
-             else b.swarm_case(base, 96 * MiB, 16_000_000, 2, 48 * MiB))
+             else b.swarm_case(base, 96 * MiB, 16_000_000, 2, 32 * MiB))
     finally:
         b.shutil.rmtree(base, ignore_errors=True)
     assert "skipped" not in r, r
