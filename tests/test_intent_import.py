@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tiering import validate_version
+from tiering.sample import local_hub
 from weightd.errors import IntentError
 from weightd.intent.imports import imports_for, not_allowed, parse_every
 from weightd.node.hub_import import default_label
@@ -17,8 +18,16 @@ from weightd.intent.spec import parse_document
 
 from .conftest import assert_one_line_error
 from .test_daemon import DaemonProc
-from .test_hf_import import TOKEN, Hub, git, hub  # noqa: F401  (the olah fixture; Hub, git: tiering.sample)
+from .test_hf_import import TOKEN, Hub, git
 from .test_intent_daemon import intent_status, until
+
+
+@pytest.fixture
+def hub(tmp_path: Path):
+    """A real olah mirror of its own for each test (test_hf_import's module shares one and puts back
+    what its tests change; the test here stops its Hub)."""
+    with local_hub(tmp_path / "hub") as h:
+        yield h
 
 
 def imports(text: str):
