@@ -60,15 +60,16 @@ def test_two_racks_take_each_piece_across_about_once_through_every_workers_share
 
 
 @pytest.mark.slow
-def test_a_worker_that_dies_mid_download_hands_its_share_to_its_rack_mates(cluster, tmp_path: Path) -> None:
+def test_a_worker_that_dies_mid_download_holds_no_rack_mate_up(cluster, tmp_path: Path) -> None:
     """Racks r0 = .3, .4, .5 and r1 = .6, .7; .3 is killed (-9) once the origin has sent 2 MiB more.
     Every survivor finishes from the swarm, in time, by the plan's rules (not the last resort), its
     crossing session taking its share across. Its rack-mates take the dead one's share across once it
     leaves the member list (the shares hashed again over the ones left: tests/test_racks.py pins that):
     here the two took 6,291,691 bytes across in 6 of 7 runs and 6,029,547 in one (2026-12-07, under a
     CPU load and beside other tests), 4,718,827 (their first shares only) in 2 runs with the shares
-    frozen; one clean-clone CI run had the latter too (probably, under load, the rack got the dead
-    one's share some other way before the list dropped it), so the bytes are not pinned to the move."""
+    frozen; one clean-clone CI run had the latter too (the rack got the dead one's share some other way
+    before the survivors' shares moved: under load, or a member list slow to drop it; not reproduced),
+    so the bytes are not pinned to the move, and this test does not check it end to end."""
     racks = {"127.0.0.3": "r0", "127.0.0.4": "r0", "127.0.0.5": "r0", "127.0.0.6": "r1", "127.0.0.7": "r1"}
     origin, nodes, total = _racked(cluster, tmp_path, racks, "xd", limit="3MB", mib=12)
     reports, took = _preload_one_killed(origin, nodes[1:], nodes[0], "org/xd@v1")

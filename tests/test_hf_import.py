@@ -42,7 +42,11 @@ class _TestHub(Hub):
         return {**super().env(), "HF_HOME": str(self.hf_home), **extra}
 
     def stop(self) -> None:      # (the module's fixture stops the server)
-        pass
+        raise RuntimeError("the module's shared Hub: a test that stops its Hub takes one of its own")
+
+
+def _refs(repo: Path) -> list[str]:
+    return git(repo, "for-each-ref", "--format=%(refname)").split()
 
 
 def _lfs_objects(repo: Path) -> dict[str, bytes]:
@@ -52,17 +56,18 @@ def _lfs_objects(repo: Path) -> dict[str, bytes]:
 
 @pytest.fixture(scope="module")
 def _hub_server(tmp_path_factory: pytest.TempPathFactory):
-    """One olah server for the module: making its git-lfs repository and starting olah took ~0.8 s
-    of every test's setup (28 s of the module's 95 s), once per module now; ``hub`` resets it."""
+    """One olah server for the module: making its git-lfs repository and starting and stopping olah
+    for each test that used it was most of the module's 28 s of setup in a full run (of 95 s), once
+    per module now; ``hub`` resets it."""
     with local_hub(tmp_path_factory.mktemp("hub")) as h:
-        yield h, h.commit(), _lfs_objects(h.repo)
+        yield h, h.commit(), _lfs_objects(h.repo), _refs(h.repo)
 
 
 @pytest.fixture
 def hub(_hub_server, tmp_path: Path):
     """The module's Hub, as it was made, for each test: what a test changes (a commit on main, an LFS
     object tampered with or moved away, the working tree) is put back after it; HF_HOME is the test's."""
-    server, first, lfs = _hub_server
+    server, first, lfs, refs = _hub_server
     yield _TestHub(server, tmp_path / "hf-home")
     repo, objects = server.repo, server.repo / ".git" / "lfs" / "objects"
     if _lfs_objects(repo) != lfs:
@@ -75,7 +80,10 @@ def hub(_hub_server, tmp_path: Path):
     git(repo, "reset", "-q", "--hard", first)
     git(repo, "clean", "-q", "-fdx")
     git(repo, "tag", "-f", "v1", first)
+    for ref in set(_refs(repo)) - set(refs):   # (a branch or tag a test made)
+        git(repo, "update-ref", "-d", ref)
     assert server.commit() == first and git(repo, "status", "--porcelain") == "" and _lfs_objects(repo) == lfs
+    assert _refs(repo) == refs, _refs(repo)
 
 
 @pytest.fixture

@@ -109,7 +109,7 @@ def test_intent_check_shows_the_imports_and_refuses_a_bad_one(wd, node_env, tmp_
     assert_one_line_error(wd("intent", "check", str(idir)), 2, "intent a.toml: import #1.every: 1 s")
 
 
-def test_a_daemon_follows_a_hub_branch_and_latest_rolls_forward(hub: Hub, node_env, isolated_env, wd,  # noqa: F811
+def test_a_daemon_follows_a_hub_branch_and_latest_rolls_forward(hub: Hub, node_env, isolated_env, wd,
                                                                tmp_path: Path) -> None:
     """The node the entry selects imports main's commit, a [[keep]] NAME@latest entry places it; a new
     commit on main is imported at the next check and the entry rolls forward (jitter_s = 1: the

@@ -255,7 +255,7 @@ def test_estimate_before_a_preload_matches_its_time_to_ready(tmp_path: Path, cas
     the second round's estimate still holds): ~2 s and ~6-9 s a preload, under a minute a case.
     The other size is 32 MiB in both cases (~1.3 s cold, ~2.5-3 s over the swarm): it is estimated
     from the median of three measured rates, with no first-transfer cost in it, and the fixed costs
-    around a preload (the CLI's start, ~0.15 s) stay under 10% of it. The swarm's rounds stay at
+    around a preload (the CLI's start, ~0.15 s) stay about a tenth of it or less. The swarm's rounds stay at
     96 MiB: at 64 MiB (~4-6 s) the first transfer's extra ~2.3 s put the second round's estimate
     59% over its measurement in one of two tries."""
     b = _bench()
