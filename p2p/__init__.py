@@ -35,7 +35,7 @@ from typing import Any
 _SURFACE: dict[str, str] = {
     # errors, and the one boundary where libtorrent's become ours
     "P2PError": "errors", "PeerRejected": "errors", "TorrentRejected": "errors", "TransferStalled": "errors",
-    "TransferFailed": "errors", "LibtorrentError": "errors", "BadCertificate": "errors",
+    "TransferFailed": "errors", "LibtorrentError": "errors", "CrossingPortError": "errors", "BadCertificate": "errors",
     "map_libtorrent_errors": "errors",
     # configuration, and fleet TLS credentials (cryptography, loaded only when used)
     "P2PConfig": "config", "RACK": "config", "address_allowed": "config", "peer_address": "config",

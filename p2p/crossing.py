@@ -46,7 +46,7 @@ import libtorrent as lt
 import numpy as np
 
 from .config import P2PConfig, address_allowed, peer_address, tracker_urls
-from .errors import LibtorrentError, map_libtorrent_errors
+from .errors import CrossingPortError, LibtorrentError, map_libtorrent_errors
 from .results import apportion, received_by_ip
 from .settings import session_settings, session_status
 
@@ -110,12 +110,15 @@ class CrossingSession:
         params.settings = settings
         params.disk_io_constructor = "posix_disk_io_constructor"
         what = f"cannot start the crossing session on {host}:{port}"
-        with map_libtorrent_errors(what):
-            self.ses = lt.session(params)
+        try:
+            with map_libtorrent_errors(what):
+                self.ses = lt.session(params)
+        except LibtorrentError as exc:
+            raise CrossingPortError(what, exc.reason) from None
         if not self.ses.is_listening():
             why = [a.message() for a in self.ses.pop_alerts() if isinstance(a, lt.listen_failed_alert)]
             del self.ses
-            raise LibtorrentError(what, why[0] if why else "not listening")
+            raise CrossingPortError(what, why[0] if why else "not listening")
         f = lt.ip_filter()   # (every peer in the global class: the session's limits hold on LAN and loopback)
         f.add_rule("0.0.0.0", "255.255.255.255", 1 << lt.session.global_peer_class_id)
         f.add_rule("::", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff", 1 << lt.session.global_peer_class_id)

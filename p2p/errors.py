@@ -68,6 +68,11 @@ class LibtorrentError(P2PError):
         super().__init__(f"{what}: {reason}")
 
 
+class CrossingPortError(LibtorrentError):
+    """The crossing session (``[p2p] crossing``) could not start on its port: ``p2p.crossing_port``'s
+    error, not ``p2p.listen``'s."""
+
+
 @contextmanager
 def map_libtorrent_errors(what: str) -> Iterator[None]:
     """Turn the errors libtorrent's bindings raise (``RuntimeError`` for an ``error_code`` or a

@@ -14,6 +14,7 @@ import pytest
 
 from p2p import P2PConfig, P2PSession
 from p2p.crossing import CrossingSession, split
+from p2p.errors import CrossingPortError
 from tiering.sample import make_checkpoint
 
 from .test_p2p import _preload_one_killed, _reports, cluster, free_port, started  # noqa: F401 (cluster: the fixture)
@@ -131,7 +132,7 @@ def test_a_crossing_port_in_use_fails_the_session_at_start() -> None:
     with socket.socket() as taken:
         taken.bind((ip, 0))
         taken.listen()
-        with pytest.raises(Exception, match="crossing session"):
+        with pytest.raises(CrossingPortError, match="crossing session"):
             P2PSession(_config(ip, free_port(ip), taken.getsockname()[1]))
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, disable_created_metrics
 
-from p2p import P2PError
+from p2p import CrossingPortError, P2PError
 from tiering import TieringError, bounded_running, stuck_reads
 
 from .. import __version__
@@ -224,7 +224,7 @@ class Daemon(DaemonContext):
         try:
             self.session = P2PSession(p2p_config(self.config))
         except P2PError as exc:   # (the crossing session's port is its own key)
-            key = "p2p.crossing_port" if "crossing session" in str(exc) else "p2p.listen"
+            key = "p2p.crossing_port" if isinstance(exc, CrossingPortError) else "p2p.listen"
             raise WeightdError(f"{key}: {exc}") from None
         self.session.subscribe(self._on_alert)
         n = await self.run_blocking("misc", seed_held, self.node, self.session, self.role)
