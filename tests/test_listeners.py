@@ -31,8 +31,9 @@ def _hold_port(ip: str) -> tuple[subprocess.Popen[str], int]:
 
 
 def test_a_daemon_that_fails_to_start_leaves_no_socket(node_env, isolated_env, wd) -> None:
-    """The metrics port is held by another process: serve fails with one line, and its admin socket
-    (claimed and bound before the metrics listener) is gone; the next start on a free port works."""
+    """The metrics port is held by another process: serve fails with one line, and no admin socket is
+    left (it is claimed first, bound only once every TCP listener is up); the next start on a free port
+    works."""
     holder, port = _hold_port("127.0.0.1")
     sock = node_env.state / "weightd.sock"
     try:
@@ -60,6 +61,29 @@ def test_a_daemon_that_fails_to_start_leaves_no_socket(node_env, isolated_env, w
     finally:
         stop_process(d)
     assert not os.path.lexists(sock)
+
+
+def test_the_admin_socket_appears_once_every_listener_is_up(node_env, isolated_env) -> None:
+    """What waits for the admin socket (an init container, a test harness, ``ExecStartPost``) may then
+    use every TCP listener: an origin's tracker and metrics ports accept as soon as the socket exists
+    (it appeared before the tracker listened: a refused connection in CI)."""
+    tracker, metrics = free_port("127.0.0.2"), free_port("127.0.0.2")
+    cfg = node_env.config.read_text().replace('[p2p]\nlisten = "127.0.0.1:0"\n', "")
+    node_env.config.write_text(cfg + f'[p2p]\nlisten = "127.0.0.2:{free_port("127.0.0.2")}"\n'
+                               f'tracker_listen = "127.0.0.2:{tracker}"\n'
+                               f'[metrics]\nlisten = "127.0.0.2:{metrics}"\n')
+    sock = node_env.state / "weightd.sock"
+    d = subprocess.Popen([sys.executable, "-m", "weightd", "--config", str(node_env.config), "serve",
+                          "--role", "origin"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         env=isolated_env, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 30
+        while not os.path.exists(sock):   # (polled without sleeping: the first moment it is there)
+            assert d.poll() is None and time.monotonic() < deadline
+        for port in (tracker, metrics):
+            socket.create_connection(("127.0.0.2", port), timeout=5).close()
+    finally:
+        stop_process(d)
 
 
 # -- the TCP listeners under attack -------------------------------------------------------------------------

@@ -163,10 +163,11 @@ class Daemon(DaemonContext):
 
     async def _serve(self, sock_path: Any) -> None:
         await self._start_p2p()
-        await self.servers.start_api(self.routes.app())
         await self.servers.start_tcp(self.health.app(), self.config.settings.metrics.listen, "metrics.listen",
                                      "metrics")
         await self.tracker.start(self.servers)
+        # the admin socket last: once it exists, every listener (P2P, metrics, tracker) is up
+        await self.servers.start_api(self.routes.app())
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, self.stopping.set)
         loop.add_signal_handler(signal.SIGINT, self.stopping.set)
