@@ -42,6 +42,12 @@ def _cached(path: Path) -> int:
         fd.close()
 
 
+# what the kernel may take back of a read span before it is counted, under a busy suite (one CI run
+# counted 8,056,832 cached of 8,060,928 read: one page); the lower bound keeps the count meaningful
+# (a build reading around the page cache would cache nothing), the upper one is the check
+RECLAIMED = 16 * PAGE
+
+
 @pytest.mark.skipif(not has_cachestat(), reason="cachestat(2) needs Linux 6.5")
 def test_a_delta_build_caches_only_the_spans_it_reads(tmp_path: Path) -> None:
     a = make_checkpoint(tmp_path / "a", total_bytes=96 * MiB, shards=3, layers=6, seed="readahead")
@@ -67,9 +73,9 @@ def test_a_delta_build_caches_only_the_spans_it_reads(tmp_path: Path) -> None:
     assert sum(fetched.values()) < sum(lent.values()) / 4   # (a delta: mostly lent)
     for rel, n in fetched.items():   # cold v2: its changed spans, not the bytes between them
         got = _cached(b / rel)
-        assert n <= got <= n + 2 * PAGE * runs[rel], (rel, got, n)
+        assert n - RECLAIMED <= got <= n + 2 * PAGE * runs[rel], (rel, got, n)
     for rel, n in lent.items():      # v1: what it lends (the changed tensors' old bytes stay out)
         size = (a / rel).stat().st_size
         got = _cached(a / rel)
-        assert n <= got <= n + 2 * PAGE * runs[rel] and (got < size or n == size), (rel, got, n, size)
+        assert n - RECLAIMED <= got <= n + 2 * PAGE * runs[rel] and (got < size or n == size), (rel, got, n, size)
     assert READ_AHEAD <= 8 * MiB   # (the windows the build asks ahead: bounded)
