@@ -521,9 +521,9 @@ def test_a_worker_that_dies_mid_swarm_holds_nobody_up(cluster, tmp_path: Path) -
 def test_a_slow_worker_holds_nobody_up(cluster, tmp_path: Path) -> None:
     """Four workers split the origin's pieces; one has an eighth of the others' caps (half would not
     hold them up here: its slice is a quarter of the pieces). The fast three finish about when they
-    would without it: the slow one's slice reaches them through the plan's recovery rule (an owner
-    still short of its slice stall_s after a worker's own slice is in is planned without), never
-    through the last resort, and never from cold. The slow one finishes too."""
+    would without it: the slow one's slice reaches them through the plan's recovery rules (an owner
+    still short of its slice stall_s after a worker's own slice is in, or with none of it in stall_s, is
+    planned without), never through the last resort, and never from cold. The slow one finishes too."""
     origin = cluster("127.0.0.2", role="origin", limit="4MB", p2p_extra='piece_size = "256KiB"\n')
     src = make_checkpoint(tmp_path / "src", total_bytes=24 * MiB, shards=2, layers=3)
     assert origin.cli("publish", str(src), "--name", "org/slow", "--version", "v1").returncode == 0
@@ -545,7 +545,12 @@ def test_a_slow_worker_holds_nobody_up(cluster, tmp_path: Path) -> None:
     # needed, against 21.6-21.8 s and 14.9-15.4 s without it (one that dropped the slow one early
     # waited on a share another had not taken yet)
     assert took[3] >= reports[3]["bytes"] / 0.5e6 * 0.95, took
-    assert sum(r["swarm"]["late_owners"] for r in reports[:3]) >= 1, [r["swarm"] for r in reports]
+    # a fast worker's own plan dropped the slow one: late (progressing too slowly), or stalled (no piece
+    # of its slice in stall_s: under load its cap goes to the others' slices, seen in a full run of
+    # 2026-12-07); the late rule alone is pinned in tests/test_plan.py
+    own = [w.ip for w in fast if re.search(rf"planning without {re.escape(slow.ip)} from now on \((late|stalled):",
+                                           (w.dir / "daemon.log").read_text())]
+    assert own, [r["swarm"] for r in reports]
     assert max(took[:3]) < 5.3 + 2.5 + 2 * 6 + 6, (took, [r["swarm"] for r in reports])
 
 
