@@ -4,11 +4,15 @@ real sockets on 127.0.0.x (loopback only), every wait bounded."""
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+
+import pytest
 
 from .conftest import reserve_port, stop_process
 from .test_p2p_tls import fleet  # noqa: F401 (the fixture)
@@ -63,27 +67,58 @@ def test_a_daemon_that_fails_to_start_leaves_no_socket(node_env, isolated_env, w
     assert not os.path.lexists(sock)
 
 
-def test_the_admin_socket_appears_once_every_listener_is_up(node_env, isolated_env) -> None:
+def test_the_admin_socket_appears_once_every_listener_is_up(node_env, isolated_env, tmp_path: Path) -> None:
     """What waits for the admin socket (an init container, a test harness, ``ExecStartPost``) may then
-    use every TCP listener: an origin's tracker and metrics ports accept as soon as the socket exists
-    (it appeared before the tracker listened: a refused connection in CI)."""
-    tracker, metrics = free_port("127.0.0.2"), free_port("127.0.0.2")
+    use every TCP listener: an origin's P2P, tracker and metrics ports accept as soon as the socket
+    exists (it appeared before the tracker listened: a refused connection in CI)."""
+    p2p, tracker, metrics = (free_port("127.0.0.2") for _ in range(3))
     cfg = node_env.config.read_text().replace('[p2p]\nlisten = "127.0.0.1:0"\n', "")
-    node_env.config.write_text(cfg + f'[p2p]\nlisten = "127.0.0.2:{free_port("127.0.0.2")}"\n'
+    node_env.config.write_text(cfg + f'[p2p]\nlisten = "127.0.0.2:{p2p}"\n'
                                f'tracker_listen = "127.0.0.2:{tracker}"\n'
                                f'[metrics]\nlisten = "127.0.0.2:{metrics}"\n')
-    sock = node_env.state / "weightd.sock"
-    d = subprocess.Popen([sys.executable, "-m", "weightd", "--config", str(node_env.config), "serve",
-                          "--role", "origin"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                         env=isolated_env, cwd=ROOT)
+    sock, log = node_env.state / "weightd.sock", tmp_path / "daemon.log"
+    with open(log, "w") as out:
+        d = subprocess.Popen([sys.executable, "-m", "weightd", "--config", str(node_env.config), "serve",
+                              "--role", "origin"], stdout=out, stderr=subprocess.STDOUT, env=isolated_env, cwd=ROOT)
     try:
         deadline = time.monotonic() + 30
-        while not os.path.exists(sock):   # (polled without sleeping: the first moment it is there)
-            assert d.poll() is None and time.monotonic() < deadline
-        for port in (tracker, metrics):
+        while not os.path.exists(sock):   # (polled every 0.2 ms: the first moment it is there)
+            assert d.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.0002)
+        for port in (p2p, tracker, metrics):
             socket.create_connection(("127.0.0.2", port), timeout=5).close()
     finally:
         stop_process(d)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to play a second uid (65534)")
+def test_a_start_that_fails_after_the_socket_is_bound_removes_it(isolated_env) -> None:
+    """The daemon as uid 65534 with ``[api] group = 0``, a group it is not in: the socket is bound, its
+    chown is refused, serve fails with one line naming the key, the group and the socket, and the socket
+    it bound is gone."""
+    from .conftest import NodeEnv, main_as_nobody
+    base = Path(tempfile.mkdtemp(prefix="wd-sock-", dir="/tmp"))   # (pytest's tmp_path is 0700 root)
+    try:
+        os.chmod(base, 0o755)
+        env = NodeEnv(base)
+        env.state.mkdir(mode=0o700)
+        for p in (env.state, env.cold):
+            os.chown(p, 65534, 65534)
+        sock = base / "run" / "weightd.sock"
+        sock.parent.mkdir()
+        os.chown(sock.parent, 65534, 65534)
+        env.config.write_text(env.config.read_text().replace(
+            f'socket = "{env.state}/weightd.sock"\n', f'socket = "{sock}"\ngroup = 0\n')
+            .replace('[p2p]\nlisten = "127.0.0.1:0"\n', f'[metrics]\nlisten = "127.0.0.1:{free_port()}"\n'))
+        r = main_as_nobody(["--config", str(env.config), "serve"], {**isolated_env, "HOME": "/nonexistent"},
+                           timeout=60)
+        assert r.returncode != 0 and "Traceback" not in r.stderr, (r.returncode, r.stdout, r.stderr)
+        last = r.stderr.strip().splitlines()[-1]
+        assert "api.group 0" in last and str(sock) in last and "not permitted" in last, r.stderr
+        assert not os.path.lexists(sock), "the failed daemon left the socket it bound"
+        env.cleanup()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 # -- the TCP listeners under attack -------------------------------------------------------------------------

@@ -40,12 +40,18 @@ class Servers:
         old_umask = os.umask(0o117)
         try:
             await web.UnixSite(runner, str(sock_path)).start()
+        except OSError as exc:
+            raise WeightdError(f"api.socket {sock_path}: cannot listen: {exc.strerror}") from None
         finally:
             os.umask(old_umask)
         st = os.lstat(sock_path)
         self._socket_id = (st.st_dev, st.st_ino)   # (what close() removes on the way out: this inode only)
         if api.group is not None:
-            os.chown(sock_path, -1, api.group, follow_symlinks=False)
+            try:
+                os.chown(sock_path, -1, api.group, follow_symlinks=False)
+            except OSError as exc:   # (the socket is removed on the way out: close())
+                raise WeightdError(f"api.group {api.group}: cannot give the admin socket {sock_path} to it: "
+                                   f"{exc.strerror} (the daemon's user must be root or in that group)") from None
         # (the umask above made it 0660 at bind: no chmod by path, which would follow a link swapped in)
         self.runners.append(runner)
 
