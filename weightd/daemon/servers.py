@@ -37,6 +37,7 @@ class Servers:
         runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=1.0,
                                keepalive_timeout=api.request_timeout_s, lingering_time=min(api.request_timeout_s, 5.0))
         await runner.setup()
+        self.runners.append(runner)   # (cleaned up at close(), whatever fails below)
         old_umask = os.umask(0o117)
         try:
             await web.UnixSite(runner, str(sock_path)).start()
@@ -53,7 +54,6 @@ class Servers:
                 raise WeightdError(f"api.group {api.group}: cannot give the admin socket {sock_path} to it: "
                                    f"{exc.strerror} (the daemon's user must be root or in that group)") from None
         # (the umask above made it 0660 at bind: no chmod by path, which would follow a link swapped in)
-        self.runners.append(runner)
 
     def limits(self, listener: str) -> ListenerLimits:
         """The caps and timeouts of ``[listeners]``, with the listener's allow list: ``[metrics] allow``
