@@ -98,6 +98,22 @@ def test_the_admin_socket_appears_once_every_listener_is_up(node_env, isolated_e
         stop_process(d)
 
 
+def test_a_socket_path_too_long_is_one_line(node_env, isolated_env) -> None:
+    """``[api] socket`` longer than AF_UNIX allows (108 bytes): serve fails with one line naming the key
+    and why (the bind's OSError has no strerror: it said "cannot listen: None")."""
+    deep = node_env.tmp / ("d" * 120)
+    deep.mkdir()
+    text = node_env.config.read_text().replace(f'socket = "{node_env.state}/weightd.sock"',
+                                               f'socket = "{deep}/weightd.sock"')
+    node_env.config.write_text(text + f'[metrics]\nlisten = "127.0.0.1:{free_port()}"\n')
+    r = subprocess.run([sys.executable, "-m", "weightd", "--config", str(node_env.config), "serve"],
+                       capture_output=True, text=True, timeout=60, env=isolated_env, cwd=ROOT)
+    last = r.stderr.strip().splitlines()[-1]
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert last.startswith("weightd: api.socket ") and "path too long" in last, r.stderr
+    assert not os.path.lexists(deep / "weightd.sock")
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to play a second uid (65534)")
 def test_a_start_that_fails_after_the_socket_is_bound_removes_it(isolated_env) -> None:
     """The daemon as uid 65534 with ``[api] group = 0``, a group it is not in: the socket is bound, its

@@ -42,7 +42,7 @@ class Servers:
         try:
             await web.UnixSite(runner, str(sock_path)).start()
         except OSError as exc:
-            raise WeightdError(f"api.socket {sock_path}: cannot listen: {exc.strerror}") from None
+            raise WeightdError(f"api.socket {sock_path}: cannot listen: {exc.strerror or exc}") from None
         finally:
             os.umask(old_umask)
         st = os.lstat(sock_path)
@@ -52,7 +52,7 @@ class Servers:
                 os.chown(sock_path, -1, api.group, follow_symlinks=False)
             except OSError as exc:   # (the socket is removed on the way out: close())
                 raise WeightdError(f"api.group {api.group}: cannot give the admin socket {sock_path} to it: "
-                                   f"{exc.strerror} (the daemon's user must be root or in that group)") from None
+                                   f"{exc.strerror or exc} (the daemon's user must be root or in that group)") from None
         # (the umask above made it 0660 at bind: no chmod by path, which would follow a link swapped in)
 
     def limits(self, listener: str) -> ListenerLimits:
@@ -81,7 +81,7 @@ class Servers:
         try:
             guard.bind()
         except OSError as exc:
-            raise WeightdError(f"{what} {listen}: {exc.strerror}") from None
+            raise WeightdError(f"{what} {listen}: {exc.strerror or exc}") from None
         guard.start()
         self.listeners.append(guard)
         self.d.metrics.tcp_open.labels(listener).set_function(lambda: guard.open)
