@@ -48,7 +48,7 @@ def _blake3() -> Any:
     try:
         import blake3  # type: ignore[import-not-found]
     except ImportError:
-        raise BadInput("this signature uses BLAKE3; install the 'blake3' package to check it") from None
+        raise BadInput("this signature uses BLAKE3; install weightd[blake3] (the 'blake3' package) to check it") from None
     return blake3.blake3()
 
 
