@@ -312,7 +312,8 @@ def evict(app: AppContext, ref: str, tier: str | None, force: bool, all_versions
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
 def gc(app: AppContext, as_json: bool) -> None:
-    """Remove stale staging, expire leases, and bring tiers above their high watermark down to the low one."""
+    """Remove stale staging, expire leases, bring tiers above their high watermark down to the low one, and
+    remove what Hub imports downloaded and left: a repository's download no import holds, idle for a day."""
     with Backend(app) as b:
         r = b.ops.gc()
     output.emit_json("gc", r) if as_json else output.show_gc(r)

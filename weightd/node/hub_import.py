@@ -22,12 +22,18 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 Note = Callable[[str], None]
 
 
+def open_lock(cache: Path, repo_dir: str) -> int:
+    """The open lock file of the repository whose downloads are ``cache/endpoint-*/REPO_DIR``
+    (``models--ORG--REPO``): ``cache/REPO_DIR.lock``, 0600, never through a symlink. It is never removed
+    (an import blocked on the removed file's lock and one on a new file would both run)."""
+    return os.open(cache / f"{repo_dir}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+
+
 @contextmanager
 def repo_lock(cache: Path, repo_id: str, note: Note) -> Iterator[None]:
     """One import of a repository at a time per cache: the next waits (and says so), because an import
     that ends removes the repository's downloads, which another one may be using."""
-    fd = os.open(cache / f"models--{repo_id.replace('/', '--')}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW
-                 | os.O_CLOEXEC, 0o600)
+    fd = open_lock(cache, "models--" + repo_id.replace("/", "--"))
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -116,4 +122,4 @@ def _check(cancelled: Callable[[], bool], ref: Any) -> None:
         raise TieringError(f"{ref}: the import was called off (its entry removed, or the daemon stopping)")
 
 
-__all__ = ["cold_location", "default_label", "import_from_hub", "published_report", "repo_lock"]
+__all__ = ["cold_location", "default_label", "import_from_hub", "open_lock", "published_report", "repo_lock"]
