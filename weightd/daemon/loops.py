@@ -75,13 +75,18 @@ async def storage_loop(d: "DaemonContext") -> None:
 
 
 async def gc_loop(d: "DaemonContext") -> None:
+    said: set[str] = set()   # what gc left alone, logged once while it lasts (nobody reads this gc's report)
     while not d.stopping.is_set():
         if await _sleep_or_stop(d, GC_INTERVAL_S):
             return
         try:
             if d.session is not None:  # the origin picks up versions others published
                 await d.run_blocking("misc", seed_held, d.node, d.session, d.role)
-            await d.run_blocking("misc", d.service.gc)  # (the service logs what it evicted)
+            report = await d.run_blocking("misc", d.service.gc)  # (the service logs what it evicted)
+            refused = set(report.get("refused") or ())
+            for line in sorted(refused - said):
+                log.warning("gc left alone: %s", line)
+            said = refused
             d.status_changed()
         except Exception as exc:  # keep serving; say it once per round
             log.warning("background gc failed: %s", exc)

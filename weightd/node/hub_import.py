@@ -22,11 +22,13 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 Note = Callable[[str], None]
 
 
-def open_lock(cache: Path, repo_dir: str) -> int:
+def open_lock(cache: Path | None, repo_dir: str, *, dir_fd: int | None = None) -> int:
     """The open lock file of the repository whose downloads are ``cache/endpoint-*/REPO_DIR``
-    (``models--ORG--REPO``): ``cache/REPO_DIR.lock``, 0600, never through a symlink. It is never removed
-    (an import blocked on the removed file's lock and one on a new file would both run)."""
-    return os.open(cache / f"{repo_dir}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    (``models--ORG--REPO``): ``cache/REPO_DIR.lock`` (or in the directory ``dir_fd``), 0600, never
+    through a symlink. It is never removed (an import blocked on the removed file's lock and one on a
+    new file would both run)."""
+    where = f"{repo_dir}.lock" if dir_fd is not None else Path(cache or ".") / f"{repo_dir}.lock"
+    return os.open(where, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
 
 
 @contextmanager
@@ -38,7 +40,8 @@ def repo_lock(cache: Path, repo_id: str, note: Note) -> Iterator[None]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            note(f"hf://{repo_id}: another import of it is running here; waiting for it to end")
+            note(f"hf://{repo_id}: another import of it is running here (or gc is removing an old download of it); "
+                 f"waiting for it to end")
             fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:

@@ -3,17 +3,21 @@
 A Hub import (``weightd publish hf://``, intent's ``[[import]]``) downloads into
 ``STATE_DIR/imports/hf/endpoint-<hash>/models--ORG--REPO`` and removes that once it is published. One that
 was interrupted (killed, a network that went away, a full disk) leaves it for the next import of the
-repository to resume; one that nobody runs again would keep it for good. ``gc`` removes a repository's
-downloads when no import of it is running (its :func:`~weightd.node.hub_import.repo_lock` is free, and
-held while they are removed) and nothing in them was written for :data:`IMPORT_IDLE_S`.
+repository to resume; one that nobody runs again would keep it for good. gc (``weightd gc``, and the
+daemon's own every 30 s) removes a repository's downloads when no import of it is running (its
+:func:`~weightd.node.hub_import.repo_lock` is free, and held while they are removed) and nothing in them
+was written for :data:`IMPORT_IDLE_S`.
 
-Only real directories under the cache are entered; a symlink is left where it is and nothing is followed
-out of the cache (``shutil.rmtree`` removes a link, never its target). A user's own cache
-(``~/.cache/weightd/hf``, used when the state directory is not theirs) is theirs to remove.
+Everything is reached through directory descriptors opened without following links, from a cache
+that must be this user's and private, as imports require (:func:`tiering.private_dir`): a symlink at
+any level is left where it is with what it leads to, and a directory swapped for one during the sweep
+is never entered. A user's own cache (``~/.cache/weightd/hf``, used when the state directory is not
+theirs) is theirs to remove.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -21,13 +25,14 @@ import shutil
 import stat
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from .hub_import import open_lock
 
 log = logging.getLogger(__name__)
 
 IMPORT_IDLE_S = 24 * 3600.0   # an interrupted import's download is kept this long for the next to resume
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def sweep_imports(root: Path, idle_s: float = IMPORT_IDLE_S) -> tuple[list[dict[str, Any]], list[str]]:
@@ -37,67 +42,109 @@ def sweep_imports(root: Path, idle_s: float = IMPORT_IDLE_S) -> tuple[list[dict[
     removed: list[dict[str, Any]] = []
     refused: list[str] = []
     try:
-        st = os.lstat(root)
-    except FileNotFoundError:
-        return removed, refused
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
-        refused.append(f"{root}: not a directory of this user's: the Hub imports' downloads in it left alone "
-                       f"(run gc as its owner, or through the daemon)")
-        return removed, refused
-    now = time.time()
-    for endpoint in _real_dirs(root, "endpoint-", refused):
-        for repo in _real_dirs(endpoint, "models--", refused):
-            try:
-                row = _sweep_repo(root, repo, now, idle_s)
-            except OSError as exc:
-                refused.append(f"{repo}: cannot remove this abandoned download: {exc.strerror or exc}")
-                continue
-            if row is not None:
-                log.info("gc removed the abandoned download of hf://%s (%d bytes, idle %.0f s): %s",
-                         row["repo"], row["bytes"], row["idle_s"], row["path"])
-                removed.append(row)
+        with _private(root, None, str(root)) as root_fd:
+            if root_fd is None:
+                return removed, refused
+            now = time.time()
+            for ep_name in _dirs(root_fd, "endpoint-", root):
+                where = root / ep_name
+                try:
+                    with _private(ep_name, root_fd, str(where)) as ep_fd:
+                        for repo in _dirs(ep_fd, "models--", where) if ep_fd is not None else ():
+                            try:
+                                row = _sweep_repo(root_fd, ep_fd, where / repo, now, idle_s)
+                            except _Refused as exc:
+                                refused.append(str(exc))
+                                continue
+                            if row is not None:
+                                log.info("gc removed the abandoned download of hf://%s (%d bytes, idle %.0f s): "
+                                         "%s", row["repo"], row["bytes"], row["idle_s"], row["path"])
+                                removed.append(row)
+                except _Refused as exc:
+                    refused.append(str(exc))
+    except _Refused as exc:
+        refused.append(str(exc))
     return removed, refused
 
 
-def _real_dirs(parent: Path, prefix: str, refused: list[str]) -> list[Path]:
-    """``parent``'s entries named ``prefix...`` that are directories themselves (not symlinks to one)."""
+class _Refused(Exception):
+    """One line of what gc left alone and why."""
+
+
+@contextlib.contextmanager
+def _private(name: Path | str, dir_fd: int | None, shown: str, private: bool = True) -> Iterator[int | None]:
+    """A directory descriptor of ``name`` (relative to ``dir_fd``) if it is a real directory of this
+    user's that nobody else may enter (``private``; else one inside such a directory: only its owner is
+    checked); None when it is not there; _Refused otherwise."""
     try:
-        with os.scandir(parent) as it:
-            return sorted(Path(e.path) for e in it if e.name.startswith(prefix) and e.is_dir(follow_symlinks=False))
+        fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    except FileNotFoundError:
+        yield None
+        return
     except OSError as exc:
-        refused.append(f"{parent}: cannot list the Hub imports' downloads: {exc.strerror or exc}")
-        return []
-
-
-def _sweep_repo(root: Path, repo: Path, now: float, idle_s: float) -> dict[str, Any] | None:
-    """Remove one repository's downloads if no import holds its lock and it has been idle long enough."""
-    fd = open_lock(root, repo.name)
+        raise _Refused(f"{shown}: cannot open it ({exc.strerror or exc}): the Hub imports' downloads in it left "
+                       f"alone") from None
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return None   # (an import of it is running, or waits its turn)
-        newest, size = _newest_and_size(repo)
-        if now - newest < idle_s:
-            return None
-        shutil.rmtree(repo)
-        locks = repo.parent / ".locks" / repo.name   # (huggingface_hub's own per-file locks: nobody holds them)
-        if locks.is_dir() and not locks.is_symlink():
-            shutil.rmtree(locks, ignore_errors=True)
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid() or (private and st.st_mode & 0o077):
+            raise _Refused(f"{shown}: not a private directory of this user's: the Hub imports' downloads in it "
+                           f"left alone (run gc as its owner, or through the daemon)")
+        yield fd
     finally:
         os.close(fd)
-    _, org, name = (repo.name.split("--", 2) + ["", ""])[:3]
-    return {"repo": f"{org}/{name}", "path": str(repo), "bytes": size, "idle_s": round(now - newest, 1)}
 
 
-def _newest_and_size(repo: Path) -> tuple[float, int]:
-    """The newest mtime of anything in ``repo`` (itself included) and the bytes its files take on disk
-    (symlinks are looked at, never followed)."""
-    newest, size = os.lstat(repo).st_mtime, 0
-    for top, dirs, files in os.walk(repo, followlinks=False):
-        for name in dirs + files:
+def _dirs(dir_fd: int, prefix: str, shown: Path) -> list[str]:
+    """The entries of ``dir_fd`` named ``prefix...`` that are directories themselves (not links to one)."""
+    try:
+        with os.scandir(dir_fd) as it:
+            return sorted(e.name for e in it if e.name.startswith(prefix) and e.is_dir(follow_symlinks=False))
+    except OSError as exc:
+        raise _Refused(f"{shown}: cannot list it ({exc.strerror or exc}): the Hub imports' downloads in it left "
+                       f"alone") from None
+
+
+def _sweep_repo(root_fd: int, ep_fd: int, shown: Path, now: float, idle_s: float) -> dict[str, Any] | None:
+    """Remove one repository's downloads if no import holds its lock and it has been idle long enough."""
+    name = shown.name
+    try:
+        lock = open_lock(None, name, dir_fd=root_fd)
+    except OSError as exc:
+        raise _Refused(f"{shown}: cannot take its lock ({exc.strerror or exc}): this download left alone") from None
+    try:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return None   # (an import of it is running, or waits its turn)
+        try:
+            newest, size = _newest_and_size(ep_fd, name)
+            if now - newest < idle_s:
+                return None
+            shutil.rmtree(name, dir_fd=ep_fd)
+        except FileNotFoundError:
+            return None   # (gone meanwhile: an import that ended removed it)
+        except OSError as exc:
+            raise _Refused(f"{shown}: cannot remove this abandoned download: {exc.strerror or exc}") from None
+        try:   # (huggingface_hub's own per-file locks of it: nobody holds them now)
+            with _private(".locks", ep_fd, str(shown.parent / ".locks"), private=False) as locks_fd:
+                if locks_fd is not None:
+                    shutil.rmtree(name, ignore_errors=True, dir_fd=locks_fd)
+        except _Refused:
+            pass
+    finally:
+        os.close(lock)
+    return {"repo": name.removeprefix("models--").replace("--", "/"), "path": str(shown), "bytes": size,
+            "idle_s": round(now - newest, 1)}
+
+
+def _newest_and_size(ep_fd: int, name: str) -> tuple[float, int]:
+    """The newest mtime of anything in the download (itself included) and the bytes its files take on
+    disk; links are looked at, never followed."""
+    newest, size = os.stat(name, dir_fd=ep_fd, follow_symlinks=False).st_mtime, 0
+    for _, dirs, files, fd in os.fwalk(name, dir_fd=ep_fd, follow_symlinks=False):
+        for entry in dirs + files:
             try:
-                st = os.lstat(os.path.join(top, name))
+                st = os.stat(entry, dir_fd=fd, follow_symlinks=False)
             except FileNotFoundError:
                 continue
             newest = max(newest, st.st_mtime)
