@@ -166,6 +166,14 @@ SIM_PIECES_MAX = 1024   # the checkpoint is simulated in at most this many equal
 CROSS_RACK_MEASURED = 1.12   # the racks run: the most any rack received from outside it, x checkpoint
 
 
+def _tail_bytes(cal: dict, cap: float) -> float:
+    """What a worker's tail from the origin holds: ``origin_tail_s`` of its cap, at most what libtorrent
+    keeps asked of one peer (max_out_request_queue, 500 blocks of 16 KiB) and at most what the origin
+    allows a peer to ask (``origin_queue`` blocks: its max_allowed_in_request_queue, sent as ``reqq``
+    in the extended handshake; 2,000 as shipped, so 500 rules; a what-if of ``predict --origin-queue``)."""
+    return min(cal["origin_tail_s"] * cap, min(500, int(cal.get("origin_queue", 500))) * 16384)
+
+
 def _tail_pieces(workers: int, most: float, piece: float, gen: np.random.Generator) -> np.ndarray:
     """How many pieces each worker's tail from the origin holds: ``most`` bytes in whole pieces, the
     remainder as one more piece with the odds that keep the expected bytes at ``most`` (a 16 MiB piece
@@ -244,8 +252,7 @@ def simulate(net: Net, size: float, pieces: int, mode: str = "plan", *, seed: in
     done_at = np.full(n, np.nan)
     own_done = np.zeros(n, dtype=bool)
     tail_used = np.zeros(n)
-    # (at most what libtorrent keeps asked of one peer: max_out_request_queue, 500 blocks of 16 KiB)
-    tail_n = _tail_pieces(n, min(cal["origin_tail_s"] * net.node_cap, 500 * 16384), piece, gen)
+    tail_n = _tail_pieces(n, _tail_bytes(cal, net.node_cap), piece, gen)
     dt = piece / down / 4
     t = 0.0
     seen = rack_hold.copy()   # availability as the pickers know it (HAVE messages and plan ticks arrive late)
@@ -417,7 +424,7 @@ def simulate_by_symmetry(net: Net, size: float, pieces: int, *, seed: int = 1, c
     done_at = np.full(K, np.nan)
     own_done = np.zeros(K, dtype=bool)
     tail_used = np.zeros(K)
-    tail_n = _tail_pieces(K, min(cal["origin_tail_s"] * net.node_cap, 500 * 16384), piece, gen)
+    tail_n = _tail_pieces(K, _tail_bytes(cal, net.node_cap), piece, gen)
     crossed = 0   # pieces of other home racks the gateway has taken or is taking
     dt, t, next_seen = piece / down / 4, 0.0, 0.0
     while np.isnan(done_at).any():
@@ -596,7 +603,8 @@ def gateways_for(rack_size: int, spine_share: float = 0.25) -> int:
     return max(1, min(rack_size, -(-round(rack_size * spine_share * 1000) // 1000)))
 
 
-def predict(nodes: list[int], pieces: int, seed: int = 1, gateways: list[int] | None = None) -> dict:
+def predict(nodes: list[int], pieces: int, seed: int = 1, gateways: list[int] | None = None,
+            origin_queues: list[int] | None = None) -> dict:
     """130 GB, 16 MiB pieces (simulated as ``pieces`` equal parts), 100 Gbit NICs at 80%, NVMe writes
     at 7 GB/s, 25 nodes per rack behind a 4:1 spine, the origin on the same NIC; every node its own
     CPU. Against the lower bound max(S/c_origin, S/c, N*S/(c_origin + N*c)), c = min(NIC, NVMe).
@@ -604,7 +612,9 @@ def predict(nodes: list[int], pieces: int, seed: int = 1, gateways: list[int] | 
     what-if counts of gateways a rack (default: the 7 whose NICs fill a rack's uplink, also at full
     rate); the model was checked against measured runs with the daemon's 2 only: with 4 a rack of 4
     it is 24% off and on the wrong side (``HELD_OUT``). "plan with crossing sessions": every worker of a
-    rack a gateway at its full rate (``[p2p] crossing``; held out on its loopback run within 2.3%)."""
+    rack a gateway at its full rate (``[p2p] crossing``; held out on its loopback run within 2.3%).
+    ``origin_queues``: what-if bounds on what a worker may have asked of the origin (blocks of 16 KiB,
+    the origin's ``max_allowed_in_request_queue``), each a contender with crossing sessions."""
     size, nic, nvme = 130e9, 100e9 / 8 * 0.8, 7e9
     k = gateways_for(25, 0.25)   # (7: their NICs fill the rack's uplink)
     # ("plan": as the daemon ships, [p2p] gateways = 2; one gateway a rack was the default before)
@@ -616,6 +626,9 @@ def predict(nodes: list[int], pieces: int, seed: int = 1, gateways: list[int] | 
     # ([p2p] crossing: every worker of a rack takes its share across in a session of its own, nothing
     # deferred; checked against the crossing run of HELD_OUT)
     contenders.append(("plan with crossing sessions", "plan", {"gateways": 25, "gateway_rate": 1.0}))
+    for q in origin_queues or []:
+        contenders.append((f"plan with crossing sessions, the origin's queue {q} blocks a worker", "plan",
+                           {"gateways": 25, "gateway_rate": 1.0, "origin_queue": q}))
     contenders.append(("plan without racks", "plan-flat", {}))
     out = []
     for n in nodes:
@@ -722,11 +735,16 @@ def main() -> int:
     ap.add_argument("--gateways", type=_positive_ints, default=None, metavar="K[,K...]",
                     help="predict: what-if gateways a rack, each a contender, 3 to 25 (default: 7, and 7 at full "
                          "rate; a rack of fewer workers has them all); the model is checked with the daemon's 2 only")
+    ap.add_argument("--origin-queue", type=_positive_ints, default=None, metavar="Q[,Q...]",
+                    help="predict: what-if bounds, in 16 KiB blocks (1 to 499), on what a worker may have asked of "
+                         "the origin (its max_allowed_in_request_queue), each a contender with crossing sessions")
     ap.add_argument("--max-spread", type=float, default=0.5,
                     help="no ratio when a figure varies more than this over the seeds (IQR over median)")
     args = ap.parse_args()
     if args.gateways and args.what != "predict":
         ap.error("--gateways: with predict only")
+    if args.origin_queue and (args.what != "predict" or max(args.origin_queue) > 499):
+        ap.error("--origin-queue: with predict only, values from 1 to 499 (libtorrent asks at most 500 of a peer)")
     seeds = args.seeds if args.rounds is None else list(range(1, args.rounds + 1))
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from _rounds import machine_state
@@ -743,7 +761,8 @@ def main() -> int:
                               or {1, SHIPPED_GATEWAYS} & set(args.gateways)):
             ap.error(f"--gateways: distinct values from 3 to 25 (the workers of a rack in the predicted fleet; "
                      f"1 and {SHIPPED_GATEWAYS} always run)")
-        runs = [predict(args.nodes, args.pieces, seed=x, gateways=args.gateways) for x in seeds]
+        runs = [predict(args.nodes, args.pieces, seed=x, gateways=args.gateways, origin_queues=args.origin_queue)
+                for x in seeds]
         print(json.dumps(over_seeds("predict", runs, args.max_spread, (m0, machine_state())), indent=2))
     return 0
 
