@@ -41,76 +41,70 @@ def sweep_imports(root: Path, idle_s: float = IMPORT_IDLE_S) -> tuple[list[dict[
     each). A running import's downloads and a recent interrupted one's stay without a word."""
     removed: list[dict[str, Any]] = []
     refused: list[str] = []
-    try:
-        with _private(root, None, str(root)) as root_fd:
-            if root_fd is None:
-                return removed, refused
-            now = time.time()
-            for ep_name in _dirs(root_fd, "endpoint-", root):
-                where = root / ep_name
-                try:
-                    with _private(ep_name, root_fd, str(where)) as ep_fd:
-                        for repo in _dirs(ep_fd, "models--", where) if ep_fd is not None else ():
-                            try:
-                                row = _sweep_repo(root_fd, ep_fd, where / repo, now, idle_s)
-                            except _Refused as exc:
-                                refused.append(str(exc))
-                                continue
-                            if row is not None:
-                                log.info("gc removed the abandoned download of hf://%s (%d bytes, idle %.0f s): "
-                                         "%s", row["repo"], row["bytes"], row["idle_s"], row["path"])
-                                removed.append(row)
-                except _Refused as exc:
-                    refused.append(str(exc))
-    except _Refused as exc:
-        refused.append(str(exc))
+    with _private(root, None, str(root), refused) as root_fd:
+        if root_fd is None:
+            return removed, refused
+        now = time.time()
+        for ep_name in _dirs(root_fd, "endpoint-", root, refused):
+            where = root / ep_name
+            with _private(ep_name, root_fd, str(where), refused) as ep_fd:
+                for repo in _dirs(ep_fd, "models--", where, refused) if ep_fd is not None else ():
+                    row = _sweep_repo(root_fd, ep_fd, where / repo, now, idle_s, refused)
+                    if row is not None:
+                        log.info("gc removed the abandoned download of hf://%s (%d bytes, idle %.0f s): %s",
+                                 row["repo"], row["bytes"], row["idle_s"], row["path"])
+                        removed.append(row)
     return removed, refused
 
 
-class _Refused(Exception):
-    """One line of what gc left alone and why."""
-
-
 @contextlib.contextmanager
-def _private(name: Path | str, dir_fd: int | None, shown: str, private: bool = True) -> Iterator[int | None]:
+def _private(name: Path | str, dir_fd: int | None, shown: str, refused: list[str],
+             private: bool = True) -> Iterator[int | None]:
     """A directory descriptor of ``name`` (relative to ``dir_fd``) if it is a real directory of this
     user's that nobody else may enter (``private``; else one inside such a directory: only its owner is
-    checked); None when it is not there; _Refused otherwise."""
+    checked); None when it is not there, or (with a line in ``refused``) when it is not such a directory."""
     try:
         fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
     except FileNotFoundError:
         yield None
         return
     except OSError as exc:
-        raise _Refused(f"{shown}: cannot open it ({exc.strerror or exc}): the Hub imports' downloads in it left "
-                       f"alone") from None
+        refused.append(f"{shown}: cannot open it ({exc.strerror or exc}): the Hub imports' downloads in it "
+                       f"left alone")
+        yield None
+        return
     try:
         st = os.fstat(fd)
         if st.st_uid != os.geteuid() or (private and st.st_mode & 0o077):
-            raise _Refused(f"{shown}: not a private directory of this user's: the Hub imports' downloads in it "
+            refused.append(f"{shown}: not a private directory of this user's: the Hub imports' downloads in it "
                            f"left alone (run gc as its owner, or through the daemon)")
-        yield fd
+            yield None
+        else:
+            yield fd
     finally:
         os.close(fd)
 
 
-def _dirs(dir_fd: int, prefix: str, shown: Path) -> list[str]:
+def _dirs(dir_fd: int, prefix: str, shown: Path, refused: list[str]) -> list[str]:
     """The entries of ``dir_fd`` named ``prefix...`` that are directories themselves (not links to one)."""
     try:
         with os.scandir(dir_fd) as it:
             return sorted(e.name for e in it if e.name.startswith(prefix) and e.is_dir(follow_symlinks=False))
     except OSError as exc:
-        raise _Refused(f"{shown}: cannot list it ({exc.strerror or exc}): the Hub imports' downloads in it left "
-                       f"alone") from None
+        refused.append(f"{shown}: cannot list it ({exc.strerror or exc}): the Hub imports' downloads in it "
+                       f"left alone")
+        return []
 
 
-def _sweep_repo(root_fd: int, ep_fd: int, shown: Path, now: float, idle_s: float) -> dict[str, Any] | None:
+def _sweep_repo(root_fd: int, ep_fd: int, shown: Path, now: float, idle_s: float,
+                refused: list[str]) -> dict[str, Any] | None:
     """Remove one repository's downloads if no import holds its lock and it has been idle long enough."""
     name = shown.name
     try:
         lock = open_lock(None, name, dir_fd=root_fd)
     except OSError as exc:
-        raise _Refused(f"{shown}: cannot take its lock ({exc.strerror or exc}): this download left alone") from None
+        refused.append(f"{shown}: cannot take its lock ({exc.strerror or exc}): this download left alone")
+        return None
     try:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -124,13 +118,12 @@ def _sweep_repo(root_fd: int, ep_fd: int, shown: Path, now: float, idle_s: float
         except FileNotFoundError:
             return None   # (gone meanwhile: an import that ended removed it)
         except OSError as exc:
-            raise _Refused(f"{shown}: cannot remove this abandoned download: {exc.strerror or exc}") from None
-        try:   # (huggingface_hub's own per-file locks of it: nobody holds them now)
-            with _private(".locks", ep_fd, str(shown.parent / ".locks"), private=False) as locks_fd:
-                if locks_fd is not None:
-                    shutil.rmtree(name, ignore_errors=True, dir_fd=locks_fd)
-        except _Refused:
-            pass
+            refused.append(f"{shown}: cannot remove this abandoned download: {exc.strerror or exc}")
+            return None
+        # (huggingface_hub's own per-file locks of it: nobody holds them now)
+        with _private(".locks", ep_fd, str(shown.parent / ".locks"), [], private=False) as locks_fd:
+            if locks_fd is not None:
+                shutil.rmtree(name, ignore_errors=True, dir_fd=locks_fd)
     finally:
         os.close(lock)
     return {"repo": name.removeprefix("models--").replace("--", "/"), "path": str(shown), "bytes": size,
