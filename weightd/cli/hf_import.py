@@ -13,8 +13,9 @@ environment: :mod:`weightd.daemon.intent_import`.)
 The download cache is ``STATE_DIR/imports/hf`` (an HF cache per endpoint:
 ``endpoint-<hash>/models--ORG--REPO/blobs``), or ``~/.cache/weightd/hf`` for a user who may not write
 the state directory (or a read-only one); either must be a real 0700 directory of this user's. An
-interrupted import leaves it there, and the next one resumes (``weightd gc`` removes it once idle for a
-day: :mod:`weightd.node.import_gc`); a published import is removed from it,
+interrupted import leaves it there, and the next one resumes (gc removes one under ``STATE_DIR/imports/hf``
+once idle for a day: :mod:`weightd.node.import_gc`; the home cache is the user's); a published import is
+removed from it,
 and so are bytes that fail their hash (that file's only). Only the files this import checked are published
 (``_publish_checked``). Imports of one repository take turns (:func:`weightd.node.hub_import.repo_lock`),
 as that removal would pull the files from under another one.

@@ -268,10 +268,11 @@ def show_gc(r: dict[str, Any]) -> None:
             echo(f"{t}: {info['not_ours']}")
     for line in r["evicted"]:
         echo(f"evicted {line}")
-    for i in r.get("imports", ()):
+    imports = r.get("imports") or {}
+    for i in imports.get("removed", ()):
         echo(f"removed the abandoned download of hf://{i['repo']} ({format_bytes(i['bytes'])}, idle "
              f"{format_duration(i['idle_s'])}): {i['path']}")
-    for line in r.get("refused", ()):
+    for line in [*r.get("refused", ()), *imports.get("refused", ())]:
         echo(f"refused {line}")
 
 

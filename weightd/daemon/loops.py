@@ -75,7 +75,7 @@ async def storage_loop(d: "DaemonContext") -> None:
 
 
 async def gc_loop(d: "DaemonContext") -> None:
-    said: set[str] = set()   # what gc left alone, logged once while it lasts (nobody reads this gc's report)
+    said: set[str] = set()   # the Hub downloads gc left alone, logged once while it lasts (the tiers log theirs)
     while not d.stopping.is_set():
         if await _sleep_or_stop(d, GC_INTERVAL_S):
             return
@@ -83,7 +83,7 @@ async def gc_loop(d: "DaemonContext") -> None:
             if d.session is not None:  # the origin picks up versions others published
                 await d.run_blocking("misc", seed_held, d.node, d.session, d.role)
             report = await d.run_blocking("misc", d.service.gc)  # (the service logs what it evicted)
-            refused = set(report.get("refused") or ())
+            refused = set(report["imports"]["refused"])
             for line in sorted(refused - said):
                 log.warning("gc left alone: %s", line)
             said = refused

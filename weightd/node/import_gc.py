@@ -8,16 +8,18 @@ daemon's own every 30 s) removes a repository's downloads when no import of it i
 :func:`~weightd.node.hub_import.repo_lock` is free, and held while they are removed) and nothing in them
 was written for :data:`IMPORT_IDLE_S`.
 
-Everything is reached through directory descriptors opened without following links, from a cache
-that must be this user's and private, as imports require (:func:`tiering.private_dir`): a symlink at
-any level is left where it is with what it leads to, and a directory swapped for one during the sweep
-is never entered. A user's own cache (``~/.cache/weightd/hf``, used when the state directory is not
+The cache, its endpoint directories and each download are opened as directory descriptors without
+following links, from a cache that must be this user's and private, as imports require
+(:func:`tiering.private_dir`): an endpoint, a download or ``.locks`` that is a symlink is left with what
+it leads to, a link inside an idle download is removed and its target kept (``shutil.rmtree``), and a
+fifo put in the way is never opened to block. A user's own cache (``~/.cache/weightd/hf``, used when the state directory is not
 theirs) is theirs to remove.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import logging
 import os
@@ -63,26 +65,27 @@ def _private(name: Path | str, dir_fd: int | None, shown: str, refused: list[str
     """A directory descriptor of ``name`` (relative to ``dir_fd``) if it is a real directory of this
     user's that nobody else may enter (``private``; else one inside such a directory: only its owner is
     checked); None when it is not there, or (with a line in ``refused``) when it is not such a directory."""
-    try:
-        fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
-    except FileNotFoundError:
-        yield None
-        return
-    except OSError as exc:
-        refused.append(f"{shown}: cannot open it ({exc.strerror or exc}): the Hub imports' downloads in it "
-                       f"left alone")
-        yield None
-        return
-    try:
+    fd, why = None, ""
+    try:   # (O_DIRECTORY: a fifo put there is ENOTDIR at once, never opened to block)
+        fd = os.open(name, _DIR_FLAGS | os.O_NONBLOCK, dir_fd=dir_fd)
         st = os.fstat(fd)
-        if st.st_uid != os.geteuid() or (private and st.st_mode & 0o077):
-            refused.append(f"{shown}: not a private directory of this user's: the Hub imports' downloads in it "
-                           f"left alone (run gc as its owner, or through the daemon)")
-            yield None
-        else:
-            yield fd
+        if st.st_uid != os.geteuid():
+            why = f"{shown}: not this user's: the Hub imports' downloads in it left alone (run gc as its owner, or " \
+                  f"through the daemon)"
+        elif private and st.st_mode & 0o077:
+            why = f"{shown}: open to other users: the Hub imports' downloads in it left alone (imports refuse it too: " \
+                  f"chmod 700 it)"
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        why = f"{shown}: cannot open it ({exc.strerror or exc}): the Hub imports' downloads in it left alone"
+    if why:
+        refused.append(why)
+    try:
+        yield fd if not why else None
     finally:
-        os.close(fd)
+        if fd is not None:
+            os.close(fd)
 
 
 def _dirs(dir_fd: int, prefix: str, shown: Path, refused: list[str]) -> list[str]:
@@ -114,20 +117,31 @@ def _sweep_repo(root_fd: int, ep_fd: int, shown: Path, now: float, idle_s: float
             newest, size = _newest_and_size(ep_fd, name)
             if now - newest < idle_s:
                 return None
-            shutil.rmtree(name, dir_fd=ep_fd)
+            _rmtree_dir(name, ep_fd)
         except FileNotFoundError:
             return None   # (gone meanwhile: an import that ended removed it)
-        except OSError as exc:
-            refused.append(f"{shown}: cannot remove this abandoned download: {exc.strerror or exc}")
+        except (OSError, RecursionError) as exc:   # (a tree ~1,000 directories deep: the walks recurse)
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else \
+                "too deep a tree" if isinstance(exc, RecursionError) else str(exc)
+            refused.append(f"{shown}: cannot remove this abandoned download: {why}")
             return None
         # (huggingface_hub's own per-file locks of it: nobody holds them now)
         with _private(".locks", ep_fd, str(shown.parent / ".locks"), [], private=False) as locks_fd:
             if locks_fd is not None:
-                shutil.rmtree(name, ignore_errors=True, dir_fd=locks_fd)
+                with contextlib.suppress(OSError, RecursionError):
+                    _rmtree_dir(name, locks_fd)
     finally:
         os.close(lock)
     return {"repo": name.removeprefix("models--").replace("--", "/"), "path": str(shown), "bytes": size,
             "idle_s": round(now - newest, 1)}
+
+
+def _rmtree_dir(name: str, dir_fd: int) -> None:
+    """``shutil.rmtree`` of ``name`` in ``dir_fd`` if it is a directory (rmtree opens its top without
+    O_NONBLOCK: a fifo there would hang gc, and the lock it holds, for good); FileNotFoundError if not."""
+    if not stat.S_ISDIR(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+        raise FileNotFoundError(errno.ENOENT, "not a directory", name)
+    shutil.rmtree(name, dir_fd=dir_fd)
 
 
 def _newest_and_size(ep_fd: int, name: str) -> tuple[float, int]:

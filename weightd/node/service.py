@@ -391,8 +391,8 @@ class NodeService:
         """The node's gc (tiers, leases, staging), then the downloads Hub imports left behind."""
         from .import_gc import sweep_imports
         report = self.node.gc()
-        report["imports"], refused = sweep_imports(Path(self.config.settings.state_dir) / "imports" / "hf")
-        report["refused"] = [*report["refused"], *refused]
+        removed, refused = sweep_imports(Path(self.config.settings.state_dir) / "imports" / "hf")
+        report["imports"] = {"removed": removed, "refused": refused}
         if report["evicted"]:
             log.info("gc evicted %s", ", ".join(report["evicted"]))
         return report
