@@ -743,8 +743,10 @@ def main() -> int:
     args = ap.parse_args()
     if args.gateways and args.what != "predict":
         ap.error("--gateways: with predict only")
-    if args.origin_queue and (args.what != "predict" or max(args.origin_queue) > 499):
-        ap.error("--origin-queue: with predict only, values from 1 to 499 (libtorrent asks at most 500 of a peer)")
+    if args.origin_queue and (args.what != "predict" or max(args.origin_queue) > 499
+                              or len(set(args.origin_queue)) < len(args.origin_queue)):
+        ap.error("--origin-queue: with predict only, distinct values from 1 to 499 (libtorrent asks at most 500 "
+                 "of a peer)")
     seeds = args.seeds if args.rounds is None else list(range(1, args.rounds + 1))
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from _rounds import machine_state

@@ -54,12 +54,14 @@ def test_the_origins_queue_bounds_the_tail_below_libtorrents(sim) -> None:
     """``origin_queue`` (predict --origin-queue: the origin's max_allowed_in_request_queue) bounds each
     worker's tail from the origin below libtorrent's 500 blocks, in both simulators; as shipped (2,000)
     the 500 rule."""
-    net = sim.Net(4, 0, 10e9, 10e9)
-    for q in (8, 64):
-        r = sim.simulate(net, 4e9, 64, "plan", cal={"origin_tail_s": 10.0, "origin_queue": q})
-        assert r["origin_upload_x"] <= 1 + 4 * (q * 16384 / 4e9 + 1 / 64), (q, r)
+    assert sim._tail_bytes({"origin_tail_s": 10.0, "origin_queue": 8}, 10e9) == 8 * 16384
     assert sim._tail_bytes({"origin_tail_s": 10.0, "origin_queue": 2000}, 10e9) == 500 * 16384
     assert sim._tail_bytes({"origin_tail_s": 10.0}, 10e9) == 500 * 16384
+    assert sim._tail_bytes({"origin_tail_s": 1e-6, "origin_queue": 8}, 10e9) == 1e-6 * 10e9
+    net = sim.Net(4, 0, 10e9, 10e9)
+    wide, narrow = (sim.simulate(net, 4e9, 64, "plan", cal={"origin_tail_s": 10.0, "origin_queue": q})
+                    for q in (500, 8))
+    assert narrow["origin_upload_x"] <= min(wide["origin_upload_x"], 1 + 4 * (8 * 16384 / 4e9 + 1 / 64))
     racks = sim.Net(32, 4, 10e9, 10e9, 4.0)
     wide, narrow = (sim.simulate_by_symmetry(racks, 8e9, 128, cal={"start_s": 0.0, "origin_tail_s": 10.0,
                                                                    "origin_queue": q}) for q in (500, 8))
@@ -140,7 +142,7 @@ def test_the_gateway_rate_fit_prefers_the_rate_the_racks_run_shows_and_refuses_b
 
 
 def test_predict_origin_queue_refuses_what_it_cannot_mean() -> None:
-    for cmd, bad in (("predict", "0"), ("predict", "500"), ("predict", "x"), ("calibrate", "8")):
+    for cmd, bad in (("predict", "0"), ("predict", "500"), ("predict", "x"), ("predict", "8,8"), ("calibrate", "8")):
         r = subprocess.run([sys.executable, str(ROOT / "bench" / "swarm_sim.py"), cmd, "--origin-queue", bad,
                             "--seeds", "1"], capture_output=True, text=True, timeout=60)
         assert r.returncode == 2 and "--origin-queue" in r.stderr and "Traceback" not in r.stderr, (cmd, bad, r.stderr)
