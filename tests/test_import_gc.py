@@ -16,7 +16,8 @@ import pytest
 from weightd.node.hub_import import repo_lock
 from weightd.node.import_gc import IMPORT_IDLE_S
 
-from .test_hf_import import _hub_server, fetched, hub, preloaded, published, repo_cache, source_files, tree  # noqa: F401
+from .test_hf_import import (_hub_server, fetched, hub, preloaded, published, repo_cache,  # noqa: F401
+                             source_files, tree)
 from .test_daemon import daemon  # noqa: F401  (the real daemon fixture)
 
 DAY_AGO = IMPORT_IDLE_S + 3600

@@ -12,8 +12,8 @@ The cache, its endpoint directories and each download are opened as directory de
 following links, from a cache that must be this user's and private, as imports require
 (:func:`tiering.private_dir`): an endpoint, a download or ``.locks`` that is a symlink is left with what
 it leads to, a link inside an idle download is removed and its target kept (``shutil.rmtree``), and a
-fifo put in the way is never opened to block. A user's own cache (``~/.cache/weightd/hf``, used when the state directory is not
-theirs) is theirs to remove.
+fifo put in the way is never opened to block. A user's own cache (``~/.cache/weightd/hf``, used when
+the state directory is not theirs) is theirs to remove.
 """
 
 from __future__ import annotations
@@ -73,8 +73,8 @@ def _private(name: Path | str, dir_fd: int | None, shown: str, refused: list[str
             why = f"{shown}: not this user's: the Hub imports' downloads in it left alone (run gc as its owner, or " \
                   f"through the daemon)"
         elif private and st.st_mode & 0o077:
-            why = f"{shown}: open to other users: the Hub imports' downloads in it left alone (imports refuse it too: " \
-                  f"chmod 700 it)"
+            why = f"{shown}: open to other users: the Hub imports' downloads in it left alone (imports refuse it " \
+                  f"too: chmod 700 it)"
     except FileNotFoundError:
         pass
     except OSError as exc:
