@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -159,8 +160,8 @@ def test_a_cache_that_is_no_private_directory_is_one_line_and_the_rest_of_gc_run
 
 
 def test_a_fifo_or_a_tree_too_deep_never_stops_gc(wd, node_env) -> None:
-    """A fifo where gc expects a directory (huggingface_hub's .locks entry of an idle download, or a
-    download's name) is never opened to block; a download ~1,500 directories deep is one line (the walks
+    """A fifo where gc expects a directory (huggingface_hub's .locks entry of an idle download: unlinked
+    with it; or a download's name: left) is never opened to block; a download ~1,500 directories deep is one line (the walks
     recurse), and the rest of gc runs."""
     root = node_env.state / "imports" / "hf"
     ep = root / "endpoint-00000000000000ee"
@@ -186,7 +187,8 @@ def test_a_fifo_or_a_tree_too_deep_never_stops_gc(wd, node_env) -> None:
         doc = json.loads(r.stdout)
         assert r.returncode == 0 and "hot" in doc["reconcile"], (r.stdout, r.stderr)
         assert [x["repo"] for x in doc["imports"]["removed"]] == ["f/g"] and not (ep / "models--f--g").exists()
-        assert (ep / ".locks" / "models--f--g").exists() and (ep / "models--h--i").exists()
+        assert not os.path.lexists(ep / ".locks" / "models--f--g")   # (unlinked with its download, never opened)
+        assert stat.S_ISFIFO((ep / "models--h--i").lstat().st_mode)     # (no directory: no download of gc's)
         assert [x for x in doc["imports"]["refused"] if "models--d--e" in x and "too deep a tree" in x], doc
     finally:
         subprocess.run(["rm", "-rf", str(deep)], check=True, timeout=60)

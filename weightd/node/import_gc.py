@@ -8,33 +8,32 @@ daemon's own every 30 s) removes a repository's downloads when no import of it i
 :func:`~weightd.node.hub_import.repo_lock` is free, and held while they are removed) and nothing in them
 was written for :data:`IMPORT_IDLE_S`.
 
-The cache, its endpoint directories and each download are opened as directory descriptors without
-following links, from a cache that must be this user's and private, as imports require
-(:func:`tiering.private_dir`): an endpoint, a download or ``.locks`` that is a symlink is left with what
-it leads to, a link inside an idle download is removed and its target kept (``shutil.rmtree``), and a
-fifo put in the way is never opened to block. A user's own cache (``~/.cache/weightd/hf``, used when
+The cache, its endpoint directories and each download are walked and removed by descriptor
+(:class:`tiering.Dir`: never following a link, never opening anything but a directory), from a cache
+that must be this user's and private, as imports require (:func:`tiering.private_dir`): an endpoint, a
+download or ``.locks`` that is a symlink is left with what it leads to, a link inside an idle download
+is removed and its target kept, and a fifo put in the way is never opened to block. A user's own cache (``~/.cache/weightd/hf``, used when
 the state directory is not theirs) is theirs to remove.
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import fcntl
 import logging
 import os
-import shutil
 import stat
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+
+from tiering import CheckpointNotFound, Dir, TieringError
 
 from .hub_import import open_lock
 
 log = logging.getLogger(__name__)
 
 IMPORT_IDLE_S = 24 * 3600.0   # an interrupted import's download is kept this long for the next to resume
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_LEFT_ALONE = "the Hub imports' downloads in it left alone"
 
 
 def sweep_imports(root: Path, idle_s: float = IMPORT_IDLE_S) -> tuple[list[dict[str, Any]], list[str]]:
@@ -43,15 +42,26 @@ def sweep_imports(root: Path, idle_s: float = IMPORT_IDLE_S) -> tuple[list[dict[
     each). A running import's downloads and a recent interrupted one's stay without a word."""
     removed: list[dict[str, Any]] = []
     refused: list[str] = []
-    with _private(root, None, str(root), refused) as root_fd:
-        if root_fd is None:
+    try:
+        cache = Dir(os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC), root)
+    except FileNotFoundError:
+        return removed, refused
+    except OSError as exc:
+        return removed, [f"{root}: cannot open it ({exc.strerror or exc}): {_LEFT_ALONE}"]
+    with cache:
+        if not _private(cache, refused):
             return removed, refused
         now = time.time()
-        for ep_name in _dirs(root_fd, "endpoint-", root, refused):
-            where = root / ep_name
-            with _private(ep_name, root_fd, str(where), refused) as ep_fd:
-                for repo in _dirs(ep_fd, "models--", where, refused) if ep_fd is not None else ():
-                    row = _sweep_repo(root_fd, ep_fd, where / repo, now, idle_s, refused)
+        for ep_name in _subdirs(cache, "endpoint-", refused):
+            try:
+                endpoint = cache.sub(ep_name)
+            except (OSError, TieringError):   # (gone, or swapped for a link since the listing)
+                continue
+            with endpoint:
+                if not _private(endpoint, refused):
+                    continue
+                for repo in _subdirs(endpoint, "models--", refused):
+                    row = _sweep_repo(cache, endpoint, repo, now, idle_s, refused)
                     if row is not None:
                         log.info("gc removed the abandoned download of hf://%s (%d bytes, idle %.0f s): %s",
                                  row["repo"], row["bytes"], row["idle_s"], row["path"])
@@ -59,52 +69,33 @@ def sweep_imports(root: Path, idle_s: float = IMPORT_IDLE_S) -> tuple[list[dict[
     return removed, refused
 
 
-@contextlib.contextmanager
-def _private(name: Path | str, dir_fd: int | None, shown: str, refused: list[str],
-             private: bool = True) -> Iterator[int | None]:
-    """A directory descriptor of ``name`` (relative to ``dir_fd``) if it is a real directory of this
-    user's that nobody else may enter (``private``; else one inside such a directory: only its owner is
-    checked); None when it is not there, or (with a line in ``refused``) when it is not such a directory."""
-    fd, why = None, ""
-    try:   # (O_DIRECTORY: a fifo put there is ENOTDIR at once, never opened to block)
-        fd = os.open(name, _DIR_FLAGS | os.O_NONBLOCK, dir_fd=dir_fd)
-        st = os.fstat(fd)
-        if st.st_uid != os.geteuid():
-            why = f"{shown}: not this user's: the Hub imports' downloads in it left alone (run gc as its owner, or " \
-                  f"through the daemon)"
-        elif private and st.st_mode & 0o077:
-            why = f"{shown}: open to other users: the Hub imports' downloads in it left alone (imports refuse it " \
-                  f"too: chmod 700 it)"
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        why = f"{shown}: cannot open it ({exc.strerror or exc}): the Hub imports' downloads in it left alone"
-    if why:
-        refused.append(why)
-    try:
-        yield fd if not why else None
-    finally:
-        if fd is not None:
-            os.close(fd)
+def _private(d: Dir, refused: list[str]) -> bool:
+    """Whether ``d`` is this user's and nobody else may enter it (as imports require); else one line."""
+    st = os.fstat(d.fd)
+    if st.st_uid != os.geteuid():
+        refused.append(f"{d.path}: not this user's: {_LEFT_ALONE} (run gc as its owner, or through the daemon)")
+    elif st.st_mode & 0o077:
+        refused.append(f"{d.path}: open to other users: {_LEFT_ALONE} (imports refuse it too: chmod 700 it)")
+    else:
+        return True
+    return False
 
 
-def _dirs(dir_fd: int, prefix: str, shown: Path, refused: list[str]) -> list[str]:
-    """The entries of ``dir_fd`` named ``prefix...`` that are directories themselves (not links to one)."""
+def _subdirs(d: Dir, prefix: str, refused: list[str]) -> list[str]:
+    """``d``'s entries named ``prefix...`` that are directories themselves (not links to one)."""
     try:
-        with os.scandir(dir_fd) as it:
-            return sorted(e.name for e in it if e.name.startswith(prefix) and e.is_dir(follow_symlinks=False))
+        return [n for n, st in d.entries() if n.startswith(prefix) and stat.S_ISDIR(st.st_mode)]
     except OSError as exc:
-        refused.append(f"{shown}: cannot list it ({exc.strerror or exc}): the Hub imports' downloads in it "
-                       f"left alone")
+        refused.append(f"{d.path}: cannot list it ({exc.strerror or exc}): {_LEFT_ALONE}")
         return []
 
 
-def _sweep_repo(root_fd: int, ep_fd: int, shown: Path, now: float, idle_s: float,
+def _sweep_repo(cache: Dir, endpoint: Dir, name: str, now: float, idle_s: float,
                 refused: list[str]) -> dict[str, Any] | None:
     """Remove one repository's downloads if no import holds its lock and it has been idle long enough."""
-    name = shown.name
+    shown = endpoint.path / name
     try:
-        lock = open_lock(None, name, dir_fd=root_fd)
+        lock = open_lock(None, name, dir_fd=cache.fd)
     except OSError as exc:
         refused.append(f"{shown}: cannot take its lock ({exc.strerror or exc}): this download left alone")
         return None
@@ -114,50 +105,30 @@ def _sweep_repo(root_fd: int, ep_fd: int, shown: Path, now: float, idle_s: float
         except BlockingIOError:
             return None   # (an import of it is running, or waits its turn)
         try:
-            newest, size = _newest_and_size(ep_fd, name)
+            with endpoint.sub(name) as download:
+                newest, size = os.fstat(download.fd).st_mtime, 0
+                for _, st in download.walk_files():
+                    newest = max(newest, st.st_mtime)
+                    size += st.st_blocks * 512 if stat.S_ISREG(st.st_mode) else 0
             if now - newest < idle_s:
                 return None
-            _rmtree_dir(name, ep_fd)
-        except FileNotFoundError:
+            endpoint.remove(name)
+        except (FileNotFoundError, CheckpointNotFound):
             return None   # (gone meanwhile: an import that ended removed it)
-        except (OSError, RecursionError) as exc:   # (a tree ~1,000 directories deep: the walks recurse)
-            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else \
-                "too deep a tree" if isinstance(exc, RecursionError) else str(exc)
+        except (OSError, TieringError, RecursionError) as exc:   # (RecursionError: a tree ~1,000 directories deep)
+            why = "too deep a tree" if isinstance(exc, RecursionError) else \
+                exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
             refused.append(f"{shown}: cannot remove this abandoned download: {why}")
             return None
-        # (huggingface_hub's own per-file locks of it: nobody holds them now)
-        with _private(".locks", ep_fd, str(shown.parent / ".locks"), [], private=False) as locks_fd:
-            if locks_fd is not None:
-                with contextlib.suppress(OSError, RecursionError):
-                    _rmtree_dir(name, locks_fd)
+        try:   # (huggingface_hub's own per-file locks of it: nobody holds them now)
+            with endpoint.sub(".locks") as hf_locks:
+                hf_locks.remove(name)
+        except (OSError, TieringError, RecursionError):
+            pass
     finally:
         os.close(lock)
     return {"repo": name.removeprefix("models--").replace("--", "/"), "path": str(shown), "bytes": size,
             "idle_s": round(now - newest, 1)}
-
-
-def _rmtree_dir(name: str, dir_fd: int) -> None:
-    """``shutil.rmtree`` of ``name`` in ``dir_fd`` if it is a directory (rmtree opens its top without
-    O_NONBLOCK: a fifo there would hang gc, and the lock it holds, for good); FileNotFoundError if not."""
-    if not stat.S_ISDIR(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
-        raise FileNotFoundError(errno.ENOENT, "not a directory", name)
-    shutil.rmtree(name, dir_fd=dir_fd)
-
-
-def _newest_and_size(ep_fd: int, name: str) -> tuple[float, int]:
-    """The newest mtime of anything in the download (itself included) and the bytes its files take on
-    disk; links are looked at, never followed."""
-    newest, size = os.stat(name, dir_fd=ep_fd, follow_symlinks=False).st_mtime, 0
-    for _, dirs, files, fd in os.fwalk(name, dir_fd=ep_fd, follow_symlinks=False):
-        for entry in dirs + files:
-            try:
-                st = os.stat(entry, dir_fd=fd, follow_symlinks=False)
-            except FileNotFoundError:
-                continue
-            newest = max(newest, st.st_mtime)
-            if stat.S_ISREG(st.st_mode):
-                size += st.st_blocks * 512
-    return newest, size
 
 
 __all__ = ["IMPORT_IDLE_S", "sweep_imports"]
