@@ -234,6 +234,12 @@ def test_origin_and_four_workers_preload_at_once(cluster, tmp_path: Path) -> Non
     pub = origin.cli("publish", str(src), "--name", "org/swarm", "--version", "v1", "--json")
     assert pub.returncode == 0, pub.stderr
     assert json.loads(pub.stdout)["torrent"] and (tmp_path / "cold/org/swarm/v1" / TORRENT_RELPATH).is_file()
+    # the origin, started before its cold store was made, seeds what it publishes at once (the
+    # publish's hook), not at its next gc round 30 s on
+    deadline = time.monotonic() + 5
+    while origin.metric("weightd_p2p_seeding") < 1:
+        assert time.monotonic() < deadline, "the origin does not seed what it just published"
+        time.sleep(0.05)
     workers = started([cluster(f"127.0.0.{i}", origin=origin.endpoint, limit="10MB", wait=False)
                        for i in (3, 4, 5, 6)])
     procs = [w.popen("preload", "org/swarm@v1", "--tier", "warm", "--json", "--timeout", "120") for w in workers]
