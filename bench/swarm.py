@@ -4,6 +4,8 @@
     .venv/bin/python bench/swarm.py [--size 300MiB] [--cap 20MB] [--n 1,2,4,8] [--piece-size 1MiB]
     .venv/bin/python bench/swarm.py --compare plain,tls,signed,tls+signed --n 8 --rounds 5 [--size 128MiB]
     .venv/bin/python bench/swarm.py --origins 2 --kill-origin-at 0.5 --n 4 --rounds 5 [--size 128MiB]
+    .venv/bin/python bench/swarm.py --n 1,32 --size 100MiB --piece-size 16KiB --cap 2500KB --trace \
+        --baseline none --origin-queue 0 --rounds 3
 
 For each N: all N workers `weightd preload` one version at once (real daemons, real libtorrent,
 loopback only); reported: time until all hold the verified version, T(N)/T(1), the origin's upload
@@ -262,12 +264,14 @@ def _settled_upload(origins: list[Daemon]) -> float:
 def run(base: Path, cold: Path, n: int, cap: str, storm: bool, size: int, mode: Mode = PLAIN, *,
         plan: bool = True, trace: bool = False, racks: int = 0, origins_n: int = 1,
         kill_at: float | None = None, choke: bool | None = None, gateways: int | None = None,
-        crossing: bool = False) -> dict:
+        crossing: bool = False, origin_queue: int | None = None) -> dict:
     """One preload storm: ``origins_n`` origins (127.0.0.2, .3, ...; one tracker each, every worker lists
-    them all), ``n`` workers; ``kill_at``: SIGKILL the first origin once the workers hold that much."""
+    them all), ``n`` workers; ``kill_at``: SIGKILL the first origin once the workers hold that much;
+    ``origin_queue``: the origins' ``[p2p] origin_request_queue`` (None: the daemon's default)."""
     knobs = ("" if plan else "plan = false\n") + ("trace = true\n" if trace else "")
+    oq = "" if origin_queue is None else f"origin_request_queue = {origin_queue}\n"
     origins = [Daemon(base, f"127.0.0.{2 + i}", cold, cap, "origin", [], '"127.0.0.0/8"',
-                      p2p_extra=mode.p2p(f"127.0.0.{2 + i}") + knobs) for i in range(origins_n)]
+                      p2p_extra=mode.p2p(f"127.0.0.{2 + i}") + knobs + oq) for i in range(origins_n)]
     scheme = "https" if mode.tls else "http"
     workers = []
     rack_of = [f"r{i % racks}" if racks else "" for i in range(n)]
@@ -460,6 +464,10 @@ def main() -> int:
     ap.add_argument("--crossing", action="store_true",
                     help="with --racks: also a contender with [p2p] crossing on every worker (plan-crossing: every "
                          "worker takes its share across racks in a second session), interleaved")
+    ap.add_argument("--origin-queue", default="", metavar="Q[,Q...]",
+                    help="also a contender per Q with [p2p] origin_request_queue = Q on the origin (plan-oqQ: "
+                         "the blocks one worker may have asked of it at once; 0: libtorrent's 2,000), "
+                         "interleaved with the plan as shipped (128)")
     ap.add_argument("--origins", type=int, default=1,
                     help="origins (127.0.0.2, .3, ...), each with its tracker; every worker lists them all")
     ap.add_argument("--kill-origin-at", type=float, default=None, metavar="F",
@@ -490,6 +498,10 @@ def main() -> int:
         ap.error("--gateways: distinct whole numbers of at least 1, with --racks")
     if args.crossing and not args.racks:
         ap.error("--crossing: with --racks")
+    oqs = [int(q) for q in args.origin_queue.split(",") if q.isdigit()] if args.origin_queue else []
+    if args.origin_queue and (len(oqs) != len(args.origin_queue.split(",")) or len(set(oqs)) < len(oqs)
+                              or any(0 < q < 16 or q > 2000 for q in oqs)):
+        ap.error("--origin-queue: distinct values, 0 or from 16 to 2000 (what [p2p] origin_request_queue takes)")
     base = Path(tempfile.mkdtemp(prefix="weightd-bench-swarm-", dir=args.dir))
     try:
         cold = base / "cold"
@@ -521,13 +533,15 @@ def main() -> int:
         contenders = [("plan", False, True)] + [("stock", False, False)] * ("stock" in args.baseline) \
             + [("storm", True, True)] * ("storm" in args.baseline) \
             + [("plan-no-racks", False, True)] * bool(args.racks and "no-racks" in args.baseline) \
-            + [(f"plan-gw{k}", False, True) for k in ks[1:]] + [("plan-crossing", False, True)] * args.crossing
+            + [(f"plan-gw{k}", False, True) for k in ks[1:]] + [("plan-crossing", False, True)] * args.crossing \
+            + [(f"plan-oq{q}", False, True) for q in oqs]
         runs: dict[tuple[str, int], list[dict]] = {}
 
         def one(name: str, storm: bool, plan: bool, n: int) -> float:
             r = run(base, cold, n, args.cap, storm, size, plan=plan, trace=args.trace or bool(args.racks),
                     racks=0 if name in ("storm", "plan-no-racks") else args.racks, choke=args.choke_other_racks,
-                    gateways=int(name[7:]) if name.startswith("plan-gw") else ks[0], crossing=name == "plan-crossing")
+                    gateways=int(name[7:]) if name.startswith("plan-gw") else ks[0], crossing=name == "plan-crossing",
+                    origin_queue=int(name[7:]) if name.startswith("plan-oq") else None)
             runs.setdefault((name, n), []).append(r)
             print(f"n={n} {name}: {r['seconds']} s, origin {r['origin_upload_x']}x, cpu {r['cpu_busy']:.0%}, "
                   f"cross-rack {r['cross_rack']}, plan {r['plan']}", file=sys.stderr, flush=True)
@@ -569,6 +583,8 @@ def main() -> int:
             speedup(sec, f"plan-crossing N={n}", f"plan N={n}", max_spread=args.max_spread),
             *([speedup(sec, f"plan-no-racks N={n}", f"plan-crossing N={n}", max_spread=args.max_spread,
                        target_at_most=1.2)] if f"plan-no-racks N={n}" in sec else []))]
+        # (the origin's request queue: the shipped plan's time against each other value's)
+        ratios += [speedup(sec, f"plan N={n}", f"plan-oq{q} N={n}", max_spread=args.max_spread) for q in oqs for n in ns]
         ratios += [speedup(sec, f"plan N={n}", f"plan N={ns[0]}", max_spread=args.max_spread,
                            target=round(1 / 1.3, 3)) for n in ns[1:]]   # T(1)/T(N) >= 1/1.3
         print(json.dumps(report("swarm", sec, ratios, rounds=args.rounds, max_spread=args.max_spread,

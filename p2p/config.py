@@ -55,6 +55,7 @@ class P2PConfig:
     gateways: int = 2                # with racks: the workers of each rack that take pieces from other racks
     crossing: bool = False           # with racks: a second session takes this node's share across (crossing.py)
     crossing_port: int = 0           # ... listening here (0: the listen port + 1)
+    request_queue: int = 0           # blocks of 16 KiB a peer may have asked of this session at once (0: libtorrent's)
 
     def __post_init__(self) -> None:
         for key in ("upload_limit", "download_limit", "threshold", "piece_size"):
@@ -70,6 +71,8 @@ class P2PConfig:
                              "(crossing sessions find each other there)")
         if not 0 <= self.crossing_port <= 65535:
             raise ValueError(f"p2p.crossing_port: from 0 to 65535, got {self.crossing_port}")
+        if not (self.request_queue == 0 or 16 <= self.request_queue <= 2000):
+            raise ValueError(f"p2p.request_queue: 0 or from 16 to 2000, got {self.request_queue}")
         if not self.fallback_after_s > 0:
             raise ValueError(f"p2p.fallback_after_s: must be positive, got {self.fallback_after_s}")
         if self.rack and not RACK.fullmatch(self.rack):

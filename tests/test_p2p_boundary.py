@@ -66,12 +66,14 @@ def test_weightd_builds_p2p_config_from_every_p2p_setting(tmp_path: Path, monkey
     path.write_text('[p2p]\nthreshold = "2MiB"\nlisten = "127.0.0.9:7000"\npeers = ["127.0.0.2:6881"]\n'
                     'trackers = ["http://127.0.0.2:7070/announce"]\nallow = ["127.0.0.0/8"]\n'
                     'upload_limit = "3MB"\ndownload_limit = "4MB"\nmax_connections = 7\nfallback_after_s = 9\n'
-                    'piece_size = "1MiB"\ngateways = 3\n')
+                    'piece_size = "1MiB"\ngateways = 3\norigin_request_queue = 64\n')
     cfg = config_mod.load_config(path, env={"HOME": str(tmp_path), "USER": "wdtest"})
     assert p2p_config(cfg) == P2PConfig(
         listen="127.0.0.9:7000", upload_limit=3_000_000, download_limit=4_000_000, allow=("127.0.0.0/8",),
         max_connections=7, peers=("127.0.0.2:6881",), trackers=("http://127.0.0.2:7070/announce",),
         threshold=2 * MiB, fallback_after_s=9.0, piece_size=MiB, gateways=3)
+    # (what an origin lets a peer ask of it at once: an origin's session only)
+    assert p2p_config(cfg, "origin") == dataclasses.replace(p2p_config(cfg), request_queue=64)
     fetcher = P2PFetcher(cfg)  # (no session until a download needs one)
     assert fetcher.config == p2p_config(cfg) and fetcher._session is None
     fetcher.close()

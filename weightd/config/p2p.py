@@ -82,6 +82,11 @@ class P2PSettings(FrozenModel):
                                       "the rack (docs/p2p.md); set it on every worker")
     crossing_port: int = Field(0, ge=0, le=65535, doc="with crossing: the port of the crossing session, on the "
                                                       "listen address; 0: the listen port + 1")
+    origin_request_queue: int = Field(128, ge=0, le=2000,
+                                      doc="origin only (serve --role origin): the 16 KiB blocks one peer may have "
+                                          "asked of the origin at once (told in the BitTorrent handshake), from 16; "
+                                          "bounds what each worker asks of the origin that other workers already "
+                                          "hold; 0: libtorrent's 2,000")
 
     @model_validator(mode="after")
     def _crossing(self) -> "P2PSettings":
@@ -95,6 +100,13 @@ class P2PSettings(FrozenModel):
             raise ValueError(f"crossing_port: must differ from the listen port and be at most 65535, got "
                              f"{self.crossing_port or lp + 1}")
         return self
+
+    @field_validator("origin_request_queue")
+    @classmethod
+    def _request_queue(cls, v: int) -> int:
+        if 0 < v < 16:   # (a few blocks in flight hold even one worker to a trickle)
+            raise ValueError("expected 0 (libtorrent's 2,000) or from 16 to 2000 blocks of 16 KiB")
+        return v
 
     @model_validator(mode="after")
     def _tls_trackers(self) -> "P2PSettings":

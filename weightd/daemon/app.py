@@ -223,7 +223,7 @@ class Daemon(DaemonContext):
             return
         from p2p import P2PSession
         try:
-            self.session = P2PSession(p2p_config(self.config))
+            self.session = P2PSession(p2p_config(self.config, self.role))
         except P2PError as exc:   # (the crossing session's port is its own key)
             key = "p2p.crossing_port" if isinstance(exc, CrossingPortError) else "p2p.listen"
             raise WeightdError(f"{key}: {exc}") from None

@@ -27,14 +27,17 @@ __all__ = ["P2PFetcher", "check_seedable", "ensure_torrent", "mirror_published",
            "seed_held"]
 
 
-def p2p_config(cfg: Config) -> P2PConfig:
+def p2p_config(cfg: Config, role: str = "worker") -> P2PConfig:
+    """The data plane's view of ``[p2p]`` for a node of ``role`` (an origin's session also bounds what
+    a peer may ask of it: ``origin_request_queue``)."""
     p = cfg.settings.p2p
     return P2PConfig(listen=p.listen, upload_limit=p.upload_limit, download_limit=p.download_limit, allow=p.allow,
                      max_connections=p.max_connections, peers=p.peers, trackers=p.trackers, threshold=p.threshold,
                      fallback_after_s=p.fallback_after_s, piece_size=p.piece_size,
                      tls=p.tls.fleet if p.tls is not None else None, plan=p.plan, trace=p.trace, rack=p.rack,
                      choke_other_racks=p.choke_other_racks, gateways=p.gateways,
-                     crossing=p.crossing, crossing_port=p.crossing_port)
+                     crossing=p.crossing, crossing_port=p.crossing_port,
+                     request_queue=p.origin_request_queue if role == "origin" else 0)
 
 
 def ensure_torrent(cfg: Config, version: VersionDir) -> Path | None:
