@@ -162,6 +162,9 @@ HELD_OUT: list[tuple] = [
     (10e6, "plan", 4, 16, 10.16, 1.23, 53_524_708, 256, {"gateways": 4, "crossing": True, "cross_rack": 1.07}),
 ]
 SHIPPED_GATEWAYS = 2   # [p2p] gateways as the daemon ships it: the racks runs of MEASURED ran with it
+# [p2p] origin_request_queue as the daemon ships it since 2026-12-07 (predict's contenders run with it);
+# the runs of MEASURED and HELD_OUT ran with libtorrent's 2,000 (a calibration has no origin_queue)
+SHIPPED_ORIGIN_QUEUE = 128
 SIM_PIECES_MAX = 1024   # the checkpoint is simulated in at most this many equal pieces (6,400 cost 6x the time)
 CROSS_RACK_MEASURED = 1.12   # the racks run: the most any rack received from outside it, x checkpoint
 
@@ -170,8 +173,8 @@ def _tail_bytes(cal: dict, cap: float) -> float:
     """What a worker's tail from the origin holds: ``origin_tail_s`` of its cap, at most what libtorrent
     keeps asked of one peer (max_out_request_queue, 500 blocks of 16 KiB) and at most what the origin
     allows a peer to ask (``origin_queue`` blocks: its max_allowed_in_request_queue, sent as ``reqq``
-    in the extended handshake; 2,000 as shipped, so 500 rules; a what-if of ``predict --origin-queue``)."""
-    return min(cal["origin_tail_s"] * cap, min(500, int(cal.get("origin_queue", 500))) * 16384)
+    in the extended handshake: ``[p2p] origin_request_queue``; none or 0: libtorrent's 2,000, so 500 rules)."""
+    return min(cal["origin_tail_s"] * cap, min(500, int(cal.get("origin_queue") or 500)) * 16384)
 
 
 def _tail_pieces(workers: int, most: float, piece: float, gen: np.random.Generator) -> np.ndarray:
@@ -613,8 +616,9 @@ def predict(nodes: list[int], pieces: int, seed: int = 1, gateways: list[int] | 
     rate); the model was checked against measured runs with the daemon's 2 only: with 4 a rack of 4
     it is 24% off and on the wrong side (``HELD_OUT``). "plan with crossing sessions": every worker of a
     rack a gateway at its full rate (``[p2p] crossing``; held out on its loopback run within 2.3%).
-    ``origin_queues``: what-if bounds on what a worker may have asked of the origin (blocks of 16 KiB,
-    the origin's ``max_allowed_in_request_queue``), each a contender with crossing sessions."""
+    Every contender's origin tells its workers ``SHIPPED_ORIGIN_QUEUE`` blocks (as the daemon ships);
+    ``origin_queues``: what-if values of that (``[p2p] origin_request_queue``: blocks of 16 KiB, 0 for
+    libtorrent's 2,000 as before 2026-12-07), each a contender with crossing sessions."""
     size, nic, nvme = 130e9, 100e9 / 8 * 0.8, 7e9
     k = gateways_for(25, 0.25)   # (7: their NICs fill the rack's uplink)
     # ("plan": as the daemon ships, [p2p] gateways = 2; one gateway a rack was the default before)
@@ -627,7 +631,8 @@ def predict(nodes: list[int], pieces: int, seed: int = 1, gateways: list[int] | 
     # deferred; checked against the crossing run of HELD_OUT)
     contenders.append(("plan with crossing sessions", "plan", {"gateways": 25, "gateway_rate": 1.0}))
     for q in origin_queues or []:
-        contenders.append((f"plan with crossing sessions, the origin's queue {q} blocks a worker", "plan",
+        contenders.append((f"plan with crossing sessions, the origin's queue {q or 'libtorrent' + chr(39) + 's 2,000'} "
+                           "blocks a worker", "plan",
                            {"gateways": 25, "gateway_rate": 1.0, "origin_queue": q}))
     contenders.append(("plan without racks", "plan-flat", {}))
     out = []
@@ -636,7 +641,7 @@ def predict(nodes: list[int], pieces: int, seed: int = 1, gateways: list[int] | 
         bound = max(size / nic, size / c, n * size / (nic + n * c))
         for name, mode, extra in contenders:
             net = Net(n, max(1, n // 25), nic, nic, 4.0)
-            cal = {"start_s": 0.0, **extra}
+            cal = {"start_s": 0.0, "origin_queue": SHIPPED_ORIGIN_QUEUE, **extra}
             if n <= 100:
                 r = simulate(net, size, pieces, mode, cal=cal, write_bps=nvme, seed=seed)
             elif mode == "plan":
@@ -706,6 +711,17 @@ def _positive_ints(text: str) -> list[int]:
     return out
 
 
+def _origin_queues(text: str) -> list[int]:
+    """Values of ``[p2p] origin_request_queue`` (0, or 16 to 2000), comma-separated, for argparse."""
+    try:
+        out = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers separated by commas, got {text!r}") from None
+    if any(not (q == 0 or 16 <= q <= 2000) for q in out):
+        raise argparse.ArgumentTypeError(f"expected 0 or from 16 to 2000 (as [p2p] origin_request_queue), got {text!r}")
+    return out
+
+
 def _fractions(text: str) -> list[float]:
     """A comma-separated list of numbers in (0, 1], for argparse (a bad one, nan included: a usage
     error, exit 2)."""
@@ -735,18 +751,19 @@ def main() -> int:
     ap.add_argument("--gateways", type=_positive_ints, default=None, metavar="K[,K...]",
                     help="predict: what-if gateways a rack, each a contender, 3 to 25 (default: 7, and 7 at full "
                          "rate; a rack of fewer workers has them all); the model is checked with the daemon's 2 only")
-    ap.add_argument("--origin-queue", type=_positive_ints, default=None, metavar="Q[,Q...]",
-                    help="predict: what-if bounds, in 16 KiB blocks (1 to 499), on what a worker may have asked of "
-                         "the origin (its max_allowed_in_request_queue), each a contender with crossing sessions")
+    ap.add_argument("--origin-queue", type=_origin_queues, default=None, metavar="Q[,Q...]",
+                    help=f"predict: what-if values of [p2p] origin_request_queue (16 KiB blocks a worker may have "
+                         f"asked of the origin: 16 to 2000, 0 for libtorrent's 2,000; {SHIPPED_ORIGIN_QUEUE}, as "
+                         f"shipped, always runs), each a contender with crossing sessions")
     ap.add_argument("--max-spread", type=float, default=0.5,
                     help="no ratio when a figure varies more than this over the seeds (IQR over median)")
     args = ap.parse_args()
     if args.gateways and args.what != "predict":
         ap.error("--gateways: with predict only")
-    if args.origin_queue and (args.what != "predict" or max(args.origin_queue) > 499
+    if args.origin_queue and (args.what != "predict" or SHIPPED_ORIGIN_QUEUE in args.origin_queue
                               or len(set(args.origin_queue)) < len(args.origin_queue)):
-        ap.error("--origin-queue: with predict only, distinct values from 1 to 499 (libtorrent asks at most 500 "
-                 "of a peer)")
+        ap.error(f"--origin-queue: with predict only, distinct values other than {SHIPPED_ORIGIN_QUEUE} (as "
+                 f"shipped: always run)")
     seeds = args.seeds if args.rounds is None else list(range(1, args.rounds + 1))
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from _rounds import machine_state

@@ -51,12 +51,17 @@ def test_the_origin_tail_is_bounded_by_libtorrents_request_queue(sim) -> None:
 
 
 def test_the_origins_queue_bounds_the_tail_below_libtorrents(sim) -> None:
-    """``origin_queue`` (predict --origin-queue: the origin's max_allowed_in_request_queue) bounds each
-    worker's tail from the origin below libtorrent's 500 blocks, in both simulators; as shipped (2,000)
-    the 500 rule."""
+    """``origin_queue`` (``[p2p] origin_request_queue``: the origin's max_allowed_in_request_queue) bounds
+    each worker's tail from the origin below libtorrent's 500 blocks, in both simulators; libtorrent's
+    2,000 (0, or none: the measured runs before 2026-12-07) leaves the 500 rule; predict's contenders
+    run with the daemon's value."""
     assert sim._tail_bytes({"origin_tail_s": 10.0, "origin_queue": 8}, 10e9) == 8 * 16384
     assert sim._tail_bytes({"origin_tail_s": 10.0, "origin_queue": 2000}, 10e9) == 500 * 16384
+    assert sim._tail_bytes({"origin_tail_s": 10.0, "origin_queue": 0}, 10e9) == 500 * 16384
     assert sim._tail_bytes({"origin_tail_s": 10.0}, 10e9) == 500 * 16384
+    from weightd.config import load_config   # (the model's "as shipped" is the daemon's default)
+    default = load_config(None, env={"HOME": "/nonexistent", "USER": "nobody"}).settings.p2p.origin_request_queue
+    assert sim.SHIPPED_ORIGIN_QUEUE == default == 128
     assert sim._tail_bytes({"origin_tail_s": 1e-6, "origin_queue": 8}, 10e9) == 1e-6 * 10e9
     net = sim.Net(4, 0, 10e9, 10e9)
     wide, narrow = (sim.simulate(net, 4e9, 64, "plan", cal={"origin_tail_s": 10.0, "origin_queue": q})
@@ -142,7 +147,8 @@ def test_the_gateway_rate_fit_prefers_the_rate_the_racks_run_shows_and_refuses_b
 
 
 def test_predict_origin_queue_refuses_what_it_cannot_mean() -> None:
-    for cmd, bad in (("predict", "0"), ("predict", "500"), ("predict", "x"), ("predict", "8,8"), ("calibrate", "8")):
+    for cmd, bad in (("predict", "8"), ("predict", "2001"), ("predict", "-1"), ("predict", "128"), ("predict", "x"),
+                     ("predict", "0,0"), ("calibrate", "32")):
         r = subprocess.run([sys.executable, str(ROOT / "bench" / "swarm_sim.py"), cmd, "--origin-queue", bad,
                             "--seeds", "1"], capture_output=True, text=True, timeout=60)
         assert r.returncode == 2 and "--origin-queue" in r.stderr and "Traceback" not in r.stderr, (cmd, bad, r.stderr)
