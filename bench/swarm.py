@@ -500,8 +500,9 @@ def main() -> int:
         ap.error("--crossing: with --racks")
     oqs = [int(q) for q in args.origin_queue.split(",") if q.isdigit()] if args.origin_queue else []
     if args.origin_queue and (len(oqs) != len(args.origin_queue.split(",")) or len(set(oqs)) < len(oqs)
-                              or any(0 < q < 16 or q > 2000 for q in oqs)):
-        ap.error("--origin-queue: distinct values, 0 or from 16 to 2000 (what [p2p] origin_request_queue takes)")
+                              or any(0 < q < 16 or q > 2000 for q in oqs) or 128 in oqs):
+        ap.error("--origin-queue: distinct values, 0 or from 16 to 2000 (what [p2p] origin_request_queue takes), "
+                 "not 128 (the daemon's default: the plan contender)")
     base = Path(tempfile.mkdtemp(prefix="weightd-bench-swarm-", dir=args.dir))
     try:
         cold = base / "cold"

@@ -28,7 +28,7 @@ one source (libtorrent keeps a few requests per connection), and picks by its mo
   ``gateways``; one unless given, the daemon ships two) take from other racks what it does not hold,
   each its share. When the last of its own slice is on the way,
   libtorrent fills its queue to the origin with pieces other workers hold (``origin_tail_s`` x its
-  cap, at most libtorrent's 500 outstanding blocks): that is where the plan's extra origin bytes
+  cap, at most what the origin allows a peer to ask: ``_tail_bytes``): that is where the plan's extra origin bytes
   came from in the traces (``origin_held_bytes``, 0.3-1 MB a worker). ``plan-flat``: the plan without
   racks on a network with racks.
 - ``stock``: the rarest piece this worker lacks, from the least busy node that has it (not
@@ -170,11 +170,14 @@ CROSS_RACK_MEASURED = 1.12   # the racks run: the most any rack received from ou
 
 
 def _tail_bytes(cal: dict, cap: float) -> float:
-    """What a worker's tail from the origin holds: ``origin_tail_s`` of its cap, at most what libtorrent
-    keeps asked of one peer (max_out_request_queue, 500 blocks of 16 KiB) and at most what the origin
-    allows a peer to ask (``origin_queue`` blocks: its max_allowed_in_request_queue, sent as ``reqq``
-    in the extended handshake: ``[p2p] origin_request_queue``; none or 0: libtorrent's 2,000, so 500 rules)."""
-    return min(cal["origin_tail_s"] * cap, min(500, int(cal.get("origin_queue") or 500)) * 16384)
+    """What a worker's tail from the origin holds: ``origin_tail_s`` of its cap, at most what the origin
+    allows a peer to ask (``origin_queue`` blocks of 16 KiB: its max_allowed_in_request_queue, sent as
+    ``reqq`` in the extended handshake: ``[p2p] origin_request_queue``; none or 0: libtorrent's 2,000).
+    The peer's own 500 (max_out_request_queue) does not bound it: libtorrent replaces it with the
+    sender's ``reqq`` (``bt_peer_connection::on_extended_handshake``: ``if (reqq > 0)
+    max_out_request_queue(reqq)``; read in arvidn/libtorrent). Before 2026-12-07 this model took the
+    smaller of the two, 500."""
+    return min(cal["origin_tail_s"] * cap, int(cal.get("origin_queue") or 2000) * 16384)
 
 
 def _tail_pieces(workers: int, most: float, piece: float, gen: np.random.Generator) -> np.ndarray:

@@ -100,6 +100,7 @@ class CrossingSession:
         self.cfg = cfg
         host, port = cfg.crossing_listen
         settings = session_settings(cfg, host, port)
+        settings.pop("max_allowed_in_request_queue", None)   # (an origin's bound: never a crossing session's)
         settings.update({"user_agent": "weightd-crossing/0.1", "peer_fingerprint": "-WX0100-",
                          "unchoke_slots_limit": -1, "aio_threads": 2, "hashing_threads": 1,
                          "alert_mask": int(lt.alert_category.error | lt.alert_category.status),

@@ -72,7 +72,7 @@ def test_an_origin_tells_every_peer_its_request_queue_and_a_worker_keeps_libtorr
     ih = _info_hash(tmp_path / "cold", "org/queue", "v1")
     worker = others[2]
     assert worker.cli("preload", "org/queue@v1", "--tier", "warm").returncode == 0
-    for node in (*others[:2], worker):   # (each seeds it: the origins at start, the worker once it holds it)
+    for node in (shipped, *others[:2], worker):   # (each seeds it: origins at once, the worker once it holds it)
         deadline = time.monotonic() + 30
         while node.metric("weightd_p2p_seeding") < 1:
             assert time.monotonic() < deadline, f"{node.ip} does not seed org/queue@v1"
