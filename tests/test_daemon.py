@@ -212,10 +212,15 @@ def test_watchdog_reload_and_stop(daemon, node_env) -> None:
     msg = daemon.wait_for("config reload failed", 10)
     assert "bogus" in msg
     assert daemon.metric("weightd_config_reload_failures_total") == 1
-    node_env.config.write_text(good.replace('capacity = "256MiB"', 'capacity = "128MiB"'))
+    # (a [p2p] key of the P2P session made at start: the log names it as waiting for a restart)
+    node_env.config.write_text(good.replace('capacity = "256MiB"', 'capacity = "128MiB"')
+                               .replace("[p2p]\n", '[p2p]\nupload_limit = "5MB"\nfallback_after_s = 9\n'))
     daemon.proc.send_signal(signal.SIGHUP)
     daemon.wait_for("config reloaded", 10)
     assert daemon.metric('weightd_tier_capacity_bytes{tier="hot"}') == 128 * MiB
+    said = [line for line in daemon.log_path.read_text().splitlines() if "take effect at the next restart" in line]
+    assert len(said) == 1 and "reload: p2p.upload_limit: take effect at the next restart (the P2P session" in said[0] \
+        and "fallback_after_s" not in said[0], said
     t0 = time.monotonic()
     assert daemon.stop() == 0
     assert time.monotonic() - t0 < 10

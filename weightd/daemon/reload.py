@@ -1,7 +1,7 @@
 """SIGHUP: what a new config may change in a running daemon. A config that would move the state
 directory, turn fleet TLS on or off, or switch to another fleet CA is refused (restart for those); the
-socket, the metrics listener and the ``[listeners]`` timeouts are kept until the next restart (and
-the log says so); certificates rotate at once.
+socket, the metrics listener, the ``[listeners]`` timeouts and the P2P session's ``[p2p]`` keys are
+kept until the next restart (and the log names them); certificates rotate at once.
 """
 
 from __future__ import annotations
@@ -15,6 +15,11 @@ if TYPE_CHECKING:
     from .tracker import TrackerEndpoint
 
 log = logging.getLogger(__name__)
+
+# the [p2p] keys a reload applies at once: the fallback (read per download), the certificate (rotate_tls;
+# fleet TLS on or off, or another CA, is refused by check_reload). The others are the P2P session's,
+# made once at start (its listen port, limits, peers and trackers announced to, rack, crossing, ...)
+P2P_AT_ONCE = frozenset({"fallback_after_s", "tls"})
 
 
 def check_reload(old: Config, new: Config) -> None:
@@ -46,6 +51,11 @@ def warn_restart_only(old: Config, new: Config) -> None:
             new.settings.listeners.model_dump() != old.settings.listeners.model_dump():
         log.warning("api.socket, api.group, api.request_timeout_s, metrics.listen and the [listeners] timeouts "
                     "take effect at the next restart ([listeners] caps and allow lists at once)")
+    a, b = old.settings.p2p, new.settings.p2p
+    changed = [f"p2p.{k}" for k in type(a).model_fields if k not in P2P_AT_ONCE and getattr(a, k) != getattr(b, k)]
+    if changed:
+        log.warning("%s: take effect at the next restart (the P2P session keeps the values it started with)",
+                    ", ".join(changed))
 
 
 def rotate_tls(cfg: Config, session: Any, tracker: "TrackerEndpoint") -> None:
