@@ -84,7 +84,8 @@ class P2PSettings(FrozenModel):
                                                       "listen address; 0: the listen port + 1")
     origin_request_queue: int = Field(128, ge=0, le=2000,
                                       doc="origin only (serve --role origin): the 16 KiB blocks one peer may have "
-                                          "asked of the origin at once (told in the BitTorrent handshake), from 16; "
+                                          "asked of the origin at once, from 16 (told in each connection's extended "
+                                          "handshake; a lone worker then takes at most 2 MiB a round trip at 128): "
                                           "bounds what each worker asks of the origin that other workers already "
                                           "hold; 0: libtorrent's 2,000")
 
