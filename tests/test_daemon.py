@@ -212,19 +212,55 @@ def test_watchdog_reload_and_stop(daemon, node_env) -> None:
     msg = daemon.wait_for("config reload failed", 10)
     assert "bogus" in msg
     assert daemon.metric("weightd_config_reload_failures_total") == 1
-    # (a [p2p] key of the P2P session made at start: the log names it as waiting for a restart)
-    node_env.config.write_text(good.replace('capacity = "256MiB"', 'capacity = "128MiB"')
-                               .replace("[p2p]\n", '[p2p]\nupload_limit = "5MB"\nfallback_after_s = 9\n'))
+    node_env.config.write_text(good.replace('capacity = "256MiB"', 'capacity = "128MiB"'))
     daemon.proc.send_signal(signal.SIGHUP)
     daemon.wait_for("config reloaded", 10)
     assert daemon.metric('weightd_tier_capacity_bytes{tier="hot"}') == 128 * MiB
-    said = [line for line in daemon.log_path.read_text().splitlines() if "take effect at the next restart" in line]
-    assert len(said) == 1 and "reload: p2p.upload_limit: take effect at the next restart (the P2P session" in said[0] \
-        and "fallback_after_s" not in said[0], said
     t0 = time.monotonic()
     assert daemon.stop() == 0
     assert time.monotonic() - t0 < 10
     assert not daemon.socket_path.exists()
+
+
+def test_a_reload_names_the_p2p_keys_that_wait_for_a_restart(node_env, isolated_env, tmp_path: Path) -> None:
+    """SIGHUP with [p2p] changed, on a daemon whose P2P session runs: what only the session reads is
+    named as waiting for a restart, what new downloads also read as half applied, what applies at once
+    not at all; against what the session started with (a second reload still names them, one that
+    goes back to it names nothing). On a daemon with P2P off, a change says P2P starts at a restart."""
+    good = node_env.config.read_text().replace("[p2p]\n", '[p2p]\npeers = ["127.0.0.1:1"]\n')
+    node_env.config.write_text(good)
+    d = DaemonProc(node_env, isolated_env, tmp_path)
+    good = node_env.config.read_text()   # (with the metrics port DaemonProc added)
+
+    def reload(text: str) -> list[str]:
+        node_env.config.write_text(text)
+        n = sum("config reloaded" in m for m in d.messages)
+        d.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 10
+        while sum("config reloaded" in m for m in d.messages) == n:
+            assert d.proc.poll() is None and time.monotonic() < deadline, d.messages
+            d.drain()
+        return [line.split("reload: ", 1)[1] for line in d.log_path.read_text().splitlines()
+                if "weightd.daemon.reload: p2p." in line]
+    try:
+        changed = good.replace("[p2p]\n", '[p2p]\nupload_limit = "5MB"\nrack = "r1"\nfallback_after_s = 9\n'
+                                           'threshold = "1MiB"\n')
+        said = reload(changed)
+        assert len(said) == 2 and said[0].startswith("p2p.upload_limit: take effect at the next restart"), said
+        assert said[1].startswith("p2p.rack: new downloads use the new value at once"), said
+        assert reload(changed) == said * 2             # (still waiting: said again)
+        assert reload(good) == said * 2                # (back to what the session runs: nothing)
+    finally:
+        d.stop()
+
+
+def test_a_reload_with_p2p_off_says_p2p_starts_at_a_restart(daemon, node_env) -> None:
+    text = node_env.config.read_text().replace("[p2p]\n", '[p2p]\npeers = ["127.0.0.1:1"]\n')
+    node_env.config.write_text(text)
+    daemon.proc.send_signal(signal.SIGHUP)
+    daemon.wait_for("config reloaded", 10)
+    said = [line for line in daemon.log_path.read_text().splitlines() if "weightd.daemon.reload: p2p." in line]
+    assert len(said) == 1 and "p2p.peers: P2P is off in this daemon" in said[0], said
 
 
 def test_stopping_is_notified(node_env, isolated_env, tmp_path: Path) -> None:

@@ -42,7 +42,7 @@ from .leases import LeaseGuard
 from .loops import check_storage, gc_loop, origin_mirror_loop, pressure_loop, storage_loop, watchdog_loop
 from .node_hooks import open_node_service
 from .pools import close_pools, open_pools
-from .reload import check_reload, rotate_tls, warn_restart_only
+from .reload import check_reload, rotate_tls, warn_p2p_restart, warn_restart_only
 from .routes import Api
 from .sdnotify import Notifier
 from .servers import Servers
@@ -67,6 +67,7 @@ class Daemon(DaemonContext):
                                lambda: self.session.stats() if self.session is not None else {},
                                lambda: self.node.roots.object.stats if self.node.roots.object is not None else None)
         self.session = None  # the P2P session, started in serve() once we own the state directory
+        self.p2p_started = self.config.settings.p2p   # ([p2p] as the P2P part started: reload compares)
         self.network = NetworkYield(NetworkGauges(self.registry))   # [network]: weight traffic yields the link
         self.service: NodeService = open_node_service(self, self.config)
         self.old_services: list[NodeService] = []
@@ -137,6 +138,7 @@ class Daemon(DaemonContext):
             self.set_status(f"config reload failed, running the previous config: {exc}")
             return
         warn_restart_only(self.config, cfg)
+        warn_p2p_restart(self.p2p_started, cfg, self.session is not None)
         self.old_services.append(self.service)
         self.service, self.config = service, cfg
         self.servers.reconfigure()   # (allow lists and caps: at once)
@@ -215,7 +217,7 @@ class Daemon(DaemonContext):
             (i.origin is not None and self.role != "origin")
 
     async def _start_p2p(self) -> None:
-        p = self.config.settings.p2p
+        p = self.p2p_started = self.config.settings.p2p
         if self.role != "origin" and not (p.peers or p.trackers or p.tracker_listen):
             # nobody could find this node, and it could find nobody: no listening port at all (a default
             # config must not open 0.0.0.0:6881 on a machine that never joins a swarm)

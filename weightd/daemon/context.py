@@ -55,6 +55,7 @@ class DaemonContext:
     config: "Config"
     service: "NodeService"
     session: "P2PSession | None"           # started once the daemon owns the state directory
+    p2p_started: Any                       # [p2p] as the P2P part started (a reload names what waits for a restart)
     registry: "CollectorRegistry"
     metrics: "Metrics"
     notifier: "Notifier"

@@ -1,7 +1,8 @@
 """SIGHUP: what a new config may change in a running daemon. A config that would move the state
 directory, turn fleet TLS on or off, or switch to another fleet CA is refused (restart for those); the
 socket, the metrics listener, the ``[listeners]`` timeouts and the P2P session's ``[p2p]`` keys are
-kept until the next restart (and the log names them); certificates rotate at once.
+kept until the next restart (the log names them, against what the session started with); certificates
+rotate at once.
 """
 
 from __future__ import annotations
@@ -16,10 +17,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# the [p2p] keys a reload applies at once: the fallback (read per download), the certificate (rotate_tls;
-# fleet TLS on or off, or another CA, is refused by check_reload). The others are the P2P session's,
-# made once at start (its listen port, limits, peers and trackers announced to, rack, crossing, ...)
-P2P_AT_ONCE = frozenset({"fallback_after_s", "tls"})
+# [p2p] on SIGHUP. At once: the fallback (read per download), what publish reads (threshold, piece_size;
+# an object-store origin's mirror keeps the start's until a restart) and the certificate (rotate_tls;
+# fleet TLS on or off, or another CA, is refused by check_reload). Both: each new download and the fleet
+# client use the new value at once, the P2P session (its announces, filter, origins, rack) the one it
+# started with. The rest only the session reads (its port, limits, plan, crossing, tracker, ...).
+P2P_AT_ONCE = frozenset({"fallback_after_s", "threshold", "piece_size", "tls"})
+P2P_BOTH = frozenset({"peers", "trackers", "allow", "rack"})
 
 
 def check_reload(old: Config, new: Config) -> None:
@@ -51,11 +55,26 @@ def warn_restart_only(old: Config, new: Config) -> None:
             new.settings.listeners.model_dump() != old.settings.listeners.model_dump():
         log.warning("api.socket, api.group, api.request_timeout_s, metrics.listen and the [listeners] timeouts "
                     "take effect at the next restart ([listeners] caps and allow lists at once)")
-    a, b = old.settings.p2p, new.settings.p2p
-    changed = [f"p2p.{k}" for k in type(a).model_fields if k not in P2P_AT_ONCE and getattr(a, k) != getattr(b, k)]
-    if changed:
+
+
+def warn_p2p_restart(started: Any, new: Config, session: bool) -> None:
+    """Name the ``[p2p]`` keys of ``new`` that differ from what the daemon's P2P part started with
+    (``started``: its P2PSettings; ``session``: whether a P2P session runs) and wait for a restart."""
+    b = new.settings.p2p
+    changed = [k for k in type(b).model_fields if k not in P2P_AT_ONCE and getattr(started, k) != getattr(b, k)]
+    if not session and changed:
+        log.warning("%s: P2P is off in this daemon (no peers or trackers when it started); it starts with "
+                    "them at the next restart", ", ".join(f"p2p.{k}" for k in changed))
+        return
+    later = [f"p2p.{k}" for k in changed if k not in P2P_BOTH]
+    both = [f"p2p.{k}" for k in changed if k in P2P_BOTH]
+    if later:
         log.warning("%s: take effect at the next restart (the P2P session keeps the values it started with)",
-                    ", ".join(changed))
+                    ", ".join(later))
+    if both:
+        log.warning("%s: new downloads use the new value at once, the P2P session (its announces, filter and "
+                    "rack) the one it started with until the next restart: restart to apply it alike",
+                    ", ".join(both))
 
 
 def rotate_tls(cfg: Config, session: Any, tracker: "TrackerEndpoint") -> None:
