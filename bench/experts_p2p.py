@@ -65,8 +65,9 @@ def main() -> int:
         def cfg(ip: str, **kw) -> P2PConfig:
             return P2PConfig(listen=f"{ip}:0", threshold=MiB, piece_size=args.piece * MiB, fallback_after_s=30, **kw)
         ensure_torrent(cfg("127.0.0.2"), version)
-        # (as the daemon's origin: [p2p] origin_request_queue, 128 as shipped)
-        origin = P2PSession(cfg("127.0.0.2", upload_limit=args.cap * 1_000_000, request_queue=128))
+        from weightd.config.p2p import P2PSettings   # (as the daemon's origin: [p2p] origin_request_queue)
+        queue = P2PSettings.model_fields["origin_request_queue"].default
+        origin = P2PSession(cfg("127.0.0.2", upload_limit=args.cap * 1_000_000, request_queue=queue))
         origin.seed(read_torrent(version), version.path)
         times: dict[str, list[float]] = {"whole": [], "rank": []}
         moved: dict[str, tuple[int, int, int]] = {}

@@ -498,11 +498,15 @@ def main() -> int:
         ap.error("--gateways: distinct whole numbers of at least 1, with --racks")
     if args.crossing and not args.racks:
         ap.error("--crossing: with --racks")
-    oqs = [int(q) for q in args.origin_queue.split(",") if q.isdigit()] if args.origin_queue else []
-    if args.origin_queue and (len(oqs) != len(args.origin_queue.split(",")) or len(set(oqs)) < len(oqs)
-                              or any(0 < q < 16 or q > 2000 for q in oqs) or 128 in oqs):
-        ap.error("--origin-queue: distinct values, 0 or from 16 to 2000 (what [p2p] origin_request_queue takes), "
-                 "not 128 (the daemon's default: the plan contender)")
+    from weightd.config.p2p import P2PSettings   # (the daemon's default: what the plan contender runs)
+    shipped = P2PSettings.model_fields["origin_request_queue"].default
+    oqs = [int(q) for q in args.origin_queue.split(",") if q.isascii() and q.isdigit()] if args.origin_queue else []
+    if args.origin_queue and (len(oqs) != len(args.origin_queue.split(",")) or len({q or 2000 for q in oqs}) < len(oqs)
+                              or any(0 < q < 16 or q > 2000 for q in oqs) or shipped in oqs):
+        ap.error(f"--origin-queue: distinct values, 0 or from 16 to 2000 (what [p2p] origin_request_queue takes; "
+                 f"0 is 2000), not {shipped} (the daemon's default: the plan contender)")
+    if oqs and (args.compare or args.origins > 1 or args.kill_origin_at is not None):
+        ap.error("--origin-queue: not with --compare, --origins or --kill-origin-at")
     base = Path(tempfile.mkdtemp(prefix="weightd-bench-swarm-", dir=args.dir))
     try:
         cold = base / "cold"

@@ -764,9 +764,9 @@ def main() -> int:
     if args.gateways and args.what != "predict":
         ap.error("--gateways: with predict only")
     if args.origin_queue and (args.what != "predict" or SHIPPED_ORIGIN_QUEUE in args.origin_queue
-                              or len(set(args.origin_queue)) < len(args.origin_queue)):
-        ap.error(f"--origin-queue: with predict only, distinct values other than {SHIPPED_ORIGIN_QUEUE} (as "
-                 f"shipped: always run)")
+                              or len({q or 2000 for q in args.origin_queue}) < len(args.origin_queue)):
+        ap.error(f"--origin-queue: with predict only, distinct values (0 is 2000) other than {SHIPPED_ORIGIN_QUEUE} "
+                 f"(as shipped: always run)")
     seeds = args.seeds if args.rounds is None else list(range(1, args.rounds + 1))
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from _rounds import machine_state

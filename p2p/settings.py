@@ -78,11 +78,11 @@ TICK_MS = 100
 
 # A peer keeps at most what the sender allows asked of it (``reqq`` in the extended handshake: the
 # sender's ``max_allowed_in_request_queue``, libtorrent's 2,000 blocks; it replaces the peer's own
-# ``max_out_request_queue``, 500, for that connection: bt_peer_connection.cpp, on_extended). What a
+# ``max_out_request_queue``, 500, for that connection: bt_peer_connection::on_extended_handshake). What a
 # worker has asked of the origin while the last pieces of its own slice are on the way is mostly pieces
 # other workers already hold: the origin's upload past one checkpoint (issue 38). An origin tells each
 # peer ``request_queue`` (``[p2p] origin_request_queue``, 128 blocks: 2 MiB): in the fleet model at 1,000
-# nodes the origin sends 1.01x the checkpoint on every seed instead of 1.20-1.21x, 0.4 s sooner
+# nodes the origin sends 1.01x the checkpoint on every seed instead of 1.20-1.21x (with crossing sessions)
 # (each worker takes ~10 MB/s of the origin there, 2 MiB is ~0.2 s of it); one worker alone with the
 # origin moves 2 MiB a round trip, 10 GB/s at 0.2 ms. Told once per connection, in its handshake.
 

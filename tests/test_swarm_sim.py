@@ -149,7 +149,7 @@ def test_the_gateway_rate_fit_prefers_the_rate_the_racks_run_shows_and_refuses_b
 
 def test_predict_origin_queue_refuses_what_it_cannot_mean() -> None:
     for cmd, bad in (("predict", "8"), ("predict", "2001"), ("predict", "-1"), ("predict", "128"), ("predict", "x"),
-                     ("predict", "0,0"), ("calibrate", "32")):
+                     ("predict", "0,0"), ("predict", "0,2000"), ("calibrate", "32")):
         r = subprocess.run([sys.executable, str(ROOT / "bench" / "swarm_sim.py"), cmd, "--origin-queue", bad,
                             "--seeds", "1"], capture_output=True, text=True, timeout=60)
         assert r.returncode == 2 and "--origin-queue" in r.stderr and "Traceback" not in r.stderr, (cmd, bad, r.stderr)
