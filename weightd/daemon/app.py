@@ -138,7 +138,7 @@ class Daemon(DaemonContext):
             self.set_status(f"config reload failed, running the previous config: {exc}")
             return
         warn_restart_only(self.config, cfg)
-        warn_p2p_restart(self.p2p_started, cfg, self.session is not None)
+        warn_p2p_restart(self.p2p_started, cfg, self.session is not None, self.role)
         self.old_services.append(self.service)
         self.service, self.config = service, cfg
         self.servers.reconfigure()   # (allow lists and caps: at once)

@@ -57,14 +57,16 @@ def warn_restart_only(old: Config, new: Config) -> None:
                     "take effect at the next restart ([listeners] caps and allow lists at once)")
 
 
-def warn_p2p_restart(started: Any, new: Config, session: bool) -> None:
+def warn_p2p_restart(started: Any, new: Config, session: bool, role: str) -> None:
     """Name the ``[p2p]`` keys of ``new`` that differ from what the daemon's P2P part started with
     (``started``: its P2PSettings; ``session``: whether a P2P session runs) and wait for a restart."""
     b = new.settings.p2p
-    changed = [k for k in type(b).model_fields if k not in P2P_AT_ONCE and getattr(started, k) != getattr(b, k)]
-    if not session and changed:
-        log.warning("%s: P2P is off in this daemon (no peers or trackers when it started); it starts with "
-                    "them at the next restart", ", ".join(f"p2p.{k}" for k in changed))
+    ignored = P2P_AT_ONCE if role == "origin" else P2P_AT_ONCE | {"origin_request_queue", "tracker_listen"}
+    changed = [k for k in type(b).model_fields if k not in ignored and getattr(started, k) != getattr(b, k)]
+    if not session:   # (a worker that started with nothing to join: the app's _start_p2p)
+        if changed and (b.peers or b.trackers or b.tracker_listen):
+            log.warning("%s: P2P is off in this daemon (no peers or trackers when it started); it starts with "
+                        "them at the next restart", ", ".join(f"p2p.{k}" for k in changed))
         return
     later = [f"p2p.{k}" for k in changed if k not in P2P_BOTH]
     both = [f"p2p.{k}" for k in changed if k in P2P_BOTH]
