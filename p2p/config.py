@@ -101,6 +101,13 @@ def tracker_urls(cfg: P2PConfig) -> list[str]:
             for t in cfg.trackers]
 
 
+def crossing_urls(cfg: P2PConfig) -> list[str]:
+    """The trackers a crossing session announces to: the node's http(s) ones, with ``crossing=1`` (a
+    UDP announce cannot say it: it would land among the main sessions)."""
+    return [t + ("&" if "?" in t else "?") + "crossing=1" for t in tracker_urls(cfg)
+            if t.startswith(("http://", "https://"))]
+
+
 def endpoint(s: str) -> tuple[str, int]:
     """``"IP:PORT"`` (or ``"[v6]:PORT"``) as libtorrent's (host, port)."""
     host, _, port = s.rpartition(":")

@@ -45,10 +45,10 @@ from typing import TYPE_CHECKING, Callable, Protocol
 import libtorrent as lt
 import numpy as np
 
-from .config import P2PConfig, address_allowed, peer_address, tracker_urls
+from .config import P2PConfig, address_allowed, crossing_urls, peer_address
 from .errors import CrossingPortError, LibtorrentError, map_libtorrent_errors
 from .results import apportion, received_by_ip
-from .settings import session_settings, session_status
+from .settings import session_settings, session_status, split  # noqa: F401 (split: importable here too)
 
 if TYPE_CHECKING:
     from .certs import FleetTLS
@@ -65,31 +65,13 @@ log = logging.getLogger(__name__)
 
 HAND_EVERY_S = 0.1     # pieces handed between the sessions at most this often
 RETRY_S = 5.0          # a piece handed is handed again (its read, its hash or its write failed) after this long
+# other racks' workers listed this long, this node's share lacking, no crossing session of theirs ever
+# connected (crossing ports closed between racks, or no other rack runs crossing): the crossing ends
+# (before: 4 racks of 4 at 10 MB/s, the ports dropped, 104-112 s and the origin 2.8-3.0x; 2026-12-07)
+UNREACHED_S = 15.0
 HAND_BYTES = 16 << 20  # bytes handed over in one round at most (160 MB/s: the download's loop stays responsive,
 #                        and libtorrent, which writes and hashes them on its network thread, keeps up)
 SHARE_EVERY_S = 0.25   # the node's limits split again this often (libtorrent's rates: about 1 s averages)
-
-
-def crossing_urls(cfg: P2PConfig) -> list[str]:
-    """The trackers a crossing session announces to: the node's http(s) ones, with ``crossing=1`` (a
-    UDP announce cannot say it: it would land among the main sessions)."""
-    return [t + ("&" if "?" in t else "?") + "crossing=1" for t in tracker_urls(cfg)
-            if t.startswith(("http://", "https://"))]
-
-
-def split(limit: int, crossing: float, main: float) -> tuple[int, int]:
-    """(the main session's limit, the crossing session's) out of one node limit (bytes/s; 0: none, for
-    both), the sessions having taken ``crossing`` and ``main`` lately: each may take what the other
-    leaves, never less than a tenth of it. Work-conserving: a limit split into fixed parts that add up
-    to it (the crossing part following what it took) was slower than the daemon without crossing
-    sessions, though neither session took its part (4 racks x 4 workers at 10 MB/s: 12.5-16.0 s, one
-    round each, against 10.9 s so; docs/p2p.md). Both start at the whole limit; together they are
-    within it once their rates are seen (libtorrent's rates lag about a second; ``peak`` in the
-    download's trace is the most they took together, over the limit)."""
-    if not limit:
-        return 0, 0
-    floor = max(1, limit // 10)
-    return max(floor, limit - int(crossing)), max(floor, limit - int(main))
 
 
 class CrossingSession:
@@ -210,6 +192,8 @@ class Crossing:
         self.sent = 0
         self.peak = 0.0   # the most the two sessions took together (in or out), over the node's limit
         self.capped = False   # the download's own cap split onto the two torrents
+        self.reached = False  # a crossing session of another rack was connected once
+        self.listed_since: float | None = None   # since when other racks' workers are listed, none reached
 
     @property
     def active(self) -> bool:
@@ -297,6 +281,8 @@ class Crossing:
         if xst.errc.value():   # (its staging space full, a file it cannot write: not a crossing any more)
             self.fail(f"crossing torrent: {xst.errc.message()}")
             return
+        if not self.reached and self._unreached(xst.num_peers, now):
+            return
         if len(xst.pieces) != self.n or len(st.pieces) != self.n:
             return
         x = np.fromiter(xst.pieces, dtype=bool, count=self.n)
@@ -324,6 +310,20 @@ class Crossing:
                           main[0] // 1000, mine[1] // 1000, main[1] // 1000,
                           *(v // 1000 for v in self.lender.node_limits), np.count_nonzero(self.want & x),
                           np.count_nonzero(self.want), np.count_nonzero(~(x | m)), xst.num_peers)
+
+    def _unreached(self, peers: int, now: float) -> bool:
+        """Whether the crossing ends for want of any other rack's crossing session (UNREACHED_S)."""
+        self.reached = peers > 0
+        if self.reached or not (self.other and self.want.any()):
+            self.listed_since = None
+            return False
+        self.listed_since = self.listed_since or now
+        if now - self.listed_since < UNREACHED_S:
+            return False
+        self.fail(f"no crossing session of another rack answered in {UNREACHED_S:g} s, {len(self.other)} of their "
+                  f"workers listed: is p2p.crossing_port open between racks (the firewall), and crossing on "
+                  f"in every rack?")
+        return True
 
     def _sample(self) -> None:
         for ip, n in received_by_ip(self.xh).items():

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the system tools weightd's tests and benchmarks compare against, when they are missing.
 # Debian packages: xxhash (xxhsum), vmtouch, fio, libfuse2, openssl, strace, git-lfs, docker-registry, apache2-utils
-# (htpasswd), skopeo; util-linux (fincore) is part of the base system;
+# (htpasswd), skopeo, iptables; util-linux (fincore) is part of the base system;
 # promtool extracted from Debian's prometheus package into tools/bin (without installing the server).
 set -euo pipefail
 need=()
@@ -16,6 +16,7 @@ command -v git-lfs >/dev/null || need+=(git-lfs)   # tests/test_hf_import.py: bu
 command -v docker-registry >/dev/null || need+=(docker-registry)
 command -v htpasswd >/dev/null || need+=(apache2-utils)
 command -v skopeo >/dev/null || need+=(skopeo)
+command -v iptables >/dev/null || need+=(iptables)   # tests/test_crossing.py: crossing ports closed by a firewall
 # libfuse2: tests/fuse_hang.py (a real hung file server, via fusepy) for the "read that never returns" test
 ldconfig -p 2>/dev/null | grep -q 'libfuse.so.2' || need+=(libfuse2)
 promtool_missing=0

@@ -5,7 +5,10 @@ Real daemons on 127.0.0.x with a real tracker; real libtorrent sessions for the 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import socket
+import subprocess
 import time
 from pathlib import Path
 
@@ -61,6 +64,42 @@ def test_two_racks_take_each_piece_across_about_once_through_every_workers_share
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("iptables") is None, reason="a firewall rule (root, iptables)")
+def test_crossing_ports_closed_by_a_firewall_cost_seconds_not_minutes(cluster, tmp_path: Path) -> None:
+    """crossing = true on every worker, but every crossing port dropped by the firewall (an operator who
+    did not open it): each worker's crossing session reaches no other rack's, says so in one warning
+    naming the key, and the download goes on as racks without crossing do. Without that, the rules of
+    a crossing session kept every share waiting (4 racks of 4 at 10 MB/s: 104-112 s against 13.3 s,
+    the origin 2.8-3.0x; bench/swarm.py with the ports dropped, 2026-12-07)."""
+    racks = {"127.0.0.3": "r0", "127.0.0.4": "r0", "127.0.0.5": "r1", "127.0.0.6": "r1"}
+    ports = {ip: free_port(ip) for ip in racks}
+    rules = [["INPUT", "-i", "lo", "-p", "tcp", "-d", ip, "--dport", str(port), "-j", "DROP"]
+             for ip, port in ports.items()]
+    for rule in rules:
+        subprocess.run(["iptables", "-I", *rule], check=True, timeout=30)
+    try:
+        origin = cluster("127.0.0.2", role="origin", limit="4MB", p2p_extra='piece_size = "256KiB"\n')
+        src = make_checkpoint(tmp_path / "src", total_bytes=16 * MiB, shards=2, layers=3)
+        assert origin.cli("publish", str(src), "--name", "org/fw", "--version", "v1").returncode == 0
+        workers = started([cluster(ip, origin=origin.endpoint, limit="4MB", fallback_s=60, wait=False,
+                                   p2p_extra=f'rack = "{r}"\ncrossing = true\ncrossing_port = {ports[ip]}\n'
+                                             'piece_size = "256KiB"\n') for ip, r in racks.items()])
+        t0 = time.monotonic()
+        reports = _reports([w.popen("preload", "org/fw@v1", "--tier", "warm", "--json") for w in workers],
+                           timeout=150)
+        took = time.monotonic() - t0
+    finally:
+        for rule in rules:
+            subprocess.run(["iptables", "-D", *rule], timeout=30)
+    for w, r in zip(workers, reports):
+        assert r["bytes_by_source"]["cold"] == 0 and r["swarm"]["crossing_bytes_in"] == 0, r["swarm"]
+        log = (w.dir / "daemon.log").read_text()
+        assert "no crossing session of another rack answered" in log and "p2p.crossing_port" in log, log
+    # (25.4-26.7 s here: the crossing's UNREACHED_S (15 s), then the racks' own ways; 48-52 s before it)
+    assert took < 45, (took, [r["swarm"] for r in reports])
+
+
+@pytest.mark.slow
 def test_a_worker_that_dies_mid_download_holds_no_rack_mate_up(cluster, tmp_path: Path) -> None:
     """Racks r0 = .3, .4, .5 and r1 = .6, .7; .3 is killed (-9) once the origin has sent 2 MiB more.
     Every survivor finishes from the swarm, in time, by the plan's rules (not the last resort), its
@@ -76,7 +115,7 @@ def test_a_worker_that_dies_mid_download_holds_no_rack_mate_up(cluster, tmp_path
     reports, took = _preload_one_killed(origin, nodes[1:], nodes[0], "org/xd@v1")
     for r in reports:
         assert r["bytes_by_source"]["cold"] == 0 and r["source_fallbacks"] == [], r
-    assert took < 45, (took, [r["swarm"] for r in reports])
+    assert took < 38, (took, [r["swarm"] for r in reports])
     # most of r1's half came into r0 through the survivors' crossing sessions (their first shares: 0.386)
     assert sum(r["swarm"]["crossing_bytes_in"] for r in reports[:2]) >= 0.3 * total, [r["swarm"] for r in reports]
     assert all(r["swarm"]["crossing_bytes_in"] > 0 for r in reports), [r["swarm"] for r in reports]
