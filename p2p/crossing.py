@@ -3,9 +3,7 @@ cross into the rack, through a second libtorrent session that talks to other rac
 only, while the node's main session keeps to its rack and the origins.
 
 Why (issue 38): libtorrent picks the sender of a piece, so one session open to other racks takes from
-outside pieces its rack already holds; gateways that defer those pieces while their share crosses
-(``plan.py``) take the rest late, and more gateways a rack made that worse (four a rack: 1.54x the
-checkpoint into a rack from outside, slower than two in every round). Two sessions part the two jobs:
+outside pieces its rack holds, and gateways that defer those (``plan.py``) are late. Two sessions part the jobs:
 
 - the main session filters every worker of another rack out (not the origins: ``P2PSession.apply_plan``)
   and never asks for the pieces of this node's share that no rack-mate holds: the crossing session
@@ -26,9 +24,8 @@ checkpoint into a rack from outside, slower than two in every round). Two sessio
   0.25 s): each session may take what the other left of them lately, never less than a tenth
   (:func:`split`; the most the two took together is in the download's trace).
 
-A crossing session is used for a whole copy only (a partial copy plans with the workers of its files:
-its pieces cross through gateways, as without), and only while it is the session's one download (the
-main session's filters are the session's).
+A crossing session is used for a whole copy only, while it is the session's one download. One that
+never connects to another rack's (their ports closed: UNREACHED_S) ends, and the racks go on without.
 """
 
 from __future__ import annotations
@@ -48,7 +45,7 @@ import numpy as np
 from .config import P2PConfig, address_allowed, crossing_urls, peer_address
 from .errors import CrossingPortError, LibtorrentError, map_libtorrent_errors
 from .results import apportion, received_by_ip
-from .settings import session_settings, session_status, split  # noqa: F401 (split: importable here too)
+from .settings import session_settings, session_status, split
 
 if TYPE_CHECKING:
     from .certs import FleetTLS
@@ -65,9 +62,9 @@ log = logging.getLogger(__name__)
 
 HAND_EVERY_S = 0.1     # pieces handed between the sessions at most this often
 RETRY_S = 5.0          # a piece handed is handed again (its read, its hash or its write failed) after this long
-# other racks' workers listed this long, this node's share lacking, no crossing session of theirs ever
-# connected (crossing ports closed between racks, or no other rack runs crossing): the crossing ends
-# (before: 4 racks of 4 at 10 MB/s, the ports dropped, 104-112 s and the origin 2.8-3.0x; 2026-12-07)
+# other racks' crossing sessions named by the trackers this long, this node's share lacking, none ever
+# connected (their ports closed by a firewall): the crossing ends (before: 4 racks of 4 at 10 MB/s, the
+# ports dropped, 104-112 s and the origin 2.8-3.0x; 2026-12-07)
 UNREACHED_S = 15.0
 HAND_BYTES = 16 << 20  # bytes handed over in one round at most (160 MB/s: the download's loop stays responsive,
 #                        and libtorrent, which writes and hashes them on its network thread, keeps up)
@@ -193,19 +190,24 @@ class Crossing:
         self.peak = 0.0   # the most the two sessions took together (in or out), over the node's limit
         self.capped = False   # the download's own cap split onto the two torrents
         self.reached = False  # a crossing session of another rack was connected once
-        self.listed_since: float | None = None   # since when other racks' workers are listed, none reached
+        self.listed_since: float | None = None   # since when other racks' crossing sessions are known, none reached
 
     @property
     def active(self) -> bool:
         return self.xh is not None and not self.failed
 
     def fail(self, why: str) -> None:
-        """End the crossing for this download (logged once); its torrent goes at ``close``."""
+        """End the crossing for this download (logged once): its torrent paused, removed at ``close``."""
         if not self.failed:
             self.failed = why
             log.warning("p2p: %s: no crossing session for this download from now on (%s): this node's share "
                         "crosses in the main session, late (other racks' main sessions filter it out; the "
                         "plan's recovery, then the origin)", self.ti.name(), why)
+            try:   # (paused: no other rack's crossing session takes it for a live one; the limits whole again)
+                self.xh is not None and self.xh.pause()
+                self.lender.share((0.0, 0.0))
+            except Exception as exc:   # noqa: BLE001 (close removes it anyway)
+                log.warning("p2p: %s: pausing the crossing torrent: %s", self.ti.name(), exc)
 
     def start(self, need: int) -> bool:
         """The staging directory made afresh and the torrent added; False (``fail``) if that cannot be, or
@@ -281,7 +283,7 @@ class Crossing:
         if xst.errc.value():   # (its staging space full, a file it cannot write: not a crossing any more)
             self.fail(f"crossing torrent: {xst.errc.message()}")
             return
-        if not self.reached and self._unreached(xst.num_peers, now):
+        if not self.reached and self._unreached(xst.num_peers, xst.list_peers, now):
             return
         if len(xst.pieces) != self.n or len(st.pieces) != self.n:
             return
@@ -311,18 +313,16 @@ class Crossing:
                           *(v // 1000 for v in self.lender.node_limits), np.count_nonzero(self.want & x),
                           np.count_nonzero(self.want), np.count_nonzero(~(x | m)), xst.num_peers)
 
-    def _unreached(self, peers: int, now: float) -> bool:
-        """Whether the crossing ends for want of any other rack's crossing session (UNREACHED_S)."""
+    def _unreached(self, peers: int, known: int, now: float) -> bool:
+        """Whether the crossing ends: other racks' crossing sessions known (``known``) UNREACHED_S, none connected."""
         self.reached = peers > 0
-        if self.reached or not (self.other and self.want.any()):
-            self.listed_since = None
+        if self.reached or not self.want.any() or (self.listed_since is None and not known):
             return False
-        self.listed_since = self.listed_since or now
+        self.listed_since = now if self.listed_since is None else self.listed_since
         if now - self.listed_since < UNREACHED_S:
             return False
         self.fail(f"no crossing session of another rack answered in {UNREACHED_S:g} s, {len(self.other)} of their "
-                  f"workers listed: is p2p.crossing_port open between racks (the firewall), and crossing on "
-                  f"in every rack?")
+                  f"workers listed: is p2p.crossing_port open between racks (the firewall)?")
         return True
 
     def _sample(self) -> None:

@@ -22,12 +22,12 @@ import libtorrent as lt
 
 from .alerts import AlertEvent, AlertPump
 from .config import P2PConfig, endpoint, tracker_urls
-from .crossing import Crossing, CrossingSession, split
+from .crossing import Crossing, CrossingSession
 from .errors import TorrentRejected, map_libtorrent_errors
 from .origins import OriginShare, origins_to_block
 from .plan import XRACK, PiecePlan
 from .racks import RackClasses, update_class
-from .settings import ip_filter, lower_limit, session_settings, session_status
+from .settings import ip_filter, lower_limit, session_settings, session_status, split
 from .seeds import Seeds
 from .swarm_view import read_swarm
 from .torrent import fleet_mismatch, save_path_for, subset_of
@@ -185,7 +185,7 @@ class P2PSession(Seeds):
 
     def share(self, crossing: tuple[float, float]) -> tuple[float, float]:
         """The crossing session took ``crossing`` (in, out; bytes/s) lately: the limits split again by
-        what each session took (``crossing.split``). Returns what the main session took (in, out)."""
+        what each session took (``settings.split``). Returns what the main session took (in, out)."""
         st = session_status(self.ses)
         main = (float(st.payload_download_rate), float(st.payload_upload_rate))
         with self.limits_lock:

@@ -16,7 +16,8 @@ import libtorrent as lt
 import pytest
 
 from p2p import P2PConfig, P2PSession
-from p2p.crossing import CrossingSession, split
+from p2p.crossing import CrossingSession
+from p2p.settings import split
 from p2p.errors import CrossingPortError
 from tiering.sample import make_checkpoint
 
@@ -57,14 +58,22 @@ def test_two_racks_take_each_piece_across_about_once_through_every_workers_share
         crossed[rack] = crossed.get(rack, 0) + r["swarm"]["crossing_bytes_in"]
         assert r["swarm"]["crossing_bytes_in"] > 0 and r["swarm"]["crossing_bytes_out"] > 0, r["swarm"]
         assert 0 < r["swarm"]["crossing_peak"] <= 1.5, r["swarm"]
+        assert "no crossing session of another rack answered" not in (w.dir / "daemon.log").read_text()
         assert not list((w.dir / "warm").rglob("*.crossing")), "a staging directory was left behind"
     for rack, n in intake.items():   # (each piece homed in the other rack crosses about once, ...
         assert 0.3 * total < n <= 1.25 * total, (rack, n / total, [r["swarm"] for r in reports])
         assert crossed[rack] >= 0.9 * n, (rack, crossed, intake)   # (... through the crossing sessions)
 
 
+def _iptables_works() -> bool:
+    """Whether this machine can take a firewall rule (root, iptables, the kernel's netfilter)."""
+    if os.geteuid() != 0 or shutil.which("iptables") is None:
+        return False
+    return subprocess.run(["iptables", "-w", "5", "-L", "INPUT", "-n"], capture_output=True, timeout=30).returncode == 0
+
+
 @pytest.mark.slow
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("iptables") is None, reason="a firewall rule (root, iptables)")
+@pytest.mark.skipif(not _iptables_works(), reason="a firewall rule on lo (root, iptables, netfilter)")
 def test_crossing_ports_closed_by_a_firewall_cost_seconds_not_minutes(cluster, tmp_path: Path) -> None:
     """crossing = true on every worker, but every crossing port dropped by the firewall (an operator who
     did not open it): each worker's crossing session reaches no other rack's, says so in one warning
@@ -75,9 +84,12 @@ def test_crossing_ports_closed_by_a_firewall_cost_seconds_not_minutes(cluster, t
     ports = {ip: free_port(ip) for ip in racks}
     rules = [["INPUT", "-i", "lo", "-p", "tcp", "-d", ip, "--dport", str(port), "-j", "DROP"]
              for ip, port in ports.items()]
-    for rule in rules:
-        subprocess.run(["iptables", "-I", *rule], check=True, timeout=30)
+    inserted = []
     try:
+        for rule in rules:
+            if subprocess.run(["iptables", "-w", "5", "-I", *rule], capture_output=True, timeout=30).returncode:
+                pytest.skip("iptables cannot insert a rule here")
+            inserted.append(rule)
         origin = cluster("127.0.0.2", role="origin", limit="4MB", p2p_extra='piece_size = "256KiB"\n')
         src = make_checkpoint(tmp_path / "src", total_bytes=16 * MiB, shards=2, layers=3)
         assert origin.cli("publish", str(src), "--name", "org/fw", "--version", "v1").returncode == 0
@@ -89,8 +101,8 @@ def test_crossing_ports_closed_by_a_firewall_cost_seconds_not_minutes(cluster, t
                            timeout=150)
         took = time.monotonic() - t0
     finally:
-        for rule in rules:
-            subprocess.run(["iptables", "-D", *rule], timeout=30)
+        for rule in inserted:
+            subprocess.run(["iptables", "-w", "5", "-D", *rule], capture_output=True, timeout=30)
     for w, r in zip(workers, reports):
         assert r["bytes_by_source"]["cold"] == 0 and r["swarm"]["crossing_bytes_in"] == 0, r["swarm"]
         log = (w.dir / "daemon.log").read_text()
@@ -115,7 +127,7 @@ def test_a_worker_that_dies_mid_download_holds_no_rack_mate_up(cluster, tmp_path
     reports, took = _preload_one_killed(origin, nodes[1:], nodes[0], "org/xd@v1")
     for r in reports:
         assert r["bytes_by_source"]["cold"] == 0 and r["source_fallbacks"] == [], r
-    assert took < 38, (took, [r["swarm"] for r in reports])
+    assert took < 45, (took, [r["swarm"] for r in reports])
     # most of r1's half came into r0 through the survivors' crossing sessions (their first shares: 0.386)
     assert sum(r["swarm"]["crossing_bytes_in"] for r in reports[:2]) >= 0.3 * total, [r["swarm"] for r in reports]
     assert all(r["swarm"]["crossing_bytes_in"] > 0 for r in reports), [r["swarm"] for r in reports]
@@ -353,3 +365,49 @@ def test_a_taken_crossing_port_stops_the_daemon_with_one_line_naming_the_key(clu
     lines = [ln for ln in log.splitlines() if "crossing" in ln]
     assert rc != 0 and "Traceback" not in log, log
     assert len(lines) == 1 and f"p2p.crossing_port: cannot start the crossing session on {ip}:{port}" in lines[0], log
+
+
+def test_the_crossing_ends_only_after_unreached_s_with_other_racks_crossing_sessions_known() -> None:
+    """``Crossing._unreached`` on a clock of its own: no clock while no other rack's crossing session is
+    known (a rack not started yet, partial copies, racks without crossing); UNREACHED_S from the first
+    one the trackers name, whatever libtorrent's list does since; never once one was connected, nor
+    while this node's share is in; ending pauses the torrent and gives the limits back."""
+    import types
+
+    import numpy as np
+
+    from p2p.crossing import UNREACHED_S, Crossing
+
+    class Lender:
+        node_limits = (0, 0)
+
+        def __init__(self) -> None:
+            self.given: list = []
+
+        def share(self, took):
+            self.given.append(took)
+            return 0.0, 0.0
+
+    class Handle:
+        paused = False
+
+        def pause(self):
+            self.paused = True
+
+    def crossing() -> Crossing:
+        c = Crossing.__new__(Crossing)
+        c.reached, c.listed_since, c.failed = False, None, ""
+        c.want, c.other = np.ones(4, dtype=bool), frozenset({"127.0.0.9"})
+        c.xh, c.lender, c.ti = Handle(), Lender(), types.SimpleNamespace(name=lambda: "v1")
+        return c
+    c = crossing()
+    assert not c._unreached(0, 0, 100.0) and c.listed_since is None   # (none known: no clock)
+    assert not c._unreached(0, 3, 200.0)
+    assert not c._unreached(0, 0, 200.0 + UNREACHED_S - 0.1)          # (libtorrent's list emptied: the clock runs on)
+    assert c._unreached(0, 0, 200.0 + UNREACHED_S) and "p2p.crossing_port" in c.failed
+    assert c.xh.paused and c.lender.given == [(0.0, 0.0)]
+    c = crossing()
+    assert not c._unreached(1, 3, 0.0) and c.reached                  # (connected once: never again asked)
+    c = crossing()
+    c.want[:] = False                                                 # (its share in: nothing to wait for)
+    assert not c._unreached(0, 3, 0.0) and not c._unreached(0, 3, 10 * UNREACHED_S) and not c.failed
