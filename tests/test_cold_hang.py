@@ -176,6 +176,11 @@ def test_hung_cold_storage_never_wedges_the_daemon(wd, node_env, isolated_env, t
         assert d.proc.poll() is not None or main_ended(pid), f"still running {took:.1f} s after SIGTERM"
         assert took <= SHUTDOWN_GRACE_S + 2, took
         if d.proc.poll() is None:
+            # (the other threads were killed with the main one; one still on its way out is seen for a
+            # moment in another wait: a CI run of 2026-12-07 caught one. Within 2 s only the stuck remain)
+            settle = time.monotonic() + 2
+            while not all(w == "request_wait_answer" for w in kernel_waits(pid)) and time.monotonic() < settle:
+                time.sleep(0.05)
             assert all(w == "request_wait_answer" for w in kernel_waits(pid)), kernel_waits(pid)
         assert not sock.exists()
         import fcntl
