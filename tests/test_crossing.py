@@ -103,10 +103,14 @@ def test_crossing_ports_closed_by_a_firewall_cost_seconds_not_minutes(cluster, t
     finally:
         for rule in inserted:
             subprocess.run(["iptables", "-w", "5", "-D", *rule], capture_output=True, timeout=30)
+    said = 0
     for w, r in zip(workers, reports):
         assert r["bytes_by_source"]["cold"] == 0 and r["swarm"]["crossing_bytes_in"] == 0, r["swarm"]
         log = (w.dir / "daemon.log").read_text()
-        assert "no crossing session of another rack answered" in log and "p2p.crossing_port" in log, log
+        said += "no crossing session of another rack answered" in log and "p2p.crossing_port" in log
+    # (a worker whose share came in another way first, once the others fell back, has nothing to say:
+    # seen in a loaded CI run of 2026-12-07; without the fallback none says it)
+    assert said >= 1, [(w.dir / "daemon.log").read_text()[-2000:] for w in workers]
     # (25.4-26.7 s here: the crossing's UNREACHED_S (15 s), then the racks' own ways; 48-52 s before it)
     assert took < 45, (took, [r["swarm"] for r in reports])
 
